@@ -1,0 +1,1 @@
+//! TLS material: a CA and a serving certificate (rcgen).

@@ -1,0 +1,9 @@
+//! gpu-admission: per-namespace GPU-model quota webhooks and a fragment-aware
+//! kube-scheduler extender for tkestack gpu-manager clusters.
+//!
+//! Layering (the one rule worth enforcing): `placement` is the pure core (no HTTP,
+//! no API calls); `cache` feeds it from the API server or a YAML file; `extender`
+//! and `server` are thin HTTP adapters; `certs` bootstraps TLS.
+
+pub mod certs;
+pub mod server;

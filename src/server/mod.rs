@@ -1,0 +1,3 @@
+//! HTTP serving: the TLS port, the plain extender port and the admin port.
+
+pub mod tls;

@@ -1,0 +1,1 @@
+//! rustls serving with certificate hot-reload.

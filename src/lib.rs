@@ -6,4 +6,5 @@
 //! and `server` are thin HTTP adapters; `certs` bootstraps TLS.
 
 pub mod certs;
+pub mod placement;
 pub mod server;

@@ -1,0 +1,379 @@
+//! Fitting a pod's GPU containers onto one node's GPUs, the way gpu-manager will.
+
+use std::fmt;
+
+use super::node::{GpuUse, NodeGpus};
+use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
+
+/// The GPUs chosen for one container.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GpuChoice {
+    pub container: u16,
+    pub demand: GpuDemand,
+    pub gpus: Vec<u8>,
+}
+
+/// The GPUs chosen for every GPU container of a pod on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Assignment {
+    pub choices: Vec<GpuChoice>,
+}
+
+impl Assignment {
+    /// What each chosen GPU is charged: (index, use). A whole GPU is charged completely.
+    pub fn charges(&self, memory_per_gpu: u32) -> impl Iterator<Item = (usize, GpuUse)> + '_ {
+        self.choices.iter().flat_map(move |choice| {
+            let each = charge_of(choice.demand, memory_per_gpu);
+            choice.gpus.iter().map(move |&gpu| (usize::from(gpu), each))
+        })
+    }
+
+    /// Add this assignment's use to the node. Indices the node lacks are ignored.
+    pub fn charge(&self, node: &mut NodeGpus) {
+        for (gpu, each) in self.charges(node.memory_per_gpu) {
+            if let Some(used) = node.used.get_mut(gpu) {
+                used.core += each.core;
+                used.memory += each.memory;
+            }
+        }
+    }
+
+    /// Take this assignment's use off the node again.
+    pub fn release(&self, node: &mut NodeGpus) {
+        for (gpu, each) in self.charges(node.memory_per_gpu) {
+            if let Some(used) = node.used.get_mut(gpu) {
+                used.core = used.core.saturating_sub(each.core);
+                used.memory = used.memory.saturating_sub(each.memory);
+            }
+        }
+    }
+
+    /// The GPU indices of the container at `container`, comma-separated ("0,1").
+    pub fn indices_text(choice: &GpuChoice) -> String {
+        let parts: Vec<String> = choice.gpus.iter().map(u8::to_string).collect();
+        parts.join(",")
+    }
+}
+
+fn charge_of(demand: GpuDemand, memory_per_gpu: u32) -> GpuUse {
+    match demand {
+        GpuDemand::Share { core, memory } => GpuUse { core, memory },
+        GpuDemand::Whole { .. } => GpuUse {
+            core: CORE_PER_GPU,
+            memory: memory_per_gpu,
+        },
+    }
+}
+
+/// Why a pod does not fit a node. `is_unresolvable` tells the scheduler whether
+/// preemption or waiting could ever help.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Misfit {
+    NoGpus,
+    TooFewGpus {
+        need: u32,
+        have: u32,
+    },
+    MemoryTooLarge {
+        need: u32,
+        per_gpu: u32,
+    },
+    ModelNotWanted {
+        model: Option<String>,
+        wanted: Vec<String>,
+    },
+    PoolNotAllowed {
+        pool: Option<String>,
+        allowed: Vec<String>,
+    },
+    NotCached,
+    NoShareFit {
+        core: u32,
+        memory: u32,
+        largest_core: u32,
+        largest_memory: u32,
+    },
+    NotEnoughFreeGpus {
+        need: u32,
+        free: u32,
+    },
+}
+
+impl Misfit {
+    pub fn is_unresolvable(&self) -> bool {
+        !matches!(
+            self,
+            Misfit::NoShareFit { .. } | Misfit::NotEnoughFreeGpus { .. }
+        )
+    }
+}
+
+impl fmt::Display for Misfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Misfit::NoGpus => write!(f, "node has no GPUs"),
+            Misfit::TooFewGpus { need, have } => {
+                write!(f, "pod needs {need} whole GPUs, node has {have} GPUs")
+            }
+            Misfit::MemoryTooLarge { need, per_gpu } => write!(
+                f,
+                "pod needs {need} vcuda-memory on one GPU, node's GPUs have {per_gpu}"
+            ),
+            Misfit::ModelNotWanted {
+                model: Some(m),
+                wanted,
+            } => {
+                write!(
+                    f,
+                    "GPU model {m} is not one the pod accepts ({})",
+                    wanted.join(",")
+                )
+            }
+            Misfit::ModelNotWanted {
+                model: None,
+                wanted,
+            } => write!(
+                f,
+                "node has no GPU model label (pod accepts {})",
+                wanted.join(",")
+            ),
+            Misfit::PoolNotAllowed {
+                pool: Some(p),
+                allowed,
+            } => write!(
+                f,
+                "node pool {p} is not allowed for the namespace ({})",
+                allowed.join(",")
+            ),
+            Misfit::PoolNotAllowed {
+                pool: None,
+                allowed,
+            } => write!(
+                f,
+                "node has no pool label (namespace may use {})",
+                allowed.join(",")
+            ),
+            Misfit::NotCached => write!(f, "node is not in gpu-admission's cache"),
+            Misfit::NoShareFit {
+                core,
+                memory,
+                largest_core,
+                largest_memory,
+            } => {
+                if largest_core < core {
+                    write!(
+                        f,
+                        "no single GPU has {core} free vcuda-core (largest free: {largest_core})"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "no GPU with {core} free vcuda-core has {memory} free vcuda-memory (largest free: {largest_memory})"
+                    )
+                }
+            }
+            Misfit::NotEnoughFreeGpus { need, free } => {
+                write!(f, "pod needs {need} free whole GPUs, node has {free}")
+            }
+        }
+    }
+}
+
+/// Fit every GPU container of `request` onto `node`, in container order, each on
+/// the GPUs gpu-manager itself would pick. The node is not changed.
+pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> {
+    check_static(node, request)?;
+    let mut scratch = node.clone();
+    let mut assignment = Assignment::default();
+    for container in &request.containers {
+        let gpus = match container.demand {
+            GpuDemand::Share { core, memory } => vec![pick_share(&scratch, core, memory)?],
+            GpuDemand::Whole { gpus } => pick_whole(&scratch, gpus)?,
+        };
+        let choice = GpuChoice {
+            container: container.container,
+            demand: container.demand,
+            gpus,
+        };
+        Assignment {
+            choices: vec![choice.clone()],
+        }
+        .charge(&mut scratch);
+        assignment.choices.push(choice);
+    }
+    Ok(assignment)
+}
+
+/// Checks that depend only on the node's shape, not on its current use.
+fn check_static(node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+    let have = node.gpu_count() as u32;
+    if have == 0 {
+        return Err(Misfit::NoGpus);
+    }
+    let need = request.whole_gpus();
+    if need > have {
+        return Err(Misfit::TooFewGpus { need, have });
+    }
+    let share_memory = request.containers.iter().filter_map(|c| match c.demand {
+        GpuDemand::Share { memory, .. } => Some(memory),
+        GpuDemand::Whole { .. } => None,
+    });
+    match share_memory.max() {
+        Some(need) if need > node.memory_per_gpu => Err(Misfit::MemoryTooLarge {
+            need,
+            per_gpu: node.memory_per_gpu,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// gpu-manager's share-mode evaluator: GPUs ordered by least free cores, then least
+/// free memory, then lowest index; the first that fits. gpu-manager re-checks this
+/// choice and fails the container if ours differs, so this order is not ours to change.
+pub fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, Misfit> {
+    let fits = |&i: &usize| node.free_core(i) >= core && node.free_memory(i) >= memory;
+    let best = (0..node.gpu_count())
+        .filter(fits)
+        .min_by_key(|&i| (node.free_core(i), node.free_memory(i), i));
+    match best {
+        Some(i) => Ok(i as u8),
+        None => Err(Misfit::NoShareFit {
+            core,
+            memory,
+            largest_core: (0..node.gpu_count())
+                .map(|i| node.free_core(i))
+                .max()
+                .unwrap_or(0),
+            largest_memory: (0..node.gpu_count())
+                .filter(|&i| node.free_core(i) >= core)
+                .map(|i| node.free_memory(i))
+                .max()
+                .unwrap_or(0),
+        }),
+    }
+}
+
+/// Exclusive mode: wholly free GPUs, lowest indices first (tkestack's order once
+/// the busy GPUs are set aside).
+pub fn pick_whole(node: &NodeGpus, gpus: u32) -> Result<Vec<u8>, Misfit> {
+    let free: Vec<u8> = (0..node.gpu_count())
+        .filter(|&i| node.used[i].core == 0)
+        .map(|i| i as u8)
+        .collect();
+    if (free.len() as u32) < gpus {
+        return Err(Misfit::NotEnoughFreeGpus {
+            need: gpus,
+            free: free.len() as u32,
+        });
+    }
+    Ok(free[..gpus as usize].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::request::ContainerGpu;
+    use crate::placement::testing::{node, with_used};
+
+    fn request(demands: &[GpuDemand]) -> GpuRequest {
+        GpuRequest {
+            containers: demands
+                .iter()
+                .enumerate()
+                .map(|(i, &demand)| ContainerGpu {
+                    container: i as u16,
+                    demand,
+                })
+                .collect(),
+            init_core_units: 0,
+        }
+    }
+
+    fn share(core: u32, memory: u32) -> GpuDemand {
+        GpuDemand::Share { core, memory }
+    }
+
+    fn gpus(of: &Assignment) -> Vec<Vec<u8>> {
+        of.choices.iter().map(|c| c.gpus.clone()).collect()
+    }
+
+    #[test]
+    fn share_mode_picks_the_fullest_gpu_that_fits() {
+        let n = with_used(with_used(node("n", 3, 4), 1, 50, 1), 2, 80, 1);
+        let a = fit(&n, &request(&[share(20, 1)])).unwrap();
+        assert_eq!(gpus(&a), vec![vec![2]]);
+        let a = fit(&n, &request(&[share(30, 1)])).unwrap();
+        assert_eq!(gpus(&a), vec![vec![1]]);
+    }
+
+    #[test]
+    fn containers_see_each_others_charges() {
+        let a = fit(&node("n", 2, 4), &request(&[share(10, 1), share(10, 1)])).unwrap();
+        assert_eq!(gpus(&a), vec![vec![0], vec![0]]);
+        let a = fit(
+            &node("n", 2, 4),
+            &request(&[GpuDemand::Whole { gpus: 1 }, share(80, 3)]),
+        )
+        .unwrap();
+        assert_eq!(gpus(&a), vec![vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn exclusive_mode_ignores_memory_and_takes_free_gpus() {
+        let n = with_used(node("n", 3, 4), 0, 10, 1);
+        let a = fit(&n, &request(&[GpuDemand::Whole { gpus: 2 }])).unwrap();
+        assert_eq!(gpus(&a), vec![vec![1, 2]]);
+    }
+
+    #[test]
+    fn misfits_say_why_and_whether_it_can_change() {
+        let n = with_used(node("n", 2, 4), 0, 60, 1);
+        let n = with_used(n, 1, 60, 1);
+        let err = fit(&n, &request(&[share(60, 1)])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no single GPU has 60 free vcuda-core (largest free: 40)"
+        );
+        assert!(!err.is_unresolvable());
+        let err = fit(&n, &request(&[GpuDemand::Whole { gpus: 3 }])).unwrap_err();
+        assert_eq!(err.to_string(), "pod needs 3 whole GPUs, node has 2 GPUs");
+        assert!(err.is_unresolvable());
+        let err = fit(&n, &request(&[GpuDemand::Whole { gpus: 1 }])).unwrap_err();
+        assert_eq!(err.to_string(), "pod needs 1 free whole GPUs, node has 0");
+        let err = fit(&node("n", 0, 0), &request(&[share(1, 1)])).unwrap_err();
+        assert_eq!(err, Misfit::NoGpus);
+        let err = fit(&node("n", 2, 4), &request(&[share(10, 5)])).unwrap_err();
+        assert!(err.is_unresolvable(), "{err}");
+        let memory_bound = with_used(node("n", 1, 4), 0, 10, 3);
+        let err = fit(&memory_bound, &request(&[share(20, 2)])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no GPU with 20 free vcuda-core has 2 free vcuda-memory (largest free: 1)"
+        );
+    }
+
+    #[test]
+    fn charge_and_release_are_inverse() {
+        let n = node("n", 2, 4);
+        let a = fit(&n, &request(&[share(30, 2), GpuDemand::Whole { gpus: 1 }])).unwrap();
+        let mut changed = n.clone();
+        a.charge(&mut changed);
+        assert_eq!(
+            changed.used[0],
+            GpuUse {
+                core: 30,
+                memory: 2
+            }
+        );
+        assert_eq!(
+            changed.used[1],
+            GpuUse {
+                core: 100,
+                memory: 4
+            }
+        );
+        a.release(&mut changed);
+        assert_eq!(changed, n);
+    }
+}

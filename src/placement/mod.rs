@@ -1,0 +1,67 @@
+//! The pure core: GPU requests, per-node GPU state, fitting and placement policies,
+//! model resolution and quota arithmetic. No HTTP, no API calls, no async: the
+//! extender, the webhooks and `simulate` all call these functions.
+
+pub mod fit;
+pub mod models;
+pub mod node;
+pub mod policy;
+pub mod quantity;
+pub mod request;
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+pub use fit::{Assignment, GpuChoice, Misfit, fit};
+pub use node::{GpuUse, NodeGpus};
+pub use policy::{Outcome, Policy, place};
+pub use request::{ContainerGpu, GpuDemand, GpuRequest, RequestError};
+
+use serde::Deserialize;
+
+/// Names of the GPU resources (DESIGN §2, configurable in §7 `resources`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ResourceNames {
+    pub vcuda_core: String,
+    pub vcuda_memory: String,
+    /// Prefix of the gpu-manager annotations (`<prefix>/predicate-node`, ...).
+    pub annotation_prefix: String,
+    pub whole_gpu: Vec<String>,
+}
+
+impl Default for ResourceNames {
+    fn default() -> Self {
+        ResourceNames {
+            vcuda_core: "tencent.com/vcuda-core".into(),
+            vcuda_memory: "tencent.com/vcuda-memory".into(),
+            annotation_prefix: "tencent.com".into(),
+            whole_gpu: vec!["nvidia.com/gpu".into()],
+        }
+    }
+}
+
+impl ResourceNames {
+    /// Every resource name that makes a pod a GPU pod.
+    pub fn all(&self) -> impl Iterator<Item = &str> {
+        [self.vcuda_core.as_str(), self.vcuda_memory.as_str()]
+            .into_iter()
+            .chain(self.whole_gpu.iter().map(String::as_str))
+    }
+}
+
+/// The node labels that carry a node's GPU model and pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLabels {
+    pub model: String,
+    pub pool: String,
+}
+
+impl Default for NodeLabels {
+    fn default() -> Self {
+        NodeLabels {
+            model: "nvidia.com/gpu.product".into(),
+            pool: "gpu-admission.io/pool".into(),
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! What a pod asks of GPUs: per container, a share of one GPU or some whole GPUs.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::ResourceNames;
+use super::quantity::{Milli, QuantityError};
+
+/// vcuda-core units in one whole GPU.
+pub const CORE_PER_GPU: u32 = 100;
+
+/// One container's GPU demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuDemand {
+    /// Share mode: part of one GPU (`core` < 100 vcuda-core, `memory` in 256 MiB units).
+    Share { core: u32, memory: u32 },
+    /// Exclusive mode: this many whole GPUs.
+    Whole { gpus: u32 },
+}
+
+impl GpuDemand {
+    /// The demand in vcuda-core units (100 per GPU).
+    pub fn core_units(&self) -> u64 {
+        match *self {
+            GpuDemand::Share { core, .. } => u64::from(core),
+            GpuDemand::Whole { gpus } => u64::from(gpus) * u64::from(CORE_PER_GPU),
+        }
+    }
+}
+
+/// A GPU container: its index in `spec.containers` (gpu-manager's annotation key) and demand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerGpu {
+    pub container: u16,
+    pub demand: GpuDemand,
+}
+
+/// A pod's GPU request: the app containers that need GPUs, in order, plus the largest
+/// init-container demand (which counts toward quota by the effective-request rule).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GpuRequest {
+    pub containers: Vec<ContainerGpu>,
+    pub init_core_units: u64,
+}
+
+/// A pod's GPU resources could not be read. Every variant names the container.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("container {container:?}: {resource}: {source}")]
+    Quantity {
+        container: String,
+        resource: String,
+        source: QuantityError,
+    },
+    #[error(
+        "container {container:?}: {resource} {core} is not a whole number of GPUs (use less than 100, or a multiple of 100)"
+    )]
+    NotWholeGpus {
+        container: String,
+        resource: String,
+        core: u64,
+    },
+    #[error(
+        "container {container:?}: a share of a GPU ({core} {core_resource}) also needs {memory_resource}"
+    )]
+    ShareWithoutMemory {
+        container: String,
+        core: u64,
+        core_resource: String,
+        memory_resource: String,
+    },
+    #[error(
+        "container {container:?}: asks for both {first} and {second}; use one GPU resource per container"
+    )]
+    MixedResources {
+        container: String,
+        first: String,
+        second: String,
+    },
+    #[error("container {container:?}: {amount} GPUs is more than any node has")]
+    TooLarge { container: String, amount: u64 },
+    #[error("pod has more than {max} containers", max = u16::MAX)]
+    TooManyContainers,
+}
+
+/// Upper bound on whole GPUs per container; anything larger is a typo, not a request.
+const MAX_GPUS_PER_CONTAINER: u64 = 1024;
+
+impl GpuRequest {
+    /// Read the pod's GPU request. `Ok(None)` for a pod that asks for no GPU at all.
+    pub fn from_pod(pod: &Pod, names: &ResourceNames) -> Result<Option<Self>, RequestError> {
+        let Some(spec) = pod.spec.as_ref() else {
+            return Ok(None);
+        };
+        let mut request = GpuRequest::default();
+        for (index, container) in spec.containers.iter().enumerate() {
+            let index = u16::try_from(index).map_err(|_| RequestError::TooManyContainers)?;
+            if let Some(demand) = container_demand(container, names)? {
+                request.containers.push(ContainerGpu {
+                    container: index,
+                    demand,
+                });
+            }
+        }
+        for container in spec.init_containers.iter().flatten() {
+            if let Some(demand) = container_demand(container, names)? {
+                request.init_core_units = request.init_core_units.max(demand.core_units());
+            }
+        }
+        Ok((!request.is_empty()).then_some(request))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.containers.is_empty() && self.init_core_units == 0
+    }
+
+    /// The pod's GPU amount in vcuda-core units: max(largest init container, sum of app
+    /// containers), the Kubernetes effective-request rule. 100 = one GPU.
+    pub fn core_units(&self) -> u64 {
+        let apps: u64 = self.containers.iter().map(|c| c.demand.core_units()).sum();
+        apps.max(self.init_core_units)
+    }
+
+    /// Whole GPUs the app containers need in total.
+    pub fn whole_gpus(&self) -> u32 {
+        self.containers
+            .iter()
+            .map(|c| match c.demand {
+                GpuDemand::Whole { gpus } => gpus,
+                GpuDemand::Share { .. } => 0,
+            })
+            .sum()
+    }
+}
+
+/// Whether the pod asks for any GPU resource at all (cheap; no quantity parsing).
+pub fn asks_for_gpu(pod: &Pod, names: &ResourceNames) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    containers
+        .into_iter()
+        .any(|c| names.all().any(|name| resource_text(c, name).is_some()))
+}
+
+fn container_demand(
+    container: &Container,
+    names: &ResourceNames,
+) -> Result<Option<GpuDemand>, RequestError> {
+    let amount = |resource: &str| -> Result<u64, RequestError> {
+        match resource_text(container, resource) {
+            None => Ok(0),
+            Some(text) => Milli::parse_whole(text).map_err(|source| RequestError::Quantity {
+                container: container.name.clone(),
+                resource: resource.to_string(),
+                source,
+            }),
+        }
+    };
+    let core = amount(&names.vcuda_core)?;
+    let mut whole = None;
+    for name in &names.whole_gpu {
+        let gpus = amount(name)?;
+        if gpus == 0 {
+            continue;
+        }
+        if core > 0 || whole.is_some() {
+            let first = whole.map_or(names.vcuda_core.clone(), |(n, _): (&String, u64)| n.clone());
+            return Err(RequestError::MixedResources {
+                container: container.name.clone(),
+                first,
+                second: name.clone(),
+            });
+        }
+        whole = Some((name, gpus));
+    }
+    if let Some((_, gpus)) = whole {
+        return whole_gpus(container, gpus).map(Some);
+    }
+    match core {
+        0 => Ok(None),
+        core if core < u64::from(CORE_PER_GPU) => {
+            let memory = amount(&names.vcuda_memory)?;
+            if memory == 0 {
+                return Err(RequestError::ShareWithoutMemory {
+                    container: container.name.clone(),
+                    core,
+                    core_resource: names.vcuda_core.clone(),
+                    memory_resource: names.vcuda_memory.clone(),
+                });
+            }
+            let memory = u32::try_from(memory).map_err(|_| RequestError::TooLarge {
+                container: container.name.clone(),
+                amount: memory,
+            })?;
+            Ok(Some(GpuDemand::Share {
+                core: core as u32,
+                memory,
+            }))
+        }
+        core if core % u64::from(CORE_PER_GPU) != 0 => Err(RequestError::NotWholeGpus {
+            container: container.name.clone(),
+            resource: names.vcuda_core.clone(),
+            core,
+        }),
+        core => whole_gpus(container, core / u64::from(CORE_PER_GPU)).map(Some),
+    }
+}
+
+fn whole_gpus(container: &Container, gpus: u64) -> Result<GpuDemand, RequestError> {
+    if gpus > MAX_GPUS_PER_CONTAINER {
+        return Err(RequestError::TooLarge {
+            container: container.name.clone(),
+            amount: gpus,
+        });
+    }
+    Ok(GpuDemand::Whole { gpus: gpus as u32 })
+}
+
+/// The container's amount of `resource`: its limit, else its request (extended resources
+/// must have equal requests and limits; either one alone is enough).
+fn resource_text<'a>(container: &'a Container, resource: &str) -> Option<&'a str> {
+    let resources = container.resources.as_ref()?;
+    let pick = |map: &'a Option<std::collections::BTreeMap<String, Quantity>>| {
+        map.as_ref()
+            .and_then(|m| m.get(resource))
+            .map(|q| q.0.as_str())
+    };
+    pick(&resources.limits).or_else(|| pick(&resources.requests))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::testing::pod_with;
+
+    fn names() -> ResourceNames {
+        ResourceNames::default()
+    }
+
+    #[test]
+    fn reads_share_and_whole_containers_in_order() {
+        let pod = pod_with(&[
+            &[
+                ("tencent.com/vcuda-core", "10"),
+                ("tencent.com/vcuda-memory", "1"),
+            ],
+            &[],
+            &[
+                ("tencent.com/vcuda-core", "200"),
+                ("tencent.com/vcuda-memory", "8"),
+            ],
+        ]);
+        let request = GpuRequest::from_pod(&pod, &names()).unwrap().unwrap();
+        assert_eq!(
+            request.containers,
+            vec![
+                ContainerGpu {
+                    container: 0,
+                    demand: GpuDemand::Share {
+                        core: 10,
+                        memory: 1
+                    }
+                },
+                ContainerGpu {
+                    container: 2,
+                    demand: GpuDemand::Whole { gpus: 2 }
+                },
+            ]
+        );
+        assert_eq!(request.core_units(), 210);
+    }
+
+    #[test]
+    fn whole_gpu_resource_counts_gpus() {
+        let pod = pod_with(&[&[("nvidia.com/gpu", "2")]]);
+        let request = GpuRequest::from_pod(&pod, &names()).unwrap().unwrap();
+        assert_eq!(request.containers[0].demand, GpuDemand::Whole { gpus: 2 });
+    }
+
+    #[test]
+    fn pod_without_gpu_is_none() {
+        let pod = pod_with(&[&[("cpu", "2")]]);
+        assert_eq!(GpuRequest::from_pod(&pod, &names()).unwrap(), None);
+        assert!(!asks_for_gpu(&pod, &names()));
+    }
+
+    #[test]
+    fn bad_requests_name_the_container_and_problem() {
+        let cases: [(&[(&str, &str)], &str); 5] = [
+            (
+                &[("tencent.com/vcuda-core", "abc")],
+                "\"abc\" is not a Kubernetes quantity",
+            ),
+            (&[("tencent.com/vcuda-core", "-3")], "\"-3\" is negative"),
+            (
+                &[("tencent.com/vcuda-core", "1e100")],
+                "\"1e100\" is out of range",
+            ),
+            (
+                &[("tencent.com/vcuda-core", "150")],
+                "150 is not a whole number of GPUs",
+            ),
+            (
+                &[("tencent.com/vcuda-core", "50")],
+                "also needs tencent.com/vcuda-memory",
+            ),
+        ];
+        for (resources, message) in cases {
+            let err = GpuRequest::from_pod(&pod_with(&[resources]), &names()).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(message), "{text}");
+            assert!(text.contains("container \"c0\""), "{text}");
+        }
+    }
+
+    #[test]
+    fn init_containers_follow_effective_request_rule() {
+        let mut pod = pod_with(&[&[("nvidia.com/gpu", "1")]]);
+        let init = pod_with(&[&[("nvidia.com/gpu", "3")]]);
+        pod.spec.as_mut().unwrap().init_containers = Some(init.spec.unwrap().containers);
+        let request = GpuRequest::from_pod(&pod, &names()).unwrap().unwrap();
+        assert_eq!(request.core_units(), 300);
+        assert_eq!(request.whole_gpus(), 1);
+    }
+}

@@ -5,6 +5,11 @@
 //! no API calls); `cache` feeds it from the API server or a YAML file; `extender`
 //! and `server` are thin HTTP adapters; `certs` bootstraps TLS.
 
+pub mod cache;
 pub mod certs;
+pub mod config;
+pub mod extender;
+pub mod metrics;
 pub mod placement;
+pub mod quota;
 pub mod server;

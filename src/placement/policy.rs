@@ -11,6 +11,9 @@ use super::fit::{Assignment, Misfit, fit};
 use super::node::NodeGpus;
 use super::request::GpuRequest;
 
+/// The policy used when the config names none.
+pub const DEFAULT_POLICY: Policy = Policy::Original;
+
 /// The placement policy (`placement.policy` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -1,3 +1,168 @@
-//! HTTP serving: the TLS port, the plain extender port and the admin port.
+//! HTTP serving: routers for the TLS port, the plain extender port and the admin port.
+//! Handlers only decode, call the core through the cache, encode and count.
 
+pub mod admin;
 pub mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::cache::ClusterCache;
+use crate::config::Config;
+use crate::extender::volcano::{PredicateArgs, predicate};
+use crate::extender::{ExtenderArgs, filter};
+use crate::metrics::Metrics;
+
+/// The apiserver never sends an AdmissionReview over 3 MiB.
+pub const WEBHOOK_BODY_LIMIT: usize = 3 << 20;
+/// Extender requests in the `Nodes` form carry whole Node objects for every candidate.
+pub const EXTENDER_BODY_LIMIT: usize = 64 << 20;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub cache: ClusterCache,
+    pub config: Arc<Config>,
+    pub metrics: Arc<Metrics>,
+    /// Set when shutdown begins, so `/readyz` turns away new traffic first.
+    pub shutting_down: Arc<AtomicBool>,
+}
+
+impl AppState {
+    pub fn new(cache: ClusterCache, config: Config) -> Self {
+        AppState {
+            cache,
+            config: Arc::new(config),
+            metrics: Arc::new(Metrics::default()),
+            shutting_down: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+/// Routes of the TLS port.
+pub fn app_router(state: AppState) -> Router {
+    extender_routes()
+        .route("/version", get(version))
+        .with_state(state)
+}
+
+/// Routes of the optional plain-HTTP extender port: the extender and the probes.
+pub fn insecure_extender_router(state: AppState) -> Router {
+    extender_routes()
+        .route("/livez", get(admin::livez))
+        .route("/readyz", get(admin::readyz))
+        .with_state(state)
+}
+
+fn extender_routes() -> Router<AppState> {
+    Router::new()
+        .route("/scheduler/predicates", post(predicates))
+        .route("/scheduler/filter", post(predicates))
+        .route("/scheduler/vpredicates", post(vpredicates))
+}
+
+async fn version() -> impl IntoResponse {
+    axum::Json(serde_json::json!({
+        "name": env!("CARGO_PKG_NAME"),
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+/// A clear 400 for bad input; the text names what is wrong.
+pub fn bad_request(message: impl Into<String>) -> Response {
+    (StatusCode::BAD_REQUEST, message.into()).into_response()
+}
+
+/// A 503: our own state cannot judge the request yet; the caller's failure policy decides.
+pub fn not_ready() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "gpu-admission's cluster cache is not ready yet",
+    )
+        .into_response()
+}
+
+/// Read a body up to `limit` bytes; anything larger is a 400 that says so.
+pub async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let too_large = std::error::Error::source(&error)
+            .is_some_and(|s| s.to_string().contains("length limit"))
+            || error.to_string().contains("length limit");
+        if too_large {
+            bad_request(format!(
+                "request body is larger than the {} MiB limit",
+                limit >> 20
+            ))
+        } else {
+            bad_request(format!("cannot read request body: {error}"))
+        }
+    })
+}
+
+async fn predicates(State(state): State<AppState>, body: Body) -> Response {
+    const ROUTE: &str = "predicates";
+    let started = Instant::now();
+    let args = match read_body(body, EXTENDER_BODY_LIMIT)
+        .await
+        .and_then(|b| ExtenderArgs::from_json(&b).map_err(bad_request))
+    {
+        Ok(args) => args,
+        Err(response) => return observed(&state, ROUTE, "bad_request", started, response),
+    };
+    if !state.cache.is_ready() {
+        return observed(&state, ROUTE, "not_ready", started, not_ready());
+    }
+    let (result, outcome) = filter(&state.cache, &state.config, args).await;
+    observed(
+        &state,
+        ROUTE,
+        outcome.label(),
+        started,
+        axum::Json(result).into_response(),
+    )
+}
+
+async fn vpredicates(State(state): State<AppState>, body: Body) -> Response {
+    const ROUTE: &str = "vpredicates";
+    let started = Instant::now();
+    let args = match read_body(body, EXTENDER_BODY_LIMIT)
+        .await
+        .and_then(|b| PredicateArgs::from_json(&b).map_err(bad_request))
+    {
+        Ok(args) => args,
+        Err(response) => return observed(&state, ROUTE, "bad_request", started, response),
+    };
+    if !state.cache.is_ready() {
+        return observed(&state, ROUTE, "not_ready", started, not_ready());
+    }
+    let response = predicate(&state.cache, &state.config, args);
+    let decision = if response.code == 0 { "fits" } else { "unfit" };
+    observed(
+        &state,
+        ROUTE,
+        decision,
+        started,
+        axum::Json(response).into_response(),
+    )
+}
+
+fn observed(
+    state: &AppState,
+    route: &'static str,
+    decision: &'static str,
+    started: Instant,
+    response: Response,
+) -> Response {
+    state
+        .metrics
+        .observe(route, decision, started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,162 @@
+//! The cluster cache: one compact, lock-protected view of nodes, GPU pods and quotas,
+//! fed by either of two sources behind the same interface — kube watchers (API mode)
+//! or a YAML file (offline mode) — and the one place where placements are reserved.
+
+mod offline;
+pub mod pod;
+pub mod state;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::placement::{NodeLabels, ResourceNames};
+
+pub use pod::{AnnotationKeys, CachedPod, PodKey, pod_key};
+pub use state::{ClusterState, FilterDecision, Reservation};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cannot read cluster file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cluster file {path}, document {document}: {message}")]
+    Document {
+        path: String,
+        document: usize,
+        message: String,
+    },
+}
+
+/// Recording a placement on the pod failed; the reservation is rolled back.
+#[derive(Debug, thiserror::Error)]
+#[error("recording the GPU choice on pod {pod} failed: {source}")]
+pub struct WriteError {
+    pod: String,
+    source: kube::Error,
+}
+
+/// What the cache needs to project objects: resource names, labels, annotation keys.
+#[derive(Debug, Clone)]
+pub struct Projection {
+    pub names: ResourceNames,
+    pub labels: NodeLabels,
+    pub keys: AnnotationKeys,
+}
+
+impl Projection {
+    pub fn from_config(config: &Config) -> Self {
+        Projection {
+            names: config.resources.clone(),
+            labels: config.node_labels(),
+            keys: AnnotationKeys::new(&config.resources.annotation_prefix),
+        }
+    }
+}
+
+/// Where placement annotations go.
+#[derive(Clone)]
+enum PodWriter {
+    /// PATCH the pod through the API server.
+    Api(kube::Client),
+    /// Offline mode: the in-memory state is the cluster; nothing else to write.
+    Memory,
+}
+
+#[derive(Clone)]
+pub struct ClusterCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<ClusterState>,
+    ready: AtomicBool,
+    projection: Projection,
+    writer: PodWriter,
+}
+
+impl ClusterCache {
+    fn new(projection: Projection, writer: PodWriter, ready: bool) -> Self {
+        ClusterCache {
+            inner: Arc::new(Inner {
+                state: Mutex::new(ClusterState::default()),
+                ready: AtomicBool::new(ready),
+                projection,
+                writer,
+            }),
+        }
+    }
+
+    /// Offline mode: the YAML file is the cluster. Ready at once.
+    pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
+        let cache = Self::new(projection, PodWriter::Memory, true);
+        let objects = offline::load(path, &cache.inner.projection)?;
+        cache.with_state(|state| objects.apply(state));
+        Ok(cache)
+    }
+
+    /// An empty offline cache (tests and benchmarks fill it through `with_state`).
+    pub fn in_memory(projection: Projection) -> Self {
+        Self::new(projection, PodWriter::Memory, true)
+    }
+
+    /// API mode: returns the cache (not ready until every watch has listed once) and the
+    /// future that runs the watches until `shutdown`.
+    pub fn from_api(
+        client: kube::Client,
+        projection: Projection,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> (Self, impl std::future::Future<Output = ()>) {
+        let cache = Self::new(projection, PodWriter::Api(client.clone()), false);
+        let run = watch::run(cache.clone(), client, shutdown);
+        (cache, run)
+    }
+
+    /// True once the cache holds a complete first list of nodes, pods and quotas.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Acquire)
+    }
+
+    fn set_ready(&self) {
+        self.inner.ready.store(true, Ordering::Release);
+    }
+
+    pub fn projection(&self) -> &Projection {
+        &self.inner.projection
+    }
+
+    /// Run `f` with the state locked. Never hold this across an await: `f` is sync.
+    pub fn with_state<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
+        f(&mut self.inner.state.lock())
+    }
+
+    /// Write the placement annotations onto the pod (one merge patch). Offline, the
+    /// reservation already is the record.
+    pub async fn record(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> Result<(), WriteError> {
+        let PodWriter::Api(client) = &self.inner.writer else {
+            return Ok(());
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|source| WriteError {
+                pod: format!("{namespace}/{name}"),
+                source,
+            })
+    }
+}

@@ -1,0 +1,134 @@
+//! The compact projection of a GPU pod that placement needs: a few hundred bytes
+//! instead of the whole object.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::placement::{Assignment, GpuChoice, GpuRequest, ResourceNames};
+
+/// A pod's identity in the cache: `namespace/name` (unique among live pods).
+pub type PodKey = Arc<str>;
+
+pub fn pod_key(pod: &Pod) -> PodKey {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    format!("{ns}/{name}").into()
+}
+
+/// Where a pod's GPUs are: its node and, when its annotations say so, the GPU indices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedPod {
+    pub uid: Box<str>,
+    pub request: GpuRequest,
+    /// `spec.nodeName`, else the extender's predicate-node annotation.
+    pub node: Option<Arc<str>>,
+    /// The GPUs the annotations name, when every GPU container has one that parses.
+    pub assignment: Option<Assignment>,
+    /// Set while the placement is only our own in-memory choice, not yet seen on the
+    /// pod object (API mode: the annotation patch has not come back through the watch).
+    pub reserved: Option<std::time::Instant>,
+    /// Being deleted: still holds its GPUs until it is gone.
+    pub terminating: bool,
+}
+
+/// Annotation keys of the gpu-manager protocol under a configurable prefix.
+#[derive(Debug, Clone)]
+pub struct AnnotationKeys {
+    pub node: String,
+    pub assigned: String,
+    pub time: String,
+    idx_prefix: String,
+}
+
+impl AnnotationKeys {
+    pub fn new(prefix: &str) -> Self {
+        AnnotationKeys {
+            node: format!("{prefix}/predicate-node"),
+            assigned: format!("{prefix}/gpu-assigned"),
+            time: format!("{prefix}/predicate-time"),
+            idx_prefix: format!("{prefix}/predicate-gpu-idx-"),
+        }
+    }
+
+    pub fn gpu_idx(&self, container: u16) -> String {
+        format!("{}{container}", self.idx_prefix)
+    }
+}
+
+/// Why a pod was left out of the cache. Pods without GPUs are simply not kept.
+#[derive(Debug, thiserror::Error)]
+pub enum SkipReason {
+    #[error("pod asks for no GPU")]
+    NoGpu,
+    #[error("pod has finished")]
+    Terminal,
+    #[error(transparent)]
+    BadRequest(#[from] crate::placement::RequestError),
+}
+
+impl CachedPod {
+    pub fn from_pod(
+        pod: &Pod,
+        names: &ResourceNames,
+        keys: &AnnotationKeys,
+    ) -> Result<Self, SkipReason> {
+        if is_terminal(pod) {
+            return Err(SkipReason::Terminal);
+        }
+        let request = GpuRequest::from_pod(pod, names)?.ok_or(SkipReason::NoGpu)?;
+        let annotations = pod.metadata.annotations.as_ref();
+        let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .or_else(|| annotation(&keys.node))
+            .filter(|n| !n.is_empty())
+            .map(Arc::from);
+        let assignment = read_assignment(&request, |c| annotation(&keys.gpu_idx(c)));
+        Ok(CachedPod {
+            uid: pod.metadata.uid.as_deref().unwrap_or_default().into(),
+            request,
+            node,
+            assignment,
+            reserved: None,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        })
+    }
+}
+
+pub fn is_terminal(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// GPU indices from the predicate-gpu-idx annotations; `None` unless every GPU container
+/// has a well-formed one with the right number of GPUs.
+fn read_assignment<'a>(
+    request: &GpuRequest,
+    annotation: impl Fn(u16) -> Option<&'a str>,
+) -> Option<Assignment> {
+    let mut choices = Vec::with_capacity(request.containers.len());
+    for container in &request.containers {
+        let text = annotation(container.container)?;
+        let gpus: Vec<u8> = text
+            .split(',')
+            .map(|part| part.trim().parse::<u8>())
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let expected = match container.demand {
+            crate::placement::GpuDemand::Share { .. } => 1,
+            crate::placement::GpuDemand::Whole { gpus } => gpus as usize,
+        };
+        if gpus.len() != expected {
+            return None;
+        }
+        choices.push(GpuChoice {
+            container: container.container,
+            demand: container.demand,
+            gpus,
+        });
+    }
+    Some(Assignment { choices })
+}

@@ -1,0 +1,372 @@
+//! The cluster as placement sees it: nodes with per-GPU use, and the GPU pods that
+//! account for that use. Plain synchronous data; `ClusterCache` wraps it in a lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
+use crate::quota::GPUQuota;
+
+use super::pod::{CachedPod, PodKey};
+
+/// How long a reservation the watch has not confirmed survives a relist without the pod.
+const RESERVATION_TTL: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Default)]
+struct NodeEntry {
+    /// `None` while pods name a node whose Node object has not arrived (or was deleted).
+    gpus: Option<NodeGpus>,
+    pods: Vec<PodKey>,
+}
+
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    nodes: HashMap<Arc<str>, NodeEntry>,
+    pods: HashMap<PodKey, CachedPod>,
+    quotas: BTreeMap<(String, String), GPUQuota>,
+}
+
+/// A placement the filter made: the node, its GPUs, and what to restore if recording
+/// the choice on the pod fails.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    pub node: Arc<str>,
+    pub assignment: Assignment,
+    /// True when the pod already held this placement (a re-filter): nothing to write.
+    pub kept: bool,
+    previous: Option<CachedPod>,
+}
+
+/// What one filter call decided: the reservation, if any, and every candidate that
+/// could not take the pod, by name.
+#[derive(Debug)]
+pub struct FilterDecision {
+    pub reservation: Option<Reservation>,
+    pub misfits: Vec<(Arc<str>, Misfit)>,
+}
+
+impl ClusterState {
+    pub fn node(&self, name: &str) -> Option<&NodeGpus> {
+        self.nodes.get(name)?.gpus.as_ref()
+    }
+
+    pub fn pod(&self, key: &str) -> Option<&CachedPod> {
+        self.pods.get(key)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.values().filter(|n| n.gpus.is_some()).count()
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeGpus> {
+        self.nodes.values().filter_map(|n| n.gpus.as_ref())
+    }
+
+    pub fn quotas(&self) -> impl Iterator<Item = &GPUQuota> {
+        self.quotas.values()
+    }
+
+    // === nodes ===
+
+    pub fn apply_node(&mut self, gpus: NodeGpus) {
+        let name = gpus.name.clone();
+        let entry = self.nodes.entry(name.clone()).or_default();
+        let same_shape = entry.gpus.as_ref().is_some_and(|old| {
+            old.gpu_count() == gpus.gpu_count() && old.memory_per_gpu == gpus.memory_per_gpu
+        });
+        match (&mut entry.gpus, same_shape) {
+            (Some(old), true) => {
+                old.model = gpus.model;
+                old.pool = gpus.pool;
+            }
+            _ => {
+                entry.gpus = Some(gpus);
+                self.recompute(&name);
+            }
+        }
+    }
+
+    pub fn delete_node(&mut self, name: &str) {
+        if let Some(entry) = self.nodes.get_mut(name) {
+            entry.gpus = None;
+        }
+        self.drop_empty(name);
+    }
+
+    /// Replace all nodes with a complete list (a relist).
+    pub fn replace_nodes(&mut self, nodes: Vec<NodeGpus>) {
+        let names: Vec<Arc<str>> = self.nodes.keys().cloned().collect();
+        let fresh: std::collections::HashSet<Arc<str>> =
+            nodes.iter().map(|n| n.name.clone()).collect();
+        for name in names.iter().filter(|n| !fresh.contains(*n)) {
+            self.delete_node(name);
+        }
+        for node in nodes {
+            self.apply_node(node);
+        }
+    }
+
+    // === pods ===
+
+    /// Insert or update a pod as the cluster shows it. A pod object that does not yet
+    /// show our reservation (the annotation patch is still on its way) keeps it.
+    pub fn apply_pod(&mut self, key: PodKey, mut pod: CachedPod) {
+        if let Some(old) = self.pods.get(&key) {
+            let same_pod = old.uid == pod.uid || old.uid.is_empty() || pod.uid.is_empty();
+            if old.reserved.is_some() && pod.node.is_none() && same_pod {
+                pod.node = old.node.clone();
+                pod.assignment = old.assignment.clone();
+                pod.reserved = old.reserved;
+            }
+        }
+        self.put_pod(key, pod);
+    }
+
+    pub fn delete_pod(&mut self, key: &str) {
+        if let Some(old) = self.pods.remove(key) {
+            if let Some(node) = old.node {
+                self.unlink(&node, key);
+            }
+        }
+    }
+
+    /// Replace all pods with a complete list (a relist). Recent reservations of pods the
+    /// list does not hold yet survive; older ones belonged to pods that are gone.
+    pub fn replace_pods(&mut self, pods: Vec<(PodKey, CachedPod)>, now: Instant) {
+        let listed: std::collections::HashSet<PodKey> =
+            pods.iter().map(|(k, _)| k.clone()).collect();
+        let stale: Vec<PodKey> = self
+            .pods
+            .iter()
+            .filter(|(key, pod)| {
+                !listed.contains(*key)
+                    && !pod
+                        .reserved
+                        .is_some_and(|at| now.duration_since(at) < RESERVATION_TTL)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in stale {
+            self.delete_pod(&key);
+        }
+        for (key, pod) in pods {
+            self.apply_pod(key, pod);
+        }
+    }
+
+    fn put_pod(&mut self, key: PodKey, pod: CachedPod) {
+        let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
+        let new_node = pod.node.clone();
+        self.pods.insert(key.clone(), pod);
+        if let Some(old) = old_node.as_ref().filter(|o| Some(*o) != new_node.as_ref()) {
+            self.unlink(old, &key);
+        }
+        if let Some(node) = new_node {
+            let entry = self.nodes.entry(node.clone()).or_default();
+            if !entry.pods.contains(&key) {
+                entry.pods.push(key);
+            }
+            self.recompute(&node);
+        }
+    }
+
+    fn unlink(&mut self, node: &str, key: &str) {
+        if let Some(entry) = self.nodes.get_mut(node) {
+            entry.pods.retain(|k| &**k != key);
+        }
+        self.recompute(node);
+        self.drop_empty(node);
+    }
+
+    fn drop_empty(&mut self, node: &str) {
+        if self
+            .nodes
+            .get(node)
+            .is_some_and(|e| e.gpus.is_none() && e.pods.is_empty())
+        {
+            self.nodes.remove(node);
+        }
+    }
+
+    /// Recount a node's GPU use from its pods. Pods whose annotations name GPUs are
+    /// charged there; pods without (or with indices the node lacks) are charged where
+    /// gpu-manager would put them, so capacity is never silently handed out twice.
+    fn recompute(&mut self, name: &str) {
+        let Some(entry) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let Some(gpus) = entry.gpus.as_mut() else {
+            return;
+        };
+        gpus.used.iter_mut().for_each(|u| *u = Default::default());
+        let mut unindexed = Vec::new();
+        for key in &entry.pods {
+            let Some(pod) = self.pods.get(key) else {
+                continue;
+            };
+            match &pod.assignment {
+                Some(a) if fits_indices(a, gpus.gpu_count()) => a.charge(gpus),
+                _ => unindexed.push(key.clone()),
+            }
+        }
+        for key in unindexed {
+            let Some(pod) = self.pods.get(&key) else {
+                continue;
+            };
+            match fit(gpus, &pod.request) {
+                Ok(a) => a.charge(gpus),
+                Err(misfit) => {
+                    tracing::warn!(pod = %key, node = name, %misfit, "pod on node does not fit its GPUs; not charged")
+                }
+            }
+        }
+    }
+
+    // === quotas ===
+
+    pub fn apply_quota(&mut self, quota: GPUQuota) {
+        self.quotas.insert(quota_key(&quota), quota);
+    }
+
+    pub fn delete_quota(&mut self, quota: &GPUQuota) {
+        self.quotas.remove(&quota_key(quota));
+    }
+
+    pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
+        self.quotas = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+    }
+
+    // === the filter transaction ===
+
+    /// Choose a node for a pod among `candidates` and reserve its GPUs, atomically with
+    /// respect to every other call. `incoming` is the pod as the scheduler sent it; it is
+    /// added when the cache does not hold it. A pod that already holds a placement on a
+    /// candidate keeps it; one placed elsewhere is released and placed anew, so a
+    /// re-filter never charges twice. `choose` runs the placement policy.
+    pub fn reserve(
+        &mut self,
+        key: &PodKey,
+        incoming: CachedPod,
+        candidates: &[Arc<str>],
+        choose: impl FnOnce(&crate::placement::GpuRequest, &[&NodeGpus]) -> Outcome,
+        now: Instant,
+    ) -> FilterDecision {
+        let previous = self.adopt(key, incoming);
+        if let Some(kept) = self.keep_existing(key, candidates) {
+            return kept;
+        }
+        if let Some(mut released) = previous.clone().filter(|p| p.node.is_some()) {
+            released.node = None;
+            released.assignment = None;
+            released.reserved = None;
+            self.put_pod(key.clone(), released);
+        }
+        let mut misfits = Vec::new();
+        let mut known: Vec<&NodeGpus> = Vec::with_capacity(candidates.len());
+        for name in candidates {
+            match self.node(name) {
+                Some(gpus) => known.push(gpus),
+                None => misfits.push((name.clone(), Misfit::NotCached)),
+            }
+        }
+        let request = match self.pods.get(key) {
+            Some(pod) => pod.request.clone(),
+            None => {
+                return FilterDecision {
+                    reservation: None,
+                    misfits,
+                };
+            }
+        };
+        let outcome = choose(&request, &known);
+        misfits.extend(
+            outcome
+                .misfits
+                .into_iter()
+                .map(|(i, m)| (known[i].name.clone(), m)),
+        );
+        let Some((index, assignment)) = outcome.chosen else {
+            return FilterDecision {
+                reservation: None,
+                misfits,
+            };
+        };
+        let node = known[index].name.clone();
+        if let Some(mut pod) = self.pods.get(key).cloned() {
+            pod.node = Some(node.clone());
+            pod.assignment = Some(assignment.clone());
+            pod.reserved = Some(now);
+            self.put_pod(key.clone(), pod);
+        }
+        FilterDecision {
+            reservation: Some(Reservation {
+                node,
+                assignment,
+                kept: false,
+                previous,
+            }),
+            misfits,
+        }
+    }
+
+    /// Undo a reservation whose recording on the pod failed.
+    pub fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
+        match reservation.previous {
+            Some(previous) => self.put_pod(key.clone(), previous),
+            None => self.delete_pod(key),
+        }
+    }
+
+    /// Make sure the cache holds the pod; return what it held before, if anything.
+    fn adopt(&mut self, key: &PodKey, incoming: CachedPod) -> Option<CachedPod> {
+        let held = self.pods.get(key).cloned();
+        let replace = match &held {
+            None => true,
+            // The same name with another uid is a new pod: what the old one held is gone.
+            Some(old) => !incoming.uid.is_empty() && !old.uid.is_empty() && old.uid != incoming.uid,
+        };
+        if replace {
+            self.put_pod(key.clone(), incoming);
+        }
+        held.filter(|_| !replace)
+    }
+
+    fn keep_existing(&self, key: &PodKey, candidates: &[Arc<str>]) -> Option<FilterDecision> {
+        let pod = self.pods.get(key)?;
+        let node = pod.node.clone()?;
+        let assignment = pod.assignment.clone()?;
+        let gpus = self.node(&node)?;
+        if !candidates.contains(&node) || !fits_indices(&assignment, gpus.gpu_count()) {
+            return None;
+        }
+        Some(FilterDecision {
+            reservation: Some(Reservation {
+                node,
+                assignment,
+                kept: true,
+                previous: Some(pod.clone()),
+            }),
+            misfits: Vec::new(),
+        })
+    }
+}
+
+fn fits_indices(assignment: &Assignment, gpu_count: usize) -> bool {
+    assignment
+        .choices
+        .iter()
+        .flat_map(|c| &c.gpus)
+        .all(|&g| usize::from(g) < gpu_count)
+}
+
+fn quota_key(quota: &GPUQuota) -> (String, String) {
+    (
+        quota.metadata.namespace.clone().unwrap_or_default(),
+        quota.metadata.name.clone().unwrap_or_default(),
+    )
+}

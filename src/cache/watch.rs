@@ -1,0 +1,171 @@
+//! API mode: one kube watcher per kind, projected into the cache as events arrive.
+//! A relist (Init .. InitDone) replaces that kind's objects wholesale.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use crate::placement::NodeGpus;
+use crate::quota::GPUQuota;
+
+use super::pod::{CachedPod, PodKey, SkipReason, pod_key};
+use super::{ClusterCache, ClusterState, Projection};
+
+const KINDS: usize = 3;
+
+/// Run the three watches until `shutdown`; mark the cache ready once all have listed.
+pub async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToken) {
+    let listed = Arc::new(AtomicUsize::new(0));
+    // Terminal pods leave the selector, which the watch reports as a deletion.
+    let live_pods =
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    let nodes = watch::<Node, _>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        cache.clone(),
+        listed.clone(),
+        NodeKind,
+    );
+    let pods = watch::<Pod, _>(
+        Api::all(client.clone()),
+        live_pods,
+        cache.clone(),
+        listed.clone(),
+        PodKind,
+    );
+    let quotas = watch::<GPUQuota, _>(
+        Api::all(client),
+        watcher::Config::default(),
+        cache,
+        listed,
+        QuotaKind,
+    );
+    tokio::select! {
+        _ = futures::future::join3(nodes, pods, quotas) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+/// How one kind of object lands in the cluster state.
+trait Kind<K>: Send {
+    const NAME: &'static str;
+    type Item: Send;
+    fn project(&self, object: &K, projection: &Projection) -> Option<Self::Item>;
+    fn apply(&self, state: &mut ClusterState, item: Self::Item);
+    fn delete(&self, state: &mut ClusterState, object: &K);
+    fn replace(&self, state: &mut ClusterState, items: Vec<Self::Item>);
+}
+
+async fn watch<K, W>(
+    api: Api<K>,
+    config: watcher::Config,
+    cache: ClusterCache,
+    listed: Arc<AtomicUsize>,
+    kind: W,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    W: Kind<K>,
+{
+    let mut buffer: Vec<W::Item> = Vec::new();
+    let mut first_list = true;
+    let mut events = watcher(api, config).default_backoff().boxed();
+    loop {
+        let event = match events.try_next().await {
+            Ok(Some(event)) => event,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(kind = W::NAME, %error, "watch failed; retrying");
+                continue;
+            }
+        };
+        let projection = cache.projection().clone();
+        match event {
+            watcher::Event::Init => buffer.clear(),
+            watcher::Event::InitApply(object) => buffer.extend(kind.project(&object, &projection)),
+            watcher::Event::InitDone => {
+                let items = std::mem::take(&mut buffer);
+                let count = items.len();
+                cache.with_state(|state| kind.replace(state, items));
+                tracing::info!(kind = W::NAME, count, "listed");
+                if std::mem::take(&mut first_list)
+                    && listed.fetch_add(1, Ordering::AcqRel) + 1 == KINDS
+                {
+                    cache.set_ready();
+                    tracing::info!("cache ready");
+                }
+            }
+            watcher::Event::Apply(object) => match kind.project(&object, &projection) {
+                Some(item) => cache.with_state(|state| kind.apply(state, item)),
+                None => cache.with_state(|state| kind.delete(state, &object)),
+            },
+            watcher::Event::Delete(object) => cache.with_state(|state| kind.delete(state, &object)),
+        }
+    }
+}
+
+struct NodeKind;
+impl Kind<Node> for NodeKind {
+    const NAME: &'static str = "Node";
+    type Item = NodeGpus;
+    fn project(&self, node: &Node, p: &Projection) -> Option<NodeGpus> {
+        Some(NodeGpus::from_node(node, &p.names, &p.labels))
+    }
+    fn apply(&self, state: &mut ClusterState, item: NodeGpus) {
+        state.apply_node(item);
+    }
+    fn delete(&self, state: &mut ClusterState, node: &Node) {
+        state.delete_node(node.metadata.name.as_deref().unwrap_or_default());
+    }
+    fn replace(&self, state: &mut ClusterState, items: Vec<NodeGpus>) {
+        state.replace_nodes(items);
+    }
+}
+
+struct PodKind;
+impl Kind<Pod> for PodKind {
+    const NAME: &'static str = "Pod";
+    type Item = (PodKey, CachedPod);
+    fn project(&self, pod: &Pod, p: &Projection) -> Option<(PodKey, CachedPod)> {
+        match CachedPod::from_pod(pod, &p.names, &p.keys) {
+            Ok(cached) => Some((pod_key(pod), cached)),
+            Err(SkipReason::BadRequest(error)) => {
+                tracing::warn!(pod = %pod_key(pod), %error, "pod's GPU request is unreadable; not cached");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+    fn apply(&self, state: &mut ClusterState, (key, pod): (PodKey, CachedPod)) {
+        state.apply_pod(key, pod);
+    }
+    fn delete(&self, state: &mut ClusterState, pod: &Pod) {
+        state.delete_pod(&pod_key(pod));
+    }
+    fn replace(&self, state: &mut ClusterState, items: Vec<(PodKey, CachedPod)>) {
+        state.replace_pods(items, Instant::now());
+    }
+}
+
+struct QuotaKind;
+impl Kind<GPUQuota> for QuotaKind {
+    const NAME: &'static str = "GPUQuota";
+    type Item = GPUQuota;
+    fn project(&self, quota: &GPUQuota, _: &Projection) -> Option<GPUQuota> {
+        Some(quota.clone())
+    }
+    fn apply(&self, state: &mut ClusterState, quota: GPUQuota) {
+        state.apply_quota(quota);
+    }
+    fn delete(&self, state: &mut ClusterState, quota: &GPUQuota) {
+        state.delete_quota(quota);
+    }
+    fn replace(&self, state: &mut ClusterState, items: Vec<GPUQuota>) {
+        state.replace_quotas(items);
+    }
+}

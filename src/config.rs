@@ -1,0 +1,167 @@
+//! The configuration file (DESIGN §7): plain validated data, defaults for every key,
+//! unknown keys and bad values refused by name.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::placement::{NodeLabels, Policy, ResourceNames};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SchedulerNamePolicy {
+    IfDefault,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UntypedPods {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Placement {
+    pub policy: Policy,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            policy: crate::placement::policy::DEFAULT_POLICY,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Config {
+    pub scheduler_name: String,
+    pub scheduler_name_policy: SchedulerNamePolicy,
+    pub model_label: String,
+    pub pool_label: String,
+    pub type_annotation: String,
+    pub untyped_pods: UntypedPods,
+    pub quota_required: bool,
+    pub resources: ResourceNames,
+    pub placement: Placement,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let labels = NodeLabels::default();
+        Config {
+            scheduler_name: "gpu-scheduler".into(),
+            scheduler_name_policy: SchedulerNamePolicy::IfDefault,
+            model_label: labels.model,
+            pool_label: labels.pool,
+            type_annotation: "gpu-admission.io/gpu-type".into(),
+            untyped_pods: UntypedPods::Allow,
+            quota_required: false,
+            resources: ResourceNames::default(),
+            placement: Placement::default(),
+        }
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| ConfigError::Invalid {
+            path: path.display().to_string(),
+            message,
+        })
+    }
+
+    /// Parse YAML text; the error names the key (and its line) that is wrong.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        let config: Config = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let required = [
+            ("schedulerName", &self.scheduler_name),
+            ("modelLabel", &self.model_label),
+            ("poolLabel", &self.pool_label),
+            ("typeAnnotation", &self.type_annotation),
+            ("resources.vcudaCore", &self.resources.vcuda_core),
+            ("resources.vcudaMemory", &self.resources.vcuda_memory),
+            (
+                "resources.annotationPrefix",
+                &self.resources.annotation_prefix,
+            ),
+        ];
+        match required.iter().find(|(_, value)| value.trim().is_empty()) {
+            Some((key, _)) => Err(format!("{key}: must not be empty")),
+            None => Ok(()),
+        }
+    }
+
+    pub fn node_labels(&self) -> NodeLabels {
+        NodeLabels {
+            model: self.model_label.clone(),
+            pool: self.pool_label.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn reads_every_documented_key() {
+        let config = Config::parse(
+            "schedulerName: s\nschedulerNamePolicy: always\nmodelLabel: m\npoolLabel: p\n\
+             typeAnnotation: t\nuntypedPods: deny\nquotaRequired: true\n\
+             resources: {vcudaCore: a/c, vcudaMemory: a/m, annotationPrefix: a, wholeGpu: [x/gpu]}\n\
+             placement: {policy: spread}\n",
+        )
+        .unwrap();
+        assert_eq!(config.scheduler_name_policy, SchedulerNamePolicy::Always);
+        assert_eq!(config.untyped_pods, UntypedPods::Deny);
+        assert!(config.quota_required);
+        assert_eq!(config.resources.whole_gpu, ["x/gpu"]);
+        assert_eq!(config.placement.policy, Policy::Spread);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let err = Config::parse("schedulerNmae: x\n").unwrap_err();
+        assert!(err.contains("unknown field `schedulerNmae`"), "{err}");
+        let err = Config::parse("placement:\n  polcy: fgd\n").unwrap_err();
+        assert!(err.contains("placement") && err.contains("polcy"), "{err}");
+        let err = Config::parse("placement: {policy: fastest}\n").unwrap_err();
+        assert!(err.contains("fastest"), "{err}");
+        let err = Config::parse("schedulerName: ''\n").unwrap_err();
+        assert_eq!(err, "schedulerName: must not be empty");
+    }
+}

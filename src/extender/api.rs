@@ -1,0 +1,145 @@
+//! Wire types of the kube-scheduler extender (`k8s.io/kube-scheduler/extender/v1`).
+//! The Go structs carry no json tags: the scheduler sends and expects the Go field
+//! names. We emit them exactly and accept any letter case on input, as Go does.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::List;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Serialize;
+use serde_json::Value;
+
+/// `ExtenderArgs`: the pod and the candidate nodes, as objects or as names.
+#[derive(Debug, Clone)]
+pub struct ExtenderArgs {
+    pub pod: Pod,
+    pub nodes: Option<Vec<Node>>,
+    pub node_names: Option<Vec<String>>,
+}
+
+/// `ExtenderFilterResult`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ExtenderFilterResult {
+    #[serde(rename = "Nodes")]
+    pub nodes: Option<List<Node>>,
+    #[serde(rename = "NodeNames")]
+    pub node_names: Option<Vec<String>>,
+    #[serde(rename = "FailedNodes")]
+    pub failed_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedAndUnresolvableNodes")]
+    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+/// Find `key` in a JSON object ignoring letter case (Go's decoder does the same).
+pub fn field<'a>(object: &'a serde_json::Map<String, Value>, key: &str) -> Option<&'a Value> {
+    object
+        .get(key)
+        .or_else(|| {
+            object
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                .map(|(_, v)| v)
+        })
+        .filter(|v| !v.is_null())
+}
+
+impl ExtenderArgs {
+    /// Decode a request body; the error says which part is wrong.
+    pub fn from_json(body: &[u8]) -> Result<Self, String> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| format!("request is not valid JSON: {e}"))?;
+        let Value::Object(object) = value else {
+            return Err("request must be a JSON object with Pod and NodeNames or Nodes".into());
+        };
+        let pod = field(&object, "Pod").ok_or("request has no Pod")?;
+        let pod: Pod = decode("Pod", pod)?;
+        let node_names = match field(&object, "NodeNames") {
+            Some(names) => Some(decode::<Vec<String>>("NodeNames", names)?),
+            None => None,
+        };
+        let nodes = match field(&object, "Nodes") {
+            Some(Value::Object(list)) => {
+                let items = field(list, "items")
+                    .cloned()
+                    .unwrap_or(Value::Array(Vec::new()));
+                Some(decode::<Vec<Node>>("Nodes.items", &items)?)
+            }
+            Some(_) => return Err("Nodes: expected a NodeList object".into()),
+            None => None,
+        };
+        if nodes.is_none() && node_names.is_none() {
+            return Err("request has neither NodeNames nor Nodes".into());
+        }
+        Ok(ExtenderArgs {
+            pod,
+            nodes,
+            node_names,
+        })
+    }
+}
+
+pub fn decode<T: serde::de::DeserializeOwned>(what: &str, value: &Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!(" at {path}")
+        };
+        format!("{what}{at}: {}", e.inner())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn accepts_any_letter_case_and_both_forms() {
+        let args = ExtenderArgs::from_json(
+            br#"{"pod": {"metadata": {"name": "p"}}, "nodenames": ["a", "b"], "Nodes": null}"#,
+        )
+        .unwrap();
+        assert_eq!(args.node_names.unwrap(), ["a", "b"]);
+        assert!(args.nodes.is_none());
+        let args = ExtenderArgs::from_json(
+            br#"{"Pod": {}, "Nodes": {"metadata": {}, "items": [{"metadata": {"name": "n1"}}]}, "NodeNames": null}"#,
+        )
+        .unwrap();
+        assert_eq!(args.nodes.unwrap()[0].metadata.name.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn errors_name_the_part_that_is_wrong() {
+        let err = |body: &str| ExtenderArgs::from_json(body.as_bytes()).unwrap_err();
+        assert!(err("{").starts_with("request is not valid JSON"));
+        assert_eq!(err(r#"{"NodeNames": []}"#), "request has no Pod");
+        assert_eq!(
+            err(r#"{"Pod": {}}"#),
+            "request has neither NodeNames nor Nodes"
+        );
+        let bad = err(r#"{"Pod": {"spec": {"containers": 5}}, "NodeNames": []}"#);
+        assert!(
+            bad.starts_with("Pod at spec.containers: invalid type"),
+            "{bad}"
+        );
+        assert!(err(r#"{"Pod": {}, "NodeNames": "a"}"#).starts_with("NodeNames: invalid type"));
+    }
+
+    #[test]
+    fn result_uses_exact_go_field_names() {
+        let result = ExtenderFilterResult {
+            node_names: Some(vec!["n1".into()]),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"Nodes": null, "NodeNames": ["n1"], "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {}, "Error": ""})
+        );
+    }
+}

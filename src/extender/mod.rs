@@ -1,0 +1,9 @@
+//! The kube-scheduler extender (DESIGN §5): wire types, the filter verb and
+//! Volcano's predicate. The HTTP routes live in `server`.
+
+pub mod api;
+pub mod filter;
+pub mod volcano;
+
+pub use api::{ExtenderArgs, ExtenderFilterResult};
+pub use filter::{FilterOutcome, filter};

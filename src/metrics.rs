@@ -1,0 +1,108 @@
+//! Prometheus metrics. Labels are bounded: routes, decisions and kinds, never names.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: &'static str,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub duration: HistogramFamily,
+    pub cache_objects: Family<KindLabels, Gauge>,
+    pub tls_reloads: Family<ResultLabels, Counter>,
+    pub tls_not_after: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~3.3 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("gpu_admission");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let duration: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let cache_objects = Family::<KindLabels, Gauge>::default();
+        let tls_reloads = Family::<ResultLabels, Counter>::default();
+        let tls_not_after = Gauge::default();
+        registry.register(
+            "requests",
+            "Requests by route and decision",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer a request, by route",
+            duration.clone(),
+        );
+        registry.register(
+            "cache_objects",
+            "Objects held by the cluster cache, by kind",
+            cache_objects.clone(),
+        );
+        registry.register(
+            "tls_reloads",
+            "Serving certificate reloads by result",
+            tls_reloads.clone(),
+        );
+        registry.register(
+            "tls_cert_not_after_timestamp_seconds",
+            "Expiry of the serving certificate (unix seconds)",
+            tls_not_after.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            duration,
+            cache_objects,
+            tls_reloads,
+            tls_not_after,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe(&self, route: &'static str, decision: &'static str, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels { route, decision })
+            .inc();
+        self.duration
+            .get_or_create(&RouteLabels { route })
+            .observe(seconds);
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}

@@ -1,0 +1,86 @@
+//! Per-namespace, per-GPU-model quota: the `GPUQuota` custom resource (DESIGN §3.1).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// `spec` of a GPUQuota: GPUs per model, optional node pools and a default model.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gpu-admission.io",
+    version = "v1alpha1",
+    kind = "GPUQuota",
+    plural = "gpuquotas",
+    shortname = "gq",
+    namespaced,
+    status = "GpuQuotaStatus",
+    printcolumn = r#"{"name":"Hard","type":"string","jsonPath":".spec.hard"}"#,
+    printcolumn = r#"{"name":"Used","type":"string","jsonPath":".status.used"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuQuotaSpec {
+    /// GPUs per model, as Kubernetes quantities (`"4"`, `"1.5"`).
+    pub hard: BTreeMap<String, Quantity>,
+    /// Node pools this namespace may use; empty or absent means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
+    /// The model a pod that names none is charged to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_type: Option<String>,
+}
+
+/// `status` of a GPUQuota, maintained by gpu-admission.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuQuotaStatus {
+    #[serde(default)]
+    pub used: BTreeMap<String, Quantity>,
+}
+
+/// What a namespace's GPUQuotas say about where its pods may go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceLimits {
+    /// True when the namespace has at least one GPUQuota.
+    pub has_quota: bool,
+    pub default_type: Option<String>,
+    /// Every model some quota lists (others have a quota of zero).
+    pub models: Vec<String>,
+    /// Pools every quota that names pools allows (each limit must hold); empty = any.
+    pub pools: Vec<String>,
+}
+
+impl NamespaceLimits {
+    pub fn of<'a>(quotas: impl IntoIterator<Item = &'a GPUQuota>, namespace: &str) -> Self {
+        let mut limits = NamespaceLimits::default();
+        let mut pools: Option<Vec<String>> = None;
+        let in_namespace = quotas
+            .into_iter()
+            .filter(|q| q.metadata.namespace.as_deref() == Some(namespace));
+        for quota in in_namespace {
+            limits.has_quota = true;
+            if limits.default_type.is_none() {
+                limits.default_type = quota.spec.default_type.clone();
+            }
+            for model in quota.spec.hard.keys() {
+                if !limits.models.contains(model) {
+                    limits.models.push(model.clone());
+                }
+            }
+            if !quota.spec.pools.is_empty() {
+                pools = Some(match pools {
+                    None => quota.spec.pools.clone(),
+                    Some(held) => held
+                        .into_iter()
+                        .filter(|p| quota.spec.pools.contains(p))
+                        .collect(),
+                });
+            }
+        }
+        limits.pools = pools.unwrap_or_default();
+        limits
+    }
+}

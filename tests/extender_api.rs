@@ -1,0 +1,263 @@
+//! The extender through HTTP over an offline cluster: what the scheduler sends, what
+//! it gets back, and what ends up recorded for gpu-manager.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use gpu_admission::cache::ClusterCache;
+use serde_json::{Value, json};
+
+fn tkestack_cluster() -> String {
+    ["testnode0", "testnode1", "testnode2"]
+        .iter()
+        .map(|n| vcuda_node(n, 200, 8, "T4"))
+        .collect()
+}
+
+fn annotations_of(cache: &ClusterCache, key: &str) -> (String, Vec<Vec<u8>>) {
+    cache.with_state(|s| {
+        let pod = s.pod(key).unwrap();
+        let gpus = pod
+            .assignment
+            .as_ref()
+            .unwrap()
+            .choices
+            .iter()
+            .map(|c| c.gpus.clone())
+            .collect();
+        (pod.node.as_deref().unwrap().to_string(), gpus)
+    })
+}
+
+/// tkestack gpu-admission's own test scenario, with the `original` policy.
+#[tokio::test]
+async fn original_policy_places_like_tkestack() {
+    let (state, router) = app(&tkestack_cluster(), config_with_policy("original"));
+    let nodes = ["testnode0", "testnode1", "testnode2"];
+    let pods = [
+        (
+            gpu_pod("default", "pod-0", &[(10, 1), (10, 1)]),
+            "testnode0",
+            vec![vec![0], vec![0]],
+        ),
+        (
+            gpu_pod("default", "pod-1", &[(100, 3), (80, 3)]),
+            "testnode1",
+            vec![vec![0], vec![1]],
+        ),
+        (
+            gpu_pod("default", "pod-2", &[(200, 10), (0, 0)]),
+            "testnode2",
+            vec![vec![0, 1]],
+        ),
+        (
+            gpu_pod("default", "pod-3", &[(10, 2), (0, 0)]),
+            "testnode0",
+            vec![vec![0]],
+        ),
+    ];
+    for (pod, node, gpus) in pods {
+        let (status, body) =
+            post(&router, "/scheduler/predicates", filter_args(&pod, &nodes)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["NodeNames"], json!([node]), "{body}");
+        assert_eq!(body["Error"], "");
+        let key = format!("default/{}", pod["metadata"]["name"].as_str().unwrap());
+        assert_eq!(annotations_of(&state.cache, &key), (node.to_string(), gpus));
+    }
+}
+
+#[tokio::test]
+async fn rejected_nodes_carry_specific_reasons_split_by_resolvability() {
+    let cluster = format!(
+        "{}{}",
+        vcuda_node("small", 100, 4, "T4"),
+        vcuda_node("busy", 200, 8, "T4")
+    );
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let filler = gpu_pod("default", "filler", &[(60, 1), (60, 1)]);
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&filler, &["busy"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!(["busy"]));
+
+    let big = gpu_pod("default", "big", &[(200, 2)]);
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&big, &["small", "busy", "ghost"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!([]));
+    assert_eq!(
+        body["FailedAndUnresolvableNodes"]["small"],
+        "pod needs 2 whole GPUs, node has 1 GPUs"
+    );
+    assert_eq!(
+        body["FailedAndUnresolvableNodes"]["ghost"],
+        "node is not in gpu-admission's cache"
+    );
+    assert_eq!(
+        body["FailedNodes"]["busy"],
+        "pod needs 2 free whole GPUs, node has 0"
+    );
+
+    let share = gpu_pod("default", "share", &[(60, 1)]);
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&share, &["busy"]),
+    )
+    .await;
+    assert_eq!(
+        body["FailedNodes"]["busy"],
+        "no single GPU has 60 free vcuda-core (largest free: 40)"
+    );
+}
+
+#[tokio::test]
+async fn nodes_form_is_answered_with_node_objects() {
+    let (_, router) = app("", config_with_policy("original"));
+    let node: Value = serde_json::from_str(
+        r#"{"metadata": {"name": "n1"}, "status": {"capacity": {"tencent.com/vcuda-core": "100", "tencent.com/vcuda-memory": "4"}}}"#,
+    )
+    .unwrap();
+    let pod = gpu_pod("default", "p", &[(50, 1)]);
+    let args = json!({"Pod": pod, "Nodes": {"metadata": {}, "items": [node]}, "NodeNames": null});
+    let (status, body) = post(&router, "/scheduler/filter", args.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["Nodes"]["items"][0]["metadata"]["name"], "n1");
+    assert_eq!(body["NodeNames"], Value::Null);
+}
+
+#[tokio::test]
+async fn non_gpu_pods_pass_unchanged() {
+    let (_, router) = app(&tkestack_cluster(), config_with_policy("original"));
+    let pod = gpu_pod("default", "cpu-only", &[(0, 0)]);
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&pod, &["testnode0", "x"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!(["testnode0", "x"]));
+}
+
+#[tokio::test]
+async fn wanted_model_limits_nodes() {
+    let cluster = format!(
+        "{}{}",
+        vcuda_node("t4", 100, 4, "T4"),
+        vcuda_node("a100", 100, 4, "A100")
+    );
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let mut pod = gpu_pod("default", "p", &[(100, 4)]);
+    pod["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "A100"});
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&pod, &["t4", "a100"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!(["a100"]));
+    assert_eq!(
+        body["FailedAndUnresolvableNodes"]["t4"],
+        "GPU model T4 is not one the pod accepts (A100)"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_400_or_error_and_the_server_keeps_serving() {
+    let (_, router) = app(&tkestack_cluster(), config_with_policy("original"));
+    let cases: Vec<(String, &str)> = vec![
+        ("{not json".into(), "request is not valid JSON"),
+        (r#"{"NodeNames": ["a"]}"#.into(), "request has no Pod"),
+        (
+            r#"{"Pod": {"spec": {"containers": 5}}, "NodeNames": []}"#.into(),
+            "Pod at spec.containers",
+        ),
+        (
+            format!(
+                "{{\"Pod\": {{}}, \"NodeNames\": [\"{}\"]}}",
+                "x".repeat(65 << 20)
+            ),
+            "larger than the 64 MiB limit",
+        ),
+    ];
+    for (body, message) in cases {
+        let (status, answer) = post(&router, "/scheduler/predicates", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(answer.as_str().unwrap().contains(message), "{answer}");
+    }
+    for (quantity, message) in [
+        ("1e100", "out of range"),
+        ("-3", "negative"),
+        ("abc", "not a Kubernetes quantity"),
+    ] {
+        let mut pod = gpu_pod("default", "bad", &[(10, 1)]);
+        pod["spec"]["containers"][0]["resources"]["limits"]["tencent.com/vcuda-core"] =
+            json!(quantity);
+        let (status, body) = post(
+            &router,
+            "/scheduler/predicates",
+            filter_args(&pod, &["testnode0"]),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let error = body["Error"].as_str().unwrap();
+        assert!(
+            error.starts_with("pod default/bad: container \"c0\": tencent.com/vcuda-core"),
+            "{error}"
+        );
+        assert!(error.contains(message), "{error}");
+    }
+    let pod = gpu_pod("default", "fine", &[(10, 1)]);
+    let (status, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&pod, &["testnode0"]),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["NodeNames"]),
+        (StatusCode::OK, &json!(["testnode0"]))
+    );
+}
+
+#[tokio::test]
+async fn volcano_predicate_answers_feasibility_only() {
+    let cluster = format!(
+        "{}{}",
+        vcuda_node("free", 100, 4, "T4"),
+        vcuda_node("one", 100, 4, "T4")
+    );
+    let (state, router) = app(&cluster, config_with_policy("original"));
+    let ask = |pod: &Value, node: &str| {
+        json!({"task": {"Name": "t", "Pod": pod}, "node": {"Name": node}}).to_string()
+    };
+    let pod = gpu_pod("default", "p", &[(100, 4)]);
+    let (status, body) = post(&router, "/scheduler/vpredicates", ask(&pod, "free")).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::OK, json!({"status": "", "code": 0}))
+    );
+    assert!(
+        state.cache.with_state(|s| s.pod("default/p").is_none()),
+        "vpredicates must not reserve"
+    );
+    let two = gpu_pod("default", "two", &[(200, 8)]);
+    let (_, body) = post(&router, "/scheduler/vpredicates", ask(&two, "free")).await;
+    assert_eq!(
+        body,
+        json!({"status": "pod needs 2 whole GPUs, node has 1 GPUs", "code": 3})
+    );
+    let (_, body) = post(&router, "/scheduler/vpredicates", ask(&pod, "nowhere")).await;
+    assert_eq!(body["code"], 2);
+    let (status, _) = post(&router, "/scheduler/vpredicates", r#"{"task": {}}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

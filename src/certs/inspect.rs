@@ -77,10 +77,10 @@ pub(super) fn load_ca(
     now: OffsetDateTime,
     renew_within: time::Duration,
 ) -> Result<Ca, Error> {
-    let cert_pem = String::from_utf8(read(cert_path)?)
-        .map_err(|_| parse_err(cert_path, "not UTF-8 PEM"))?;
-    let key_pem = String::from_utf8(read(key_path)?)
-        .map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
+    let cert_pem =
+        String::from_utf8(read(cert_path)?).map_err(|_| parse_err(cert_path, "not UTF-8 PEM"))?;
+    let key_pem =
+        String::from_utf8(read(key_path)?).map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
     let key = KeyPair::from_pem(&key_pem).map_err(|e| parse_err(key_path, e))?;
     let der = first_cert(cert_path, cert_pem.as_bytes())?;
     let x509 = parse_x509(cert_path, &der)?;
@@ -91,7 +91,13 @@ pub(super) fn load_ca(
         return Err(parse_err(key_path, "key does not match the CA certificate"));
     }
     let not_after = x509.validity().not_after.to_datetime();
-    check_window(cert_path, x509.validity().not_before.to_datetime(), not_after, now, renew_within)?;
+    check_window(
+        cert_path,
+        x509.validity().not_before.to_datetime(),
+        not_after,
+        now,
+        renew_within,
+    )?;
     Ok(Ca {
         der: der.clone().into_owned(),
         cert_pem,
@@ -111,8 +117,8 @@ pub(super) fn check_leaf(
     renew_within: time::Duration,
 ) -> Result<(), Error> {
     let der = first_cert(cert_path, &read(cert_path)?)?;
-    let key_pem = String::from_utf8(read(key_path)?)
-        .map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
+    let key_pem =
+        String::from_utf8(read(key_path)?).map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
     let key = KeyPair::from_pem(&key_pem).map_err(|e| parse_err(key_path, e))?;
     let x509 = parse_x509(cert_path, &der)?;
     if x509.public_key().raw != key.subject_public_key_info().as_slice() {

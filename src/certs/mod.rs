@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
+use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
 use self::atomic::{CERT_MODE, KEY_MODE};
@@ -188,7 +189,14 @@ fn new_key() -> Result<KeyPair, Error> {
 fn new_ca(req: &CertRequest, now: OffsetDateTime) -> Result<Ca, Error> {
     let key = new_key()?;
     let mut params = CertificateParams::default();
-    params.distinguished_name = name(&format!("{} CA", req.service));
+    // A distinct name per CA (a key fingerprint): clients that trust an old
+    // and a new CA during a rotation look the issuer up by name.
+    let fingerprint = Sha256::digest(key.subject_public_key_info());
+    let id: String = fingerprint[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    params.distinguished_name = name(&format!("{} CA {id}", req.service));
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,

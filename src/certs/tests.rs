@@ -56,7 +56,11 @@ fn sans_cover_service_names_hosts_and_ips() {
 #[test]
 fn sans_drop_duplicates() {
     let mut req = dev_request();
-    req.hosts = vec!["gpu-admission".into(), "localhost".into(), "localhost".into()];
+    req.hosts = vec![
+        "gpu-admission".into(),
+        "localhost".into(),
+        "localhost".into(),
+    ];
     let sans = req.sans();
     assert_eq!(sans.iter().filter(|s| *s == "gpu-admission").count(), 1);
     assert_eq!(sans.iter().filter(|s| *s == "localhost").count(), 1);
@@ -77,7 +81,13 @@ fn creates_ca_and_leaf_with_requested_sans() {
     let leaf_der = der(&files.cert);
     let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der).unwrap();
     assert!(!leaf.is_ca());
-    assert!(leaf.extended_key_usage().unwrap().unwrap().value.server_auth);
+    assert!(
+        leaf.extended_key_usage()
+            .unwrap()
+            .unwrap()
+            .value
+            .server_auth
+    );
 }
 
 #[test]
@@ -87,7 +97,10 @@ fn second_ensure_keeps_every_byte() {
     ensure(&files, &dev_request(), DAY, t).unwrap();
     let before = snapshot(&files);
     let later = t + time::Duration::days(100);
-    assert_eq!(ensure(&files, &dev_request(), DAY, later).unwrap(), Outcome::Kept);
+    assert_eq!(
+        ensure(&files, &dev_request(), DAY, later).unwrap(),
+        Outcome::Kept
+    );
     assert_eq!(snapshot(&files), before);
 }
 
@@ -221,7 +234,12 @@ fn leaf_verifies_against_ca_with_rustls() {
     let leaf = der(&files.cert);
     verify_signed_by(&leaf, &der(&files.ca_cert), now()).unwrap();
     let parsed = rustls::server::ParsedCertificate::try_from(&leaf).unwrap();
-    for name in ["localhost", "gpu-admission.gpu-admission.svc", "127.0.0.1", "::1"] {
+    for name in [
+        "localhost",
+        "gpu-admission.gpu-admission.svc",
+        "127.0.0.1",
+        "::1",
+    ] {
         let server_name = rustls::pki_types::ServerName::try_from(name).unwrap();
         rustls::client::verify_server_name(&parsed, &server_name).unwrap();
     }
@@ -235,7 +253,10 @@ fn leaf_verifies_against_ca_with_rustls() {
 /// is missing the test says so on stderr and checks nothing.
 #[test]
 fn leaf_verifies_against_ca_with_openssl() {
-    let Ok(version) = std::process::Command::new("openssl").arg("version").output() else {
+    let Ok(version) = std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+    else {
         eprintln!("SKIPPED: openssl not on PATH; rustls check above still runs");
         return;
     };

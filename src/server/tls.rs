@@ -145,6 +145,11 @@ impl CertResolver {
         }))
     }
 
+    /// The pair being served right now.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        self.current.load_full()
+    }
+
     /// `notAfter` of the leaf being served, in unix seconds.
     pub fn not_after(&self) -> Option<i64> {
         let key = self.current.load();
@@ -159,7 +164,9 @@ impl CertResolver {
         let mut state = self.state.lock();
         let (cert_pem, key_pem) = match read_pair(&self.cert_path, &self.key_path) {
             Ok(pair) => pair,
-            Err(err) => return self.reject(&mut state, Rejected::Unreadable(err.to_string()), &err),
+            Err(err) => {
+                return self.reject(&mut state, Rejected::Unreadable(err.to_string()), &err);
+            }
         };
         let hash = digest(&cert_pem, &key_pem);
         if hash == state.current {
@@ -304,9 +311,7 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Arc<rustls::ServerConfig> {
     let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("ring provider supports the default TLS versions");
-    let mut config = builder
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+    let mut config = builder.with_no_client_auth().with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Arc::new(config)
 }
@@ -421,8 +426,15 @@ where
     }
     drop(listener);
     let open = graceful.count();
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!(open, ?grace, "grace period over; closing remaining connections");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open,
+            ?grace,
+            "grace period over; closing remaining connections"
+        );
         hard_stop.cancel();
     }
     Ok(())

@@ -201,10 +201,13 @@ async fn client_trusting_another_ca_fails_the_handshake_and_server_keeps_going()
     ));
 
     let stranger = tls_support::connect(addr, client_config(&other.ca_cert), "localhost").await;
-    let err = stranger
-        .err()
-        .expect("handshake must fail for an untrusted CA");
+    let Err(err) = stranger else {
+        panic!("handshake must fail for a client that does not trust our CA");
+    };
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+
+    // A client that connects and says nothing is left to its own task.
+    let silent = tokio::net::TcpStream::connect(addr).await.unwrap();
 
     // A client speaking plain HTTP to the TLS port does not break the loop.
     {
@@ -217,6 +220,13 @@ async fn client_trusting_another_ca_fails_the_handshake_and_server_keeps_going()
         .unwrap();
     assert_eq!(ok.body, "hello");
 
+    // h2 over TLS (ALPN) works too.
+    let (status, body) = tls_support::get_h2(addr, &files.ca_cert, "/hello")
+        .await
+        .unwrap();
+    assert_eq!((status.as_u16(), body.as_str()), (200, "hello"));
+
+    drop(silent);
     shutdown.cancel();
     tokio::time::timeout(PATIENCE, server)
         .await

@@ -136,7 +136,8 @@ impl CertFiles {
 pub enum Outcome {
     /// A new CA and a new serving certificate were written.
     Created,
-    /// A new serving certificate was issued by the existing CA.
+    /// A new serving certificate was issued by the existing CA (the old one
+    /// was near expiry, lacked a wanted SAN, or was missing or broken).
     Renewed,
     /// Everything on disk was good; nothing was written.
     Kept,
@@ -165,17 +166,25 @@ pub fn ensure(
                 Ok(()) => return Ok(Outcome::Kept),
                 Err(reason) => tracing::info!(%reason, "issuing a new serving certificate"),
             }
-            write_leaf(files, req, &ca, now)?;
+            let leaf = issue_leaf(req, &ca, now)?;
+            atomic::write_all(&[
+                (&files.key, leaf.key_pem.as_bytes(), KEY_MODE),
+                (&files.cert, leaf.cert_pem.as_bytes(), CERT_MODE),
+            ])?;
             Ok(Outcome::Renewed)
         }
         Err(reason) => {
             tracing::info!(%reason, "creating a new CA and serving certificate");
             let ca = new_ca(req, now)?;
+            let leaf = issue_leaf(req, &ca, now)?;
+            // Everything is generated before anything is written, so a bad
+            // request cannot replace a working CA and leave no leaf.
             atomic::write_all(&[
                 (&files.ca_key, ca.key.serialize_pem().as_bytes(), KEY_MODE),
                 (&files.ca_cert, ca.cert_pem.as_bytes(), CERT_MODE),
+                (&files.key, leaf.key_pem.as_bytes(), KEY_MODE),
+                (&files.cert, leaf.cert_pem.as_bytes(), CERT_MODE),
             ])?;
-            write_leaf(files, req, &ca, now)?;
             Ok(Outcome::Created)
         }
     }
@@ -214,20 +223,21 @@ fn new_ca(req: &CertRequest, now: OffsetDateTime) -> Result<Ca, Error> {
     })
 }
 
-fn write_leaf(
-    files: &CertFiles,
-    req: &CertRequest,
-    ca: &Ca,
-    now: OffsetDateTime,
-) -> Result<(), Error> {
+/// A serving certificate and its key, PEM-encoded.
+struct Leaf {
+    cert_pem: String,
+    key_pem: String,
+}
+
+fn issue_leaf(req: &CertRequest, ca: &Ca, now: OffsetDateTime) -> Result<Leaf, Error> {
     let key = new_key()?;
     let params = leaf_params(req, ca.not_after, now)?;
     let issuer = Issuer::from_ca_cert_der(&ca.der, &ca.key)?;
     let cert = params.signed_by(&key, &issuer)?;
-    atomic::write_all(&[
-        (&files.key, key.serialize_pem().as_bytes(), KEY_MODE),
-        (&files.cert, cert.pem().as_bytes(), CERT_MODE),
-    ])
+    Ok(Leaf {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 fn leaf_params(

@@ -307,7 +307,6 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Arc<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     // Startup invariant: ring's default provider supports the default
     // protocol versions; this only fails for a misassembled custom provider.
-    #[allow(clippy::expect_used)]
     let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("ring provider supports the default TLS versions");
@@ -325,7 +324,8 @@ pub async fn reload_loop(
     on_result: impl Fn(ReloadResult) + Send + 'static,
     shutdown: CancellationToken,
 ) {
-    let mut ticks = tokio::time::interval(every);
+    // `interval` panics on zero.
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // the first tick is immediate; the pair was just loaded
     loop {
@@ -349,6 +349,8 @@ pub async fn reload_loop(
 ///
 /// The handshake runs inside each connection's task (bounded by a 10 s
 /// timeout), so a slow or failing client never holds up the accept loop.
+/// Accept errors are logged and retried, so this returns `Ok` once shut down;
+/// the `io::Result` leaves room for setup errors.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,

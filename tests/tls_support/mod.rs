@@ -95,6 +95,31 @@ async fn get_inner(
     })
 }
 
+/// One GET over h2 (ALPN `h2`) on a fresh connection; returns the status and
+/// body after checking the server negotiated h2.
+pub async fn get_h2(
+    addr: SocketAddr,
+    ca_pem: &Path,
+    path: &str,
+) -> Result<(axum::http::StatusCode, String), BoxError> {
+    let mut config = (*client_config(ca_pem)).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = connect(addr, Arc::new(config), "localhost").await?;
+    if tls.get_ref().1.alpn_protocol() != Some(b"h2".as_slice()) {
+        return Err("server did not negotiate h2".into());
+    }
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake::<_, _, Body>(executor, TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    let request =
+        axum::http::Request::get(format!("https://localhost{path}")).body(Body::empty())?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let bytes = axum::body::to_bytes(Body::new(response.into_body()), 1 << 20).await?;
+    Ok((status, String::from_utf8(bytes.to_vec())?))
+}
+
 /// DER of the first certificate in a PEM file.
 pub fn der_of(path: &Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(path).unwrap()

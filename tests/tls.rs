@@ -299,6 +299,12 @@ fn load_errors_name_the_problem_and_the_path() {
         other => panic!("unexpected {other:?}"),
     }
 
+    // Outside its validity window, either way.
+    let (_old_dir, expired) = certs_at(OffsetDateTime::now_utc() - time::Duration::days(400));
+    assert!(matches!(load(&expired), Err(TlsError::Expired { .. })));
+    let (_new_dir, early) = certs_at(OffsetDateTime::now_utc() + time::Duration::hours(1));
+    assert!(matches!(load(&early), Err(TlsError::NotYetValid { .. })));
+
     std::fs::write(&files.cert, b"not pem at all").unwrap();
     match load(&files) {
         Err(TlsError::NoCertificate { path }) => assert_eq!(path, files.cert),
@@ -334,6 +340,27 @@ fn reload_if_changed_swaps_good_pairs_and_reports_a_bad_one_once() {
     rotate_from_scratch(&files);
     assert_eq!(resolver.reload_if_changed(), ReloadResult::Reloaded);
     assert_served(&resolver, &files.cert);
+}
+
+/// A CA and leaf created as if the clock said `now`.
+fn certs_at(now: OffsetDateTime) -> (tempfile::TempDir, CertFiles) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = CertFiles::in_dir(dir.path());
+    certs::ensure(&files, &certs::dev_request(), DAY, now).unwrap();
+    (dir, files)
+}
+
+#[test]
+fn a_not_yet_valid_pair_is_reported_once_and_the_old_one_kept() {
+    let (_dir, files) = fresh_certs();
+    let resolver = load(&files).unwrap();
+    let (_early_dir, early) = certs_at(OffsetDateTime::now_utc() + time::Duration::hours(1));
+    std::fs::copy(&early.cert, &files.cert).unwrap();
+    std::fs::copy(&early.key, &files.key).unwrap();
+    assert_eq!(resolver.reload_if_changed(), ReloadResult::Failed);
+    // Re-checked (it may become valid as time passes) but not re-reported.
+    assert_eq!(resolver.reload_if_changed(), ReloadResult::Unchanged);
+    assert_ne!(resolver.current().cert[0], der_of(&files.cert));
 }
 
 /// Issues a fresh leaf after the test broke the files on purpose.

@@ -39,7 +39,7 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(250);
 pub enum TlsError {
     #[error("{} does not exist", path.display())]
     Missing { path: PathBuf },
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read { path: PathBuf, source: io::Error },
     #[error("{}: no PEM certificate found", path.display())]
     NoCertificate { path: PathBuf },
@@ -53,12 +53,12 @@ pub enum TlsError {
     BadCertificate { path: PathBuf, reason: String },
     #[error("key {} does not match certificate {}", key.display(), cert.display())]
     KeyMismatch { cert: PathBuf, key: PathBuf },
-    #[error("{}: certificate is not valid now (valid {not_before} to {not_after})", path.display())]
-    NotValidNow {
-        path: PathBuf,
-        not_before: i64,
-        not_after: i64,
-    },
+    /// `notBefore` is in the future (unix seconds).
+    #[error("{}: certificate is not valid before {not_before} (unix time)", path.display())]
+    NotYetValid { path: PathBuf, not_before: i64 },
+    /// `notAfter` is in the past (unix seconds).
+    #[error("{}: certificate expired at {not_after} (unix time)", path.display())]
+    Expired { path: PathBuf, not_after: i64 },
 }
 
 impl TlsError {
@@ -73,7 +73,8 @@ impl TlsError {
             TlsError::BadKey { .. } => "bad_key",
             TlsError::BadCertificate { .. } => "bad_certificate",
             TlsError::KeyMismatch { .. } => "key_mismatch",
-            TlsError::NotValidNow { .. } => "not_valid_now",
+            TlsError::NotYetValid { .. } => "not_yet_valid",
+            TlsError::Expired { .. } => "expired",
         }
     }
 }
@@ -101,7 +102,13 @@ struct ReloadState {
 
 #[derive(PartialEq, Eq)]
 enum Rejected {
-    Contents([u8; 32]),
+    /// `retry`: the contents may become valid as time passes (a certificate
+    /// whose `notBefore` is slightly ahead of our clock), so parse them again
+    /// on each tick, but log only once.
+    Contents {
+        hash: [u8; 32],
+        retry: bool,
+    },
     Unreadable(String),
 }
 
@@ -165,12 +172,16 @@ impl CertResolver {
         let (cert_pem, key_pem) = match read_pair(&self.cert_path, &self.key_path) {
             Ok(pair) => pair,
             Err(err) => {
-                return self.reject(&mut state, Rejected::Unreadable(err.to_string()), &err);
+                return self.reject(&mut state, Rejected::Unreadable(error_chain(&err)), &err);
             }
         };
         let hash = digest(&cert_pem, &key_pem);
         if hash == state.current {
             state.rejected = None;
+            return ReloadResult::Unchanged;
+        }
+        let known_bad = Rejected::Contents { hash, retry: false };
+        if state.rejected.as_ref() == Some(&known_bad) {
             return ReloadResult::Unchanged;
         }
         match parse_pair(&self.cert_path, &self.key_path, &cert_pem, &key_pem) {
@@ -180,10 +191,17 @@ impl CertResolver {
                     current: hash,
                     rejected: None,
                 };
-                tracing::info!(cert = %self.cert_path.display(), not_after = ?self.not_after(), "reloaded TLS certificate");
+                tracing::info!(
+                    cert = %self.cert_path.display(),
+                    not_after = ?self.not_after(),
+                    "reloaded TLS certificate"
+                );
                 ReloadResult::Reloaded
             }
-            Err(err) => self.reject(&mut state, Rejected::Contents(hash), &err),
+            Err(err) => {
+                let retry = matches!(err, TlsError::NotYetValid { .. });
+                self.reject(&mut state, Rejected::Contents { hash, retry }, &err)
+            }
         }
     }
 
@@ -196,11 +214,23 @@ impl CertResolver {
             cert = %self.cert_path.display(),
             key = %self.key_path.display(),
             kind = err.kind(),
-            error = %err,
+            error = %error_chain(err),
             "TLS reload failed; still serving the previous certificate"
         );
         ReloadResult::Failed
     }
+}
+
+/// `err` and its sources, joined with ": ", for a one-line log field.
+fn error_chain(err: &TlsError) -> String {
+    let mut out = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 /// Length-prefixed so that moving bytes between the two files changes it.
@@ -291,10 +321,15 @@ fn check_valid_now(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsErro
         reason,
     })?;
     let now = i64::try_from(UnixTime::now().as_secs()).unwrap_or(i64::MAX);
-    if now < not_before || now > not_after {
-        return Err(TlsError::NotValidNow {
+    if now < not_before {
+        return Err(TlsError::NotYetValid {
             path: path.to_path_buf(),
             not_before,
+        });
+    }
+    if now > not_after {
+        return Err(TlsError::Expired {
+            path: path.to_path_buf(),
             not_after,
         });
     }

@@ -159,6 +159,13 @@ pub fn ensure(
         return Err(Error::Request("days must be at least 1".into()));
     }
     let window = time::Duration::try_from(renew_within).unwrap_or(time::Duration::MAX);
+    if window >= time::Duration::days(i64::from(req.days)) {
+        // Every fresh leaf would already be inside the window: renew forever.
+        return Err(Error::Request(format!(
+            "renewal window ({renew_within:?}) must be shorter than the validity ({} days)",
+            req.days
+        )));
+    }
     let sans = req.sans();
     match inspect::load_ca(&files.ca_cert, &files.ca_key, now, window) {
         Ok(ca) => {

@@ -309,6 +309,11 @@ fn zero_days_is_rejected_and_missing_ca_is_reported_by_path() {
         ensure(&files, &req, DAY, now()),
         Err(Error::Request(_))
     ));
+    req.days = 30;
+    assert!(matches!(
+        ensure(&files, &req, 30 * DAY, now()),
+        Err(Error::Request(_))
+    ));
     match ca_bundle_base64(&files) {
         Err(Error::Read { path, .. }) => assert_eq!(path, files.ca_cert),
         other => panic!("unexpected {other:?}"),

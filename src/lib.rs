@@ -7,9 +7,12 @@
 
 pub mod cache;
 pub mod certs;
+pub mod cli;
 pub mod config;
 pub mod extender;
 pub mod metrics;
 pub mod placement;
 pub mod quota;
+pub mod serve;
 pub mod server;
+pub mod telemetry;

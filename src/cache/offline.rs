@@ -105,10 +105,11 @@ fn add(
 
 /// Items of a typed list may omit their kind.
 fn with_kind(mut item: serde_yaml::Value, list_kind: &str) -> serde_yaml::Value {
-    if let (Some(kind), Some(map)) = (list_kind.strip_suffix("List"), item.as_mapping_mut()) {
-        if !kind.is_empty() && !map.contains_key("kind") {
-            map.insert("kind".into(), kind.into());
-        }
+    if let (Some(kind), Some(map)) = (list_kind.strip_suffix("List"), item.as_mapping_mut())
+        && !kind.is_empty()
+        && !map.contains_key("kind")
+    {
+        map.insert("kind".into(), kind.into());
     }
     item
 }

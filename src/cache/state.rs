@@ -128,10 +128,8 @@ impl ClusterState {
     }
 
     pub fn delete_pod(&mut self, key: &str) {
-        if let Some(old) = self.pods.remove(key) {
-            if let Some(node) = old.node {
-                self.unlink(&node, key);
-            }
+        if let Some(node) = self.pods.remove(key).and_then(|old| old.node) {
+            self.unlink(&node, key);
         }
     }
 
@@ -145,9 +143,9 @@ impl ClusterState {
             .iter()
             .filter(|(key, pod)| {
                 !listed.contains(*key)
-                    && !pod
+                    && pod
                         .reserved
-                        .is_some_and(|at| now.duration_since(at) < RESERVATION_TTL)
+                        .is_none_or(|at| now.duration_since(at) >= RESERVATION_TTL)
             })
             .map(|(key, _)| key.clone())
             .collect();

@@ -76,50 +76,81 @@ async fn version() -> impl IntoResponse {
     }))
 }
 
-/// A clear 400 for bad input; the text names what is wrong.
-pub fn bad_request(message: impl Into<String>) -> Response {
-    (StatusCode::BAD_REQUEST, message.into()).into_response()
+/// Why a request was not judged: bad input (400, the text names the problem) or our
+/// own state not ready (503, so the caller's failure policy decides).
+#[derive(Debug)]
+pub enum Rejection {
+    BadRequest(String),
+    NotReady,
 }
 
-/// A 503: our own state cannot judge the request yet; the caller's failure policy decides.
-pub fn not_ready() -> Response {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        "gpu-admission's cluster cache is not ready yet",
-    )
-        .into_response()
+impl Rejection {
+    pub const fn label(&self) -> &'static str {
+        match self {
+            Rejection::BadRequest(_) => "bad_request",
+            Rejection::NotReady => "not_ready",
+        }
+    }
 }
 
-/// Read a body up to `limit` bytes; anything larger is a 400 that says so.
-pub async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Response> {
-    axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let too_large = std::error::Error::source(&error)
-            .is_some_and(|s| s.to_string().contains("length limit"))
-            || error.to_string().contains("length limit");
-        if too_large {
-            bad_request(format!(
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        match self {
+            Rejection::BadRequest(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+            Rejection::NotReady => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gpu-admission's cluster cache is not ready yet",
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// Read a body of at most `limit` bytes, decode it with `parse`, and check readiness.
+pub async fn accept<T>(
+    state: &AppState,
+    body: Body,
+    limit: usize,
+    parse: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<T, Rejection> {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let text = format!(
+            "{error} {}",
+            std::error::Error::source(&error)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        );
+        if text.contains("length limit") {
+            Rejection::BadRequest(format!(
                 "request body is larger than the {} MiB limit",
                 limit >> 20
             ))
         } else {
-            bad_request(format!("cannot read request body: {error}"))
+            Rejection::BadRequest(format!("cannot read request body: {error}"))
         }
-    })
+    })?;
+    let parsed = parse(&bytes).map_err(Rejection::BadRequest)?;
+    if !state.cache.is_ready() {
+        return Err(Rejection::NotReady);
+    }
+    Ok(parsed)
 }
 
 async fn predicates(State(state): State<AppState>, body: Body) -> Response {
     const ROUTE: &str = "predicates";
     let started = Instant::now();
-    let args = match read_body(body, EXTENDER_BODY_LIMIT)
-        .await
-        .and_then(|b| ExtenderArgs::from_json(&b).map_err(bad_request))
-    {
+    let args = match accept(&state, body, EXTENDER_BODY_LIMIT, ExtenderArgs::from_json).await {
         Ok(args) => args,
-        Err(response) => return observed(&state, ROUTE, "bad_request", started, response),
+        Err(rejection) => {
+            return observed(
+                &state,
+                ROUTE,
+                rejection.label(),
+                started,
+                rejection.into_response(),
+            );
+        }
     };
-    if !state.cache.is_ready() {
-        return observed(&state, ROUTE, "not_ready", started, not_ready());
-    }
     let (result, outcome) = filter(&state.cache, &state.config, args).await;
     observed(
         &state,
@@ -133,16 +164,18 @@ async fn predicates(State(state): State<AppState>, body: Body) -> Response {
 async fn vpredicates(State(state): State<AppState>, body: Body) -> Response {
     const ROUTE: &str = "vpredicates";
     let started = Instant::now();
-    let args = match read_body(body, EXTENDER_BODY_LIMIT)
-        .await
-        .and_then(|b| PredicateArgs::from_json(&b).map_err(bad_request))
-    {
+    let args = match accept(&state, body, EXTENDER_BODY_LIMIT, PredicateArgs::from_json).await {
         Ok(args) => args,
-        Err(response) => return observed(&state, ROUTE, "bad_request", started, response),
+        Err(rejection) => {
+            return observed(
+                &state,
+                ROUTE,
+                rejection.label(),
+                started,
+                rejection.into_response(),
+            );
+        }
     };
-    if !state.cache.is_ready() {
-        return observed(&state, ROUTE, "not_ready", started, not_ready());
-    }
     let response = predicate(&state.cache, &state.config, args);
     let decision = if response.code == 0 { "fits" } else { "unfit" };
     observed(

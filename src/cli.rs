@@ -1,0 +1,129 @@
+//! Command line (clap derive). Every `serve` flag can also be set by the environment
+//! variable `GPU_ADMISSION_<FLAG>`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpu-admission",
+    version,
+    about = "GPU quota webhooks and fragment-aware GPU placement for Kubernetes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the webhooks and the scheduler extender.
+    Serve(ServeArgs),
+    /// Create (or keep, or renew) the webhook's CA and serving certificate.
+    Certs(CertsArgs),
+    /// Print the version.
+    Version,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(
+        long,
+        env = "GPU_ADMISSION_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log level or filter directives (e.g. `info`, `gpu_admission=debug`).
+    #[arg(long, env = "GPU_ADMISSION_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TLS listener for the webhooks and the extender.
+    #[arg(long, env = "GPU_ADMISSION_ADDRESS", default_value = "0.0.0.0:3456")]
+    pub address: SocketAddr,
+    /// Serving certificate (PEM). Default: webhook-certs/tls.crt, created for development when absent.
+    #[arg(long, env = "GPU_ADMISSION_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving key (PEM). Default: webhook-certs/tls.key.
+    #[arg(long, env = "GPU_ADMISSION_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// How often to look for a changed certificate.
+    #[arg(long, env = "GPU_ADMISSION_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Optional plain-HTTP listener with only the extender routes and probes.
+    #[arg(long, env = "GPU_ADMISSION_INSECURE_EXTENDER_ADDRESS")]
+    pub insecure_extender_address: Option<SocketAddr>,
+    /// Plain-HTTP listener for /livez, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "GPU_ADMISSION_ADMIN_ADDRESS",
+        default_value = "0.0.0.0:3457"
+    )]
+    pub admin_address: SocketAddr,
+    /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "GPU_ADMISSION_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// API server URL, overriding the kubeconfig's.
+    #[arg(long, env = "GPU_ADMISSION_MASTER")]
+    pub master: Option<String>,
+    /// Configuration file (YAML).
+    #[arg(long, env = "GPU_ADMISSION_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Offline mode: this YAML file of Nodes, Pods and GPUQuotas is the cluster.
+    #[arg(long, env = "GPU_ADMISSION_CLUSTER")]
+    pub cluster: Option<PathBuf>,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, env = "GPU_ADMISSION_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Service name of the webhook.
+    #[arg(long, default_value = "gpu-admission")]
+    pub service: String,
+    /// Namespace of the service.
+    #[arg(long, default_value = "gpu-admission")]
+    pub namespace: String,
+    /// Where to write ca.crt, ca.key, tls.crt and tls.key.
+    #[arg(long, default_value = "webhook-certs")]
+    pub out_dir: PathBuf,
+    /// Validity of the serving certificate in days.
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
+    /// Renew the serving certificate when it expires within this many days.
+    #[arg(long, default_value_t = 30)]
+    pub renew_within_days: u32,
+    /// Extra DNS names for the serving certificate (repeatable).
+    #[arg(long = "host")]
+    pub hosts: Vec<String>,
+    /// Extra IP addresses for the serving certificate (repeatable).
+    #[arg(long = "ip")]
+    pub ips: Vec<IpAddr>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,227 @@
+//! `gpu-admission serve`: assemble config, cache, TLS and the three listeners, and run
+//! until SIGTERM/SIGINT.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{ClusterCache, Projection};
+use crate::certs::{self, CertFiles};
+use crate::cli::ServeArgs;
+use crate::config::Config;
+use crate::metrics::ResultLabels;
+use crate::server::tls::{self, CertResolver, ReloadResult};
+use crate::server::{AppState, admin::admin_router, app_router, insecure_extender_router};
+
+const DEV_CERT_DIR: &str = "webhook-certs";
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let ServeArgs {
+        address,
+        tls_cert,
+        tls_key,
+        tls_reload_interval,
+        insecure_extender_address,
+        admin_address,
+        kubeconfig,
+        master,
+        config,
+        cluster,
+        shutdown_grace,
+        log: _,
+    } = args;
+    let config = match config {
+        Some(path) => Config::load(&path)?,
+        None => Config::default(),
+    };
+    let (cert, key) = tls_paths(tls_cert, tls_key)?;
+    let resolver =
+        CertResolver::load(&cert, &key).with_context(|| "loading the serving certificate")?;
+    let shutdown = CancellationToken::new();
+    let projection = Projection::from_config(&config);
+    let cache = match &cluster {
+        Some(path) => ClusterCache::from_file(path, projection)?,
+        None => {
+            let client = kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
+            let (cache, watches) = ClusterCache::from_api(client, projection, shutdown.clone());
+            tokio::spawn(watches);
+            cache
+        }
+    };
+    let state = AppState::new(cache, config);
+    state
+        .metrics
+        .tls_not_after
+        .set(resolver.not_after().unwrap_or(0));
+
+    let tls_listener = bind(address, "--address").await?;
+    let admin_listener = bind(admin_address, "--admin-address").await?;
+    let insecure_listener = match insecure_extender_address {
+        Some(addr) => Some(bind(addr, "--insecure-extender-address").await?),
+        None => None,
+    };
+    tracing::info!(
+        %address, %admin_address, insecure = ?insecure_extender_address,
+        mode = if cluster.is_some() { "offline" } else { "api" },
+        policy = %state.config.placement.policy,
+        "serving"
+    );
+    tokio::spawn(watch_certificates(
+        resolver.clone(),
+        tls_reload_interval,
+        state.clone(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(stop_on_signal(state.clone(), shutdown.clone()));
+
+    let tls_config = tls::server_config(resolver);
+    let main = tls::serve_tls(
+        tls_listener,
+        tls_config,
+        app_router(state.clone()),
+        shutdown.clone(),
+        shutdown_grace,
+    );
+    let admin = tls::serve_plain(
+        admin_listener,
+        admin_router(state.clone()),
+        shutdown.clone(),
+        shutdown_grace,
+    );
+    let insecure = async {
+        match insecure_listener {
+            Some(listener) => {
+                tls::serve_plain(
+                    listener,
+                    insecure_extender_router(state.clone()),
+                    shutdown.clone(),
+                    shutdown_grace,
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    };
+    let (main, admin, insecure) = tokio::join!(main, admin, insecure);
+    main.context("TLS listener")?;
+    admin.context("admin listener")?;
+    insecure.context("insecure extender listener")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Explicit paths must exist; with none given, the default dev paths are created when empty.
+fn tls_paths(cert: Option<PathBuf>, key: Option<PathBuf>) -> anyhow::Result<(PathBuf, PathBuf)> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok((cert, key)),
+        (None, None) => {
+            let files = CertFiles::in_dir(Path::new(DEV_CERT_DIR));
+            let outcome = certs::ensure(
+                &files,
+                &certs::dev_request(),
+                std::time::Duration::from_secs(7 * 24 * 3600),
+                time::OffsetDateTime::now_utc(),
+            )
+            .context("creating development certificates")?;
+            if outcome != certs::Outcome::Kept {
+                tracing::warn!(
+                    dir = DEV_CERT_DIR,
+                    ?outcome,
+                    "using a development CA and serving certificate (valid for localhost); do not use in production"
+                );
+            }
+            Ok((files.cert, files.key))
+        }
+        (Some(_), None) => anyhow::bail!("--tls-cert was given without --tls-key"),
+        (None, Some(_)) => anyhow::bail!("--tls-key was given without --tls-cert"),
+    }
+}
+
+async fn bind(address: std::net::SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(address)
+        .await
+        .with_context(|| format!("{flag} {address}: cannot listen"))
+}
+
+async fn kube_client(
+    kubeconfig: Option<&Path>,
+    master: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig found and not running in a cluster")?,
+    };
+    if let Some(master) = master {
+        config.cluster_url = master
+            .parse()
+            .with_context(|| format!("--master {master:?} is not a URL"))?;
+    }
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn watch_certificates(
+    resolver: Arc<CertResolver>,
+    every: std::time::Duration,
+    state: AppState,
+    shutdown: CancellationToken,
+) {
+    let metrics = state.metrics.clone();
+    let watched = resolver.clone();
+    tls::reload_loop(
+        resolver,
+        every,
+        move |result| {
+            let label = match result {
+                ReloadResult::Unchanged => return,
+                ReloadResult::Reloaded => "reloaded",
+                ReloadResult::Failed => "failed",
+            };
+            metrics
+                .tls_reloads
+                .get_or_create(&ResultLabels { result: label })
+                .inc();
+            metrics.tls_not_after.set(watched.not_after().unwrap_or(0));
+        },
+        shutdown,
+    )
+    .await;
+}
+
+/// First SIGTERM/SIGINT: turn unready and drain; a second one exits at once.
+async fn stop_on_signal(state: AppState, shutdown: CancellationToken) {
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, finishing in-flight requests");
+    state.shutting_down.store(true, Ordering::Release);
+    shutdown.cancel();
+    wait_for_signal().await;
+    tracing::warn!("second signal: exiting now");
+    std::process::exit(130);
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

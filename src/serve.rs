@@ -64,8 +64,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, "--insecure-extender-address").await?),
         None => None,
     };
+    let local = |l: &TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(
-        %address, %admin_address, insecure = ?insecure_extender_address,
+        address = local(&tls_listener),
+        admin_address = local(&admin_listener),
+        insecure_extender_address = insecure_listener.as_ref().map(local),
         mode = if cluster.is_some() { "offline" } else { "api" },
         policy = %state.config.placement.policy,
         "serving"

@@ -1,0 +1,256 @@
+//! The real binary, as an operator runs it: `serve --cluster` with development
+//! certificates, the extender over TLS (trusting only the dev CA), the plain extender
+//! port, the probes and metrics on the admin port, and a clean exit on SIGTERM.
+#![allow(clippy::unwrap_used)]
+
+mod tls_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use axum::body::Body;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-admission");
+
+fn example(name: &str) -> String {
+    format!("{}/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Server {
+    child: Child,
+    tls: SocketAddr,
+    admin: SocketAddr,
+    insecure: SocketAddr,
+    logs: mpsc::Receiver<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// Start `serve` in `dir` on ephemeral ports; learn them from the "serving" log line.
+fn start(dir: &Path) -> Server {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--cluster",
+            &example("cluster.yaml"),
+            "--log-format",
+            "json",
+        ])
+        .args(["--address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
+        .args(["--insecure-extender-address", "127.0.0.1:0"])
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, logs) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        let line = logs
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server did not report serving");
+        let Ok(event) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if event["message"] == "serving" {
+            let addr = |key: &str| event[key].as_str().unwrap().parse().unwrap();
+            return Server {
+                tls: addr("address"),
+                admin: addr("admin_address"),
+                insecure: addr("insecure_extender_address"),
+                child,
+                logs,
+            };
+        }
+    }
+}
+
+/// One plain HTTP/1.1 request.
+async fn plain(addr: SocketAddr, method: &str, path: &str, body: String) -> (u16, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send(&mut sender, method, path, body).await
+}
+
+/// One HTTPS/1.1 request, trusting only the CA in `ca`.
+async fn tls(addr: SocketAddr, ca: &Path, method: &str, path: &str, body: String) -> (u16, String) {
+    let stream = tls_support::connect(addr, tls_support::client_config(ca), "localhost")
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send(&mut sender, method, path, body).await
+}
+
+async fn send(
+    sender: &mut hyper::client::conn::http1::SendRequest<Body>,
+    method: &str,
+    path: &str,
+    body: String,
+) -> (u16, String) {
+    let request = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(Body::new(response.into_body()), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path());
+    let ca = dir.path().join("webhook-certs/ca.crt");
+    assert!(ca.exists(), "dev mode must create a CA");
+
+    let (status, body) = plain(server.admin, "GET", "/readyz", String::new()).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert_eq!(
+        plain(server.admin, "GET", "/livez", String::new()).await.0,
+        200
+    );
+
+    let share = std::fs::read_to_string(example("filter-share.json")).unwrap();
+    let (status, body) = tls(
+        server.tls,
+        &ca,
+        "POST",
+        "/scheduler/predicates",
+        share.clone(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let result: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(result["NodeNames"], serde_json::json!(["t4-node-1"]));
+
+    let (status, body) = tls(server.tls, &ca, "GET", "/version", String::new()).await;
+    assert_eq!(status, 200);
+    assert!(body.contains(env!("CARGO_PKG_VERSION")));
+
+    // The plain extender port serves the same extender (re-filter: same node kept).
+    let (status, body) = plain(server.insecure, "POST", "/scheduler/predicates", share).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("\"NodeNames\":[\"t4-node-1\"]"), "{body}");
+    let (status, _) = plain(server.insecure, "GET", "/version", String::new()).await;
+    assert_eq!(
+        status, 404,
+        "the plain port serves only the extender and probes"
+    );
+
+    let (_, metrics) = plain(server.admin, "GET", "/metrics", String::new()).await;
+    assert!(
+        metrics.contains(r#"gpu_admission_requests_total{route="predicates",decision="placed"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"gpu_admission_requests_total{route="predicates",decision="kept"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gpu_admission_tls_cert_not_after_timestamp_seconds"));
+
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_exit(&mut server.child, Duration::from_secs(30));
+    assert!(
+        exit.success(),
+        "SIGTERM must end the server cleanly: {exit:?}"
+    );
+    let logs: Vec<String> = server.logs.try_iter().collect();
+    assert!(logs.iter().any(|l| l.contains("\"stopped\"")), "{logs:?}");
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn startup_errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "placement:\n  polcy: spread\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let cluster = example("cluster.yaml");
+    let err = run(&[
+        "serve",
+        "--cluster",
+        &cluster,
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(err.contains("polcy"), "{err}");
+    let err = run(&[
+        "serve",
+        "--cluster",
+        &cluster,
+        "--tls-cert",
+        "missing.crt",
+        "--tls-key",
+        "missing.key",
+    ]);
+    assert!(err.contains("missing.crt"), "{err}");
+    let err = run(&[
+        "serve",
+        "--cluster",
+        "nowhere.yaml",
+        "--address",
+        "127.0.0.1:0",
+        "--admin-address",
+        "127.0.0.1:0",
+    ]);
+    assert!(err.contains("nowhere.yaml"), "{err}");
+    std::fs::write(dir.path().join("bad.yaml"), "kind: Pod\nspec: 7\n").unwrap();
+    let err = run(&[
+        "serve",
+        "--cluster",
+        "bad.yaml",
+        "--address",
+        "127.0.0.1:0",
+        "--admin-address",
+        "127.0.0.1:0",
+    ]);
+    assert!(err.contains("bad.yaml, document 1"), "{err}");
+}

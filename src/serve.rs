@@ -18,6 +18,8 @@ use crate::server::tls::{self, CertResolver, ReloadResult};
 use crate::server::{AppState, admin::admin_router, app_router, insecure_extender_router};
 
 const DEV_CERT_DIR: &str = "webhook-certs";
+/// How often GPUQuota status is recomputed from the pods even when nothing left.
+const QUOTA_RESYNC: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
@@ -47,8 +49,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => ClusterCache::from_file(path, projection)?,
         None => {
             let client = kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
-            let (cache, watches) = ClusterCache::from_api(client, projection, shutdown.clone());
+            let (cache, watches) =
+                ClusterCache::from_api(client.clone(), projection, shutdown.clone());
             tokio::spawn(watches);
+            tokio::spawn(crate::quota::reconcile::run(
+                cache.clone(),
+                client,
+                QUOTA_RESYNC,
+                cache.released(),
+                shutdown.clone(),
+            ));
             cache
         }
     };

@@ -261,3 +261,45 @@ async fn volcano_predicate_answers_feasibility_only() {
     let (status, _) = post(&router, "/scheduler/vpredicates", r#"{"task": {}}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn multi_model_pods_go_only_where_the_quota_has_room() {
+    let cluster = format!(
+        "{}{}---\napiVersion: gpu-admission.io/v1alpha1\nkind: GPUQuota\nmetadata: {{name: default, namespace: team-a}}\n\
+         spec:\n  hard: {{V100M16: \"1\", V100M32: \"1\"}}\n",
+        vcuda_node("v16", 200, 8, "V100M16"),
+        vcuda_node("v32", 200, 8, "V100M32"),
+    );
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let mut first = gpu_pod("team-a", "first", &[(100, 4)]);
+    first["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "V100M16"});
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&first, &["v16", "v32"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!(["v16"]));
+    let mut either = gpu_pod("team-a", "either", &[(100, 4)]);
+    either["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "V100M16,V100M32"});
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&either, &["v16", "v32"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!(["v32"]), "{body}");
+    let mut third = gpu_pod("team-a", "third", &[(100, 4)]);
+    third["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "V100M16,V100M32"});
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&third, &["v16", "v32"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!([]));
+    assert_eq!(
+        body["FailedNodes"]["v16"],
+        "namespace GPU quota for V100M16 has no room (used 1 of 1 in GPUQuota team-a/default)"
+    );
+}

@@ -84,6 +84,8 @@ struct Inner {
     ready: AtomicBool,
     projection: Projection,
     writer: PodWriter,
+    /// Woken when objects leave the cluster (a pod finished or was deleted).
+    released: Arc<tokio::sync::Notify>,
 }
 
 impl ClusterCache {
@@ -94,6 +96,7 @@ impl ClusterCache {
                 ready: AtomicBool::new(ready),
                 projection,
                 writer,
+                released: Arc::new(tokio::sync::Notify::new()),
             }),
         }
     }
@@ -130,6 +133,11 @@ impl ClusterCache {
 
     fn set_ready(&self) {
         self.inner.ready.store(true, Ordering::Release);
+    }
+
+    /// Notified whenever the watch removes an object (the quota reconciler listens).
+    pub fn released(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.released.clone()
     }
 
     /// The API client in API mode; `None` offline.

@@ -102,9 +102,15 @@ async fn watch<K, W>(
             }
             watcher::Event::Apply(object) => match kind.project(&object, &projection) {
                 Some(item) => cache.with_state(|state| kind.apply(state, item)),
-                None => cache.with_state(|state| kind.delete(state, &object)),
+                None => {
+                    cache.with_state(|state| kind.delete(state, &object));
+                    cache.released().notify_one();
+                }
             },
-            watcher::Event::Delete(object) => cache.with_state(|state| kind.delete(state, &object)),
+            watcher::Event::Delete(object) => {
+                cache.with_state(|state| kind.delete(state, &object));
+                cache.released().notify_one();
+            }
         }
     }
 }

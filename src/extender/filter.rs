@@ -7,11 +7,15 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::cache::{AnnotationKeys, CachedPod, ClusterCache, FilterDecision, pod_key};
+use crate::cache::{
+    AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, pod_key,
+};
 use crate::config::Config;
 use crate::placement::models::{WantedModels, pool_admits};
 use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, place};
 use crate::quota::NamespaceLimits;
+use crate::quota::ledger::{QuotaView, amount_of, room};
+use crate::quota::reserve::views_with_status;
 
 use super::api::{ExtenderArgs, ExtenderFilterResult};
 
@@ -86,9 +90,11 @@ pub async fn filter(
     let key = pod_key(&pod);
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let policy = config.placement.policy;
+    let api_mode = cache.client().is_some();
     let decision = cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
         let wanted = wanted_models(&pod, config, &limits);
+        let quota = quota_for_placement(state, namespace, &wanted, &limits, api_mode);
         state.reserve(
             &key,
             incoming,
@@ -98,12 +104,60 @@ pub async fn filter(
                     wanted
                         .admits(node)
                         .and_then(|()| pool_admits(&limits.pools, node))
+                        .and_then(|()| quota.room_on(node, request))
                 })
             },
             Instant::now(),
         )
     });
     finish(cache, &pod, decision, node_names, nodes).await
+}
+
+/// For a pod that accepts several models, the quotas its node's model must have room
+/// in (DESIGN §3.3). Single-model pods were charged at admission already.
+struct PlacementQuota {
+    views: Vec<QuotaView>,
+}
+
+impl PlacementQuota {
+    fn room_on(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+        let Some(model) = node.model.as_deref() else {
+            return Ok(());
+        };
+        if self.views.is_empty() {
+            return Ok(());
+        }
+        room(&self.views, model, amount_of(request)).map_err(|e| Misfit::QuotaFull {
+            model: model.to_string(),
+            detail: format!("used {} of {} in GPUQuota {}", e.used, e.hard, e.quota),
+        })
+    }
+}
+
+fn quota_for_placement(
+    state: &ClusterState,
+    namespace: &str,
+    wanted: &WantedModels,
+    limits: &NamespaceLimits,
+    api_mode: bool,
+) -> PlacementQuota {
+    if wanted.models.len() < 2 || !limits.has_quota {
+        return PlacementQuota { views: Vec::new() };
+    }
+    let quotas: Vec<_> = state
+        .quotas()
+        .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
+        .cloned()
+        .collect();
+    // API mode: status.used is the ledger (reservations included); offline: the pods.
+    let views = if api_mode {
+        views_with_status(&quotas).ok()
+    } else {
+        state.quota_views(namespace).ok()
+    };
+    PlacementQuota {
+        views: views.unwrap_or_default(),
+    }
 }
 
 fn wanted_models(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> WantedModels {

@@ -97,13 +97,18 @@ pub enum Misfit {
         need: u32,
         free: u32,
     },
+    /// The namespace's quota for this node's model has no room for the pod.
+    QuotaFull {
+        model: String,
+        detail: String,
+    },
 }
 
 impl Misfit {
     pub fn is_unresolvable(&self) -> bool {
         !matches!(
             self,
-            Misfit::NoShareFit { .. } | Misfit::NotEnoughFreeGpus { .. }
+            Misfit::NoShareFit { .. } | Misfit::NotEnoughFreeGpus { .. } | Misfit::QuotaFull { .. }
         )
     }
 }
@@ -174,6 +179,9 @@ impl fmt::Display for Misfit {
             }
             Misfit::NotEnoughFreeGpus { need, free } => {
                 write!(f, "pod needs {need} free whole GPUs, node has {free}")
+            }
+            Misfit::QuotaFull { model, detail } => {
+                write!(f, "namespace GPU quota for {model} has no room ({detail})")
             }
         }
     }

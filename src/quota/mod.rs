@@ -107,4 +107,5 @@ impl NamespaceLimits {
 pub mod ledger;
 #[cfg(test)]
 mod ledger_tests;
+pub mod reconcile;
 pub mod reserve;

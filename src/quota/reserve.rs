@@ -84,7 +84,7 @@ pub async fn reserve(
 }
 
 /// Quota views whose `used` is what the status says (reservations included).
-fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, ReserveError> {
+pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, ReserveError> {
     quotas
         .iter()
         .map(|quota| {
@@ -252,5 +252,83 @@ pub fn reconciled_status(
             .map(|(m, a)| (m, Quantity(a.to_string())))
             .collect(),
         reservations: pending,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn quota_with(reservations: &[(&str, &str, &str, &str)]) -> GPUQuota {
+        let mut quota = GPUQuota::new(
+            "default",
+            super::super::GpuQuotaSpec {
+                hard: [("T4".to_string(), Quantity("4".into()))].into(),
+                pools: vec![],
+                default_type: None,
+            },
+        );
+        quota.metadata.namespace = Some("team-a".into());
+        quota.status = Some(GpuQuotaStatus {
+            used: [("T4".to_string(), Quantity("9".into()))].into(),
+            reservations: reservations
+                .iter()
+                .map(|(pod, uid, amount, expires)| QuotaReservation {
+                    pod: pod.to_string(),
+                    uid: uid.to_string(),
+                    model: "T4".into(),
+                    amount: Quantity(amount.to_string()),
+                    expires: expires.to_string(),
+                })
+                .collect(),
+        });
+        quota
+    }
+
+    #[test]
+    fn reconciled_status_counts_pods_plus_unseen_unexpired_reservations() {
+        let now = time::OffsetDateTime::parse(
+            "2026-11-22T10:00:00Z",
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap();
+        let quota = quota_with(&[
+            ("created", "u1", "1", "2026-11-22T10:01:00Z"), // seen in the cache: counted as a pod
+            ("in-flight", "u2", "0.5", "2026-11-22T10:01:00Z"), // not seen, fresh: kept
+            ("never-made", "u3", "2", "2026-11-22T09:59:00Z"), // not seen, expired: released
+        ]);
+        let pods: BTreeMap<String, Milli> = [("T4".to_string(), Milli(1500))].into();
+        let status = reconciled_status(
+            &quota,
+            &pods,
+            |name, uid| name == "created" && uid == "u1",
+            now,
+        );
+        assert_eq!(
+            status.used,
+            [("T4".to_string(), Quantity("2".into()))].into()
+        );
+        assert_eq!(status.reservations.len(), 1);
+        assert_eq!(status.reservations[0].pod, "in-flight");
+    }
+
+    #[test]
+    fn with_charge_adds_to_used_and_records_the_reservation() {
+        let quota = quota_with(&[]);
+        let pod = PodIdentity {
+            name: "p".into(),
+            uid: "u".into(),
+        };
+        let updated = with_charge(&quota, "T4", Milli(500), &pod);
+        let status = updated.status.unwrap();
+        assert_eq!(status.used["T4"], Quantity("9.5".into()));
+        assert_eq!(
+            (
+                status.reservations[0].pod.as_str(),
+                status.reservations[0].amount.0.as_str()
+            ),
+            ("p", "0.5")
+        );
     }
 }

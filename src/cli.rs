@@ -24,6 +24,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Create (or keep, or renew) the webhook's CA and serving certificate.
     Certs(CertsArgs),
+    /// GPUQuota tools.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
     /// Print the version.
     Version,
 }
@@ -90,6 +93,29 @@ pub struct ServeArgs {
     pub shutdown_grace: Duration,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// Create or update GPUQuota objects from tkestack's legacy quota ConfigMap.
+    Import(QuotaImportArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("source").required(true).args(["configmap", "file"]))]
+pub struct QuotaImportArgs {
+    /// The legacy ConfigMap, as NAMESPACE/NAME (tkestack used kube-system/gpuquota).
+    #[arg(long)]
+    pub configmap: Option<String>,
+    /// A file holding the legacy `gpu_quota` JSON instead.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Print the GPUQuota objects as YAML; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "GPU_ADMISSION_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@ pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod extender;
+pub mod import;
 pub mod metrics;
 pub mod placement;
 pub mod quota;

@@ -1,7 +1,7 @@
 use anyhow::Context;
 use clap::Parser;
-use gpu_admission::cli::{CertsArgs, Cli, Command};
-use gpu_admission::{certs, serve, telemetry};
+use gpu_admission::cli::{CertsArgs, Cli, Command, QuotaCommand};
+use gpu_admission::{certs, import, serve, telemetry};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -24,6 +24,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(serve::run(args))
         }
         Command::Certs(args) => run_certs(args),
+        Command::Quota(QuotaCommand::Import(args)) => {
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(import::run(args))
+        }
         Command::Version => {
             println!("gpu-admission {}", env!("CARGO_PKG_VERSION"));
             Ok(())

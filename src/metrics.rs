@@ -28,6 +28,15 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    pub namespace: String,
+    pub quota: String,
+    pub model: String,
+}
+
+type QuotaGauge = Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -37,6 +46,8 @@ pub struct Metrics {
     pub cache_objects: Family<KindLabels, Gauge>,
     pub tls_reloads: Family<ResultLabels, Counter>,
     pub tls_not_after: Gauge,
+    pub quota_hard: QuotaGauge,
+    pub quota_used: QuotaGauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -77,6 +88,18 @@ impl Default for Metrics {
             "Expiry of the serving certificate (unix seconds)",
             tls_not_after.clone(),
         );
+        let quota_hard = QuotaGauge::default();
+        let quota_used = QuotaGauge::default();
+        registry.register(
+            "quota_hard_gpus",
+            "GPUQuota limit per namespace and model",
+            quota_hard.clone(),
+        );
+        registry.register(
+            "quota_used_gpus",
+            "GPUQuota usage per namespace and model",
+            quota_used.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -84,6 +107,8 @@ impl Default for Metrics {
             cache_objects,
             tls_reloads,
             tls_not_after,
+            quota_hard,
+            quota_used,
         }
     }
 }

@@ -160,7 +160,7 @@ async fn bind(address: std::net::SocketAddr, flag: &str) -> anyhow::Result<TcpLi
         .with_context(|| format!("{flag} {address}: cannot listen"))
 }
 
-async fn kube_client(
+pub(crate) async fn kube_client(
     kubeconfig: Option<&Path>,
     master: Option<&str>,
 ) -> anyhow::Result<kube::Client> {

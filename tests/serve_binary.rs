@@ -176,6 +176,12 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
         "{metrics}"
     );
     assert!(metrics.contains("gpu_admission_tls_cert_not_after_timestamp_seconds"));
+    // team-a: notebook-1 (0.5 GPU) from the file plus inference-1 (0.3) just placed.
+    assert!(
+        metrics.contains(r#"gpu_admission_quota_used_gpus{namespace="team-a",quota="default",model="Tesla-T4"} 0.8"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"gpu_admission_quota_hard_gpus{namespace="team-a",quota="default",model="Tesla-T4"} 2.0"#), "{metrics}");
 
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])

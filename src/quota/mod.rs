@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct GpuQuotaSpec {
     /// GPUs per model, as Kubernetes quantities (`"4"`, `"1.5"`).
+    #[schemars(schema_with = "gpu_amounts")]
     pub hard: BTreeMap<String, Quantity>,
     /// Node pools this namespace may use; empty or absent means any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -33,12 +34,36 @@ pub struct GpuQuotaSpec {
     pub default_type: Option<String>,
 }
 
+/// A non-negative quantity, so that the API server itself refuses `-3` or `abc`.
+const QUANTITY_PATTERN: &str =
+    r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+]?[0-9]+|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$";
+
+fn gpu_amount(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "GPUs, a non-negative Kubernetes quantity such as 2 or 1.5",
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [
+            {"type": "integer", "minimum": 0},
+            {"type": "string", "pattern": QUANTITY_PATTERN}
+        ]
+    })
+}
+
+fn gpu_amounts(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "GPUs per GPU model (the value of the node's model label)",
+        "type": "object",
+        "additionalProperties": gpu_amount(generator)
+    })
+}
+
 /// `status` of a GPUQuota, maintained by gpu-admission.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuQuotaStatus {
     /// GPUs per model in use, including reservations of pods being created.
     #[serde(default)]
+    #[schemars(schema_with = "gpu_amounts")]
     pub used: BTreeMap<String, Quantity>,
     /// Admitted pods the reconciler has not seen yet; each is part of `used` until the
     /// pod shows up (then it counts as a pod) or the reservation expires (never created).
@@ -55,6 +80,7 @@ pub struct QuotaReservation {
     #[serde(default)]
     pub uid: String,
     pub model: String,
+    #[schemars(schema_with = "gpu_amount")]
     pub amount: Quantity,
     /// RFC 3339 time after which an unseen pod's reservation is released.
     pub expires: String,
@@ -107,5 +133,6 @@ impl NamespaceLimits {
 pub mod ledger;
 #[cfg(test)]
 mod ledger_tests;
+pub mod legacy;
 pub mod reconcile;
 pub mod reserve;

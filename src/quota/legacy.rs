@@ -1,0 +1,89 @@
+//! tkestack gpu-admission's quota ConfigMap (`kube-system/gpuquota`, key `gpu_quota`):
+//! `{"<namespace>": {"quota": {"<model>": <GPUs>}, "pool": ["<pool>"]}}`, turned into
+//! the equivalent GPUQuota objects (DESIGN §3.4).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::Deserialize;
+
+use super::{GPUQuota, GpuQuotaSpec};
+use crate::placement::quantity::Milli;
+
+/// The name given to imported quotas in each namespace.
+pub const IMPORTED_NAME: &str = "default";
+/// The ConfigMap key tkestack read.
+pub const CONFIGMAP_KEY: &str = "gpu_quota";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LegacyNamespace {
+    #[serde(default)]
+    quota: BTreeMap<String, serde_json::Number>,
+    #[serde(default)]
+    pool: Vec<String>,
+}
+
+/// Parse the legacy JSON; errors name the namespace and model at fault.
+pub fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, String> {
+    let namespaces: BTreeMap<String, LegacyNamespace> =
+        serde_json::from_str(json).map_err(|e| format!("legacy quota JSON: {e}"))?;
+    namespaces
+        .into_iter()
+        .map(|(namespace, legacy)| {
+            let mut hard = BTreeMap::new();
+            for (model, number) in legacy.quota {
+                let amount = Milli::parse(&number.to_string())
+                    .map_err(|e| format!("namespace {namespace:?}, model {model:?}: {e}"))?;
+                hard.insert(model, Quantity(amount.to_string()));
+            }
+            let mut quota = GPUQuota::new(
+                IMPORTED_NAME,
+                GpuQuotaSpec {
+                    hard,
+                    pools: legacy.pool,
+                    default_type: None,
+                },
+            );
+            quota.metadata.namespace = Some(namespace);
+            Ok(quota)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn converts_every_namespace_with_models_and_pools() {
+        let quotas = quotas_from_legacy(
+            r#"{"team-a": {"quota": {"M40": 4, "P100": 1.5}, "pool": ["public"]}, "team-b": {"quota": {"T4": 2}}}"#,
+        )
+        .unwrap();
+        assert_eq!(quotas.len(), 2);
+        assert_eq!(quotas[0].metadata.namespace.as_deref(), Some("team-a"));
+        assert_eq!(quotas[0].metadata.name.as_deref(), Some("default"));
+        assert_eq!(quotas[0].spec.hard["P100"], Quantity("1.5".into()));
+        assert_eq!(quotas[0].spec.hard["M40"], Quantity("4".into()));
+        assert_eq!(quotas[0].spec.pools, ["public"]);
+        assert!(quotas[1].spec.pools.is_empty());
+    }
+
+    #[test]
+    fn bad_legacy_data_is_named() {
+        let err = quotas_from_legacy(r#"{"team-a": {"quota": {"T4": -1}}}"#).unwrap_err();
+        assert_eq!(err, r#"namespace "team-a", model "T4": "-1" is negative"#);
+        assert!(
+            quotas_from_legacy(r#"{"team-a": {"quotas": {}}}"#)
+                .unwrap_err()
+                .contains("unknown field `quotas`")
+        );
+        assert!(
+            quotas_from_legacy("[]")
+                .unwrap_err()
+                .starts_with("legacy quota JSON")
+        );
+    }
+}

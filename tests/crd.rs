@@ -1,0 +1,51 @@
+//! `deploy/crd.yaml` is generated from the Rust type; this keeps the two in step.
+//! After changing `GpuQuotaSpec`, run `UPDATE_CRD=1 cargo test --test crd`.
+#![allow(clippy::unwrap_used)]
+
+use gpu_admission::quota::GPUQuota;
+use kube::CustomResourceExt;
+
+const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
+
+fn generated() -> String {
+    let header =
+        "# Generated from src/quota/mod.rs by `UPDATE_CRD=1 cargo test --test crd`. Do not edit.\n";
+    format!(
+        "{header}{}",
+        serde_yaml::to_string(&GPUQuota::crd()).unwrap()
+    )
+}
+
+#[test]
+fn deploy_crd_matches_the_rust_type() {
+    let want = generated();
+    if std::env::var_os("UPDATE_CRD").is_some() {
+        std::fs::write(PATH, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(PATH).unwrap_or_default();
+    assert!(
+        have == want,
+        "deploy/crd.yaml is out of date: run `UPDATE_CRD=1 cargo test --test crd`"
+    );
+}
+
+#[test]
+fn crd_names_and_columns_are_the_contract() {
+    let crd = GPUQuota::crd();
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some("gpuquotas.gpu-admission.io")
+    );
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(crd.spec.names.short_names, Some(vec!["gq".to_string()]));
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    let columns: Vec<String> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(columns, ["Hard", "Used", "Age"]);
+    assert!(version.subresources.as_ref().unwrap().status.is_some());
+}

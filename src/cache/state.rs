@@ -304,7 +304,7 @@ impl ClusterState {
         &mut self,
         key: &PodKey,
         incoming: CachedPod,
-        candidates: &[Arc<str>],
+        candidates: &[&str],
         choose: impl FnOnce(&crate::placement::GpuRequest, &[&NodeGpus]) -> Outcome,
         now: Instant,
     ) -> FilterDecision {
@@ -323,7 +323,7 @@ impl ClusterState {
         for name in candidates {
             match self.node(name) {
                 Some(gpus) => known.push(gpus),
-                None => misfits.push((name.clone(), Misfit::NotCached)),
+                None => misfits.push((Arc::from(*name), Misfit::NotCached)),
             }
         }
         let request = match self.pods.get(key) {
@@ -388,12 +388,12 @@ impl ClusterState {
         held.filter(|_| !replace)
     }
 
-    fn keep_existing(&self, key: &PodKey, candidates: &[Arc<str>]) -> Option<FilterDecision> {
+    fn keep_existing(&self, key: &PodKey, candidates: &[&str]) -> Option<FilterDecision> {
         let pod = self.pods.get(key)?;
         let node = pod.node.clone()?;
         let assignment = pod.assignment.clone()?;
         let gpus = self.node(&node)?;
-        if !candidates.contains(&node) || !fits_indices(&assignment, gpus.gpu_count()) {
+        if !candidates.contains(&&*node) || !fits_indices(&assignment, gpus.gpu_count()) {
             return None;
         }
         Some(FilterDecision {

@@ -8,6 +8,7 @@ use k8s_openapi::List;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// `ExtenderArgs`: the pod and the candidate nodes, as objects or as names.
 #[derive(Debug, Clone)]
@@ -46,27 +47,39 @@ pub fn field<'a>(object: &'a serde_json::Map<String, Value>, key: &str) -> Optio
 }
 
 impl ExtenderArgs {
-    /// Decode a request body; the error says which part is wrong.
+    /// Decode a request body; the error says which part is wrong. Top-level keys are
+    /// matched in any letter case; each part is decoded straight from its raw text.
     pub fn from_json(body: &[u8]) -> Result<Self, String> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| format!("request is not valid JSON: {e}"))?;
-        let Value::Object(object) = value else {
-            return Err("request must be a JSON object with Pod and NodeNames or Nodes".into());
+        let parts: std::collections::HashMap<String, &RawValue> = serde_json::from_slice(body)
+            .map_err(|e| {
+                if e.is_data() {
+                    "request must be a JSON object with Pod and NodeNames or Nodes".to_string()
+                } else {
+                    format!("request is not valid JSON: {e}")
+                }
+            })?;
+        let part = |key: &str| {
+            parts
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                .map(|(_, v)| *v)
+                .filter(|v| v.get() != "null")
         };
-        let pod = field(&object, "Pod").ok_or("request has no Pod")?;
-        let pod: Pod = decode("Pod", pod)?;
-        let node_names = match field(&object, "NodeNames") {
-            Some(names) => Some(decode::<Vec<String>>("NodeNames", names)?),
-            None => None,
-        };
-        let nodes = match field(&object, "Nodes") {
-            Some(Value::Object(list)) => {
-                let items = field(list, "items")
+        let pod: Pod = decode_raw("Pod", part("Pod").ok_or("request has no Pod")?)?;
+        let node_names = part("NodeNames")
+            .map(|raw| decode_raw::<Vec<String>>("NodeNames", raw))
+            .transpose()?;
+        let nodes = match part("Nodes") {
+            Some(raw) => {
+                let list: Value = decode_raw("Nodes", raw)?;
+                let Value::Object(list) = list else {
+                    return Err("Nodes: expected a NodeList object".into());
+                };
+                let items = field(&list, "items")
                     .cloned()
                     .unwrap_or(Value::Array(Vec::new()));
                 Some(decode::<Vec<Node>>("Nodes.items", &items)?)
             }
-            Some(_) => return Err("Nodes: expected a NodeList object".into()),
             None => None,
         };
         if nodes.is_none() && node_names.is_none() {
@@ -81,15 +94,23 @@ impl ExtenderArgs {
 }
 
 pub fn decode<T: serde::de::DeserializeOwned>(what: &str, value: &Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let at = if path == "." {
-            String::new()
-        } else {
-            format!(" at {path}")
-        };
-        format!("{what}{at}: {}", e.inner())
-    })
+    serde_path_to_error::deserialize(value).map_err(|e| located(what, e))
+}
+
+/// Like [`decode`], from raw JSON text (no intermediate `Value`).
+pub fn decode_raw<T: serde::de::DeserializeOwned>(what: &str, raw: &RawValue) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|e| located(what, e))
+}
+
+fn located<E: std::fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> String {
+    let path = e.path().to_string();
+    let at = if path == "." {
+        String::new()
+    } else {
+        format!(" at {path}")
+    };
+    format!("{what}{at}: {}", e.inner())
 }
 
 #[cfg(test)]

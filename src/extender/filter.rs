@@ -2,7 +2,6 @@
 //! the pod, answer in the scheduler's terms.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -56,11 +55,11 @@ pub async fn filter(
         nodes,
         node_names,
     } = args;
-    let names: Vec<Arc<str>> = match (&node_names, &nodes) {
-        (Some(names), _) => names.iter().map(|n| Arc::from(n.as_str())).collect(),
+    let names: Vec<&str> = match (&node_names, &nodes) {
+        (Some(names), _) => names.iter().map(String::as_str).collect(),
         (None, Some(nodes)) => nodes
             .iter()
-            .map(|n| Arc::from(n.metadata.name.as_deref().unwrap_or_default()))
+            .map(|n| n.metadata.name.as_deref().unwrap_or_default())
             .collect(),
         (None, None) => Vec::new(),
     };

@@ -8,3 +8,4 @@
 pub mod certs;
 pub mod placement;
 pub mod server;
+pub mod simulate;

@@ -97,13 +97,19 @@ pub enum Misfit {
         need: u32,
         free: u32,
     },
+    /// Not enough of a non-GPU resource (CPU, memory) left; `simulate` tracks these.
+    HostShort {
+        resource: &'static str,
+        need: u64,
+        free: u64,
+    },
 }
 
 impl Misfit {
     pub fn is_unresolvable(&self) -> bool {
         !matches!(
             self,
-            Misfit::NoShareFit { .. } | Misfit::NotEnoughFreeGpus { .. }
+            Misfit::NoShareFit { .. } | Misfit::NotEnoughFreeGpus { .. } | Misfit::HostShort { .. }
         )
     }
 }
@@ -175,6 +181,11 @@ impl fmt::Display for Misfit {
             Misfit::NotEnoughFreeGpus { need, free } => {
                 write!(f, "pod needs {need} free whole GPUs, node has {free}")
             }
+            Misfit::HostShort {
+                resource,
+                need,
+                free,
+            } => write!(f, "pod needs {need} {resource}, node has {free} free"),
         }
     }
 }

@@ -4,10 +4,12 @@
 //! node name, so a choice is deterministic for a given cluster state.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::fit::{Assignment, Misfit, fit};
+use super::fragment::{HostRoom, TaskMix};
 use super::node::NodeGpus;
 use super::request::GpuRequest;
 
@@ -23,7 +25,14 @@ pub enum Policy {
     Binpack,
     /// The most free capacity left: spreads load, keeps no node full.
     Spread,
+    /// Fragmentation gradient descent: the placement that least increases the
+    /// fragmentation of the node's free GPU capacity under the request mix
+    /// (`fragment.rs`); ties go to binpack's order.
+    Fgd,
 }
+
+/// The policy that measures best on the openb traces (docs/simulate.md).
+pub const DEFAULT_POLICY: Policy = Policy::Fgd;
 
 impl Policy {
     pub const fn name(self) -> &'static str {
@@ -31,11 +40,75 @@ impl Policy {
             Policy::Original => "original",
             Policy::Binpack => "binpack",
             Policy::Spread => "spread",
+            Policy::Fgd => "fgd",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A policy with what it needs to choose: the request mix (read by `fgd` only) and
+/// whether share-mode GPUs must be the ones gpu-manager picks. Immutable and
+/// `Send + Sync`: share one between threads; swap in a new one to change the mix.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    pub policy: Policy,
+    /// The task shapes fragmentation is measured against.
+    pub mix: Arc<TaskMix>,
+    /// When true (the default) a share-mode container gets the GPU gpu-manager's own
+    /// evaluator picks (`fit::pick_share`), which gpu-manager re-checks; only the node
+    /// is chosen freely. When false, `fgd` also chooses the GPU inside the node.
+    pub gpu_manager_compat: bool,
+}
+
+impl Placer {
+    /// `policy` with an empty mix, gpu-manager compatible.
+    pub fn new(policy: Policy) -> Placer {
+        Placer {
+            policy,
+            mix: Arc::default(),
+            gpu_manager_compat: true,
         }
     }
 
-    /// Score a feasible placement; lower is better.
-    fn score(self, node: &NodeGpus, assignment: &Assignment) -> f64 {
+    pub fn with_mix(mut self, mix: Arc<TaskMix>) -> Placer {
+        self.mix = mix;
+        self
+    }
+
+    pub fn with_gpu_manager_compat(mut self, compat: bool) -> Placer {
+        self.gpu_manager_compat = compat;
+        self
+    }
+
+    /// The GPUs this placer gives the pod on `node`, or why it can't.
+    fn assign(
+        &self,
+        node: &NodeGpus,
+        request: &GpuRequest,
+        room_after: Option<&HostRoom>,
+    ) -> Result<Assignment, Misfit> {
+        let assignment = fit(node, request)?;
+        if self.policy == Policy::Fgd && !self.gpu_manager_compat {
+            return Ok(super::fragment::least_fragmenting_fit(
+                node, request, &self.mix, room_after,
+            )
+            .unwrap_or(assignment));
+        }
+        Ok(assignment)
+    }
+
+    /// Score a feasible placement; lower is better, compared first by the first number.
+    fn score(
+        &self,
+        node: &NodeGpus,
+        assignment: &Assignment,
+        rooms: (Option<&HostRoom>, Option<&HostRoom>),
+    ) -> [f64; 2] {
         let before = (node.total_free_core(), node.total_free_memory());
         // fit() only returns assignments that fit, so nothing here saturates.
         let (core, memory) = assignment
@@ -45,18 +118,38 @@ impl Policy {
             before.0.saturating_sub(core),
             before.1.saturating_sub(memory),
         );
-        match self {
-            Policy::Original => pack(before.0, before.1),
-            Policy::Binpack => f64::from(packing_tier(node, assignment)) * TIER + free_after,
-            Policy::Spread => -free_after,
+        let binpack = f64::from(packing_tier(node, assignment)) * TIER + free_after;
+        match self.policy {
+            Policy::Original => [pack(before.0, before.1), 0.0],
+            Policy::Binpack => [binpack, 0.0],
+            Policy::Spread => [-free_after, 0.0],
+            Policy::Fgd => [
+                fragmentation_growth(&self.mix, node, assignment, rooms),
+                binpack,
+            ],
         }
     }
 }
 
-impl std::fmt::Display for Policy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+impl From<Policy> for Placer {
+    fn from(policy: Policy) -> Placer {
+        Placer::new(policy)
     }
+}
+
+/// How much the node's fragmentation grows if it takes `assignment`, rounded to a
+/// millionth of a core so float noise cannot decide between equal placements.
+fn fragmentation_growth(
+    mix: &TaskMix,
+    node: &NodeGpus,
+    assignment: &Assignment,
+    (before_room, after_room): (Option<&HostRoom>, Option<&HostRoom>),
+) -> f64 {
+    let before = mix.fragmentation(node, before_room);
+    let mut after_node = node.clone();
+    assignment.charge(&mut after_node);
+    let after = mix.fragmentation(&after_node, after_room);
+    ((after - before) * 1e6).round() / 1e6
 }
 
 /// Two counts in one exactly-representable number, ordered by the first, then the second.
@@ -81,6 +174,22 @@ fn packing_tier(node: &NodeGpus, assignment: &Assignment) -> u8 {
     }
 }
 
+/// A node as placement sees it: its GPUs and, where the caller tracks them, its free
+/// CPU and memory (which `fgd` counts: a task that can't get its CPU can't use the GPUs).
+pub trait Candidate {
+    fn gpus(&self) -> &NodeGpus;
+    /// Free CPU and memory; `None` when not tracked (the extender).
+    fn room(&self) -> Option<HostRoom> {
+        None
+    }
+}
+
+impl Candidate for NodeGpus {
+    fn gpus(&self) -> &NodeGpus {
+        self
+    }
+}
+
 /// The result of placing one pod over a list of candidate nodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -90,28 +199,47 @@ pub struct Outcome {
     pub misfits: Vec<(usize, Misfit)>,
 }
 
-/// Place `request` on the best of `nodes` under `policy`. `allowed` rejects nodes the pod
-/// may not use at all (model, pool) before any fitting.
-pub fn place<'a>(
-    policy: Policy,
+/// Place `request` on the best of `nodes` under `placer`. `allowed` rejects nodes the
+/// pod may not use at all (model, pool; CPU in `simulate`) before any fitting.
+/// Callable concurrently: nothing here is mutated.
+pub fn place<'a, C: Candidate + 'a>(
+    placer: &Placer,
     request: &GpuRequest,
-    nodes: impl IntoIterator<Item = &'a NodeGpus>,
-    allowed: impl Fn(&NodeGpus) -> Result<(), Misfit>,
+    nodes: impl IntoIterator<Item = &'a C>,
+    allowed: impl Fn(&C) -> Result<(), Misfit>,
 ) -> Outcome {
-    let mut best: Option<(usize, &NodeGpus, Assignment, f64)> = None;
+    place_with_host(placer, request, &HostRoom::default(), nodes, allowed)
+}
+
+/// [`place`] for a pod that also needs `host` CPU and memory on the node it gets, which
+/// `fgd` takes off the candidates' [`Candidate::room`] when it measures fragmentation.
+/// Feasibility of `host` is `allowed`'s to check.
+pub fn place_with_host<'a, C: Candidate + 'a>(
+    placer: &Placer,
+    request: &GpuRequest,
+    host: &HostRoom,
+    nodes: impl IntoIterator<Item = &'a C>,
+    allowed: impl Fn(&C) -> Result<(), Misfit>,
+) -> Outcome {
+    let mut best: Option<(usize, &NodeGpus, Assignment, [f64; 2])> = None;
     let mut misfits = Vec::new();
-    for (index, node) in nodes.into_iter().enumerate() {
-        let assignment = match allowed(node).and_then(|()| fit(node, request)) {
+    for (index, candidate) in nodes.into_iter().enumerate() {
+        let node = candidate.gpus();
+        let room = candidate.room();
+        let room_after = room.map(|r| r.minus(host));
+        let assigned =
+            allowed(candidate).and_then(|()| placer.assign(node, request, room_after.as_ref()));
+        let assignment = match assigned {
             Ok(assignment) => assignment,
             Err(misfit) => {
                 misfits.push((index, misfit));
                 continue;
             }
         };
-        let score = policy.score(node, &assignment);
+        let score = placer.score(node, &assignment, (room.as_ref(), room_after.as_ref()));
         let better = match &best {
             None => true,
-            Some((_, held, _, held_score)) => match score.total_cmp(held_score) {
+            Some((_, held, _, held_score)) => match compare(&score, held_score) {
                 Ordering::Less => true,
                 Ordering::Equal => node.name < held.name,
                 Ordering::Greater => false,
@@ -125,6 +253,10 @@ pub fn place<'a>(
         chosen: best.map(|(index, _, assignment, _)| (index, assignment)),
         misfits,
     }
+}
+
+fn compare(a: &[f64; 2], b: &[f64; 2]) -> Ordering {
+    a[0].total_cmp(&b[0]).then_with(|| a[1].total_cmp(&b[1]))
 }
 
 #[cfg(test)]
@@ -145,7 +277,7 @@ mod tests {
     }
 
     fn chosen_name(policy: Policy, request: &GpuRequest, nodes: &[NodeGpus]) -> Option<String> {
-        let outcome = place(policy, request, nodes, |_| Ok(()));
+        let outcome = place(&Placer::new(policy), request, nodes, |_| Ok(()));
         outcome.chosen.map(|(i, _)| nodes[i].name.to_string())
     }
 
@@ -221,7 +353,7 @@ mod tests {
             with_used(node("full", 2, 4), 0, 100, 4),
         ];
         let outcome = place(
-            Policy::Original,
+            &Placer::new(Policy::Original),
             &one(GpuDemand::Whole { gpus: 2 }),
             &nodes,
             |_| Ok(()),

@@ -10,6 +10,7 @@ pub mod workload;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -131,19 +132,17 @@ fn simulate_policy(
     let capacity: u64 = nodes.iter().map(|n| n.gpus.gpu_count() as u64 * 1000).sum();
     let demands: Vec<u64> = pods.iter().map(|p| p.demand_milli).collect();
     let started = Instant::now();
-    let mut runs = Vec::new();
-    for (i, &seed) in seeds.iter().enumerate() {
-        if progress {
-            eprint!(
-                "\r{} seed {seed} ({}/{})   ",
-                placer.policy,
-                i + 1,
-                seeds.len()
-            );
-        }
+    let done = AtomicUsize::new(0);
+    let run_seed = |seed: u64| {
         let order = workload::build(&demands, capacity, args.inflate, seed);
-        runs.push(replay::run(placer, args.mix, nodes, pods, &order));
-    }
+        let result = replay::run(placer, args.mix, nodes, pods, &order);
+        let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+        if progress {
+            eprint!("\r{} {finished}/{} seeds   ", placer.policy, seeds.len());
+        }
+        result
+    };
+    let runs = in_parallel(seeds, run_seed);
     if progress {
         eprint!("\r{:40}\r", "");
     }
@@ -153,6 +152,37 @@ fn simulate_policy(
         runs,
         seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// `work` over `seeds` on all cores, results in seed order. Runs are independent and
+/// deterministic, so the order they finish in changes nothing.
+fn in_parallel<T: Send>(seeds: &[u64], work: impl Fn(u64) -> T + Sync) -> Vec<T> {
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<(usize, T)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.min(seeds.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&seed) = seeds.get(i) else { break };
+                        mine.push((i, work(seed)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Mean and (sample) standard deviation.

@@ -211,7 +211,9 @@ pub fn run(
                 node.room = node.room.minus(&pod.host);
                 result.allocated_milli += pod.demand_milli;
             }
-            None => result.failed += 1,
+            None => {
+                result.failed += 1;
+            }
         }
         arrived += pod.demand_milli;
         if result.allocated_pct_at_100.is_none() && arrived >= capacity_milli {

@@ -194,13 +194,20 @@ impl fmt::Display for Misfit {
 /// the GPUs gpu-manager itself would pick. The node is not changed.
 pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> {
     check_static(node, request)?;
+    if let [container] = request.containers.as_slice() {
+        // One container (the common case): nothing to charge between containers.
+        return Ok(Assignment {
+            choices: vec![GpuChoice {
+                container: container.container,
+                demand: container.demand,
+                gpus: pick(node, container.demand)?,
+            }],
+        });
+    }
     let mut scratch = node.clone();
     let mut assignment = Assignment::default();
     for container in &request.containers {
-        let gpus = match container.demand {
-            GpuDemand::Share { core, memory } => vec![pick_share(&scratch, core, memory)?],
-            GpuDemand::Whole { gpus } => pick_whole(&scratch, gpus)?,
-        };
+        let gpus = pick(&scratch, container.demand)?;
         let choice = GpuChoice {
             container: container.container,
             demand: container.demand,
@@ -213,6 +220,14 @@ pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> 
         assignment.choices.push(choice);
     }
     Ok(assignment)
+}
+
+/// The GPUs gpu-manager gives one container on `node` as it is.
+fn pick(node: &NodeGpus, demand: GpuDemand) -> Result<Vec<u8>, Misfit> {
+    match demand {
+        GpuDemand::Share { core, memory } => Ok(vec![pick_share(node, core, memory)?]),
+        GpuDemand::Whole { gpus } => pick_whole(node, gpus),
+    }
 }
 
 /// Checks that depend only on the node's shape, not on its current use.

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::fit::{Assignment, GpuChoice, pick_whole};
-use super::node::NodeGpus;
+use super::node::{GpuUse, NodeGpus};
 use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
 
 /// Non-GPU resources: what a task needs, or what a node has left.
@@ -239,8 +239,19 @@ impl TaskMix {
     ///
     /// Cost: O(shapes + GPUs × distinct GPU shapes), no allocation.
     pub fn fragmentation(&self, gpus: &NodeGpus, room: Option<&HostRoom>) -> f64 {
-        let state = GpuState::of(gpus);
-        let model = self.model_bit(gpus.model.as_deref());
+        self.fragmentation_of(gpus, &gpus.used, room)
+    }
+
+    /// [`TaskMix::fragmentation`] of `node` as if its GPUs were in use as `used` says
+    /// (same length): lets a caller try a placement without cloning the node.
+    pub fn fragmentation_of(
+        &self,
+        node: &NodeGpus,
+        used: &[GpuUse],
+        room: Option<&HostRoom>,
+    ) -> f64 {
+        let state = GpuState::of(used, node.memory_per_gpu);
+        let model = self.model_bit(node.model.as_deref());
         let mut unusable = 0.0;
         let mut fragments = 0.0;
         let mut group = 0;
@@ -264,7 +275,7 @@ impl TaskMix {
                 }
             }
             if runnable > 0.0 {
-                fragments += runnable * state.fragment(gpus, shape);
+                fragments += runnable * state.fragment(used, shape);
             }
             group = end;
         }
@@ -303,18 +314,18 @@ struct GpuState {
 }
 
 impl GpuState {
-    fn of(gpus: &NodeGpus) -> GpuState {
+    fn of(used: &[GpuUse], memory_per_gpu: u32) -> GpuState {
         let mut state = GpuState {
-            gpu_count: gpus.gpu_count() as u32,
+            gpu_count: used.len() as u32,
             free_core: 0,
             partial_free_core: 0,
             whole_free: 0,
-            memory_per_gpu: gpus.memory_per_gpu,
+            memory_per_gpu,
         };
-        for (i, used) in gpus.used.iter().enumerate() {
-            let free = gpus.free_core(i);
+        for gpu in used {
+            let free = CORE_PER_GPU.saturating_sub(gpu.core);
             state.free_core += free;
-            if used.core == 0 {
+            if gpu.core == 0 {
                 state.whole_free += 1;
             } else {
                 state.partial_free_core += free;
@@ -333,10 +344,17 @@ impl GpuState {
     }
 
     /// Free cores this GPU shape cannot use on the node.
-    fn fragment(&self, gpus: &NodeGpus, shape: GpuShape) -> f64 {
+    /// Idle GPUs fit every share shape that may run here and full ones have nothing
+    /// free, so only partly used GPUs are looked at.
+    fn fragment(&self, used: &[GpuUse], shape: GpuShape) -> f64 {
         let cores = match shape {
-            GpuShape::Share { core, memory } => (0..gpus.gpu_count())
-                .map(|i| (gpus.free_core(i), gpus.free_memory(i)))
+            GpuShape::Share { core, memory } => used
+                .iter()
+                .filter(|u| u.core > 0 && u.core < CORE_PER_GPU)
+                .map(|u| {
+                    let free_memory = self.memory_per_gpu.saturating_sub(u.memory);
+                    (CORE_PER_GPU - u.core, free_memory)
+                })
                 .filter(|&(c, m)| c < core || m < memory)
                 .map(|(c, _)| c)
                 .sum(),

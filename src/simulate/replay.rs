@@ -201,19 +201,10 @@ pub fn run(
         if mix == MixSource::Online {
             learn(&mut placer, &learnt, pod);
         }
-        let outcome = place_with_host(&placer, &pod.request, &pod.host, &cluster, |n| {
-            n.admits(pod)
-        });
-        match outcome.chosen {
-            Some((chosen, assignment)) => {
-                let node = &mut cluster[chosen];
-                assignment.charge(&mut node.gpus);
-                node.room = node.room.minus(&pod.host);
-                result.allocated_milli += pod.demand_milli;
-            }
-            None => {
-                result.failed += 1;
-            }
+        if place_one(&placer, &mut cluster, pod) {
+            result.allocated_milli += pod.demand_milli;
+        } else {
+            result.failed += 1;
         }
         arrived += pod.demand_milli;
         if result.allocated_pct_at_100.is_none() && arrived >= capacity_milli {
@@ -226,6 +217,20 @@ pub fn run(
         }
     }
     result
+}
+
+/// Place `pod` and charge the node it gets; false if no node can take it.
+fn place_one(placer: &Placer, cluster: &mut [SimNode], pod: &SimPod) -> bool {
+    let outcome = place_with_host(placer, &pod.request, &pod.host, &*cluster, |n| {
+        n.admits(pod)
+    });
+    let Some((chosen, assignment)) = outcome.chosen else {
+        return false;
+    };
+    let node = &mut cluster[chosen];
+    assignment.charge(&mut node.gpus);
+    node.room = node.room.minus(&pod.host);
+    true
 }
 
 /// Online mode: the pod is seen (as the extender sees it when asked to filter it)

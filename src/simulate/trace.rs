@@ -58,11 +58,8 @@ fn read(path: &Path) -> anyhow::Result<String> {
 
 /// Parse node CSV text; `file` names it in errors.
 pub fn parse_nodes(file: &str, text: &str) -> anyhow::Result<Vec<NodeRow>> {
-    let table = Table::new(
-        file,
-        text,
-        &["sn", "cpu_milli", "memory_mib", "gpu", "model"],
-    )?;
+    let columns = ["sn", "cpu_milli", "memory_mib", "gpu", "model"];
+    let table = Table::new(file, text, &columns, columns.len())?;
     table
         .rows()
         .map(|row| {
@@ -87,7 +84,8 @@ pub fn parse_pods(file: &str, text: &str) -> anyhow::Result<Vec<PodRow>> {
         "gpu_milli",
         "gpu_spec",
     ];
-    let table = Table::new(file, text, &columns)?;
+    // `gpu_spec` is optional: some trace variants (multigpu30) leave it out.
+    let table = Table::new(file, text, &columns, 5)?;
     table.rows().map(|row| pod_row(&row)).collect()
 }
 
@@ -122,7 +120,8 @@ struct Table<'a> {
     file: &'a str,
     text: &'a str,
     names: &'a [&'a str],
-    positions: Vec<usize>,
+    /// Where each wanted column is; `None` for an optional column the file lacks.
+    positions: Vec<Option<usize>>,
 }
 
 struct Row<'a> {
@@ -133,7 +132,14 @@ struct Row<'a> {
 }
 
 impl<'a> Table<'a> {
-    fn new(file: &'a str, text: &'a str, names: &'a [&'a str]) -> anyhow::Result<Table<'a>> {
+    /// The first `required` of `names` must be in the header; the rest may be missing
+    /// (their cells then read as empty).
+    fn new(
+        file: &'a str,
+        text: &'a str,
+        names: &'a [&'a str],
+        required: usize,
+    ) -> anyhow::Result<Table<'a>> {
         let header: Vec<&str> = text
             .lines()
             .next()
@@ -143,10 +149,12 @@ impl<'a> Table<'a> {
             .collect();
         let positions = names
             .iter()
-            .map(|name| {
-                header.iter().position(|h| h == name).ok_or_else(|| {
-                    anyhow::anyhow!("{file} line 1: no column `{name}` in the header")
-                })
+            .enumerate()
+            .map(|(i, name)| match header.iter().position(|h| h == name) {
+                None if i < required => Err(anyhow::anyhow!(
+                    "{file} line 1: no column `{name}` in the header"
+                )),
+                found => Ok(found),
             })
             .collect::<anyhow::Result<_>>()?;
         Ok(Table {
@@ -173,7 +181,7 @@ impl<'a> Table<'a> {
                     cells: self
                         .positions
                         .iter()
-                        .map(|&p| all.get(p).copied().unwrap_or_default())
+                        .map(|p| p.and_then(|p| all.get(p).copied()).unwrap_or_default())
                         .collect(),
                 }
             })
@@ -249,6 +257,16 @@ mod tests {
             err,
             "nodes.csv line 2, column `gpu`: expected a whole number, found \"-2\""
         );
+    }
+
+    #[test]
+    fn gpu_spec_column_may_be_missing() {
+        let pods = parse_pods(
+            "p.csv",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,500\n",
+        )
+        .unwrap();
+        assert!(pods[0].models.is_empty());
     }
 
     #[test]

@@ -239,7 +239,7 @@ fn learn(placer: &mut Placer, learnt: &RequestMix, pod: &SimPod) {
     let Some(shape) = &pod.shape else { return };
     learnt.observe_shape(shape.clone());
     let seen = learnt.observed();
-    if seen.is_power_of_two() || seen % ONLINE_REFRESH == 0 {
+    if seen.is_power_of_two() || seen.is_multiple_of(ONLINE_REFRESH) {
         placer.mix = Arc::new(learnt.snapshot());
     }
 }

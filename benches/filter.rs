@@ -126,7 +126,9 @@ async fn post(sender: &mut Sender, path: &str, body: String) -> (u16, axum::body
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = Config::default();
+    let policy = std::env::var("POLICY").unwrap_or_else(|_| "fgd".into());
+    let config = Config::parse(&format!("placement: {{policy: {policy}}}")).unwrap();
+    println!("policy: {policy}");
     let cache = ClusterCache::in_memory(Projection::from_config(&config));
     let started = Instant::now();
     let per_pod = fill(&cache);
@@ -163,7 +165,20 @@ async fn main() {
     let mut latencies = Vec::with_capacity(REQUESTS);
     let mut placed = 0;
     for i in 0..REQUESTS + 100 {
-        let pod = pod_json("team-b", &format!("new-{i:06}"), 10, 4);
+        // Ten request shapes, as a real mix has: the fgd policy learns and scores them all.
+        let (core, memory) = [
+            (10, 4),
+            (20, 8),
+            (30, 12),
+            (50, 20),
+            (100, 64),
+            (200, 128),
+            (40, 16),
+            (60, 24),
+            (25, 10),
+            (400, 256),
+        ][i % 10];
+        let pod = pod_json("team-b", &format!("new-{i:06}"), core, memory);
         let body = json!({"Pod": pod, "Nodes": null, "NodeNames": names}).to_string();
         let sent = Instant::now();
         let (status, answer) = post(&mut sender, "/scheduler/predicates", body).await;

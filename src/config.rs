@@ -37,12 +37,16 @@ pub enum UntypedPods {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Placement {
     pub policy: Policy,
+    /// Share-mode GPUs inside the chosen node are the ones gpu-manager itself picks
+    /// (it refuses any other); turn off only for a node agent without that check.
+    pub gpu_manager_compat: bool,
 }
 
 impl Default for Placement {
     fn default() -> Self {
         Placement {
             policy: crate::placement::policy::DEFAULT_POLICY,
+            gpu_manager_compat: true,
         }
     }
 }

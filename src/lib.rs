@@ -17,4 +17,5 @@ pub mod placement;
 pub mod quota;
 pub mod serve;
 pub mod server;
+pub mod simulate;
 pub mod telemetry;

@@ -10,6 +10,7 @@ use crate::cache::{
     AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, pod_key,
 };
 use crate::config::Config;
+use crate::placement::learn::LearningPlacer;
 use crate::placement::models::{WantedModels, pool_admits};
 use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, place};
 use crate::quota::NamespaceLimits;
@@ -47,6 +48,7 @@ impl FilterOutcome {
 pub async fn filter(
     cache: &ClusterCache,
     config: &Config,
+    placer: &LearningPlacer,
     args: ExtenderArgs,
 ) -> (ExtenderFilterResult, FilterOutcome) {
     let projection = cache.projection();
@@ -64,14 +66,14 @@ pub async fn filter(
         (None, None) => Vec::new(),
     };
     let mut result = ExtenderFilterResult::default();
-    match GpuRequest::from_pod(&pod, &projection.names) {
-        Ok(Some(_)) => {}
+    let placer = match GpuRequest::from_pod(&pod, &projection.names) {
+        Ok(Some(request)) => placer.placer_for(&request),
         Ok(None) => return (pass_all(node_names, nodes), FilterOutcome::Passthrough),
         Err(error) => {
             result.error = format!("pod {}: {error}", pod_key(&pod));
             return (result, FilterOutcome::Error);
         }
-    }
+    };
     let incoming = match CachedPod::from_pod(&pod, projection) {
         Ok(incoming) => incoming,
         Err(error) => {
@@ -88,7 +90,6 @@ pub async fn filter(
     }
     let key = pod_key(&pod);
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let policy = config.placement.policy;
     let api_mode = cache.client().is_some();
     let decision = cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
@@ -99,7 +100,7 @@ pub async fn filter(
             incoming,
             &names,
             |request, candidates| {
-                place(policy, request, candidates.iter().copied(), |node| {
+                place(&placer, request, candidates.iter().copied(), |node| {
                     wanted
                         .admits(node)
                         .and_then(|()| pool_admits(&limits.pools, node))

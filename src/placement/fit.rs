@@ -102,13 +102,22 @@ pub enum Misfit {
         model: String,
         detail: String,
     },
+    /// Not enough of a non-GPU resource (CPU, memory) left; `simulate` tracks these.
+    HostShort {
+        resource: &'static str,
+        need: u64,
+        free: u64,
+    },
 }
 
 impl Misfit {
     pub fn is_unresolvable(&self) -> bool {
         !matches!(
             self,
-            Misfit::NoShareFit { .. } | Misfit::NotEnoughFreeGpus { .. } | Misfit::QuotaFull { .. }
+            Misfit::NoShareFit { .. }
+                | Misfit::NotEnoughFreeGpus { .. }
+                | Misfit::QuotaFull { .. }
+                | Misfit::HostShort { .. }
         )
     }
 }
@@ -183,6 +192,11 @@ impl fmt::Display for Misfit {
             Misfit::QuotaFull { model, detail } => {
                 write!(f, "namespace GPU quota for {model} has no room ({detail})")
             }
+            Misfit::HostShort {
+                resource,
+                need,
+                free,
+            } => write!(f, "pod needs {need} {resource}, node has {free} free"),
         }
     }
 }
@@ -191,13 +205,20 @@ impl fmt::Display for Misfit {
 /// the GPUs gpu-manager itself would pick. The node is not changed.
 pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> {
     check_static(node, request)?;
+    if let [container] = request.containers.as_slice() {
+        // One container (the common case): nothing to charge between containers.
+        return Ok(Assignment {
+            choices: vec![GpuChoice {
+                container: container.container,
+                demand: container.demand,
+                gpus: pick(node, container.demand)?,
+            }],
+        });
+    }
     let mut scratch = node.clone();
     let mut assignment = Assignment::default();
     for container in &request.containers {
-        let gpus = match container.demand {
-            GpuDemand::Share { core, memory } => vec![pick_share(&scratch, core, memory)?],
-            GpuDemand::Whole { gpus } => pick_whole(&scratch, gpus)?,
-        };
+        let gpus = pick(&scratch, container.demand)?;
         let choice = GpuChoice {
             container: container.container,
             demand: container.demand,
@@ -210,6 +231,14 @@ pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> 
         assignment.choices.push(choice);
     }
     Ok(assignment)
+}
+
+/// The GPUs gpu-manager gives one container on `node` as it is.
+fn pick(node: &NodeGpus, demand: GpuDemand) -> Result<Vec<u8>, Misfit> {
+    match demand {
+        GpuDemand::Share { core, memory } => Ok(vec![pick_share(node, core, memory)?]),
+        GpuDemand::Whole { gpus } => pick_whole(node, gpus),
+    }
 }
 
 /// Checks that depend only on the node's shape, not on its current use.

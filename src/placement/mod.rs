@@ -3,6 +3,8 @@
 //! extender, the webhooks and `simulate` all call these functions.
 
 pub mod fit;
+pub mod fragment;
+pub mod learn;
 pub mod models;
 pub mod node;
 pub mod policy;
@@ -13,8 +15,9 @@ pub mod request;
 pub(crate) mod testing;
 
 pub use fit::{Assignment, GpuChoice, Misfit, fit};
+pub use fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
 pub use node::{GpuUse, NodeGpus};
-pub use policy::{Outcome, Policy, place};
+pub use policy::{Candidate, DEFAULT_POLICY, Outcome, Placer, Policy, place, place_with_host};
 pub use request::{ContainerGpu, GpuDemand, GpuRequest, RequestError};
 
 use serde::Deserialize;

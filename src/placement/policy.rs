@@ -4,15 +4,14 @@
 //! node name, so a choice is deterministic for a given cluster state.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::fit::{Assignment, Misfit, fit};
-use super::node::NodeGpus;
+use super::fragment::{HostRoom, TaskMix};
+use super::node::{GpuUse, NodeGpus};
 use super::request::GpuRequest;
-
-/// The policy used when the config names none.
-pub const DEFAULT_POLICY: Policy = Policy::Original;
 
 /// The placement policy (`placement.policy` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, clap::ValueEnum)]
@@ -26,7 +25,14 @@ pub enum Policy {
     Binpack,
     /// The most free capacity left: spreads load, keeps no node full.
     Spread,
+    /// Fragmentation gradient descent: the placement that least increases the
+    /// fragmentation of the node's free GPU capacity under the request mix
+    /// (`fragment.rs`); ties go to binpack's order.
+    Fgd,
 }
+
+/// The policy that measures best on the openb traces (docs/simulate.md).
+pub const DEFAULT_POLICY: Policy = Policy::Fgd;
 
 impl Policy {
     pub const fn name(self) -> &'static str {
@@ -34,11 +40,75 @@ impl Policy {
             Policy::Original => "original",
             Policy::Binpack => "binpack",
             Policy::Spread => "spread",
+            Policy::Fgd => "fgd",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A policy with what it needs to choose: the request mix (read by `fgd` only) and
+/// whether share-mode GPUs must be the ones gpu-manager picks. Immutable and
+/// `Send + Sync`: share one between threads; swap in a new one to change the mix.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    pub policy: Policy,
+    /// The task shapes fragmentation is measured against.
+    pub mix: Arc<TaskMix>,
+    /// When true (the default) a share-mode container gets the GPU gpu-manager's own
+    /// evaluator picks (`fit::pick_share`), which gpu-manager re-checks; only the node
+    /// is chosen freely. When false, `fgd` also chooses the GPU inside the node.
+    pub gpu_manager_compat: bool,
+}
+
+impl Placer {
+    /// `policy` with an empty mix, gpu-manager compatible.
+    pub fn new(policy: Policy) -> Placer {
+        Placer {
+            policy,
+            mix: Arc::default(),
+            gpu_manager_compat: true,
         }
     }
 
-    /// Score a feasible placement; lower is better.
-    fn score(self, node: &NodeGpus, assignment: &Assignment) -> f64 {
+    pub fn with_mix(mut self, mix: Arc<TaskMix>) -> Placer {
+        self.mix = mix;
+        self
+    }
+
+    pub fn with_gpu_manager_compat(mut self, compat: bool) -> Placer {
+        self.gpu_manager_compat = compat;
+        self
+    }
+
+    /// The GPUs this placer gives the pod on `node`, or why it can't.
+    fn assign(
+        &self,
+        node: &NodeGpus,
+        request: &GpuRequest,
+        room_after: Option<&HostRoom>,
+    ) -> Result<Assignment, Misfit> {
+        let assignment = fit(node, request)?;
+        if self.policy == Policy::Fgd && !self.gpu_manager_compat {
+            return Ok(super::fragment::least_fragmenting_fit(
+                node, request, &self.mix, room_after,
+            )
+            .unwrap_or(assignment));
+        }
+        Ok(assignment)
+    }
+
+    /// Score a feasible placement; lower is better, compared first by the first number.
+    fn score(
+        &self,
+        node: &NodeGpus,
+        assignment: &Assignment,
+        rooms: (Option<&HostRoom>, Option<&HostRoom>),
+    ) -> [f64; 2] {
         let before = (node.total_free_core(), node.total_free_memory());
         // fit() only returns assignments that fit, so nothing here saturates.
         let (core, memory) = assignment
@@ -48,17 +118,66 @@ impl Policy {
             before.0.saturating_sub(core),
             before.1.saturating_sub(memory),
         );
-        match self {
-            Policy::Original => pack(before.0, before.1),
-            Policy::Binpack => f64::from(packing_tier(node, assignment)) * TIER + free_after,
-            Policy::Spread => -free_after,
+        let binpack = f64::from(packing_tier(node, assignment)) * TIER + free_after;
+        match self.policy {
+            Policy::Original => [pack(before.0, before.1), 0.0],
+            Policy::Binpack => [binpack, 0.0],
+            Policy::Spread => [-free_after, 0.0],
+            Policy::Fgd => [
+                fragmentation_growth(&self.mix, node, assignment, rooms),
+                binpack,
+            ],
         }
     }
 }
 
-impl std::fmt::Display for Policy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+impl From<Policy> for Placer {
+    fn from(policy: Policy) -> Placer {
+        Placer::new(policy)
+    }
+}
+
+/// How much the node's fragmentation grows if it takes `assignment`, rounded to a
+/// millionth of a core so float noise cannot decide between equal placements.
+fn fragmentation_growth(
+    mix: &TaskMix,
+    node: &NodeGpus,
+    assignment: &Assignment,
+    (before_room, after_room): (Option<&HostRoom>, Option<&HostRoom>),
+) -> f64 {
+    let before = mix.fragmentation(node, before_room);
+    let after = with_charged(node, assignment, |used| {
+        mix.fragmentation_of(node, used, after_room)
+    });
+    ((after - before) * 1e6).round() / 1e6
+}
+
+/// Run `measure` on the node's GPU use with `assignment` charged, without cloning the
+/// node (a stack copy for nodes of up to 16 GPUs).
+fn with_charged<T>(
+    node: &NodeGpus,
+    assignment: &Assignment,
+    measure: impl FnOnce(&[GpuUse]) -> T,
+) -> T {
+    const STACK_GPUS: usize = 16;
+    let charge = |used: &mut [GpuUse]| {
+        for (gpu, each) in assignment.charges(node.memory_per_gpu) {
+            if let Some(u) = used.get_mut(gpu) {
+                u.core += each.core;
+                u.memory += each.memory;
+            }
+        }
+    };
+    let count = node.used.len();
+    if count <= STACK_GPUS {
+        let mut used = [GpuUse::default(); STACK_GPUS];
+        used[..count].copy_from_slice(&node.used);
+        charge(&mut used[..count]);
+        measure(&used[..count])
+    } else {
+        let mut used = node.used.clone();
+        charge(&mut used);
+        measure(&used)
     }
 }
 
@@ -84,6 +203,22 @@ fn packing_tier(node: &NodeGpus, assignment: &Assignment) -> u8 {
     }
 }
 
+/// A node as placement sees it: its GPUs and, where the caller tracks them, its free
+/// CPU and memory (which `fgd` counts: a task that can't get its CPU can't use the GPUs).
+pub trait Candidate {
+    fn gpus(&self) -> &NodeGpus;
+    /// Free CPU and memory; `None` when not tracked (the extender).
+    fn room(&self) -> Option<HostRoom> {
+        None
+    }
+}
+
+impl Candidate for NodeGpus {
+    fn gpus(&self) -> &NodeGpus {
+        self
+    }
+}
+
 /// The result of placing one pod over a list of candidate nodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -93,28 +228,47 @@ pub struct Outcome {
     pub misfits: Vec<(usize, Misfit)>,
 }
 
-/// Place `request` on the best of `nodes` under `policy`. `allowed` rejects nodes the pod
-/// may not use at all (model, pool) before any fitting.
-pub fn place<'a>(
-    policy: Policy,
+/// Place `request` on the best of `nodes` under `placer`. `allowed` rejects nodes the
+/// pod may not use at all (model, pool; CPU in `simulate`) before any fitting.
+/// Callable concurrently: nothing here is mutated.
+pub fn place<'a, C: Candidate + 'a>(
+    placer: &Placer,
     request: &GpuRequest,
-    nodes: impl IntoIterator<Item = &'a NodeGpus>,
-    allowed: impl Fn(&NodeGpus) -> Result<(), Misfit>,
+    nodes: impl IntoIterator<Item = &'a C>,
+    allowed: impl Fn(&C) -> Result<(), Misfit>,
 ) -> Outcome {
-    let mut best: Option<(usize, &NodeGpus, Assignment, f64)> = None;
+    place_with_host(placer, request, &HostRoom::default(), nodes, allowed)
+}
+
+/// [`place`] for a pod that also needs `host` CPU and memory on the node it gets, which
+/// `fgd` takes off the candidates' [`Candidate::room`] when it measures fragmentation.
+/// Feasibility of `host` is `allowed`'s to check.
+pub fn place_with_host<'a, C: Candidate + 'a>(
+    placer: &Placer,
+    request: &GpuRequest,
+    host: &HostRoom,
+    nodes: impl IntoIterator<Item = &'a C>,
+    allowed: impl Fn(&C) -> Result<(), Misfit>,
+) -> Outcome {
+    let mut best: Option<(usize, &NodeGpus, Assignment, [f64; 2])> = None;
     let mut misfits = Vec::new();
-    for (index, node) in nodes.into_iter().enumerate() {
-        let assignment = match allowed(node).and_then(|()| fit(node, request)) {
+    for (index, candidate) in nodes.into_iter().enumerate() {
+        let node = candidate.gpus();
+        let room = candidate.room();
+        let room_after = room.map(|r| r.minus(host));
+        let assigned =
+            allowed(candidate).and_then(|()| placer.assign(node, request, room_after.as_ref()));
+        let assignment = match assigned {
             Ok(assignment) => assignment,
             Err(misfit) => {
                 misfits.push((index, misfit));
                 continue;
             }
         };
-        let score = policy.score(node, &assignment);
+        let score = placer.score(node, &assignment, (room.as_ref(), room_after.as_ref()));
         let better = match &best {
             None => true,
-            Some((_, held, _, held_score)) => match score.total_cmp(held_score) {
+            Some((_, held, _, held_score)) => match compare(&score, held_score) {
                 Ordering::Less => true,
                 Ordering::Equal => node.name < held.name,
                 Ordering::Greater => false,
@@ -130,10 +284,15 @@ pub fn place<'a>(
     }
 }
 
+fn compare(a: &[f64; 2], b: &[f64; 2]) -> Ordering {
+    a[0].total_cmp(&b[0]).then_with(|| a[1].total_cmp(&b[1]))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::placement::fragment::{GpuShape, TaskShape};
     use crate::placement::request::{ContainerGpu, GpuDemand};
     use crate::placement::testing::{node, with_used};
 
@@ -148,7 +307,7 @@ mod tests {
     }
 
     fn chosen_name(policy: Policy, request: &GpuRequest, nodes: &[NodeGpus]) -> Option<String> {
-        let outcome = place(policy, request, nodes, |_| Ok(()));
+        let outcome = place(&Placer::new(policy), request, nodes, |_| Ok(()));
         outcome.chosen.map(|(i, _)| nodes[i].name.to_string())
     }
 
@@ -217,6 +376,66 @@ mod tests {
         );
     }
 
+    fn share(core: u32) -> GpuRequest {
+        one(GpuDemand::Share { core, memory: core })
+    }
+
+    fn fgd(mix: &[(GpuShape, f64)], compat: bool) -> Placer {
+        let mix = TaskMix::weighted(mix.iter().map(|&(s, w)| (TaskShape::gpu_only(s), w)));
+        Placer::new(Policy::Fgd)
+            .with_mix(Arc::new(mix))
+            .with_gpu_manager_compat(compat)
+    }
+
+    #[test]
+    fn fgd_fills_the_hole_that_would_otherwise_stay_a_fragment() {
+        // Mix: half a GPU or one whole GPU, equally likely. Node a: one GPU, 50 used;
+        // node b: one idle GPU. A half task on a: fragmentation 0.5 * 50 -> 0 (-25);
+        // on b: 0 -> 0.5 * 50 (+25). FGD takes a; spread would take b.
+        let half = GpuShape::Share {
+            core: 50,
+            memory: 50,
+        };
+        let placer = fgd(&[(half, 1.0), (GpuShape::Whole { gpus: 1 }, 1.0)], true);
+        let nodes = vec![node("b", 1, 100), with_used(node("a", 1, 100), 0, 50, 50)];
+        let outcome = place(&placer, &share(50), &nodes, |_| Ok(()));
+        assert_eq!(outcome.chosen.map(|(i, _)| i), Some(1));
+    }
+
+    #[test]
+    fn fgd_chooses_the_gpu_only_without_gpu_manager_compat() {
+        // GPU0 has 60 free, GPU1 30. A 20-core task: gpu-manager takes GPU1 (least free
+        // that fits), leaving 10 that a 30-core task can't use. FGD alone takes GPU0,
+        // leaving 40 and 30: nothing fragmented.
+        let n = with_used(with_used(node("n", 2, 100), 0, 40, 40), 1, 70, 70);
+        let mix = [(
+            GpuShape::Share {
+                core: 30,
+                memory: 30,
+            },
+            1.0,
+        )];
+        let gpu = |compat| {
+            let outcome = place(&fgd(&mix, compat), &share(20), [&n], |_| Ok(()));
+            outcome.chosen.unwrap().1.choices[0].gpus.clone()
+        };
+        assert_eq!(gpu(true), vec![1]);
+        assert_eq!(gpu(false), vec![0]);
+    }
+
+    #[test]
+    fn fgd_without_a_mix_is_binpack() {
+        let nodes = vec![
+            node("idle", 4, 4),
+            with_used(node("busy", 4, 4), 0, 100, 4),
+            with_used(node("shared", 8, 4), 3, 20, 1),
+        ];
+        for request in [share(30), one(GpuDemand::Whole { gpus: 1 })] {
+            let by = |placer: &Placer| place(placer, &request, &nodes, |_| Ok(())).chosen;
+            assert_eq!(by(&fgd(&[], true)), by(&Placer::new(Policy::Binpack)));
+        }
+    }
+
     #[test]
     fn misfits_are_reported_per_node_and_no_choice_when_none_fit() {
         let nodes = vec![
@@ -224,7 +443,7 @@ mod tests {
             with_used(node("full", 2, 4), 0, 100, 4),
         ];
         let outcome = place(
-            Policy::Original,
+            &Placer::new(Policy::Original),
             &one(GpuDemand::Whole { gpus: 2 }),
             &nodes,
             |_| Ok(()),

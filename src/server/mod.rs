@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::extender::volcano::{PredicateArgs, predicate};
 use crate::extender::{ExtenderArgs, filter};
 use crate::metrics::Metrics;
+use crate::placement::learn::LearningPlacer;
 
 /// The apiserver never sends an AdmissionReview over 3 MiB.
 pub const WEBHOOK_BODY_LIMIT: usize = 3 << 20;
@@ -35,11 +36,18 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Set when shutdown begins, so `/readyz` turns away new traffic first.
     pub shutting_down: Arc<AtomicBool>,
+    /// The placement policy, learning the request mix from the pods it places.
+    pub placer: Arc<LearningPlacer>,
 }
 
 impl AppState {
     pub fn new(cache: ClusterCache, config: Config) -> Self {
+        let placement = &config.placement;
         AppState {
+            placer: Arc::new(LearningPlacer::new(
+                placement.policy,
+                placement.gpu_manager_compat,
+            )),
             cache,
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
@@ -154,7 +162,7 @@ async fn predicates(State(state): State<AppState>, body: Body) -> Response {
             );
         }
     };
-    let (result, outcome) = filter(&state.cache, &state.config, args).await;
+    let (result, outcome) = filter(&state.cache, &state.config, &state.placer, args).await;
     observed(
         &state,
         ROUTE,

@@ -1,0 +1,610 @@
+//! Fragmentation of free GPU capacity, after Weng et al., "Beware of Fragmentation"
+//! (USENIX ATC '23), and the request mix it is measured against.
+//!
+//! A node's *fragmentation* under a mix of task shapes is the expected amount of its
+//! free GPU capacity (in vcuda-core, 100 = one GPU) that a task drawn from the mix
+//! could not use:
+//! - a share task (`core`, `memory` on one GPU) cannot use a GPU whose free cores or
+//!   free memory are below its demand, so those GPUs' free cores are fragments;
+//! - a task of `k` whole GPUs cannot use partly used GPUs; if fewer than `k` GPUs are
+//!   wholly free it cannot use the node at all, and every free core is a fragment;
+//! - a task whose CPU or memory the node cannot host now, or that can never run on
+//!   the node (another GPU model, more GPUs than the node has, more memory than one
+//!   of its GPUs), cannot use any of its GPUs: every free core is a fragment.
+//!
+//! Counting the never-runnable shapes, as the paper does, is deliberate: it makes
+//! a pod prefer capacity that fewer shapes can use, keeping the versatile capacity
+//! for the shapes that need it (measured: +0.14 points on the default trace against
+//! leaving them out, docs/simulate.md).
+//!
+//! Each shape weighs its frequency times its size in GPUs, i.e. its share of the
+//! arriving GPU *demand* rather than of the pod count: fragmentation is measured in
+//! GPU capacity and the goal is allocated GPU capacity, so an 8-GPU task that cannot
+//! find room matters eight times a 1-GPU one (the paper weighs by pod count; this
+//! measured +0.33 points).
+//!
+//! FGD places a pod where the fragmentation grows least (see `policy.rs`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::fit::{Assignment, GpuChoice, pick_whole};
+use super::node::{GpuUse, NodeGpus};
+use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
+
+/// Non-GPU resources: what a task needs, or what a node has left.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostRoom {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+}
+
+impl HostRoom {
+    /// Whether a task needing `need` fits in this room.
+    pub fn holds(&self, need: &HostRoom) -> bool {
+        self.cpu_milli >= need.cpu_milli && self.memory_mib >= need.memory_mib
+    }
+
+    /// The room left after `need` is taken (never negative).
+    pub fn minus(&self, need: &HostRoom) -> HostRoom {
+        HostRoom {
+            cpu_milli: self.cpu_milli.saturating_sub(need.cpu_milli),
+            memory_mib: self.memory_mib.saturating_sub(need.memory_mib),
+        }
+    }
+}
+
+/// The GPU part of a task shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuShape {
+    /// A share of one GPU: vcuda-core below 100 and vcuda-memory units.
+    Share { core: u32, memory: u32 },
+    /// This many wholly free GPUs on one node.
+    Whole { gpus: u32 },
+}
+
+impl GpuShape {
+    /// The shape's size in GPUs (0.5 for half a GPU).
+    pub fn gpus(self) -> f64 {
+        match self {
+            GpuShape::Share { core, .. } => f64::from(core) / f64::from(CORE_PER_GPU),
+            GpuShape::Whole { gpus } => f64::from(gpus),
+        }
+    }
+
+    /// The shape of a pod's request: its whole GPUs if it has any, else its largest
+    /// share container. `None` for a request without GPU containers. Pods with several
+    /// GPU containers are rare; their dominant container stands for them.
+    pub fn of_request(request: &GpuRequest) -> Option<GpuShape> {
+        let whole = request.whole_gpus();
+        if whole > 0 {
+            return Some(GpuShape::Whole { gpus: whole });
+        }
+        request
+            .containers
+            .iter()
+            .filter_map(|c| match c.demand {
+                GpuDemand::Share { core, memory } => Some((core, memory)),
+                GpuDemand::Whole { .. } => None,
+            })
+            .max()
+            .map(|(core, memory)| GpuShape::Share { core, memory })
+    }
+}
+
+/// One kind of task: its GPU shape, the CPU and memory it needs and, if it is
+/// constrained, the GPU models it accepts (sorted, no duplicates).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskShape {
+    pub gpu: GpuShape,
+    pub host: HostRoom,
+    pub models: Option<Arc<[Arc<str>]>>,
+}
+
+impl TaskShape {
+    /// A shape with only a GPU part: any model, no CPU or memory counted.
+    pub fn gpu_only(gpu: GpuShape) -> TaskShape {
+        TaskShape {
+            gpu,
+            host: HostRoom::default(),
+            models: None,
+        }
+    }
+
+    /// A shape accepting only `models` (empty means any model).
+    pub fn with_models(mut self, models: &[impl AsRef<str>]) -> TaskShape {
+        let mut list: Vec<Arc<str>> = models.iter().map(|m| Arc::from(m.as_ref())).collect();
+        list.sort();
+        list.dedup();
+        self.models = (!list.is_empty()).then(|| list.into());
+        self
+    }
+}
+
+/// The share of observations the most common shapes must cover to enter a mix
+/// (the paper's 95%); the rare tail is dropped.
+pub const MIX_COVERAGE: f64 = 0.95;
+
+/// A fixed request mix: task shapes with frequencies summing to 1 (or no shapes at
+/// all, under which every node's fragmentation is 0). Immutable, so `place()` can read
+/// it from many threads; a learning [`RequestMix`] hands out fresh snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct TaskMix {
+    /// Distinct GPU shapes; `entries` point into it and are grouped by it.
+    demands: Vec<GpuShape>,
+    /// Sorted by `demand`, so one pass over a node handles each GPU shape once.
+    entries: Vec<MixEntry>,
+    /// Interned model names; `MixEntry::models` is a bit set over them.
+    models: Vec<Arc<str>>,
+}
+
+#[derive(Debug, Clone)]
+struct MixEntry {
+    weight: f64,
+    demand: usize,
+    host: HostRoom,
+    /// Bit `i` set: `models[i]` accepted. `None`: any model.
+    models: Option<u64>,
+}
+
+impl TaskMix {
+    /// The mix of the most common `shapes` that together cover [`MIX_COVERAGE`] of
+    /// them, each weighted by its frequency among those kept times its size in GPUs.
+    pub fn from_shapes(shapes: impl IntoIterator<Item = TaskShape>) -> TaskMix {
+        let mut counts: HashMap<TaskShape, u64> = HashMap::new();
+        for shape in shapes {
+            *counts.entry(shape).or_default() += 1;
+        }
+        TaskMix::from_counts(counts.into_iter().collect(), MIX_COVERAGE)
+    }
+
+    /// The mix of exactly these shapes with these (positive) weights, normalised (no
+    /// weighting by size here: the caller's weights are taken as they are).
+    pub fn weighted(shapes: impl IntoIterator<Item = (TaskShape, f64)>) -> TaskMix {
+        let kept: Vec<(TaskShape, f64)> = shapes.into_iter().filter(|(_, w)| *w > 0.0).collect();
+        TaskMix::build(kept)
+    }
+
+    /// Most common first (ties in a fixed order), cut once `coverage` is reached.
+    fn from_counts(mut counts: Vec<(TaskShape, u64)>, coverage: f64) -> TaskMix {
+        counts.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| a.0.gpu.cmp(&b.0.gpu))
+                .then_with(|| a.0.host.cmp(&b.0.host))
+                .then_with(|| a.0.models.cmp(&b.0.models))
+        });
+        let total: u64 = counts.iter().map(|(_, n)| n).sum();
+        let mut covered = 0u64;
+        let mut kept = Vec::new();
+        for (shape, n) in counts {
+            if total > 0 && covered as f64 >= coverage * total as f64 {
+                break;
+            }
+            covered += n;
+            let weight = n as f64 * shape.gpu.gpus();
+            kept.push((shape, weight));
+        }
+        TaskMix::build(kept)
+    }
+
+    fn build(kept: Vec<(TaskShape, f64)>) -> TaskMix {
+        let total: f64 = kept.iter().map(|(_, w)| w).sum();
+        let mut mix = TaskMix::default();
+        for (shape, weight) in kept {
+            let demand = intern(&mut mix.demands, shape.gpu);
+            let models = shape.models.as_ref().map(|list| {
+                list.iter()
+                    .map(|m| intern(&mut mix.models, m.clone()))
+                    .filter(|&i| i < 64)
+                    .fold(0u64, |bits, i| bits | 1 << i)
+            });
+            mix.entries.push(MixEntry {
+                weight: weight / total,
+                demand,
+                host: shape.host,
+                models,
+            });
+        }
+        mix.entries.sort_by_key(|e| e.demand);
+        mix
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number of task shapes in the mix.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The shapes and their weights (for reports).
+    pub fn shapes(&self) -> impl Iterator<Item = (GpuShape, HostRoom, f64)> + '_ {
+        self.entries
+            .iter()
+            .map(|e| (self.demands[e.demand], e.host, e.weight))
+    }
+
+    /// The bit of `model` in the shapes' model sets; `None` if no shape names it.
+    fn model_bit(&self, model: Option<&str>) -> Option<u64> {
+        let model = model?;
+        let index = self.models.iter().position(|m| &**m == model)?;
+        (index < 64).then(|| 1u64 << index)
+    }
+
+    /// The expected free vcuda-core of `gpus` a task drawn from the mix could not use.
+    /// `room` is the node's free CPU and memory, if tracked (the extender does not).
+    ///
+    /// Cost: O(shapes + GPUs × distinct GPU shapes), no allocation.
+    pub fn fragmentation(&self, gpus: &NodeGpus, room: Option<&HostRoom>) -> f64 {
+        self.fragmentation_of(gpus, &gpus.used, room)
+    }
+
+    /// [`TaskMix::fragmentation`] of `node` as if its GPUs were in use as `used` says
+    /// (same length): lets a caller try a placement without cloning the node.
+    pub fn fragmentation_of(
+        &self,
+        node: &NodeGpus,
+        used: &[GpuUse],
+        room: Option<&HostRoom>,
+    ) -> f64 {
+        let state = GpuState::of(used, node.memory_per_gpu);
+        let model = self.model_bit(node.model.as_deref());
+        let mut unusable = 0.0;
+        let mut fragments = 0.0;
+        let mut group = 0;
+        while group < self.entries.len() {
+            let demand = self.entries[group].demand;
+            let end = group
+                + self.entries[group..]
+                    .iter()
+                    .take_while(|e| e.demand == demand)
+                    .count();
+            let shape = self.demands[demand];
+            let mut runnable = 0.0;
+            for entry in &self.entries[group..end] {
+                let runs = state.may_ever_run(shape)
+                    && entry.accepts(model)
+                    && room.is_none_or(|r| r.holds(&entry.host));
+                if runs {
+                    runnable += entry.weight;
+                } else {
+                    unusable += entry.weight;
+                }
+            }
+            if runnable > 0.0 {
+                fragments += runnable * state.fragment(used, shape);
+            }
+            group = end;
+        }
+        fragments + unusable * f64::from(state.free_core)
+    }
+}
+
+impl MixEntry {
+    fn accepts(&self, model: Option<u64>) -> bool {
+        match (self.models, model) {
+            (None, _) => true,
+            (Some(set), Some(bit)) => set & bit != 0,
+            (Some(_), None) => false,
+        }
+    }
+}
+
+fn intern<T: PartialEq>(list: &mut Vec<T>, item: T) -> usize {
+    match list.iter().position(|x| *x == item) {
+        Some(i) => i,
+        None => {
+            list.push(item);
+            list.len() - 1
+        }
+    }
+}
+
+/// Node-wide GPU totals read once per fragmentation measurement.
+struct GpuState {
+    gpu_count: u32,
+    free_core: u32,
+    /// Free cores on GPUs somebody uses (what a whole-GPU task cannot take).
+    partial_free_core: u32,
+    whole_free: u32,
+    memory_per_gpu: u32,
+}
+
+impl GpuState {
+    fn of(used: &[GpuUse], memory_per_gpu: u32) -> GpuState {
+        let mut state = GpuState {
+            gpu_count: used.len() as u32,
+            free_core: 0,
+            partial_free_core: 0,
+            whole_free: 0,
+            memory_per_gpu,
+        };
+        for gpu in used {
+            let free = CORE_PER_GPU.saturating_sub(gpu.core);
+            state.free_core += free;
+            if gpu.core == 0 {
+                state.whole_free += 1;
+            } else {
+                state.partial_free_core += free;
+            }
+        }
+        state
+    }
+
+    /// Whether some state of this node could host the shape at all (GPU count, memory
+    /// per GPU).
+    fn may_ever_run(&self, shape: GpuShape) -> bool {
+        match shape {
+            GpuShape::Share { memory, .. } => self.gpu_count > 0 && memory <= self.memory_per_gpu,
+            GpuShape::Whole { gpus } => gpus <= self.gpu_count,
+        }
+    }
+
+    /// Free cores this GPU shape cannot use on the node.
+    /// Idle GPUs fit every share shape that may run here and full ones have nothing
+    /// free, so only partly used GPUs are looked at.
+    fn fragment(&self, used: &[GpuUse], shape: GpuShape) -> f64 {
+        let cores = match shape {
+            GpuShape::Share { core, memory } => used
+                .iter()
+                .filter(|u| u.core > 0 && u.core < CORE_PER_GPU)
+                .map(|u| {
+                    let free_memory = self.memory_per_gpu.saturating_sub(u.memory);
+                    (CORE_PER_GPU - u.core, free_memory)
+                })
+                .filter(|&(c, m)| c < core || m < memory)
+                .map(|(c, _)| c)
+                .sum(),
+            GpuShape::Whole { gpus: need } if need <= self.whole_free => self.partial_free_core,
+            GpuShape::Whole { .. } => self.free_core,
+        };
+        f64::from(cores)
+    }
+}
+
+/// Fit `request` on `node` choosing, for each share container, the GPU whose use
+/// leaves the node least fragmented under `mix` (ties: gpu-manager's own order);
+/// whole GPUs as gpu-manager takes them (any wholly free GPU is as good as another).
+/// `None` if some container finds no GPU. Not gpu-manager compatible: see `Placer`.
+pub fn least_fragmenting_fit(
+    node: &NodeGpus,
+    request: &GpuRequest,
+    mix: &TaskMix,
+    room_after: Option<&HostRoom>,
+) -> Option<Assignment> {
+    let mut scratch = node.clone();
+    let mut assignment = Assignment::default();
+    for container in &request.containers {
+        let gpus = match container.demand {
+            GpuDemand::Share { core, memory } => {
+                vec![least_fragmenting_gpu(
+                    &scratch, core, memory, mix, room_after,
+                )?]
+            }
+            GpuDemand::Whole { gpus } => pick_whole(&scratch, gpus).ok()?,
+        };
+        let choice = Assignment {
+            choices: vec![GpuChoice {
+                container: container.container,
+                demand: container.demand,
+                gpus,
+            }],
+        };
+        choice.charge(&mut scratch);
+        assignment.choices.extend(choice.choices);
+    }
+    Some(assignment)
+}
+
+fn least_fragmenting_gpu(
+    node: &NodeGpus,
+    core: u32,
+    memory: u32,
+    mix: &TaskMix,
+    room_after: Option<&HostRoom>,
+) -> Option<u8> {
+    let mut trial = node.clone();
+    (0..node.gpu_count())
+        .filter(|&i| node.free_core(i) >= core && node.free_memory(i) >= memory)
+        .map(|i| {
+            trial.used[i].core += core;
+            trial.used[i].memory += memory;
+            let fragments = (mix.fragmentation(&trial, room_after) * 1e6).round() as i64;
+            trial.used[i] = node.used[i];
+            ((fragments, node.free_core(i), node.free_memory(i), i), i)
+        })
+        .min()
+        .and_then(|(_, i)| u8::try_from(i).ok())
+}
+
+/// A request mix learnt online from the pods the extender sees. `observe` is cheap
+/// (one short lock) and callable from many threads through `&self`; `snapshot` builds
+/// the immutable [`TaskMix`] that placement reads.
+#[derive(Debug, Default)]
+pub struct RequestMix {
+    counts: Mutex<HashMap<TaskShape, u64>>,
+}
+
+impl RequestMix {
+    pub fn new() -> RequestMix {
+        RequestMix::default()
+    }
+
+    /// Count one pod's request (GPU shape only). Requests without GPU containers are
+    /// ignored: their placement changes no GPU's usability.
+    pub fn observe(&self, request: &GpuRequest) {
+        if let Some(gpu) = GpuShape::of_request(request) {
+            self.observe_shape(TaskShape::gpu_only(gpu));
+        }
+    }
+
+    /// Count one task of a fully known shape (CPU, memory, models as well).
+    pub fn observe_shape(&self, shape: TaskShape) {
+        *self.counts.lock().entry(shape).or_default() += 1;
+    }
+
+    /// How many tasks were observed.
+    pub fn observed(&self) -> u64 {
+        self.counts.lock().values().sum()
+    }
+
+    /// The mix of the most common shapes seen so far, covering [`MIX_COVERAGE`].
+    pub fn snapshot(&self) -> TaskMix {
+        let counts: Vec<(TaskShape, u64)> = self
+            .counts
+            .lock()
+            .iter()
+            .map(|(shape, n)| (shape.clone(), *n))
+            .collect();
+        TaskMix::from_counts(counts, MIX_COVERAGE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::request::ContainerGpu;
+    use crate::placement::testing::{node, with_used};
+
+    const HALF: GpuShape = GpuShape::Share {
+        core: 50,
+        memory: 50,
+    };
+    const ONE: GpuShape = GpuShape::Whole { gpus: 1 };
+
+    fn mix(shapes: &[(GpuShape, f64)]) -> TaskMix {
+        TaskMix::weighted(shapes.iter().map(|&(s, w)| (TaskShape::gpu_only(s), w)))
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() < 1e-9, "{a} != {b}");
+    }
+
+    #[test]
+    fn one_gpu_thirty_percent_used_half_share_and_whole_mix() {
+        // One GPU, 30 cores used: 70 free. Half-GPU task (50%): 70 >= 50, so nothing is
+        // a fragment. One-GPU task (50%): the GPU is not wholly free, so all 70 are.
+        // Expected: 0.5 * 0 + 0.5 * 70 = 35.
+        let n = with_used(node("n", 1, 100), 0, 30, 30);
+        close(
+            mix(&[(HALF, 0.5), (ONE, 0.5)]).fragmentation(&n, None),
+            35.0,
+        );
+        // At 60 used: 40 free < 50, so the half task can't use it either: 40.
+        let n = with_used(node("n", 1, 100), 0, 60, 60);
+        close(
+            mix(&[(HALF, 0.5), (ONE, 0.5)]).fragmentation(&n, None),
+            40.0,
+        );
+    }
+
+    #[test]
+    fn multi_gpu_task_counts_whole_node_when_too_few_free_gpus() {
+        // 4 GPUs: GPU0 80 used (20 free), GPU1 fully used, GPU2-3 free. Total free 220.
+        // 2-GPU task (weight 1/4): two wholly free GPUs, fragment = the partial 20.
+        // 4-GPU task (weight 1/4): only 2 free GPUs, fragment = all 220.
+        // Quarter share (25 cores, weight 1/2): GPU0's 20 < 25, fragment = 20.
+        // Expected: 0.25 * 20 + 0.25 * 220 + 0.5 * 20 = 70.
+        let n = with_used(with_used(node("n", 4, 100), 0, 80, 80), 1, 100, 100);
+        let quarter = GpuShape::Share {
+            core: 25,
+            memory: 25,
+        };
+        let m = mix(&[
+            (GpuShape::Whole { gpus: 2 }, 1.0),
+            (GpuShape::Whole { gpus: 4 }, 1.0),
+            (quarter, 2.0),
+        ]);
+        close(m.fragmentation(&n, None), 70.0);
+    }
+
+    #[test]
+    fn memory_short_gpu_is_a_fragment_for_share_tasks() {
+        // 10 cores used but 60 of 100 memory: 90 cores free, 40 memory free. A half task
+        // needs 50 memory, so all 90 free cores are fragments.
+        let n = with_used(node("n", 1, 100), 0, 10, 60);
+        close(mix(&[(HALF, 1.0)]).fragmentation(&n, None), 90.0);
+    }
+
+    #[test]
+    fn host_room_and_models_decide_which_shapes_count() {
+        // Node: 2 free GPUs (200 cores), model T4, 4 CPUs left.
+        let mut n = node("n", 2, 100);
+        n.model = Some("T4".into());
+        let room = HostRoom {
+            cpu_milli: 4000,
+            memory_mib: 1 << 20,
+        };
+        let cpu_heavy = TaskShape {
+            gpu: ONE,
+            host: HostRoom {
+                cpu_milli: 8000,
+                memory_mib: 0,
+            },
+            models: None,
+        };
+        let v100_only = TaskShape::gpu_only(HALF).with_models(&["V100"]);
+        let t4_half = TaskShape::gpu_only(HALF).with_models(&["T4", "V100"]);
+        let m = TaskMix::weighted([(cpu_heavy, 1.0), (v100_only, 2.0), (t4_half, 1.0)]);
+        // cpu_heavy (1/4) can't get its CPU: all 200 free cores are fragments = 50.
+        // v100_only (1/2) can never run on a T4: all 200 too = 100. t4_half (1/4): 0.
+        close(m.fragmentation(&n, Some(&room)), 150.0);
+        // Without CPU tracking, the CPU-heavy task fits: only the V100 task's 100.
+        close(m.fragmentation(&n, None), 100.0);
+    }
+
+    #[test]
+    fn shapes_bigger_than_the_node_count_all_free_capacity() {
+        let n = with_used(node("n", 2, 100), 0, 30, 30);
+        // 170 free. An 8-GPU task can never run on 2 GPUs: 170. A one-GPU task can use
+        // GPU1 but not GPU0's 70. Expected: 0.5 * 170 + 0.5 * 70 = 120.
+        let m = mix(&[(GpuShape::Whole { gpus: 8 }, 1.0), (ONE, 1.0)]);
+        close(m.fragmentation(&n, None), 120.0);
+    }
+
+    #[test]
+    fn mix_keeps_most_common_shapes_up_to_coverage() {
+        let mut shapes = vec![TaskShape::gpu_only(ONE); 90];
+        shapes.extend(vec![TaskShape::gpu_only(HALF); 6]);
+        shapes.extend(vec![TaskShape::gpu_only(GpuShape::Whole { gpus: 8 }); 4]);
+        let m = TaskMix::from_shapes(shapes);
+        // 90% < 95%, so HALF joins (96%) and the 4% tail is dropped. Weights are by GPU
+        // demand: 90 × 1 GPU against 6 × 0.5 GPU, so ONE weighs 90 / 93.
+        let kept: Vec<_> = m.shapes().map(|(g, _, w)| (g, w)).collect();
+        assert_eq!(kept.len(), 2);
+        close(kept.iter().find(|(g, _)| *g == ONE).unwrap().1, 90.0 / 93.0);
+    }
+
+    #[test]
+    fn request_mix_learns_from_requests_across_threads() {
+        let learnt = RequestMix::new();
+        let whole = GpuRequest {
+            containers: vec![ContainerGpu {
+                container: 0,
+                demand: GpuDemand::Whole { gpus: 1 },
+            }],
+            init_core_units: 0,
+        };
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10 {
+                        learnt.observe(&whole);
+                    }
+                });
+            }
+        });
+        learnt.observe(&GpuRequest::default());
+        assert_eq!(learnt.observed(), 40);
+        let m = learnt.snapshot();
+        assert_eq!(m.len(), 1);
+        close(
+            m.fragmentation(&with_used(node("n", 1, 4), 0, 10, 1), None),
+            90.0,
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! The extender's placer: its policy, with a request mix learnt online from the GPU
+//! pods it filters (a cluster has no trace to read the mix from in advance).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+
+use super::fragment::RequestMix;
+use super::policy::{Placer, Policy};
+use super::request::GpuRequest;
+
+/// Refresh the mix snapshot after this many pods (and at every power of two before).
+const REFRESH_EVERY: u64 = 64;
+
+pub struct LearningPlacer {
+    base: Placer,
+    mix: RequestMix,
+    seen: AtomicU64,
+    current: ArcSwap<Placer>,
+}
+
+impl LearningPlacer {
+    pub fn new(policy: Policy, gpu_manager_compat: bool) -> Self {
+        let base = Placer::new(policy).with_gpu_manager_compat(gpu_manager_compat);
+        LearningPlacer {
+            current: ArcSwap::from_pointee(base.clone()),
+            base,
+            mix: RequestMix::new(),
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Count `request` into the mix (policies that read it only) and return the placer
+    /// to use for it. Cheap: a short lock, and now and then a new snapshot.
+    pub fn placer_for(&self, request: &GpuRequest) -> Arc<Placer> {
+        if self.base.policy == Policy::Fgd {
+            self.mix.observe(request);
+            let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+            if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
+                let mix = Arc::new(self.mix.snapshot());
+                self.current
+                    .store(Arc::new(self.base.clone().with_mix(mix)));
+            }
+        }
+        self.current.load_full()
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.base.policy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::{ContainerGpu, GpuDemand};
+
+    #[test]
+    fn fgd_learns_the_mix_from_what_it_places() {
+        let placer = LearningPlacer::new(Policy::Fgd, true);
+        let share = GpuRequest {
+            containers: vec![ContainerGpu {
+                container: 0,
+                demand: GpuDemand::Share {
+                    core: 50,
+                    memory: 2,
+                },
+            }],
+            init_core_units: 0,
+        };
+        assert!(placer.placer_for(&share).mix.len() == 1);
+        let other = LearningPlacer::new(Policy::Binpack, true);
+        assert!(
+            other.placer_for(&share).mix.is_empty(),
+            "only fgd reads the mix"
+        );
+    }
+}

@@ -1,0 +1,305 @@
+//! `gpu-admission simulate` (DESIGN §8): replay a GPU cluster trace (the openb format)
+//! through the extender's placement code and report how much GPU capacity each
+//! policy manages to allocate.
+
+pub mod plot;
+pub mod replay;
+pub mod trace;
+pub mod workload;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::placement::{DEFAULT_POLICY, Placer, Policy};
+use replay::{MixSource, RunResult, SimNode, SimPod};
+
+/// Flags of `simulate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Node list CSV (`sn, cpu_milli, memory_mib, gpu, model`).
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Pod list CSV (`name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...`).
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// Policies to compare, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = DEFAULT_POLICY.name())]
+    pub policy: Vec<Policy>,
+    /// Stop adding copies of trace pods before the GPU demand passes this × capacity.
+    #[arg(long, default_value_t = 1.3)]
+    pub inflate: f64,
+    /// Seed of the workload (copies drawn and shuffle).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Several seeds: a range `42-51` or a list `42,43`; reports mean and sd. Overrides --seed.
+    #[arg(long, value_parser = parse_seeds)]
+    pub seeds: Option<Seeds>,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Whether FGD knows the request mix in advance or learns it from the pods so far.
+    #[arg(long, value_enum, default_value_t = MixSource::Known)]
+    pub mix: MixSource,
+    /// Share-mode GPUs must be the ones gpu-manager picks (only the node is chosen).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub gpu_manager_compat: bool,
+    /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// The seeds of `--seeds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeds(pub Vec<u64>);
+
+fn parse_seeds(text: &str) -> Result<Seeds, String> {
+    let number = |s: &str| {
+        s.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{s:?} is not a seed (a whole number)"))
+    };
+    let seeds = match text.split_once('-') {
+        Some((from, to)) => {
+            let (from, to) = (number(from)?, number(to)?);
+            if from > to {
+                return Err(format!("empty seed range {text}"));
+            }
+            (from..=to).collect()
+        }
+        None => text.split(',').map(number).collect::<Result<_, _>>()?,
+    };
+    Ok(Seeds(seeds))
+}
+
+/// One policy's runs over the seeds.
+#[derive(Debug, Clone)]
+pub struct PolicyReport {
+    pub policy: Policy,
+    pub seeds: Vec<u64>,
+    pub runs: Vec<RunResult>,
+    pub seconds: f64,
+}
+
+/// Run `simulate`: print one report per policy on stdout.
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let nodes: Vec<SimNode> = trace::read_nodes(&args.nodes)?
+        .iter()
+        .map(SimNode::of)
+        .collect();
+    let pods: Vec<SimPod> = trace::read_pods(&args.pods)?
+        .iter()
+        .map(SimPod::of)
+        .collect();
+    let seeds = args
+        .seeds
+        .clone()
+        .map_or_else(|| vec![args.seed], |Seeds(list)| list);
+    let mix = Arc::new(replay::known_mix(&pods));
+    let mut reports = Vec::new();
+    for &policy in &args.policy {
+        let placer = Placer::new(policy)
+            .with_mix(mix.clone())
+            .with_gpu_manager_compat(args.gpu_manager_compat);
+        let report = simulate_policy(&placer, &args, &nodes, &pods, &seeds);
+        println!("{}", render(&report, &args));
+        reports.push(report);
+    }
+    if let Some(path) = &args.plot {
+        plot::write(path, &reports)
+            .with_context(|| format!("writing the plot {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn simulate_policy(
+    placer: &Placer,
+    args: &SimulateArgs,
+    nodes: &[SimNode],
+    pods: &[SimPod],
+    seeds: &[u64],
+) -> PolicyReport {
+    let progress = std::io::stderr().is_terminal();
+    let capacity: u64 = nodes.iter().map(|n| n.gpus.gpu_count() as u64 * 1000).sum();
+    let demands: Vec<u64> = pods.iter().map(|p| p.demand_milli).collect();
+    let started = Instant::now();
+    let done = AtomicUsize::new(0);
+    let run_seed = |seed: u64| {
+        let order = workload::build(&demands, capacity, args.inflate, seed);
+        let result = replay::run(placer, args.mix, nodes, pods, &order);
+        let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+        if progress {
+            eprint!("\r{} {finished}/{} seeds   ", placer.policy, seeds.len());
+        }
+        result
+    };
+    let runs = in_parallel(seeds, run_seed);
+    if progress {
+        eprint!("\r{:40}\r", "");
+    }
+    PolicyReport {
+        policy: placer.policy,
+        seeds: seeds.to_vec(),
+        runs,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// `work` over `seeds` on all cores, results in seed order. Runs are independent and
+/// deterministic, so the order they finish in changes nothing.
+fn in_parallel<T: Send>(seeds: &[u64], work: impl Fn(u64) -> T + Sync) -> Vec<T> {
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<(usize, T)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.min(seeds.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&seed) = seeds.get(i) else { break };
+                        mine.push((i, work(seed)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Mean and (sample) standard deviation.
+fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+struct Summary {
+    allocated: (f64, f64),
+    at_100: f64,
+    failed: f64,
+    pods: f64,
+}
+
+fn summarise(report: &PolicyReport) -> Summary {
+    let of = |f: &dyn Fn(&RunResult) -> f64| -> Vec<f64> { report.runs.iter().map(f).collect() };
+    Summary {
+        allocated: mean_sd(&of(&|r| r.allocated_pct())),
+        at_100: mean_sd(&of(&|r| r.allocated_pct_at_100.unwrap_or(f64::NAN))).0,
+        failed: mean_sd(&of(&|r| r.failed as f64)).0,
+        pods: mean_sd(&of(&|r| r.pods as f64)).0,
+    }
+}
+
+fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
+    let s = summarise(report);
+    let fgd = report.policy == Policy::Fgd;
+    match args.format {
+        Format::Json => {
+            let mut object = serde_json::json!({
+                "policy": report.policy.name(),
+                "seeds": report.seeds,
+                "allocated_pct": round(s.allocated.0),
+                "allocated_pct_std": round(s.allocated.1),
+                "allocated_pct_at_100": if s.at_100.is_nan() { None } else { Some(round(s.at_100)) },
+                "failed_pods": count(s.failed),
+                "pods": count(s.pods),
+                "seconds": round(report.seconds),
+                "gpu_manager_compat": args.gpu_manager_compat,
+            });
+            if fgd {
+                object["mix"] = serde_json::json!(args.mix);
+            }
+            object.to_string()
+        }
+        Format::Text => {
+            let mix = if fgd {
+                format!(", mix {}", mix_name(args.mix))
+            } else {
+                String::new()
+            };
+            let compat = if args.gpu_manager_compat { "on" } else { "off" };
+            format!(
+                "{policy} (gpu-manager compat {compat}{mix}; seeds {seeds:?}, inflate {inflate}): \
+                 allocated {a:.2}% ± {sd:.2} at the end, {at:.2}% when arrived demand reached 100%; \
+                 failed pods {failed} of {pods}; {secs:.2} s ({per:.2} s per seed)",
+                policy = report.policy,
+                seeds = report.seeds,
+                inflate = args.inflate,
+                a = s.allocated.0,
+                sd = s.allocated.1,
+                at = s.at_100,
+                failed = count(s.failed),
+                pods = count(s.pods),
+                secs = report.seconds,
+                per = report.seconds / report.seeds.len().max(1) as f64,
+            )
+        }
+    }
+}
+
+fn mix_name(mix: MixSource) -> &'static str {
+    match mix {
+        MixSource::Known => "known in advance",
+        MixSource::Online => "learnt online",
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// A mean count: a whole number when it is one, else one decimal.
+fn count(x: f64) -> serde_json::Value {
+    if x.fract() == 0.0 {
+        serde_json::json!(x as u64)
+    } else {
+        serde_json::json!((x * 10.0).round() / 10.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn seeds_parse_as_range_or_list() {
+        assert_eq!(parse_seeds("42-45").unwrap(), Seeds(vec![42, 43, 44, 45]));
+        assert_eq!(parse_seeds("1,5").unwrap(), Seeds(vec![1, 5]));
+        assert!(parse_seeds("5-1").is_err());
+        assert!(parse_seeds("x").is_err());
+    }
+
+    #[test]
+    fn mean_and_sample_sd() {
+        let (m, sd) = mean_sd(&[1.0, 3.0]);
+        assert_eq!(m, 2.0);
+        assert!((sd - 2f64.sqrt()).abs() < 1e-12);
+    }
+}

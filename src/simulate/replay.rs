@@ -1,0 +1,250 @@
+//! One simulated run: the workload placed pod by pod through the extender's own
+//! `place_with_host()`, CPU and memory checked by the `allowed` callback.
+
+use std::sync::Arc;
+
+use crate::placement::fit::Misfit;
+use crate::placement::fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
+use crate::placement::request::{CORE_PER_GPU, ContainerGpu, GpuDemand, GpuRequest};
+use crate::placement::{Candidate, GpuUse, NodeGpus, Placer, place_with_host};
+
+use super::trace::{NodeRow, PodRow};
+
+/// vcuda-memory per GPU in the simulation: 100, so a share's memory equals its cores
+/// and memory stays exactly proportional to the GPU share (DESIGN §8).
+pub const MEMORY_PER_GPU: u32 = 100;
+
+/// Where FGD's request mix comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MixSource {
+    /// Known in advance: the most common shapes of the trace (the paper's setup).
+    Known,
+    /// Learnt from the pods seen so far, as the extender must.
+    Online,
+}
+
+/// A trace pod read once into what placement needs.
+#[derive(Debug, Clone)]
+pub struct SimPod {
+    pub request: GpuRequest,
+    pub host: HostRoom,
+    pub models: Vec<Arc<str>>,
+    pub demand_milli: u64,
+    /// `None` for CPU-only pods, which take no part in the mix.
+    pub shape: Option<TaskShape>,
+}
+
+impl SimPod {
+    pub fn of(row: &PodRow) -> SimPod {
+        let request = gpu_request(row);
+        let host = HostRoom {
+            cpu_milli: row.cpu_milli,
+            memory_mib: row.memory_mib,
+        };
+        let shape = GpuShape::of_request(&request).map(|gpu| {
+            TaskShape {
+                gpu,
+                host,
+                models: None,
+            }
+            .with_models(&row.models)
+        });
+        SimPod {
+            request,
+            host,
+            models: row.models.iter().map(|m| Arc::from(m.as_str())).collect(),
+            demand_milli: row.gpu_demand_milli(),
+            shape,
+        }
+    }
+}
+
+/// share mode below one GPU (`gpu_milli / 10` vcuda-core, rounded up), else whole GPUs.
+fn gpu_request(row: &PodRow) -> GpuRequest {
+    let demand = match row.num_gpu {
+        0 => None,
+        1 if row.gpu_milli < 1000 => {
+            let core = row.gpu_milli.div_ceil(1000 / CORE_PER_GPU);
+            Some(GpuDemand::Share { core, memory: core })
+        }
+        gpus => Some(GpuDemand::Whole { gpus }),
+    };
+    GpuRequest {
+        containers: demand
+            .map(|demand| ContainerGpu {
+                container: 0,
+                demand,
+            })
+            .into_iter()
+            .collect(),
+        init_core_units: 0,
+    }
+}
+
+/// A node during the run: its GPUs and its free CPU and memory.
+#[derive(Debug, Clone)]
+pub struct SimNode {
+    pub gpus: NodeGpus,
+    pub room: HostRoom,
+}
+
+impl SimNode {
+    pub fn of(row: &NodeRow) -> SimNode {
+        SimNode {
+            gpus: NodeGpus {
+                name: row.name.as_str().into(),
+                model: Some(row.model.as_str().into()),
+                pool: None,
+                memory_per_gpu: MEMORY_PER_GPU,
+                used: vec![GpuUse::default(); row.gpus as usize],
+            },
+            room: HostRoom {
+                cpu_milli: row.cpu_milli,
+                memory_mib: row.memory_mib,
+            },
+        }
+    }
+
+    /// The scheduler's own filters: GPU model, CPU, memory.
+    fn admits(&self, pod: &SimPod) -> Result<(), Misfit> {
+        let model = self.gpus.model.as_deref();
+        if !pod.models.is_empty() && !pod.models.iter().any(|m| Some(&**m) == model) {
+            return Err(Misfit::ModelNotWanted {
+                model: model.map(str::to_string),
+                wanted: pod.models.iter().map(|m| m.to_string()).collect(),
+            });
+        }
+        let short = |resource, need, free| Misfit::HostShort {
+            resource,
+            need,
+            free,
+        };
+        if pod.host.cpu_milli > self.room.cpu_milli {
+            return Err(short("milli-CPU", pod.host.cpu_milli, self.room.cpu_milli));
+        }
+        if pod.host.memory_mib > self.room.memory_mib {
+            return Err(short(
+                "MiB memory",
+                pod.host.memory_mib,
+                self.room.memory_mib,
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Candidate for SimNode {
+    fn gpus(&self) -> &NodeGpus {
+        &self.gpus
+    }
+    fn room(&self) -> Option<HostRoom> {
+        Some(self.room)
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct RunResult {
+    pub pods: usize,
+    pub failed: usize,
+    pub capacity_milli: u64,
+    pub allocated_milli: u64,
+    /// Allocated share (%) when the arrived GPU demand first reached 100% of capacity.
+    pub allocated_pct_at_100: Option<f64>,
+    /// (arrived demand %, allocated %) after each GPU pod, thinned for plotting.
+    pub curve: Vec<(f64, f64)>,
+}
+
+impl RunResult {
+    pub fn allocated_pct(&self) -> f64 {
+        percent(self.allocated_milli, self.capacity_milli)
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+/// Refresh the learnt mix after this many observations (and at every power of two
+/// before): the mix changes slowly, a snapshot is not free.
+const ONLINE_REFRESH: u64 = 64;
+
+/// Place `order` (indices into `pods`) on fresh `nodes`, one by one, never removing.
+pub fn run(
+    placer: &Placer,
+    mix: MixSource,
+    nodes: &[SimNode],
+    pods: &[SimPod],
+    order: &[usize],
+) -> RunResult {
+    let mut cluster = nodes.to_vec();
+    let mut placer = placer.clone();
+    let learnt = RequestMix::new();
+    let capacity_milli = cluster
+        .iter()
+        .map(|n| n.gpus.gpu_count() as u64 * 1000)
+        .sum();
+    let mut result = RunResult {
+        capacity_milli,
+        pods: order.len(),
+        ..RunResult::default()
+    };
+    let mut arrived = 0u64;
+    let thin = (order.len() / 500).max(1);
+    for (step, &index) in order.iter().enumerate() {
+        let pod = &pods[index];
+        if mix == MixSource::Online {
+            learn(&mut placer, &learnt, pod);
+        }
+        if place_one(&placer, &mut cluster, pod) {
+            result.allocated_milli += pod.demand_milli;
+        } else {
+            result.failed += 1;
+        }
+        arrived += pod.demand_milli;
+        if result.allocated_pct_at_100.is_none() && arrived >= capacity_milli {
+            result.allocated_pct_at_100 = Some(result.allocated_pct());
+        }
+        if step % thin == 0 || step + 1 == order.len() {
+            result
+                .curve
+                .push((percent(arrived, capacity_milli), result.allocated_pct()));
+        }
+    }
+    result
+}
+
+/// Place `pod` and charge the node it gets; false if no node can take it.
+fn place_one(placer: &Placer, cluster: &mut [SimNode], pod: &SimPod) -> bool {
+    let outcome = place_with_host(placer, &pod.request, &pod.host, &*cluster, |n| {
+        n.admits(pod)
+    });
+    let Some((chosen, assignment)) = outcome.chosen else {
+        return false;
+    };
+    let node = &mut cluster[chosen];
+    assignment.charge(&mut node.gpus);
+    node.room = node.room.minus(&pod.host);
+    true
+}
+
+/// Online mode: the pod is seen (as the extender sees it when asked to filter it)
+/// before it is placed.
+fn learn(placer: &mut Placer, learnt: &RequestMix, pod: &SimPod) {
+    let Some(shape) = &pod.shape else { return };
+    learnt.observe_shape(shape.clone());
+    let seen = learnt.observed();
+    if seen.is_power_of_two() || seen.is_multiple_of(ONLINE_REFRESH) {
+        placer.mix = Arc::new(learnt.snapshot());
+    }
+}
+
+/// The mix FGD knows in advance: the trace's own GPU pods.
+pub fn known_mix(pods: &[SimPod]) -> TaskMix {
+    TaskMix::from_shapes(pods.iter().filter_map(|p| p.shape.clone()))
+}

@@ -1,0 +1,282 @@
+//! Reading the openb trace CSVs (node list and pod list). Columns are found by their
+//! header names, so extra or reordered columns are fine; a bad cell is an error that
+//! names the file, the line and the column.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+/// One row of the node CSV (`sn, cpu_milli, memory_mib, gpu, model`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub name: String,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpus: u32,
+    pub model: String,
+}
+
+/// One row of the pod CSV (`name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRow {
+    pub name: String,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub num_gpu: u32,
+    /// Share of one GPU in milli-GPU when `num_gpu` is 1 (1000 = whole).
+    pub gpu_milli: u32,
+    /// Allowed GPU models (`gpu_spec` split on `|`); empty = any.
+    pub models: Vec<String>,
+}
+
+impl PodRow {
+    /// The GPU the pod asks for, in milli-GPU (1000 = one GPU).
+    pub fn gpu_demand_milli(&self) -> u64 {
+        match self.num_gpu {
+            0 => 0,
+            1 => u64::from(self.gpu_milli),
+            k => u64::from(k) * 1000,
+        }
+    }
+}
+
+/// Read the node CSV at `path`.
+pub fn read_nodes(path: &Path) -> anyhow::Result<Vec<NodeRow>> {
+    let text = read(path)?;
+    parse_nodes(&path.display().to_string(), &text)
+}
+
+/// Read the pod CSV at `path`.
+pub fn read_pods(path: &Path) -> anyhow::Result<Vec<PodRow>> {
+    let text = read(path)?;
+    parse_pods(&path.display().to_string(), &text)
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Parse node CSV text; `file` names it in errors.
+pub fn parse_nodes(file: &str, text: &str) -> anyhow::Result<Vec<NodeRow>> {
+    let columns = ["sn", "cpu_milli", "memory_mib", "gpu", "model"];
+    let table = Table::new(file, text, &columns, columns.len())?;
+    table
+        .rows()
+        .map(|row| {
+            Ok(NodeRow {
+                name: row.text(0).to_string(),
+                cpu_milli: row.number(1)?,
+                memory_mib: row.number(2)?,
+                gpus: row.number(3)?,
+                model: row.text(4).to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Parse pod CSV text; `file` names it in errors.
+pub fn parse_pods(file: &str, text: &str) -> anyhow::Result<Vec<PodRow>> {
+    let columns = [
+        "name",
+        "cpu_milli",
+        "memory_mib",
+        "num_gpu",
+        "gpu_milli",
+        "gpu_spec",
+    ];
+    // `gpu_spec` is optional: some trace variants (multigpu30) leave it out.
+    let table = Table::new(file, text, &columns, 5)?;
+    table.rows().map(|row| pod_row(&row)).collect()
+}
+
+fn pod_row(row: &Row<'_>) -> anyhow::Result<PodRow> {
+    let num_gpu: u32 = row.number(3)?;
+    let gpu_milli: u32 = row.number(4)?;
+    if num_gpu > 0 && !(1..=1000).contains(&gpu_milli) {
+        return Err(row.error(4, "must be 1 to 1000 when num_gpu is above 0"));
+    }
+    if num_gpu > 1 && gpu_milli != 1000 {
+        return Err(row.error(4, "must be 1000 (whole GPUs) when num_gpu is above 1"));
+    }
+    let models = row
+        .text(5)
+        .split('|')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
+    Ok(PodRow {
+        name: row.text(0).to_string(),
+        cpu_milli: row.number(1)?,
+        memory_mib: row.number(2)?,
+        num_gpu,
+        gpu_milli,
+        models,
+    })
+}
+
+/// A CSV text with the positions of the wanted columns. No quoting: the traces have none.
+struct Table<'a> {
+    file: &'a str,
+    text: &'a str,
+    names: &'a [&'a str],
+    /// Where each wanted column is; `None` for an optional column the file lacks.
+    positions: Vec<Option<usize>>,
+}
+
+struct Row<'a> {
+    file: &'a str,
+    line: usize,
+    names: &'a [&'a str],
+    cells: Vec<&'a str>,
+}
+
+impl<'a> Table<'a> {
+    /// The first `required` of `names` must be in the header; the rest may be missing
+    /// (their cells then read as empty).
+    fn new(
+        file: &'a str,
+        text: &'a str,
+        names: &'a [&'a str],
+        required: usize,
+    ) -> anyhow::Result<Table<'a>> {
+        let header: Vec<&str> = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let positions = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| match header.iter().position(|h| h == name) {
+                None if i < required => Err(anyhow::anyhow!(
+                    "{file} line 1: no column `{name}` in the header"
+                )),
+                found => Ok(found),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Table {
+            file,
+            text,
+            names,
+            positions,
+        })
+    }
+
+    /// Data rows (blank lines skipped), each with the wanted cells in `names` order.
+    fn rows(&self) -> impl Iterator<Item = Row<'a>> + '_ {
+        self.text
+            .lines()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(index, line)| {
+                let all: Vec<&str> = line.split(',').map(str::trim).collect();
+                Row {
+                    file: self.file,
+                    line: index + 1,
+                    names: self.names,
+                    cells: self
+                        .positions
+                        .iter()
+                        .map(|p| p.and_then(|p| all.get(p).copied()).unwrap_or_default())
+                        .collect(),
+                }
+            })
+    }
+}
+
+impl Row<'_> {
+    fn text(&self, column: usize) -> &str {
+        self.cells[column]
+    }
+
+    fn number<T: std::str::FromStr>(&self, column: usize) -> anyhow::Result<T> {
+        let cell = self.text(column);
+        cell.parse()
+            .map_err(|_| self.error(column, &format!("expected a whole number, found {cell:?}")))
+    }
+
+    fn error(&self, column: usize, problem: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{} line {}, column `{}`: {problem}",
+            self.file,
+            self.line,
+            self.names[column]
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n\
+        p0,4000,8192,1,500,,LS\n\
+        p1,8000,16384,2,1000,V100M16|V100M32,BE\n\
+        p2,1000,1024,0,0,,LS\n";
+
+    #[test]
+    fn pods_parse_with_models_and_demands() {
+        let pods = parse_pods("pods.csv", PODS).unwrap();
+        assert_eq!(pods.len(), 3);
+        assert_eq!(pods[0].gpu_demand_milli(), 500);
+        assert_eq!(pods[1].models, vec!["V100M16", "V100M32"]);
+        assert_eq!(pods[1].gpu_demand_milli(), 2000);
+        assert_eq!(pods[2].gpu_demand_milli(), 0);
+    }
+
+    #[test]
+    fn bad_cells_name_file_line_and_column() {
+        let bad = PODS.replace("p1,8000,", "p1,lots,");
+        let err = parse_pods("pods.csv", &bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "pods.csv line 3, column `cpu_milli`: expected a whole number, found \"lots\""
+        );
+        let bad = PODS.replace("p0,4000,8192,1,500", "p0,4000,8192,1,1500");
+        let err = parse_pods("pods.csv", &bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "pods.csv line 2, column `gpu_milli`: must be 1 to 1000 when num_gpu is above 0"
+        );
+        let err = parse_nodes("nodes.csv", "sn,cpu_milli,memory_mib,gpu\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "nodes.csv line 1: no column `model` in the header");
+        let err = parse_nodes(
+            "nodes.csv",
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,-2,T4\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "nodes.csv line 2, column `gpu`: expected a whole number, found \"-2\""
+        );
+    }
+
+    #[test]
+    fn gpu_spec_column_may_be_missing() {
+        let pods = parse_pods(
+            "p.csv",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,500\n",
+        )
+        .unwrap();
+        assert!(pods[0].models.is_empty());
+    }
+
+    #[test]
+    fn short_rows_read_missing_cells_as_empty() {
+        let err = parse_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "n.csv line 2, column `memory_mib`: expected a whole number, found \"\""
+        );
+    }
+}

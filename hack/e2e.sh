@@ -57,10 +57,11 @@ teardown() {
   set +e
   local all=("${pids[@]}")
   [[ -f "$extender_pidfile" ]] && all+=("$(cat "$extender_pidfile")")
+  # Stop in reverse start order (gpu-admission, scheduler, apiserver, etcd), each
+  # before the next, so nothing logs pages of errors about a peer that went first.
   for ((i = ${#all[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${all[i]}" 2>/dev/null
-  done
-  for pid in "${all[@]}"; do
+    local pid=${all[i]}
+    kill -TERM "$pid" 2>/dev/null || continue
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null
   done
@@ -167,6 +168,9 @@ wait_ready etcd "$!" "$logs/etcd.log" curl -fsS "http://127.0.0.1:$etcd_port/hea
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
   --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
   --client-ca-file="$pki/ca.crt" \
+  --requestheader-client-ca-file="$pki/ca.crt" --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- \
   --authorization-mode=RBAC \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
@@ -237,7 +241,7 @@ case "\${1:-}" in
       echo "gpu-admission is already running (pid \$(cat "\$pidfile"))" >&2; exit 1
     fi
     echo "=== start \$(date -u +%FT%TZ)" >>"\$log"
-    "$gpu_admission" serve --kubeconfig "$kubeconfig" \\
+    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$kubeconfig" \\
       --address 127.0.0.1:$ext_port --admin-address 127.0.0.1:$admin_port \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\
       --config "$work/gpu-admission.yaml" --log-level info,gpu_admission=debug \\
@@ -302,7 +306,7 @@ say "running cargo test --test e2e (tests/e2e.rs)"
 set +e
 GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler \
-  nice -n 19 cargo test --locked --test e2e -- --test-threads=1 2>&1 | tee "$logs/cargo-test.log"
+  nice -n 19 cargo test --locked --test e2e -- --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"
 test_rc=${PIPESTATUS[0]}
 set -e
 

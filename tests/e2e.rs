@@ -156,6 +156,18 @@ impl Cluster {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .unwrap_or_else(|e| panic!("setting the status of node {name}: {e}"));
+        // The apiserver's TaintNodesByCondition admission plugin gives every new node a
+        // `node.kubernetes.io/not-ready:NoSchedule` taint, which the node lifecycle
+        // controller would lift once the node reports Ready; there is no
+        // controller-manager here, so lift it ourselves.
+        self.nodes()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("removing the taints of node {name}: {e}"));
     }
 
     /// Deletes this scenario's nodes (left over from an earlier run, or at the end).

@@ -70,9 +70,7 @@ fn fill(cache: &ClusterCache) -> f64 {
         value["metadata"]["annotations"] =
             json!({"tencent.com/predicate-gpu-idx-0": ((i / NODES) % GPUS).to_string()});
         let pod: Pod = serde_json::from_value(value).unwrap();
-        let cached =
-            gpu_admission::cache::CachedPod::from_pod(&pod, &projection.names, &projection.keys)
-                .unwrap();
+        let cached = gpu_admission::cache::CachedPod::from_pod(&pod, &projection).unwrap();
         cache.with_state(|s| s.apply_pod(pod_key(&pod), cached));
     }
     (resident_bytes().saturating_sub(before)) as f64 / PODS as f64

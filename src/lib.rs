@@ -5,6 +5,7 @@
 //! no API calls); `cache` feeds it from the API server or a YAML file; `extender`
 //! and `server` are thin HTTP adapters; `certs` bootstraps TLS.
 
+pub mod admission;
 pub mod cache;
 pub mod certs;
 pub mod cli;

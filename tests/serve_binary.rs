@@ -33,6 +33,7 @@ struct Server {
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -60,9 +61,11 @@ fn start(dir: &Path) -> Server {
         }
     });
     loop {
-        let line = logs
-            .recv_timeout(Duration::from_secs(30))
-            .expect("server did not report serving");
+        let Ok(line) = logs.recv_timeout(Duration::from_secs(30)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("server did not report serving");
+        };
         let Ok(event) = serde_json::from_str::<Value>(&line) else {
             continue;
         };

@@ -50,6 +50,8 @@ pub struct Projection {
     pub names: ResourceNames,
     pub labels: NodeLabels,
     pub keys: AnnotationKeys,
+    /// The pod annotation that names wanted GPU models.
+    pub type_annotation: String,
 }
 
 impl Projection {
@@ -58,6 +60,7 @@ impl Projection {
             names: config.resources.clone(),
             labels: config.node_labels(),
             keys: AnnotationKeys::new(&config.resources.annotation_prefix),
+            type_annotation: config.type_annotation.clone(),
         }
     }
 }
@@ -127,6 +130,14 @@ impl ClusterCache {
 
     fn set_ready(&self) {
         self.inner.ready.store(true, Ordering::Release);
+    }
+
+    /// The API client in API mode; `None` offline.
+    pub fn client(&self) -> Option<kube::Client> {
+        match &self.inner.writer {
+            PodWriter::Api(client) => Some(client.clone()),
+            PodWriter::Memory => None,
+        }
     }
 
     pub fn projection(&self) -> &Projection {

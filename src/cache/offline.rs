@@ -82,7 +82,7 @@ fn add(
         }
         "Pod" => {
             let pod: Pod = serde_yaml::from_value(value).map_err(named)?;
-            match CachedPod::from_pod(&pod, &projection.names, &projection.keys) {
+            match CachedPod::from_pod(&pod, projection) {
                 Ok(cached) => objects.pods.push((pod_key(&pod), cached)),
                 Err(SkipReason::BadRequest(e)) => {
                     return Err(format!("Pod {}: {e}", pod_key(&pod)));

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::placement::{Assignment, GpuChoice, GpuRequest, ResourceNames};
+use crate::placement::models::WantedModels;
+use crate::placement::{Assignment, GpuChoice, GpuRequest};
+
+use super::Projection;
 
 /// A pod's identity in the cache: `namespace/name` (unique among live pods).
 pub type PodKey = Arc<str>;
@@ -30,6 +33,9 @@ pub struct CachedPod {
     pub reserved: Option<std::time::Instant>,
     /// Being deleted: still holds its GPUs until it is gone.
     pub terminating: bool,
+    /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
+    /// empty when it names none and its namespace's quota decides.
+    pub models: Vec<String>,
 }
 
 /// Annotation keys of the gpu-manager protocol under a configurable prefix.
@@ -68,11 +74,8 @@ pub enum SkipReason {
 }
 
 impl CachedPod {
-    pub fn from_pod(
-        pod: &Pod,
-        names: &ResourceNames,
-        keys: &AnnotationKeys,
-    ) -> Result<Self, SkipReason> {
+    pub fn from_pod(pod: &Pod, projection: &Projection) -> Result<Self, SkipReason> {
+        let (names, keys) = (&projection.names, &projection.keys);
         if is_terminal(pod) {
             return Err(SkipReason::Terminal);
         }
@@ -94,6 +97,14 @@ impl CachedPod {
             assignment,
             reserved: None,
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            models: WantedModels::of_pod(
+                pod,
+                &projection.type_annotation,
+                &projection.labels.model,
+                None,
+                &[],
+            )
+            .models,
         })
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
-use crate::quota::GPUQuota;
+use crate::quota::ledger::{ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, usage};
+use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
 
@@ -237,6 +238,59 @@ impl ClusterState {
 
     pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
         self.quotas = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+    }
+
+    /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
+    /// (offline mode's ledger; API mode's reconciler).
+    pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, String> {
+        let mut views = self
+            .quotas
+            .values()
+            .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
+            .map(QuotaView::from_crd)
+            .collect::<Result<Vec<_>, _>>()?;
+        let used = self.usage(namespace);
+        for view in &mut views {
+            view.used = used
+                .iter()
+                .filter(|(m, _)| view.hard.contains_key(*m))
+                .map(|(m, a)| (m.clone(), *a))
+                .collect();
+        }
+        Ok(views)
+    }
+
+    /// GPUs per model that the namespace's live pods are charged.
+    pub fn usage(&self, namespace: &str) -> ModelAmounts {
+        let limits = NamespaceLimits::of(self.quotas(), namespace);
+        let fallback: &[String] = match &limits.default_type {
+            Some(default) => std::slice::from_ref(default),
+            None => &limits.models,
+        };
+        let prefix = format!("{namespace}/");
+        let pods = self
+            .pods
+            .iter()
+            .filter(|(key, _)| key.starts_with(&prefix))
+            .map(|(_, pod)| {
+                let wanted: &[String] = if pod.models.is_empty() {
+                    fallback
+                } else {
+                    &pod.models
+                };
+                let node_model = pod
+                    .node
+                    .as_deref()
+                    .and_then(|n| self.node(n))
+                    .and_then(|n| n.model.as_deref());
+                PodCharge {
+                    namespace,
+                    model: charged_model(wanted, node_model),
+                    amount: amount_of(&pod.request),
+                    live: !pod.terminating,
+                }
+            });
+        usage(namespace, pods)
     }
 
     // === the filter transaction ===

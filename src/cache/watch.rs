@@ -132,7 +132,7 @@ impl Kind<Pod> for PodKind {
     const NAME: &'static str = "Pod";
     type Item = (PodKey, CachedPod);
     fn project(&self, pod: &Pod, p: &Projection) -> Option<(PodKey, CachedPod)> {
-        match CachedPod::from_pod(pod, &p.names, &p.keys) {
+        match CachedPod::from_pod(pod, p) {
             Ok(cached) => Some((pod_key(pod), cached)),
             Err(SkipReason::BadRequest(error)) => {
                 tracing::warn!(pod = %pod_key(pod), %error, "pod's GPU request is unreadable; not cached");

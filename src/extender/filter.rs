@@ -69,7 +69,7 @@ pub async fn filter(
             return (result, FilterOutcome::Error);
         }
     }
-    let incoming = match CachedPod::from_pod(&pod, &projection.names, &projection.keys) {
+    let incoming = match CachedPod::from_pod(&pod, projection) {
         Ok(incoming) => incoming,
         Err(error) => {
             result.error = format!("pod {}: {error}", pod_key(&pod));

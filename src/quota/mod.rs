@@ -37,8 +37,27 @@ pub struct GpuQuotaSpec {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuQuotaStatus {
+    /// GPUs per model in use, including reservations of pods being created.
     #[serde(default)]
     pub used: BTreeMap<String, Quantity>,
+    /// Admitted pods the reconciler has not seen yet; each is part of `used` until the
+    /// pod shows up (then it counts as a pod) or the reservation expires (never created).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<QuotaReservation>,
+}
+
+/// One admitted pod's charge, held until the pod itself is seen.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaReservation {
+    /// `name` of the pod in the quota's namespace.
+    pub pod: String,
+    #[serde(default)]
+    pub uid: String,
+    pub model: String,
+    pub amount: Quantity,
+    /// RFC 3339 time after which an unseen pod's reservation is released.
+    pub expires: String,
 }
 
 /// What a namespace's GPUQuotas say about where its pods may go.
@@ -84,3 +103,8 @@ impl NamespaceLimits {
         limits
     }
 }
+
+pub mod ledger;
+#[cfg(test)]
+mod ledger_tests;
+pub mod reserve;

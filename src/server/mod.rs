@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod tls;
+mod webhooks;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -51,6 +52,8 @@ impl AppState {
 pub fn app_router(state: AppState) -> Router {
     extender_routes()
         .route("/version", get(version))
+        .route("/validate", post(webhooks::validate_route))
+        .route("/mutate", post(webhooks::mutate_route))
         .with_state(state)
 }
 

@@ -1,0 +1,256 @@
+//! API mode: reserve a pod's charge in `GPUQuota.status` before admitting it, with
+//! optimistic concurrency (write with the resourceVersion read, retry on conflict) —
+//! how Kubernetes' own ResourceQuota admission avoids over-admission across replicas.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+use crate::placement::models::WantedModels;
+use crate::placement::quantity::Milli;
+
+use super::ledger::{AdmitRules, Charge, Denial, QuotaView, admit};
+use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
+
+/// How long an admitted pod that never shows up keeps its reservation.
+pub const RESERVATION_TTL: Duration = Duration::from_secs(120);
+const ATTEMPTS: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    #[error("GPUQuota API call failed: {0}")]
+    Api(#[from] kube::Error),
+    #[error("GPUQuota {0} kept changing; gave up after {ATTEMPTS} attempts")]
+    Contended(String),
+    #[error("GPUQuota {quota}: {reason}")]
+    Invalid { quota: String, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserved {
+    Yes,
+    Denied(Denial),
+}
+
+/// Who the reservation is for (validating admission sees the final name and uid).
+#[derive(Debug, Clone)]
+pub struct PodIdentity {
+    pub name: String,
+    pub uid: String,
+}
+
+impl PodIdentity {
+    pub fn of(pod: &Pod) -> Self {
+        PodIdentity {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Decide on fresh quota objects and, for a pod charged to one model, write the charge
+/// into every quota that lists the model before answering.
+pub async fn reserve(
+    client: &Client,
+    namespace: &str,
+    wanted: &WantedModels,
+    amount: Milli,
+    rules: AdmitRules,
+    pod: &PodIdentity,
+    dry_run: bool,
+) -> Result<Reserved, ReserveError> {
+    let api: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
+    for _ in 0..ATTEMPTS {
+        let quotas = api.list(&Default::default()).await?.items;
+        let views = views_with_status(&quotas)?;
+        let model = match admit(namespace, &views, wanted, amount, rules) {
+            Err(denial) => return Ok(Reserved::Denied(denial)),
+            Ok(Charge::Model { model, .. }) => model,
+            Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => return Ok(Reserved::Yes),
+        };
+        if dry_run {
+            return Ok(Reserved::Yes);
+        }
+        match write_all(&api, &quotas, &model, amount, pod).await? {
+            true => return Ok(Reserved::Yes),
+            false => continue, // someone else wrote first: decide again on fresh data
+        }
+    }
+    Err(ReserveError::Contended(format!("{namespace}/*")))
+}
+
+/// Quota views whose `used` is what the status says (reservations included).
+fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, ReserveError> {
+    quotas
+        .iter()
+        .map(|quota| {
+            let name = format!(
+                "{}/{}",
+                quota.metadata.namespace.as_deref().unwrap_or_default(),
+                quota.metadata.name.as_deref().unwrap_or_default()
+            );
+            let invalid = |reason: String| ReserveError::Invalid {
+                quota: name.clone(),
+                reason,
+            };
+            let mut view = QuotaView::from_crd(quota).map_err(invalid)?;
+            for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
+                let amount = Milli::parse(&quantity.0)
+                    .map_err(|e| invalid(format!("status.used.{model}: {e}")))?;
+                view.used.insert(model.clone(), amount);
+            }
+            Ok(view)
+        })
+        .collect()
+}
+
+/// Add the charge to each quota listing `model`, in name order. `Ok(false)` on a write
+/// conflict, after undoing the quotas already written.
+async fn write_all(
+    api: &Api<GPUQuota>,
+    quotas: &[GPUQuota],
+    model: &str,
+    amount: Milli,
+    pod: &PodIdentity,
+) -> Result<bool, ReserveError> {
+    let mut listing: Vec<&GPUQuota> = quotas
+        .iter()
+        .filter(|q| q.spec.hard.contains_key(model))
+        .collect();
+    listing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut written: Vec<String> = Vec::new();
+    for quota in listing {
+        let updated = with_charge(quota, model, amount, pod);
+        match replace_status(api, &updated).await {
+            Ok(()) => written.push(updated.metadata.name.clone().unwrap_or_default()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                for name in &written {
+                    release(api, name, pod).await?;
+                }
+                return Ok(false);
+            }
+            Err(error) => {
+                for name in &written {
+                    let _ = release(api, name, pod).await;
+                }
+                return Err(error.into());
+            }
+        }
+    }
+    Ok(true)
+}
+
+fn with_charge(quota: &GPUQuota, model: &str, amount: Milli, pod: &PodIdentity) -> GPUQuota {
+    let mut updated = quota.clone();
+    let status = updated.status.get_or_insert_with(GpuQuotaStatus::default);
+    let used = status
+        .used
+        .get(model)
+        .and_then(|q| Milli::parse(&q.0).ok())
+        .unwrap_or_default();
+    status.used.insert(
+        model.to_string(),
+        Quantity(Milli(used.0 + amount.0).to_string()),
+    );
+    let expires = time::OffsetDateTime::now_utc() + RESERVATION_TTL;
+    status.reservations.push(QuotaReservation {
+        pod: pod.name.clone(),
+        uid: pod.uid.clone(),
+        model: model.to_string(),
+        amount: Quantity(amount.to_string()),
+        expires: expires
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+    });
+    updated
+}
+
+/// Write `quota.status` with the resourceVersion it was read at (409 when stale).
+pub async fn replace_status(api: &Api<GPUQuota>, quota: &GPUQuota) -> Result<(), kube::Error> {
+    let name = quota.metadata.name.clone().unwrap_or_default();
+    api.replace_status(&name, &PostParams::default(), quota)
+        .await
+        .map(drop)
+}
+
+/// Take a pod's reservation back out of one quota (after a partial multi-quota write).
+async fn release(api: &Api<GPUQuota>, name: &str, pod: &PodIdentity) -> Result<(), ReserveError> {
+    for _ in 0..ATTEMPTS {
+        let mut quota = api.get(name).await?;
+        let Some(status) = quota.status.as_mut() else {
+            return Ok(());
+        };
+        let Some(index) = status
+            .reservations
+            .iter()
+            .position(|r| r.pod == pod.name && r.uid == pod.uid)
+        else {
+            return Ok(());
+        };
+        let reservation = status.reservations.remove(index);
+        let amount = Milli::parse(&reservation.amount.0).unwrap_or_default();
+        let used = status
+            .used
+            .get(&reservation.model)
+            .and_then(|q| Milli::parse(&q.0).ok())
+            .unwrap_or_default();
+        status.used.insert(
+            reservation.model,
+            Quantity(Milli(used.0.saturating_sub(amount.0)).to_string()),
+        );
+        match replace_status(api, &quota).await {
+            Ok(()) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(ReserveError::Contended(name.to_string()))
+}
+
+/// The status the reconciler wants: usage from the pods it sees, plus reservations of
+/// pods it has not seen yet that have not expired. `seen(name, uid)` says whether a
+/// pod is in the cache.
+pub fn reconciled_status(
+    quota: &GPUQuota,
+    pod_usage: &BTreeMap<String, Milli>,
+    seen: impl Fn(&str, &str) -> bool,
+    now: time::OffsetDateTime,
+) -> GpuQuotaStatus {
+    let current = quota.status.clone().unwrap_or_default();
+    let pending: Vec<QuotaReservation> = current
+        .reservations
+        .into_iter()
+        .filter(|r| !seen(&r.pod, &r.uid))
+        .filter(|r| {
+            time::OffsetDateTime::parse(&r.expires, &time::format_description::well_known::Rfc3339)
+                .is_ok_and(|expires| expires > now)
+        })
+        .collect();
+    let mut used: BTreeMap<String, Milli> = quota
+        .spec
+        .hard
+        .keys()
+        .map(|model| {
+            (
+                model.clone(),
+                pod_usage.get(model).copied().unwrap_or_default(),
+            )
+        })
+        .collect();
+    for reservation in &pending {
+        let amount = Milli::parse(&reservation.amount.0).unwrap_or_default();
+        let entry = used.entry(reservation.model.clone()).or_default();
+        entry.0 += amount.0;
+    }
+    GpuQuotaStatus {
+        used: used
+            .into_iter()
+            .map(|(m, a)| (m, Quantity(a.to_string())))
+            .collect(),
+        reservations: pending,
+    }
+}

@@ -1,0 +1,266 @@
+//! The admission webhooks through HTTP over an offline cluster: the patch the
+//! apiserver would apply, quota denials as users read them, dry-run, and no
+//! over-admission under concurrent creates.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use axum::http::StatusCode;
+use base64::Engine as _;
+use common::*;
+use serde_json::{Value, json};
+
+fn quota_yaml(namespace: &str, hard: &str, extra: &str) -> String {
+    format!(
+        "---\napiVersion: gpu-admission.io/v1alpha1\nkind: GPUQuota\nmetadata: {{name: default, namespace: {namespace}}}\n\
+         spec:\n  hard: {{{hard}}}\n{extra}"
+    )
+}
+
+fn review(pod: &Value, dry_run: bool) -> String {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("review-{}", pod["metadata"]["name"].as_str().unwrap_or("x")),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"],
+            "operation": "CREATE", "userInfo": {"username": "alice"},
+            "object": pod, "oldObject": null, "dryRun": dry_run
+        }
+    })
+    .to_string()
+}
+
+fn whole_gpu_pod(namespace: &str, name: &str, gpus: u32) -> Value {
+    gpu_pod(namespace, name, &[(gpus * 100, 4 * gpus)])
+}
+
+/// Apply the response's patch to the raw pod, as the apiserver does.
+fn patched(pod: &Value, answer: &Value) -> Value {
+    let mut pod = pod.clone();
+    if let Some(encoded) = answer["response"]["patch"].as_str() {
+        assert_eq!(answer["response"]["patchType"], "JSONPatch");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+    }
+    pod
+}
+
+#[tokio::test]
+async fn mutation_steers_gpu_pods_and_is_idempotent() {
+    let cluster = quota_yaml(
+        "team-a",
+        "Tesla-T4: \"4\"",
+        "  pools: [public]\n  defaultType: Tesla-T4\n",
+    );
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let pod = whole_gpu_pod("team-a", "train", 1);
+    let (status, answer) = post(&router, "/mutate", review(&pod, false)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["response"]["uid"], "review-train");
+    assert_eq!(answer["response"]["allowed"], true);
+    let mutated = patched(&pod, &answer);
+    assert_eq!(mutated["spec"]["schedulerName"], "gpu-scheduler");
+    assert_eq!(
+        mutated["metadata"]["annotations"]["gpu-admission.io/gpu-type"],
+        "Tesla-T4"
+    );
+    assert_eq!(
+        mutated["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"],
+        json!([{"matchExpressions": [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]},
+            {"key": "gpu-admission.io/pool", "operator": "In", "values": ["public"]}
+        ]}])
+    );
+    assert_eq!(
+        mutated["spec"]["containers"], pod["spec"]["containers"],
+        "nothing else changes"
+    );
+    let (_, again) = post(&router, "/mutate", review(&mutated, false)).await;
+    assert_eq!(again["response"]["allowed"], true);
+    assert!(
+        again["response"].get("patch").is_none(),
+        "second mutation must be empty: {again}"
+    );
+}
+
+#[tokio::test]
+async fn every_user_term_keeps_its_own_expressions_and_gains_the_model() {
+    let (_, router) = app("", config_with_policy("original"));
+    let mut pod = whole_gpu_pod("team-b", "p", 1);
+    pod["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "A100"});
+    pod["spec"]["schedulerName"] = json!("default-scheduler");
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}], "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}]}
+    ]}}});
+    let (_, answer) = post(&router, "/mutate", review(&pod, false)).await;
+    let mutated = patched(&pod, &answer);
+    let model = json!({"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A100"]});
+    let terms = &mutated["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(
+        terms[0]["matchExpressions"],
+        json!([{"key": "zone", "operator": "In", "values": ["a"]}, model])
+    );
+    assert_eq!(
+        terms[1]["matchExpressions"],
+        json!([{"key": "zone", "operator": "In", "values": ["b"]}, model])
+    );
+    assert_eq!(
+        terms[1]["matchFields"],
+        pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [1]["matchFields"]
+    );
+    assert_eq!(mutated["spec"]["schedulerName"], "gpu-scheduler");
+    assert!(
+        mutated["metadata"]["annotations"]
+            .as_object()
+            .unwrap()
+            .len()
+            == 1,
+        "the pod named its model: nothing recorded"
+    );
+}
+
+#[tokio::test]
+async fn conflicting_node_selector_is_denied_and_cpu_pods_untouched() {
+    let (_, router) = app("", config_with_policy("original"));
+    let mut pod = whole_gpu_pod("team-b", "p", 1);
+    pod["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "A100"});
+    pod["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "Tesla-T4"});
+    let (_, answer) = post(&router, "/mutate", review(&pod, false)).await;
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(
+        answer["response"]["status"]["message"],
+        "the pod's nodeSelector nvidia.com/gpu.product=Tesla-T4 conflicts with the GPU model it may use (A100)"
+    );
+    let cpu = gpu_pod("team-b", "web", &[(0, 0)]);
+    let (_, answer) = post(&router, "/mutate", review(&cpu, false)).await;
+    assert_eq!(
+        answer["response"],
+        json!({"uid": "review-web", "allowed": true})
+    );
+}
+
+#[tokio::test]
+async fn third_pod_over_quota_is_denied_with_the_exact_message_and_dry_run_reserves_nothing() {
+    let (_, router) = app(
+        &quota_yaml("team-a", "Tesla-T4: \"2\"", "  defaultType: Tesla-T4\n"),
+        config_with_policy("original"),
+    );
+    // A dry run first: evaluated, allowed, but nothing reserved.
+    let (_, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-a", "dry", 2), true),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true);
+    for name in ["p1", "p2"] {
+        let (_, answer) = post(
+            &router,
+            "/validate",
+            review(&whole_gpu_pod("team-a", name, 1), false),
+        )
+        .await;
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    }
+    let (status, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-a", "p3", 1), false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(
+        answer["response"]["status"],
+        json!({"code": 403, "reason": "Forbidden",
+            "message": "GPU quota exceeded in namespace \"team-a\" for Tesla-T4: requested 1, used 2 of 2 (GPUQuota team-a/default)"})
+    );
+    // Another namespace without a quota is not limited.
+    let (_, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-b", "big", 8), false),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn fractions_count_against_quota() {
+    let (_, router) = app(
+        &quota_yaml("team-a", "Tesla-T4: \"1\"", "  defaultType: Tesla-T4\n"),
+        config_with_policy("original"),
+    );
+    for (name, expected) in [("a", true), ("b", true), ("c", false)] {
+        let pod = gpu_pod("team-a", name, &[(50, 2)]);
+        let (_, answer) = post(&router, "/validate", review(&pod, false)).await;
+        assert_eq!(answer["response"]["allowed"], expected, "{name}: {answer}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_concurrent_creates_against_a_quota_of_ten_admit_exactly_ten() {
+    let (_, router) = app(
+        &quota_yaml("team-a", "Tesla-T4: \"10\"", "  defaultType: Tesla-T4\n"),
+        config_with_policy("original"),
+    );
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let router = router.clone();
+            tokio::spawn(async move {
+                let (status, answer) = post(
+                    &router,
+                    "/validate",
+                    review(&whole_gpu_pod("team-a", &format!("p{i}"), 1), false),
+                )
+                .await;
+                assert_eq!(status, StatusCode::OK);
+                answer["response"]["allowed"].as_bool().unwrap()
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    assert_eq!(admitted, 10);
+}
+
+#[tokio::test]
+async fn reviews_echo_version_and_bad_reviews_get_400() {
+    let (_, router) = app("", config_with_policy("original"));
+    let pod = whole_gpu_pod("team-b", "p", 1);
+    let mut v1beta1: Value = serde_json::from_str(&review(&pod, false)).unwrap();
+    v1beta1["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let (_, answer) = post(&router, "/validate", v1beta1.to_string()).await;
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1beta1");
+    assert_eq!(answer["response"]["uid"], "review-p");
+    let mut delete: Value = serde_json::from_str(&review(&pod, false)).unwrap();
+    delete["request"]["operation"] = json!("DELETE");
+    let (_, answer) = post(&router, "/validate", delete.to_string()).await;
+    assert_eq!(answer["response"]["allowed"], true);
+    for (body, message) in [
+        ("{".to_string(), "AdmissionReview is not valid JSON"),
+        (json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string(), "has no request"),
+        (
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {"spec": 3}}}).to_string(),
+            "request.object at spec",
+        ),
+        (format!("{{\"pad\": \"{}\"}}", "x".repeat(4 << 20)), "larger than the 3 MiB limit"),
+    ] {
+        for route in ["/validate", "/mutate"] {
+            let (status, answer) = post(&router, route, body.clone()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{route}");
+            assert!(answer.as_str().unwrap().contains(message), "{route}: {answer}");
+        }
+    }
+}

@@ -3,17 +3,18 @@
 #
 #   bash hack/e2e.sh
 #
-# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh);
+# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh),
+#    then gpu-admission and the e2e test binary (cargo, debug profile);
 # 2. creates a temporary directory with fresh certificates, a service-account key pair and
 #    an admin kubeconfig (client certificate in group system:masters);
 # 3. starts etcd and kube-apiserver on 127.0.0.1 (free ports), waits for /readyz;
-# 4. builds gpu-admission, installs the GPUQuota CRD (generated from the Rust type),
-#    starts `gpu-admission serve` against the cluster and waits for its /readyz;
+# 4. installs the GPUQuota CRD (generated from the Rust type), starts
+#    `gpu-admission serve` against the cluster and waits for its /readyz;
 # 5. starts kube-scheduler with a `gpu-scheduler` profile that calls gpu-admission as its
 #    extender over TLS;
 # 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e.rs) against it;
 # 7. tears everything down; logs stay in the temporary directory (printed at the end,
-#    with their last lines when something failed).
+#    with their last lines when something failed). Last line: `N passed, M failed`.
 #
 # No kubelets, no containers: nodes are API objects, bound pods stay Pending.
 # Environment: CARGO_TARGET_DIR (default ~/.cache/gpu-admission/target), GPU_ADMISSION_CACHE
@@ -126,6 +127,17 @@ wait_ready() {
   say "$name is ready"
 }
 
+# ---------------------------------------------------------------- 1b. gpu-admission and the tests
+# Built before any component starts, so a compile error fails fast and the test phase
+# below measures the tests, not the compiler.
+say "building gpu-admission and tests/e2e.rs (cargo, debug profile, target dir $CARGO_TARGET_DIR)"
+{
+  nice -n 19 cargo build --locked --bin gpu-admission --example print_crd &&
+    nice -n 19 cargo test --locked --test e2e --no-run
+} >"$logs/cargo-build.log" 2>&1 ||
+  { tail -n 60 "$logs/cargo-build.log" >&2; die "cargo build of gpu-admission or of tests/e2e.rs failed (log: $logs/cargo-build.log)"; }
+gpu_admission="$CARGO_TARGET_DIR/debug/gpu-admission"
+
 # ---------------------------------------------------------------- 2. certificates
 pki="$work/pki"
 mkdir -p "$pki"
@@ -206,11 +218,6 @@ EOF
 kubectl=("$k8s_bin/kubectl" --kubeconfig "$kubeconfig")
 
 # ---------------------------------------------------------------- 5. gpu-admission
-say "building gpu-admission (cargo build, target dir $CARGO_TARGET_DIR)"
-nice -n 19 cargo build --locked --bin gpu-admission --example print_crd >"$logs/cargo-build.log" 2>&1 ||
-  { tail -n 60 "$logs/cargo-build.log" >&2; die "cargo build of gpu-admission failed"; }
-gpu_admission="$CARGO_TARGET_DIR/debug/gpu-admission"
-
 "$CARGO_TARGET_DIR/debug/examples/print_crd" >"$work/gpuquota-crd.yaml"
 "${kubectl[@]}" apply -f "$work/gpuquota-crd.yaml" >"$logs/kubectl.log" 2>&1 ||
   { cat "$logs/kubectl.log" >&2; die "installing the GPUQuota CRD failed"; }
@@ -306,6 +313,8 @@ say "running cargo test --test e2e (tests/e2e.rs)"
 set +e
 GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler \
+  GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$ext_port" \
+  GPU_ADMISSION_E2E_CA_FILE="$work/extender-certs/ca.crt" \
   nice -n 19 cargo test --locked --test e2e -- --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"
 test_rc=${PIPESTATUS[0]}
 set -e

@@ -572,3 +572,163 @@ async fn pod_waits_while_the_extender_is_down_and_is_placed_after_restart() {
 
     cluster.delete_nodes().await;
 }
+
+/// Registers gpu-admission's `/mutate` and `/validate` as the apiserver's webhooks for
+/// pods in namespaces labelled `gpu-admission-e2e/webhooks=<scenario>` (so other
+/// scenarios are not affected), served at `GPU_ADMISSION_E2E_SERVER_URL` and trusted
+/// through `GPU_ADMISSION_E2E_CA_FILE`; deleted again by `unregister_webhooks`.
+async fn register_webhooks(cluster: &Cluster) {
+    use base64::Engine as _;
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let url = std::env::var("GPU_ADMISSION_E2E_SERVER_URL")
+        .expect("GPU_ADMISSION_E2E_SERVER_URL (gpu-admission's https URL) is not set");
+    let ca_file = std::env::var("GPU_ADMISSION_E2E_CA_FILE")
+        .expect("GPU_ADMISSION_E2E_CA_FILE (gpu-admission's CA) is not set");
+    let ca = std::fs::read(&ca_file).unwrap();
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+    let name = format!("gpu-admission-e2e-{}", cluster.scenario);
+    let webhook = |kind: &str| {
+        json!({
+            "name": format!("{kind}.gpu-admission.io"),
+            "clientConfig": {"url": format!("{url}/{kind}"), "caBundle": ca_bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {"gpu-admission-e2e/webhooks": cluster.scenario}},
+            "failurePolicy": "Fail",
+            "sideEffects": "NoneOnDryRun",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+        })
+    };
+    let mutating: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "webhooks": [webhook("mutate")],
+    }))
+    .unwrap();
+    let validating: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "webhooks": [webhook("validate")],
+    }))
+    .unwrap();
+    unregister_webhooks(cluster).await;
+    Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
+        .create(&PostParams::default(), &mutating)
+        .await
+        .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(cluster.client.clone())
+        .create(&PostParams::default(), &validating)
+        .await
+        .unwrap();
+}
+
+async fn unregister_webhooks(cluster: &Cluster) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let name = format!("gpu-admission-e2e-{}", cluster.scenario);
+    let _ = Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await;
+    let _ = Api::<ValidatingWebhookConfiguration>::all(cluster.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await;
+}
+
+/// Webhooks through the real apiserver: in a namespace with a GPUQuota of one Tesla-K80,
+/// a GPU pod that names no scheduler and no model is mutated (scheduler name, model
+/// annotation) and placed on a K80 node; a second one is denied with the quota message.
+#[tokio::test]
+async fn webhooks_steer_a_gpu_pod_and_deny_one_over_the_namespace_quota() {
+    use gpu_admission::quota::GPUQuota;
+    let Some(cluster) = setup("quota").await else {
+        return;
+    };
+    let model = "Tesla-K80";
+    cluster.create_gpu_node("e2e-quota-1", model, 2).await;
+    Api::<Namespace>::all(cluster.client.clone())
+        .patch(
+            &cluster.ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"gpu-admission-e2e/webhooks": "quota"}}})),
+        )
+        .await
+        .unwrap();
+    let quota: GPUQuota = serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": cluster.ns},
+        "spec": {"hard": {model: "1"}},
+    }))
+    .unwrap();
+    let quotas: Api<GPUQuota> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    register_webhooks(&cluster).await;
+    // gpu-admission must have seen the quota before it judges pods.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let plain_pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{
+                "name": "cuda",
+                "image": "registry.invalid/never-pulled:e2e",
+                "resources": {"limits": {CORE: "100"}},
+            }]},
+        }))
+        .unwrap()
+    };
+    let created = cluster
+        .pods()
+        .create(&PostParams::default(), &plain_pod("first"))
+        .await
+        .unwrap_or_else(|e| panic!("the first pod is within quota and must be admitted: {e}"));
+    assert_eq!(
+        created.spec.as_ref().unwrap().scheduler_name.as_deref(),
+        Some(scheduler_name().as_str()),
+        "the mutating webhook must steer GPU pods to the GPU scheduler"
+    );
+    assert_eq!(
+        annotations(&created)
+            .get(TYPE_ANNOTATION)
+            .map(String::as_str),
+        Some(model),
+        "the mutating webhook records the defaulted model"
+    );
+    let pod = cluster.wait_bound("first").await;
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("e2e-quota-1")
+    );
+    assert_placement_annotations(&pod, 2);
+
+    // The admission reserved the GPU in the quota's status.
+    let used = quotas
+        .get("default")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.used.get(model).cloned());
+    assert!(
+        matches!(used.as_ref().map(|q| q.0.as_str()), Some("1" | "1000m")),
+        "GPUQuota status.used[{model}] after one admitted pod: {used:?}"
+    );
+
+    let denied = cluster
+        .pods()
+        .create(&PostParams::default(), &plain_pod("second"))
+        .await
+        .expect_err("the second pod goes over the quota and must be denied");
+    let message = denied.to_string();
+    println!("second: {message}");
+    assert!(
+        message.contains(&format!(
+            "GPU quota exceeded in namespace \"{}\" for {model}: requested 1, used 1 of 1",
+            cluster.ns
+        )),
+        "unexpected denial: {message}"
+    );
+
+    unregister_webhooks(&cluster).await;
+    cluster.delete_nodes().await;
+}

@@ -7,20 +7,14 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::config::{Config, SchedulerNamePolicy};
-use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::models::ModelSource;
 use crate::quota::NamespaceLimits;
 
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// The pod as it should be, or why it cannot be admitted as it is.
 pub fn desired_pod(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> Result<Pod, String> {
-    let wanted = WantedModels::of_pod(
-        pod,
-        &config.type_annotation,
-        &config.model_label,
-        limits.default_type.as_deref(),
-        &limits.models,
-    );
+    let wanted = limits.wanted_models(pod, config);
     check_node_selector(pod, &config.model_label, &wanted.models, "GPU model")?;
     check_node_selector(pod, &config.pool_label, &limits.pools, "node pool")?;
     let mut desired = pod.clone();

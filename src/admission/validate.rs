@@ -7,7 +7,6 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cache::{CachedPod, ClusterCache, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
-use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
 use crate::quota::ledger::{AdmitRules, Charge, admit, amount_of};
 use crate::quota::reserve::{self, Reserved};
@@ -61,7 +60,7 @@ pub async fn validate(
         )?),
         Some(client) => {
             let wanted = cache.with_state(|state| {
-                wanted(pod, config, &NamespaceLimits::of(state.quotas(), namespace))
+                NamespaceLimits::of(state.quotas(), namespace).wanted_models(pod, config)
             });
             let identity = reserve::PodIdentity::of(pod);
             match reserve::reserve(
@@ -74,16 +73,6 @@ pub async fn validate(
             }
         }
     }
-}
-
-fn wanted(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> WantedModels {
-    WantedModels::of_pod(
-        pod,
-        &config.type_annotation,
-        &config.model_label,
-        limits.default_type.as_deref(),
-        &limits.models,
-    )
 }
 
 /// Offline: check and record under one lock, so concurrent creates never over-admit.
@@ -108,7 +97,7 @@ fn offline(
         let decision = admit(
             namespace,
             &views,
-            &wanted(pod, config, &limits),
+            &limits.wanted_models(pod, config),
             amount,
             rules,
         );

@@ -93,7 +93,7 @@ pub async fn filter(
     let api_mode = cache.client().is_some();
     let decision = cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
-        let wanted = wanted_models(&pod, config, &limits);
+        let wanted = limits.wanted_models(&pod, config);
         let quota = quota_for_placement(state, namespace, &wanted, &limits, api_mode);
         state.reserve(
             &key,
@@ -158,16 +158,6 @@ fn quota_for_placement(
     PlacementQuota {
         views: views.unwrap_or_default(),
     }
-}
-
-fn wanted_models(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> WantedModels {
-    WantedModels::of_pod(
-        pod,
-        &config.type_annotation,
-        &config.model_label,
-        limits.default_type.as_deref(),
-        &limits.models,
-    )
 }
 
 async fn finish(

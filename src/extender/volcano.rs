@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::cache::ClusterCache;
 use crate::config::Config;
-use crate::placement::models::{WantedModels, pool_admits};
+use crate::placement::models::pool_admits;
 use crate::placement::{GpuRequest, NodeGpus, fit};
 use crate::quota::NamespaceLimits;
 
@@ -72,13 +72,7 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
     let namespace = args.pod.metadata.namespace.as_deref().unwrap_or("default");
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
-        let wanted = WantedModels::of_pod(
-            &args.pod,
-            &config.type_annotation,
-            &config.model_label,
-            limits.default_type.as_deref(),
-            &limits.models,
-        );
+        let wanted = limits.wanted_models(&args.pod, config);
         let given = args
             .node
             .as_ref()

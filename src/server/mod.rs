@@ -147,66 +147,57 @@ pub async fn accept<T>(
     Ok(parsed)
 }
 
-async fn predicates(State(state): State<AppState>, body: Body) -> Response {
-    const ROUTE: &str = "predicates";
-    let started = Instant::now();
-    let args = match accept(&state, body, EXTENDER_BODY_LIMIT, ExtenderArgs::from_json).await {
-        Ok(args) => args,
-        Err(rejection) => {
-            return observed(
-                &state,
-                ROUTE,
-                rejection.label(),
-                started,
-                rejection.into_response(),
-            );
-        }
-    };
-    let (result, outcome) = filter(&state.cache, &state.config, &state.placer, args).await;
-    observed(
-        &state,
-        ROUTE,
-        outcome.label(),
-        started,
-        axum::Json(result).into_response(),
-    )
-}
-
-async fn vpredicates(State(state): State<AppState>, body: Body) -> Response {
-    const ROUTE: &str = "vpredicates";
-    let started = Instant::now();
-    let args = match accept(&state, body, EXTENDER_BODY_LIMIT, PredicateArgs::from_json).await {
-        Ok(args) => args,
-        Err(rejection) => {
-            return observed(
-                &state,
-                ROUTE,
-                rejection.label(),
-                started,
-                rejection.into_response(),
-            );
-        }
-    };
-    let response = predicate(&state.cache, &state.config, args);
-    let decision = if response.code == 0 { "fits" } else { "unfit" };
-    observed(
-        &state,
-        ROUTE,
-        decision,
-        started,
-        axum::Json(response).into_response(),
-    )
-}
-
-fn observed(
+/// The shape of every POST handler: read and decode the body (400 on bad input, 503
+/// while not ready), judge it, count the request by route and decision.
+pub async fn answer<T, Judged>(
     state: &AppState,
     route: &'static str,
-    decision: &'static str,
-    started: Instant,
-    response: Response,
-) -> Response {
+    body: Body,
+    limit: usize,
+    parse: impl FnOnce(&[u8]) -> Result<T, String>,
+    judge: impl FnOnce(T) -> Judged,
+) -> Response
+where
+    Judged: Future<Output = (&'static str, Response)>,
+{
+    let started = Instant::now();
+    let (decision, response) = match accept(state, body, limit, parse).await {
+        Ok(parsed) => judge(parsed).await,
+        Err(rejection) => (rejection.label(), rejection.into_response()),
+    };
     state
         .metrics
         .observe(route, decision, started.elapsed().as_secs_f64());
     response
+}
+
+async fn predicates(State(state): State<AppState>, body: Body) -> Response {
+    answer(
+        &state,
+        "predicates",
+        body,
+        EXTENDER_BODY_LIMIT,
+        ExtenderArgs::from_json,
+        async |args| {
+            let (result, outcome) = filter(&state.cache, &state.config, &state.placer, args).await;
+            (outcome.label(), axum::Json(result).into_response())
+        },
+    )
+    .await
+}
+
+async fn vpredicates(State(state): State<AppState>, body: Body) -> Response {
+    answer(
+        &state,
+        "vpredicates",
+        body,
+        EXTENDER_BODY_LIMIT,
+        PredicateArgs::from_json,
+        async |args| {
+            let response = predicate(&state.cache, &state.config, args);
+            let decision = if response.code == 0 { "fits" } else { "unfit" };
+            (decision, axum::Json(response).into_response())
+        },
+    )
+    .await
 }

@@ -1,8 +1,6 @@
 //! `POST /validate` and `POST /mutate`: AdmissionReview in, AdmissionReview out.
 //! Undecodable reviews get 400; our own failures 5xx (never a denial).
 
-use std::time::Instant;
-
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -16,20 +14,22 @@ use crate::admission::validate::{Verdict, validate};
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 
-use super::{AppState, Rejection, WEBHOOK_BODY_LIMIT, accept, observed};
+use super::{AppState, WEBHOOK_BODY_LIMIT, answer};
 
-/// A CREATE review's pod, with its namespace and a name even under generateName.
-fn created_pod(review: &Review) -> Result<Option<(String, Pod)>, Rejection> {
+/// A review and, for a CREATE, its pod with namespace and name (even under generateName).
+type Created = (Review, Option<(String, Pod)>);
+
+fn created_pod(body: &[u8]) -> Result<Created, String> {
+    let review = Review::from_json(body)?;
     let request = &review.request;
     if request.operation != "CREATE" {
-        return Ok(None);
+        return Ok((review, None));
     }
     let object = request
         .object
         .as_ref()
-        .ok_or_else(|| Rejection::BadRequest("CREATE review has no request.object".into()))?;
-    let mut pod: Pod =
-        crate::extender::api::decode("request.object", object).map_err(Rejection::BadRequest)?;
+        .ok_or("CREATE review has no request.object")?;
+    let mut pod: Pod = crate::extender::api::decode("request.object", object)?;
     let namespace = request
         .namespace
         .clone()
@@ -46,116 +46,59 @@ fn created_pod(review: &Review) -> Result<Option<(String, Pod)>, Rejection> {
         );
     }
     pod.metadata.namespace = Some(namespace.clone());
-    Ok(Some((namespace, pod)))
+    Ok((review, Some((namespace, pod))))
+}
+
+fn reply(decision: &'static str, review: serde_json::Value) -> (&'static str, Response) {
+    (decision, Json(review).into_response())
 }
 
 pub async fn validate_route(State(state): State<AppState>, body: Body) -> Response {
-    const ROUTE: &str = "validate";
-    let started = Instant::now();
-    let (review, pod) = match accept(&state, body, WEBHOOK_BODY_LIMIT, Review::from_json)
-        .await
-        .and_then(|r| {
-            let pod = created_pod(&r)?;
-            Ok((r, pod))
-        }) {
-        Ok(parts) => parts,
-        Err(rejection) => {
-            return observed(
-                &state,
-                ROUTE,
-                rejection.label(),
-                started,
-                rejection.into_response(),
-            );
+    answer(&state, "validate", body, WEBHOOK_BODY_LIMIT, created_pod, async |(review, pod)| {
+        let Some((namespace, pod)) = pod else {
+            return reply("allow", review.allow());
+        };
+        let dry_run = review.request.dry_run.unwrap_or(false);
+        match validate(&state.cache, &state.config, &namespace, &pod, dry_run).await {
+            Ok(Verdict::Allow) => reply("allow", review.allow()),
+            Ok(Verdict::Deny(message)) => {
+                tracing::info!(namespace, pod = pod.metadata.name.as_deref().unwrap_or_default(), %message, "denied");
+                reply("deny", review.deny(&message))
+            }
+            Err(error) => {
+                tracing::error!(namespace, %error, "cannot judge pod");
+                (error.kind(), (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response())
+            }
         }
-    };
-    let Some((namespace, pod)) = pod else {
-        return observed(
-            &state,
-            ROUTE,
-            "allow",
-            started,
-            Json(review.allow()).into_response(),
-        );
-    };
-    let dry_run = review.request.dry_run.unwrap_or(false);
-    match validate(&state.cache, &state.config, &namespace, &pod, dry_run).await {
-        Ok(Verdict::Allow) => observed(
-            &state,
-            ROUTE,
-            "allow",
-            started,
-            Json(review.allow()).into_response(),
-        ),
-        Ok(Verdict::Deny(message)) => {
-            tracing::info!(namespace, pod = pod.metadata.name.as_deref().unwrap_or_default(), %message, "denied");
-            observed(
-                &state,
-                ROUTE,
-                "deny",
-                started,
-                Json(review.deny(&message)).into_response(),
-            )
-        }
-        Err(error) => {
-            tracing::error!(namespace, %error, "cannot judge pod");
-            let response = (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
-            observed(&state, ROUTE, error.kind(), started, response)
-        }
-    }
+    })
+    .await
 }
 
 pub async fn mutate_route(State(state): State<AppState>, body: Body) -> Response {
-    const ROUTE: &str = "mutate";
-    let started = Instant::now();
-    let (review, pod) = match accept(&state, body, WEBHOOK_BODY_LIMIT, Review::from_json)
-        .await
-        .and_then(|r| {
-            let pod = created_pod(&r)?;
-            Ok((r, pod))
-        }) {
-        Ok(parts) => parts,
-        Err(rejection) => {
-            return observed(
-                &state,
-                ROUTE,
-                rejection.label(),
-                started,
-                rejection.into_response(),
-            );
-        }
-    };
-    let Some((namespace, pod)) = pod.filter(|(_, pod)| asks_for_gpu(pod, &state.config.resources))
-    else {
-        return observed(
-            &state,
-            ROUTE,
-            "allow",
-            started,
-            Json(review.allow()).into_response(),
-        );
-    };
-    let limits = state
-        .cache
-        .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
-    match desired_pod(&pod, &state.config, &limits) {
-        Ok(desired) => {
-            let patch = patch_for(&pod, &desired);
-            let decision = if patch.0.is_empty() { "allow" } else { "patch" };
-            observed(
-                &state,
-                ROUTE,
-                decision,
-                started,
-                Json(review.patch(&patch)).into_response(),
-            )
-        }
-        Err(message) => observed(
-            &state,
-            ROUTE,
-            "deny",
-            started,
-            Json(review.deny(&message)).into_response(),
-        ),
-    }
+    answer(
+        &state,
+        "mutate",
+        body,
+        WEBHOOK_BODY_LIMIT,
+        created_pod,
+        async |(review, pod)| {
+            let Some((namespace, pod)) =
+                pod.filter(|(_, pod)| asks_for_gpu(pod, &state.config.resources))
+            else {
+                return reply("allow", review.allow());
+            };
+            let limits = state
+                .cache
+                .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
+            match desired_pod(&pod, &state.config, &limits) {
+                Ok(desired) => {
+                    let patch = patch_for(&pod, &desired);
+                    let decision = if patch.0.is_empty() { "allow" } else { "patch" };
+                    reply(decision, review.patch(&patch))
+                }
+                Err(message) => reply("deny", review.deny(&message)),
+            }
+        },
+    )
+    .await
 }

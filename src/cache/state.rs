@@ -25,6 +25,8 @@ struct NodeEntry {
 pub struct ClusterState {
     nodes: HashMap<Arc<str>, NodeEntry>,
     pods: HashMap<PodKey, CachedPod>,
+    /// Pod keys by namespace, so quota usage never scans the whole cluster.
+    by_namespace: HashMap<Box<str>, std::collections::HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
 }
 
@@ -129,7 +131,17 @@ impl ClusterState {
     }
 
     pub fn delete_pod(&mut self, key: &str) {
-        if let Some(node) = self.pods.remove(key).and_then(|old| old.node) {
+        let Some(old) = self.pods.remove(key) else {
+            return;
+        };
+        let namespace = namespace_of(key);
+        if let Some(keys) = self.by_namespace.get_mut(namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_namespace.remove(namespace);
+            }
+        }
+        if let Some(node) = old.node {
             self.unlink(&node, key);
         }
     }
@@ -161,7 +173,13 @@ impl ClusterState {
     fn put_pod(&mut self, key: PodKey, pod: CachedPod) {
         let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
         let new_node = pod.node.clone();
-        self.pods.insert(key.clone(), pod);
+        if self.pods.insert(key.clone(), pod).is_none() {
+            let namespace = namespace_of(&key);
+            self.by_namespace
+                .entry(namespace.into())
+                .or_default()
+                .insert(key.clone());
+        }
         if let Some(old) = old_node.as_ref().filter(|o| Some(*o) != new_node.as_ref()) {
             self.unlink(old, &key);
         }
@@ -267,29 +285,25 @@ impl ClusterState {
             Some(default) => std::slice::from_ref(default),
             None => &limits.models,
         };
-        let prefix = format!("{namespace}/");
-        let pods = self
-            .pods
-            .iter()
-            .filter(|(key, _)| key.starts_with(&prefix))
-            .map(|(_, pod)| {
-                let wanted: &[String] = if pod.models.is_empty() {
-                    fallback
-                } else {
-                    &pod.models
-                };
-                let node_model = pod
-                    .node
-                    .as_deref()
-                    .and_then(|n| self.node(n))
-                    .and_then(|n| n.model.as_deref());
-                PodCharge {
-                    namespace,
-                    model: charged_model(wanted, node_model),
-                    amount: amount_of(&pod.request),
-                    live: !pod.terminating,
-                }
-            });
+        let keys = self.by_namespace.get(namespace).into_iter().flatten();
+        let pods = keys.filter_map(|key| self.pods.get(key)).map(|pod| {
+            let wanted: &[String] = if pod.models.is_empty() {
+                fallback
+            } else {
+                &pod.models
+            };
+            let node_model = pod
+                .node
+                .as_deref()
+                .and_then(|n| self.node(n))
+                .and_then(|n| n.model.as_deref());
+            PodCharge {
+                namespace,
+                model: charged_model(wanted, node_model),
+                amount: amount_of(&pod.request),
+                live: !pod.terminating,
+            }
+        });
         usage(namespace, pods)
     }
 
@@ -406,6 +420,11 @@ impl ClusterState {
             misfits: Vec::new(),
         })
     }
+}
+
+/// The namespace part of a `namespace/name` pod key.
+fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or("", |(namespace, _)| namespace)
 }
 
 fn fits_indices(assignment: &Assignment, gpu_count: usize) -> bool {

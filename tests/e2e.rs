@@ -787,6 +787,7 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
     let plain: Api<Pod> = Api::namespaced(cluster.client.clone(), &plain_ns);
 
     const CREATES: usize = 200;
+    let server_before = admin_metrics();
     let mut with_hooks = Vec::with_capacity(CREATES);
     let mut without = Vec::with_capacity(CREATES);
     for i in 0..CREATES {
@@ -819,6 +820,45 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
         percentile_ms(&with_hooks, 50.0) - percentile_ms(&without, 50.0),
         percentile_ms(&with_hooks, 99.0) - percentile_ms(&without, 99.0)
     );
+    // Of which inside gpu-admission (its own request-duration histogram).
+    let server_after = admin_metrics();
+    for route in ["mutate", "validate"] {
+        let fragment = format!("route=\"{route}\"");
+        let delta = |name: &str| {
+            sum_metric(&server_after, name, &fragment) - sum_metric(&server_before, name, &fragment)
+        };
+        let (sum, count) = (
+            delta("gpu_admission_request_duration_seconds_sum"),
+            delta("gpu_admission_request_duration_seconds_count"),
+        );
+        if count > 0.0 {
+            println!(
+                "MEASURE inside gpu-admission: /{route} mean {:.1} ms over {count} requests",
+                sum / count * 1000.0
+            );
+        }
+    }
+    // For comparison: what validate's two API calls (list the namespace's GPUQuotas,
+    // write one status with its resourceVersion) take from this test's kube client.
+    let (mut lists, mut writes) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        let t = Instant::now();
+        let quota = cluster.quotas().list(&ListParams::default()).await.unwrap();
+        lists.push(t.elapsed());
+        let quota = quota.items.into_iter().next().unwrap();
+        let t = Instant::now();
+        cluster
+            .quotas()
+            .replace_status("default", &PostParams::default(), &quota)
+            .await
+            .unwrap();
+        writes.push(t.elapsed());
+    }
+    println!(
+        "MEASURE from the test's kube client: GPUQuota list p50 {:.1} ms, status write p50 {:.1} ms",
+        percentile_ms(&lists, 50.0),
+        percentile_ms(&writes, 50.0)
+    );
     unregister_webhooks(&cluster).await;
 
     // Throughput: 100 half-GPU pods on 8 nodes of 8 GPUs (128 half-GPU slots).
@@ -829,18 +869,29 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
             .await;
     }
     const PODS: usize = 100;
+    // Created 10 at a time, so the API server's create rate does not limit the measure.
     let started = Instant::now();
-    for i in 0..PODS {
-        cluster
-            .create_gpu_pod(
-                &format!("sched-{i:03}"),
-                bench_model,
-                Gpu::Share {
+    let mut creates = tokio::task::JoinSet::new();
+    for batch in 0..PODS / 10 {
+        let cluster = Cluster {
+            client: cluster.client.clone(),
+            scenario: cluster.scenario,
+            ns: cluster.ns.clone(),
+        };
+        creates.spawn(async move {
+            for i in batch * 10..batch * 10 + 10 {
+                let share = Gpu::Share {
                     core: 50,
                     memory: 2,
-                },
-            )
-            .await;
+                };
+                cluster
+                    .create_gpu_pod(&format!("sched-{i:03}"), bench_model, share)
+                    .await;
+            }
+        });
+    }
+    while let Some(joined) = creates.join_next().await {
+        joined.unwrap();
     }
     let created = started.elapsed();
     let pods = cluster.pods();

@@ -683,20 +683,37 @@ impl Cluster {
 /// Bound on waiting for the quota reconciler (it runs every 15 s).
 pub const QUOTA_TIMEOUT: Duration = Duration::from_secs(40);
 
-/// The value of `metric` (the line starting `metric ` in Prometheus text) on
-/// gpu-admission's admin port (`GPU_ADMISSION_E2E_ADMIN_URL`), 0 when absent.
-pub fn admin_metric(metric: &str) -> f64 {
+/// gpu-admission's metrics (Prometheus text) from its admin port
+/// (`GPU_ADMISSION_E2E_ADMIN_URL`).
+pub fn admin_metrics() -> String {
     let admin = env("GPU_ADMISSION_E2E_ADMIN_URL", "gpu-admission's admin URL");
     let out = std::process::Command::new("curl")
         .args(["-fsS", &format!("{admin}/metrics")])
         .output()
         .unwrap();
     assert!(out.status.success(), "curl {admin}/metrics failed: {out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The value of `metric` (the line starting `metric `, labels included) on
+/// gpu-admission's admin port; 0 when absent.
+pub fn admin_metric(metric: &str) -> f64 {
+    sum_metric(&admin_metrics(), metric, "")
+}
+
+/// The sum of every sample of `text` whose series starts with `name` and contains
+/// `fragment` (e.g. `route="validate"`); 0 when there is none.
+pub fn sum_metric(text: &str, name: &str, fragment: &str) -> f64 {
     text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{metric} ")))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap_or(0.0)
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(series, _)| series.starts_with(name) && series.contains(fragment))
+        .filter(|(series, _)| {
+            // `name` itself, or `name{...}`, not a longer metric name.
+            matches!(series.as_bytes().get(name.len()), None | Some(b'{'))
+        })
+        .map(|(_, value)| value.parse::<f64>().unwrap_or(0.0))
+        .sum()
 }
 
 /// p-th percentile (0..=100, nearest rank) of `samples`, in milliseconds.

@@ -6,9 +6,18 @@
 //! - `GPU_ADMISSION_E2E_KUBECONFIG` — admin kubeconfig of the test cluster. Without it every
 //!   test prints that it did NOT run and returns (so a plain `cargo test` stays offline).
 //!   With it, an unreachable cluster is a failure, never a skip.
-//! - `GPU_ADMISSION_E2E_CTL` — a script taking `stop` / `start` that stops and restarts the
-//!   gpu-admission process (the extender-outage scenario needs it).
+//! - `GPU_ADMISSION_E2E_CTL` — a script taking `stop` / `start` (and optionally the replica,
+//!   `a` by default) that stops and restarts a gpu-admission process (the outage scenarios
+//!   need it).
 //! - `GPU_ADMISSION_E2E_SCHEDULER` — the scheduler profile name (default `gpu-scheduler`).
+//! - `GPU_ADMISSION_E2E_SERVER_URL` / `GPU_ADMISSION_E2E_SERVER_URL_B` — https URLs of
+//!   gpu-admission replica `a` (the extender) and of a second replica `b` (the script
+//!   takes `start|stop a|b`); `GPU_ADMISSION_E2E_CA_FILE` — their CA (webhook `caBundle`);
+//!   `GPU_ADMISSION_E2E_CERT_DIR` — the directory of the certificate files both serve
+//!   (re-read every second); `GPU_ADMISSION_E2E_ADMIN_URL` — replica `a`'s admin port.
+//!
+//! Helpers (cluster access, fake nodes, pods, bounded waits, webhook registration) are in
+//! `tests/e2e_support/mod.rs`.
 //!
 //! No kubelets run: nodes are API objects whose `status` the tests write, and a bound
 //! pod simply stays Pending. Each scenario uses its own namespace, its own node names

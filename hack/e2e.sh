@@ -44,6 +44,7 @@ mkdir -p "$logs"
 declare -a pids=()
 summary="0 passed, 0 failed (the e2e tests did not run: the setup failed, see above)"
 extender_pidfile="$work/gpu-admission.pid"
+replica_b_pidfile="$work/gpu-admission-b.pid"
 
 tail_logs() {
   for f in "$logs"/*.log; do
@@ -58,6 +59,7 @@ teardown() {
   set +e
   local all=("${pids[@]}")
   [[ -f "$extender_pidfile" ]] && all+=("$(cat "$extender_pidfile")")
+  [[ -f "$replica_b_pidfile" ]] && all+=("$(cat "$replica_b_pidfile")")
   # Stop in reverse start order (gpu-admission, scheduler, apiserver, etcd), each
   # before the next, so nothing logs pages of errors about a peer that went first.
   for ((i = ${#all[@]} - 1; i >= 0; i--)); do
@@ -165,6 +167,8 @@ free_port api_port
 free_port sched_port
 free_port ext_port
 free_port admin_port
+free_port ext_port_b
+free_port admin_port_b
 
 "$k8s_bin/etcd" --name e2e --data-dir "$work/etcd-data" \
   --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
@@ -234,14 +238,22 @@ placement:
   policy: original
 EOF
 
-# The tests stop and restart gpu-admission through this script (extender outage).
+# The tests stop and restart gpu-admission through this script (extender and webhook
+# outage). Replica `a` is the scheduler's extender and the webhooks' usual backend;
+# replica `b` is a second webhook server on other ports against the same cluster, for the
+# two-replica quota scenario. Both serve the same certificate files and re-read them every
+# second (`--tls-reload-interval 1s`, for the certificate rotation scenario).
 ctl="$work/gpu-admission-ctl.sh"
 cat >"$ctl" <<EOF
 #!/usr/bin/env bash
-# Usage: $ctl start|stop — the e2e run's gpu-admission process (PID in $extender_pidfile).
+# Usage: $ctl start|stop [a|b] — the e2e run's gpu-admission replica a (the default; PID
+# in $extender_pidfile) or b (PID in $replica_b_pidfile).
 set -euo pipefail
-pidfile="$extender_pidfile"
-log="$logs/gpu-admission.log"
+case "\${2:-a}" in
+  a) pidfile="$extender_pidfile"; log="$logs/gpu-admission.log"; port=$ext_port; admin=$admin_port ;;
+  b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$ext_port_b; admin=$admin_port_b ;;
+  *) echo "usage: \$0 start|stop [a|b]" >&2; exit 2 ;;
+esac
 case "\${1:-}" in
   start)
     if [[ -f "\$pidfile" ]] && kill -0 "\$(cat "\$pidfile")" 2>/dev/null; then
@@ -249,13 +261,14 @@ case "\${1:-}" in
     fi
     echo "=== start \$(date -u +%FT%TZ)" >>"\$log"
     NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$kubeconfig" \\
-      --address 127.0.0.1:$ext_port --admin-address 127.0.0.1:$admin_port \\
+      --address 127.0.0.1:\$port --admin-address 127.0.0.1:\$admin \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\
+      --tls-reload-interval 1s \\
       --config "$work/gpu-admission.yaml" --log-level info,gpu_admission=debug \\
       </dev/null >>"\$log" 2>&1 &
     echo \$! >"\$pidfile"
     for _ in \$(seq 1 $((ready_timeout * 2))); do
-      if curl -fsS "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1; then exit 0; fi
+      if curl -fsS "http://127.0.0.1:\$admin/readyz" >/dev/null 2>&1; then exit 0; fi
       if ! kill -0 "\$(cat "\$pidfile")" 2>/dev/null; then
         echo "gpu-admission exited during startup; last log lines (\$log):" >&2; tail -n 40 "\$log" >&2; exit 1
       fi
@@ -271,11 +284,12 @@ case "\${1:-}" in
     for _ in \$(seq 1 300); do kill -0 "\$pid" 2>/dev/null || { rm -f "\$pidfile"; exit 0; }; sleep 0.1; done
     kill -KILL "\$pid"; rm -f "\$pidfile"
     ;;
-  *) echo "usage: \$0 start|stop" >&2; exit 2 ;;
+  *) echo "usage: \$0 start|stop [a|b]" >&2; exit 2 ;;
 esac
 EOF
-bash "$ctl" start || die "gpu-admission did not start (see above)"
-say "gpu-admission is ready (extender https://127.0.0.1:$ext_port, admin http://127.0.0.1:$admin_port)"
+bash "$ctl" start a || die "gpu-admission (replica a) did not start (see above)"
+bash "$ctl" start b || die "gpu-admission (replica b) did not start (see above)"
+say "gpu-admission is ready: replica a https://127.0.0.1:$ext_port (extender and webhooks; admin http://127.0.0.1:$admin_port), replica b https://127.0.0.1:$ext_port_b (admin http://127.0.0.1:$admin_port_b)"
 
 # ---------------------------------------------------------------- 6. kube-scheduler
 cat >"$work/kube-scheduler.yaml" <<EOF
@@ -315,6 +329,9 @@ GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler \
   GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$ext_port" \
   GPU_ADMISSION_E2E_CA_FILE="$work/extender-certs/ca.crt" \
+  GPU_ADMISSION_E2E_SERVER_URL_B="https://127.0.0.1:$ext_port_b" \
+  GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port" \
+  GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs" \
   nice -n 19 cargo test --locked --test e2e -- --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"
 test_rc=${PIPESTATUS[0]}
 set -e

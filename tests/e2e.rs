@@ -6,9 +6,18 @@
 //! - `GPU_ADMISSION_E2E_KUBECONFIG` — admin kubeconfig of the test cluster. Without it every
 //!   test prints that it did NOT run and returns (so a plain `cargo test` stays offline).
 //!   With it, an unreachable cluster is a failure, never a skip.
-//! - `GPU_ADMISSION_E2E_CTL` — a script taking `stop` / `start` that stops and restarts the
-//!   gpu-admission process (the extender-outage scenario needs it).
+//! - `GPU_ADMISSION_E2E_CTL` — a script taking `stop` / `start` (and optionally the replica,
+//!   `a` by default) that stops and restarts a gpu-admission process (the outage scenarios
+//!   need it).
 //! - `GPU_ADMISSION_E2E_SCHEDULER` — the scheduler profile name (default `gpu-scheduler`).
+//! - `GPU_ADMISSION_E2E_SERVER_URL` / `GPU_ADMISSION_E2E_SERVER_URL_B` — https URLs of
+//!   gpu-admission replica `a` (the extender) and of a second replica `b` (the script
+//!   takes `start|stop a|b`); `GPU_ADMISSION_E2E_CA_FILE` — their CA (webhook `caBundle`);
+//!   `GPU_ADMISSION_E2E_CERT_DIR` — the directory of the certificate files both serve
+//!   (re-read every second); `GPU_ADMISSION_E2E_ADMIN_URL` — replica `a`'s admin port.
+//!
+//! Helpers (cluster access, fake nodes, pods, bounded waits, webhook registration) are in
+//! `tests/e2e_support/mod.rs`.
 //!
 //! No kubelets run: nodes are API objects whose `status` the tests write, and a bound
 //! pod simply stays Pending. Each scenario uses its own namespace, its own node names
@@ -16,323 +25,18 @@
 //! when it ends, so a failed scenario cannot disturb the next one.
 #![allow(clippy::unwrap_used)]
 
+mod e2e_support;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
 use serde_json::json;
 
-const KUBECONFIG_ENV: &str = "GPU_ADMISSION_E2E_KUBECONFIG";
-const CTL_ENV: &str = "GPU_ADMISSION_E2E_CTL";
-const SCENARIO_LABEL: &str = "gpu-admission-e2e/scenario";
-const MODEL_LABEL: &str = "nvidia.com/gpu.product";
-const TYPE_ANNOTATION: &str = "gpu-admission.io/gpu-type";
-const CORE: &str = "tencent.com/vcuda-core";
-const MEMORY: &str = "tencent.com/vcuda-memory";
-/// vcuda-memory units per GPU on every test node.
-const MEMORY_PER_GPU: u32 = 16;
-const BIND_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// One scenario's view of the test cluster.
-struct Cluster {
-    client: Client,
-    scenario: &'static str,
-    ns: String,
-}
-
-/// Connects to the cluster named by `GPU_ADMISSION_E2E_KUBECONFIG` and creates the
-/// scenario's namespace; `None` (after saying so) when the variable is not set.
-async fn setup(scenario: &'static str) -> Option<Cluster> {
-    let Some(path) = std::env::var_os(KUBECONFIG_ENV) else {
-        println!(
-            "e2e scenario `{scenario}` DID NOT RUN: {KUBECONFIG_ENV} is not set \
-             (run `bash hack/e2e.sh` to start a control plane and run these tests)"
-        );
-        return None;
-    };
-    let path = PathBuf::from(path);
-    let kubeconfig = Kubeconfig::read_from(&path)
-        .unwrap_or_else(|e| panic!("cannot read kubeconfig {}: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bad kubeconfig {}: {e}", path.display()));
-    let client = Client::try_from(config).unwrap();
-    let version = client
-        .apiserver_version()
-        .await
-        .unwrap_or_else(|e| panic!("the API server of {} does not answer: {e}", path.display()));
-    println!(
-        "scenario `{scenario}` against Kubernetes {}",
-        version.git_version
-    );
-
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let ns = format!("e2e-{scenario}-{:05x}", nanos & 0xfffff);
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
-    let cluster = Cluster {
-        client,
-        scenario,
-        ns,
-    };
-    cluster.delete_nodes().await;
-    Some(cluster)
-}
-
-fn scheduler_name() -> String {
-    std::env::var("GPU_ADMISSION_E2E_SCHEDULER").unwrap_or_else(|_| "gpu-scheduler".into())
-}
-
-/// What a test pod asks for.
-#[derive(Clone, Copy, Debug)]
-enum Gpu {
-    /// Share mode: part of one GPU (`vcuda-core < 100`) and some memory units.
-    Share { core: u32, memory: u32 },
-    /// Exclusive mode: this many whole GPUs (`vcuda-core = 100 * n`).
-    Whole(u32),
-}
-
-impl Gpu {
-    fn core(self) -> u32 {
-        match self {
-            Gpu::Share { core, .. } => core,
-            Gpu::Whole(n) => 100 * n,
-        }
-    }
-}
-
-impl Cluster {
-    fn nodes(&self) -> Api<Node> {
-        Api::all(self.client.clone())
-    }
-
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// A Ready, untainted node of `model` with `gpus` GPUs in gpu-manager resources
-    /// (capacity and allocatable written through the status subresource).
-    async fn create_gpu_node(&self, name: &str, model: &str, gpus: u32) {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {
-                "name": name,
-                "labels": {MODEL_LABEL: model, SCENARIO_LABEL: self.scenario},
-            },
-        }))
-        .unwrap();
-        self.nodes()
-            .create(&PostParams::default(), &node)
-            .await
-            .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
-        let resources = json!({
-            "cpu": "32",
-            "memory": "128Gi",
-            "pods": "110",
-            CORE: (100 * gpus).to_string(),
-            MEMORY: (MEMORY_PER_GPU * gpus).to_string(),
-        });
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let status = json!({"status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [{
-                "type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "e2e test node (no kubelet)",
-                "lastHeartbeatTime": now, "lastTransitionTime": now,
-            }],
-        }});
-        self.nodes()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap_or_else(|e| panic!("setting the status of node {name}: {e}"));
-        // The apiserver's TaintNodesByCondition admission plugin gives every new node a
-        // `node.kubernetes.io/not-ready:NoSchedule` taint, which the node lifecycle
-        // controller would lift once the node reports Ready; there is no
-        // controller-manager here, so lift it ourselves.
-        self.nodes()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"taints": null}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("removing the taints of node {name}: {e}"));
-    }
-
-    /// Deletes this scenario's nodes (left over from an earlier run, or at the end).
-    async fn delete_nodes(&self) {
-        let selector = format!("{SCENARIO_LABEL}={}", self.scenario);
-        self.nodes()
-            .delete_collection(
-                &DeleteParams::default(),
-                &ListParams::default().labels(&selector),
-            )
-            .await
-            .unwrap();
-    }
-
-    /// Creates a pod for the GPU scheduler wanting `gpu` on a node of `model`.
-    async fn create_gpu_pod(&self, name: &str, model: &str, gpu: Gpu) -> Pod {
-        let limits = match gpu {
-            Gpu::Share { core, memory } => {
-                json!({CORE: core.to_string(), MEMORY: memory.to_string()})
-            }
-            Gpu::Whole(n) => json!({CORE: (100 * n).to_string()}),
-        };
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": {TYPE_ANNOTATION: model}},
-            "spec": {
-                "schedulerName": scheduler_name(),
-                "containers": [{
-                    "name": "cuda",
-                    "image": "registry.invalid/never-pulled:e2e",
-                    "resources": {"limits": limits},
-                }],
-            },
-        }))
-        .unwrap();
-        self.pods()
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap_or_else(|e| panic!("creating pod {}/{name}: {e}", self.ns))
-    }
-
-    /// Waits until the scheduler has bound pod `name` (`spec.nodeName` set).
-    async fn wait_bound(&self, name: &str) -> Pod {
-        let pods = self.pods();
-        wait_for(
-            &format!("pod {}/{name} to be bound", self.ns),
-            BIND_TIMEOUT,
-            || {
-                let pods = pods.clone();
-                async move {
-                    let pod = pods.get(name).await.ok()?;
-                    pod.spec.as_ref()?.node_name.as_ref()?;
-                    Some(pod)
-                }
-            },
-        )
-        .await
-    }
-
-    /// Waits for a FailedScheduling event of pod `name` whose message contains `needle`;
-    /// returns the message.
-    async fn wait_failed_scheduling(&self, name: &str, needle: &str) -> String {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
-        let fields = format!("involvedObject.name={name},reason=FailedScheduling");
-        let seen = std::sync::Mutex::new(Vec::<String>::new());
-        let seen_ref = &seen;
-        let what = format!(
-            "a FailedScheduling event for pod {}/{name} containing {needle:?}",
-            self.ns
-        );
-        let found = wait_for_or_none(BIND_TIMEOUT, || {
-            let events = events.clone();
-            let fields = fields.clone();
-            let seen = seen_ref;
-            async move {
-                let list = events
-                    .list(&ListParams::default().fields(&fields))
-                    .await
-                    .ok()?;
-                let messages: Vec<String> =
-                    list.items.into_iter().filter_map(|e| e.message).collect();
-                let hit = messages.iter().find(|m| m.contains(needle)).cloned();
-                *seen.lock().unwrap() = messages;
-                hit
-            }
-        })
-        .await;
-        found.unwrap_or_else(|| {
-            panic!(
-                "timed out after {BIND_TIMEOUT:?} waiting for {what}; FailedScheduling messages seen: {:?}",
-                seen.lock().unwrap()
-            )
-        })
-    }
-}
-
-/// Polls `check` every 250 ms until it returns `Some`, for at most `timeout`;
-/// panics naming `what` when time runs out.
-async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    wait_for_or_none(timeout, check)
-        .await
-        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
-}
-
-async fn wait_for_or_none<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn annotations(pod: &Pod) -> BTreeMap<String, String> {
-    pod.metadata.annotations.clone().unwrap_or_default()
-}
-
-/// The GPU indices the extender chose for container 0, checked against the
-/// gpu-manager protocol annotations.
-fn assert_placement_annotations(pod: &Pod, gpus_on_node: u32) -> Vec<u32> {
-    let name = pod.metadata.name.as_deref().unwrap();
-    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
-    let a = annotations(pod);
-    assert_eq!(
-        a.get("tencent.com/predicate-node"),
-        Some(&node),
-        "pod {name}: predicate-node must name the node it was bound to; annotations: {a:?}"
-    );
-    assert_eq!(
-        a.get("tencent.com/gpu-assigned").map(String::as_str),
-        Some("false"),
-        "pod {name}: annotations: {a:?}"
-    );
-    assert!(
-        a.contains_key("tencent.com/predicate-time"),
-        "pod {name}: annotations: {a:?}"
-    );
-    let idx = a
-        .get("tencent.com/predicate-gpu-idx-0")
-        .unwrap_or_else(|| panic!("pod {name} has no predicate-gpu-idx-0; annotations: {a:?}"));
-    let indices: Vec<u32> = idx
-        .split(',')
-        .map(|i| {
-            i.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("pod {name}: bad GPU index list {idx:?}"))
-        })
-        .collect();
-    assert!(
-        !indices.is_empty() && indices.iter().all(|&i| i < gpus_on_node),
-        "pod {name}: GPU indices {indices:?} out of range for a {gpus_on_node}-GPU node"
-    );
-    indices
-}
+use e2e_support::*;
 
 /// Scenario 1: a share-mode pod that wants Tesla-T4 is bound by kube-scheduler to a T4
 /// node (not the A100 one), carrying the extender's gpu-manager annotations.
@@ -506,31 +210,6 @@ async fn mixed_pods_never_overcommit_a_gpu_and_a_pod_that_cannot_fit_stays_pendi
     cluster.delete_nodes().await;
 }
 
-/// Runs the `GPU_ADMISSION_E2E_CTL` script with `action` (`stop` or `start`).
-fn ctl(action: &str) {
-    let script = std::env::var_os(CTL_ENV).unwrap_or_else(|| {
-        panic!("{CTL_ENV} is not set: this scenario needs a script to stop/start gpu-admission")
-    });
-    let status = std::process::Command::new("bash")
-        .arg(&script)
-        .arg(action)
-        .status()
-        .unwrap();
-    assert!(status.success(), "`{script:?} {action}` failed: {status}");
-}
-
-/// Restarts gpu-admission when dropped, so a failing assertion does not leave the
-/// extender down for the scenarios that follow.
-struct RestartOnDrop(bool);
-
-impl Drop for RestartOnDrop {
-    fn drop(&mut self) {
-        if self.0 {
-            ctl("start");
-        }
-    }
-}
-
 /// Scenario 6-lite: with gpu-admission stopped, a GPU pod stays Pending with a
 /// FailedScheduling event (the scheduler cannot reach its extender); once gpu-admission
 /// is back, the pod is placed.
@@ -571,69 +250,6 @@ async fn pod_waits_while_the_extender_is_down_and_is_placed_after_restart() {
     assert_placement_annotations(&pod, 2);
 
     cluster.delete_nodes().await;
-}
-
-/// Registers gpu-admission's `/mutate` and `/validate` as the apiserver's webhooks for
-/// pods in namespaces labelled `gpu-admission-e2e/webhooks=<scenario>` (so other
-/// scenarios are not affected), served at `GPU_ADMISSION_E2E_SERVER_URL` and trusted
-/// through `GPU_ADMISSION_E2E_CA_FILE`; deleted again by `unregister_webhooks`.
-async fn register_webhooks(cluster: &Cluster) {
-    use base64::Engine as _;
-    use k8s_openapi::api::admissionregistration::v1::{
-        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-    };
-    let url = std::env::var("GPU_ADMISSION_E2E_SERVER_URL")
-        .expect("GPU_ADMISSION_E2E_SERVER_URL (gpu-admission's https URL) is not set");
-    let ca_file = std::env::var("GPU_ADMISSION_E2E_CA_FILE")
-        .expect("GPU_ADMISSION_E2E_CA_FILE (gpu-admission's CA) is not set");
-    let ca = std::fs::read(&ca_file).unwrap();
-    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
-    let name = format!("gpu-admission-e2e-{}", cluster.scenario);
-    let webhook = |kind: &str| {
-        json!({
-            "name": format!("{kind}.gpu-admission.io"),
-            "clientConfig": {"url": format!("{url}/{kind}"), "caBundle": ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"]}],
-            "namespaceSelector": {"matchLabels": {"gpu-admission-e2e/webhooks": cluster.scenario}},
-            "failurePolicy": "Fail",
-            "sideEffects": "NoneOnDryRun",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 10,
-        })
-    };
-    let mutating: MutatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "webhooks": [webhook("mutate")],
-    }))
-    .unwrap();
-    let validating: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "webhooks": [webhook("validate")],
-    }))
-    .unwrap();
-    unregister_webhooks(cluster).await;
-    Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
-        .create(&PostParams::default(), &mutating)
-        .await
-        .unwrap();
-    Api::<ValidatingWebhookConfiguration>::all(cluster.client.clone())
-        .create(&PostParams::default(), &validating)
-        .await
-        .unwrap();
-}
-
-async fn unregister_webhooks(cluster: &Cluster) {
-    use k8s_openapi::api::admissionregistration::v1::{
-        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-    };
-    let name = format!("gpu-admission-e2e-{}", cluster.scenario);
-    let _ = Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await;
-    let _ = Api::<ValidatingWebhookConfiguration>::all(cluster.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await;
 }
 
 /// Webhooks through the real apiserver: in a namespace with a GPUQuota of one Tesla-K80,
@@ -730,5 +346,645 @@ async fn webhooks_steer_a_gpu_pod_and_deny_one_over_the_namespace_quota() {
     );
 
     unregister_webhooks(&cluster).await;
+    cluster.delete_nodes().await;
+}
+
+/// A. Quota lifecycle (DESIGN §3): with `Tesla-T4: 2`, two 1-GPU pods are admitted, the
+/// third is refused by the API server (403 Forbidden, the webhook's quota message);
+/// deleting a pod, or moving one to Succeeded, makes room again; `status.used` (the
+/// `Used` column of `kubectl get gq`) follows the live pods.
+#[tokio::test]
+async fn quota_lifecycle_admit_refuse_and_free_on_delete_and_on_success() {
+    let Some(cluster) = setup("lifecycle").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "2"}), Some(model))
+        .await;
+    register_webhooks(&cluster).await;
+
+    for name in ["one", "two"] {
+        let pod = unscheduled_gpu_pod(name, None, 1);
+        cluster
+            .try_create(&pod)
+            .await
+            .unwrap_or_else(|e| panic!("pod {name} is within quota and must be admitted: {e}"));
+    }
+    let message = forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("three", None, 1))
+            .await,
+        "the third 1-GPU pod",
+    );
+    println!("three: {message}");
+    let expected = format!(
+        "admission webhook \"validate.gpu-admission.io\" denied the request: GPU quota exceeded \
+         in namespace \"{}\" for {model}: requested 1, used 2 of 2 (GPUQuota {}/default)",
+        cluster.ns, cluster.ns
+    );
+    assert_eq!(message, expected);
+    let status = cluster.wait_used("default", model, 2000).await;
+    println!("after two pods: used {:?}", status.used);
+
+    // Deleting a pod frees its GPU (the reconciler runs on pod deletion and every 15 s).
+    cluster
+        .pods()
+        .delete("one", &DeleteParams::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    cluster
+        .create_when_admitted(&unscheduled_gpu_pod("three", None, 1), QUOTA_TIMEOUT)
+        .await;
+    println!("three admitted {:?} after deleting one", started.elapsed());
+    forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("four", None, 1))
+            .await,
+        "a pod over the quota again",
+    );
+
+    // A pod that finished (phase Succeeded, written through the status subresource)
+    // no longer counts.
+    cluster
+        .pods()
+        .patch_status(
+            "two",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    cluster
+        .create_when_admitted(&unscheduled_gpu_pod("four", None, 1), QUOTA_TIMEOUT)
+        .await;
+    println!("four admitted {:?} after two succeeded", started.elapsed());
+
+    let status = cluster.wait_used("default", model, 2000).await;
+    assert_eq!(
+        cluster.live_pod_gpus().await,
+        2000,
+        "three and four are live"
+    );
+    println!(
+        "kubectl get gq: Hard {{\"{model}\":\"2\"}} Used {:?}",
+        status.used
+    );
+    unregister_webhooks(&cluster).await;
+}
+
+/// B. A server-side dry-run create of a GPU pod is evaluated (refused when over quota)
+/// but reserves nothing: `status.used` and `status.reservations` stay as they were.
+#[tokio::test]
+async fn dry_run_is_judged_but_reserves_nothing() {
+    let Some(cluster) = setup("dryrun").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "1"}), Some(model))
+        .await;
+    register_webhooks(&cluster).await;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+
+    let before = cluster.wait_used("default", model, 0).await;
+    cluster
+        .pods()
+        .create(&dry_run, &unscheduled_gpu_pod("dry", None, 1))
+        .await
+        .unwrap_or_else(|e| panic!("a dry-run within quota must be allowed: {e}"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cluster.quota_status("default").await, before);
+    assert!(
+        cluster.pods().get_opt("dry").await.unwrap().is_none(),
+        "a dry-run creates nothing"
+    );
+
+    cluster
+        .try_create(&unscheduled_gpu_pod("real", None, 1))
+        .await
+        .unwrap();
+    let before = cluster.wait_used("default", model, 1000).await;
+    let message = forbidden_message(
+        cluster
+            .pods()
+            .create(&dry_run, &unscheduled_gpu_pod("dry-over", None, 1))
+            .await,
+        "a dry-run over the quota",
+    );
+    println!("dry-over: {message}");
+    assert!(message.contains("GPU quota exceeded"), "{message}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cluster.quota_status("default").await, before);
+    unregister_webhooks(&cluster).await;
+}
+
+/// C. Two gpu-admission replicas validate concurrently against one GPUQuota (one webhook
+/// per replica, each for the pods labelled `replica: a` / `replica: b`): 60 parallel
+/// 1-GPU creates against a quota of 10 admit exactly 10, and `status.used` ends at 10.
+#[tokio::test]
+async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
+    let Some(cluster) = setup("replicas").await else {
+        return;
+    };
+    let model = "Tesla-M60";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "10"}), None)
+        .await;
+    let hook = |replica: &str, server: &str| Hook {
+        name: format!("validate-{replica}.gpu-admission.io"),
+        url: format!("{server}/validate"),
+        object_selector: Some(json!({"matchLabels": {"replica": replica}})),
+    };
+    register_hooks(
+        &cluster,
+        vec![],
+        vec![hook("a", &server_url()), hook("b", &server_url_b())],
+    )
+    .await;
+    // Both replicas must have seen the quota.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut creates = tokio::task::JoinSet::new();
+    for i in 0..60 {
+        let replica = if i % 2 == 0 { "a" } else { "b" };
+        let pod = with_labels(
+            unscheduled_gpu_pod(&format!("p{i:02}-{replica}"), Some(model), 1),
+            json!({"replica": replica}),
+        );
+        let pods = cluster.pods();
+        creates.spawn(async move {
+            let result = pods.create(&PostParams::default(), &pod).await;
+            (replica, result)
+        });
+    }
+    let mut admitted: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
+    while let Some(joined) = creates.join_next().await {
+        let (replica, result) = joined.unwrap();
+        match result {
+            Ok(_) => *admitted.entry(replica).or_default() += 1,
+            Err(e) => {
+                let text = e.to_string();
+                let kind = if text.contains("GPU quota exceeded") {
+                    "quota exceeded (403)".to_string()
+                } else {
+                    text
+                };
+                *refusals.entry(kind).or_default() += 1;
+            }
+        }
+    }
+    println!("admitted per replica: {admitted:?}; refusals: {refusals:?}");
+    assert_eq!(
+        admitted.values().sum::<u32>(),
+        10,
+        "exactly the quota must be admitted; admitted per replica {admitted:?}, refusals {refusals:?}"
+    );
+    assert_eq!(
+        refusals.get("quota exceeded (403)"),
+        Some(&50),
+        "every other create is refused for quota; refusals {refusals:?}"
+    );
+    let status = cluster.wait_used("default", model, 10_000).await;
+    assert_eq!(cluster.live_pod_gpus().await, 10_000);
+    println!("status.used {:?}", status.used);
+    unregister_webhooks(&cluster).await;
+}
+
+/// D. Failure policy `Fail`: with gpu-admission stopped, creating a pod the webhooks
+/// cover fails with the apiserver's `failed calling webhook` error, while a pod in a
+/// namespace the webhooks do not select is created; after a restart creates work again.
+#[tokio::test]
+async fn webhook_down_fails_covered_pods_only() {
+    let Some(cluster) = setup("failpolicy").await else {
+        return;
+    };
+    cluster.label_for_webhooks().await;
+    register_webhooks(&cluster).await;
+    let other = cluster.create_namespace("other").await;
+
+    ctl("stop");
+    let mut guard = RestartOnDrop(true);
+    let error = cluster
+        .try_create(&unscheduled_gpu_pod("while-down", Some("Tesla-T4"), 1))
+        .await
+        .expect_err("with the webhook down, a covered pod must not be created");
+    let message = error.to_string();
+    println!("while-down: {message}");
+    assert!(
+        message.contains("failed calling webhook \"mutate.gpu-admission.io\""),
+        "unexpected error: {message}"
+    );
+    Api::<Pod>::namespaced(cluster.client.clone(), &other)
+        .create(&PostParams::default(), &plain_pod("elsewhere"))
+        .await
+        .unwrap_or_else(|e| panic!("a pod outside the webhooks' namespaces must be created: {e}"));
+
+    guard.0 = false;
+    ctl("start");
+    cluster
+        .create_when_admitted(
+            &unscheduled_gpu_pod("after-restart", Some("Tesla-T4"), 1),
+            Duration::from_secs(20),
+        )
+        .await;
+    unregister_webhooks(&cluster).await;
+}
+
+/// SHA-256 fingerprint (openssl's `-fingerprint` line) of the certificate gpu-admission
+/// presents at `url` on a fresh TLS handshake, or of a PEM file.
+fn fingerprint(source: &str) -> String {
+    let script = if let Some(hostport) = source.strip_prefix("https://") {
+        format!(
+            "openssl s_client -connect {hostport} </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256"
+        )
+    } else {
+        format!("openssl x509 -in {source} -noout -fingerprint -sha256")
+    };
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "`{script}` failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// E. Certificate rotation: while 40 pods are created one after the other through the
+/// webhooks, the serving certificate and key are replaced by a renewal under the same CA
+/// (`gpu-admission certs` with another `--host`, renamed into place); no create fails and
+/// the server presents the new certificate.
+#[tokio::test]
+async fn certificate_rotation_under_load_fails_no_create() {
+    let Some(cluster) = setup("rotation").await else {
+        return;
+    };
+    cluster.label_for_webhooks().await;
+    register_webhooks(&cluster).await;
+    let cert_dir = PathBuf::from(
+        std::env::var("GPU_ADMISSION_E2E_CERT_DIR").expect("GPU_ADMISSION_E2E_CERT_DIR is not set"),
+    );
+    let reloads_before = admin_metric("gpu_admission_tls_reloads_total{result=\"reloaded\"}");
+    let old = fingerprint(&server_url());
+
+    let pods = cluster.pods();
+    let load = tokio::spawn(async move {
+        let mut failures = Vec::new();
+        for i in 0..40 {
+            if let Err(e) = pods
+                .create(&PostParams::default(), &plain_pod(&format!("load-{i:02}")))
+                .await
+            {
+                failures.push(format!("load-{i:02}: {e}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        failures
+    });
+
+    // The renewal: same CA, another SAN, made in a scratch directory, then renamed in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let scratch = tempfile::tempdir().unwrap();
+    for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+        std::fs::copy(cert_dir.join(file), scratch.path().join(file)).unwrap();
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-admission"))
+        .args([
+            "certs",
+            "--service",
+            "gpu-admission",
+            "--namespace",
+            "gpu-admission",
+        ])
+        .arg("--out-dir")
+        .arg(scratch.path())
+        .args([
+            "--host",
+            "localhost",
+            "--host",
+            "rotated.e2e.invalid",
+            "--ip",
+            "127.0.0.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "gpu-admission certs failed: {out:?}");
+    let renewed = scratch.path().join("tls.crt");
+    let new = fingerprint(renewed.to_str().unwrap());
+    assert_ne!(
+        new, old,
+        "`certs` with a new --host must issue a new certificate"
+    );
+    // Same filesystem for an atomic rename: stage next to the live files first.
+    for file in ["tls.key", "tls.crt"] {
+        let staged = cert_dir.join(format!(".{file}.rotating"));
+        std::fs::copy(scratch.path().join(file), &staged).unwrap();
+        std::fs::rename(&staged, cert_dir.join(file)).unwrap();
+    }
+
+    let served = wait_for(
+        "gpu-admission to serve the renewed certificate",
+        Duration::from_secs(15),
+        || {
+            let new = new.clone();
+            async move {
+                let served = fingerprint(&server_url());
+                (served == new).then_some(served)
+            }
+        },
+    )
+    .await;
+    let reloads_after = admin_metric("gpu_admission_tls_reloads_total{result=\"reloaded\"}");
+    println!(
+        "served certificate {old} -> {served}; tls reloads (reloaded) {reloads_before} -> {reloads_after}"
+    );
+    assert!(reloads_after > reloads_before);
+
+    let failures = load.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "creates failed during rotation: {failures:#?}"
+    );
+    unregister_webhooks(&cluster).await;
+}
+
+/// F. `gpu-admission quota import --file` turns the legacy tkestack quota JSON into a
+/// GPUQuota that the webhook then enforces.
+#[tokio::test]
+async fn legacy_quota_import_creates_an_enforced_gpuquota() {
+    let Some(cluster) = setup("import").await else {
+        return;
+    };
+    let model = "Tesla-K40";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpu_quota.json");
+    std::fs::write(
+        &file,
+        json!({cluster.ns.as_str(): {"quota": {model: 1}}}).to_string(),
+    )
+    .unwrap();
+    let kubeconfig = std::env::var(KUBECONFIG_ENV).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-admission"))
+        .args(["quota", "import", "--kubeconfig", &kubeconfig])
+        .arg("--file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    println!(
+        "quota import: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "gpu-admission quota import failed: {out:?}"
+    );
+    let quota = cluster.quotas().get("default").await.unwrap();
+    assert_eq!(
+        quota.spec.hard.get(model).map(|q| milli_gpus(&q.0)),
+        Some(1000),
+        "imported spec: {:?}",
+        quota.spec
+    );
+
+    cluster.label_for_webhooks().await;
+    register_webhooks(&cluster).await;
+    cluster
+        .try_create(&unscheduled_gpu_pod("first", Some(model), 1))
+        .await
+        .unwrap_or_else(|e| panic!("within the imported quota: {e}"));
+    let message = forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("second", Some(model), 1))
+            .await,
+        "a pod over the imported quota",
+    );
+    println!("second: {message}");
+    assert!(
+        message.contains(&format!(
+            "for {model}: requested 1, used 1 of 1 (GPUQuota {}/default)",
+            cluster.ns
+        )),
+        "{message}"
+    );
+    unregister_webhooks(&cluster).await;
+}
+
+/// G. Measurements (printed, and recorded in docs/e2e.md): the latency the webhooks add
+/// to a pod create (p50/p99 of 200 sequential creates with and without them), and pods
+/// per second through kube-scheduler with the extender.
+#[tokio::test]
+async fn measure_webhook_latency_and_scheduling_throughput() {
+    let Some(cluster) = setup("measure").await else {
+        return;
+    };
+    let model = "Tesla-A10";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "1000"}), Some(model))
+        .await;
+    register_webhooks(&cluster).await;
+    let plain_ns = cluster.create_namespace("plain").await;
+    let plain: Api<Pod> = Api::namespaced(cluster.client.clone(), &plain_ns);
+
+    const CREATES: usize = 200;
+    let server_before = admin_metrics();
+    let mut with_hooks = Vec::with_capacity(CREATES);
+    let mut without = Vec::with_capacity(CREATES);
+    for i in 0..CREATES {
+        let pod = unscheduled_gpu_pod(&format!("lat-{i:03}"), None, 1);
+        let t = Instant::now();
+        cluster.try_create(&pod).await.unwrap();
+        with_hooks.push(t.elapsed());
+        let t = Instant::now();
+        plain.create(&PostParams::default(), &pod).await.unwrap();
+        without.push(t.elapsed());
+    }
+    let line = |what: &str, samples: &[Duration]| {
+        format!(
+            "{what}: p50 {:.1} ms, p99 {:.1} ms ({} creates)",
+            percentile_ms(samples, 50.0),
+            percentile_ms(samples, 99.0),
+            samples.len()
+        )
+    };
+    println!(
+        "MEASURE pod create {}",
+        line(
+            "with webhooks (mutate + validate with quota reservation)",
+            &with_hooks
+        )
+    );
+    println!("MEASURE pod create {}", line("without webhooks", &without));
+    println!(
+        "MEASURE webhook overhead: p50 +{:.1} ms, p99 +{:.1} ms",
+        percentile_ms(&with_hooks, 50.0) - percentile_ms(&without, 50.0),
+        percentile_ms(&with_hooks, 99.0) - percentile_ms(&without, 99.0)
+    );
+    println!(
+        "MEASURE with webhooks, p50 of the first 50 creates {:.1} ms, of the last 50 {:.1} ms; \
+         reservations in the GPUQuota status now: {}",
+        percentile_ms(&with_hooks[..50], 50.0),
+        percentile_ms(&with_hooks[CREATES - 50..], 50.0),
+        cluster.quota_status("default").await.reservations.len()
+    );
+    // Of which inside gpu-admission (its own request-duration histogram).
+    let server_after = admin_metrics();
+    for route in ["mutate", "validate"] {
+        let fragment = format!("route=\"{route}\"");
+        let delta = |name: &str| {
+            sum_metric(&server_after, name, &fragment) - sum_metric(&server_before, name, &fragment)
+        };
+        let (sum, count) = (
+            delta("gpu_admission_request_duration_seconds_sum"),
+            delta("gpu_admission_request_duration_seconds_count"),
+        );
+        if count > 0.0 {
+            println!(
+                "MEASURE inside gpu-admission: /{route} mean {:.1} ms over {count} requests",
+                sum / count * 1000.0
+            );
+        }
+    }
+    // For comparison: what validate's two API calls (list the namespace's GPUQuotas,
+    // write one status with its resourceVersion) take from this test's kube client.
+    let (mut lists, mut writes) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        let t = Instant::now();
+        let quota = cluster.quotas().list(&ListParams::default()).await.unwrap();
+        lists.push(t.elapsed());
+        let mut quota = quota.items.into_iter().next().unwrap();
+        // A real change (as a reservation is), so the apiserver cannot skip the write.
+        let status = quota.status.get_or_insert_with(Default::default);
+        let probe =
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(lists.len().to_string());
+        status.used.insert("e2e-probe".into(), probe);
+        let t = Instant::now();
+        cluster
+            .quotas()
+            .replace_status("default", &PostParams::default(), &quota)
+            .await
+            .unwrap();
+        writes.push(t.elapsed());
+    }
+    // And the library's own reservation (what /validate runs), from this process.
+    let mut reserves = Vec::new();
+    for i in 0..20 {
+        use gpu_admission::quota::reserve;
+        let pod = unscheduled_gpu_pod(&format!("probe-{i:02}"), Some(model), 1);
+        let wanted = gpu_admission::placement::models::WantedModels::of_pod(
+            &pod,
+            TYPE_ANNOTATION,
+            MODEL_LABEL,
+            Some(model),
+            &[model.to_string()],
+        );
+        let rules = gpu_admission::quota::ledger::AdmitRules {
+            untyped: gpu_admission::config::UntypedPods::Allow,
+            quota_required: false,
+        };
+        let identity = reserve::PodIdentity {
+            name: format!("probe-{i:02}"),
+            uid: String::new(),
+        };
+        let amount = gpu_admission::placement::quantity::Milli(1000);
+        let t = Instant::now();
+        let reserved = reserve::reserve(
+            &cluster.client,
+            &cluster.ns,
+            &wanted,
+            amount,
+            rules,
+            &identity,
+            false,
+        )
+        .await
+        .unwrap();
+        reserves.push(t.elapsed());
+        assert_eq!(reserved, reserve::Reserved::Yes);
+    }
+    println!(
+        "MEASURE gpu_admission::quota::reserve::reserve from the test process: p50 {:.1} ms",
+        percentile_ms(&reserves, 50.0)
+    );
+    println!(
+        "MEASURE from the test's kube client: GPUQuota list p50 {:.1} ms, changed status write p50 {:.1} ms",
+        percentile_ms(&lists, 50.0),
+        percentile_ms(&writes, 50.0)
+    );
+    unregister_webhooks(&cluster).await;
+
+    // Throughput: 100 half-GPU pods on 8 nodes of 8 GPUs (128 half-GPU slots).
+    let bench_model = "Tesla-A10-bench";
+    for n in 1..=8 {
+        cluster
+            .create_gpu_node(&format!("e2e-measure-{n}"), bench_model, 8)
+            .await;
+    }
+    const PODS: usize = 100;
+    // Created 10 at a time, so the API server's create rate does not limit the measure.
+    let started = Instant::now();
+    let mut creates = tokio::task::JoinSet::new();
+    for batch in 0..PODS / 10 {
+        let cluster = Cluster {
+            client: cluster.client.clone(),
+            scenario: cluster.scenario,
+            ns: cluster.ns.clone(),
+        };
+        creates.spawn(async move {
+            for i in batch * 10..batch * 10 + 10 {
+                let share = Gpu::Share {
+                    core: 50,
+                    memory: 2,
+                };
+                cluster
+                    .create_gpu_pod(&format!("sched-{i:03}"), bench_model, share)
+                    .await;
+            }
+        });
+    }
+    while let Some(joined) = creates.join_next().await {
+        joined.unwrap();
+    }
+    let created = started.elapsed();
+    let pods = cluster.pods();
+    wait_for(
+        &format!("all {PODS} pods to be bound"),
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels("")).await.ok()?;
+                let bound = list
+                    .items
+                    .iter()
+                    .filter(|p| {
+                        p.metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with("sched-"))
+                    })
+                    .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                    .count();
+                (bound == PODS).then_some(())
+            }
+        },
+    )
+    .await;
+    let all_bound = started.elapsed();
+    println!(
+        "MEASURE scheduling: {PODS} GPU pods created in {:.2} s, all bound after {:.2} s = {:.1} pods/s",
+        created.as_secs_f64(),
+        all_bound.as_secs_f64(),
+        PODS as f64 / all_bound.as_secs_f64()
+    );
     cluster.delete_nodes().await;
 }

@@ -39,38 +39,58 @@ pub async fn run(
 /// One pass over every quota; returns how many statuses were rewritten.
 pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
     let now = time::OffsetDateTime::now_utc();
-    let changed: Vec<GPUQuota> = cache.with_state(|state| {
-        state
-            .quotas()
-            .filter_map(|quota| {
-                let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
-                let usage = state.usage(namespace);
-                let seen = |name: &str, uid: &str| {
-                    state
-                        .pod(&format!("{namespace}/{name}"))
-                        .is_some_and(|pod| uid.is_empty() || &*pod.uid == uid)
-                };
-                let status = reconciled_status(quota, &usage, seen, now);
-                (quota.status.as_ref() != Some(&status)).then(|| {
-                    let mut updated = quota.clone();
-                    updated.status = Some(status);
-                    updated
-                })
-            })
-            .collect()
-    });
+    let quotas: Vec<GPUQuota> = cache.with_state(|state| state.quotas().cloned().collect());
     let mut written = 0;
-    for quota in changed {
-        let namespace = quota.metadata.namespace.clone().unwrap_or_default();
+    for cached in quotas {
+        let namespace = cached.metadata.namespace.clone().unwrap_or_default();
+        let name = cached.metadata.name.clone().unwrap_or_default();
         let api: Api<GPUQuota> = Api::namespaced(client.clone(), &namespace);
-        match replace_status(&api, &quota).await {
-            Ok(()) => written += 1,
-            // Someone (an admission) wrote first; the next pass starts from fresh data.
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => {
-                tracing::warn!(%namespace, quota = quota.metadata.name.as_deref().unwrap_or_default(), %error, "cannot update GPUQuota status")
+        // The cached copy may be behind the admissions' writes: on a conflict, read the
+        // quota fresh and try once more, so busy quotas still get their reservations pruned.
+        let mut quota = Some(cached);
+        for attempt in 0..2 {
+            let Some(current) = quota.take() else { break };
+            let Some(updated) = reconciled(cache, &current, now) else {
+                break;
+            };
+            match replace_status(&api, &updated).await {
+                Ok(()) => {
+                    written += 1;
+                    break;
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 && attempt == 0 => {
+                    quota = api.get(&name).await.ok();
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(error) => {
+                    tracing::warn!(%namespace, quota = %name, %error, "cannot update GPUQuota status");
+                    break;
+                }
             }
         }
     }
     written
+}
+
+/// The quota with the status the cache's pods call for, or `None` when it already has it.
+fn reconciled(
+    cache: &ClusterCache,
+    quota: &GPUQuota,
+    now: time::OffsetDateTime,
+) -> Option<GPUQuota> {
+    cache.with_state(|state| {
+        let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
+        let usage = state.usage(namespace);
+        let seen = |name: &str, uid: &str| {
+            state
+                .pod(&format!("{namespace}/{name}"))
+                .is_some_and(|pod| uid.is_empty() || &*pod.uid == uid)
+        };
+        let status = reconciled_status(quota, &usage, seen, now);
+        (quota.status.as_ref() != Some(&status)).then(|| {
+            let mut updated = quota.clone();
+            updated.status = Some(status);
+            updated
+        })
+    })
 }

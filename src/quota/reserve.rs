@@ -64,8 +64,10 @@ pub async fn reserve(
     dry_run: bool,
 ) -> Result<Reserved, ReserveError> {
     let api: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
-    for _ in 0..ATTEMPTS {
+    for attempt in 0..ATTEMPTS {
+        let started = std::time::Instant::now();
         let quotas = api.list(&Default::default()).await?.items;
+        let listed = started.elapsed();
         let views = views_with_status(&quotas)?;
         let model = match admit(namespace, &views, wanted, amount, rules) {
             Err(denial) => return Ok(Reserved::Denied(denial)),
@@ -75,7 +77,14 @@ pub async fn reserve(
         if dry_run {
             return Ok(Reserved::Yes);
         }
-        match write_all(&api, &quotas, &model, amount, pod).await? {
+        let written = write_all(&api, &quotas, &model, amount, pod).await?;
+        tracing::debug!(
+            namespace, pod = %pod.name, attempt, written,
+            list_ms = listed.as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            "quota reservation"
+        );
+        match written {
             true => return Ok(Reserved::Yes),
             false => continue, // someone else wrote first: decide again on fresh data
         }

@@ -13,6 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if ! python3 -c "import yaml" 2>/dev/null; then
+  echo "hack/check-chart.sh needs python3 with PyYAML (apt-get install python3-yaml)" >&2
+  exit 1
+fi
 helm="$(bash hack/helm.sh)"
 chart=charts/gpu-admission
 

@@ -1,8 +1,8 @@
 use anyhow::Context;
-use clap::Parser;
-use gpu_admission::cli::{CertsArgs, Cli, Command, QuotaCommand};
 use base64::Engine as _;
+use clap::Parser;
 use gpu_admission::certs::install;
+use gpu_admission::cli::{CertsArgs, Cli, Command, QuotaCommand};
 use gpu_admission::{certs, import, serve, telemetry};
 
 fn main() -> std::process::ExitCode {
@@ -79,7 +79,10 @@ fn run_certs(args: CertsArgs) -> anyhow::Result<()> {
         };
         let material = match kept {
             Some(material) => {
-                eprintln!("Kept: the certificate in Secret {} is still good", args.secret);
+                eprintln!(
+                    "Kept: the certificate in Secret {} is still good",
+                    args.secret
+                );
                 material
             }
             None => {
@@ -101,7 +104,12 @@ fn ensure_files(
     request: &certs::CertRequest,
     renew_within: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let outcome = certs::ensure(files, request, renew_within, time::OffsetDateTime::now_utc())?;
+    let outcome = certs::ensure(
+        files,
+        request,
+        renew_within,
+        time::OffsetDateTime::now_utc(),
+    )?;
     eprintln!(
         "{outcome:?}: {} ({})",
         files.cert.display(),

@@ -32,8 +32,8 @@ fn documents() -> Vec<(PathBuf, Value)> {
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let value =
+                Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             if !value.is_null() {
                 docs.push((path.clone(), value));
             }
@@ -49,7 +49,11 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
 #[test]
 fn every_document_has_api_version_kind_and_name() {
     let docs = documents();
-    assert!(docs.len() > 20, "only {} documents under deploy/", docs.len());
+    assert!(
+        docs.len() > 20,
+        "only {} documents under deploy/",
+        docs.len()
+    );
     for (path, doc) in &docs {
         for field in [&["apiVersion"][..], &["kind"], &["metadata", "name"]] {
             assert!(
@@ -87,7 +91,10 @@ fn webhook_configurations_have_the_required_fields() {
         assert_eq!(webhooks.len(), 1, "{kind}");
         let hook = &webhooks[0];
         assert_eq!(str_at(hook, &["name"]), Some(name));
-        assert_eq!(str_at(hook, &["clientConfig", "service", "path"]), Some(path));
+        assert_eq!(
+            str_at(hook, &["clientConfig", "service", "path"]),
+            Some(path)
+        );
         assert_eq!(
             str_at(hook, &["clientConfig", "service", "name"]),
             Some("gpu-admission")

@@ -136,8 +136,7 @@ pub(super) fn check_leaf_pem(
     renew_within: time::Duration,
 ) -> Result<(), Error> {
     let der = first_cert(cert_path, cert_pem)?;
-    let key_pem =
-        std::str::from_utf8(key_pem).map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
+    let key_pem = std::str::from_utf8(key_pem).map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
     let key = KeyPair::from_pem(key_pem).map_err(|e| parse_err(key_path, e))?;
     let x509 = parse_x509(cert_path, &der)?;
     if x509.public_key().raw != key.subject_public_key_info().as_slice() {

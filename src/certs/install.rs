@@ -72,7 +72,8 @@ impl TlsMaterial {
         renew_within: std::time::Duration,
     ) -> Result<(), Error> {
         let window = time::Duration::try_from(renew_within).unwrap_or(time::Duration::MAX);
-        let (ca_path, cert_path, key_path) = (Path::new(CA_CRT), Path::new(TLS_CRT), Path::new(TLS_KEY));
+        let (ca_path, cert_path, key_path) =
+            (Path::new(CA_CRT), Path::new(TLS_CRT), Path::new(TLS_KEY));
         let ca_der = inspect::first_cert(ca_path, &self.ca_cert)?;
         let ca_x509 = inspect::parse_x509(ca_path, &ca_der)?;
         if !ca_x509.is_ca() || ca_x509.validity().not_after.to_datetime() - now <= window {
@@ -163,13 +164,33 @@ pub async fn install(target: &InstallTarget<'_>, material: &TlsMaterial) -> anyh
     apply_secret(&client, target, material).await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let names = match validating.get_opt(WEBHOOK_CONFIGURATION).await? {
-        Some(config) => Some(config.webhooks.unwrap_or_default().into_iter().map(|w| w.name).collect()),
+        Some(config) => Some(
+            config
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| w.name)
+                .collect(),
+        ),
         None => None,
     };
-    patch_ca_bundle(&validating, WebhookKind::Validating, names, &material.ca_cert).await?;
+    patch_ca_bundle(
+        &validating,
+        WebhookKind::Validating,
+        names,
+        &material.ca_cert,
+    )
+    .await?;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client);
     let names = match mutating.get_opt(WEBHOOK_CONFIGURATION).await? {
-        Some(config) => Some(config.webhooks.unwrap_or_default().into_iter().map(|w| w.name).collect()),
+        Some(config) => Some(
+            config
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| w.name)
+                .collect(),
+        ),
         None => None,
     };
     patch_ca_bundle(&mutating, WebhookKind::Mutating, names, &material.ca_cert).await
@@ -193,7 +214,11 @@ async fn apply_secret(
     let secrets: Api<Secret> = Api::namespaced(client.clone(), target.namespace);
     let what = format!("Secret {}/{}", target.namespace, target.secret);
     let mut wanted = tls_secret(target.secret, target.namespace, material);
-    match secrets.get_opt(target.secret).await.with_context(|| format!("reading {what}"))? {
+    match secrets
+        .get_opt(target.secret)
+        .await
+        .with_context(|| format!("reading {what}"))?
+    {
         None => {
             secrets
                 .create(&PostParams::default(), &wanted)
@@ -274,7 +299,13 @@ mod tests {
     fn material(service: &str) -> (tempfile::TempDir, TlsMaterial) {
         let dir = tempfile::tempdir().unwrap();
         let files = CertFiles::in_dir(dir.path());
-        ensure(&files, &request(service), 30 * DAY, OffsetDateTime::now_utc()).unwrap();
+        ensure(
+            &files,
+            &request(service),
+            30 * DAY,
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         let material = TlsMaterial::read(&files).unwrap();
         (dir, material)
     }
@@ -303,7 +334,10 @@ mod tests {
     #[test]
     fn ca_bundle_patch_names_every_webhook_and_sets_only_the_bundle() {
         let pem = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-        let names = ["validate.gpu-admission.io".to_string(), "other.example".to_string()];
+        let names = [
+            "validate.gpu-admission.io".to_string(),
+            "other.example".to_string(),
+        ];
         let body = ca_bundle_patch(WebhookKind::Validating, &names, pem);
         let bundle = base64::engine::general_purpose::STANDARD.encode(pem);
         assert_eq!(
@@ -333,7 +367,11 @@ mod tests {
         let other = request("other").sans();
         assert!(material.check(&other, now, 30 * DAY).is_err());
         // Inside the renewal window.
-        assert!(material.check(&sans, now + time::Duration::days(340), 30 * DAY).is_err());
+        assert!(
+            material
+                .check(&sans, now + time::Duration::days(340), 30 * DAY)
+                .is_err()
+        );
         // A certificate from another CA.
         let (_dir2, foreign) = material_pair();
         let mixed = TlsMaterial {

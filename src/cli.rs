@@ -149,7 +149,7 @@ pub struct CertsArgs {
     #[arg(long, default_value = "gpu-admission-tls", requires = "install")]
     pub secret: String,
     /// kubeconfig file for `--install` (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-    #[arg(long, env = "GPU_ADMISSION_KUBECONFIG", requires = "install")]
+    #[arg(long, env = "GPU_ADMISSION_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 }
 

@@ -56,13 +56,13 @@ fn run_certs(args: CertsArgs) -> anyhow::Result<()> {
     let target = install::InstallTarget {
         secret: &args.secret,
         namespace: &request.namespace,
-        kubeconfig: args.kubeconfig.as_deref(),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
+        let client = serve::kube_client(args.kubeconfig.as_deref(), None).await?;
         // A re-run (the bootstrap Job starts with an empty disk) keeps a Secret that is
         // still good, so the CA and the caBundle do not change under running servers.
-        let kept = match install::existing_secret(&target).await? {
+        let kept = match install::existing_secret(&client, &target).await? {
             Some(secret) if files_absent(&files) => install::TlsMaterial::from_secret(&secret)
                 .filter(|material| {
                     let check = material.check(
@@ -90,7 +90,7 @@ fn run_certs(args: CertsArgs) -> anyhow::Result<()> {
                 install::TlsMaterial::read(&files)?
             }
         };
-        install::install(&target, &material).await?;
+        install::install(&client, &target, &material).await?;
         println!(
             "{}",
             base64::engine::general_purpose::STANDARD.encode(&material.ca_cert)

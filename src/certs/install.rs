@@ -150,18 +150,20 @@ pub fn ca_bundle_patch(kind: WebhookKind, webhooks: &[String], ca_pem: &[u8]) ->
     })
 }
 
-/// What [`install`] is asked to do.
+/// Where [`install`] writes.
 pub struct InstallTarget<'a> {
     pub secret: &'a str,
     pub namespace: &'a str,
-    pub kubeconfig: Option<&'a Path>,
 }
 
 /// Writes the Secret (create, or update when it differs) and patches the
 /// `caBundle` of both webhook configurations with `material.ca_cert`.
-pub async fn install(target: &InstallTarget<'_>, material: &TlsMaterial) -> anyhow::Result<()> {
-    let client = crate::serve::kube_client(target.kubeconfig, None).await?;
-    apply_secret(&client, target, material).await?;
+pub async fn install(
+    client: &kube::Client,
+    target: &InstallTarget<'_>,
+    material: &TlsMaterial,
+) -> anyhow::Result<()> {
+    apply_secret(client, target, material).await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let names = match validating.get_opt(WEBHOOK_CONFIGURATION).await? {
         Some(config) => Some(
@@ -181,7 +183,7 @@ pub async fn install(target: &InstallTarget<'_>, material: &TlsMaterial) -> anyh
         &material.ca_cert,
     )
     .await?;
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client);
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let names = match mutating.get_opt(WEBHOOK_CONFIGURATION).await? {
         Some(config) => Some(
             config
@@ -197,9 +199,11 @@ pub async fn install(target: &InstallTarget<'_>, material: &TlsMaterial) -> anyh
 }
 
 /// Reads the Secret, if it exists (for keeping good material on a re-run).
-pub async fn existing_secret(target: &InstallTarget<'_>) -> anyhow::Result<Option<Secret>> {
-    let client = crate::serve::kube_client(target.kubeconfig, None).await?;
-    let secrets: Api<Secret> = Api::namespaced(client, target.namespace);
+pub async fn existing_secret(
+    client: &kube::Client,
+    target: &InstallTarget<'_>,
+) -> anyhow::Result<Option<Secret>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), target.namespace);
     secrets
         .get_opt(target.secret)
         .await

@@ -141,6 +141,16 @@ pub struct CertsArgs {
     /// Extra IP addresses for the serving certificate (repeatable).
     #[arg(long = "ip")]
     pub ips: Vec<IpAddr>,
+    /// Also write the `kubernetes.io/tls` Secret (`--secret` in `--namespace`) and set the
+    /// `caBundle` of the `gpu-admission` webhook configurations.
+    #[arg(long)]
+    pub install: bool,
+    /// Name of the TLS Secret written by `--install`.
+    #[arg(long, default_value = "gpu-admission-tls", requires = "install")]
+    pub secret: String,
+    /// kubeconfig file for `--install` (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "GPU_ADMISSION_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[cfg(test)]

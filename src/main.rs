@@ -1,5 +1,7 @@
 use anyhow::Context;
+use base64::Engine as _;
 use clap::Parser;
+use gpu_admission::certs::install;
 use gpu_admission::cli::{CertsArgs, Cli, Command, QuotaCommand};
 use gpu_admission::{certs, import, serve, telemetry};
 
@@ -46,9 +48,65 @@ fn run_certs(args: CertsArgs) -> anyhow::Result<()> {
     };
     let renew_within =
         std::time::Duration::from_secs(u64::from(args.renew_within_days) * 24 * 3600);
+    if !args.install {
+        ensure_files(&files, &request, renew_within)?;
+        println!("{}", certs::ca_bundle_base64(&files)?);
+        return Ok(());
+    }
+    let target = install::InstallTarget {
+        secret: &args.secret,
+        namespace: &request.namespace,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = serve::kube_client(args.kubeconfig.as_deref(), None).await?;
+        // A re-run (the bootstrap Job starts with an empty disk) keeps a Secret that is
+        // still good, so the CA and the caBundle do not change under running servers.
+        let kept = match install::existing_secret(&client, &target).await? {
+            Some(secret) if files_absent(&files) => install::TlsMaterial::from_secret(&secret)
+                .filter(|material| {
+                    let check = material.check(
+                        &request.sans(),
+                        time::OffsetDateTime::now_utc(),
+                        renew_within,
+                    );
+                    if let Err(reason) = &check {
+                        eprintln!("Secret {}: not kept ({reason})", args.secret);
+                    }
+                    check.is_ok()
+                }),
+            _ => None,
+        };
+        let material = match kept {
+            Some(material) => {
+                eprintln!(
+                    "Kept: the certificate in Secret {} is still good",
+                    args.secret
+                );
+                material
+            }
+            None => {
+                ensure_files(&files, &request, renew_within)?;
+                install::TlsMaterial::read(&files)?
+            }
+        };
+        install::install(&client, &target, &material).await?;
+        println!(
+            "{}",
+            base64::engine::general_purpose::STANDARD.encode(&material.ca_cert)
+        );
+        Ok(())
+    })
+}
+
+fn ensure_files(
+    files: &certs::CertFiles,
+    request: &certs::CertRequest,
+    renew_within: std::time::Duration,
+) -> anyhow::Result<()> {
     let outcome = certs::ensure(
-        &files,
-        &request,
+        files,
+        request,
         renew_within,
         time::OffsetDateTime::now_utc(),
     )?;
@@ -57,6 +115,10 @@ fn run_certs(args: CertsArgs) -> anyhow::Result<()> {
         files.cert.display(),
         request.sans().join(", ")
     );
-    println!("{}", certs::ca_bundle_base64(&files)?);
     Ok(())
+}
+
+/// No CA on disk: the material in the Secret, if good, is the one to keep.
+fn files_absent(files: &certs::CertFiles) -> bool {
+    !files.ca_cert.exists() && !files.ca_key.exists()
 }

@@ -160,7 +160,8 @@ async fn bind(address: std::net::SocketAddr, flag: &str) -> anyhow::Result<TcpLi
         .with_context(|| format!("{flag} {address}: cannot listen"))
 }
 
-pub(crate) async fn kube_client(
+/// A kube client from `--kubeconfig` (or the usual inference) and an optional `--master`.
+pub async fn kube_client(
     kubeconfig: Option<&Path>,
     master: Option<&str>,
 ) -> anyhow::Result<kube::Client> {

@@ -116,10 +116,28 @@ pub(super) fn check_leaf(
     now: OffsetDateTime,
     renew_within: time::Duration,
 ) -> Result<(), Error> {
-    let der = first_cert(cert_path, &read(cert_path)?)?;
-    let key_pem =
-        String::from_utf8(read(key_path)?).map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
-    let key = KeyPair::from_pem(&key_pem).map_err(|e| parse_err(key_path, e))?;
+    check_leaf_pem(
+        (cert_path, &read(cert_path)?),
+        (key_path, &read(key_path)?),
+        &ca.der,
+        wanted,
+        now,
+        renew_within,
+    )
+}
+
+/// [`check_leaf`] on PEM already in memory; the paths only label errors.
+pub(super) fn check_leaf_pem(
+    (cert_path, cert_pem): (&Path, &[u8]),
+    (key_path, key_pem): (&Path, &[u8]),
+    ca_der: &CertificateDer<'static>,
+    wanted: &[String],
+    now: OffsetDateTime,
+    renew_within: time::Duration,
+) -> Result<(), Error> {
+    let der = first_cert(cert_path, cert_pem)?;
+    let key_pem = std::str::from_utf8(key_pem).map_err(|_| parse_err(key_path, "not UTF-8 PEM"))?;
+    let key = KeyPair::from_pem(key_pem).map_err(|e| parse_err(key_path, e))?;
     let x509 = parse_x509(cert_path, &der)?;
     if x509.public_key().raw != key.subject_public_key_info().as_slice() {
         return Err(parse_err(key_path, "key does not match the certificate"));
@@ -136,7 +154,7 @@ pub(super) fn check_leaf(
     if !missing.is_empty() {
         return Err(parse_err(cert_path, format!("missing SANs {missing:?}")));
     }
-    verify_signed_by(&der, &ca.der, now).map_err(|e| parse_err(cert_path, e))
+    verify_signed_by(&der, ca_der, now).map_err(|e| parse_err(cert_path, e))
 }
 
 fn check_window(

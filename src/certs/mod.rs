@@ -7,6 +7,7 @@
 
 mod atomic;
 mod inspect;
+pub mod install;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,86 @@
+{{/* Names are fixed: `certs --install` and the docs refer to them; one install per cluster. */}}
+
+{{- define "gpu-admission.labels" -}}
+app.kubernetes.io/name: gpu-admission
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "gpu-admission.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "gpu-admission.serviceHost" -}}
+gpu-admission.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{/* The GPU resource names, as a JSON list: vcuda-core, vcuda-memory, then the whole-GPU ones. */}}
+{{- define "gpu-admission.resourceNames" -}}
+{{- $r := .Values.gpuResources -}}
+{{- concat (list $r.vcudaCore $r.vcudaMemory) $r.wholeGpu | toJson -}}
+{{- end -}}
+
+{{/* CEL: the pod asks for one of the GPU resources in the limits or requests of a
+     container or an initContainer. The same expression as deploy/40-webhook-configurations.yaml. */}}
+{{- define "gpu-admission.matchExpression" -}}
+{{- $names := include "gpu-admission.resourceNames" . | fromJsonArray -}}
+{{- $fields := list -}}
+{{- range $field := list "limits" "requests" -}}
+{{- $tests := list -}}
+{{- range $name := $names -}}
+{{- $tests = append $tests (printf "'%s' in c.resources.%s" $name $field) -}}
+{{- end -}}
+{{- $fields = append $fields (printf "(has(c.resources.%s) && (%s))" $field (join " || " $tests)) -}}
+{{- end -}}
+{{- $c := printf "has(c.resources) && (%s)" (join " || " $fields) -}}
+{{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $c $c -}}
+{{- end -}}
+
+{{- define "gpu-admission.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "gpu-admission.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{- define "gpu-admission.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /livez
+    port: metrics
+  periodSeconds: 10
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+  failureThreshold: 2
+{{- end -}}
+
+{{- define "gpu-admission.serveArgs" -}}
+- --tls-cert=/etc/gpu-admission/tls/tls.crt
+- --tls-key=/etc/gpu-admission/tls/tls.key
+- --config=/etc/gpu-admission/config/config.yaml
+- --log-format={{ .Values.logFormat }}
+{{- end -}}
+
+{{- define "gpu-admission.validate" -}}
+{{- if not (has .Values.certificates.mode (list "job" "certManager" "secret")) -}}
+{{- fail "certificates.mode must be job, certManager or secret" -}}
+{{- end -}}
+{{- if and (eq .Values.certificates.mode "secret") (not .Values.certificates.caBundle) -}}
+{{- fail "certificates.mode=secret needs certificates.caBundle (base64 of the PEM CA)" -}}
+{{- end -}}
+{{- end -}}

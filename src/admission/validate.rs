@@ -63,8 +63,15 @@ pub async fn validate(
                 NamespaceLimits::of(state.quotas(), namespace).wanted_models(pod, config)
             });
             let identity = reserve::PodIdentity::of(pod);
+            let cached = cache.with_state(|state| {
+                state
+                    .quotas()
+                    .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
+                    .cloned()
+                    .collect()
+            });
             match reserve::reserve(
-                &client, namespace, &wanted, amount, rules, &identity, dry_run,
+                &client, cached, namespace, &wanted, amount, rules, &identity, dry_run,
             )
             .await?
             {

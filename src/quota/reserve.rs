@@ -52,10 +52,15 @@ impl PodIdentity {
     }
 }
 
-/// Decide on fresh quota objects and, for a pod charged to one model, write the charge
-/// into every quota that lists the model before answering.
+/// Decide and, for a pod charged to one model, write the charge into every quota that
+/// lists the model before answering. The first try decides on `cached` (the watch's
+/// copies) and writes with their resourceVersion, so a stale copy can only cost a
+/// conflict, never an over-admission; after a conflict, and before any denial, the
+/// quotas are read fresh from the API server.
+#[allow(clippy::too_many_arguments)]
 pub async fn reserve(
     client: &Client,
+    cached: Vec<GPUQuota>,
     namespace: &str,
     wanted: &WantedModels,
     amount: Milli,
@@ -64,22 +69,25 @@ pub async fn reserve(
     dry_run: bool,
 ) -> Result<Reserved, ReserveError> {
     let api: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
+    let mut cached = Some(cached);
     for attempt in 0..ATTEMPTS {
         let started = std::time::Instant::now();
-        let quotas = api.list(&Default::default()).await?.items;
+        let (quotas, fresh) = match cached.take() {
+            Some(quotas) => (quotas, false),
+            None => (api.list(&Default::default()).await?.items, true),
+        };
         let listed = started.elapsed();
         let views = views_with_status(&quotas)?;
         let model = match admit(namespace, &views, wanted, amount, rules) {
-            Err(denial) => return Ok(Reserved::Denied(denial)),
+            Err(denial) if fresh => return Ok(Reserved::Denied(denial)),
+            Err(_) => continue, // never deny on a possibly stale copy
+            Ok(Charge::Model { .. }) if dry_run => return Ok(Reserved::Yes),
             Ok(Charge::Model { model, .. }) => model,
             Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => return Ok(Reserved::Yes),
         };
-        if dry_run {
-            return Ok(Reserved::Yes);
-        }
         let written = write_all(&api, &quotas, &model, amount, pod).await?;
         tracing::debug!(
-            namespace, pod = %pod.name, attempt, written,
+            namespace, pod = %pod.name, attempt, fresh, written,
             list_ms = listed.as_secs_f64() * 1e3,
             total_ms = started.elapsed().as_secs_f64() * 1e3,
             "quota reservation"
@@ -136,7 +144,8 @@ async fn write_all(
         let updated = with_charge(quota, model, amount, pod);
         match replace_status(api, &updated).await {
             Ok(()) => written.push(updated.metadata.name.clone().unwrap_or_default()),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            // 409: stale resourceVersion; 404: the quota is gone. Decide again, fresh.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
                 for name in &written {
                     release(api, name, pod).await?;
                 }

@@ -897,10 +897,10 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
         };
         let amount = gpu_admission::placement::quantity::Milli(1000);
         let t = Instant::now();
-        // An empty cache: every try reads the quotas fresh, the slowest path.
+        // No cached copy: every try reads the quotas fresh, the slowest path.
         let reserved = reserve::reserve(
             &cluster.client,
-            Vec::new(),
+            None,
             &cluster.ns,
             &wanted,
             amount,

@@ -64,11 +64,12 @@ pub async fn validate(
             });
             let identity = reserve::PodIdentity::of(pod);
             let cached = cache.with_state(|state| {
-                state
+                let quotas = state
                     .quotas()
                     .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
                     .cloned()
-                    .collect()
+                    .collect();
+                Some(quotas)
             });
             match reserve::reserve(
                 &client, cached, namespace, &wanted, amount, rules, &identity, dry_run,

@@ -54,13 +54,13 @@ impl PodIdentity {
 
 /// Decide and, for a pod charged to one model, write the charge into every quota that
 /// lists the model before answering. The first try decides on `cached` (the watch's
-/// copies) and writes with their resourceVersion, so a stale copy can only cost a
-/// conflict, never an over-admission; after a conflict, and before any denial, the
-/// quotas are read fresh from the API server.
+/// copies, when given) and writes with their resourceVersion, so a stale copy can only
+/// cost a conflict, never an over-admission; after a conflict, and before any denial,
+/// the quotas are read fresh from the API server.
 #[allow(clippy::too_many_arguments)]
 pub async fn reserve(
     client: &Client,
-    cached: Vec<GPUQuota>,
+    cached: Option<Vec<GPUQuota>>,
     namespace: &str,
     wanted: &WantedModels,
     amount: Milli,
@@ -69,7 +69,7 @@ pub async fn reserve(
     dry_run: bool,
 ) -> Result<Reserved, ReserveError> {
     let api: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
-    let mut cached = Some(cached);
+    let mut cached = cached;
     for attempt in 0..ATTEMPTS {
         let started = std::time::Instant::now();
         let (quotas, fresh) = match cached.take() {

@@ -323,9 +323,15 @@ wait_ready kube-scheduler "$!" "$logs/kube-scheduler.log" \
   curl -fsSk "https://127.0.0.1:$sched_port/readyz"
 
 # ---------------------------------------------------------------- 7. the tests
+# The Helm chart's default rendering, for the server-side dry-run scenario (helm is built
+# once and cached by hack/helm.sh; .ci/run's chart check has built it already).
+chart_render="$work/chart-rendered.yaml"
+"$(bash "$repo/hack/helm.sh")" template gpu-admission "$repo/charts/gpu-admission" \
+  --namespace gpu-admission >"$chart_render" 2>"$logs/helm.log" || die "helm template failed: $(tail -5 "$logs/helm.log")"
 say "running cargo test --test e2e (tests/e2e.rs)"
 set +e
 GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
+  GPU_ADMISSION_E2E_CHART_RENDER="$chart_render" \
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler \
   GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$ext_port" \
   GPU_ADMISSION_E2E_CA_FILE="$work/extender-certs/ca.crt" \

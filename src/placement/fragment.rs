@@ -123,6 +123,15 @@ impl TaskShape {
     }
 }
 
+/// Experiment switches (temporary): comma-separated words in `FGD_EXP`.
+pub fn exp(flag: &str) -> bool {
+    static FLAGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FLAGS
+        .get_or_init(|| std::env::var("FGD_EXP").unwrap_or_default())
+        .split(',')
+        .any(|f| f == flag)
+}
+
 /// The share of observations the most common shapes must cover to enter a mix
 /// (the paper's 95%); the rare tail is dropped.
 pub const MIX_COVERAGE: f64 = 0.95;
@@ -178,12 +187,17 @@ impl TaskMix {
         let total: u64 = counts.iter().map(|(_, n)| n).sum();
         let mut covered = 0u64;
         let mut kept = Vec::new();
+        let coverage = if exp("all") { 1.0 } else { coverage };
         for (shape, n) in counts {
             if total > 0 && covered as f64 >= coverage * total as f64 {
                 break;
             }
             covered += n;
-            let weight = n as f64 * shape.gpu.gpus();
+            let weight = if exp("count") {
+                n as f64
+            } else {
+                n as f64 * shape.gpu.gpus()
+            };
             kept.push((shape, weight));
         }
         TaskMix::build(kept)
@@ -275,12 +289,126 @@ impl TaskMix {
                 }
             }
             if runnable > 0.0 {
-                fragments += runnable * state.fragment(used, shape);
+                fragments += runnable * f64::from(state.fragment(used, shape));
             }
             group = end;
         }
         fragments + unusable * f64::from(state.free_core)
     }
+}
+
+impl TaskMix {
+    /// How much `node`'s fragmentation grows when `charges` (GPU index, use added) are
+    /// placed on it and its free CPU and memory go from `before` to `after`: exactly
+    /// `fragmentation` after minus `fragmentation` before, but computed from the GPUs
+    /// the charges touch, so its cost does not grow with GPUs × GPU shapes. Each shape's
+    /// change is an integer number of cores, so placements that change every shape
+    /// alike get bitwise equal growths.
+    ///
+    /// Cost: O(GPUs + shapes × touched GPUs), no allocation for up to 16 touched GPUs.
+    pub fn growth(
+        &self,
+        node: &NodeGpus,
+        charges: impl IntoIterator<Item = (usize, GpuUse)>,
+        before: Option<&HostRoom>,
+        after: Option<&HostRoom>,
+    ) -> f64 {
+        let mut touched = [Touched::default(); TOUCHED];
+        let mut count = 0;
+        for (gpu, add) in charges {
+            let Some(&was) = node.used.get(gpu) else {
+                continue;
+            };
+            let slot = match touched[..count].iter().position(|t| t.gpu == gpu) {
+                Some(slot) => slot,
+                None if count < TOUCHED => {
+                    touched[count] = Touched {
+                        gpu,
+                        before: was,
+                        after: was,
+                    };
+                    count += 1;
+                    count - 1
+                }
+                None => return self.growth_by_copy(node, &touched[..count], before, after),
+            };
+            touched[slot].after.core += add.core;
+            touched[slot].after.memory += add.memory;
+        }
+        let touched = &touched[..count];
+        let state = GpuState::of(&node.used, node.memory_per_gpu);
+        let state_after = state.with(touched);
+        let model = self.model_bit(node.model.as_deref());
+        let free = i64::from(state.free_core);
+        let free_after = i64::from(state_after.free_core);
+        let mut growth = 0.0;
+        let mut group = 0;
+        while group < self.entries.len() {
+            let demand = self.entries[group].demand;
+            let end = group
+                + self.entries[group..]
+                    .iter()
+                    .take_while(|e| e.demand == demand)
+                    .count();
+            let shape = self.demands[demand];
+            let ever = state.may_ever_run(shape);
+            // The shape's fragments before, and their change; computed when needed.
+            let mut change: Option<i64> = None;
+            let mut fragments: Option<i64> = None;
+            for entry in &self.entries[group..end] {
+                let usable = ever && entry.accepts(model);
+                let runs = usable && before.is_none_or(|r| r.holds(&entry.host));
+                let runs_after = usable && after.is_none_or(|r| r.holds(&entry.host));
+                let delta = match (runs, runs_after) {
+                    (false, false) => free_after - free,
+                    (true, true) => {
+                        *change.get_or_insert_with(|| state.change(&state_after, touched, shape))
+                    }
+                    (true, false) => {
+                        free_after
+                            - *fragments
+                                .get_or_insert_with(|| state.fragment(&node.used, shape) as i64)
+                    }
+                    (false, true) => {
+                        let was = *fragments
+                            .get_or_insert_with(|| state.fragment(&node.used, shape) as i64);
+                        let change = *change
+                            .get_or_insert_with(|| state.change(&state_after, touched, shape));
+                        was + change - free
+                    }
+                };
+                growth += entry.weight * delta as f64;
+            }
+            group = end;
+        }
+        growth
+    }
+
+    /// [`TaskMix::growth`] the plain way, for charges touching very many GPUs.
+    fn growth_by_copy(
+        &self,
+        node: &NodeGpus,
+        touched: &[Touched],
+        before: Option<&HostRoom>,
+        after: Option<&HostRoom>,
+    ) -> f64 {
+        let mut used = node.used.clone();
+        for t in touched {
+            used[t.gpu] = t.after;
+        }
+        self.fragmentation_of(node, &used, after) - self.fragmentation_of(node, &node.used, before)
+    }
+}
+
+/// Most GPUs one placement is expected to touch; more take a slower path.
+const TOUCHED: usize = 16;
+
+/// One GPU a placement charges: its use before and after.
+#[derive(Debug, Clone, Copy, Default)]
+struct Touched {
+    gpu: usize,
+    before: GpuUse,
+    after: GpuUse,
 }
 
 impl MixEntry {
@@ -334,6 +462,63 @@ impl GpuState {
         state
     }
 
+    /// The totals once `touched` GPUs are in their `after` use.
+    fn with(&self, touched: &[Touched]) -> GpuState {
+        let mut state = GpuState { ..*self };
+        for t in touched {
+            for (use_, sign) in [(t.before, -1i64), (t.after, 1)] {
+                let free = i64::from(CORE_PER_GPU.saturating_sub(use_.core)) * sign;
+                state.free_core = (i64::from(state.free_core) + free) as u32;
+                if use_.core == 0 {
+                    state.whole_free = (i64::from(state.whole_free) + sign) as u32;
+                } else {
+                    state.partial_free_core = (i64::from(state.partial_free_core) + free) as u32;
+                }
+            }
+        }
+        state
+    }
+
+    /// The change of [`GpuState::fragment`] from this state to `after`, which differs
+    /// only in the `touched` GPUs.
+    fn change(&self, after: &GpuState, touched: &[Touched], shape: GpuShape) -> i64 {
+        match shape {
+            GpuShape::Share { core, memory } => touched
+                .iter()
+                .map(|t| {
+                    i64::from(self.share_fragment(t.after, core, memory))
+                        - i64::from(self.share_fragment(t.before, core, memory))
+                })
+                .sum(),
+            GpuShape::Whole { gpus } => {
+                i64::from(after.whole_fragment(gpus)) - i64::from(self.whole_fragment(gpus))
+            }
+        }
+    }
+
+    /// Free cores of one GPU a share of `core` and `memory` cannot use.
+    fn share_fragment(&self, gpu: GpuUse, core: u32, memory: u32) -> u32 {
+        if gpu.core == 0 || gpu.core >= CORE_PER_GPU {
+            return 0;
+        }
+        let free = CORE_PER_GPU - gpu.core;
+        let free_memory = self.memory_per_gpu.saturating_sub(gpu.memory);
+        if free < core || free_memory < memory {
+            free
+        } else {
+            0
+        }
+    }
+
+    /// Free cores a task of `need` whole GPUs cannot use.
+    fn whole_fragment(&self, need: u32) -> u32 {
+        if need <= self.whole_free {
+            self.partial_free_core
+        } else {
+            self.free_core
+        }
+    }
+
     /// Whether some state of this node could host the shape at all (GPU count, memory
     /// per GPU).
     fn may_ever_run(&self, shape: GpuShape) -> bool {
@@ -346,22 +531,14 @@ impl GpuState {
     /// Free cores this GPU shape cannot use on the node.
     /// Idle GPUs fit every share shape that may run here and full ones have nothing
     /// free, so only partly used GPUs are looked at.
-    fn fragment(&self, used: &[GpuUse], shape: GpuShape) -> f64 {
-        let cores = match shape {
+    fn fragment(&self, used: &[GpuUse], shape: GpuShape) -> u32 {
+        match shape {
             GpuShape::Share { core, memory } => used
                 .iter()
-                .filter(|u| u.core > 0 && u.core < CORE_PER_GPU)
-                .map(|u| {
-                    let free_memory = self.memory_per_gpu.saturating_sub(u.memory);
-                    (CORE_PER_GPU - u.core, free_memory)
-                })
-                .filter(|&(c, m)| c < core || m < memory)
-                .map(|(c, _)| c)
+                .map(|&u| self.share_fragment(u, core, memory))
                 .sum(),
-            GpuShape::Whole { gpus: need } if need <= self.whole_free => self.partial_free_core,
-            GpuShape::Whole { .. } => self.free_core,
-        };
-        f64::from(cores)
+            GpuShape::Whole { gpus } => self.whole_fragment(gpus),
+        }
     }
 }
 
@@ -406,14 +583,14 @@ fn least_fragmenting_gpu(
     mix: &TaskMix,
     room_after: Option<&HostRoom>,
 ) -> Option<u8> {
-    let mut trial = node.clone();
+    // The room is the same whichever GPU is chosen, so the growth with `room_after`
+    // on both sides orders the GPUs as the fragmentation after would.
     (0..node.gpu_count())
         .filter(|&i| node.free_core(i) >= core && node.free_memory(i) >= memory)
         .map(|i| {
-            trial.used[i].core += core;
-            trial.used[i].memory += memory;
-            let fragments = (mix.fragmentation(&trial, room_after) * 1e6).round() as i64;
-            trial.used[i] = node.used[i];
+            let charge = GpuUse { core, memory };
+            let growth = mix.growth(node, [(i, charge)], room_after, room_after);
+            let fragments = (growth * 1e6).round() as i64;
             ((fragments, node.free_core(i), node.free_memory(i), i), i)
         })
         .min()

@@ -123,15 +123,6 @@ impl TaskShape {
     }
 }
 
-/// Experiment switches (temporary): comma-separated words in `FGD_EXP`.
-pub fn exp(flag: &str) -> bool {
-    static FLAGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    FLAGS
-        .get_or_init(|| std::env::var("FGD_EXP").unwrap_or_default())
-        .split(',')
-        .any(|f| f == flag)
-}
-
 /// The share of observations the most common shapes must cover to enter a mix
 /// (the paper's 95%); the rare tail is dropped.
 pub const MIX_COVERAGE: f64 = 0.95;
@@ -187,17 +178,12 @@ impl TaskMix {
         let total: u64 = counts.iter().map(|(_, n)| n).sum();
         let mut covered = 0u64;
         let mut kept = Vec::new();
-        let coverage = if exp("all") { 1.0 } else { coverage };
         for (shape, n) in counts {
             if total > 0 && covered as f64 >= coverage * total as f64 {
                 break;
             }
             covered += n;
-            let weight = if exp("count") {
-                n as f64
-            } else {
-                n as f64 * shape.gpu.gpus()
-            };
+            let weight = n as f64 * shape.gpu.gpus();
             kept.push((shape, weight));
         }
         TaskMix::build(kept)
@@ -754,6 +740,89 @@ mod tests {
         let kept: Vec<_> = m.shapes().map(|(g, _, w)| (g, w)).collect();
         assert_eq!(kept.len(), 2);
         close(kept.iter().find(|(g, _)| *g == ONE).unwrap().1, 90.0 / 93.0);
+    }
+
+    #[test]
+    fn growth_equals_fragmentation_after_minus_before() {
+        // Every charge of every share and whole shape on nodes in many states, with
+        // rooms that make the CPU-heavy shape flip between runnable and not.
+        let heavy = TaskShape {
+            gpu: GpuShape::Whole { gpus: 2 },
+            host: HostRoom {
+                cpu_milli: 4000,
+                memory_mib: 0,
+            },
+            models: None,
+        };
+        let quarter = GpuShape::Share {
+            core: 25,
+            memory: 40,
+        };
+        let m = TaskMix::weighted([
+            (TaskShape::gpu_only(HALF), 3.0),
+            (TaskShape::gpu_only(quarter), 2.0),
+            (TaskShape::gpu_only(ONE), 5.0),
+            (TaskShape::gpu_only(GpuShape::Whole { gpus: 4 }), 1.0),
+            (TaskShape::gpu_only(GpuShape::Whole { gpus: 8 }), 1.0),
+            (heavy, 2.0),
+        ]);
+        let room = |cpu| HostRoom {
+            cpu_milli: cpu,
+            memory_mib: 1 << 20,
+        };
+        let rooms = [
+            (None, None),
+            (Some(room(8000)), Some(room(6000))),
+            (Some(room(5000)), Some(room(3000))),
+            (Some(room(3000)), Some(room(3000))),
+        ];
+        let states: [&[(u32, u32)]; 4] = [
+            &[(0, 0), (0, 0), (0, 0), (0, 0)],
+            &[(30, 30), (100, 100), (0, 0), (60, 90)],
+            &[(50, 50), (75, 20), (10, 80), (0, 0)],
+            &[(100, 100), (100, 100), (90, 90), (0, 0)],
+        ];
+        for used in states {
+            let mut n = node("n", used.len(), 100);
+            for (i, &(core, memory)) in used.iter().enumerate() {
+                n = with_used(n, i, core, memory);
+            }
+            for (gpu, add) in (0..n.gpu_count()).flat_map(|i| {
+                [(10, 10), (25, 40), (50, 50), (100, 100)].map(|(c, mem)| {
+                    (
+                        i,
+                        GpuUse {
+                            core: c,
+                            memory: mem,
+                        },
+                    )
+                })
+            }) {
+                for (before, after) in rooms {
+                    let mut charged = n.clone();
+                    charged.used[gpu].core += add.core;
+                    charged.used[gpu].memory += add.memory;
+                    let expected = m.fragmentation(&charged, after.as_ref())
+                        - m.fragmentation(&n, before.as_ref());
+                    close(
+                        m.growth(&n, [(gpu, add)], before.as_ref(), after.as_ref()),
+                        expected,
+                    );
+                }
+            }
+            // Two GPUs at once, one of them twice.
+            let add = GpuUse {
+                core: 20,
+                memory: 20,
+            };
+            let mut charged = n.clone();
+            for gpu in [0, 3, 0] {
+                charged.used[gpu].core += add.core;
+                charged.used[gpu].memory += add.memory;
+            }
+            let expected = m.fragmentation(&charged, None) - m.fragmentation(&n, None);
+            close(m.growth(&n, [(0, add), (3, add), (0, add)], None, None), expected);
+        }
     }
 
     #[test]

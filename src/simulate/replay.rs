@@ -42,20 +42,10 @@ impl SimPod {
             cpu_milli: row.cpu_milli,
             memory_mib: row.memory_mib,
         };
-        let shape_host = if crate::placement::fragment::exp("nohost") {
-            HostRoom::default()
-        } else if crate::placement::fragment::exp("nomem") {
-            HostRoom {
-                cpu_milli: row.cpu_milli,
-                memory_mib: 0,
-            }
-        } else {
-            host
-        };
         let shape = GpuShape::of_request(&request).map(|gpu| {
             TaskShape {
                 gpu,
-                host: shape_host,
+                host,
                 models: None,
             }
             .with_models(&row.models)

@@ -821,7 +821,10 @@ mod tests {
                 charged.used[gpu].memory += add.memory;
             }
             let expected = m.fragmentation(&charged, None) - m.fragmentation(&n, None);
-            close(m.growth(&n, [(0, add), (3, add), (0, add)], None, None), expected);
+            close(
+                m.growth(&n, [(0, add), (3, add), (0, add)], None, None),
+                expected,
+            );
         }
     }
 

@@ -27,6 +27,8 @@ pub enum Command {
     /// GPUQuota tools.
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// Replay a GPU cluster trace (openb format) through the placement policies.
+    Simulate(crate::simulate::SimulateArgs),
     /// Print the version.
     Version,
 }

@@ -30,6 +30,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(import::run(args))
         }
+        Command::Simulate(args) => gpu_admission::simulate::run(args),
         Command::Version => {
             println!("gpu-admission {}", env!("CARGO_PKG_VERSION"));
             Ok(())

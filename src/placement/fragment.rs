@@ -275,12 +275,126 @@ impl TaskMix {
                 }
             }
             if runnable > 0.0 {
-                fragments += runnable * state.fragment(used, shape);
+                fragments += runnable * f64::from(state.fragment(used, shape));
             }
             group = end;
         }
         fragments + unusable * f64::from(state.free_core)
     }
+}
+
+impl TaskMix {
+    /// How much `node`'s fragmentation grows when `charges` (GPU index, use added) are
+    /// placed on it and its free CPU and memory go from `before` to `after`: exactly
+    /// `fragmentation` after minus `fragmentation` before, but computed from the GPUs
+    /// the charges touch, so its cost does not grow with GPUs × GPU shapes. Each shape's
+    /// change is an integer number of cores, so placements that change every shape
+    /// alike get bitwise equal growths.
+    ///
+    /// Cost: O(GPUs + shapes × touched GPUs), no allocation for up to 16 touched GPUs.
+    pub fn growth(
+        &self,
+        node: &NodeGpus,
+        charges: impl IntoIterator<Item = (usize, GpuUse)>,
+        before: Option<&HostRoom>,
+        after: Option<&HostRoom>,
+    ) -> f64 {
+        let mut touched = [Touched::default(); TOUCHED];
+        let mut count = 0;
+        for (gpu, add) in charges {
+            let Some(&was) = node.used.get(gpu) else {
+                continue;
+            };
+            let slot = match touched[..count].iter().position(|t| t.gpu == gpu) {
+                Some(slot) => slot,
+                None if count < TOUCHED => {
+                    touched[count] = Touched {
+                        gpu,
+                        before: was,
+                        after: was,
+                    };
+                    count += 1;
+                    count - 1
+                }
+                None => return self.growth_by_copy(node, &touched[..count], before, after),
+            };
+            touched[slot].after.core += add.core;
+            touched[slot].after.memory += add.memory;
+        }
+        let touched = &touched[..count];
+        let state = GpuState::of(&node.used, node.memory_per_gpu);
+        let state_after = state.with(touched);
+        let model = self.model_bit(node.model.as_deref());
+        let free = i64::from(state.free_core);
+        let free_after = i64::from(state_after.free_core);
+        let mut growth = 0.0;
+        let mut group = 0;
+        while group < self.entries.len() {
+            let demand = self.entries[group].demand;
+            let end = group
+                + self.entries[group..]
+                    .iter()
+                    .take_while(|e| e.demand == demand)
+                    .count();
+            let shape = self.demands[demand];
+            let ever = state.may_ever_run(shape);
+            // The shape's fragments before, and their change; computed when needed.
+            let mut change: Option<i64> = None;
+            let mut fragments: Option<i64> = None;
+            for entry in &self.entries[group..end] {
+                let usable = ever && entry.accepts(model);
+                let runs = usable && before.is_none_or(|r| r.holds(&entry.host));
+                let runs_after = usable && after.is_none_or(|r| r.holds(&entry.host));
+                let delta = match (runs, runs_after) {
+                    (false, false) => free_after - free,
+                    (true, true) => {
+                        *change.get_or_insert_with(|| state.change(&state_after, touched, shape))
+                    }
+                    (true, false) => {
+                        free_after
+                            - *fragments
+                                .get_or_insert_with(|| state.fragment(&node.used, shape) as i64)
+                    }
+                    (false, true) => {
+                        let was = *fragments
+                            .get_or_insert_with(|| state.fragment(&node.used, shape) as i64);
+                        let change = *change
+                            .get_or_insert_with(|| state.change(&state_after, touched, shape));
+                        was + change - free
+                    }
+                };
+                growth += entry.weight * delta as f64;
+            }
+            group = end;
+        }
+        growth
+    }
+
+    /// [`TaskMix::growth`] the plain way, for charges touching very many GPUs.
+    fn growth_by_copy(
+        &self,
+        node: &NodeGpus,
+        touched: &[Touched],
+        before: Option<&HostRoom>,
+        after: Option<&HostRoom>,
+    ) -> f64 {
+        let mut used = node.used.clone();
+        for t in touched {
+            used[t.gpu] = t.after;
+        }
+        self.fragmentation_of(node, &used, after) - self.fragmentation_of(node, &node.used, before)
+    }
+}
+
+/// Most GPUs one placement is expected to touch; more take a slower path.
+const TOUCHED: usize = 16;
+
+/// One GPU a placement charges: its use before and after.
+#[derive(Debug, Clone, Copy, Default)]
+struct Touched {
+    gpu: usize,
+    before: GpuUse,
+    after: GpuUse,
 }
 
 impl MixEntry {
@@ -334,6 +448,63 @@ impl GpuState {
         state
     }
 
+    /// The totals once `touched` GPUs are in their `after` use.
+    fn with(&self, touched: &[Touched]) -> GpuState {
+        let mut state = GpuState { ..*self };
+        for t in touched {
+            for (use_, sign) in [(t.before, -1i64), (t.after, 1)] {
+                let free = i64::from(CORE_PER_GPU.saturating_sub(use_.core)) * sign;
+                state.free_core = (i64::from(state.free_core) + free) as u32;
+                if use_.core == 0 {
+                    state.whole_free = (i64::from(state.whole_free) + sign) as u32;
+                } else {
+                    state.partial_free_core = (i64::from(state.partial_free_core) + free) as u32;
+                }
+            }
+        }
+        state
+    }
+
+    /// The change of [`GpuState::fragment`] from this state to `after`, which differs
+    /// only in the `touched` GPUs.
+    fn change(&self, after: &GpuState, touched: &[Touched], shape: GpuShape) -> i64 {
+        match shape {
+            GpuShape::Share { core, memory } => touched
+                .iter()
+                .map(|t| {
+                    i64::from(self.share_fragment(t.after, core, memory))
+                        - i64::from(self.share_fragment(t.before, core, memory))
+                })
+                .sum(),
+            GpuShape::Whole { gpus } => {
+                i64::from(after.whole_fragment(gpus)) - i64::from(self.whole_fragment(gpus))
+            }
+        }
+    }
+
+    /// Free cores of one GPU a share of `core` and `memory` cannot use.
+    fn share_fragment(&self, gpu: GpuUse, core: u32, memory: u32) -> u32 {
+        if gpu.core == 0 || gpu.core >= CORE_PER_GPU {
+            return 0;
+        }
+        let free = CORE_PER_GPU - gpu.core;
+        let free_memory = self.memory_per_gpu.saturating_sub(gpu.memory);
+        if free < core || free_memory < memory {
+            free
+        } else {
+            0
+        }
+    }
+
+    /// Free cores a task of `need` whole GPUs cannot use.
+    fn whole_fragment(&self, need: u32) -> u32 {
+        if need <= self.whole_free {
+            self.partial_free_core
+        } else {
+            self.free_core
+        }
+    }
+
     /// Whether some state of this node could host the shape at all (GPU count, memory
     /// per GPU).
     fn may_ever_run(&self, shape: GpuShape) -> bool {
@@ -346,22 +517,14 @@ impl GpuState {
     /// Free cores this GPU shape cannot use on the node.
     /// Idle GPUs fit every share shape that may run here and full ones have nothing
     /// free, so only partly used GPUs are looked at.
-    fn fragment(&self, used: &[GpuUse], shape: GpuShape) -> f64 {
-        let cores = match shape {
+    fn fragment(&self, used: &[GpuUse], shape: GpuShape) -> u32 {
+        match shape {
             GpuShape::Share { core, memory } => used
                 .iter()
-                .filter(|u| u.core > 0 && u.core < CORE_PER_GPU)
-                .map(|u| {
-                    let free_memory = self.memory_per_gpu.saturating_sub(u.memory);
-                    (CORE_PER_GPU - u.core, free_memory)
-                })
-                .filter(|&(c, m)| c < core || m < memory)
-                .map(|(c, _)| c)
+                .map(|&u| self.share_fragment(u, core, memory))
                 .sum(),
-            GpuShape::Whole { gpus: need } if need <= self.whole_free => self.partial_free_core,
-            GpuShape::Whole { .. } => self.free_core,
-        };
-        f64::from(cores)
+            GpuShape::Whole { gpus } => self.whole_fragment(gpus),
+        }
     }
 }
 
@@ -406,14 +569,14 @@ fn least_fragmenting_gpu(
     mix: &TaskMix,
     room_after: Option<&HostRoom>,
 ) -> Option<u8> {
-    let mut trial = node.clone();
+    // The room is the same whichever GPU is chosen, so the growth with `room_after`
+    // on both sides orders the GPUs as the fragmentation after would.
     (0..node.gpu_count())
         .filter(|&i| node.free_core(i) >= core && node.free_memory(i) >= memory)
         .map(|i| {
-            trial.used[i].core += core;
-            trial.used[i].memory += memory;
-            let fragments = (mix.fragmentation(&trial, room_after) * 1e6).round() as i64;
-            trial.used[i] = node.used[i];
+            let charge = GpuUse { core, memory };
+            let growth = mix.growth(node, [(i, charge)], room_after, room_after);
+            let fragments = (growth * 1e6).round() as i64;
             ((fragments, node.free_core(i), node.free_memory(i), i), i)
         })
         .min()
@@ -577,6 +740,92 @@ mod tests {
         let kept: Vec<_> = m.shapes().map(|(g, _, w)| (g, w)).collect();
         assert_eq!(kept.len(), 2);
         close(kept.iter().find(|(g, _)| *g == ONE).unwrap().1, 90.0 / 93.0);
+    }
+
+    #[test]
+    fn growth_equals_fragmentation_after_minus_before() {
+        // Every charge of every share and whole shape on nodes in many states, with
+        // rooms that make the CPU-heavy shape flip between runnable and not.
+        let heavy = TaskShape {
+            gpu: GpuShape::Whole { gpus: 2 },
+            host: HostRoom {
+                cpu_milli: 4000,
+                memory_mib: 0,
+            },
+            models: None,
+        };
+        let quarter = GpuShape::Share {
+            core: 25,
+            memory: 40,
+        };
+        let m = TaskMix::weighted([
+            (TaskShape::gpu_only(HALF), 3.0),
+            (TaskShape::gpu_only(quarter), 2.0),
+            (TaskShape::gpu_only(ONE), 5.0),
+            (TaskShape::gpu_only(GpuShape::Whole { gpus: 4 }), 1.0),
+            (TaskShape::gpu_only(GpuShape::Whole { gpus: 8 }), 1.0),
+            (heavy, 2.0),
+        ]);
+        let room = |cpu| HostRoom {
+            cpu_milli: cpu,
+            memory_mib: 1 << 20,
+        };
+        let rooms = [
+            (None, None),
+            (Some(room(8000)), Some(room(6000))),
+            (Some(room(5000)), Some(room(3000))),
+            (Some(room(3000)), Some(room(3000))),
+        ];
+        let states: [&[(u32, u32)]; 4] = [
+            &[(0, 0), (0, 0), (0, 0), (0, 0)],
+            &[(30, 30), (100, 100), (0, 0), (60, 90)],
+            &[(50, 50), (75, 20), (10, 80), (0, 0)],
+            &[(100, 100), (100, 100), (90, 90), (0, 0)],
+        ];
+        for used in states {
+            let mut n = node("n", used.len(), 100);
+            for (i, &(core, memory)) in used.iter().enumerate() {
+                n = with_used(n, i, core, memory);
+            }
+            for (gpu, add) in (0..n.gpu_count()).flat_map(|i| {
+                [(10, 10), (25, 40), (50, 50), (100, 100)].map(|(c, mem)| {
+                    (
+                        i,
+                        GpuUse {
+                            core: c,
+                            memory: mem,
+                        },
+                    )
+                })
+            }) {
+                for (before, after) in rooms {
+                    let mut charged = n.clone();
+                    charged.used[gpu].core += add.core;
+                    charged.used[gpu].memory += add.memory;
+                    let expected = m.fragmentation(&charged, after.as_ref())
+                        - m.fragmentation(&n, before.as_ref());
+                    close(
+                        m.growth(&n, [(gpu, add)], before.as_ref(), after.as_ref()),
+                        expected,
+                    );
+                }
+            }
+            // Two GPUs at once, one of them twice.
+            let add = GpuUse {
+                core: 20,
+                memory: 20,
+            };
+            let mut charged = n.clone();
+            for gpu in [0, 3, 0] {
+                charged.used[gpu].core += add.core;
+                charged.used[gpu].memory += add.memory;
+            }
+            let expected = m.fragmentation(&charged, None) - m.fragmentation(&n, None);
+            close(
+                m.growth(&n, [(0, add), (3, add), (0, add)], None, None),
+                expected,
+            );
+        }
     }
 
     #[test]

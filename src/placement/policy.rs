@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::fit::{Assignment, Misfit, fit};
 use super::fragment::{HostRoom, TaskMix};
-use super::node::{GpuUse, NodeGpus};
+use super::node::NodeGpus;
 use super::request::GpuRequest;
 
 /// The placement policy (`placement.policy` in the config).
@@ -145,40 +145,13 @@ fn fragmentation_growth(
     assignment: &Assignment,
     (before_room, after_room): (Option<&HostRoom>, Option<&HostRoom>),
 ) -> f64 {
-    let before = mix.fragmentation(node, before_room);
-    let after = with_charged(node, assignment, |used| {
-        mix.fragmentation_of(node, used, after_room)
-    });
-    ((after - before) * 1e6).round() / 1e6
-}
-
-/// Run `measure` on the node's GPU use with `assignment` charged, without cloning the
-/// node (a stack copy for nodes of up to 16 GPUs).
-fn with_charged<T>(
-    node: &NodeGpus,
-    assignment: &Assignment,
-    measure: impl FnOnce(&[GpuUse]) -> T,
-) -> T {
-    const STACK_GPUS: usize = 16;
-    let charge = |used: &mut [GpuUse]| {
-        for (gpu, each) in assignment.charges(node.memory_per_gpu) {
-            if let Some(u) = used.get_mut(gpu) {
-                u.core += each.core;
-                u.memory += each.memory;
-            }
-        }
-    };
-    let count = node.used.len();
-    if count <= STACK_GPUS {
-        let mut used = [GpuUse::default(); STACK_GPUS];
-        used[..count].copy_from_slice(&node.used);
-        charge(&mut used[..count]);
-        measure(&used[..count])
-    } else {
-        let mut used = node.used.clone();
-        charge(&mut used);
-        measure(&used)
-    }
+    let growth = mix.growth(
+        node,
+        assignment.charges(node.memory_per_gpu),
+        before_room,
+        after_room,
+    );
+    (growth * 1e6).round() / 1e6
 }
 
 /// Two counts in one exactly-representable number, ordered by the first, then the second.

@@ -315,6 +315,14 @@ async fn webhooks_steer_a_gpu_pod_and_deny_one_over_the_namespace_quota() {
         Some(model),
         "the mutating webhook records the defaulted model"
     );
+    let required = serde_json::to_value(&created.spec.as_ref().unwrap().affinity).unwrap()
+        ["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .clone();
+    assert_eq!(
+        required,
+        json!([{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [model]}]}]),
+        "the mutating webhook adds a required node affinity for the model"
+    );
     let pod = cluster.wait_bound("first").await;
     assert_eq!(
         pod.spec.as_ref().unwrap().node_name.as_deref(),

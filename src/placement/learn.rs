@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use super::fragment::RequestMix;
+use super::fragment::{RequestMix, TaskMix};
 use super::policy::{Placer, Policy};
 use super::request::GpuRequest;
 
@@ -18,6 +18,8 @@ pub struct LearningPlacer {
     mix: RequestMix,
     seen: AtomicU64,
     current: ArcSwap<Placer>,
+    /// The learnt mix, for every policy (the fragmentation gauge reads it).
+    learned: ArcSwap<TaskMix>,
 }
 
 impl LearningPlacer {
@@ -28,22 +30,29 @@ impl LearningPlacer {
             base,
             mix: RequestMix::new(),
             seen: AtomicU64::new(0),
+            learned: ArcSwap::from_pointee(TaskMix::default()),
         }
     }
 
     /// Count `request` into the mix (policies that read it only) and return the placer
     /// to use for it. Cheap: a short lock, and now and then a new snapshot.
     pub fn placer_for(&self, request: &GpuRequest) -> Arc<Placer> {
-        if self.base.policy == Policy::Fgd {
-            self.mix.observe(request);
-            let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-            if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
-                let mix = Arc::new(self.mix.snapshot());
+        self.mix.observe(request);
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
+            let mix = Arc::new(self.mix.snapshot());
+            self.learned.store(mix.clone());
+            if self.base.policy == Policy::Fgd {
                 self.current
                     .store(Arc::new(self.base.clone().with_mix(mix)));
             }
         }
         self.current.load_full()
+    }
+
+    /// The request mix learnt so far, whatever the policy.
+    pub fn learned_mix(&self) -> Arc<TaskMix> {
+        self.learned.load_full()
     }
 
     pub fn policy(&self) -> Policy {
@@ -75,6 +84,11 @@ mod tests {
         assert!(
             other.placer_for(&share).mix.is_empty(),
             "only fgd reads the mix"
+        );
+        assert_eq!(
+            other.learned_mix().len(),
+            1,
+            "but every policy learns it, for the gauge"
         );
     }
 }

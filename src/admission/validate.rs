@@ -59,18 +59,12 @@ pub async fn validate(
             cache, config, namespace, pod, amount, rules, dry_run,
         )?),
         Some(client) => {
-            let wanted = cache.with_state(|state| {
-                NamespaceLimits::of(state.quotas(), namespace).wanted_models(pod, config)
+            let (wanted, cached) = cache.with_state(|state| {
+                let quotas: Vec<_> = state.namespace_quotas(namespace).cloned().collect();
+                let wanted = NamespaceLimits::of(&quotas, namespace).wanted_models(pod, config);
+                (wanted, Some(quotas))
             });
             let identity = reserve::PodIdentity::of(pod);
-            let cached = cache.with_state(|state| {
-                let quotas = state
-                    .quotas()
-                    .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
-                    .cloned()
-                    .collect();
-                Some(quotas)
-            });
             match reserve::reserve(
                 &client, cached, namespace, &wanted, amount, rules, &identity, dry_run,
             )

@@ -74,6 +74,15 @@ impl ClusterState {
         self.quotas.values()
     }
 
+    /// The GPUQuotas of one namespace.
+    pub fn namespace_quotas<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a GPUQuota> + 'a {
+        self.quotas()
+            .filter(move |q| q.metadata.namespace.as_deref() == Some(namespace))
+    }
+
     // === nodes ===
 
     pub fn apply_node(&mut self, gpus: NodeGpus) {
@@ -262,9 +271,7 @@ impl ClusterState {
     /// (offline mode's ledger; API mode's reconciler).
     pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, String> {
         let mut views = self
-            .quotas
-            .values()
-            .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
+            .namespace_quotas(namespace)
             .map(QuotaView::from_crd)
             .collect::<Result<Vec<_>, _>>()?;
         let used = self.usage(namespace);

@@ -165,17 +165,10 @@ pub async fn install(
 ) -> anyhow::Result<()> {
     apply_secret(client, target, material).await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let names = match validating.get_opt(WEBHOOK_CONFIGURATION).await? {
-        Some(config) => Some(
-            config
-                .webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| w.name)
-                .collect(),
-        ),
-        None => None,
-    };
+    let names = webhook_names(&validating, |c| {
+        c.webhooks.into_iter().flatten().map(|w| w.name)
+    })
+    .await?;
     patch_ca_bundle(
         &validating,
         WebhookKind::Validating,
@@ -184,18 +177,26 @@ pub async fn install(
     )
     .await?;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let names = match mutating.get_opt(WEBHOOK_CONFIGURATION).await? {
-        Some(config) => Some(
-            config
-                .webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| w.name)
-                .collect(),
-        ),
-        None => None,
-    };
+    let names = webhook_names(&mutating, |c| {
+        c.webhooks.into_iter().flatten().map(|w| w.name)
+    })
+    .await?;
     patch_ca_bundle(&mutating, WebhookKind::Mutating, names, &material.ca_cert).await
+}
+
+/// The webhook names of the `gpu-admission` configuration, or `None` when it does not exist.
+async fn webhook_names<K, N>(
+    api: &Api<K>,
+    names: impl FnOnce(K) -> N,
+) -> anyhow::Result<Option<Vec<String>>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    N: Iterator<Item = String>,
+{
+    Ok(api
+        .get_opt(WEBHOOK_CONFIGURATION)
+        .await?
+        .map(|config| names(config).collect()))
 }
 
 /// Reads the Secret, if it exists (for keeping good material on a re-run).

@@ -144,11 +144,7 @@ fn quota_for_placement(
     if wanted.models.len() < 2 || !limits.has_quota {
         return PlacementQuota { views: Vec::new() };
     }
-    let quotas: Vec<_> = state
-        .quotas()
-        .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
-        .cloned()
-        .collect();
+    let quotas: Vec<_> = state.namespace_quotas(namespace).cloned().collect();
     // API mode: status.used is the ledger (reservations included); offline: the pods.
     let views = if api_mode {
         views_with_status(&quotas).ok()

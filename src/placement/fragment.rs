@@ -242,6 +242,13 @@ impl TaskMix {
         self.fragmentation_of(gpus, &gpus.used, room)
     }
 
+    /// The entries grouped by GPU demand (they are kept sorted by it), with the shape.
+    fn groups(&self) -> impl Iterator<Item = (GpuShape, &[MixEntry])> + '_ {
+        self.entries
+            .chunk_by(|a, b| a.demand == b.demand)
+            .map(|group| (self.demands[group[0].demand], group))
+    }
+
     /// [`TaskMix::fragmentation`] of `node` as if its GPUs were in use as `used` says
     /// (same length): lets a caller try a placement without cloning the node.
     pub fn fragmentation_of(
@@ -254,17 +261,9 @@ impl TaskMix {
         let model = self.model_bit(node.model.as_deref());
         let mut unusable = 0.0;
         let mut fragments = 0.0;
-        let mut group = 0;
-        while group < self.entries.len() {
-            let demand = self.entries[group].demand;
-            let end = group
-                + self.entries[group..]
-                    .iter()
-                    .take_while(|e| e.demand == demand)
-                    .count();
-            let shape = self.demands[demand];
+        for (shape, entries) in self.groups() {
             let mut runnable = 0.0;
-            for entry in &self.entries[group..end] {
+            for entry in entries {
                 let runs = state.may_ever_run(shape)
                     && entry.accepts(model)
                     && room.is_none_or(|r| r.holds(&entry.host));
@@ -277,7 +276,6 @@ impl TaskMix {
             if runnable > 0.0 {
                 fragments += runnable * f64::from(state.fragment(used, shape));
             }
-            group = end;
         }
         fragments + unusable * f64::from(state.free_core)
     }
@@ -328,20 +326,12 @@ impl TaskMix {
         let free = i64::from(state.free_core);
         let free_after = i64::from(state_after.free_core);
         let mut growth = 0.0;
-        let mut group = 0;
-        while group < self.entries.len() {
-            let demand = self.entries[group].demand;
-            let end = group
-                + self.entries[group..]
-                    .iter()
-                    .take_while(|e| e.demand == demand)
-                    .count();
-            let shape = self.demands[demand];
+        for (shape, entries) in self.groups() {
             let ever = state.may_ever_run(shape);
             // The shape's fragments before, and their change; computed when needed.
             let mut change: Option<i64> = None;
             let mut fragments: Option<i64> = None;
-            for entry in &self.entries[group..end] {
+            for entry in entries {
                 let usable = ever && entry.accepts(model);
                 let runs = usable && before.is_none_or(|r| r.holds(&entry.host));
                 let runs_after = usable && after.is_none_or(|r| r.holds(&entry.host));
@@ -365,7 +355,6 @@ impl TaskMix {
                 };
                 growth += entry.weight * delta as f64;
             }
-            group = end;
         }
         growth
     }

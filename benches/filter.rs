@@ -80,6 +80,20 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
+fn report(what: &str, mut latencies: Vec<Duration>) {
+    if latencies.is_empty() {
+        return;
+    }
+    latencies.sort();
+    println!(
+        "{what}: p50 {:.2?}  p90 {:.2?}  p99 {:.2?}  max {:.2?}",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.90),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1]
+    );
+}
+
 type Sender = hyper::client::conn::http1::SendRequest<Body>;
 
 async fn connect(addr: std::net::SocketAddr, ca: &std::path::Path) -> Sender {
@@ -170,7 +184,7 @@ async fn main() {
     let names: Vec<String> = (0..NODES).map(node_name).collect();
     let mut sender = connect(addr, &files.ca_cert).await;
     let mut latencies = Vec::with_capacity(REQUESTS);
-    let mut placed = 0;
+    let (mut placed, mut unplaced) = (Vec::new(), Vec::new());
     for i in 0..REQUESTS + 100 {
         // Ten request shapes, as a real mix has: the fgd policy learns and scores them all.
         let (core, memory) = [
@@ -194,16 +208,23 @@ async fn main() {
         if i >= 100 {
             latencies.push(took); // the first 100 warm up
             let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-            placed += answer["NodeNames"].as_array().map_or(0, Vec::len);
+            match answer["NodeNames"].as_array().map_or(0, Vec::len) {
+                0 => unplaced.push(took),
+                _ => placed.push(took),
+            }
         }
     }
-    latencies.sort();
-    println!(
-        "filter over TLS, {NODES} names per request, {REQUESTS} requests ({placed} placed): p50 {:.2?}  p90 {:.2?}  p99 {:.2?}  max {:.2?}",
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.90),
-        percentile(&latencies, 0.99),
-        latencies[latencies.len() - 1]
+    report(
+        &format!("filter over TLS, {NODES} names per request, all {REQUESTS} requests"),
+        latencies,
+    );
+    report(&format!("  of which placed ({})", placed.len()), placed);
+    report(
+        &format!(
+            "  of which unschedulable, {NODES} reasons in the answer ({})",
+            unplaced.len()
+        ),
+        unplaced,
     );
 
     small_request_rate(addr, &files.ca_cert).await;

@@ -1,7 +1,10 @@
 //! The cluster as placement sees it: nodes with per-GPU use, and the GPU pods that
 //! account for that use. Plain synchronous data; `ClusterCache` wraps it in a lock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+// foldhash, not SipHash: a filter looks up every candidate node (thousands) by name.
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +29,7 @@ pub struct ClusterState {
     nodes: HashMap<Arc<str>, NodeEntry>,
     pods: HashMap<PodKey, CachedPod>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
-    by_namespace: HashMap<Box<str>, std::collections::HashSet<PodKey>>,
+    by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
 }
 

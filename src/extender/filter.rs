@@ -2,6 +2,9 @@
 //! the pod, answer in the scheduler's terms.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use foldhash::HashMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -17,7 +20,7 @@ use crate::quota::NamespaceLimits;
 use crate::quota::ledger::{QuotaView, amount_of, room};
 use crate::quota::reserve::views_with_status;
 
-use super::api::{ExtenderArgs, ExtenderFilterResult};
+use super::api::{ExtenderArgs, ExtenderFilterResult, NodeReasons};
 
 /// How a filter call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,8 +167,14 @@ async fn finish(
     nodes: Option<Vec<Node>>,
 ) -> (ExtenderFilterResult, FilterOutcome) {
     let mut result = ExtenderFilterResult::default();
-    for (node, misfit) in decision.misfits {
-        failed_map(&mut result, &misfit).insert(node.to_string(), misfit.to_string());
+    // Thousands of candidates share a few distinct reasons: write each text once.
+    let mut texts: HashMap<&Misfit, Arc<str>> = HashMap::default();
+    for (node, misfit) in &decision.misfits {
+        let text = texts
+            .entry(misfit)
+            .or_insert_with(|| misfit.to_string().into())
+            .clone();
+        failed_map(&mut result, misfit).insert(node.clone(), text);
     }
     let Some(reservation) = decision.reservation else {
         return (
@@ -205,7 +214,7 @@ async fn finish(
 fn failed_map<'a>(
     result: &'a mut ExtenderFilterResult,
     misfit: &Misfit,
-) -> &'a mut BTreeMap<String, String> {
+) -> &'a mut NodeReasons {
     if misfit.is_unresolvable() {
         &mut result.failed_and_unresolvable_nodes
     } else {

@@ -67,7 +67,7 @@ fn charge_of(demand: GpuDemand, memory_per_gpu: u32) -> GpuUse {
 
 /// Why a pod does not fit a node. `is_unresolvable` tells the scheduler whether
 /// preemption or waiting could ever help.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Misfit {
     NoGpus,
     TooFewGpus {

@@ -48,6 +48,7 @@ pub struct Metrics {
     pub tls_not_after: Gauge,
     pub quota_hard: QuotaGauge,
     pub quota_used: QuotaGauge,
+    pub gpu_fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -100,8 +101,15 @@ impl Default for Metrics {
             "GPUQuota usage per namespace and model",
             quota_used.clone(),
         );
+        let gpu_fragmentation = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "gpu_fragmentation_ratio",
+            "Share of the cluster's free GPU capacity that the typical request (the mix learnt from filtered pods) could not use",
+            gpu_fragmentation.clone(),
+        );
         Metrics {
             registry,
+            gpu_fragmentation,
             requests,
             duration,
             cache_objects,

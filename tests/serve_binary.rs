@@ -190,6 +190,13 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"gpu_admission_quota_hard_gpus{namespace="team-a",quota="default",model="Tesla-T4"} 2.0"#), "{metrics}");
+    // The learnt mix is inference-1's 0.3 GPU. fgd put it on an idle T4 rather than
+    // beside notebook-1 (that would leave 0.2 no 0.3 task can use): nothing is fragmented.
+    let fragmentation = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gpu_admission_gpu_fragmentation_ratio "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(fragmentation, Some(0.0), "{metrics}");
 
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])

@@ -242,6 +242,30 @@ impl TaskMix {
         self.fragmentation_of(gpus, &gpus.used, room)
     }
 
+    /// The share (0..=1) of the free GPU capacity of `nodes` that a task drawn from
+    /// the mix could not use; 0 when nothing is free. An empty mix (no pod seen yet)
+    /// stands for one whole GPU: then free capacity on partly used GPUs is fragmented.
+    pub fn cluster_fragmentation<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeGpus>) -> f64 {
+        let whole;
+        let mix = if self.is_empty() {
+            whole = TaskMix::weighted([(TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }), 1.0)]);
+            &whole
+        } else {
+            self
+        };
+        let (fragmented, free) = nodes.into_iter().fold((0.0, 0u64), |(f, free), node| {
+            (
+                f + mix.fragmentation(node, None),
+                free + u64::from(node.total_free_core()),
+            )
+        });
+        if free == 0 {
+            0.0
+        } else {
+            fragmented / free as f64
+        }
+    }
+
     /// The entries grouped by GPU demand (they are kept sorted by it), with the shape.
     fn groups(&self) -> impl Iterator<Item = (GpuShape, &[MixEntry])> + '_ {
         self.entries
@@ -634,6 +658,24 @@ mod tests {
 
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() < 1e-9, "{a} != {b}");
+    }
+
+    #[test]
+    fn cluster_fragmentation_is_the_unusable_share_of_free_capacity() {
+        // 60 cores free on a shared GPU, 3 idle GPUs (300), a full node (nothing free).
+        let shared = with_used(node("a", 4, 100), 0, 40, 40);
+        let full = with_used(with_used(node("b", 2, 100), 0, 100, 100), 1, 100, 100);
+        let nodes = [shared, full];
+        // A half-GPU task can use the 60; a whole-GPU task cannot: 0.5 * 60 of 360.
+        let half_and_whole = mix(&[(HALF, 0.5), (ONE, 0.5)]);
+        close(half_and_whole.cluster_fragmentation(&nodes), 30.0 / 360.0);
+        // Nothing seen yet: the typical request is one whole GPU, so all 60 are lost.
+        close(
+            TaskMix::default().cluster_fragmentation(&nodes),
+            60.0 / 360.0,
+        );
+        // Nothing free at all: no fragmentation.
+        close(half_and_whole.cluster_fragmentation(&nodes[1..]), 0.0);
     }
 
     #[test]

@@ -75,9 +75,16 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str)
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let api_mode = state.cache.client().is_some();
-    let (nodes, pods, quotas) = state
-        .cache
-        .with_state(|s| (s.node_count(), s.pod_count(), quota_rows(s, api_mode)));
+    let mix = state.placer.learned_mix();
+    let (nodes, pods, quotas, fragmentation) = state.cache.with_state(|s| {
+        (
+            s.node_count(),
+            s.pod_count(),
+            quota_rows(s, api_mode),
+            mix.cluster_fragmentation(s.nodes()),
+        )
+    });
+    state.metrics.gpu_fragmentation.set(fragmentation);
     state.metrics.quota_hard.clear();
     state.metrics.quota_used.clear();
     for (labels, hard, used) in quotas {

@@ -211,10 +211,7 @@ async fn finish(
     )
 }
 
-fn failed_map<'a>(
-    result: &'a mut ExtenderFilterResult,
-    misfit: &Misfit,
-) -> &'a mut NodeReasons {
+fn failed_map<'a>(result: &'a mut ExtenderFilterResult, misfit: &Misfit) -> &'a mut NodeReasons {
     if misfit.is_unresolvable() {
         &mut result.failed_and_unresolvable_nodes
     } else {

@@ -17,11 +17,11 @@
 //! for the shapes that need it (measured: +0.14 points on the default trace against
 //! leaving them out, docs/simulate.md).
 //!
-//! Each shape weighs its frequency times its size in GPUs, i.e. its share of the
-//! arriving GPU *demand* rather than of the pod count: fragmentation is measured in
-//! GPU capacity and the goal is allocated GPU capacity, so an 8-GPU task that cannot
-//! find room matters eight times a 1-GPU one (the paper weighs by pod count; this
-//! measured +0.33 points).
+//! Each shape weighs its frequency among the tasks (the paper's popularity), every
+//! shape seen is kept (up to [`MAX_GPU_SHAPES`] GPU shapes), and shapes carry GPU,
+//! CPU and models but not memory. Each of these three was measured against its
+//! alternative (weights by GPU demand, the paper's 95% cut, memory in the shape) on
+//! the openb traces; docs/simulate.md has the screen.
 //!
 //! FGD places a pod where the fragmentation grows least (see `policy.rs`).
 
@@ -123,9 +123,10 @@ impl TaskShape {
     }
 }
 
-/// The share of observations the most common shapes must cover to enter a mix
-/// (the paper's 95%); the rare tail is dropped.
-pub const MIX_COVERAGE: f64 = 0.95;
+/// At most this many distinct GPU shapes (the most common) enter a mix: scoring a node
+/// costs O(GPUs × distinct GPU shapes), and the extender scores thousands per call.
+/// The rare tail is not dropped otherwise: it measured better kept (docs/simulate.md).
+pub const MAX_GPU_SHAPES: usize = 32;
 
 /// A fixed request mix: task shapes with frequencies summing to 1 (or no shapes at
 /// all, under which every node's fragmentation is 0). Immutable, so `place()` can read
@@ -150,14 +151,13 @@ struct MixEntry {
 }
 
 impl TaskMix {
-    /// The mix of the most common `shapes` that together cover [`MIX_COVERAGE`] of
-    /// them, each weighted by its frequency among those kept times its size in GPUs.
+    /// The mix of `shapes`, each weighted by its frequency (see [`TaskMix::from_counts`]).
     pub fn from_shapes(shapes: impl IntoIterator<Item = TaskShape>) -> TaskMix {
         let mut counts: HashMap<TaskShape, u64> = HashMap::new();
         for shape in shapes {
             *counts.entry(shape).or_default() += 1;
         }
-        TaskMix::from_counts(counts.into_iter().collect(), MIX_COVERAGE)
+        TaskMix::from_counts(counts.into_iter().collect())
     }
 
     /// The mix of exactly these shapes with these (positive) weights, normalised (no
@@ -167,24 +167,34 @@ impl TaskMix {
         TaskMix::build(kept)
     }
 
-    /// Most common first (ties in a fixed order), cut once `coverage` is reached.
-    fn from_counts(mut counts: Vec<(TaskShape, u64)>, coverage: f64) -> TaskMix {
+    /// Shapes weighted by how often they were seen (the paper's popularity), most
+    /// common first (ties in a fixed order); shapes whose GPU part is not among the
+    /// [`MAX_GPU_SHAPES`] most common are left out. Memory is dropped from the shapes
+    /// (as in the paper's typical-task key): it splits alike tasks into many rare shapes
+    /// and rarely strands GPUs; CPU does, and stays.
+    fn from_counts(counts: Vec<(TaskShape, u64)>) -> TaskMix {
+        let mut merged: HashMap<TaskShape, u64> = HashMap::new();
+        for (mut shape, n) in counts {
+            shape.host.memory_mib = 0;
+            *merged.entry(shape).or_default() += n;
+        }
+        let mut counts: Vec<_> = merged.into_iter().collect();
         counts.sort_by(|a, b| {
             b.1.cmp(&a.1)
                 .then_with(|| a.0.gpu.cmp(&b.0.gpu))
                 .then_with(|| a.0.host.cmp(&b.0.host))
                 .then_with(|| a.0.models.cmp(&b.0.models))
         });
-        let total: u64 = counts.iter().map(|(_, n)| n).sum();
-        let mut covered = 0u64;
+        let mut gpu_shapes: Vec<GpuShape> = Vec::new();
         let mut kept = Vec::new();
         for (shape, n) in counts {
-            if total > 0 && covered as f64 >= coverage * total as f64 {
-                break;
+            if !gpu_shapes.contains(&shape.gpu) {
+                if gpu_shapes.len() == MAX_GPU_SHAPES {
+                    continue;
+                }
+                gpu_shapes.push(shape.gpu);
             }
-            covered += n;
-            let weight = n as f64 * shape.gpu.gpus();
-            kept.push((shape, weight));
+            kept.push((shape, n as f64));
         }
         TaskMix::build(kept)
     }
@@ -627,7 +637,7 @@ impl RequestMix {
         self.counts.lock().values().sum()
     }
 
-    /// The mix of the most common shapes seen so far, covering [`MIX_COVERAGE`].
+    /// The mix of the shapes seen so far (see [`TaskMix::from_counts`]).
     pub fn snapshot(&self) -> TaskMix {
         let counts: Vec<(TaskShape, u64)> = self
             .counts
@@ -635,7 +645,7 @@ impl RequestMix {
             .iter()
             .map(|(shape, n)| (shape.clone(), *n))
             .collect();
-        TaskMix::from_counts(counts, MIX_COVERAGE)
+        TaskMix::from_counts(counts)
     }
 }
 
@@ -761,16 +771,46 @@ mod tests {
     }
 
     #[test]
-    fn mix_keeps_most_common_shapes_up_to_coverage() {
+    fn mix_weighs_shapes_by_frequency_without_memory() {
+        let with_memory = |memory_mib| TaskShape {
+            gpu: HALF,
+            host: HostRoom {
+                cpu_milli: 4000,
+                memory_mib,
+            },
+            models: None,
+        };
         let mut shapes = vec![TaskShape::gpu_only(ONE); 90];
-        shapes.extend(vec![TaskShape::gpu_only(HALF); 6]);
+        // Two memory sizes of the same half-GPU task are one shape: 6 of 100.
+        shapes.extend(vec![with_memory(1024); 3]);
+        shapes.extend(vec![with_memory(2048); 3]);
+        // The rare tail is kept.
         shapes.extend(vec![TaskShape::gpu_only(GpuShape::Whole { gpus: 8 }); 4]);
         let m = TaskMix::from_shapes(shapes);
-        // 90% < 95%, so HALF joins (96%) and the 4% tail is dropped. Weights are by GPU
-        // demand: 90 × 1 GPU against 6 × 0.5 GPU, so ONE weighs 90 / 93.
-        let kept: Vec<_> = m.shapes().map(|(g, _, w)| (g, w)).collect();
-        assert_eq!(kept.len(), 2);
-        close(kept.iter().find(|(g, _)| *g == ONE).unwrap().1, 90.0 / 93.0);
+        let kept: Vec<_> = m.shapes().collect();
+        assert_eq!(kept.len(), 3);
+        let weight = |gpu| kept.iter().find(|(g, _, _)| *g == gpu).unwrap();
+        close(weight(ONE).2, 0.90);
+        close(weight(GpuShape::Whole { gpus: 8 }).2, 0.04);
+        let half = weight(HALF);
+        close(half.2, 0.06);
+        assert_eq!((half.1.cpu_milli, half.1.memory_mib), (4000, 0));
+    }
+
+    #[test]
+    fn mix_keeps_at_most_the_most_common_gpu_shapes() {
+        let mut shapes = Vec::new();
+        for core in 1..=(MAX_GPU_SHAPES as u32 + 5) {
+            let share = GpuShape::Share { core, memory: core };
+            // core 1 is the rarest: seen once; higher cores more often.
+            shapes.extend(vec![TaskShape::gpu_only(share); core as usize]);
+        }
+        let m = TaskMix::from_shapes(shapes);
+        assert_eq!(m.len(), MAX_GPU_SHAPES);
+        assert!(
+            m.shapes()
+                .all(|(g, _, _)| matches!(g, GpuShape::Share { core, .. } if core > 5))
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub const MEMORY_PER_GPU: u32 = 100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MixSource {
-    /// Known in advance: the most common shapes of the trace (the paper's setup).
+    /// Known in advance: the shapes of the trace's GPU pods (the paper's setup).
     Known,
     /// Learnt from the pods seen so far, as the extender must.
     Online,

@@ -5,7 +5,15 @@
 use gpu_admission::quota::GPUQuota;
 use kube::CustomResourceExt;
 
-const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
+/// The repository root. Read at run time, not baked in at build time: a test binary
+/// reused from a cache built in another checkout must still read this one's files.
+fn repo_root() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
+}
+
+fn crd_path() -> String {
+    format!("{}/deploy/crd.yaml", repo_root())
+}
 
 fn generated() -> String {
     let header =
@@ -20,9 +28,9 @@ fn generated() -> String {
 fn deploy_crd_matches_the_rust_type() {
     let want = generated();
     if std::env::var_os("UPDATE_CRD").is_some() {
-        std::fs::write(PATH, &want).unwrap();
+        std::fs::write(crd_path(), &want).unwrap();
     }
-    let have = std::fs::read_to_string(PATH).unwrap_or_default();
+    let have = std::fs::read_to_string(crd_path()).unwrap_or_default();
     assert!(
         have == want,
         "deploy/crd.yaml is out of date: run `UPDATE_CRD=1 cargo test --test crd`"

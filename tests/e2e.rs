@@ -1024,8 +1024,10 @@ async fn every_deploy_manifest_passes_server_side_dry_run() {
     let _ = Api::<Namespace>::all(cluster.client.clone())
         .create(&PostParams::default(), &install)
         .await;
-    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(deploy)
+    let root =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let deploy = format!("{root}/deploy");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&deploy)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|e| e == "yaml"))

@@ -384,19 +384,20 @@ mod tests {
 
     #[test]
     fn fgd_chooses_the_gpu_only_without_gpu_manager_compat() {
-        // GPU0 has 60 free, GPU1 30. A 20-core task: gpu-manager takes GPU1 (least free
-        // that fits), leaving 10 that a 30-core task can't use. FGD alone takes GPU0,
-        // leaving 40 and 30: nothing fragmented.
-        let n = with_used(with_used(node("n", 2, 100), 0, 40, 40), 1, 70, 70);
+        // Mix: 40-core tasks. GPU0 has 70 free (one fits, 30 left over), GPU1 40 (one
+        // fits, nothing left). A 30-core task: gpu-manager takes GPU1 (least free that
+        // fits), leaving 10 that no 40-core task can use (fragments 30 -> 40). FGD alone
+        // takes GPU0, leaving exactly 40 there (fragments 30 -> 10).
+        let n = with_used(with_used(node("n", 2, 100), 0, 30, 30), 1, 60, 60);
         let mix = [(
             GpuShape::Share {
-                core: 30,
-                memory: 30,
+                core: 40,
+                memory: 40,
             },
             1.0,
         )];
         let gpu = |compat| {
-            let outcome = place(&fgd(&mix, compat), &share(20), [&n], |_| Ok(()));
+            let outcome = place(&fgd(&mix, compat), &share(30), [&n], |_| Ok(()));
             outcome.chosen.unwrap().1.choices[0].gpus.clone()
         };
         assert_eq!(gpu(true), vec![1]);

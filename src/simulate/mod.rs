@@ -201,7 +201,8 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
 
 struct Summary {
     allocated: (f64, f64),
-    at_100: f64,
+    /// Mean and sd when arrived demand reached 100% (NaN if it never did).
+    at_100: (f64, f64),
     failed: f64,
     pods: f64,
 }
@@ -210,7 +211,7 @@ fn summarise(report: &PolicyReport) -> Summary {
     let of = |f: &dyn Fn(&RunResult) -> f64| -> Vec<f64> { report.runs.iter().map(f).collect() };
     Summary {
         allocated: mean_sd(&of(&|r| r.allocated_pct())),
-        at_100: mean_sd(&of(&|r| r.allocated_pct_at_100.unwrap_or(f64::NAN))).0,
+        at_100: mean_sd(&of(&|r| r.allocated_pct_at_100.unwrap_or(f64::NAN))),
         failed: mean_sd(&of(&|r| r.failed as f64)).0,
         pods: mean_sd(&of(&|r| r.pods as f64)).0,
     }
@@ -226,7 +227,8 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
                 "seeds": report.seeds,
                 "allocated_pct": round(s.allocated.0),
                 "allocated_pct_std": round(s.allocated.1),
-                "allocated_pct_at_100": if s.at_100.is_nan() { None } else { Some(round(s.at_100)) },
+                "allocated_pct_at_100": defined(s.at_100.0).map(round),
+                "allocated_pct_at_100_std": defined(s.at_100.0).and(defined(s.at_100.1)).map(round),
                 "failed_pods": count(s.failed),
                 "pods": count(s.pods),
                 "seconds": round(report.seconds),
@@ -246,14 +248,16 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
             let compat = if args.gpu_manager_compat { "on" } else { "off" };
             format!(
                 "{policy} (gpu-manager compat {compat}{mix}; seeds {seeds:?}, inflate {inflate}): \
-                 allocated {a:.2}% ± {sd:.2} at the end, {at:.2}% when arrived demand reached 100%; \
+                 allocated {a:.2}% ± {sd:.2} at the end, {at:.2}% ± {at_sd:.2} when arrived demand \
+                 reached 100%; \
                  failed pods {failed} of {pods}; {secs:.2} s ({per:.2} s per seed)",
                 policy = report.policy,
                 seeds = report.seeds,
                 inflate = args.inflate,
                 a = s.allocated.0,
                 sd = s.allocated.1,
-                at = s.at_100,
+                at = s.at_100.0,
+                at_sd = s.at_100.1,
                 failed = count(s.failed),
                 pods = count(s.pods),
                 secs = report.seconds,
@@ -268,6 +272,11 @@ fn mix_name(mix: MixSource) -> &'static str {
         MixSource::Known => "known in advance",
         MixSource::Online => "learnt online",
     }
+}
+
+/// `None` for NaN (a run whose demand never reached 100%).
+fn defined(x: f64) -> Option<f64> {
+    (!x.is_nan()).then_some(x)
 }
 
 fn round(x: f64) -> f64 {
@@ -287,6 +296,47 @@ fn count(x: f64) -> serde_json::Value {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn json_report_has_means_and_sds_at_the_end_and_at_100() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: SimulateArgs,
+        }
+        let cli: Cli = clap::Parser::try_parse_from([
+            "simulate", "--nodes", "n.csv", "--pods", "p.csv", "--format", "json",
+        ])
+        .unwrap();
+        let run = |allocated_milli, at_100| RunResult {
+            pods: 10,
+            failed: 1,
+            capacity_milli: 1000,
+            allocated_milli,
+            allocated_pct_at_100: at_100,
+            curve: Vec::new(),
+        };
+        let report = PolicyReport {
+            policy: Policy::Fgd,
+            seeds: vec![42, 43],
+            runs: vec![run(940, Some(90.0)), run(960, Some(92.0))],
+            seconds: 1.0,
+        };
+        let json: serde_json::Value = serde_json::from_str(&render(&report, &cli.args)).unwrap();
+        assert_eq!(json["allocated_pct"], 95.0);
+        assert_eq!(json["allocated_pct_std"], 1.414);
+        assert_eq!(json["allocated_pct_at_100"], 91.0);
+        assert_eq!(json["allocated_pct_at_100_std"], 1.414);
+        assert_eq!(json["mix"], "known");
+        // A run that never reached 100% of capacity has no value there, not NaN.
+        let short = PolicyReport {
+            runs: vec![run(500, None)],
+            ..report
+        };
+        let json: serde_json::Value = serde_json::from_str(&render(&short, &cli.args)).unwrap();
+        assert!(json["allocated_pct_at_100"].is_null());
+        assert!(json["allocated_pct_at_100_std"].is_null());
+    }
 
     #[test]
     fn seeds_parse_as_range_or_list() {

@@ -172,7 +172,8 @@ impl TaskMix {
     }
 
     /// Shapes weighted by how often they were seen (the paper's popularity) over the
-    /// square root of their size in GPUs (see [`size_discount`]), most common first (ties in a fixed order); shapes whose GPU part is not among the
+    /// square root of their size in GPUs (see [`size_discount`]), most common first
+    /// (ties in a fixed order); shapes whose GPU part is not among the
     /// [`MAX_GPU_SHAPES`] most common are left out. Memory is dropped from the shapes
     /// (as in the paper's typical-task key): it splits alike tasks into many rare shapes
     /// and rarely strands GPUs; CPU does, and stays.

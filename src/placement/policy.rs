@@ -389,7 +389,7 @@ mod tests {
         // Mix: 40-core tasks. GPU0 has 70 free (one fits, 30 left over), GPU1 40 (one
         // fits, nothing left). A 30-core task: gpu-manager takes GPU1 (least free that
         // fits), leaving 10 that no 40-core task can use (fragments 30 -> 40). FGD alone
-        // takes GPU0, leaving exactly 40 there (fragments 30 -> 10).
+        // takes GPU0, leaving exactly 40 there (fragments 30 -> 0).
         let n = with_used(with_used(node("n", 2, 100), 0, 30, 30), 1, 60, 60);
         let mix = [(
             GpuShape::Share {

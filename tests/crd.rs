@@ -2,17 +2,13 @@
 //! After changing `GpuQuotaSpec`, run `UPDATE_CRD=1 cargo test --test crd`.
 #![allow(clippy::unwrap_used)]
 
+mod repo;
+
 use gpu_admission::quota::GPUQuota;
 use kube::CustomResourceExt;
 
-/// The repository root. Read at run time, not baked in at build time: a test binary
-/// reused from a cache built in another checkout must still read this one's files.
-fn repo_root() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
-}
-
 fn crd_path() -> String {
-    format!("{}/deploy/crd.yaml", repo_root())
+    repo::path("deploy/crd.yaml")
 }
 
 fn generated() -> String {

@@ -26,6 +26,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod e2e_support;
+mod repo;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -1024,9 +1025,7 @@ async fn every_deploy_manifest_passes_server_side_dry_run() {
     let _ = Api::<Namespace>::all(cluster.client.clone())
         .create(&PostParams::default(), &install)
         .await;
-    let root =
-        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-    let deploy = format!("{root}/deploy");
+    let deploy = repo::path("deploy");
     let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&deploy)
         .unwrap()
         .map(|entry| entry.unwrap().path())

@@ -3,16 +3,12 @@
 //! suite's job; this catches typos before that.)
 #![allow(clippy::unwrap_used)]
 
+mod repo;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_yaml::Value;
-
-/// The repository root. Read at run time, not baked in at build time: a test binary
-/// reused from a cache built in another checkout must still read this one's files.
-fn repo_root() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
-}
 
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -30,7 +26,7 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn documents() -> Vec<(PathBuf, Value)> {
     let mut files = Vec::new();
-    yaml_files(Path::new(&format!("{}/deploy", repo_root())), &mut files);
+    yaml_files(Path::new(&repo::path("deploy")), &mut files);
     files.sort();
     let mut docs = Vec::new();
     for path in files {
@@ -184,11 +180,7 @@ fn the_scheduler_extender_points_at_the_sidecar() {
     assert_eq!(extender["managedResources"].as_sequence().unwrap().len(), 3);
 
     let volcano: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(format!(
-            "{}/deploy/volcano/volcano-scheduler.conf",
-            repo_root()
-        ))
-        .unwrap(),
+        &std::fs::read_to_string(repo::path("deploy/volcano/volcano-scheduler.conf")).unwrap(),
     )
     .unwrap();
     let plugin = volcano["tiers"]

@@ -3,6 +3,7 @@
 //! port, the probes and metrics on the admin port, and a clean exit on SIGTERM.
 #![allow(clippy::unwrap_used)]
 
+mod repo;
 mod tls_support;
 
 use std::io::{BufRead, BufReader};
@@ -18,14 +19,8 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-admission");
 
-/// The repository root. Read at run time, not baked in at build time: a test binary
-/// reused from a cache built in another checkout must still read this one's files.
-fn repo_root() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
-}
-
 fn example(name: &str) -> String {
-    format!("{}/examples/{name}", repo_root())
+    repo::path(&format!("examples/{name}"))
 }
 
 struct Server {

@@ -201,8 +201,8 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
 
 struct Summary {
     allocated: (f64, f64),
-    /// Mean and sd when arrived demand reached 100% (NaN if it never did).
-    at_100: (f64, f64),
+    /// Mean and sd when arrived demand reached 100%; `None` unless every run got there.
+    at_100: Option<(f64, f64)>,
     failed: f64,
     pods: f64,
 }
@@ -211,7 +211,12 @@ fn summarise(report: &PolicyReport) -> Summary {
     let of = |f: &dyn Fn(&RunResult) -> f64| -> Vec<f64> { report.runs.iter().map(f).collect() };
     Summary {
         allocated: mean_sd(&of(&|r| r.allocated_pct())),
-        at_100: mean_sd(&of(&|r| r.allocated_pct_at_100.unwrap_or(f64::NAN))),
+        at_100: report
+            .runs
+            .iter()
+            .map(|r| r.allocated_pct_at_100)
+            .collect::<Option<Vec<f64>>>()
+            .map(|values| mean_sd(&values)),
         failed: mean_sd(&of(&|r| r.failed as f64)).0,
         pods: mean_sd(&of(&|r| r.pods as f64)).0,
     }
@@ -227,8 +232,8 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
                 "seeds": report.seeds,
                 "allocated_pct": round(s.allocated.0),
                 "allocated_pct_std": round(s.allocated.1),
-                "allocated_pct_at_100": defined(s.at_100.0).map(round),
-                "allocated_pct_at_100_std": defined(s.at_100.0).and(defined(s.at_100.1)).map(round),
+                "allocated_pct_at_100": s.at_100.map(|(mean, _)| round(mean)),
+                "allocated_pct_at_100_std": s.at_100.map(|(_, sd)| round(sd)),
                 "failed_pods": count(s.failed),
                 "pods": count(s.pods),
                 "seconds": round(report.seconds),
@@ -248,16 +253,16 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
             let compat = if args.gpu_manager_compat { "on" } else { "off" };
             format!(
                 "{policy} (gpu-manager compat {compat}{mix}; seeds {seeds:?}, inflate {inflate}): \
-                 allocated {a:.2}% ± {sd:.2} at the end, {at:.2}% ± {at_sd:.2} when arrived demand \
-                 reached 100%; \
+                 allocated {a:.2}% ± {sd:.2} at the end, {at} when arrived demand reached 100%; \
                  failed pods {failed} of {pods}; {secs:.2} s ({per:.2} s per seed)",
                 policy = report.policy,
                 seeds = report.seeds,
                 inflate = args.inflate,
                 a = s.allocated.0,
                 sd = s.allocated.1,
-                at = s.at_100.0,
-                at_sd = s.at_100.1,
+                at = s
+                    .at_100
+                    .map_or("n/a".to_string(), |(m, sd)| format!("{m:.2}% ± {sd:.2}")),
                 failed = count(s.failed),
                 pods = count(s.pods),
                 secs = report.seconds,
@@ -272,11 +277,6 @@ fn mix_name(mix: MixSource) -> &'static str {
         MixSource::Known => "known in advance",
         MixSource::Online => "learnt online",
     }
-}
-
-/// `None` for NaN (a run whose demand never reached 100%).
-fn defined(x: f64) -> Option<f64> {
-    (!x.is_nan()).then_some(x)
 }
 
 fn round(x: f64) -> f64 {

@@ -12,8 +12,8 @@ use gpu_admission::cache::{ClusterCache, Projection, pod_key};
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
-use gpu_admission::server::tls::{CertResolver, serve_tls, server_config};
-use gpu_admission::server::{AppState, app_router};
+use gpu_admission::server::tls::{CertResolver, ConnectionLimits, serve_tls, server_config};
+use gpu_admission::server::{AppState, extender_router};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use rustls::pki_types::ServerName;
@@ -172,13 +172,14 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let router = app_router(AppState::new(cache.clone(), config));
+    let router = extender_router(AppState::new(cache.clone(), config));
     tokio::spawn(serve_tls(
         listener,
         server_config(resolver),
         router,
         shutdown.clone(),
         Duration::from_secs(1),
+        ConnectionLimits::default(),
     ));
 
     let names: Vec<String> = (0..NODES).map(node_name).collect();

@@ -21,7 +21,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the webhooks and the scheduler extender.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create (or keep, or renew) the webhook's CA and serving certificate.
     Certs(CertsArgs),
     /// GPUQuota tools.
@@ -56,9 +56,22 @@ pub struct LogArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TLS listener for the webhooks and the extender.
+    /// TLS listener for the admission webhooks only (`/validate`, `/mutate`, `/version`):
+    /// the door the API server calls.
     #[arg(long, env = "GPU_ADMISSION_ADDRESS", default_value = "0.0.0.0:3456")]
     pub address: SocketAddr,
+    /// TLS listener for the scheduler extender only (`/scheduler/*`, `/version`). Loopback
+    /// by default: only the kube-scheduler in the same pod may call it.
+    #[arg(
+        long,
+        env = "GPU_ADMISSION_EXTENDER_ADDRESS",
+        default_value = "127.0.0.1:3458"
+    )]
+    pub extender_address: SocketAddr,
+    /// CA (PEM) that signed the API server's client certificate. When set, the webhook
+    /// listener refuses any client without a certificate it signed (mutual TLS).
+    #[arg(long, env = "GPU_ADMISSION_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
     /// Serving certificate (PEM). Default: webhook-certs/tls.crt, created for development when absent.
     #[arg(long, env = "GPU_ADMISSION_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -68,7 +81,8 @@ pub struct ServeArgs {
     /// How often to look for a changed certificate.
     #[arg(long, env = "GPU_ADMISSION_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
-    /// Optional plain-HTTP listener with only the extender routes and probes.
+    /// Optional plain-HTTP listener with only the extender routes and probes (for a
+    /// scheduler configured with `enableHTTPS: false`; bind it to loopback).
     #[arg(long, env = "GPU_ADMISSION_INSECURE_EXTENDER_ADDRESS")]
     pub insecure_extender_address: Option<SocketAddr>,
     /// Plain-HTTP listener for /livez, /readyz and /metrics.
@@ -90,11 +104,42 @@ pub struct ServeArgs {
     /// Offline mode: this YAML file of Nodes, Pods and GPUQuotas is the cluster.
     #[arg(long, env = "GPU_ADMISSION_CLUSTER")]
     pub cluster: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: ConnectionLimits,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "GPU_ADMISSION_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// What one listener grants a client: every limit has a default an operator rarely needs
+/// to touch; they exist so that no client can hold the server's memory or sockets.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ConnectionLimits {
+    /// Open connections per listener; further clients wait in the kernel's backlog.
+    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256)]
+    pub max_connections: usize,
+    /// A connection with no request in flight and no bytes moving is closed after this.
+    #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// Time to receive a request's headers, and separately its body; and to answer it.
+    #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
+    pub max_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(15),
+            max_streams: 16,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -19,3 +19,4 @@ pub mod serve;
 pub mod server;
 pub mod simulate;
 pub mod telemetry;
+pub mod wire;

@@ -23,7 +23,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => {
             telemetry::init(&args.log)?;
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            runtime.block_on(serve::run(args))
+            runtime.block_on(serve::run(*args))
         }
         Command::Certs(args) => run_certs(args),
         Command::Quota(QuotaCommand::Import(args)) => {

@@ -1,5 +1,7 @@
-//! `gpu-admission serve`: assemble config, cache, TLS and the three listeners, and run
-//! until SIGTERM/SIGINT.
+//! `gpu-admission serve`: assemble config, cache, TLS and the listeners — one per door:
+//! webhooks, extender, admin, and the optional plain extender port — and run until
+//! SIGTERM/SIGINT. Whether the server runs against the API or a file is decided here,
+//! once, by which cache it builds.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,19 +13,27 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::{ClusterCache, Projection};
 use crate::certs::{self, CertFiles};
+use crate::cli::ConnectionLimits;
 use crate::cli::ServeArgs;
 use crate::config::Config;
 use crate::metrics::ResultLabels;
 use crate::server::tls::{self, CertResolver, ReloadResult};
-use crate::server::{AppState, admin::admin_router, app_router, insecure_extender_router};
+use crate::server::{
+    AppState, admin::admin_router, extender_router, insecure_extender_router, webhook_router,
+};
 
 const DEV_CERT_DIR: &str = "webhook-certs";
+/// Connection cap of the admin listener (probes and metrics scrapes).
+const ADMIN_CONNECTIONS: usize = 64;
 /// How often GPUQuota status is recomputed from the pods even when nothing left.
 const QUOTA_RESYNC: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
         address,
+        extender_address,
+        client_ca,
+        limits,
         tls_cert,
         tls_key,
         tls_reload_interval,
@@ -62,13 +72,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             cache
         }
     };
-    let state = AppState::new(cache, config);
+    let mut state = AppState::new(cache, config);
+    state.body_timeout = limits.request_timeout;
     state
         .metrics
         .tls_not_after
         .set(resolver.not_after().unwrap_or(0));
 
+    let webhook_tls = match &client_ca {
+        Some(ca) => tls::mutual_server_config(resolver.clone(), ca)
+            .with_context(|| format!("--client-ca {}", ca.display()))?,
+        None => tls::server_config(resolver.clone()),
+    };
     let tls_listener = bind(address, "--address").await?;
+    let extender_listener = bind(extender_address, "--extender-address").await?;
     let admin_listener = bind(admin_address, "--admin-address").await?;
     let insecure_listener = match insecure_extender_address {
         Some(addr) => Some(bind(addr, "--insecure-extender-address").await?),
@@ -77,6 +94,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let local = |l: &TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(
         address = local(&tls_listener),
+        extender_address = local(&extender_listener),
+        client_auth = client_ca.is_some(),
         admin_address = local(&admin_listener),
         insecure_extender_address = insecure_listener.as_ref().map(local),
         mode = if cluster.is_some() { "offline" } else { "api" },
@@ -91,19 +110,34 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     tokio::spawn(stop_on_signal(state.clone(), shutdown.clone()));
 
-    let tls_config = tls::server_config(resolver);
-    let main = tls::serve_tls(
+    let webhooks = tls::serve_tls(
         tls_listener,
-        tls_config,
-        app_router(state.clone()),
+        webhook_tls,
+        webhook_router(state.clone()),
         shutdown.clone(),
         shutdown_grace,
+        limits,
     );
+    let extender = tls::serve_tls(
+        extender_listener,
+        tls::server_config(resolver),
+        extender_router(state.clone()),
+        shutdown.clone(),
+        shutdown_grace,
+        limits,
+    );
+    // Probes and scrapes need few connections; a flood of them must not take the
+    // file descriptors the webhook door needs.
+    let admin_limits = ConnectionLimits {
+        max_connections: limits.max_connections.min(ADMIN_CONNECTIONS),
+        ..limits
+    };
     let admin = tls::serve_plain(
         admin_listener,
         admin_router(state.clone()),
         shutdown.clone(),
         shutdown_grace,
+        admin_limits,
     );
     let insecure = async {
         match insecure_listener {
@@ -113,14 +147,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     insecure_extender_router(state.clone()),
                     shutdown.clone(),
                     shutdown_grace,
+                    limits,
                 )
                 .await
             }
             None => Ok(()),
         }
     };
-    let (main, admin, insecure) = tokio::join!(main, admin, insecure);
-    main.context("TLS listener")?;
+    let (webhooks, extender, admin, insecure) = tokio::join!(webhooks, extender, admin, insecure);
+    webhooks.context("webhook listener")?;
+    extender.context("extender listener")?;
     admin.context("admin listener")?;
     insecure.context("insecure extender listener")?;
     tracing::info!("stopped");

@@ -255,12 +255,20 @@ async fn reviews_echo_version_and_bad_reviews_get_400() {
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {"spec": 3}}}).to_string(),
             "request.object at spec",
         ),
-        (format!("{{\"pad\": \"{}\"}}", "x".repeat(4 << 20)), "larger than the 3 MiB limit"),
     ] {
         for route in ["/validate", "/mutate"] {
             let (status, answer) = post(&router, route, body.clone()).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{route}");
             assert!(answer.as_str().unwrap().contains(message), "{route}: {answer}");
         }
+    }
+    let oversized = format!("{{\"pad\": \"{}\"}}", "x".repeat(4 << 20));
+    for route in ["/validate", "/mutate"] {
+        let (status, answer) = post(&router, route, oversized.clone()).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{route}");
+        assert!(
+            answer.as_str().unwrap().contains("limit of 4 MiB"),
+            "{route}: {answer}"
+        );
     }
 }

@@ -121,18 +121,53 @@ async fn rejected_nodes_carry_specific_reasons_split_by_resolvability() {
 }
 
 #[tokio::test]
-async fn nodes_form_is_answered_with_node_objects() {
-    let (_, router) = app("", config_with_policy("original"));
-    let node: Value = serde_json::from_str(
-        r#"{"metadata": {"name": "n1"}, "status": {"capacity": {"tencent.com/vcuda-core": "100", "tencent.com/vcuda-memory": "4"}}}"#,
-    )
-    .unwrap();
-    let pod = gpu_pod("default", "p", &[(50, 1)]);
-    let args = json!({"Pod": pod, "Nodes": {"metadata": {}, "items": [node]}, "NodeNames": null});
-    let (status, body) = post(&router, "/scheduler/filter", args.to_string()).await;
+async fn nodes_form_is_answered_with_node_objects_but_the_cluster_decides() {
+    let cluster = vcuda_node("n1", 100, 4, "Tesla-T4");
+    let (state, router) = app(&cluster, config_with_policy("original"));
+    // The caller's node objects lie: n1 relabelled as an A100 with 8 GPUs, and a node
+    // the cluster does not have.
+    let lie = |name: &str| -> Value {
+        json!({"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100"}},
+               "status": {"capacity": {"tencent.com/vcuda-core": "800", "tencent.com/vcuda-memory": "32"}}})
+    };
+    let mut pod = gpu_pod("default", "p", &[(50, 1)]);
+    let args = |pod: &Value| {
+        json!({"Pod": pod, "Nodes": {"metadata": {}, "items": [lie("n1"), lie("ghost")]}})
+            .to_string()
+    };
+    let (status, body) = post(&router, "/scheduler/filter", args(&pod)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["Nodes"]["items"][0]["metadata"]["name"], "n1");
+    assert_eq!(
+        body["Nodes"]["items"],
+        json!([lie("n1")]),
+        "the object echoed unchanged"
+    );
     assert_eq!(body["NodeNames"], Value::Null);
+    assert_eq!(
+        body["FailedAndUnresolvableNodes"]["ghost"],
+        "node is not in gpu-admission's cache"
+    );
+    pod["metadata"]["name"] = json!("wants-a100");
+    pod["metadata"]["uid"] = json!("uid-a100");
+    pod["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "A100"});
+    let (_, body) = post(&router, "/scheduler/filter", args(&pod)).await;
+    assert_eq!(body["Nodes"]["items"], json!([]), "{body}");
+    assert!(
+        body["FailedAndUnresolvableNodes"]["n1"]
+            .as_str()
+            .unwrap()
+            .contains("GPU model Tesla-T4"),
+        "{body}"
+    );
+    state.cache.with_state(|s| {
+        let n1 = s.node("n1").unwrap();
+        assert_eq!((n1.model.as_deref(), n1.gpu_count()), (Some("Tesla-T4"), 1));
+        assert!(s.node("ghost").is_none(), "a call never adds a node");
+        assert!(
+            s.pod("default/wants-a100").is_none(),
+            "an unplaced pod is not kept"
+        );
+    });
 }
 
 #[tokio::test]
@@ -181,19 +216,22 @@ async fn bad_input_gets_a_clear_400_or_error_and_the_server_keeps_serving() {
             r#"{"Pod": {"spec": {"containers": 5}}, "NodeNames": []}"#.into(),
             "Pod at spec.containers",
         ),
-        (
-            format!(
-                "{{\"Pod\": {{}}, \"NodeNames\": [\"{}\"]}}",
-                "x".repeat(65 << 20)
-            ),
-            "larger than the 64 MiB limit",
-        ),
     ];
     for (body, message) in cases {
         let (status, answer) = post(&router, "/scheduler/predicates", body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(answer.as_str().unwrap().contains(message), "{answer}");
     }
+    let oversized = format!(
+        "{{\"Pod\": {{}}, \"NodeNames\": [\"{}\"]}}",
+        "x".repeat(33 << 20)
+    );
+    let (status, answer) = post(&router, "/scheduler/predicates", oversized).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        answer.as_str().unwrap().contains("limit of 32 MiB"),
+        "{answer}"
+    );
     for (quantity, message) in [
         ("1e100", "out of range"),
         ("-3", "negative"),

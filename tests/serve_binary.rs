@@ -26,6 +26,7 @@ fn example(name: &str) -> String {
 struct Server {
     child: Child,
     tls: SocketAddr,
+    extender: SocketAddr,
     admin: SocketAddr,
     insecure: SocketAddr,
     logs: mpsc::Receiver<String>,
@@ -49,6 +50,7 @@ fn start(dir: &Path) -> Server {
             "json",
         ])
         .args(["--address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
+        .args(["--extender-address", "127.0.0.1:0"])
         .args(["--insecure-extender-address", "127.0.0.1:0"])
         .current_dir(dir)
         .stderr(Stdio::piped())
@@ -74,6 +76,7 @@ fn start(dir: &Path) -> Server {
             let addr = |key: &str| event[key].as_str().unwrap().parse().unwrap();
             return Server {
                 tls: addr("address"),
+                extender: addr("extender_address"),
                 admin: addr("admin_address"),
                 insecure: addr("insecure_extender_address"),
                 child,
@@ -141,8 +144,18 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
     );
 
     let share = std::fs::read_to_string(example("filter-share.json")).unwrap();
-    let (status, body) = tls(
+    // The webhook door does not serve the extender: only the scheduler's door does.
+    let (status, _) = tls(
         server.tls,
+        &ca,
+        "POST",
+        "/scheduler/predicates",
+        share.clone(),
+    )
+    .await;
+    assert_eq!(status, 404, "the webhook listener serves only the webhooks");
+    let (status, body) = tls(
+        server.extender,
         &ca,
         "POST",
         "/scheduler/predicates",
@@ -270,6 +283,8 @@ fn startup_errors_name_the_problem() {
         "127.0.0.1:0",
         "--admin-address",
         "127.0.0.1:0",
+        "--extender-address",
+        "127.0.0.1:0",
     ]);
     assert!(err.contains("nowhere.yaml"), "{err}");
     std::fs::write(dir.path().join("bad.yaml"), "kind: Pod\nspec: 7\n").unwrap();
@@ -281,6 +296,109 @@ fn startup_errors_name_the_problem() {
         "127.0.0.1:0",
         "--admin-address",
         "127.0.0.1:0",
+        "--extender-address",
+        "127.0.0.1:0",
     ]);
     assert!(err.contains("bad.yaml, document 1"), "{err}");
+}
+
+/// Kibibytes of a `/proc/<pid>/status` field (VmRSS now, VmHWM the peak so far).
+fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Hostile bodies of ~3 MB (what a pod on the cluster network could send the webhook
+/// door): a million empty node objects, a pod of a million empty volumes, a million
+/// junk keys.
+fn hostile_bodies() -> Vec<String> {
+    let million = |item: &str| vec![item; 1_000_000].join(",");
+    vec![
+        format!(
+            r#"{{"Pod": {{}}, "Nodes": {{"items": [{}]}}}}"#,
+            million("{}")
+        ),
+        format!(
+            r#"{{"Pod": {{"spec": {{"volumes": [{}]}}}}, "NodeNames": []}}"#,
+            million("{}")
+        ),
+        format!(
+            r#"{{"Pod": {{"metadata": {{"annotations": {{{}}}}}}}, "NodeNames": []}}"#,
+            (0..300_000)
+                .map(|i| format!(r#""{i}":"""#))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn hostile_bodies_are_refused_in_bounded_memory_while_probes_keep_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let ca = dir.path().join("webhook-certs/ca.crt");
+    let pid = server.child.id();
+    let idle_kib = proc_kib(pid, "VmRSS:");
+    let bodies = hostile_bodies();
+    for body in &bodies {
+        assert!(
+            (2_500_000..3_500_000).contains(&body.len()),
+            "{}",
+            body.len()
+        );
+    }
+    // Two clients send the hostile bodies over and over, in parallel...
+    let senders: Vec<_> = (0..2)
+        .map(|_| {
+            let (bodies, ca) = (bodies.clone(), ca.clone());
+            let addr = server.extender;
+            tokio::spawn(async move {
+                for _ in 0..4 {
+                    for body in &bodies {
+                        let (status, text) =
+                            tls(addr, &ca, "POST", "/scheduler/predicates", body.clone()).await;
+                        assert_eq!(status, 400, "{text}");
+                    }
+                }
+                std::time::Instant::now()
+            })
+        })
+        .collect();
+    // ...while the liveness probe is asked, as the kubelet would.
+    let mut probes = Vec::new();
+    while senders.iter().any(|s| !s.is_finished()) {
+        let asked = std::time::Instant::now();
+        let (status, _) = plain(server.admin, "GET", "/livez", String::new()).await;
+        assert_eq!(status, 200);
+        probes.push((asked.elapsed(), std::time::Instant::now()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut finished = Vec::new();
+    for sender in senders {
+        finished.push(sender.await.unwrap());
+    }
+    let first_probe = probes.first().expect("no probe was answered").1;
+    assert!(
+        finished.iter().all(|&done| first_probe < done),
+        "/livez must answer while the large requests are still being decoded"
+    );
+    let peak_kib = proc_kib(pid, "VmHWM:");
+    let slowest = probes
+        .iter()
+        .map(|(took, _)| *took)
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "idle RSS {idle_kib} KiB, peak {peak_kib} KiB (+{} MiB); {} probes, slowest {slowest:?}",
+        peak_kib.saturating_sub(idle_kib) / 1024,
+        probes.len()
+    );
+    assert!(
+        peak_kib.saturating_sub(idle_kib) <= 64 * 1024,
+        "peak RSS {peak_kib} KiB is more than 64 MiB above idle ({idle_kib} KiB)"
+    );
 }

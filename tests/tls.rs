@@ -12,7 +12,7 @@ use axum::Router;
 use axum::routing::get;
 use gpu_admission::certs::{self, CertFiles, Outcome};
 use gpu_admission::server::tls::{
-    CertResolver, ReloadResult, TlsError, reload_loop, serve_tls, server_config,
+    CertResolver, ConnectionLimits, ReloadResult, TlsError, reload_loop, serve_tls, server_config,
 };
 use time::OffsetDateTime;
 use tokio::sync::{Notify, mpsc};
@@ -111,6 +111,7 @@ async fn serves_reloads_keeps_old_pair_on_garbage_and_shuts_down_gracefully() {
         app(entered.clone(), release.clone()),
         shutdown.clone(),
         PATIENCE,
+        ConnectionLimits::default(),
     ));
     let (tx, mut results) = mpsc::unbounded_channel();
     let on_result = move |r| {
@@ -198,6 +199,7 @@ async fn client_trusting_another_ca_fails_the_handshake_and_server_keeps_going()
         app(notify.clone(), notify),
         shutdown.clone(),
         PATIENCE,
+        ConnectionLimits::default(),
     ));
 
     let stranger = tls_support::connect(addr, client_config(&other.ca_cert), "localhost").await;
@@ -246,6 +248,7 @@ async fn serve_plain_answers_http1_and_stops() {
         router,
         shutdown.clone(),
         PATIENCE,
+        ConnectionLimits::default(),
     ));
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, axum::body::Body>(

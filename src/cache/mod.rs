@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::placement::{NodeLabels, ResourceNames};
 
 pub use pod::{AnnotationKeys, CachedPod, PodKey, pod_key};
-pub use state::{ClusterState, FilterDecision, Reservation};
+pub use state::{ClusterState, FilterDecision, PlanError, Reservation, Subject};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -157,19 +157,22 @@ impl ClusterCache {
         f(&mut self.inner.state.lock())
     }
 
-    /// Write the placement annotations onto the pod (one merge patch). Offline, the
+    /// Write the placement annotations onto the pod (one merge patch). The pod's uid
+    /// rides along as a precondition: uid is immutable, so the patch fails on a pod
+    /// that was deleted and created again under the same name. Offline, the
     /// reservation already is the record.
     pub async fn record(
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         annotations: BTreeMap<String, String>,
     ) -> Result<(), WriteError> {
         let PodWriter::Api(client) = &self.inner.writer else {
             return Ok(());
         };
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        let patch = serde_json::json!({"metadata": {"uid": uid, "annotations": annotations}});
         pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(drop)

@@ -26,6 +26,8 @@ pub struct CachedPod {
     pub request: GpuRequest,
     /// `spec.nodeName`, else the extender's predicate-node annotation.
     pub node: Option<Arc<str>>,
+    /// `spec.nodeName` is set: the pod is bound and no longer the extender's to place.
+    pub bound: bool,
     /// The GPUs the annotations name, when every GPU container has one that parses.
     pub assignment: Option<Assignment>,
     /// Set while the placement is only our own in-memory choice, not yet seen on the
@@ -82,10 +84,12 @@ impl CachedPod {
         let request = GpuRequest::from_pod(pod, names)?.ok_or(SkipReason::NoGpu)?;
         let annotations = pod.metadata.annotations.as_ref();
         let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
-        let node = pod
+        let node_name = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
+            .filter(|n| !n.is_empty());
+        let node = node_name
             .or_else(|| annotation(&keys.node))
             .filter(|n| !n.is_empty())
             .map(Arc::from);
@@ -94,6 +98,7 @@ impl CachedPod {
             uid: pod.metadata.uid.as_deref().unwrap_or_default().into(),
             request,
             node,
+            bound: node_name.is_some(),
             assignment,
             reserved: None,
             terminating: pod.metadata.deletion_timestamp.is_some(),

@@ -52,6 +52,43 @@ pub struct FilterDecision {
     pub misfits: Vec<(Arc<str>, Misfit)>,
 }
 
+impl FilterDecision {
+    fn none(misfits: Vec<(Arc<str>, Misfit)>) -> Self {
+        FilterDecision {
+            reservation: None,
+            misfits,
+        }
+    }
+}
+
+/// Which pod a filter call places.
+#[derive(Debug)]
+pub enum Subject {
+    /// A pod the cluster has, named by the request (API mode). The cache's copy is the
+    /// truth; the request's copy is not read.
+    Known { uid: Box<str> },
+    /// A pod the caller offers (offline mode: the file is the cluster).
+    Offered(CachedPod),
+}
+
+/// Why a filter call cannot place the pod it names at all (answered as the
+/// extender's `Error`, so the scheduler retries the pod later).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "pod {pod} is not in gpu-admission's view of the cluster (not created, or not seen yet)"
+    )]
+    NotInCluster { pod: String },
+    #[error("pod {pod} has uid {cluster} in the cluster, not {request}")]
+    OtherUid {
+        pod: String,
+        cluster: String,
+        request: String,
+    },
+    #[error("pod {pod} is already bound to node {node}")]
+    AlreadyBound { pod: String, node: String },
+}
+
 impl ClusterState {
     pub fn node(&self, name: &str) -> Option<&NodeGpus> {
         self.nodes.get(name)?.gpus.as_ref()
@@ -320,21 +357,23 @@ impl ClusterState {
     // === the filter transaction ===
 
     /// Choose a node for a pod among `candidates` and reserve its GPUs, atomically with
-    /// respect to every other call. `incoming` is the pod as the scheduler sent it; it is
-    /// added when the cache does not hold it. A pod that already holds a placement on a
-    /// candidate keeps it; one placed elsewhere is released and placed anew, so a
-    /// re-filter never charges twice. `choose` runs the placement policy.
+    /// respect to every other call. `subject` says which pod: one the cluster shows (API
+    /// mode: the request names it, the cache's copy is what gets placed) or one the
+    /// caller offers (offline mode: the file is the cluster, and a new pod joins it
+    /// only once placed). A pod that already holds a placement on a candidate keeps
+    /// it; one placed elsewhere is released and placed anew, so a re-filter never
+    /// charges twice. `choose` runs the placement policy.
     pub fn reserve(
         &mut self,
         key: &PodKey,
-        incoming: CachedPod,
+        subject: Subject,
         candidates: &[&str],
-        choose: impl FnOnce(&crate::placement::GpuRequest, &[&NodeGpus]) -> Outcome,
+        choose: impl FnOnce(&CachedPod, &[&NodeGpus]) -> Outcome,
         now: Instant,
-    ) -> FilterDecision {
-        let previous = self.adopt(key, incoming);
+    ) -> Result<FilterDecision, PlanError> {
+        let previous = self.subject(key, subject)?;
         if let Some(kept) = self.keep_existing(key, candidates) {
-            return kept;
+            return Ok(kept);
         }
         if let Some(mut released) = previous.clone().filter(|p| p.node.is_some()) {
             released.node = None;
@@ -350,16 +389,10 @@ impl ClusterState {
                 None => misfits.push((Arc::from(*name), Misfit::NotCached)),
             }
         }
-        let request = match self.pods.get(key) {
-            Some(pod) => pod.request.clone(),
-            None => {
-                return FilterDecision {
-                    reservation: None,
-                    misfits,
-                };
-            }
+        let Some(pod) = self.pods.get(key) else {
+            return Ok(FilterDecision::none(misfits));
         };
-        let outcome = choose(&request, &known);
+        let outcome = choose(pod, &known);
         misfits.extend(
             outcome
                 .misfits
@@ -367,10 +400,11 @@ impl ClusterState {
                 .map(|(i, m)| (known[i].name.clone(), m)),
         );
         let Some((index, assignment)) = outcome.chosen else {
-            return FilterDecision {
-                reservation: None,
-                misfits,
-            };
+            if previous.is_none() {
+                // Offered and not placed: the cache keeps only what the cluster has.
+                self.delete_pod(key);
+            }
+            return Ok(FilterDecision::none(misfits));
         };
         let node = known[index].name.clone();
         if let Some(mut pod) = self.pods.get(key).cloned() {
@@ -379,7 +413,7 @@ impl ClusterState {
             pod.reserved = Some(now);
             self.put_pod(key.clone(), pod);
         }
-        FilterDecision {
+        Ok(FilterDecision {
             reservation: Some(Reservation {
                 node,
                 assignment,
@@ -387,10 +421,10 @@ impl ClusterState {
                 previous,
             }),
             misfits,
-        }
+        })
     }
 
-    /// Undo a reservation whose recording on the pod failed.
+    /// Undo a reservation whose recording failed.
     pub fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
         match reservation.previous {
             Some(previous) => self.put_pod(key.clone(), previous),
@@ -398,18 +432,40 @@ impl ClusterState {
         }
     }
 
-    /// Make sure the cache holds the pod; return what it held before, if anything.
-    fn adopt(&mut self, key: &PodKey, incoming: CachedPod) -> Option<CachedPod> {
-        let held = self.pods.get(key).cloned();
-        let replace = match &held {
-            None => true,
-            // The same name with another uid is a new pod: what the old one held is gone.
-            Some(old) => !incoming.uid.is_empty() && !old.uid.is_empty() && old.uid != incoming.uid,
+    /// The pod to place, checked: it must be the pod the cluster has (same uid) and not
+    /// yet bound. Returns what the cache held before (`None` for a pod just offered).
+    fn subject(&mut self, key: &PodKey, subject: Subject) -> Result<Option<CachedPod>, PlanError> {
+        let held = match subject {
+            Subject::Known { uid } => {
+                let held = self.pods.get(key).ok_or_else(|| PlanError::NotInCluster {
+                    pod: key.to_string(),
+                })?;
+                if *held.uid != *uid {
+                    return Err(PlanError::OtherUid {
+                        pod: key.to_string(),
+                        cluster: held.uid.to_string(),
+                        request: uid.to_string(),
+                    });
+                }
+                held
+            }
+            Subject::Offered(incoming) => match self.pods.get(key) {
+                // The same name with the same (or no) uid: the pod the file holds.
+                Some(old)
+                    if incoming.uid.is_empty() || old.uid.is_empty() || old.uid == incoming.uid =>
+                {
+                    old
+                }
+                // A new pod (or the same name with another uid: what the old one held is gone).
+                _ => {
+                    check_unbound(key, &incoming)?;
+                    self.put_pod(key.clone(), incoming);
+                    return Ok(None);
+                }
+            },
         };
-        if replace {
-            self.put_pod(key.clone(), incoming);
-        }
-        held.filter(|_| !replace)
+        check_unbound(key, held)?;
+        Ok(Some(held.clone()))
     }
 
     fn keep_existing(&self, key: &PodKey, candidates: &[&str]) -> Option<FilterDecision> {
@@ -429,6 +485,16 @@ impl ClusterState {
             }),
             misfits: Vec::new(),
         })
+    }
+}
+
+fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {
+    match pod.node.as_deref().filter(|_| pod.bound) {
+        Some(node) => Err(PlanError::AlreadyBound {
+            pod: key.to_string(),
+            node: node.to_string(),
+        }),
+        None => Ok(()),
     }
 }
 

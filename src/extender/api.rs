@@ -4,25 +4,36 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::List;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
-use serde_json::Value;
 use serde_json::value::RawValue;
 
+use crate::wire::{self, Bounded, MAX_NODES, decode_raw, object_parts};
+
 /// `ExtenderArgs`: the pod and the candidate nodes, as objects or as names.
+///
+/// Node objects a caller sends are never believed: only their names are read, and the
+/// cluster's own view of each node decides (docs/security.md). The raw objects are kept
+/// to answer in the form the request used.
 #[derive(Debug, Clone)]
 pub struct ExtenderArgs {
     pub pod: Pod,
-    pub nodes: Option<Vec<Node>>,
+    pub nodes: Option<Vec<GivenNode>>,
     pub node_names: Option<Vec<String>>,
 }
 
+/// A node object from the request: its name, and its JSON text to echo back.
+#[derive(Debug, Clone)]
+pub struct GivenNode {
+    pub name: String,
+    pub raw: Box<RawValue>,
+}
+
 /// `ExtenderFilterResult`.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ExtenderFilterResult {
     #[serde(rename = "Nodes")]
-    pub nodes: Option<List<Node>>,
+    pub nodes: Option<NodeItems>,
     #[serde(rename = "NodeNames")]
     pub node_names: Option<Vec<String>>,
     #[serde(rename = "FailedNodes")]
@@ -31,6 +42,20 @@ pub struct ExtenderFilterResult {
     pub failed_and_unresolvable_nodes: NodeReasons,
     #[serde(rename = "Error")]
     pub error: String,
+}
+
+/// A `NodeList` of the node objects the request carried, echoed unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct NodeItems(pub Vec<Box<RawValue>>);
+
+impl Serialize for NodeItems {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut list = serializer.serialize_map(Some(2))?;
+        list.serialize_entry("metadata", &serde_json::json!({}))?;
+        list.serialize_entry("items", &self.0)?;
+        list.end()
+    }
 }
 
 /// Node name → why it failed, written as a JSON object. Kept as a list of shared
@@ -62,55 +87,26 @@ impl Serialize for NodeReasons {
     }
 }
 
-/// Find `key` in a JSON object ignoring letter case (Go's decoder does the same).
-pub fn field<'a>(object: &'a serde_json::Map<String, Value>, key: &str) -> Option<&'a Value> {
-    object
-        .get(key)
-        .or_else(|| {
-            object
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(key))
-                .map(|(_, v)| v)
-        })
-        .filter(|v| !v.is_null())
-}
-
 impl ExtenderArgs {
-    /// Decode a request body; the error says which part is wrong. Top-level keys are
-    /// matched in any letter case; each part is decoded straight from its raw text.
+    /// Decode a request body; the error says which part is wrong. Keys are matched in
+    /// any letter case (Go's decoder does the same; very old schedulers sent
+    /// `nodenames`), and every part is bounded (see `crate::wire`).
     pub fn from_json(body: &[u8]) -> Result<Self, String> {
-        let parts: std::collections::HashMap<String, &RawValue> = serde_json::from_slice(body)
-            .map_err(|e| {
-                if e.is_data() {
-                    "request must be a JSON object with Pod and NodeNames or Nodes".to_string()
-                } else {
-                    format!("request is not valid JSON: {e}")
-                }
-            })?;
-        let part = |key: &str| {
-            parts
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(key))
-                .map(|(_, v)| *v)
-                .filter(|v| v.get() != "null")
-        };
-        let pod: Pod = decode_raw("Pod", part("Pod").ok_or("request has no Pod")?)?;
-        let node_names = part("NodeNames")
-            .map(|raw| decode_raw::<Vec<String>>("NodeNames", raw))
-            .transpose()?;
-        let nodes = match part("Nodes") {
-            Some(raw) => {
-                let list: Value = decode_raw("Nodes", raw)?;
-                let Value::Object(list) = list else {
-                    return Err("Nodes: expected a NodeList object".into());
-                };
-                let items = field(&list, "items")
-                    .cloned()
-                    .unwrap_or(Value::Array(Vec::new()));
-                Some(decode::<Vec<Node>>("Nodes.items", &items)?)
-            }
-            None => None,
-        };
+        let [pod, names, nodes] =
+            object_parts("request", wire::text(body)?, ["Pod", "NodeNames", "Nodes"]).map_err(
+                |e| {
+                    e.replace(
+                        "a JSON object",
+                        "a JSON object with Pod and NodeNames or Nodes",
+                    )
+                },
+            )?;
+        let pod = wire::pod::decode("Pod", pod.ok_or("request has no Pod")?.get())?;
+        let node_names = names
+            .map(|raw| decode_raw::<Bounded<String, MAX_NODES>>("NodeNames", raw.get()))
+            .transpose()?
+            .map(|names| names.0);
+        let nodes = nodes.map(|raw| given_nodes(raw.get())).transpose()?;
         if nodes.is_none() && node_names.is_none() {
             return Err("request has neither NodeNames nor Nodes".into());
         }
@@ -120,30 +116,60 @@ impl ExtenderArgs {
             node_names,
         })
     }
+
+    /// The candidates' names, in the order the scheduler sent them.
+    pub fn candidate_names(&self) -> Vec<&str> {
+        match (&self.node_names, &self.nodes) {
+            (Some(names), _) => names.iter().map(String::as_str).collect(),
+            (None, Some(nodes)) => nodes.iter().map(|n| n.name.as_str()).collect(),
+            (None, None) => Vec::new(),
+        }
+    }
 }
 
-pub fn decode<T: serde::de::DeserializeOwned>(what: &str, value: &Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| located(what, e))
-}
-
-/// Like [`decode`], from raw JSON text (no intermediate `Value`). Decodes untracked
-/// first (tracking the path costs a third of decoding 5,000 node names); only a part
-/// that fails is decoded again with its path, for the error message.
-pub fn decode_raw<T: serde::de::DeserializeOwned>(what: &str, raw: &RawValue) -> Result<T, String> {
-    serde_json::from_str(raw.get()).or_else(|_| {
-        let mut deserializer = serde_json::Deserializer::from_str(raw.get());
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| located(what, e))
-    })
-}
-
-fn located<E: std::fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> String {
-    let path = e.path().to_string();
-    let at = if path == "." {
-        String::new()
-    } else {
-        format!(" at {path}")
+/// The `Nodes` part (a NodeList): each item's name and text, nothing else decoded.
+fn given_nodes(raw: &str) -> Result<Vec<GivenNode>, String> {
+    let [items] = object_parts("Nodes", raw, ["items"])
+        .map_err(|e| e.replace("a JSON object", "a NodeList object"))?;
+    let Some(items) = items else {
+        return Ok(Vec::new());
     };
-    format!("{what}{at}: {}", e.inner())
+    let items: Bounded<&RawValue, MAX_NODES> = decode_raw("Nodes.items", items.get())?;
+    items
+        .0
+        .into_iter()
+        .enumerate()
+        .map(|(index, item)| {
+            let what = format!("Nodes.items[{index}]");
+            let [metadata] = object_parts(&what, item.get(), ["metadata"])?;
+            let name = match metadata {
+                Some(m) => object_parts(&what, m.get(), ["name"])?[0]
+                    .map(|n| decode_raw::<String>(&format!("{what}.metadata.name"), n.get()))
+                    .transpose()?,
+                None => None,
+            };
+            Ok(GivenNode {
+                name: name.unwrap_or_default(),
+                raw: item.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Decode a JSON value; the error names the part and the path inside it.
+pub fn decode<T: serde::de::DeserializeOwned>(
+    what: &str,
+    value: &serde_json::Value,
+) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!(" at {path}")
+        };
+        format!("{what}{at}: {}", e.inner())
+    })
 }
 
 #[cfg(test)]
@@ -163,7 +189,41 @@ mod tests {
             br#"{"Pod": {}, "Nodes": {"metadata": {}, "items": [{"metadata": {"name": "n1"}}]}, "NodeNames": null}"#,
         )
         .unwrap();
-        assert_eq!(args.nodes.unwrap()[0].metadata.name.as_deref(), Some("n1"));
+        assert_eq!(args.nodes.as_ref().unwrap()[0].name, "n1");
+        assert_eq!(args.candidate_names(), ["n1"]);
+    }
+
+    #[test]
+    fn lists_are_bounded_while_decoding() {
+        let names = vec!["\"n\""; MAX_NODES + 1].join(",");
+        let body = format!(r#"{{"Pod": {{}}, "NodeNames": [{names}]}}"#);
+        let err = ExtenderArgs::from_json(body.as_bytes()).unwrap_err();
+        assert!(
+            err.contains(&format!("more than {MAX_NODES} elements")),
+            "{err}"
+        );
+        let items = vec!["{}"; MAX_NODES + 1].join(",");
+        let body = format!(r#"{{"Pod": {{}}, "Nodes": {{"items": [{items}]}}}}"#);
+        let err = ExtenderArgs::from_json(body.as_bytes()).unwrap_err();
+        assert!(err.starts_with("Nodes.items"), "{err}");
+    }
+
+    #[test]
+    fn node_objects_are_echoed_unchanged() {
+        let args = ExtenderArgs::from_json(
+            br#"{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "n1"}, "status": {"x": 1}}]}}"#,
+        )
+        .unwrap();
+        let result = ExtenderFilterResult {
+            nodes: Some(NodeItems(
+                args.nodes.unwrap().into_iter().map(|n| n.raw).collect(),
+            )),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&result).unwrap()["Nodes"],
+            serde_json::json!({"metadata": {}, "items": [{"metadata": {"name": "n1"}, "status": {"x": 1}}]})
+        );
     }
 
     #[test]

@@ -7,20 +7,20 @@ use std::sync::Arc;
 use foldhash::HashMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-
 use crate::cache::{
-    AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, pod_key,
+    AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, PodKey, Reservation,
+    Subject, pod_key,
 };
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
-use crate::placement::models::{WantedModels, pool_admits};
+use crate::placement::models::{ModelSource, WantedModels, pool_admits};
+use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, place};
-use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{QuotaView, amount_of, room};
-use crate::quota::reserve::views_with_status;
+use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
+use crate::quota::reserve::{PodIdentity, Reserved, reserve, views_with_status};
+use crate::quota::{GPUQuota, NamespaceLimits};
 
-use super::api::{ExtenderArgs, ExtenderFilterResult, NodeReasons};
+use super::api::{ExtenderArgs, ExtenderFilterResult, NodeItems, NodeReasons};
 
 /// How a filter call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,127 +47,282 @@ impl FilterOutcome {
     }
 }
 
-/// Filter one pod over the candidate nodes.
+/// Filter one pod over the candidate nodes: plan (choose and hold GPUs in memory,
+/// under the cache lock), record (API mode: the quota charge of a pod that accepts
+/// several models, then the annotations gpu-manager reads), answer. The request is
+/// read-only input; in API mode only the pod's identity is read from it.
 pub async fn filter(
     cache: &ClusterCache,
     config: &Config,
     placer: &LearningPlacer,
-    args: ExtenderArgs,
+    args: &ExtenderArgs,
 ) -> (ExtenderFilterResult, FilterOutcome) {
-    let projection = cache.projection();
-    let ExtenderArgs {
-        pod,
-        nodes,
-        node_names,
-    } = args;
-    let names: Vec<&str> = match (&node_names, &nodes) {
-        (Some(names), _) => names.iter().map(String::as_str).collect(),
-        (None, Some(nodes)) => nodes
-            .iter()
-            .map(|n| n.metadata.name.as_deref().unwrap_or_default())
-            .collect(),
-        (None, None) => Vec::new(),
+    let pod = &args.pod;
+    let request = match GpuRequest::from_pod(pod, &cache.projection().names) {
+        Ok(Some(request)) => request,
+        Ok(None) => return (pass_all(args), FilterOutcome::Passthrough),
+        Err(error) => return error_result(format!("pod {}: {error}", pod_key(pod))),
     };
-    let mut result = ExtenderFilterResult::default();
-    let placer = match GpuRequest::from_pod(&pod, &projection.names) {
-        Ok(Some(request)) => placer.placer_for(&request),
-        Ok(None) => return (pass_all(node_names, nodes), FilterOutcome::Passthrough),
-        Err(error) => {
-            result.error = format!("pod {}: {error}", pod_key(&pod));
-            return (result, FilterOutcome::Error);
-        }
+    let plan = match plan(cache, placer, args) {
+        Ok(plan) => plan,
+        Err(error) => return error_result(error),
     };
-    let incoming = match CachedPod::from_pod(&pod, projection) {
-        Ok(incoming) => incoming,
-        Err(error) => {
-            result.error = format!("pod {}: {error}", pod_key(&pod));
-            return (result, FilterOutcome::Error);
-        }
+    let result = failed_nodes(&plan.decision);
+    let Some(reservation) = plan.decision.reservation.clone() else {
+        return (
+            with_passed(result, None, args),
+            FilterOutcome::Unschedulable,
+        );
     };
-    if let Some(nodes) = &nodes {
-        let given: Vec<NodeGpus> = nodes
-            .iter()
-            .map(|n| NodeGpus::from_node(n, &projection.names, &projection.labels))
-            .collect();
-        cache.with_state(|state| given.into_iter().for_each(|n| state.apply_node(n)));
+    if reservation.kept {
+        tracing::info!(pod = %plan.key, node = %reservation.node, "kept its placement");
+        return (
+            with_passed(result, Some(&reservation.node), args),
+            FilterOutcome::Kept,
+        );
     }
-    let key = pod_key(&pod);
+    let node = reservation.node.clone();
+    if let Err(refusal) = record(cache, config, &plan, &reservation).await {
+        tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
+        cache.with_state(|state| state.rollback(&plan.key, reservation));
+        let mut result = result;
+        result.failed_nodes.insert(&*node, refusal.reason);
+        return (with_passed(result, None, args), refusal.outcome);
+    }
+    placer.observe(&request);
+    tracing::info!(pod = %plan.key, %node, "placed");
+    (
+        with_passed(result, Some(&node), args),
+        FilterOutcome::Placed,
+    )
+}
+
+/// What the plan step decided, and what the record step needs to know.
+struct Plan {
+    key: PodKey,
+    uid: String,
+    decision: FilterDecision,
+    /// The pod accepts several models: its quota charge is taken at placement, for the
+    /// model of the node it gets (API mode: written to the ledger before answering).
+    charge_at_placement: Option<PlacementCharge>,
+}
+
+struct PlacementCharge {
+    amount: Milli,
+    quotas: Vec<GPUQuota>,
+    node_model: Option<String>,
+}
+
+fn plan(
+    cache: &ClusterCache,
+    placer: &LearningPlacer,
+    args: &ExtenderArgs,
+) -> Result<Plan, String> {
+    let pod = &args.pod;
+    let key = pod_key(pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let api_mode = cache.client().is_some();
-    let decision = cache.with_state(|state| {
+    // API mode: the cluster's copy of the pod is placed, never the caller's.
+    let subject = if api_mode {
+        Subject::Known {
+            uid: uid.clone().into(),
+        }
+    } else {
+        Subject::Offered(
+            CachedPod::from_pod(pod, cache.projection())
+                .map_err(|error| format!("pod {key}: {error}"))?,
+        )
+    };
+    let names = args.candidate_names();
+    let placer = placer.placer();
+    cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
-        let wanted = limits.wanted_models(&pod, config);
-        let quota = quota_for_placement(state, namespace, &wanted, &limits, api_mode);
-        state.reserve(
+        let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
+        let views = ledger_views(&quotas, state, namespace, api_mode);
+        let mut charge = None;
+        let decision = state.reserve(
             &key,
-            incoming,
+            subject,
             &names,
-            |request, candidates| {
-                place(&placer, request, candidates.iter().copied(), |node| {
-                    wanted
-                        .admits(node)
-                        .and_then(|()| pool_admits(&limits.pools, node))
-                        .and_then(|()| quota.room_on(node, request))
-                })
+            |cached, candidates| {
+                let wanted = WantedModels::of_own(
+                    &cached.models,
+                    limits.default_type.as_deref(),
+                    &limits.models,
+                );
+                let quota = PlacementQuota {
+                    applies: wanted.models.len() >= 2 && limits.has_quota,
+                    views: &views,
+                };
+                let outcome = place(
+                    &placer,
+                    &cached.request,
+                    candidates.iter().copied(),
+                    |node| {
+                        wanted
+                            .admits(node)
+                            .and_then(|()| pool_admits(&limits.pools, node))
+                            .and_then(|()| quota.room_on(node, &cached.request))
+                    },
+                );
+                if quota.applies {
+                    charge = Some(PlacementCharge {
+                        amount: amount_of(&cached.request),
+                        quotas: quotas.clone(),
+                        node_model: outcome
+                            .chosen
+                            .as_ref()
+                            .and_then(|(i, _)| candidates[*i].model.as_deref().map(str::to_string)),
+                    });
+                }
+                outcome
             },
             Instant::now(),
-        )
-    });
-    finish(cache, &pod, decision, node_names, nodes).await
+        );
+        Ok(Plan {
+            key: key.clone(),
+            uid: uid.clone(),
+            decision: decision.map_err(|e| e.to_string())?,
+            charge_at_placement: charge,
+        })
+    })
 }
 
 /// For a pod that accepts several models, the quotas its node's model must have room
-/// in (DESIGN §3.3). Single-model pods were charged at admission already.
-struct PlacementQuota {
-    views: Vec<QuotaView>,
+/// in: the same rule admission applies to a single-model pod, with the node's model.
+struct PlacementQuota<'a> {
+    applies: bool,
+    views: &'a Result<Vec<QuotaView>, String>,
 }
 
-impl PlacementQuota {
+impl PlacementQuota<'_> {
     fn room_on(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
-        let Some(model) = node.model.as_deref() else {
-            return Ok(());
-        };
-        if self.views.is_empty() {
+        if !self.applies {
             return Ok(());
         }
-        room(&self.views, model, amount_of(request)).map_err(|e| Misfit::QuotaFull {
+        let model = node.model.as_deref().unwrap_or_default();
+        let full = |detail: String| Misfit::QuotaFull {
             model: model.to_string(),
-            detail: format!("used {} of {} in GPUQuota {}", e.used, e.hard, e.quota),
+            detail,
+        };
+        let views = self.views.as_ref().map_err(|e| full(e.clone()))?;
+        room(views, model, amount_of(request)).map_err(|e| {
+            full(format!(
+                "used {} of {} in GPUQuota {}",
+                e.used, e.hard, e.quota
+            ))
         })
     }
 }
 
-fn quota_for_placement(
+/// The namespace's quotas as the ledger sees them: API mode, `status.used`
+/// (reservations included); offline, counted from the pods.
+fn ledger_views(
+    quotas: &[GPUQuota],
     state: &ClusterState,
     namespace: &str,
-    wanted: &WantedModels,
-    limits: &NamespaceLimits,
     api_mode: bool,
-) -> PlacementQuota {
-    if wanted.models.len() < 2 || !limits.has_quota {
-        return PlacementQuota { views: Vec::new() };
-    }
-    let quotas: Vec<_> = state.namespace_quotas(namespace).cloned().collect();
-    // API mode: status.used is the ledger (reservations included); offline: the pods.
-    let views = if api_mode {
-        views_with_status(&quotas).ok()
+) -> Result<Vec<QuotaView>, String> {
+    if api_mode {
+        views_with_status(quotas).map_err(|e| e.to_string())
     } else {
-        state.quota_views(namespace).ok()
-    };
-    PlacementQuota {
-        views: views.unwrap_or_default(),
+        state.quota_views(namespace)
     }
 }
 
-async fn finish(
+/// Why a placement could not be recorded: the text goes to the node's reason.
+struct Refusal {
+    reason: String,
+    outcome: FilterOutcome,
+}
+
+/// API mode: charge a multi-model pod to its node's model in the GPUQuota ledger (the
+/// one the validating webhook reserves in, so no replica can admit past `hard`
+/// meanwhile), then write the annotations, with the pod's uid as a precondition.
+async fn record(
     cache: &ClusterCache,
-    pod: &Pod,
-    decision: FilterDecision,
-    node_names: Option<Vec<String>>,
-    nodes: Option<Vec<Node>>,
-) -> (ExtenderFilterResult, FilterOutcome) {
+    config: &Config,
+    plan: &Plan,
+    reservation: &Reservation,
+) -> Result<(), Refusal> {
+    let Some(client) = cache.client() else {
+        return Ok(()); // offline: the reservation in memory is the record
+    };
+    let (namespace, name) = plan.key.split_once('/').unwrap_or(("default", &plan.key));
+    if let Some(charge) = &plan.charge_at_placement {
+        charge_ledger(&client, config, namespace, name, &plan.uid, charge).await?;
+    }
+    let annotations = annotations(
+        &cache.projection().keys,
+        &reservation.node,
+        &reservation.assignment,
+    );
+    cache
+        .record(namespace, name, &plan.uid, annotations)
+        .await
+        .map_err(|error| Refusal {
+            reason: error.to_string(),
+            outcome: FilterOutcome::Error,
+        })
+}
+
+async fn charge_ledger(
+    client: &kube::Client,
+    config: &Config,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    charge: &PlacementCharge,
+) -> Result<(), Refusal> {
+    let wanted = WantedModels {
+        models: vec![charge.node_model.clone().unwrap_or_default()],
+        source: ModelSource::Annotation,
+    };
+    let rules = AdmitRules {
+        untyped: config.untyped_pods,
+        quota_required: config.quota_required,
+    };
+    let identity = PodIdentity {
+        name: name.to_string(),
+        uid: uid.to_string(),
+    };
+    let reserved = reserve(
+        client,
+        Some(charge.quotas.clone()),
+        namespace,
+        &wanted,
+        charge.amount,
+        rules,
+        &identity,
+        false,
+    )
+    .await;
+    match reserved {
+        Ok(Reserved::Yes) => Ok(()),
+        Ok(Reserved::Denied(denial)) => Err(Refusal {
+            reason: denial.to_string(),
+            outcome: FilterOutcome::Unschedulable,
+        }),
+        Err(error) => Err(Refusal {
+            reason: error.to_string(),
+            outcome: FilterOutcome::Error,
+        }),
+    }
+}
+
+fn error_result(error: String) -> (ExtenderFilterResult, FilterOutcome) {
+    let result = ExtenderFilterResult {
+        error,
+        ..Default::default()
+    };
+    (result, FilterOutcome::Error)
+}
+
+/// Every candidate that could not take the pod, with its reason. Thousands of
+/// candidates share a few distinct reasons: each text is written once.
+fn failed_nodes(decision: &FilterDecision) -> ExtenderFilterResult {
     let mut result = ExtenderFilterResult::default();
-    // Thousands of candidates share a few distinct reasons: write each text once.
     let mut texts: HashMap<&Misfit, Arc<str>> = HashMap::default();
     for (node, misfit) in &decision.misfits {
         let text = texts
@@ -176,39 +331,7 @@ async fn finish(
             .clone();
         failed_map(&mut result, misfit).insert(node.clone(), text);
     }
-    let Some(reservation) = decision.reservation else {
-        return (
-            with_passed(result, &[], node_names, nodes),
-            FilterOutcome::Unschedulable,
-        );
-    };
-    let outcome = if reservation.kept {
-        FilterOutcome::Kept
-    } else {
-        let annotations = annotations(
-            &cache.projection().keys,
-            &reservation.node,
-            &reservation.assignment,
-        );
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        if let Err(error) = cache.record(namespace, name, annotations).await {
-            tracing::warn!(pod = %pod_key(pod), %error, "placement not recorded; rolled back");
-            let node = reservation.node.to_string();
-            cache.with_state(|state| state.rollback(&pod_key(pod), reservation));
-            result.failed_nodes.insert(node, error.to_string());
-            return (
-                with_passed(result, &[], node_names, nodes),
-                FilterOutcome::Error,
-            );
-        }
-        FilterOutcome::Placed
-    };
-    tracing::info!(pod = %pod_key(pod), node = %reservation.node, outcome = outcome.label(), "placed");
-    (
-        with_passed(result, &[reservation.node.to_string()], node_names, nodes),
-        outcome,
-    )
+    result
 }
 
 fn failed_map<'a>(result: &'a mut ExtenderFilterResult, misfit: &Misfit) -> &'a mut NodeReasons {
@@ -248,38 +371,28 @@ pub fn annotations(
 /// Answer in the form the request used: names when names came, objects otherwise.
 fn with_passed(
     mut result: ExtenderFilterResult,
-    passed: &[String],
-    node_names: Option<Vec<String>>,
-    nodes: Option<Vec<Node>>,
+    passed: Option<&str>,
+    args: &ExtenderArgs,
 ) -> ExtenderFilterResult {
-    if node_names.is_some() {
-        result.node_names = Some(passed.to_vec());
-    } else if let Some(nodes) = nodes {
+    if args.node_names.is_some() {
+        result.node_names = Some(passed.into_iter().map(str::to_string).collect());
+    } else if let Some(nodes) = &args.nodes {
         let items = nodes
-            .into_iter()
-            .filter(|n| {
-                passed
-                    .iter()
-                    .any(|p| Some(p.as_str()) == n.metadata.name.as_deref())
-            })
+            .iter()
+            .filter(|n| Some(n.name.as_str()) == passed)
+            .map(|n| n.raw.clone())
             .collect();
-        result.nodes = Some(k8s_openapi::List {
-            items,
-            ..Default::default()
-        });
+        result.nodes = Some(NodeItems(items));
     }
     result
 }
 
-fn pass_all(node_names: Option<Vec<String>>, nodes: Option<Vec<Node>>) -> ExtenderFilterResult {
+fn pass_all(args: &ExtenderArgs) -> ExtenderFilterResult {
     let mut result = ExtenderFilterResult::default();
-    if node_names.is_some() {
-        result.node_names = node_names;
-    } else if let Some(items) = nodes {
-        result.nodes = Some(k8s_openapi::List {
-            items,
-            ..Default::default()
-        });
+    if let Some(names) = &args.node_names {
+        result.node_names = Some(names.clone());
+    } else if let Some(nodes) = &args.nodes {
+        result.nodes = Some(NodeItems(nodes.iter().map(|n| n.raw.clone()).collect()));
     }
     result
 }

@@ -2,17 +2,16 @@
 //! one (task, node) pair. Volcano calls it for many nodes in parallel and binds by
 //! itself, so this writes nothing.
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::cache::ClusterCache;
 use crate::config::Config;
 use crate::placement::models::pool_admits;
-use crate::placement::{GpuRequest, NodeGpus, fit};
+use crate::placement::{GpuRequest, fit};
 use crate::quota::NamespaceLimits;
 
-use super::api::{decode, field};
+use crate::wire::{self, decode_raw, object_parts};
 
 /// Volcano's `PredicateResponse`: an empty status passes.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -27,38 +26,22 @@ const UNSCHEDULABLE: i32 = 2;
 const UNRESOLVABLE: i32 = 3;
 
 /// The pod and node name of a predicate request (`{"task": TaskInfo, "node": NodeInfo}`).
+/// The node object Volcano sends along is not read: the cluster's view of the node
+/// decides, never the caller's.
 pub struct PredicateArgs {
     pub pod: Pod,
     pub node_name: String,
-    pub node: Option<Node>,
 }
 
 impl PredicateArgs {
     pub fn from_json(body: &[u8]) -> Result<Self, String> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| format!("request is not valid JSON: {e}"))?;
-        let object = value
-            .as_object()
-            .ok_or("request must be a JSON object with task and node")?;
-        let task = field(object, "task")
-            .and_then(Value::as_object)
-            .ok_or("request has no task")?;
-        let pod = decode("task.Pod", field(task, "Pod").ok_or("task has no Pod")?)?;
-        let node = field(object, "node")
-            .and_then(Value::as_object)
-            .ok_or("request has no node")?;
-        let node_name = field(node, "Name")
-            .and_then(Value::as_str)
-            .ok_or("node has no Name")?
-            .to_string();
-        let node_object = field(node, "Node")
-            .map(|n| decode("node.Node", n))
-            .transpose()?;
-        Ok(PredicateArgs {
-            pod,
-            node_name,
-            node: node_object,
-        })
+        let [task, node] = object_parts("request", wire::text(body)?, ["task", "node"])
+            .map_err(|e| e.replace("a JSON object", "a JSON object with task and node"))?;
+        let [pod] = object_parts("task", task.ok_or("request has no task")?.get(), ["Pod"])?;
+        let pod = wire::pod::decode("task.Pod", pod.ok_or("task has no Pod")?.get())?;
+        let [name] = object_parts("node", node.ok_or("request has no node")?.get(), ["Name"])?;
+        let node_name = decode_raw("node.Name", name.ok_or("node has no Name")?.get())?;
+        Ok(PredicateArgs { pod, node_name })
     }
 }
 
@@ -73,11 +56,7 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
         let wanted = limits.wanted_models(&args.pod, config);
-        let given = args
-            .node
-            .as_ref()
-            .map(|n| NodeGpus::from_node(n, &projection.names, &projection.labels));
-        let Some(node) = state.node(&args.node_name).or(given.as_ref()) else {
+        let Some(node) = state.node(&args.node_name) else {
             return respond(
                 UNSCHEDULABLE,
                 format!("node {} is not in gpu-admission's cache", args.node_name),

@@ -34,9 +34,15 @@ impl LearningPlacer {
         }
     }
 
-    /// Count `request` into the mix (policies that read it only) and return the placer
-    /// to use for it. Cheap: a short lock, and now and then a new snapshot.
-    pub fn placer_for(&self, request: &GpuRequest) -> Arc<Placer> {
+    /// The placer to use now.
+    pub fn placer(&self) -> Arc<Placer> {
+        self.current.load_full()
+    }
+
+    /// Count the request of a pod that was placed into the mix. Only placements count:
+    /// a caller that merely asks cannot shape the mix. Cheap: a short lock, and now and
+    /// then a new snapshot.
+    pub fn observe(&self, request: &GpuRequest) {
         self.mix.observe(request);
         let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
         if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
@@ -47,7 +53,6 @@ impl LearningPlacer {
                     .store(Arc::new(self.base.clone().with_mix(mix)));
             }
         }
-        self.current.load_full()
     }
 
     /// The request mix learnt so far, whatever the policy.
@@ -79,12 +84,12 @@ mod tests {
             }],
             init_core_units: 0,
         };
-        assert!(placer.placer_for(&share).mix.len() == 1);
+        assert!(placer.placer().mix.is_empty());
+        placer.observe(&share);
+        assert!(placer.placer().mix.len() == 1);
         let other = LearningPlacer::new(Policy::Binpack, true);
-        assert!(
-            other.placer_for(&share).mix.is_empty(),
-            "only fgd reads the mix"
-        );
+        other.observe(&share);
+        assert!(other.placer().mix.is_empty(), "only fgd reads the mix");
         assert_eq!(
             other.learned_mix().len(),
             1,

@@ -39,13 +39,30 @@ impl WantedModels {
                 from_node_selector(pod, model_label).map(|m| (m, ModelSource::NodeSelector))
             })
             .or_else(|| from_affinity(pod, model_label).map(|m| (m, ModelSource::NodeAffinity)));
-        let (models, source) = match own {
-            Some(found) => found,
-            None => match (quota_default, quota_models) {
-                (Some(default), _) => (vec![default.to_string()], ModelSource::QuotaDefault),
-                (None, []) => (Vec::new(), ModelSource::Untyped),
-                (None, listed) => (listed.to_vec(), ModelSource::QuotaList),
-            },
+        match own {
+            Some((models, source)) => WantedModels { models, source },
+            None => Self::from_quota(quota_default, quota_models),
+        }
+    }
+
+    /// The models of a pod whose own choice (`own`, from [`WantedModels::of_pod`] without
+    /// quota) is already known, e.g. the cache's copy of it: the same rule, in one place.
+    pub fn of_own(own: &[String], quota_default: Option<&str>, quota_models: &[String]) -> Self {
+        if own.is_empty() {
+            Self::from_quota(quota_default, quota_models)
+        } else {
+            WantedModels {
+                models: own.to_vec(),
+                source: ModelSource::Annotation,
+            }
+        }
+    }
+
+    fn from_quota(quota_default: Option<&str>, quota_models: &[String]) -> Self {
+        let (models, source) = match (quota_default, quota_models) {
+            (Some(default), _) => (vec![default.to_string()], ModelSource::QuotaDefault),
+            (None, []) => (Vec::new(), ModelSource::Untyped),
+            (None, listed) => (listed.to_vec(), ModelSource::QuotaList),
         };
         WantedModels { models, source }
     }

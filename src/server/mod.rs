@@ -1,5 +1,7 @@
-//! HTTP serving: routers for the TLS port, the plain extender port and the admin port.
-//! Handlers only decode, call the core through the cache, encode and count.
+//! HTTP serving: one router per door — the webhooks (what the API server calls), the
+//! extender (what the scheduler next to us calls), the optional plain extender port,
+//! and the admin port. Handlers only decode, call the core through the cache, encode
+//! and count.
 
 pub mod admin;
 pub mod tls;
@@ -12,7 +14,7 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
@@ -23,10 +25,17 @@ use crate::extender::{ExtenderArgs, filter};
 use crate::metrics::Metrics;
 use crate::placement::learn::LearningPlacer;
 
-/// The apiserver never sends an AdmissionReview over 3 MiB.
-pub const WEBHOOK_BODY_LIMIT: usize = 3 << 20;
-/// Extender requests in the `Nodes` form carry whole Node objects for every candidate.
-pub const EXTENDER_BODY_LIMIT: usize = 64 << 20;
+/// Largest AdmissionReview accepted. The API server refuses objects over 3 MiB, and
+/// the only reviews sent with two objects (an UPDATE's object and oldObject) are of
+/// pods, which etcd keeps under 1.5 MiB each.
+pub const WEBHOOK_BODY_LIMIT: usize = 4 << 20;
+/// Largest extender request accepted. With `nodeCacheCapable` (what deploy/ sets) a
+/// request is the pod and up to 15,000 node names; the `Nodes` form carries whole Node
+/// objects, a few KiB each.
+pub const EXTENDER_BODY_LIMIT: usize = 32 << 20;
+/// Bodies at least this large are decoded on the blocking pool, so the async workers
+/// keep answering probes and small requests meanwhile.
+const DECODE_INLINE_MAX: usize = 64 << 10;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -38,6 +47,8 @@ pub struct AppState {
     pub shutting_down: Arc<AtomicBool>,
     /// The placement policy, learning the request mix from the pods it places.
     pub placer: Arc<LearningPlacer>,
+    /// How long a request body may take to arrive (then 408).
+    pub body_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -52,16 +63,25 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
             shutting_down: Arc::new(AtomicBool::new(false)),
+            body_timeout: crate::cli::ConnectionLimits::default().request_timeout,
         }
     }
 }
 
-/// Routes of the TLS port.
-pub fn app_router(state: AppState) -> Router {
-    extender_routes()
+/// The webhook door (`--address`): what the API server calls, and nothing else.
+pub fn webhook_router(state: AppState) -> Router {
+    Router::new()
         .route("/version", get(version))
         .route("/validate", post(webhooks::validate_route))
         .route("/mutate", post(webhooks::mutate_route))
+        .with_state(state)
+}
+
+/// The extender door (`--extender-address`, loopback by default): what the scheduler
+/// next to this process calls, and nothing else.
+pub fn extender_router(state: AppState) -> Router {
+    extender_routes()
+        .route("/version", get(version))
         .with_state(state)
 }
 
@@ -87,11 +107,14 @@ async fn version() -> impl IntoResponse {
     }))
 }
 
-/// Why a request was not judged: bad input (400, the text names the problem) or our
-/// own state not ready (503, so the caller's failure policy decides).
+/// Why a request was not judged: bad input (400, the text names the problem), a body
+/// over the route's limit (413), a body too slow to arrive (408), or our own state not
+/// ready (503, so the caller's failure policy decides).
 #[derive(Debug)]
 pub enum Rejection {
     BadRequest(String),
+    TooLarge { limit: usize },
+    TooSlow,
     NotReady,
 }
 
@@ -99,6 +122,8 @@ impl Rejection {
     pub const fn label(&self) -> &'static str {
         match self {
             Rejection::BadRequest(_) => "bad_request",
+            Rejection::TooLarge { .. } => "too_large",
+            Rejection::TooSlow => "too_slow",
             Rejection::NotReady => "not_ready",
         }
     }
@@ -108,6 +133,19 @@ impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
         match self {
             Rejection::BadRequest(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+            Rejection::TooLarge { limit } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "request body is larger than this route's limit of {} MiB",
+                    limit >> 20
+                ),
+            )
+                .into_response(),
+            Rejection::TooSlow => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request body did not arrive in time",
+            )
+                .into_response(),
             Rejection::NotReady => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "gpu-admission's cluster cache is not ready yet",
@@ -117,87 +155,112 @@ impl IntoResponse for Rejection {
     }
 }
 
-/// Read a body of at most `limit` bytes, decode it with `parse`, and check readiness.
-pub async fn accept<T>(
+/// How a route reads its body: its size limit and its decoder.
+pub struct Route<T> {
+    pub name: &'static str,
+    pub limit: usize,
+    pub parse: fn(&[u8]) -> Result<T, String>,
+}
+
+/// Read a body of at most `route.limit` bytes (413 beyond, before reading it when the
+/// length is announced), decode it (off the async workers when large), and check
+/// readiness.
+pub async fn accept<T: Send + 'static>(
     state: &AppState,
+    headers: &HeaderMap,
     body: Body,
-    limit: usize,
-    parse: impl FnOnce(&[u8]) -> Result<T, String>,
+    route: &Route<T>,
 ) -> Result<T, Rejection> {
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let text = format!(
-            "{error} {}",
-            std::error::Error::source(&error)
-                .map(|s| s.to_string())
-                .unwrap_or_default()
-        );
-        if text.contains("length limit") {
-            Rejection::BadRequest(format!(
-                "request body is larger than the {} MiB limit",
-                limit >> 20
-            ))
-        } else {
-            Rejection::BadRequest(format!("cannot read request body: {error}"))
-        }
-    })?;
-    let parsed = parse(&bytes).map_err(Rejection::BadRequest)?;
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > route.limit as u64) {
+        return Err(Rejection::TooLarge { limit: route.limit });
+    }
+    let bytes = tokio::time::timeout(state.body_timeout, read_body(body, route.limit))
+        .await
+        .map_err(|_| Rejection::TooSlow)??;
+    let parse = route.parse;
+    let parsed = if bytes.len() < DECODE_INLINE_MAX {
+        parse(&bytes)
+    } else {
+        tokio::task::spawn_blocking(move || parse(&bytes))
+            .await
+            .unwrap_or_else(|error| Err(format!("decoding the request failed: {error}")))
+    };
+    let parsed = parsed.map_err(Rejection::BadRequest)?;
     if !state.cache.is_ready() {
         return Err(Rejection::NotReady);
     }
     Ok(parsed)
 }
 
-/// The shape of every POST handler: read and decode the body (400 on bad input, 503
-/// while not ready), judge it, count the request by route and decision.
+async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Rejection> {
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let too_large =
+            std::iter::successors(Some(&error as &(dyn std::error::Error + 'static)), |e| {
+                e.source()
+            })
+            .any(|e| e.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            Rejection::TooLarge { limit }
+        } else {
+            Rejection::BadRequest(format!("cannot read request body: {error}"))
+        }
+    })
+}
+
+/// The shape of every POST handler: read and decode the body (400 on bad input, 413
+/// over the limit, 503 while not ready), judge it, count the request by route and
+/// decision.
 pub async fn answer<T, Judged>(
     state: &AppState,
-    route: &'static str,
+    route: &Route<T>,
+    headers: &HeaderMap,
     body: Body,
-    limit: usize,
-    parse: impl FnOnce(&[u8]) -> Result<T, String>,
     judge: impl FnOnce(T) -> Judged,
 ) -> Response
 where
+    T: Send + 'static,
     Judged: Future<Output = (&'static str, Response)>,
 {
     let started = Instant::now();
-    let (decision, response) = match accept(state, body, limit, parse).await {
+    let (decision, response) = match accept(state, headers, body, route).await {
         Ok(parsed) => judge(parsed).await,
         Err(rejection) => (rejection.label(), rejection.into_response()),
     };
     state
         .metrics
-        .observe(route, decision, started.elapsed().as_secs_f64());
+        .observe(route.name, decision, started.elapsed().as_secs_f64());
     response
 }
 
-async fn predicates(State(state): State<AppState>, body: Body) -> Response {
-    answer(
-        &state,
-        "predicates",
-        body,
-        EXTENDER_BODY_LIMIT,
-        ExtenderArgs::from_json,
-        async |args| {
-            let (result, outcome) = filter(&state.cache, &state.config, &state.placer, args).await;
-            (outcome.label(), axum::Json(result).into_response())
-        },
-    )
+const PREDICATES: Route<ExtenderArgs> = Route {
+    name: "predicates",
+    limit: EXTENDER_BODY_LIMIT,
+    parse: ExtenderArgs::from_json,
+};
+
+const VPREDICATES: Route<PredicateArgs> = Route {
+    name: "vpredicates",
+    limit: EXTENDER_BODY_LIMIT,
+    parse: PredicateArgs::from_json,
+};
+
+async fn predicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    answer(&state, &PREDICATES, &headers, body, async |args| {
+        let (result, outcome) = filter(&state.cache, &state.config, &state.placer, &args).await;
+        (outcome.label(), axum::Json(result).into_response())
+    })
     .await
 }
 
-async fn vpredicates(State(state): State<AppState>, body: Body) -> Response {
-    answer(
-        &state,
-        "vpredicates",
-        body,
-        EXTENDER_BODY_LIMIT,
-        PredicateArgs::from_json,
-        async |args| {
-            let response = predicate(&state.cache, &state.config, args);
-            let decision = if response.code == 0 { "fits" } else { "unfit" };
-            (decision, axum::Json(response).into_response())
-        },
-    )
+async fn vpredicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    answer(&state, &VPREDICATES, &headers, body, async |args| {
+        let response = predicate(&state.cache, &state.config, args);
+        let decision = if response.code == 0 { "fits" } else { "unfit" };
+        (decision, axum::Json(response).into_response())
+    })
     .await
 }

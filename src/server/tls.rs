@@ -8,7 +8,8 @@
 //! per-file watches miss.
 //!
 //! [`serve_tls`] and [`serve_plain`] are the accept loops: hyper-util's auto
-//! builder (HTTP/1.1 and h2) over an axum router, with graceful shutdown.
+//! builder (HTTP/1.1 and h2) over an axum router, with graceful shutdown, a cap on
+//! open connections, idle and request timeouts, and h2 limits ([`ConnectionLimits`]).
 
 use std::fmt;
 use std::future::Future;
@@ -27,6 +28,9 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+
+pub use crate::cli::ConnectionLimits;
+use std::sync::atomic::Ordering;
 
 /// A client that has not finished its TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -339,13 +343,58 @@ fn check_valid_now(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsErro
 /// A server config over `resolver`: ring provider (so no process-wide
 /// default is needed), TLS 1.2 and 1.3, ALPN h2 then http/1.1, no client auth.
 pub fn server_config(resolver: Arc<CertResolver>) -> Arc<rustls::ServerConfig> {
+    let config = builder().with_no_client_auth().with_cert_resolver(resolver);
+    with_alpn(config)
+}
+
+/// Like [`server_config`], but every client must present a certificate signed by a CA
+/// in `client_ca` (PEM): the webhook door, when only the API server may call it.
+pub fn mutual_server_config(
+    resolver: Arc<CertResolver>,
+    client_ca: &Path,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let pem = read_file(client_ca)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| TlsError::Pem {
+            path: client_ca.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        roots.add(cert).map_err(|e| TlsError::BadCertificate {
+            path: client_ca.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: client_ca.to_path_buf(),
+        });
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .map_err(|e| TlsError::BadCertificate {
+        path: client_ca.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let config = builder()
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver);
+    Ok(with_alpn(config))
+}
+
+fn builder() -> rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     // Startup invariant: ring's default provider supports the default
     // protocol versions; this only fails for a misassembled custom provider.
-    let builder = rustls::ServerConfig::builder_with_provider(provider)
+    rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .expect("ring provider supports the default TLS versions");
-    let mut config = builder.with_no_client_auth().with_cert_resolver(resolver);
+        .expect("ring provider supports the default TLS versions")
+}
+
+fn with_alpn(mut config: rustls::ServerConfig) -> Arc<rustls::ServerConfig> {
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Arc::new(config)
 }
@@ -392,9 +441,10 @@ pub async fn serve_tls(
     app: axum::Router,
     shutdown: CancellationToken,
     grace: Duration,
+    limits: ConnectionLimits,
 ) -> io::Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    accept_loop(listener, shutdown, grace, move |stream, conn| {
+    accept_loop(listener, shutdown, grace, limits, move |stream, conn| {
         let acceptor = acceptor.clone();
         let app = app.clone();
         async move {
@@ -416,15 +466,16 @@ pub async fn serve_tls(
 }
 
 /// Serves `app` over plain HTTP/1.1 and h2c (prior knowledge) on `listener`;
-/// same shutdown behaviour as [`serve_tls`]. For the admin and the insecure
-/// extender ports.
+/// same shutdown behaviour and limits as [`serve_tls`]. For the admin and the
+/// insecure extender ports.
 pub async fn serve_plain(
     listener: TcpListener,
     app: axum::Router,
     shutdown: CancellationToken,
     grace: Duration,
+    limits: ConnectionLimits,
 ) -> io::Result<()> {
-    accept_loop(listener, shutdown, grace, move |stream, conn| {
+    accept_loop(listener, shutdown, grace, limits, move |stream, conn| {
         serve_connection(stream, app.clone(), conn)
     })
     .await
@@ -433,37 +484,59 @@ pub async fn serve_plain(
 /// What a connection task gets besides its socket.
 struct Conn {
     peer: std::net::SocketAddr,
-    watcher: hyper_util::server::graceful::Watcher,
+    limits: ConnectionLimits,
+    /// Cancelled when shutdown begins: finish what is in flight, then close.
+    draining: CancellationToken,
     /// Cancelled when the grace period is over: drop the connection.
     hard_stop: CancellationToken,
+    /// Held for the connection's lifetime: the listener's connection cap.
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 async fn accept_loop<F, Fut>(
     listener: TcpListener,
     shutdown: CancellationToken,
     grace: Duration,
+    limits: ConnectionLimits,
     handle: F,
 ) -> io::Result<()>
 where
     F: Fn(TcpStream, Conn) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = tokio_util::task::TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let hard_stop = CancellationToken::new();
-    while let Some((stream, peer)) = accept(&listener, &shutdown).await {
+    loop {
+        // At the cap, stop accepting: further clients wait in the kernel's backlog
+        // until a connection closes (idle ones are closed after `idle_timeout`).
+        let slot = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let Some((stream, peer)) = accept(&listener, &shutdown).await else {
+            break;
+        };
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %err, "cannot set TCP_NODELAY");
         }
         let conn = Conn {
             peer,
-            watcher: graceful.watcher(),
+            limits,
+            draining: shutdown.clone(),
             hard_stop: hard_stop.clone(),
+            _slot: slot,
         };
-        tokio::spawn(handle(stream, conn));
+        connections.spawn(handle(stream, conn));
     }
     drop(listener);
-    let open = graceful.count();
-    if tokio::time::timeout(grace, graceful.shutdown())
+    connections.close();
+    let open = connections.len();
+    if tokio::time::timeout(grace, connections.wait())
         .await
         .is_err()
     {
@@ -473,6 +546,7 @@ where
             "grace period over; closing remaining connections"
         );
         hard_stop.cancel();
+        connections.wait().await;
     }
     Ok(())
 }
@@ -512,23 +586,162 @@ fn is_connection_error(err: &io::Error) -> bool {
     )
 }
 
-/// Serves one connection (HTTP/1.1 or h2, detected from the preface) until
-/// it closes, a graceful shutdown completes it, or the grace period ends.
+/// HTTP/1.1 and h2 settings that bound what one client can make the server hold:
+/// header size and read time, concurrent streams, flow-control windows (unread body
+/// bytes buffered per stream and per connection), and dead-peer pings.
+fn http_builder(
+    limits: &ConnectionLimits,
+) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.request_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .adaptive_window(false)
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .max_send_buf_size(H2_STREAM_WINDOW as usize)
+        .max_pending_accept_reset_streams(limits.max_streams as usize)
+        .keep_alive_interval(H2_PING_EVERY)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
+    builder
+}
+
+/// Most header bytes (HTTP/1.1 head, h2 header list) a request may carry.
+const MAX_HEADER_BYTES: usize = 64 << 10;
+/// h2 flow-control windows: unread request body a client may push ahead.
+const H2_STREAM_WINDOW: u32 = 256 << 10;
+const H2_CONNECTION_WINDOW: u32 = 512 << 10;
+const H2_PING_EVERY: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one connection (HTTP/1.1 or h2, detected from the preface) until it
+/// closes, sits idle for `idle_timeout`, shutdown drains it, or the grace period
+/// ends. Every request is bounded by twice `request_timeout` (reading its body
+/// has its own `request_timeout`, answered 408).
 async fn serve_connection<I>(io: I, app: axum::Router, conn: Conn)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    builder.http2().timer(TokioTimer::new());
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    let connection = builder.serve_connection(TokioIo::new(io), service);
-    let watched = conn.watcher.watch(connection);
-    tokio::select! {
-        r = watched => if let Err(err) = r {
-            tracing::debug!(peer = %conn.peer, error = %err, "connection error");
-        },
-        () = conn.hard_stop.cancelled() => {}
+    use hyper_util::rt::TokioIo;
+    let activity = Arc::new(Activity::new());
+    let service = tracked(app, activity.clone(), conn.limits.request_timeout * 2);
+    let builder = http_builder(&conn.limits);
+    let connection = builder.serve_connection(
+        TokioIo::new(io),
+        hyper_util::service::TowerToHyperService::new(service),
+    );
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = connection.as_mut() => {
+                if let Err(err) = r {
+                    tracing::debug!(peer = %conn.peer, error = %err, "connection error");
+                }
+                return;
+            }
+            () = conn.draining.cancelled(), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = activity.idle_for(conn.limits.idle_timeout), if !closing => {
+                tracing::debug!(peer = %conn.peer, "closing idle connection");
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = conn.hard_stop.cancelled() => return,
+        }
     }
+}
+
+/// Requests in flight on one connection, and when the last one ended.
+struct Activity {
+    started: std::time::Instant,
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Milliseconds after `started` when a request last ended.
+    last_done: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            started: std::time::Instant::now(),
+            in_flight: Default::default(),
+            last_done: Default::default(),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    /// Resolves once no request has been in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = Duration::from_millis(self.last_done.load(Ordering::Acquire));
+            let wake = if self.in_flight.load(Ordering::Acquire) == 0 {
+                let deadline = self.started + last + idle;
+                if std::time::Instant::now() >= deadline {
+                    return;
+                }
+                deadline
+            } else {
+                std::time::Instant::now() + idle
+            };
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+}
+
+/// One request in flight; its end is recorded when dropped (also on cancellation).
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let elapsed = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_done.store(elapsed, Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `app`, counting requests in flight and answering 503 to any that takes longer
+/// than `deadline` (a backstop: handlers bound their own waits).
+fn tracked(
+    app: axum::Router,
+    activity: Arc<Activity>,
+    deadline: Duration,
+) -> impl tower::Service<
+    axum::http::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    use axum::response::IntoResponse;
+    use tower::ServiceExt;
+    tower::service_fn(move |request: axum::http::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        let in_flight = activity.begin();
+        async move {
+            let response = match tokio::time::timeout(deadline, app.oneshot(request)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "request not answered in time",
+                )
+                    .into_response(),
+            };
+            drop(in_flight);
+            Ok(response)
+        }
+    })
 }

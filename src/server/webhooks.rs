@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -14,7 +14,7 @@ use crate::admission::validate::{Verdict, validate};
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 
-use super::{AppState, WEBHOOK_BODY_LIMIT, answer};
+use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer};
 
 /// A review and, for a CREATE, its pod with namespace and name (even under generateName).
 type Created = (Review, Option<(String, Pod)>);
@@ -53,8 +53,24 @@ fn reply(decision: &'static str, review: serde_json::Value) -> (&'static str, Re
     (decision, Json(review).into_response())
 }
 
-pub async fn validate_route(State(state): State<AppState>, body: Body) -> Response {
-    answer(&state, "validate", body, WEBHOOK_BODY_LIMIT, created_pod, async |(review, pod)| {
+const VALIDATE: Route<Created> = Route {
+    name: "validate",
+    limit: WEBHOOK_BODY_LIMIT,
+    parse: created_pod,
+};
+
+const MUTATE: Route<Created> = Route {
+    name: "mutate",
+    limit: WEBHOOK_BODY_LIMIT,
+    parse: created_pod,
+};
+
+pub async fn validate_route(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(&state, &VALIDATE, &headers, body, async |(review, pod)| {
         let Some((namespace, pod)) = pod else {
             return reply("allow", review.allow());
         };
@@ -74,31 +90,28 @@ pub async fn validate_route(State(state): State<AppState>, body: Body) -> Respon
     .await
 }
 
-pub async fn mutate_route(State(state): State<AppState>, body: Body) -> Response {
-    answer(
-        &state,
-        "mutate",
-        body,
-        WEBHOOK_BODY_LIMIT,
-        created_pod,
-        async |(review, pod)| {
-            let Some((namespace, pod)) =
-                pod.filter(|(_, pod)| asks_for_gpu(pod, &state.config.resources))
-            else {
-                return reply("allow", review.allow());
-            };
-            let limits = state
-                .cache
-                .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
-            match desired_pod(&pod, &state.config, &limits) {
-                Ok(desired) => {
-                    let patch = patch_for(&pod, &desired);
-                    let decision = if patch.0.is_empty() { "allow" } else { "patch" };
-                    reply(decision, review.patch(&patch))
-                }
-                Err(message) => reply("deny", review.deny(&message)),
+pub async fn mutate_route(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(&state, &MUTATE, &headers, body, async |(review, pod)| {
+        let Some((namespace, pod)) =
+            pod.filter(|(_, pod)| asks_for_gpu(pod, &state.config.resources))
+        else {
+            return reply("allow", review.allow());
+        };
+        let limits = state
+            .cache
+            .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
+        match desired_pod(&pod, &state.config, &limits) {
+            Ok(desired) => {
+                let patch = patch_for(&pod, &desired);
+                let decision = if patch.0.is_empty() { "allow" } else { "patch" };
+                reply(decision, review.patch(&patch))
             }
-        },
-    )
+            Err(message) => reply("deny", review.deny(&message)),
+        }
+    })
     .await
 }

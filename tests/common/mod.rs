@@ -7,18 +7,21 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use gpu_admission::cache::{ClusterCache, Projection};
 use gpu_admission::config::Config;
-use gpu_admission::server::{AppState, app_router};
+use gpu_admission::server::{AppState, extender_router, webhook_router};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-/// An app over an offline cluster given as YAML text.
+/// The routes of both TLS doors (webhooks and extender) over an offline cluster given
+/// as YAML text, merged for convenience: which door serves what is tested on the real
+/// routers (tests/doors.rs).
 pub fn app(cluster_yaml: &str, config: Config) -> (AppState, Router) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, cluster_yaml).unwrap();
     let cache = ClusterCache::from_file(&path, Projection::from_config(&config)).unwrap();
     let state = AppState::new(cache, config);
-    (state.clone(), app_router(state))
+    let router = webhook_router(state.clone()).fallback_service(extender_router(state.clone()));
+    (state, router)
 }
 
 pub fn config_with_policy(policy: &str) -> Config {

@@ -1,0 +1,239 @@
+//! Decoding hostile request bodies with bounded memory.
+//!
+//! Every body that reaches a route is untrusted (docs/security.md). Decoding into full
+//! Kubernetes types can cost hundreds of times the body's size (`[{},{},...]` of
+//! `Volume`s is three bytes per element and kilobytes per decoded struct), so requests
+//! are decoded here, and only here, under three rules:
+//! - a cheap scan counts the JSON values of a part before any of it is decoded, and
+//!   refuses a part with more than its budget ([`check_budget`]);
+//! - pods are decoded into the few fields gpu-admission reads ([`pod::decode`]), never
+//!   into the whole `Pod` schema;
+//! - lists (node names, node objects) have a maximum length, checked while decoding.
+//!
+//! With those, the memory a request takes is a small multiple of its body.
+
+pub mod pod;
+
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// Most JSON values (objects, arrays, scalars) one pod may carry. A real pod of the
+/// apiserver's maximum size has far fewer; each value costs at most ~150 bytes once
+/// decoded, so this caps a pod at ~15 MiB of memory whatever its body.
+pub const MAX_POD_VALUES: usize = 100_000;
+
+/// Most nodes or node names one extender request may carry (Kubernetes supports
+/// clusters of 5,000 nodes).
+pub const MAX_NODES: usize = 15_000;
+
+/// Refuse `raw` when it holds more than `max` JSON values. An upper bound is enough:
+/// every value but the first follows a `[`, `{`, `,` or `:` outside a string, and a
+/// `:` always follows a key that was counted after its `{` or `,`.
+pub fn check_budget(what: &str, raw: &[u8], max: usize) -> Result<(), String> {
+    let mut values = 1usize;
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in raw {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' | b',' => {
+                values += 1;
+                if values > max {
+                    return Err(format!(
+                        "{what} has more than {max} JSON values; refusing to decode it"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Decode a part of a request from its raw text; the error names the part and, when
+/// the content is wrong, the path inside it. Decodes untracked first (tracking the
+/// path costs a third of decoding 5,000 node names); only a part that fails is decoded
+/// again with its path, for the message.
+pub fn decode_raw<'a, T: Deserialize<'a>>(what: &str, raw: &'a str) -> Result<T, String> {
+    serde_json::from_str(raw).or_else(|_| {
+        let mut deserializer = serde_json::Deserializer::from_str(raw);
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| located(what, e))
+    })
+}
+
+fn located<E: fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> String {
+    let path = e.path().to_string();
+    let at = if path == "." {
+        String::new()
+    } else {
+        format!(" at {path}")
+    };
+    format!("{what}{at}: {}", e.inner())
+}
+
+/// A JSON array of at most `MAX` elements, refused while decoding (before the rest of
+/// an oversized array is read into memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounded<T, const MAX: usize>(pub Vec<T>);
+
+impl<'de, T: serde::Deserialize<'de>, const MAX: usize> serde::Deserialize<'de>
+    for Bounded<T, MAX>
+{
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Elements<T, const MAX: usize>(PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>, const MAX: usize> Visitor<'de> for Elements<T, MAX> {
+            type Value = Bounded<T, MAX>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "an array of at most {MAX} elements")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(item) = seq.next_element()? {
+                    if items.len() == MAX {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {MAX} elements"
+                        )));
+                    }
+                    items.push(item);
+                }
+                Ok(Bounded(items))
+            }
+        }
+        deserializer.deserialize_seq(Elements::<T, MAX>(PhantomData))
+    }
+}
+
+/// The values of `keys` in the JSON object `raw`, matched in any letter case (as Go's
+/// decoder matches struct fields); `null` counts as absent. Other keys are skipped
+/// without being stored, so an object of a million junk keys costs nothing.
+pub fn object_parts<'a, const N: usize>(
+    what: &str,
+    raw: &'a str,
+    keys: [&'static str; N],
+) -> Result<[Option<&'a RawValue>; N], String> {
+    let mut deserializer = serde_json::Deserializer::from_str(raw);
+    let parts = deserializer
+        .deserialize_map(Parts { keys: &keys })
+        .and_then(|parts| deserializer.end().map(|()| parts))
+        .map_err(|e| {
+            if e.is_data() {
+                format!("{what} must be a JSON object")
+            } else {
+                format!("{what} is not valid JSON: {e}")
+            }
+        })?;
+    Ok(parts)
+}
+
+/// `raw` as text: JSON bodies must be UTF-8.
+pub fn text(raw: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(raw).map_err(|e| format!("request is not valid JSON: not UTF-8 ({e})"))
+}
+
+struct Parts<'k, const N: usize> {
+    keys: &'k [&'static str; N],
+}
+
+impl<'de, const N: usize> Visitor<'de> for Parts<'_, N> {
+    type Value = [Option<&'de RawValue>; N];
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = [None; N];
+        while let Some(index) = map.next_key_seed(KeyIndex { keys: self.keys })? {
+            match index {
+                Some(i) => {
+                    let value: &'de RawValue = map.next_value()?;
+                    found[i] = (value.get() != "null").then_some(value);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+struct KeyIndex<'k, const N: usize> {
+    keys: &'k [&'static str; N],
+}
+
+impl<'de, const N: usize> DeserializeSeed<'de> for KeyIndex<'_, N> {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de, const N: usize> Visitor<'de> for KeyIndex<'_, N> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self.keys.iter().position(|k| k.eq_ignore_ascii_case(key)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn budget_counts_values_outside_strings_only() {
+        assert!(check_budget("x", br#"{"a": [1, 2, 3]}"#, 5).is_ok());
+        let err = check_budget("Pod", br#"{"a": [1, 2, 3, 4, 5]}"#, 5).unwrap_err();
+        assert_eq!(
+            err,
+            "Pod has more than 5 JSON values; refusing to decode it"
+        );
+        // Brackets and commas inside strings (escaped quotes too) are text, not values.
+        assert!(check_budget("x", br#"{"a": "[[[,,,{{{\"[[[,,,"}"#, 2).is_ok());
+        let million_empty_objects = format!("[{}]", vec!["{}"; 1_000_000].join(","));
+        assert!(check_budget("x", million_empty_objects.as_bytes(), MAX_POD_VALUES).is_err());
+    }
+
+    #[test]
+    fn object_parts_match_any_case_skip_the_rest_and_treat_null_as_absent() {
+        let [pod, names, nodes] = object_parts(
+            "request",
+            r#"{"pod": {"a": 1}, "junk": [1, {"x": 2}], "NODENAMES": ["n"], "Nodes": null}"#,
+            ["Pod", "NodeNames", "Nodes"],
+        )
+        .unwrap();
+        assert_eq!(pod.unwrap().get(), r#"{"a": 1}"#);
+        assert_eq!(names.unwrap().get(), r#"["n"]"#);
+        assert!(nodes.is_none());
+        assert_eq!(
+            object_parts("request", "[1]", ["Pod"]).unwrap_err(),
+            "request must be a JSON object"
+        );
+        assert!(
+            object_parts("request", "{", ["Pod"])
+                .unwrap_err()
+                .starts_with("request is not valid JSON")
+        );
+    }
+
+    #[test]
+    fn bounded_arrays_refuse_one_element_too_many() {
+        let ok: Bounded<u8, 3> = serde_json::from_str("[1, 2, 3]").unwrap();
+        assert_eq!(ok.0, [1, 2, 3]);
+        let err = serde_json::from_str::<Bounded<u8, 3>>("[1, 2, 3, 4]").unwrap_err();
+        assert!(err.to_string().contains("more than 3 elements"), "{err}");
+    }
+}

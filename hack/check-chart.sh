@@ -28,6 +28,17 @@ for mode in certManager "secret --set certificates.caBundle=Q0EK"; do
     --set metrics.serviceMonitor.enabled=true >/dev/null
 done
 "$helm" lint "$chart" --quiet --set gpuScheduler.enabled=false >/dev/null
+# The options off the default path: mutual TLS (a Secret or a ConfigMap), no NetworkPolicy,
+# an existing PriorityClass.
+"$helm" lint "$chart" --quiet --set webhooks.clientCA.enabled=true \
+  --set webhooks.clientCA.secretName=apiserver-client-ca >/dev/null
+"$helm" lint "$chart" --quiet --set webhooks.clientCA.enabled=true \
+  --set webhooks.clientCA.configMapName=apiserver-client-ca --set networkPolicy.enabled=false \
+  --set priorityClass.create=false --set priorityClass.name=system-cluster-critical >/dev/null
+if "$helm" template gpu-admission "$chart" --set webhooks.clientCA.enabled=true >/dev/null 2>&1; then
+  echo "webhooks.clientCA.enabled without a secretName or configMapName should be refused" >&2
+  exit 1
+fi
 
 echo "== helm template (defaults) vs deploy/"
 rendered="$(mktemp)"

@@ -38,6 +38,24 @@ gpu-admission.{{ .Release.Namespace }}.svc
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $c $c -}}
 {{- end -}}
 
+{{/* CEL: a CREATE, or an UPDATE that changes the type annotation (absent counts as "").
+     The same expression as deploy/40-webhook-configurations.yaml. */}}
+{{- define "gpu-admission.typeChangeExpression" -}}
+{{- $get := "(has(%[1]s.metadata.annotations) && '%[2]s' in %[1]s.metadata.annotations ? %[1]s.metadata.annotations['%[2]s'] : '')" -}}
+{{- printf "request.operation == 'CREATE' || %s != %s" (printf $get "object" .Values.typeAnnotation) (printf $get "oldObject" .Values.typeAnnotation) -}}
+{{- end -}}
+
+{{/* Pod labels: the Service gpu-admission-metrics selects every pod with this label. */}}
+{{- define "gpu-admission.metricsLabel" -}}
+gpu-admission.io/metrics: "true"
+{{- end -}}
+
+{{- define "gpu-admission.priorityClassName" -}}
+{{- with .Values.priorityClass.name }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
 {{- define "gpu-admission.podSecurityContext" -}}
 runAsNonRoot: true
 runAsUser: 65532
@@ -82,5 +100,12 @@ readinessProbe:
 {{- end -}}
 {{- if and (eq .Values.certificates.mode "secret") (not .Values.certificates.caBundle) -}}
 {{- fail "certificates.mode=secret needs certificates.caBundle (base64 of the PEM CA)" -}}
+{{- end -}}
+{{- $ca := .Values.webhooks.clientCA -}}
+{{- if and $ca.enabled (eq (empty $ca.secretName) (empty $ca.configMapName)) -}}
+{{- fail "webhooks.clientCA.enabled needs exactly one of webhooks.clientCA.secretName and webhooks.clientCA.configMapName" -}}
+{{- end -}}
+{{- if and .Values.priorityClass.create (not .Values.priorityClass.name) -}}
+{{- fail "priorityClass.create needs priorityClass.name" -}}
 {{- end -}}
 {{- end -}}

@@ -162,9 +162,8 @@ pub struct Route<T> {
     pub parse: fn(&[u8]) -> Result<T, String>,
 }
 
-/// Read a body of at most `route.limit` bytes (413 beyond, before reading it when the
-/// length is announced), decode it (off the async workers when large), and check
-/// readiness.
+/// Read a body of at most `route.limit` bytes (413 beyond), decode it (off the async
+/// workers when large), and check readiness.
 pub async fn accept<T: Send + 'static>(
     state: &AppState,
     headers: &HeaderMap,
@@ -175,7 +174,12 @@ pub async fn accept<T: Send + 'static>(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_some_and(|length| length > route.limit as u64) {
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    // An announced oversize body is refused unread when the client waits for our go
+    // (Expect: 100-continue) or when it is too large to be worth draining.
+    if announced.is_some_and(|n| n > route.limit as u64 && (expects_continue || n > DRAIN_MAX)) {
         return Err(Rejection::TooLarge { limit: route.limit });
     }
     let bytes = tokio::time::timeout(state.body_timeout, read_body(body, route.limit))
@@ -196,19 +200,33 @@ pub async fn accept<T: Send + 'static>(
     Ok(parsed)
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Rejection> {
-    axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let too_large =
-            std::iter::successors(Some(&error as &(dyn std::error::Error + 'static)), |e| {
-                e.source()
-            })
-            .any(|e| e.is::<http_body_util::LengthLimitError>());
-        if too_large {
-            Rejection::TooLarge { limit }
-        } else {
-            Rejection::BadRequest(format!("cannot read request body: {error}"))
+/// Past a route's limit, up to this much more is read and thrown away before the 413
+/// goes out: a client that is still sending (HTTP/1.1 without `Expect`, h2) would
+/// otherwise see its connection or stream reset instead of the answer.
+const DRAIN_MAX: u64 = 128 << 20;
+
+async fn read_body(mut body: Body, limit: usize) -> Result<axum::body::Bytes, Rejection> {
+    use http_body_util::BodyExt;
+    let mut kept = Vec::new();
+    let mut seen = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| Rejection::BadRequest(format!("cannot read request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if seen > DRAIN_MAX {
+            break;
         }
-    })
+        if seen <= limit as u64 {
+            kept.extend_from_slice(&data);
+        }
+    }
+    if seen > limit as u64 {
+        return Err(Rejection::TooLarge { limit });
+    }
+    Ok(kept.into())
 }
 
 /// The shape of every POST handler: read and decode the body (400 on bad input, 413

@@ -222,16 +222,19 @@ async fn bodies_over_the_limit_get_413_with_a_reason_on_http1_and_h2() {
 #[tokio::test]
 async fn a_client_that_sends_its_whole_oversized_body_first_still_reads_the_413() {
     let door = door(false, ConnectionLimits::default(), None).await;
-    let mut tls = tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
-        .await
-        .unwrap();
+    let mut tls =
+        tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
+            .await
+            .unwrap();
     let body = vec![b' '; 10 << 20];
     let head = format!(
         "POST /validate HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     tls.write_all(head.as_bytes()).await.unwrap();
-    tls.write_all(&body).await.expect("the server reset the connection mid-body");
+    tls.write_all(&body)
+        .await
+        .expect("the server reset the connection mid-body");
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(PATIENCE, tls.read_to_end(&mut answer)).await;
     let answer = String::from_utf8_lossy(&answer);

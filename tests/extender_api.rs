@@ -341,3 +341,21 @@ async fn multi_model_pods_go_only_where_the_quota_has_room() {
         "namespace GPU quota for V100M16 has no room (used 1 of 1 in GPUQuota team-a/default)"
     );
 }
+
+#[tokio::test]
+async fn only_placed_pods_teach_the_request_mix_and_unplaced_ones_are_not_cached() {
+    let (state, router) = app(&vcuda_node("n1", 100, 4, "T4"), config_with_policy("fgd"));
+    // A thousand calls of a thousand shapes that fit nowhere: nothing learnt, nothing kept.
+    for i in 0..1000u32 {
+        let pod = gpu_pod("default", &format!("junk-{i}"), &[(1 + i % 99, 5 + i)]);
+        let (_, body) = post(&router, "/scheduler/predicates", filter_args(&pod, &["n1"])).await;
+        assert_eq!(body["NodeNames"], json!([]), "{body}");
+    }
+    assert_eq!(state.placer.learned_mix().len(), 0);
+    assert_eq!(state.cache.with_state(|s| s.pod_count()), 0);
+    let pod = gpu_pod("default", "real", &[(50, 2)]);
+    let (_, body) = post(&router, "/scheduler/predicates", filter_args(&pod, &["n1"])).await;
+    assert_eq!(body["NodeNames"], json!(["n1"]));
+    assert_eq!(state.placer.learned_mix().len(), 1);
+    assert_eq!(state.cache.with_state(|s| s.pod_count()), 1);
+}

@@ -4,6 +4,8 @@
 
 mod offline;
 pub mod pod;
+#[cfg(test)]
+mod reserve_tests;
 pub mod state;
 mod watch;
 

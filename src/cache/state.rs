@@ -8,6 +8,7 @@ use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::placement::fit::fit_held;
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
 use crate::quota::ledger::{ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
@@ -225,6 +226,9 @@ impl ClusterState {
     /// Recount a node's GPU use from its pods. Pods whose annotations name GPUs are
     /// charged there; pods without (or with indices the node lacks) are charged where
     /// gpu-manager would put them, so capacity is never silently handed out twice.
+    /// What a pod holds for its init containers has no annotation: unless our own
+    /// reservation placed it, it is placed on the node as it is, after the annotated
+    /// pods, so the node holds each pod's whole effective request.
     fn recompute(&mut self, name: &str) {
         let Some(entry) = self.nodes.get_mut(name) else {
             return;
@@ -234,13 +238,34 @@ impl ClusterState {
         };
         gpus.used.iter_mut().for_each(|u| *u = Default::default());
         let mut unindexed = Vec::new();
+        let mut unheld = Vec::new();
         for key in &entry.pods {
             let Some(pod) = self.pods.get(key) else {
                 continue;
             };
             match &pod.assignment {
-                Some(a) if fits_indices(a, gpus.gpu_count()) => a.charge(gpus),
+                Some(a) if fits_indices(a, gpus.gpu_count()) => {
+                    a.charge(gpus);
+                    if !a.holds_init_of(&pod.request) {
+                        unheld.push(key.clone());
+                    }
+                }
                 _ => unindexed.push(key.clone()),
+            }
+        }
+        for key in unheld {
+            let Some(pod) = self.pods.get(&key) else {
+                continue;
+            };
+            match fit_held(gpus, &pod.request) {
+                Ok(held) => Assignment {
+                    choices: Vec::new(),
+                    held,
+                }
+                .charge(gpus),
+                Err(misfit) => {
+                    tracing::warn!(pod = %key, node = name, %misfit, "pod's init-container GPUs do not fit its node; not charged")
+                }
             }
         }
         for key in unindexed {
@@ -438,10 +463,12 @@ fn namespace_of(key: &str) -> &str {
 }
 
 fn fits_indices(assignment: &Assignment, gpu_count: usize) -> bool {
+    let held = assignment.held.iter().flat_map(|h| &h.gpus);
     assignment
         .choices
         .iter()
         .flat_map(|c| &c.gpus)
+        .chain(held)
         .all(|&g| usize::from(g) < gpu_count)
 }
 
@@ -451,3 +478,6 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
         quota.metadata.name.clone().unwrap_or_default(),
     )
 }
+
+#[cfg(test)]
+mod quota_tests;

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::fit::{Assignment, GpuChoice, pick_whole};
+use super::fit::{Assignment, GpuChoice, fit_held, pick_whole};
 use super::node::{GpuUse, NodeGpus};
 use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
 
@@ -596,10 +596,12 @@ pub fn least_fragmenting_fit(
                 demand: container.demand,
                 gpus,
             }],
+            held: Vec::new(),
         };
         choice.charge(&mut scratch);
         assignment.choices.extend(choice.choices);
     }
+    assignment.held = fit_held(&scratch, request).ok()?;
     Some(assignment)
 }
 
@@ -962,7 +964,7 @@ mod tests {
                 container: 0,
                 demand: GpuDemand::Whole { gpus: 1 },
             }],
-            init_core_units: 0,
+            init: None,
         };
         std::thread::scope(|s| {
             for _ in 0..4 {

@@ -77,7 +77,7 @@ mod tests {
                     memory: 2,
                 },
             }],
-            init_core_units: 0,
+            init: None,
         };
         assert!(placer.placer_for(&share).mix.len() == 1);
         let other = LearningPlacer::new(Policy::Binpack, true);

@@ -48,24 +48,22 @@ fn amounts_follow_the_effective_request_rule_and_count_fractions() {
         demand: GpuDemand::Share { core, memory: 1 },
     };
     let cases = [
-        (vec![share(50)], 0, "0.5"),
-        (vec![share(25), share(25)], 0, "0.5"),
+        (vec![share(50)], None, "0.5"),
+        (vec![share(25), share(25)], None, "0.5"),
         (
             vec![ContainerGpu {
                 container: 0,
                 demand: GpuDemand::Whole { gpus: 2 },
             }],
-            0,
+            None,
             "2",
         ),
-        (vec![share(50)], 300, "3"), // an init container asking for 3 GPUs dominates
-        (vec![], 100, "1"),
+        // an init container asking for 3 GPUs dominates
+        (vec![share(50)], Some(GpuDemand::Whole { gpus: 3 }), "3"),
+        (vec![], Some(GpuDemand::Whole { gpus: 1 }), "1"),
     ];
-    for (containers, init_core_units, expected) in cases {
-        let request = GpuRequest {
-            containers,
-            init_core_units,
-        };
+    for (containers, init, expected) in cases {
+        let request = GpuRequest { containers, init };
         assert_eq!(amount_of(&request), gpus(expected), "{request:?}");
     }
 }

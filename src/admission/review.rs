@@ -17,6 +17,9 @@ pub struct AdmissionRequest {
     pub operation: String,
     #[serde(default)]
     pub object: Option<Value>,
+    /// The object before an UPDATE (null for a CREATE).
+    #[serde(default)]
+    pub old_object: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }

@@ -112,13 +112,12 @@ impl GpuRequest {
             }
         }
         for container in spec.init_containers.iter().flatten() {
-            if let Some(demand) = container_demand(container, names)? {
-                if request
+            if let Some(demand) = container_demand(container, names)?
+                && request
                     .init
                     .is_none_or(|largest| init_order(&demand) > init_order(&largest))
-                {
-                    request.init = Some(demand);
-                }
+            {
+                request.init = Some(demand);
             }
         }
         Ok((!request.is_empty()).then_some(request))

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::admission::mutate::{desired_pod, patch_for};
 use crate::admission::review::Review;
-use crate::admission::validate::{Verdict, validate};
+use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 
@@ -49,14 +49,46 @@ fn created_pod(body: &[u8]) -> Result<Created, String> {
     Ok((review, Some((namespace, pod))))
 }
 
+/// What the validating webhook judges: a pod being created, or being updated.
+enum Reviewed {
+    Create { namespace: String, pod: Box<Pod> },
+    Update { old: Box<Pod>, new: Box<Pod> },
+    Other,
+}
+
+fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
+    let (review, created) = created_pod(body)?;
+    if let Some((namespace, pod)) = created {
+        let pod = Box::new(pod);
+        return Ok((review, Reviewed::Create { namespace, pod }));
+    }
+    if review.request.operation != "UPDATE" {
+        return Ok((review, Reviewed::Other));
+    }
+    let decode = |field: &str, value: Option<&serde_json::Value>| -> Result<Box<Pod>, String> {
+        let value = value
+            .filter(|v| !v.is_null())
+            .ok_or_else(|| format!("UPDATE review has no request.{field}"))?;
+        crate::extender::api::decode(&format!("request.{field}"), value)
+    };
+    let new = decode("object", review.request.object.as_ref())?;
+    let old = decode("oldObject", review.request.old_object.as_ref())?;
+    Ok((review, Reviewed::Update { old, new }))
+}
+
 fn reply(decision: &'static str, review: serde_json::Value) -> (&'static str, Response) {
     (decision, Json(review).into_response())
 }
 
 pub async fn validate_route(State(state): State<AppState>, body: Body) -> Response {
-    answer(&state, "validate", body, WEBHOOK_BODY_LIMIT, created_pod, async |(review, pod)| {
-        let Some((namespace, pod)) = pod else {
-            return reply("allow", review.allow());
+    answer(&state, "validate", body, WEBHOOK_BODY_LIMIT, reviewed_pod, async |(review, pod)| {
+        let (namespace, pod) = match pod {
+            Reviewed::Create { namespace, pod } => (namespace, pod),
+            Reviewed::Update { old, new } => return match validate_update(&old, &new, &state.config) {
+                Verdict::Allow => reply("allow", review.allow()),
+                Verdict::Deny(message) => reply("deny", review.deny(&message)),
+            },
+            Reviewed::Other => return reply("allow", review.allow()),
         };
         let dry_run = review.request.dry_run.unwrap_or(false);
         match validate(&state.cache, &state.config, &namespace, &pod, dry_run).await {

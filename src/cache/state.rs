@@ -480,4 +480,4 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
 }
 
 #[cfg(test)]
-mod quota_tests;
+mod charge_tests;

@@ -109,7 +109,7 @@ fn request(demand: GpuDemand) -> GpuRequest {
             container: 0,
             demand,
         }],
-        init_core_units: 0,
+        init: None,
     }
 }
 

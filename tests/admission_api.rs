@@ -272,3 +272,155 @@ async fn reviews_echo_version_and_bad_reviews_get_400() {
         );
     }
 }
+
+fn update_review(old: &Value, new: &Value) -> String {
+    let mut review: Value = serde_json::from_str(&review(new, false)).unwrap();
+    review["request"]["operation"] = json!("UPDATE");
+    review["request"]["oldObject"] = old.clone();
+    review.to_string()
+}
+
+async fn verdict(router: &axum::Router, body: String) -> (bool, String) {
+    let (status, answer) = post(router, "/validate", body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let message = answer["response"]["status"]["message"].as_str();
+    (
+        answer["response"]["allowed"].as_bool().unwrap(),
+        message.unwrap_or_default().to_string(),
+    )
+}
+
+fn annotated(mut pod: Value, models: &str) -> Value {
+    pod["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": models});
+    pod
+}
+
+#[tokio::test]
+async fn pods_created_on_a_node_are_charged_to_its_model_at_admission() {
+    let cluster = quota_yaml("team-a", "Tesla-T4: \"4\", A100-SXM4-80GB: \"1\"", "")
+        + &vcuda_node("a100-1", 400, 64, "A100-SXM4-80GB");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let mut verdicts = Vec::new();
+    for name in ["p1", "p2", "p3"] {
+        let mut pod = annotated(whole_gpu_pod("team-a", name, 1), "Tesla-T4,A100-SXM4-80GB");
+        pod["spec"]["nodeName"] = json!("a100-1");
+        verdicts.push(verdict(&router, review(&pod, false)).await);
+    }
+    let full = "GPU quota exceeded in namespace \"team-a\" for A100-SXM4-80GB: requested 1, used 1 of 1 (GPUQuota team-a/default)";
+    assert_eq!(
+        verdicts,
+        [
+            (true, String::new()),
+            (false, full.to_string()),
+            (false, full.to_string())
+        ]
+    );
+    let mut elsewhere = annotated(whole_gpu_pod("team-a", "p4", 1), "Tesla-T4");
+    elsewhere["spec"]["nodeName"] = json!("unknown-node");
+    let (allowed, message) = verdict(&router, review(&elsewhere, false)).await;
+    assert!(!allowed);
+    assert!(
+        message.contains("\"unknown-node\" (spec.nodeName), which gpu-admission does not know"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn multi_model_pods_must_use_the_gpu_scheduler() {
+    let cluster = quota_yaml("team-a", "Tesla-T4: \"4\", A100-SXM4-80GB: \"1\"", "");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let pod = annotated(
+        whole_gpu_pod("team-a", "either", 1),
+        "Tesla-T4,A100-SXM4-80GB",
+    );
+    for scheduler in [json!(null), json!(""), json!("default-scheduler")] {
+        let mut pod = pod.clone();
+        pod["spec"]["schedulerName"] = scheduler.clone();
+        let (allowed, message) = verdict(&router, review(&pod, false)).await;
+        assert!(!allowed, "{scheduler}");
+        assert_eq!(
+            message,
+            "the pod accepts several GPU models (Tesla-T4,A100-SXM4-80GB) and is scheduled by \"default-scheduler\", \
+             so the GPU quota of namespace \"team-a\" cannot charge it to the model it lands on; \
+             name one model in the gpu-admission.io/gpu-type annotation, or use schedulerName \"gpu-scheduler\""
+        );
+    }
+    // As the apiserver runs them: the mutation steers it to the GPU scheduler first.
+    let (_, mutation) = post(&router, "/mutate", review(&pod, false)).await;
+    let (allowed, message) = verdict(&router, review(&patched(&pod, &mutation), false)).await;
+    assert!(allowed, "{message}");
+}
+
+#[tokio::test]
+async fn the_model_annotation_is_fixed_at_creation() {
+    let cluster = quota_yaml("team-a", "Tesla-T4: \"1\", A100-SXM4-80GB: \"1\"", "");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let pod = annotated(whole_gpu_pod("team-a", "p1", 1), "Tesla-T4");
+    assert_eq!(
+        verdict(&router, review(&pod, false)).await,
+        (true, String::new())
+    );
+    // Moving the charge by relabelling the pod: denied.
+    for models in [json!("A100-SXM4-80GB"), json!("zzz")] {
+        let mut moved = pod.clone();
+        moved["metadata"]["annotations"]["gpu-admission.io/gpu-type"] = models;
+        assert_eq!(
+            verdict(&router, update_review(&pod, &moved)).await,
+            (
+                false,
+                "the GPU model annotation gpu-admission.io/gpu-type of a pod is fixed at creation \
+                 (it decides the quota charge); delete and recreate the pod to change it"
+                    .to_string()
+            )
+        );
+    }
+    let mut dropped = pod.clone();
+    dropped["metadata"]["annotations"] = json!({});
+    assert!(!verdict(&router, update_review(&pod, &dropped)).await.0);
+    // Any other update is allowed and reserves nothing: the quota stays at 1 of 1.
+    let mut labelled = pod.clone();
+    labelled["metadata"]["labels"] = json!({"team": "a"});
+    labelled["metadata"]["annotations"]["tencent.com/predicate-node"] = json!("n1");
+    assert_eq!(
+        verdict(&router, update_review(&pod, &labelled)).await,
+        (true, String::new())
+    );
+    let second = annotated(whole_gpu_pod("team-a", "p2", 1), "Tesla-T4");
+    let (allowed, message) = verdict(&router, review(&second, false)).await;
+    assert!(!allowed);
+    assert!(message.contains("used 1 of 1"), "{message}");
+    // An UPDATE review without the old object cannot be judged.
+    let mut incomplete: Value = serde_json::from_str(&update_review(&pod, &pod)).unwrap();
+    incomplete["request"]["oldObject"] = Value::Null;
+    let (status, answer) = post(&router, "/validate", incomplete.to_string()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer
+            .as_str()
+            .unwrap()
+            .contains("UPDATE review has no request.oldObject"),
+        "{answer}"
+    );
+    // Pods without GPUs may change it: it means nothing to them.
+    let cpu = gpu_pod("team-a", "web", &[(0, 0)]);
+    let relabelled = annotated(cpu.clone(), "A100-SXM4-80GB");
+    assert!(verdict(&router, update_review(&cpu, &relabelled)).await.0);
+}
+
+#[tokio::test]
+async fn vcuda_memory_without_vcuda_core_is_an_invalid_request() {
+    let cluster = quota_yaml("team-a", "Tesla-T4: \"1\"", "  defaultType: Tesla-T4\n");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let mut pod = gpu_pod("team-a", "sneaky", &[(0, 0)]);
+    pod["spec"]["containers"][0]["resources"]["limits"] = json!({"tencent.com/vcuda-memory": "16"});
+    assert_eq!(
+        verdict(&router, review(&pod, false)).await,
+        (
+            false,
+            "invalid GPU request: container \"c0\": asks for tencent.com/vcuda-memory without \
+             tencent.com/vcuda-core; gpu-manager assigns a GPU by tencent.com/vcuda-core, so add it \
+             (or drop tencent.com/vcuda-memory)"
+                .to_string()
+        )
+    );
+}

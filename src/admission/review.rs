@@ -3,7 +3,10 @@
 
 use base64::Engine as _;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
+
+use crate::wire::{self, decode_raw, object_parts};
 
 /// The parts of a review request we read.
 #[derive(Debug, Clone, Deserialize)]
@@ -15,8 +18,12 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub name: Option<String>,
     pub operation: String,
+    /// The object's JSON text, decoded by the handler (see `crate::wire::pod`).
     #[serde(default)]
-    pub object: Option<Value>,
+    pub object: Option<Box<RawValue>>,
+    /// The object before an UPDATE (null for a CREATE).
+    #[serde(default)]
+    pub old_object: Option<Box<RawValue>>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
@@ -31,30 +38,47 @@ pub struct Review {
 const VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
 
 impl Review {
+    /// Decode a review body. Only `apiVersion`, `kind` and the request's few fields
+    /// are read; the objects stay JSON text until the handler decodes the pod.
     pub fn from_json(body: &[u8]) -> Result<Review, String> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| format!("AdmissionReview is not valid JSON: {e}"))?;
-        let api_version = value
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if !VERSIONS.contains(&api_version) {
+        let [api_version, kind, request] = object_parts(
+            "AdmissionReview",
+            wire::text(body)?,
+            ["apiVersion", "kind", "request"],
+        )?;
+        let text = |raw: Option<&RawValue>| {
+            raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+                .unwrap_or_default()
+        };
+        let api_version = text(api_version);
+        if !VERSIONS.contains(&api_version.as_str()) {
             return Err(format!(
                 "apiVersion {api_version:?} is not admission.k8s.io/v1 or admission.k8s.io/v1beta1"
             ));
         }
-        if value.get("kind").and_then(Value::as_str) != Some("AdmissionReview") {
+        if text(kind) != "AdmissionReview" {
             return Err("kind must be AdmissionReview".into());
         }
-        let request = value
-            .get("request")
-            .filter(|r| !r.is_null())
-            .ok_or("AdmissionReview has no request")?;
-        let request: AdmissionRequest = crate::extender::api::decode("request", request)?;
+        let request = request.ok_or("AdmissionReview has no request")?;
+        let request: AdmissionRequest = decode_raw("request", request.get())?;
         Ok(Review {
-            api_version: api_version.to_string(),
+            api_version,
             request,
         })
+    }
+
+    /// The pod in `request.object` (or `request.oldObject`), decoded with bounded memory.
+    pub fn pod(&self, old: bool) -> Result<k8s_openapi::api::core::v1::Pod, String> {
+        let (field, raw) = if old {
+            ("oldObject", &self.request.old_object)
+        } else {
+            ("object", &self.request.object)
+        };
+        let raw = raw
+            .as_deref()
+            .filter(|r| r.get() != "null")
+            .ok_or_else(|| format!("{} review has no request.{field}", self.request.operation))?;
+        wire::pod::decode(&format!("request.{field}"), raw.get())
     }
 
     fn respond(&self, response: Value) -> Value {
@@ -135,7 +159,8 @@ mod tests {
     #[test]
     fn undecodable_reviews_say_why() {
         let err = |body: &str| Review::from_json(body.as_bytes()).unwrap_err();
-        assert!(err("[").starts_with("AdmissionReview is not valid JSON"));
+        assert!(err("{").starts_with("AdmissionReview is not valid JSON"));
+        assert_eq!(err("[1]"), "AdmissionReview must be a JSON object");
         assert!(
             err(r#"{"apiVersion": "v1", "kind": "AdmissionReview"}"#)
                 .contains("is not admission.k8s.io/v1")

@@ -4,11 +4,13 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::cache::{CachedPod, ClusterCache, pod_key};
+use crate::cache::{CachedPod, ClusterCache, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
+use crate::placement::models::WantedModels;
+use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Charge, admit, amount_of};
+use crate::quota::ledger::{AdmitRules, Charge, Denial, Route, admit, amount_of, models_for_route};
 use crate::quota::reserve::{self, Reserved};
 
 /// What the webhook answers.
@@ -59,11 +61,15 @@ pub async fn validate(
             cache, config, namespace, pod, amount, rules, dry_run,
         )?),
         Some(client) => {
-            let (wanted, cached) = cache.with_state(|state| {
+            let decided = cache.with_state(|state| {
                 let quotas: Vec<_> = state.namespace_quotas(namespace).cloned().collect();
-                let wanted = NamespaceLimits::of(&quotas, namespace).wanted_models(pod, config);
-                (wanted, Some(quotas))
+                let limits = NamespaceLimits::of(&quotas, namespace);
+                wanted_on_route(state, config, &limits, namespace, pod).map(|w| (w, quotas))
             });
+            let (wanted, cached) = match decided {
+                Ok((wanted, quotas)) => (wanted, Some(quotas)),
+                Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
+            };
             let identity = reserve::PodIdentity::of(pod);
             match reserve::reserve(
                 &client, cached, namespace, &wanted, amount, rules, &identity, dry_run,
@@ -96,13 +102,8 @@ fn offline(
                 namespace: namespace.to_string(),
                 reason,
             })?;
-        let decision = admit(
-            namespace,
-            &views,
-            &limits.wanted_models(pod, config),
-            amount,
-            rules,
-        );
+        let decision = wanted_on_route(state, config, &limits, namespace, pod)
+            .and_then(|wanted| admit(namespace, &views, &wanted, amount, rules));
         match decision {
             Err(denial) => Ok(Verdict::Deny(denial.to_string())),
             Ok(charge) => {
@@ -116,4 +117,63 @@ fn offline(
             }
         }
     })
+}
+
+/// The models `pod` may be charged to at admission, by how it will reach a node: the
+/// GPU scheduler (whose extender charges a multi-model pod at placement), another
+/// scheduler, or none at all (`spec.nodeName` set at creation: charged to that node's
+/// model, as this cache knows the node). The mutating webhook has already run, so
+/// `schedulerName` is final; an empty one is default-scheduler's.
+fn wanted_on_route(
+    state: &ClusterState,
+    config: &Config,
+    limits: &NamespaceLimits,
+    namespace: &str,
+    pod: &Pod,
+) -> Result<WantedModels, Denial> {
+    let spec = pod.spec.as_ref();
+    let node = spec
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty());
+    let scheduler = spec
+        .and_then(|s| s.scheduler_name.as_deref())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default-scheduler");
+    let route = match node {
+        Some(node) => Route::Bound {
+            node,
+            gpus: state.node(node),
+        },
+        None if scheduler == config.scheduler_name => Route::GpuScheduler,
+        None => Route::OtherScheduler {
+            name: scheduler,
+            gpu_scheduler: &config.scheduler_name,
+            type_annotation: &config.type_annotation,
+        },
+    };
+    models_for_route(namespace, limits, limits.wanted_models(pod, config), route)
+}
+
+/// Judge an update of a pod. The model a pod is charged to is fixed when it is
+/// admitted, but the quota reconciler reads the pod's models from the pod as it is
+/// now: a changed type annotation would move or free the charge. (Its nodeSelector and
+/// node affinity cannot change once it may be scheduled; while scheduling gates hold
+/// it they may only narrow, before a multi-model pod is charged. So the annotation is
+/// the one way in.) Every other update is allowed and reserves nothing.
+pub fn validate_update(old: &Pod, new: &Pod, config: &Config) -> Verdict {
+    let names = &config.resources;
+    if !asks_for_gpu(old, names) && !asks_for_gpu(new, names) {
+        return Verdict::Allow;
+    }
+    let key = &config.type_annotation;
+    let annotation = |pod: &Pod| {
+        let annotations = pod.metadata.annotations.as_ref();
+        annotations.and_then(|a| a.get(key)).cloned()
+    };
+    if annotation(old) == annotation(new) {
+        return Verdict::Allow;
+    }
+    Verdict::Deny(format!(
+        "the GPU model annotation {key} of a pod is fixed at creation (it decides the quota charge); delete and recreate the pod to change it"
+    ))
 }

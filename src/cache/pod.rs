@@ -120,7 +120,9 @@ pub fn is_terminal(pod: &Pod) -> bool {
 }
 
 /// GPU indices from the predicate-gpu-idx annotations; `None` unless every GPU container
-/// has a well-formed one with the right number of GPUs.
+/// has a well-formed one with the right number of GPUs. The annotations cover the app
+/// containers only: what the pod holds for its init containers is left for the node's
+/// accounting to place (`ClusterState::recompute`).
 fn read_assignment<'a>(
     request: &GpuRequest,
     annotation: impl Fn(u16) -> Option<&'a str>,
@@ -146,5 +148,8 @@ fn read_assignment<'a>(
             gpus,
         });
     }
-    Some(Assignment { choices })
+    Some(Assignment {
+        choices,
+        held: Vec::new(),
+    })
 }

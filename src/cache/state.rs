@@ -8,6 +8,8 @@ use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::placement::fit::fit_held;
+use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
 use crate::quota::ledger::{ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
@@ -262,6 +264,9 @@ impl ClusterState {
     /// Recount a node's GPU use from its pods. Pods whose annotations name GPUs are
     /// charged there; pods without (or with indices the node lacks) are charged where
     /// gpu-manager would put them, so capacity is never silently handed out twice.
+    /// What a pod holds for its init containers has no annotation: unless our own
+    /// reservation placed it, it is placed on the node as it is, after the annotated
+    /// pods, so the node holds each pod's whole effective request.
     fn recompute(&mut self, name: &str) {
         let Some(entry) = self.nodes.get_mut(name) else {
             return;
@@ -271,13 +276,34 @@ impl ClusterState {
         };
         gpus.used.iter_mut().for_each(|u| *u = Default::default());
         let mut unindexed = Vec::new();
+        let mut unheld = Vec::new();
         for key in &entry.pods {
             let Some(pod) = self.pods.get(key) else {
                 continue;
             };
             match &pod.assignment {
-                Some(a) if fits_indices(a, gpus.gpu_count()) => a.charge(gpus),
+                Some(a) if fits_indices(a, gpus.gpu_count()) => {
+                    a.charge(gpus);
+                    if !a.holds_init_of(&pod.request) {
+                        unheld.push(key.clone());
+                    }
+                }
                 _ => unindexed.push(key.clone()),
+            }
+        }
+        for key in unheld {
+            let Some(pod) = self.pods.get(&key) else {
+                continue;
+            };
+            match fit_held(gpus, &pod.request) {
+                Ok(held) => Assignment {
+                    choices: Vec::new(),
+                    held,
+                }
+                .charge(gpus),
+                Err(misfit) => {
+                    tracing::warn!(pod = %key, node = name, %misfit, "pod's init-container GPUs do not fit its node; not charged")
+                }
             }
         }
         for key in unindexed {
@@ -328,17 +354,10 @@ impl ClusterState {
     /// GPUs per model that the namespace's live pods are charged.
     pub fn usage(&self, namespace: &str) -> ModelAmounts {
         let limits = NamespaceLimits::of(self.quotas(), namespace);
-        let fallback: &[String] = match &limits.default_type {
-            Some(default) => std::slice::from_ref(default),
-            None => &limits.models,
-        };
         let keys = self.by_namespace.get(namespace).into_iter().flatten();
         let pods = keys.filter_map(|key| self.pods.get(key)).map(|pod| {
-            let wanted: &[String] = if pod.models.is_empty() {
-                fallback
-            } else {
-                &pod.models
-            };
+            let wanted =
+                WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
             let node_model = pod
                 .node
                 .as_deref()
@@ -504,10 +523,12 @@ fn namespace_of(key: &str) -> &str {
 }
 
 fn fits_indices(assignment: &Assignment, gpu_count: usize) -> bool {
+    let held = assignment.held.iter().flat_map(|h| &h.gpus);
     assignment
         .choices
         .iter()
         .flat_map(|c| &c.gpus)
+        .chain(held)
         .all(|&g| usize::from(g) < gpu_count)
 }
 
@@ -517,3 +538,6 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
         quota.metadata.name.clone().unwrap_or_default(),
     )
 }
+
+#[cfg(test)]
+mod charge_tests;

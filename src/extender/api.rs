@@ -156,22 +156,6 @@ fn given_nodes(raw: &str) -> Result<Vec<GivenNode>, String> {
         .collect()
 }
 
-/// Decode a JSON value; the error names the part and the path inside it.
-pub fn decode<T: serde::de::DeserializeOwned>(
-    what: &str,
-    value: &serde_json::Value,
-) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let at = if path == "." {
-            String::new()
-        } else {
-            format!(" at {path}")
-        };
-        format!("{what}{at}: {}", e.inner())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -13,19 +13,41 @@ pub struct GpuChoice {
     pub gpus: Vec<u8>,
 }
 
-/// The GPUs chosen for every GPU container of a pod on one node.
+/// GPUs a pod holds for its init containers beyond what its app containers hold
+/// ([`GpuRequest::held_for_init`]). They belong to no container, so gpu-manager gets
+/// no annotation for them: only our accounting of the node counts them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HeldGpus {
+    pub demand: GpuDemand,
+    pub gpus: Vec<u8>,
+}
+
+/// The GPUs chosen for every GPU container of a pod on one node, and those it holds
+/// for its init containers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Assignment {
     pub choices: Vec<GpuChoice>,
+    pub held: Vec<HeldGpus>,
 }
 
 impl Assignment {
     /// What each chosen GPU is charged: (index, use). A whole GPU is charged completely.
     pub fn charges(&self, memory_per_gpu: u32) -> impl Iterator<Item = (usize, GpuUse)> + '_ {
-        self.choices.iter().flat_map(move |choice| {
-            let each = charge_of(choice.demand, memory_per_gpu);
-            choice.gpus.iter().map(move |&gpu| (usize::from(gpu), each))
+        let containers = self.choices.iter().map(|c| (c.demand, &c.gpus));
+        let held = self.held.iter().map(|h| (h.demand, &h.gpus));
+        containers.chain(held).flat_map(move |(demand, gpus)| {
+            let each = charge_of(demand, memory_per_gpu);
+            gpus.iter().map(move |&gpu| (usize::from(gpu), each))
         })
+    }
+
+    /// Whether the init-container hold is what `request` calls for (an assignment read
+    /// back from the pod's annotations has none: the node's accounting adds it).
+    pub fn holds_init_of(&self, request: &GpuRequest) -> bool {
+        self.held
+            .iter()
+            .map(|h| h.demand)
+            .eq(request.held_for_init())
     }
 
     /// Add this assignment's use to the node. Indices the node lacks are ignored.
@@ -202,10 +224,12 @@ impl fmt::Display for Misfit {
 }
 
 /// Fit every GPU container of `request` onto `node`, in container order, each on
-/// the GPUs gpu-manager itself would pick. The node is not changed.
+/// the GPUs gpu-manager itself would pick, then what the pod holds for its init
+/// containers. The node is not changed.
 pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> {
     check_static(node, request)?;
-    if let [container] = request.containers.as_slice() {
+    let held = request.held_for_init();
+    if let ([container], true) = (request.containers.as_slice(), held.is_empty()) {
         // One container (the common case): nothing to charge between containers.
         return Ok(Assignment {
             choices: vec![GpuChoice {
@@ -213,6 +237,7 @@ pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> 
                 demand: container.demand,
                 gpus: pick(node, container.demand)?,
             }],
+            held: Vec::new(),
         });
     }
     let mut scratch = node.clone();
@@ -226,11 +251,43 @@ pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> 
         };
         Assignment {
             choices: vec![choice.clone()],
+            held: Vec::new(),
         }
         .charge(&mut scratch);
         assignment.choices.push(choice);
     }
+    // After the app containers: their GPUs must be the ones gpu-manager picks on the
+    // node as it is, and gpu-manager knows nothing of this hold.
+    assignment.held = hold(&mut scratch, &held)?;
     Ok(assignment)
+}
+
+/// Place the init-container hold of `request` on `node` as it is (its app containers
+/// already charged there), the way [`fit`] would.
+pub fn fit_held(node: &NodeGpus, request: &GpuRequest) -> Result<Vec<HeldGpus>, Misfit> {
+    let held = request.held_for_init();
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    hold(&mut node.clone(), &held)
+}
+
+/// Pick GPUs for each held demand in turn, charging `scratch` as it goes.
+fn hold(scratch: &mut NodeGpus, demands: &[GpuDemand]) -> Result<Vec<HeldGpus>, Misfit> {
+    let mut held = Vec::with_capacity(demands.len());
+    for &demand in demands {
+        let part = HeldGpus {
+            demand,
+            gpus: pick(scratch, demand)?,
+        };
+        Assignment {
+            choices: Vec::new(),
+            held: vec![part.clone()],
+        }
+        .charge(scratch);
+        held.push(part);
+    }
+    Ok(held)
 }
 
 /// The GPUs gpu-manager gives one container on `node` as it is.
@@ -247,11 +304,21 @@ fn check_static(node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
     if have == 0 {
         return Err(Misfit::NoGpus);
     }
-    let need = request.whole_gpus();
+    let held = request.held_for_init();
+    let demands = || {
+        let containers = request.containers.iter().map(|c| c.demand);
+        containers.chain(held.iter().copied())
+    };
+    let need: u32 = demands()
+        .map(|d| match d {
+            GpuDemand::Whole { gpus } => gpus,
+            GpuDemand::Share { .. } => 0,
+        })
+        .sum();
     if need > have {
         return Err(Misfit::TooFewGpus { need, have });
     }
-    let share_memory = request.containers.iter().filter_map(|c| match c.demand {
+    let share_memory = demands().filter_map(|d| match d {
         GpuDemand::Share { memory, .. } => Some(memory),
         GpuDemand::Whole { .. } => None,
     });
@@ -323,7 +390,7 @@ mod tests {
                     demand,
                 })
                 .collect(),
-            init_core_units: 0,
+            init: None,
         }
     }
 
@@ -388,6 +455,60 @@ mod tests {
             err.to_string(),
             "no GPU with 20 free vcuda-core has 2 free vcuda-memory (largest free: 1)"
         );
+    }
+
+    fn with_init(mut request: GpuRequest, init: GpuDemand) -> GpuRequest {
+        request.init = Some(init);
+        request
+    }
+
+    fn core_charged(a: &Assignment, n: &NodeGpus) -> u64 {
+        a.charges(n.memory_per_gpu)
+            .map(|(_, u)| u64::from(u.core))
+            .sum()
+    }
+
+    #[test]
+    fn an_init_container_larger_than_the_apps_is_held_on_the_node() {
+        // Init container: 4 whole GPUs, no app GPU. It takes the whole 4-GPU node, so a
+        // second such pod (or any 4-GPU pod) no longer fits.
+        let n = node("n", 4, 4);
+        let init_only = with_init(request(&[]), GpuDemand::Whole { gpus: 4 });
+        let a = fit(&n, &init_only).unwrap();
+        assert!(a.choices.is_empty(), "no container, no annotation");
+        assert_eq!(a.held[0].gpus, vec![0, 1, 2, 3]);
+        assert_eq!(core_charged(&a, &n), init_only.core_units());
+        let mut taken = n.clone();
+        a.charge(&mut taken);
+        assert_eq!(
+            fit(&taken, &init_only).unwrap_err(),
+            Misfit::NotEnoughFreeGpus { need: 4, free: 0 }
+        );
+        assert!(fit(&taken, &request(&[GpuDemand::Whole { gpus: 4 }])).is_err());
+        // A node with fewer GPUs than the init container needs can never take it.
+        assert_eq!(
+            fit(&node("small", 2, 4), &init_only).unwrap_err(),
+            Misfit::TooFewGpus { need: 4, have: 2 }
+        );
+    }
+
+    #[test]
+    fn the_init_hold_comes_after_the_apps_and_matches_the_charge() {
+        // The app share goes where gpu-manager puts it (the fullest GPU that fits),
+        // exactly as without the init container; the hold fills up to one GPU.
+        let n = with_used(node("n", 2, 4), 1, 20, 1);
+        let apps = request(&[share(50, 2)]);
+        let plain = fit(&n, &apps).unwrap();
+        let held = with_init(apps, GpuDemand::Whole { gpus: 1 });
+        let a = fit(&n, &held).unwrap();
+        assert_eq!(a.choices, plain.choices);
+        assert_eq!(core_charged(&a, &n), 100);
+        // A share init container larger than the app share holds the difference.
+        let share_init = with_init(request(&[share(20, 1)]), share(60, 3));
+        let a = fit(&n, &share_init).unwrap();
+        assert_eq!(core_charged(&a, &n), 60);
+        assert!(a.holds_init_of(&share_init));
+        assert!(!Assignment { held: vec![], ..a }.holds_init_of(&share_init));
     }
 
     #[test]

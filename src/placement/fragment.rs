@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::fit::{Assignment, GpuChoice, pick_whole};
+use super::fit::{Assignment, GpuChoice, fit_held, pick_whole};
 use super::node::{GpuUse, NodeGpus};
 use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
 
@@ -596,10 +596,12 @@ pub fn least_fragmenting_fit(
                 demand: container.demand,
                 gpus,
             }],
+            held: Vec::new(),
         };
         choice.charge(&mut scratch);
         assignment.choices.extend(choice.choices);
     }
+    assignment.held = fit_held(&scratch, request).ok()?;
     Some(assignment)
 }
 
@@ -624,6 +626,11 @@ fn least_fragmenting_gpu(
         .and_then(|(_, i)| u8::try_from(i).ok())
 }
 
+/// At most this many distinct task shapes are counted by a [`RequestMix`]; far more
+/// than a cluster's real mix has (the openb traces have at most a few hundred, CPU,
+/// memory and models included), and only [`MAX_GPU_SHAPES`] GPU shapes are scored.
+pub const MAX_SHAPES: usize = 1024;
+
 /// A request mix learnt online from the pods the extender sees. `observe` is cheap
 /// (one short lock) and callable from many threads through `&self`; `snapshot` builds
 /// the immutable [`TaskMix`] that placement reads.
@@ -645,9 +652,19 @@ impl RequestMix {
         }
     }
 
-    /// Count one task of a fully known shape (CPU, memory, models as well).
+    /// Count one task of a fully known shape (CPU, memory, models as well). Once
+    /// [`MAX_SHAPES`] distinct shapes are known, new ones are not counted (known ones
+    /// still are): whoever can send filter calls must not grow this without bound.
     pub fn observe_shape(&self, shape: TaskShape) {
-        *self.counts.lock().entry(shape).or_default() += 1;
+        let mut counts = self.counts.lock();
+        let full = counts.len() >= MAX_SHAPES;
+        match counts.get_mut(&shape) {
+            Some(count) => *count += 1,
+            None if !full => {
+                counts.insert(shape, 1);
+            }
+            None => {}
+        }
     }
 
     /// How many tasks were observed.
@@ -962,7 +979,7 @@ mod tests {
                 container: 0,
                 demand: GpuDemand::Whole { gpus: 1 },
             }],
-            init_core_units: 0,
+            init: None,
         };
         std::thread::scope(|s| {
             for _ in 0..4 {
@@ -981,5 +998,28 @@ mod tests {
             m.fragmentation(&with_used(node("n", 1, 4), 0, 10, 1), None),
             90.0,
         );
+    }
+
+    #[test]
+    fn request_mix_keeps_a_bounded_number_of_shapes() {
+        let learnt = RequestMix::new();
+        let shape = |cpu_milli| TaskShape {
+            host: HostRoom {
+                cpu_milli,
+                memory_mib: 0,
+            },
+            ..TaskShape::gpu_only(ONE)
+        };
+        // Forged filter calls, each a new shape: only the first MAX_SHAPES are kept.
+        for cpu in 0..(MAX_SHAPES as u64 + 500) {
+            learnt.observe_shape(shape(cpu));
+        }
+        assert_eq!(learnt.counts.lock().len(), MAX_SHAPES);
+        assert_eq!(learnt.observed(), MAX_SHAPES as u64);
+        // A known shape keeps counting once the mix is full; an unseen one does not.
+        learnt.observe_shape(shape(0));
+        learnt.observe_shape(shape(u64::MAX));
+        assert_eq!(learnt.counts.lock()[&shape(0)], 2);
+        assert!(!learnt.counts.lock().contains_key(&shape(u64::MAX)));
     }
 }

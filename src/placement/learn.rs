@@ -82,7 +82,7 @@ mod tests {
                     memory: 2,
                 },
             }],
-            init_core_units: 0,
+            init: None,
         };
         assert!(placer.placer().mix.is_empty());
         placer.observe(&share);

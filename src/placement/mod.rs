@@ -14,7 +14,7 @@ pub mod request;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use fit::{Assignment, GpuChoice, Misfit, fit};
+pub use fit::{Assignment, GpuChoice, HeldGpus, Misfit, fit};
 pub use fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
 pub use node::{GpuUse, NodeGpus};
 pub use policy::{Candidate, DEFAULT_POLICY, Outcome, Placer, Policy, place, place_with_host};

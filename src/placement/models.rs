@@ -58,6 +58,20 @@ impl WantedModels {
         }
     }
 
+    /// [`WantedModels::of_own`]'s models without copying them (usage counting walks
+    /// every pod of a namespace).
+    pub fn resolve<'a>(
+        own: &'a [String],
+        quota_default: Option<&'a String>,
+        quota_models: &'a [String],
+    ) -> &'a [String] {
+        match (own, quota_default) {
+            ([], Some(default)) => std::slice::from_ref(default),
+            ([], None) => quota_models,
+            (own, _) => own,
+        }
+    }
+
     fn from_quota(quota_default: Option<&str>, quota_models: &[String]) -> Self {
         let (models, source) = match (quota_default, quota_models) {
             (Some(default), _) => (vec![default.to_string()], ModelSource::QuotaDefault),

@@ -284,7 +284,7 @@ mod tests {
                 container: 0,
                 demand,
             }],
-            init_core_units: 0,
+            init: None,
         }
     }
 

@@ -36,11 +36,12 @@ pub struct ContainerGpu {
 }
 
 /// A pod's GPU request: the app containers that need GPUs, in order, plus the largest
-/// init-container demand (which counts toward quota by the effective-request rule).
+/// init-container demand (which counts by the effective-request rule).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GpuRequest {
     pub containers: Vec<ContainerGpu>,
-    pub init_core_units: u64,
+    /// The largest GPU demand of an init container, if any asks for a GPU.
+    pub init: Option<GpuDemand>,
 }
 
 /// A pod's GPU resources could not be read. Every variant names the container.
@@ -77,6 +78,14 @@ pub enum RequestError {
         first: String,
         second: String,
     },
+    #[error(
+        "container {container:?}: asks for {memory_resource} without {core_resource}; gpu-manager assigns a GPU by {core_resource}, so add it (or drop {memory_resource})"
+    )]
+    MemoryWithoutCore {
+        container: String,
+        memory_resource: String,
+        core_resource: String,
+    },
     #[error("container {container:?}: {amount} GPUs is more than any node has")]
     TooLarge { container: String, amount: u64 },
     #[error("pod has more than {max} containers", max = u16::MAX)]
@@ -103,22 +112,79 @@ impl GpuRequest {
             }
         }
         for container in spec.init_containers.iter().flatten() {
-            if let Some(demand) = container_demand(container, names)? {
-                request.init_core_units = request.init_core_units.max(demand.core_units());
+            if let Some(demand) = container_demand(container, names)?
+                && request
+                    .init
+                    .is_none_or(|largest| init_order(&demand) > init_order(&largest))
+            {
+                request.init = Some(demand);
             }
         }
         Ok((!request.is_empty()).then_some(request))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.containers.is_empty() && self.init_core_units == 0
+        self.containers.is_empty() && self.init.is_none()
+    }
+
+    /// The app containers' demand in vcuda-core units.
+    fn app_core_units(&self) -> u64 {
+        self.containers.iter().map(|c| c.demand.core_units()).sum()
     }
 
     /// The pod's GPU amount in vcuda-core units: max(largest init container, sum of app
     /// containers), the Kubernetes effective-request rule. 100 = one GPU.
     pub fn core_units(&self) -> u64 {
-        let apps: u64 = self.containers.iter().map(|c| c.demand.core_units()).sum();
-        apps.max(self.init_core_units)
+        let init = self.init.map_or(0, |d| d.core_units());
+        self.app_core_units().max(init)
+    }
+
+    /// What a node must hold for the pod beyond its app containers, so that it holds
+    /// exactly [`core_units`](Self::core_units), what the quota charges. An init
+    /// container runs before the app containers, but Kubernetes counts a pod at the
+    /// larger of the two for its whole life (as kube-scheduler does for every
+    /// resource); a GPU that placement gave away meanwhile would not be there when the
+    /// pod restarts its init containers. With `d` = core units − app core units > 0:
+    /// - a share init container (`core`, `memory`): a share of `d` cores and the init's
+    ///   memory beyond the app shares' (no app container can hold a whole GPU here);
+    /// - a whole-GPU init container: `d / 100` whole GPUs (init `k` GPUs, apps `w < k`
+    ///   whole GPUs: hold `k - w` more) and, when app shares leave a remainder, a share
+    ///   of `d % 100` cores without memory (the quota counts cores, not memory).
+    ///
+    /// No container index goes with these: gpu-manager gets no annotation for them.
+    pub fn held_for_init(&self) -> Vec<GpuDemand> {
+        let Some(init) = self.init else {
+            return Vec::new();
+        };
+        let extra = init.core_units().saturating_sub(self.app_core_units());
+        if extra == 0 {
+            return Vec::new();
+        }
+        let core_per_gpu = u64::from(CORE_PER_GPU);
+        let (whole, rest) = (extra / core_per_gpu, (extra % core_per_gpu) as u32);
+        let memory = match init {
+            GpuDemand::Share { memory, .. } => memory.saturating_sub(self.share_memory()),
+            GpuDemand::Whole { .. } => 0,
+        };
+        let mut held = Vec::new();
+        if whole > 0 {
+            held.push(GpuDemand::Whole { gpus: whole as u32 });
+        }
+        if rest > 0 {
+            held.push(GpuDemand::Share { core: rest, memory });
+        }
+        held
+    }
+
+    /// vcuda-memory the app containers in share mode ask for.
+    fn share_memory(&self) -> u32 {
+        self.containers
+            .iter()
+            .map(|c| match c.demand {
+                GpuDemand::Share { memory, .. } => memory,
+                GpuDemand::Whole { .. } => 0,
+            })
+            .fold(0, u32::saturating_add)
     }
 
     /// Whole GPUs the app containers need in total.
@@ -130,6 +196,14 @@ impl GpuRequest {
                 GpuDemand::Share { .. } => 0,
             })
             .sum()
+    }
+}
+
+/// Init demands by size: cores, then memory (of two equal shares, the larger holds).
+fn init_order(demand: &GpuDemand) -> (u64, u32) {
+    match *demand {
+        GpuDemand::Share { memory, .. } => (demand.core_units(), memory),
+        GpuDemand::Whole { .. } => (demand.core_units(), 0),
     }
 }
 
@@ -182,6 +256,11 @@ fn container_demand(
         return whole_gpus(container, gpus).map(Some);
     }
     match core {
+        0 if amount(&names.vcuda_memory)? > 0 => Err(RequestError::MemoryWithoutCore {
+            container: container.name.clone(),
+            memory_resource: names.vcuda_memory.clone(),
+            core_resource: names.vcuda_core.clone(),
+        }),
         0 => Ok(None),
         core if core < u64::from(CORE_PER_GPU) => {
             let memory = amount(&names.vcuda_memory)?;
@@ -292,7 +371,7 @@ mod tests {
 
     #[test]
     fn bad_requests_name_the_container_and_problem() {
-        let cases: [(&[(&str, &str)], &str); 5] = [
+        let cases: [(&[(&str, &str)], &str); 6] = [
             (
                 &[("tencent.com/vcuda-core", "abc")],
                 "\"abc\" is not a Kubernetes quantity",
@@ -309,6 +388,11 @@ mod tests {
             (
                 &[("tencent.com/vcuda-core", "50")],
                 "also needs tencent.com/vcuda-memory",
+            ),
+            // gpu-manager assigns no GPU without vcuda-core: not a request of nothing.
+            (
+                &[("tencent.com/vcuda-memory", "4")],
+                "asks for tencent.com/vcuda-memory without tencent.com/vcuda-core",
             ),
         ];
         for (resources, message) in cases {
@@ -327,5 +411,76 @@ mod tests {
         let request = GpuRequest::from_pod(&pod, &names()).unwrap().unwrap();
         assert_eq!(request.core_units(), 300);
         assert_eq!(request.whole_gpus(), 1);
+    }
+
+    #[test]
+    fn the_largest_init_container_is_kept_with_its_shape() {
+        let init = |containers: &[&[(&str, &str)]]| {
+            let mut pod = pod_with(&[&[("cpu", "1")]]);
+            pod.spec.as_mut().unwrap().init_containers =
+                pod_with(containers).spec.unwrap().containers.into();
+            GpuRequest::from_pod(&pod, &names()).unwrap().unwrap().init
+        };
+        let share = |core: &'static str, memory: &'static str| {
+            [
+                ("tencent.com/vcuda-core", core),
+                ("tencent.com/vcuda-memory", memory),
+            ]
+        };
+        assert_eq!(
+            init(&[
+                &share("30", "8"),
+                &[("nvidia.com/gpu", "2")],
+                &share("30", "1")
+            ]),
+            Some(GpuDemand::Whole { gpus: 2 })
+        );
+        assert_eq!(
+            init(&[&share("30", "1"), &share("30", "8"), &share("20", "9")]),
+            Some(GpuDemand::Share {
+                core: 30,
+                memory: 8
+            })
+        );
+    }
+
+    #[test]
+    fn the_init_hold_makes_the_node_hold_the_effective_request() {
+        let share = |core, memory| GpuDemand::Share { core, memory };
+        let whole = |gpus| GpuDemand::Whole { gpus };
+        let cases = [
+            // (init, app containers, held beyond the apps)
+            (whole(4), vec![], vec![whole(4)]),
+            (whole(3), vec![whole(1)], vec![whole(2)]),
+            (whole(1), vec![whole(2)], vec![]),
+            (whole(1), vec![share(50, 2)], vec![share(50, 0)]),
+            (whole(2), vec![share(30, 1)], vec![whole(1), share(70, 0)]),
+            (share(60, 4), vec![], vec![share(60, 4)]),
+            (share(60, 4), vec![share(20, 1)], vec![share(40, 3)]),
+            (share(50, 2), vec![whole(1)], vec![]),
+            (share(50, 2), vec![share(50, 2)], vec![]),
+        ];
+        for (init, apps, held) in cases {
+            let request = GpuRequest {
+                containers: apps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, demand)| ContainerGpu {
+                        container: i as u16,
+                        demand,
+                    })
+                    .collect(),
+                init: Some(init),
+            };
+            assert_eq!(request.held_for_init(), held, "{request:?}");
+            let on_node: u64 = request
+                .containers
+                .iter()
+                .map(|c| c.demand)
+                .chain(held)
+                .map(|d| d.core_units())
+                .sum();
+            assert_eq!(on_node, request.core_units(), "{request:?}");
+        }
     }
 }

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::config::UntypedPods;
-use crate::placement::GpuRequest;
-use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
+use crate::placement::{GpuRequest, NodeGpus};
 
-use super::GPUQuota;
+use super::{GPUQuota, NamespaceLimits};
 
 /// GPUs per model, in thousandths of a GPU.
 pub type ModelAmounts = BTreeMap<String, Milli>;
@@ -94,6 +94,38 @@ pub enum Denial {
     UntypedDenied {
         namespace: String,
     },
+    /// Created bound to a node (`spec.nodeName`) it cannot be charged to.
+    BoundNode {
+        namespace: String,
+        node: String,
+        problem: NodeProblem,
+    },
+    /// Accepts several models but another scheduler places it, so the extender never
+    /// charges it at placement.
+    NeedsGpuScheduler {
+        namespace: String,
+        models: Vec<String>,
+        scheduler: String,
+        gpu_scheduler: String,
+        type_annotation: String,
+    },
+}
+
+/// Why a pod created bound to a node cannot be charged to that node's model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeProblem {
+    /// gpu-admission does not know the node (not a GPU node, or not seen yet).
+    Unknown,
+    /// The node has no GPU model label.
+    NoModel,
+    ModelNotWanted {
+        model: String,
+        wanted: Vec<String>,
+    },
+    PoolNotAllowed {
+        pool: Option<String>,
+        allowed: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,7 +180,66 @@ impl fmt::Display for Denial {
                 f,
                 "the pod names no GPU model and namespace {namespace:?} has no GPUQuota to default one; set the gpu-admission.io/gpu-type annotation"
             ),
+            Denial::BoundNode {
+                namespace,
+                node,
+                problem,
+            } => {
+                write!(f, "the pod is bound to node {node:?} (spec.nodeName), ")?;
+                bound_node_problem(f, namespace, problem)
+            }
+            Denial::NeedsGpuScheduler {
+                namespace,
+                models,
+                scheduler,
+                gpu_scheduler,
+                type_annotation,
+            } => write!(
+                f,
+                "the pod accepts several GPU models ({}) and is scheduled by {scheduler:?}, so the GPU quota of namespace {namespace:?} cannot charge it to the model it lands on; name one model in the {type_annotation} annotation, or use schedulerName {gpu_scheduler:?}",
+                models.join(",")
+            ),
         }
+    }
+}
+
+/// The rest of a [`Denial::BoundNode`] message: what is wrong with the node.
+fn bound_node_problem(
+    f: &mut fmt::Formatter<'_>,
+    namespace: &str,
+    problem: &NodeProblem,
+) -> fmt::Result {
+    const CHARGE: &str = "a pod created on a node is charged to that node's GPU model";
+    match problem {
+        NodeProblem::Unknown => write!(
+            f,
+            "which gpu-admission does not know as a GPU node; namespace {namespace:?} has a GPUQuota and {CHARGE}"
+        ),
+        NodeProblem::NoModel => write!(
+            f,
+            "which has no GPU model label; namespace {namespace:?} has a GPUQuota and {CHARGE}"
+        ),
+        NodeProblem::ModelNotWanted { model, wanted } => write!(
+            f,
+            "whose GPU model {model} is not one the pod accepts ({}); {CHARGE}",
+            wanted.join(",")
+        ),
+        NodeProblem::PoolNotAllowed {
+            pool: Some(pool),
+            allowed,
+        } => write!(
+            f,
+            "whose node pool {pool} is not one namespace {namespace:?} may use ({})",
+            allowed.join(",")
+        ),
+        NodeProblem::PoolNotAllowed {
+            pool: None,
+            allowed,
+        } => write!(
+            f,
+            "which has no node pool label; namespace {namespace:?} may use only the pools {}",
+            allowed.join(",")
+        ),
     }
 }
 
@@ -230,12 +321,124 @@ pub fn admit(
     }
 }
 
-/// Whether every quota listing `model` has room for `amount` more.
+/// How a pod reaches its node, which decides when a pod accepting several models can
+/// be charged: the extender charges it at placement only if it is the one placing it.
+#[derive(Debug, Clone, Copy)]
+pub enum Route<'a> {
+    /// Placed by the GPU scheduler (whose extender charges it at placement).
+    GpuScheduler,
+    /// Placed by another scheduler (`name`; an empty schedulerName is
+    /// default-scheduler): the extender never sees it.
+    OtherScheduler {
+        name: &'a str,
+        gpu_scheduler: &'a str,
+        type_annotation: &'a str,
+    },
+    /// Created with `spec.nodeName`: no scheduler at all. `gpus` is the node as the
+    /// cache knows it, `None` when it does not.
+    Bound {
+        node: &'a str,
+        gpus: Option<&'a NodeGpus>,
+    },
+}
+
+/// The models a pod may be charged to at admission, given its route to a node. In a
+/// namespace with a quota, a pod created on a node is charged to that node's model
+/// (which it must accept, in an allowed pool), and a pod accepting several models must
+/// go through the GPU scheduler. Namespaces without a quota charge nothing: `wanted`
+/// is returned as it is.
+pub fn models_for_route(
+    namespace: &str,
+    limits: &NamespaceLimits,
+    wanted: WantedModels,
+    route: Route<'_>,
+) -> Result<WantedModels, Denial> {
+    if !limits.has_quota {
+        return Ok(wanted);
+    }
+    match route {
+        Route::GpuScheduler => Ok(wanted),
+        Route::OtherScheduler { .. } if wanted.models.len() < 2 => Ok(wanted),
+        Route::OtherScheduler {
+            name,
+            gpu_scheduler,
+            type_annotation,
+        } => Err(Denial::NeedsGpuScheduler {
+            namespace: namespace.into(),
+            models: wanted.models,
+            scheduler: if name.is_empty() {
+                "default-scheduler".into()
+            } else {
+                name.into()
+            },
+            gpu_scheduler: gpu_scheduler.into(),
+            type_annotation: type_annotation.into(),
+        }),
+        Route::Bound { node, gpus } => {
+            let refuse = |problem| Denial::BoundNode {
+                namespace: namespace.into(),
+                node: node.into(),
+                problem,
+            };
+            let model = bound_model(gpus, &wanted, &limits.pools).map_err(refuse)?;
+            Ok(WantedModels {
+                models: vec![model],
+                source: wanted.source,
+            })
+        }
+    }
+}
+
+/// The model of the node a pod is created on, if the pod may be charged to it.
+fn bound_model(
+    gpus: Option<&NodeGpus>,
+    wanted: &WantedModels,
+    pools: &[String],
+) -> Result<String, NodeProblem> {
+    // The same model and pool rules the extender applies to a candidate node.
+    let gpus = gpus.ok_or(NodeProblem::Unknown)?;
+    let model = gpus.model.as_deref().ok_or(NodeProblem::NoModel)?;
+    wanted
+        .admits(gpus)
+        .map_err(|_| NodeProblem::ModelNotWanted {
+            model: model.into(),
+            wanted: wanted.models.clone(),
+        })?;
+    pool_admits(pools, gpus).map_err(|_| NodeProblem::PoolNotAllowed {
+        pool: gpus.pool.as_deref().map(str::to_string),
+        allowed: pools.to_vec(),
+    })?;
+    Ok(model.to_string())
+}
+
+/// Whether the namespace whose quotas these are has room for `amount` more of `model`:
+/// every quota listing it must. A model no quota lists has a quota of zero once the
+/// namespace has any quota (admission and placement both ask here, so the rule is
+/// one); without quotas there is no limit.
 pub fn room(quotas: &[QuotaView], model: &str, amount: Milli) -> Result<(), Exceeded> {
-    quotas
+    let mut listing = quotas
         .iter()
         .filter(|q| q.hard.contains_key(model))
-        .try_for_each(|q| q.room_for(model, amount))
+        .peekable();
+    if listing.peek().is_none() && !quotas.is_empty() {
+        return Err(unlisted(quotas, model, amount));
+    }
+    listing.try_for_each(|q| q.room_for(model, amount))
+}
+
+/// The refusal for a model no quota lists: its quota is zero, in all of them.
+fn unlisted(quotas: &[QuotaView], model: &str, amount: Milli) -> Exceeded {
+    let names: Vec<String> = quotas
+        .iter()
+        .map(|q| format!("{}/{}", q.namespace, q.name))
+        .collect();
+    Exceeded {
+        model: model.to_string(),
+        requested: amount,
+        used: Milli::default(),
+        hard: Milli::default(),
+        quota: names.join(", "),
+    }
 }
 
 pub fn listed_models(quotas: &[QuotaView]) -> Vec<String> {
@@ -271,12 +474,30 @@ pub fn usage<'a>(namespace: &str, pods: impl IntoIterator<Item = PodCharge<'a>>)
     used
 }
 
+/// The part of a namespace's `usage` one quota reports (status, metrics): the models it
+/// lists (`lists`) and those no quota of the namespace lists (`listed` holds every
+/// model some quota lists). A pod charged to an unlisted model got around admission
+/// (created before the quota, or while the webhook was down); its use is shown against
+/// a quota of zero in every quota of the namespace rather than hidden.
+pub fn reported_usage(
+    usage: &ModelAmounts,
+    lists: impl Fn(&str) -> bool,
+    listed: &[String],
+) -> ModelAmounts {
+    usage
+        .iter()
+        .filter(|(model, _)| lists(model) || !listed.contains(*model))
+        .map(|(model, amount)| (model.clone(), *amount))
+        .collect()
+}
+
 /// The model a pod is charged to: its only wanted model, else (several accepted) the
 /// model of the node it was placed on, once placed. `None`: not charged (yet).
+/// A node of a model the pod does not accept (reachable only around admission, e.g.
+/// a node relabelled since) still charges its model: usage is what pods use.
 pub fn charged_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
     match wanted {
         [only] => Some(only),
-        [] => node_model,
-        several => node_model.filter(|m| several.iter().any(|w| w == m)),
+        _ => node_model,
     }
 }

@@ -1,9 +1,11 @@
 #![allow(clippy::unwrap_used)]
 use super::ledger::*;
 use crate::config::UntypedPods;
+use crate::placement::NodeGpus;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::{ContainerGpu, GpuDemand, GpuRequest};
+use crate::quota::NamespaceLimits;
 
 const RULES: AdmitRules = AdmitRules {
     untyped: UntypedPods::Allow,
@@ -48,24 +50,22 @@ fn amounts_follow_the_effective_request_rule_and_count_fractions() {
         demand: GpuDemand::Share { core, memory: 1 },
     };
     let cases = [
-        (vec![share(50)], 0, "0.5"),
-        (vec![share(25), share(25)], 0, "0.5"),
+        (vec![share(50)], None, "0.5"),
+        (vec![share(25), share(25)], None, "0.5"),
         (
             vec![ContainerGpu {
                 container: 0,
                 demand: GpuDemand::Whole { gpus: 2 },
             }],
-            0,
+            None,
             "2",
         ),
-        (vec![share(50)], 300, "3"), // an init container asking for 3 GPUs dominates
-        (vec![], 100, "1"),
+        // an init container asking for 3 GPUs dominates
+        (vec![share(50)], Some(GpuDemand::Whole { gpus: 3 }), "3"),
+        (vec![], Some(GpuDemand::Whole { gpus: 1 }), "1"),
     ];
-    for (containers, init_core_units, expected) in cases {
-        let request = GpuRequest {
-            containers,
-            init_core_units,
-        };
+    for (containers, init, expected) in cases {
+        let request = GpuRequest { containers, init };
         assert_eq!(amount_of(&request), gpus(expected), "{request:?}");
     }
 }
@@ -257,6 +257,178 @@ fn charged_model_is_the_only_one_or_the_nodes() {
     assert_eq!(charged_model(&one, None), Some("T4"));
     assert_eq!(charged_model(&several, None), None);
     assert_eq!(charged_model(&several, Some("V100M32")), Some("V100M32"));
-    assert_eq!(charged_model(&several, Some("T4")), None);
+    // A node of a model the pod does not accept (only around admission): usage is
+    // what the pod uses.
+    assert_eq!(charged_model(&several, Some("T4")), Some("T4"));
     assert_eq!(charged_model(&[], Some("T4")), Some("T4"));
+}
+
+#[test]
+fn a_model_no_quota_lists_has_no_room_once_the_namespace_has_a_quota() {
+    // The extender asks `room` for the node's model of a pod that accepts
+    // "Tesla-T4,A100-SXM4-80GB": an A100 node must not pass where only T4 is listed.
+    let quotas = [quota("default", &[("Tesla-T4", "4")], &[])];
+    let refused = room(&quotas, "A100-SXM4-80GB", gpus("1")).unwrap_err();
+    assert_eq!((refused.hard, refused.used), (gpus("0"), gpus("0")));
+    assert_eq!(
+        Denial::Exceeded(refused).to_string(),
+        r#"GPU quota exceeded in namespace "team-a" for A100-SXM4-80GB: requested 1, used 0 of 0 (GPUQuota team-a/default)"#
+    );
+    assert_eq!(room(&quotas, "Tesla-T4", gpus("4")), Ok(()));
+    // Several quotas, none listing the model: each is named.
+    let two = [
+        quota("default", &[("Tesla-T4", "4")], &[]),
+        quota("burst", &[("V100", "1")], &[]),
+    ];
+    let refused = room(&two, "A100-SXM4-80GB", gpus("1")).unwrap_err();
+    assert_eq!(refused.quota, "team-a/default, team-a/burst");
+    // No quota at all: no limit.
+    assert_eq!(room(&[], "A100-SXM4-80GB", gpus("8")), Ok(()));
+}
+
+fn limits(pools: &[&str]) -> NamespaceLimits {
+    NamespaceLimits {
+        has_quota: true,
+        default_type: None,
+        models: vec!["Tesla-T4".into(), "A100".into()],
+        pools: pools.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
+fn gpu_node(model: Option<&str>, pool: Option<&str>) -> NodeGpus {
+    NodeGpus {
+        name: "n1".into(),
+        model: model.map(Into::into),
+        pool: pool.map(Into::into),
+        memory_per_gpu: 4,
+        used: vec![Default::default(); 4],
+    }
+}
+
+#[test]
+fn a_pod_created_on_a_node_is_charged_to_that_nodes_model() {
+    // Three pods accepting T4 or A100, created on an A100 node (no scheduler, so no
+    // placement to charge them): each is charged to A100 at admission.
+    let a100 = gpu_node(Some("A100"), None);
+    let route = Route::Bound {
+        node: "n1",
+        gpus: Some(&a100),
+    };
+    let either = wants(&["Tesla-T4", "A100"]);
+    let wanted = models_for_route("team-a", &limits(&[]), either.clone(), route).unwrap();
+    assert_eq!(wanted.models, vec!["A100".to_string()]);
+    let mut quotas = [quota("default", &[("Tesla-T4", "4"), ("A100", "1")], &[])];
+    let mut verdicts = Vec::new();
+    for _ in 0..3 {
+        let verdict = admit("team-a", &quotas, &wanted, gpus("1"), RULES);
+        if let Ok(Charge::Model { model, amount }) = &verdict {
+            quotas[0].used.insert(model.clone(), *amount);
+        }
+        verdicts.push(verdict.map_err(|d| d.to_string()));
+    }
+    assert_eq!(
+        verdicts,
+        [
+            Ok(Charge::Model {
+                model: "A100".into(),
+                amount: gpus("1")
+            }),
+            Err(r#"GPU quota exceeded in namespace "team-a" for A100: requested 1, used 1 of 1 (GPUQuota team-a/default)"#.into()),
+            Err(r#"GPU quota exceeded in namespace "team-a" for A100: requested 1, used 1 of 1 (GPUQuota team-a/default)"#.into()),
+        ]
+    );
+}
+
+#[test]
+fn a_pod_created_on_a_node_it_cannot_be_charged_to_is_denied() {
+    let refused = |wanted: &[&str], pools: &[&str], node: Option<&NodeGpus>| {
+        let route = Route::Bound {
+            node: "n1",
+            gpus: node,
+        };
+        models_for_route("team-a", &limits(pools), wants(wanted), route)
+            .unwrap_err()
+            .to_string()
+    };
+    let t4 = gpu_node(Some("Tesla-T4"), Some("private"));
+    assert_eq!(
+        refused(&["A100"], &[], Some(&t4)),
+        r#"the pod is bound to node "n1" (spec.nodeName), whose GPU model Tesla-T4 is not one the pod accepts (A100); a pod created on a node is charged to that node's GPU model"#
+    );
+    assert_eq!(
+        refused(&["Tesla-T4"], &["public"], Some(&t4)),
+        r#"the pod is bound to node "n1" (spec.nodeName), whose node pool private is not one namespace "team-a" may use (public)"#
+    );
+    assert_eq!(
+        refused(&["Tesla-T4"], &[], Some(&gpu_node(None, None))),
+        r#"the pod is bound to node "n1" (spec.nodeName), which has no GPU model label; namespace "team-a" has a GPUQuota and a pod created on a node is charged to that node's GPU model"#
+    );
+    assert_eq!(
+        refused(&["Tesla-T4"], &[], None),
+        r#"the pod is bound to node "n1" (spec.nodeName), which gpu-admission does not know as a GPU node; namespace "team-a" has a GPUQuota and a pod created on a node is charged to that node's GPU model"#
+    );
+    // Without a quota nothing is charged, so nothing about the node matters.
+    let free = NamespaceLimits::default();
+    let route = Route::Bound {
+        node: "n1",
+        gpus: None,
+    };
+    let either = wants(&["Tesla-T4", "A100"]);
+    assert_eq!(
+        models_for_route("free", &free, either.clone(), route),
+        Ok(either)
+    );
+}
+
+#[test]
+fn a_multi_model_pod_must_be_placed_by_the_gpu_scheduler() {
+    let other = |name| Route::OtherScheduler {
+        name,
+        gpu_scheduler: "gpu-scheduler",
+        type_annotation: "gpu-admission.io/gpu-type",
+    };
+    let either = wants(&["Tesla-T4", "A100"]);
+    for name in ["", "default-scheduler"] {
+        let denial =
+            models_for_route("team-a", &limits(&[]), either.clone(), other(name)).unwrap_err();
+        assert_eq!(
+            denial.to_string(),
+            r#"the pod accepts several GPU models (Tesla-T4,A100) and is scheduled by "default-scheduler", so the GPU quota of namespace "team-a" cannot charge it to the model it lands on; name one model in the gpu-admission.io/gpu-type annotation, or use schedulerName "gpu-scheduler""#
+        );
+    }
+    let one = wants(&["A100"]);
+    assert_eq!(
+        models_for_route("team-a", &limits(&[]), one.clone(), other("volcano")),
+        Ok(one)
+    );
+    assert_eq!(
+        models_for_route("team-a", &limits(&[]), either.clone(), Route::GpuScheduler),
+        Ok(either.clone())
+    );
+    let free = NamespaceLimits::default();
+    assert_eq!(
+        models_for_route("free", &free, either.clone(), other("")),
+        Ok(either)
+    );
+}
+
+#[test]
+fn a_quota_reports_its_models_and_those_no_quota_lists() {
+    let usage: ModelAmounts = [
+        ("Tesla-T4".to_string(), gpus("1")),
+        ("A100".to_string(), gpus("2")),
+        ("H100".to_string(), gpus("1")),
+    ]
+    .into();
+    let listed = ["Tesla-T4".to_string(), "A100".to_string()];
+    // This quota lists T4; A100 is another quota's; H100 nobody's (a bypass).
+    let reported = reported_usage(&usage, |m| m == "Tesla-T4", &listed);
+    assert_eq!(
+        reported,
+        [
+            ("H100".to_string(), gpus("1")),
+            ("Tesla-T4".to_string(), gpus("1"))
+        ]
+        .into()
+    );
 }

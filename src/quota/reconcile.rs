@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::ClusterCache;
 
-use super::GPUQuota;
+use super::ledger::reported_usage;
 use super::reserve::{reconciled_status, replace_status};
+use super::{GPUQuota, NamespaceLimits};
 
 pub async fn run(
     cache: ClusterCache,
@@ -80,7 +81,9 @@ fn reconciled(
 ) -> Option<GPUQuota> {
     cache.with_state(|state| {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
-        let usage = state.usage(namespace);
+        let listed = NamespaceLimits::of(state.quotas(), namespace).models;
+        let lists = |model: &str| quota.spec.hard.contains_key(model);
+        let usage = reported_usage(&state.usage(namespace), lists, &listed);
         let seen = |name: &str, uid: &str| {
             state
                 .pod(&format!("{namespace}/{name}"))

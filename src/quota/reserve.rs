@@ -230,8 +230,10 @@ async fn release(api: &Api<GPUQuota>, name: &str, pod: &PodIdentity) -> Result<(
 }
 
 /// The status the reconciler wants: usage from the pods it sees, plus reservations of
-/// pods it has not seen yet that have not expired. `seen(name, uid)` says whether a
-/// pod is in the cache.
+/// pods it has not seen yet that have not expired. `pod_usage` is what this quota
+/// reports of its namespace's usage ([`reported_usage`](super::ledger::reported_usage)):
+/// its own models, and any no quota lists. `seen(name, uid)` says whether a pod is in
+/// the cache.
 pub fn reconciled_status(
     quota: &GPUQuota,
     pod_usage: &BTreeMap<String, Milli>,
@@ -248,17 +250,10 @@ pub fn reconciled_status(
                 .is_ok_and(|expires| expires > now)
         })
         .collect();
-    let mut used: BTreeMap<String, Milli> = quota
-        .spec
-        .hard
-        .keys()
-        .map(|model| {
-            (
-                model.clone(),
-                pod_usage.get(model).copied().unwrap_or_default(),
-            )
-        })
-        .collect();
+    let mut used = pod_usage.clone();
+    for model in quota.spec.hard.keys() {
+        used.entry(model.clone()).or_default();
+    }
     for reservation in &pending {
         let amount = Milli::parse(&reservation.amount.0).unwrap_or_default();
         let entry = used.entry(reservation.model.clone()).or_default();
@@ -329,6 +324,24 @@ mod tests {
         );
         assert_eq!(status.reservations.len(), 1);
         assert_eq!(status.reservations[0].pod, "in-flight");
+    }
+
+    #[test]
+    fn reconciled_status_shows_use_of_a_model_no_quota_lists() {
+        // A pod charged to A100 in a namespace whose quotas list only T4 got around
+        // admission; its use shows (against a quota of zero) instead of vanishing.
+        let now = time::OffsetDateTime::now_utc();
+        let quota = quota_with(&[]);
+        let pods: BTreeMap<String, Milli> = [("A100".to_string(), Milli(1000))].into();
+        let status = reconciled_status(&quota, &pods, |_, _| true, now);
+        assert_eq!(
+            status.used,
+            [
+                ("A100".to_string(), Quantity("1".into())),
+                ("T4".to_string(), Quantity("0".into()))
+            ]
+            .into()
+        );
     }
 
     #[test]

@@ -12,9 +12,12 @@ use super::AppState;
 use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::quantity::Milli;
+use crate::quota::NamespaceLimits;
+use crate::quota::ledger::{ModelAmounts, reported_usage};
 
-/// (labels, hard, used) in GPUs for every model of every GPUQuota. Used is the status
-/// (the ledger) in API mode, and counted from the pods offline.
+/// (labels, hard, used) in GPUs for every model of every GPUQuota, and for models no
+/// quota of the namespace lists that pods use anyway (hard 0). Used is the status (the
+/// ledger) in API mode, and counted from the pods offline.
 fn quota_rows(state: &ClusterState, api_mode: bool) -> Vec<(QuotaLabels, f64, f64)> {
     let gpus = |m: Milli| m.0 as f64 / 1000.0;
     let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
@@ -23,28 +26,25 @@ fn quota_rows(state: &ClusterState, api_mode: bool) -> Vec<(QuotaLabels, f64, f6
     let mut rows = Vec::new();
     for quota in state.quotas() {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
-        let usage = if api_mode {
-            Default::default()
+        let used: ModelAmounts = if api_mode {
+            let status = quota.status.iter().flat_map(|s| &s.used);
+            status.map(|(model, q)| (model.clone(), parse(q))).collect()
         } else {
-            state.usage(&namespace)
+            let listed = NamespaceLimits::of(state.quotas(), &namespace).models;
+            let lists = |model: &str| quota.spec.hard.contains_key(model);
+            reported_usage(&state.usage(&namespace), lists, &listed)
         };
-        for (model, hard) in &quota.spec.hard {
-            let used = if api_mode {
-                quota
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.used.get(model))
-                    .map(parse)
-                    .unwrap_or_default()
-            } else {
-                usage.get(model).copied().unwrap_or_default()
-            };
+        let unlisted = used.keys().filter(|m| !quota.spec.hard.contains_key(*m));
+        let models = quota.spec.hard.keys().chain(unlisted);
+        for model in models {
+            let hard = quota.spec.hard.get(model).map(parse).unwrap_or_default();
             let labels = QuotaLabels {
                 namespace: namespace.clone(),
                 quota: quota.metadata.name.clone().unwrap_or_default(),
                 model: model.clone(),
             };
-            rows.push((labels, gpus(parse(hard)), gpus(used)));
+            let used = used.get(model).copied().unwrap_or_default();
+            rows.push((labels, gpus(hard), gpus(used)));
         }
     }
     rows

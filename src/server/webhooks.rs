@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::admission::mutate::{desired_pod, patch_for};
 use crate::admission::review::Review;
-use crate::admission::validate::{Verdict, validate};
+use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 
@@ -25,11 +25,7 @@ fn created_pod(body: &[u8]) -> Result<Created, String> {
     if request.operation != "CREATE" {
         return Ok((review, None));
     }
-    let object = request
-        .object
-        .as_ref()
-        .ok_or("CREATE review has no request.object")?;
-    let mut pod: Pod = crate::extender::api::decode("request.object", object)?;
+    let mut pod = review.pod(false)?;
     let namespace = request
         .namespace
         .clone()
@@ -49,14 +45,35 @@ fn created_pod(body: &[u8]) -> Result<Created, String> {
     Ok((review, Some((namespace, pod))))
 }
 
+/// What the validating webhook judges: a pod being created, or being updated.
+enum Reviewed {
+    Create { namespace: String, pod: Box<Pod> },
+    Update { old: Box<Pod>, new: Box<Pod> },
+    Other,
+}
+
+fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
+    let (review, created) = created_pod(body)?;
+    if let Some((namespace, pod)) = created {
+        let pod = Box::new(pod);
+        return Ok((review, Reviewed::Create { namespace, pod }));
+    }
+    if review.request.operation != "UPDATE" {
+        return Ok((review, Reviewed::Other));
+    }
+    let new = Box::new(review.pod(false)?);
+    let old = Box::new(review.pod(true)?);
+    Ok((review, Reviewed::Update { old, new }))
+}
+
 fn reply(decision: &'static str, review: serde_json::Value) -> (&'static str, Response) {
     (decision, Json(review).into_response())
 }
 
-const VALIDATE: Route<Created> = Route {
+const VALIDATE: Route<(Review, Reviewed)> = Route {
     name: "validate",
     limit: WEBHOOK_BODY_LIMIT,
-    parse: created_pod,
+    parse: reviewed_pod,
 };
 
 const MUTATE: Route<Created> = Route {
@@ -71,8 +88,15 @@ pub async fn validate_route(
     body: Body,
 ) -> Response {
     answer(&state, &VALIDATE, &headers, body, async |(review, pod)| {
-        let Some((namespace, pod)) = pod else {
-            return reply("allow", review.allow());
+        let (namespace, pod) = match pod {
+            Reviewed::Create { namespace, pod } => (namespace, pod),
+            Reviewed::Update { old, new } => {
+                return match validate_update(&old, &new, &state.config) {
+                    Verdict::Allow => reply("allow", review.allow()),
+                    Verdict::Deny(message) => reply("deny", review.deny(&message)),
+                };
+            }
+            Reviewed::Other => return reply("allow", review.allow()),
         };
         let dry_run = review.request.dry_run.unwrap_or(false);
         match validate(&state.cache, &state.config, &namespace, &pod, dry_run).await {

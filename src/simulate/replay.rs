@@ -78,7 +78,7 @@ fn gpu_request(row: &PodRow) -> GpuRequest {
             })
             .into_iter()
             .collect(),
-        init_core_units: 0,
+        init: None,
     }
 }
 

@@ -1,0 +1,79 @@
+//! What the node's accounting and the quota ledger charge for a pod: the same amount.
+#![allow(clippy::unwrap_used)]
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use super::ClusterState;
+use crate::cache::{CachedPod, Projection, pod_key};
+use crate::config::Config;
+use crate::placement::fit;
+use crate::placement::testing::node;
+
+fn cached(pod: &Pod) -> CachedPod {
+    CachedPod::from_pod(pod, &Projection::from_config(&Config::default())).unwrap()
+}
+
+/// A pod on node `n` whose init container takes 4 whole GPUs and whose app takes none.
+fn init_only(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a", "uid": name},
+        "spec": {
+            "nodeName": "n",
+            "initContainers": [{"name": "fetch", "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+            "containers": [{"name": "app"}]
+        }
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_pods_init_container_gpus_stay_held_on_its_node() {
+    let mut state = ClusterState::default();
+    state.apply_node(node("n", 4, 4));
+    let first = init_only("first");
+    state.apply_pod(pod_key(&first), cached(&first));
+    let gpus = state.node("n").unwrap();
+    assert!(
+        gpus.used.iter().all(|u| u.core == 100),
+        "the node holds the pod's 4 GPUs: {gpus:?}"
+    );
+    let second = cached(&init_only("second"));
+    assert!(
+        fit(gpus, &second.request).is_err(),
+        "two such pods cannot share a 4-GPU node"
+    );
+}
+
+#[test]
+fn usage_counts_effective_requests_and_models_no_quota_lists() {
+    let mut state = ClusterState::default();
+    let quota = serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": "team-a"},
+        "spec": {"hard": {"Tesla-T4": "4"}}
+    }))
+    .unwrap();
+    state.apply_quota(quota);
+    let pod = |name: &str, model: &str, init_gpus: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "team-a", "uid": name,
+                "annotations": {"gpu-admission.io/gpu-type": model}},
+            "spec": {
+                "initContainers": [{"name": "fetch", "resources": {"limits": {"nvidia.com/gpu": init_gpus}}}],
+                "containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            }
+        }))
+        .unwrap()
+    };
+    // The init container's 3 GPUs count (max of init and apps), and a pod charged to a
+    // model no quota lists (it got around admission) is counted, not dropped.
+    for pod in [pod("train", "Tesla-T4", "3"), pod("bypass", "A100", "0")] {
+        state.apply_pod(pod_key(&pod), cached(&pod));
+    }
+    let used = state.usage("team-a");
+    assert_eq!(used.get("Tesla-T4").map(|m| m.0), Some(3000));
+    assert_eq!(used.get("A100").map(|m| m.0), Some(1000));
+    let views = state.quota_views("team-a").unwrap();
+    assert_eq!(views[0].used.get("Tesla-T4").map(|m| m.0), Some(3000));
+}

@@ -359,3 +359,46 @@ async fn only_placed_pods_teach_the_request_mix_and_unplaced_ones_are_not_cached
     assert_eq!(state.placer.learned_mix().len(), 1);
     assert_eq!(state.cache.with_state(|s| s.pod_count()), 1);
 }
+
+#[tokio::test]
+async fn a_model_no_quota_lists_is_never_where_a_multi_model_pod_lands() {
+    // team-a's quota lists only Tesla-T4. Pods annotated with T4 *and* A100 and a
+    // nodeSelector for the A100 (the escape: admitted for T4, placed on the A100).
+    let cluster = format!(
+        "{}{}---\napiVersion: gpu-admission.io/v1alpha1\nkind: GPUQuota\nmetadata: {{name: default, namespace: team-a}}\n\
+         spec:\n  hard: {{Tesla-T4: \"8\"}}\n",
+        vcuda_node("t4", 400, 16, "Tesla-T4"),
+        vcuda_node("a100", 800, 32, "A100-SXM4-80GB"),
+    );
+    let (state, router) = app(&cluster, config_with_policy("original"));
+    for i in 0..6 {
+        let mut pod = gpu_pod("team-a", &format!("escape-{i}"), &[(100, 4)]);
+        pod["metadata"]["annotations"] =
+            json!({"gpu-admission.io/gpu-type": "Tesla-T4,A100-SXM4-80GB"});
+        pod["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "A100-SXM4-80GB"});
+        let (_, body) = post(
+            &router,
+            "/scheduler/predicates",
+            filter_args(&pod, &["a100"]),
+        )
+        .await;
+        assert_eq!(body["NodeNames"], json!([]), "{body}");
+        let reason = body["FailedNodes"]["a100"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("A100-SXM4-80GB") && reason.contains("of 0"),
+            "{body}"
+        );
+    }
+    let used = state.cache.with_state(|s| s.usage("team-a"));
+    assert!(used.get("A100-SXM4-80GB").is_none(), "{used:?}");
+    assert_eq!(
+        state.cache.with_state(|s| s
+            .node("a100")
+            .unwrap()
+            .used
+            .iter()
+            .map(|u| u.core)
+            .sum::<u32>()),
+        0
+    );
+}

@@ -114,3 +114,45 @@ fn an_offered_pod_joins_the_cache_only_once_placed_and_never_bound() {
     ));
     assert!(state.pod(&key).is_none());
 }
+
+#[test]
+fn a_bound_pods_gpus_do_not_move_when_its_annotations_are_edited() {
+    let projection = Projection::from_config(&Config::default());
+    let mut pod = pod_with(&[&[("nvidia.com/gpu", "1")]]);
+    pod.metadata.name = Some("p".into());
+    pod.metadata.namespace = Some("team-a".into());
+    pod.metadata.uid = Some("u".into());
+    pod.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let annotate = |pod: &mut k8s_openapi::api::core::v1::Pod, gpu: &str| {
+        pod.metadata.annotations = Some(
+            [(
+                "tencent.com/predicate-gpu-idx-0".to_string(),
+                gpu.to_string(),
+            )]
+            .into(),
+        );
+    };
+    let mut state = cluster();
+    annotate(&mut pod, "0");
+    state.apply_pod(
+        pod_key(&pod),
+        CachedPod::from_pod(&pod, &projection).unwrap(),
+    );
+    annotate(&mut pod, "1");
+    state.apply_pod(
+        pod_key(&pod),
+        CachedPod::from_pod(&pod, &projection).unwrap(),
+    );
+    let used: Vec<u32> = state
+        .node("n1")
+        .unwrap()
+        .used
+        .iter()
+        .map(|u| u.core)
+        .collect();
+    assert_eq!(
+        used,
+        [100, 0],
+        "GPU 0 stays held; GPU 1 is not taken from someone else"
+    );
+}

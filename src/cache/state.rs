@@ -169,6 +169,10 @@ impl ClusterState {
 
     /// Insert or update a pod as the cluster shows it. A pod object that does not yet
     /// show our reservation (the annotation patch is still on its way) keeps it.
+    ///
+    /// Once a pod is bound with its GPUs known, they stay what they were: gpu-manager
+    /// has acted on them, and the pod's owner can still edit its annotations, which
+    /// must not move (or free) GPUs in this view.
     pub fn apply_pod(&mut self, key: PodKey, mut pod: CachedPod) {
         if let Some(old) = self.pods.get(&key) {
             let same_pod = old.uid == pod.uid || old.uid.is_empty() || pod.uid.is_empty();
@@ -176,6 +180,10 @@ impl ClusterState {
                 pod.node = old.node.clone();
                 pod.assignment = old.assignment.clone();
                 pod.reserved = old.reserved;
+            }
+            let settled = old.bound && old.assignment.is_some() && old.uid == pod.uid;
+            if settled && pod.node == old.node {
+                pod.assignment = old.assignment.clone();
             }
         }
         self.put_pod(key, pod);

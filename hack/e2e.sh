@@ -47,7 +47,7 @@ logs="$work/logs"
 mkdir -p "$logs"
 declare -a pids=()
 summary="0 passed, 0 failed (the e2e tests did not run: the setup failed, see above)"
-extender_pidfile="$work/gpu-admission.pid"
+replica_a_pidfile="$work/gpu-admission.pid"
 replica_b_pidfile="$work/gpu-admission-b.pid"
 
 tail_logs() {
@@ -62,7 +62,7 @@ teardown() {
   local rc=$?
   set +e
   local all=("${pids[@]}")
-  [[ -f "$extender_pidfile" ]] && all+=("$(cat "$extender_pidfile")")
+  [[ -f "$replica_a_pidfile" ]] && all+=("$(cat "$replica_a_pidfile")")
   [[ -f "$replica_b_pidfile" ]] && all+=("$(cat "$replica_b_pidfile")")
   # Stop in reverse start order (gpu-admission, scheduler, apiserver, etcd), each
   # before the next, so nothing logs pages of errors about a peer that went first.
@@ -142,7 +142,31 @@ say "building gpu-admission and tests/e2e.rs (cargo, debug profile, target dir $
     nice -n 19 cargo test --locked --test e2e --no-run
 } >"$logs/cargo-build.log" 2>&1 ||
   { tail -n 60 "$logs/cargo-build.log" >&2; die "cargo build of gpu-admission or of tests/e2e.rs failed (log: $logs/cargo-build.log)"; }
-gpu_admission="$CARGO_TARGET_DIR/debug/gpu-admission"
+
+# The target directory may be shared with other checkouts of this repository, whose builds
+# replace target/debug/gpu-admission (cargo's uplifted copy) at any time; a restart in the
+# middle of the tests would then run another version. So the run uses its own copies, taken
+# under cargo's lock on the build directory and only when the `.d` file next to the output
+# names this checkout's sources (else a no-op cargo build links ours back first).
+snapshot() { # snapshot OUTPUT SOURCE DEST: copy $CARGO_TARGET_DIR/debug/OUTPUT to DEST
+  local out="$CARGO_TARGET_DIR/debug/$1"
+  for _ in 1 2 3 4 5; do
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    if flock "$CARGO_TARGET_DIR/debug/.cargo-lock" bash -c \
+      'grep -qF " $2" "$1.d" && cp "$1" "$3"' _ "$out" "$repo/$2" "$3"; then
+      return 0
+    fi
+    nice -n 19 cargo build --locked --bin gpu-admission --example print_crd >>"$logs/cargo-build.log" 2>&1 ||
+      return 1
+  done
+  return 1
+}
+mkdir -p "$work/bin"
+gpu_admission="$work/bin/gpu-admission"
+print_crd="$work/bin/print_crd"
+snapshot gpu-admission src/main.rs "$gpu_admission" &&
+  snapshot examples/print_crd examples/print_crd.rs "$print_crd" ||
+  die "could not take a copy of this checkout's gpu-admission build from $CARGO_TARGET_DIR (log: $logs/cargo-build.log)"
 
 # ---------------------------------------------------------------- 2. certificates
 pki="$work/pki"
@@ -266,7 +290,7 @@ EOF
 kubectl=("$k8s_bin/kubectl" --kubeconfig "$kubeconfig")
 
 # ---------------------------------------------------------------- 5. gpu-admission
-"$CARGO_TARGET_DIR/debug/examples/print_crd" >"$work/gpuquota-crd.yaml"
+"$print_crd" >"$work/gpuquota-crd.yaml"
 "${kubectl[@]}" apply -f "$work/gpuquota-crd.yaml" >"$logs/kubectl.log" 2>&1 ||
   { cat "$logs/kubectl.log" >&2; die "installing the GPUQuota CRD failed"; }
 "${kubectl[@]}" wait --for condition=Established --timeout=60s crd/gpuquotas.gpu-admission.io \
@@ -295,10 +319,10 @@ ctl="$work/gpu-admission-ctl.sh"
 cat >"$ctl" <<EOF
 #!/usr/bin/env bash
 # Usage: $ctl start|stop [a|b] — the e2e run's gpu-admission replica a (the default; PID
-# in $extender_pidfile) or b (PID in $replica_b_pidfile).
+# in $replica_a_pidfile) or b (PID in $replica_b_pidfile).
 set -euo pipefail
 case "\${2:-a}" in
-  a) pidfile="$extender_pidfile"; log="$logs/gpu-admission.log"; port=$webhook_port; extender=$extender_port; admin=$admin_port ;;
+  a) pidfile="$replica_a_pidfile"; log="$logs/gpu-admission.log"; port=$webhook_port; extender=$extender_port; admin=$admin_port ;;
   b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$webhook_port_b; extender=$extender_port_b; admin=$admin_port_b ;;
   *) echo "usage: \$0 start|stop [a|b]" >&2; exit 2 ;;
 esac
@@ -389,6 +413,7 @@ GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_CLIENT_CERT="$pki/apiserver-webhook-client.crt" \
   GPU_ADMISSION_E2E_CLIENT_KEY="$pki/apiserver-webhook-client.key" \
   GPU_ADMISSION_E2E_CLIENT_CA="$pki/webhook-client-ca.crt" \
+  GPU_ADMISSION_E2E_BIN="$gpu_admission" \
   GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port" \
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs" \
   nice -n 19 cargo test --locked --test e2e -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"

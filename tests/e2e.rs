@@ -21,8 +21,11 @@
 //!   certificate files both serve (re-read every second); `GPU_ADMISSION_E2E_ADMIN_URL` —
 //!   replica `a`'s admin port.
 //!
-//! Helpers (cluster access, fake nodes, pods, bounded waits, webhook registration) are in
-//! `tests/e2e_support/mod.rs`.
+//! - `GPU_ADMISSION_E2E_BIN` — the gpu-admission binary the run serves (a copy of this
+//!   checkout's build; `certs` and `quota import` run it too).
+//!
+//! Helpers (cluster access, fake nodes, pods, bounded waits, webhook registration, an
+//! HTTPS client for calling the doors directly) are in `tests/e2e_support/`.
 //!
 //! No kubelets run: nodes are API objects whose `status` the tests write, and a bound
 //! pod simply stays Pending. Each scenario uses its own namespace, its own node names
@@ -684,7 +687,7 @@ async fn certificate_rotation_under_load_fails_no_create() {
     for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
         std::fs::copy(cert_dir.join(file), scratch.path().join(file)).unwrap();
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-admission"))
+    let out = std::process::Command::new(gpu_admission_bin())
         .args([
             "certs",
             "--service",
@@ -761,7 +764,7 @@ async fn legacy_quota_import_creates_an_enforced_gpuquota() {
     )
     .unwrap();
     let kubeconfig = std::env::var(KUBECONFIG_ENV).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-admission"))
+    let out = std::process::Command::new(gpu_admission_bin())
         .args(["quota", "import", "--kubeconfig", &kubeconfig])
         .arg("--file")
         .arg(&file)
@@ -1145,9 +1148,19 @@ async fn webhook_door_refuses_a_caller_without_the_api_servers_certificate() {
     cluster
         .create_quota("default", json!({model: "2"}), Some(model))
         .await;
-    // gpu-admission must have seen the quota before it judges a review.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = cluster.quota_status("default").await;
+    // gpu-admission must have seen the quota before it judges a review, and its reconciler
+    // written the first status (`used: {Tesla-P4: 0}`), so that write is not taken for
+    // the forged review's.
+    let before = wait_for(
+        "the quota reconciler to write the first status of GPUQuota default",
+        QUOTA_TIMEOUT,
+        || async {
+            let status = cluster.quota_status("default").await;
+            status.used.contains_key(model).then_some(status)
+        },
+    )
+    .await;
+    assert!(before.reservations.is_empty(), "{before:?}");
     let pod = forged_pod(&cluster.ns, "forged", "", model, 1);
     let review_uid = "e2e-forged-review";
     let review = create_review(&pod, review_uid);

@@ -362,12 +362,23 @@ fn env(name: &str, what: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} ({what}) is not set"))
 }
 
-/// https URL of gpu-admission replica `a` (`GPU_ADMISSION_E2E_SERVER_URL`).
+/// The gpu-admission binary of the run (`GPU_ADMISSION_E2E_BIN`, a copy hack/e2e.sh took
+/// of this checkout's build: cargo's own output may be replaced by another checkout's build
+/// when the target directory is shared); cargo's when the variable is not set.
+pub fn gpu_admission_bin() -> PathBuf {
+    std::env::var_os("GPU_ADMISSION_E2E_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpu-admission")))
+}
+
+/// https URL of the webhook door of gpu-admission replica `a`
+/// (`GPU_ADMISSION_E2E_SERVER_URL`).
 pub fn server_url() -> String {
     env("GPU_ADMISSION_E2E_SERVER_URL", "gpu-admission's https URL")
 }
 
-/// https URL of the second replica `b` (`GPU_ADMISSION_E2E_SERVER_URL_B`).
+/// https URL of the webhook door of the second replica `b`
+/// (`GPU_ADMISSION_E2E_SERVER_URL_B`).
 pub fn server_url_b() -> String {
     env("GPU_ADMISSION_E2E_SERVER_URL_B", "replica b's https URL")
 }

@@ -1175,10 +1175,10 @@ async fn webhook_door_refuses_a_caller_without_the_api_servers_certificate() {
             Err(error) => {
                 let text = https::chain(&*error);
                 println!("{route} without a client certificate: {text}");
+                // TLS 1.3: `CertificateRequired` on the first read; TLS 1.2 would fail the
+                // handshake itself (`HandshakeFailure`). Either way an alert, no status.
                 assert!(
-                    text.contains("CertificateRequired")
-                        || text.contains("HandshakeFailure")
-                        || text.contains("alert"),
+                    text.contains("received fatal alert"),
                     "{route}: expected a TLS refusal, got: {text}"
                 );
             }

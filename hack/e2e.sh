@@ -6,12 +6,16 @@
 # 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh),
 #    then gpu-admission and the e2e test binary (cargo, debug profile);
 # 2. creates a temporary directory with fresh certificates, a service-account key pair and
-#    an admin kubeconfig (client certificate in group system:masters);
-# 3. starts etcd and kube-apiserver on 127.0.0.1 (free ports), waits for /readyz;
-# 4. installs the GPUQuota CRD (generated from the Rust type), starts
-#    `gpu-admission serve` against the cluster and waits for its /readyz;
-# 5. starts kube-scheduler with a `gpu-scheduler` profile that calls gpu-admission as its
-#    extender over TLS;
+#    an admin kubeconfig (client certificate in group system:masters), plus a second CA and
+#    the client certificate kube-apiserver presents to the webhooks (mutual TLS);
+# 3. starts etcd and kube-apiserver on 127.0.0.1 (free ports; an AdmissionConfiguration
+#    gives the webhook plugins that client certificate), waits for /readyz;
+# 4. installs the GPUQuota CRD (generated from the Rust type), starts two replicas of
+#    `gpu-admission serve` against the cluster — each with a webhook door (`--address`,
+#    `--client-ca`: only the API server's certificate gets in) and an extender door
+#    (`--extender-address`) — and waits for their /readyz;
+# 5. starts kube-scheduler with a `gpu-scheduler` profile that calls replica a's extender
+#    door as its extender over TLS;
 # 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e.rs) against it;
 # 7. tears everything down; logs stay in the temporary directory (printed at the end,
 #    with their last lines when something failed). Last line: `N passed, M failed`.
@@ -43,7 +47,7 @@ logs="$work/logs"
 mkdir -p "$logs"
 declare -a pids=()
 summary="0 passed, 0 failed (the e2e tests did not run: the setup failed, see above)"
-extender_pidfile="$work/gpu-admission.pid"
+replica_a_pidfile="$work/gpu-admission.pid"
 replica_b_pidfile="$work/gpu-admission-b.pid"
 
 tail_logs() {
@@ -58,7 +62,7 @@ teardown() {
   local rc=$?
   set +e
   local all=("${pids[@]}")
-  [[ -f "$extender_pidfile" ]] && all+=("$(cat "$extender_pidfile")")
+  [[ -f "$replica_a_pidfile" ]] && all+=("$(cat "$replica_a_pidfile")")
   [[ -f "$replica_b_pidfile" ]] && all+=("$(cat "$replica_b_pidfile")")
   # Stop in reverse start order (gpu-admission, scheduler, apiserver, etcd), each
   # before the next, so nothing logs pages of errors about a peer that went first.
@@ -138,7 +142,31 @@ say "building gpu-admission and tests/e2e.rs (cargo, debug profile, target dir $
     nice -n 19 cargo test --locked --test e2e --no-run
 } >"$logs/cargo-build.log" 2>&1 ||
   { tail -n 60 "$logs/cargo-build.log" >&2; die "cargo build of gpu-admission or of tests/e2e.rs failed (log: $logs/cargo-build.log)"; }
-gpu_admission="$CARGO_TARGET_DIR/debug/gpu-admission"
+
+# The target directory may be shared with other checkouts of this repository, whose builds
+# replace target/debug/gpu-admission (cargo's uplifted copy) at any time; a restart in the
+# middle of the tests would then run another version. So the run uses its own copies, taken
+# under cargo's lock on the build directory and only when the `.d` file next to the output
+# names this checkout's sources (else a no-op cargo build links ours back first).
+snapshot() { # snapshot OUTPUT SOURCE DEST: copy $CARGO_TARGET_DIR/debug/OUTPUT to DEST
+  local out="$CARGO_TARGET_DIR/debug/$1"
+  for _ in 1 2 3 4 5; do
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    if flock "$CARGO_TARGET_DIR/debug/.cargo-lock" bash -c \
+      'grep -qF " $2" "$1.d" && cp "$1" "$3"' _ "$out" "$repo/$2" "$3"; then
+      return 0
+    fi
+    nice -n 19 cargo build --locked --bin gpu-admission --example print_crd >>"$logs/cargo-build.log" 2>&1 ||
+      return 1
+  done
+  return 1
+}
+mkdir -p "$work/bin"
+gpu_admission="$work/bin/gpu-admission"
+print_crd="$work/bin/print_crd"
+snapshot gpu-admission src/main.rs "$gpu_admission" &&
+  snapshot examples/print_crd examples/print_crd.rs "$print_crd" ||
+  die "could not take a copy of this checkout's gpu-admission build from $CARGO_TARGET_DIR (log: $logs/cargo-build.log)"
 
 # ---------------------------------------------------------------- 2. certificates
 pki="$work/pki"
@@ -148,26 +176,65 @@ mkdir -p "$pki"
   ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
   openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.crt -days 2 -subj "/CN=gpu-admission-e2e-ca" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
-  leaf() { # leaf NAME SUBJECT EXTENSIONS
+  # The CA that signs the client certificate kube-apiserver presents to admission webhooks:
+  # a CA of its own, so gpu-admission's --client-ca trusts that one certificate's issuer
+  # and nothing else of the cluster (not the admin's certificate, say).
+  openssl req -x509 "${ec[@]}" -keyout webhook-client-ca.key -out webhook-client-ca.crt -days 2 \
+    -subj "/CN=gpu-admission-e2e-webhook-client-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
+  leaf() { # leaf NAME SUBJECT EXTENSIONS [CA]: a certificate signed by CA (default ca)
+    local ca=${4:-ca}
     openssl req -new "${ec[@]}" -keyout "$1.key" -out "$1.csr" -subj "$2"
     printf '%b' "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n$3\n" >"$1.ext"
-    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+    openssl x509 -req -in "$1.csr" -CA "$ca.crt" -CAkey "$ca.key" -CAcreateserial -days 2 \
       -out "$1.crt" -extfile "$1.ext"
   }
   leaf apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
   leaf admin "/O=system:masters/CN=e2e-admin" "extendedKeyUsage=clientAuth"
+  leaf apiserver-webhook-client "/CN=kube-apiserver-webhook-client" "extendedKeyUsage=clientAuth" webhook-client-ca
   openssl ecparam -name prime256v1 -genkey -noout -out sa.key
   openssl ec -in sa.key -pubout -out sa.pub
 ) >"$logs/openssl.log" 2>&1 || { cat "$logs/openssl.log" >&2; die "creating certificates with openssl failed"; }
+
+# What kube-apiserver presents when it calls an admission webhook: the webhook plugins'
+# AdmissionConfiguration points at a kubeconfig whose user `*` (every webhook, whatever its
+# host) carries the client certificate above (docs: Dynamic Admission Control,
+# "Authenticate API servers").
+cat >"$work/webhook-client.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: $pki/apiserver-webhook-client.crt
+    client-key: $pki/apiserver-webhook-client.key
+EOF
+cat >"$work/admission-config.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: ValidatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $work/webhook-client.kubeconfig
+- name: MutatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $work/webhook-client.kubeconfig
+EOF
 
 # ---------------------------------------------------------------- 3. etcd + apiserver
 free_port etcd_port
 free_port etcd_peer_port
 free_port api_port
 free_port sched_port
-free_port ext_port
+free_port webhook_port
+free_port extender_port
 free_port admin_port
-free_port ext_port_b
+free_port webhook_port_b
+free_port extender_port_b
 free_port admin_port_b
 
 "$k8s_bin/etcd" --name e2e --data-dir "$work/etcd-data" \
@@ -192,6 +259,7 @@ wait_ready etcd "$!" "$logs/etcd.log" curl -fsS "http://127.0.0.1:$etcd_port/hea
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
   --service-cluster-ip-range=10.0.0.0/24 \
   --disable-admission-plugins=ServiceAccount \
+  --admission-control-config-file="$work/admission-config.yaml" \
   --cert-dir="$work/apiserver-certs" \
   --v=1 >"$logs/kube-apiserver.log" 2>&1 &
 pids+=($!)
@@ -222,7 +290,7 @@ EOF
 kubectl=("$k8s_bin/kubectl" --kubeconfig "$kubeconfig")
 
 # ---------------------------------------------------------------- 5. gpu-admission
-"$CARGO_TARGET_DIR/debug/examples/print_crd" >"$work/gpuquota-crd.yaml"
+"$print_crd" >"$work/gpuquota-crd.yaml"
 "${kubectl[@]}" apply -f "$work/gpuquota-crd.yaml" >"$logs/kubectl.log" 2>&1 ||
   { cat "$logs/kubectl.log" >&2; die "installing the GPUQuota CRD failed"; }
 "${kubectl[@]}" wait --for condition=Established --timeout=60s crd/gpuquotas.gpu-admission.io \
@@ -241,17 +309,21 @@ EOF
 # The tests stop and restart gpu-admission through this script (extender and webhook
 # outage). Replica `a` is the scheduler's extender and the webhooks' usual backend;
 # replica `b` is a second webhook server on other ports against the same cluster, for the
-# two-replica quota scenario. Both serve the same certificate files and re-read them every
-# second (`--tls-reload-interval 1s`, for the certificate rotation scenario).
+# two-replica quota scenario. Each has two TLS doors: the webhook door (`--address`,
+# `/mutate` and `/validate`, mutual TLS: `--client-ca` is the CA of kube-apiserver's
+# webhook client certificate) and the extender door (`--extender-address`,
+# `/scheduler/*`, no client certificate asked). Both serve the same certificate files
+# and re-read them every second (`--tls-reload-interval 1s`, for the certificate
+# rotation scenario).
 ctl="$work/gpu-admission-ctl.sh"
 cat >"$ctl" <<EOF
 #!/usr/bin/env bash
 # Usage: $ctl start|stop [a|b] — the e2e run's gpu-admission replica a (the default; PID
-# in $extender_pidfile) or b (PID in $replica_b_pidfile).
+# in $replica_a_pidfile) or b (PID in $replica_b_pidfile).
 set -euo pipefail
 case "\${2:-a}" in
-  a) pidfile="$extender_pidfile"; log="$logs/gpu-admission.log"; port=$ext_port; admin=$admin_port ;;
-  b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$ext_port_b; admin=$admin_port_b ;;
+  a) pidfile="$replica_a_pidfile"; log="$logs/gpu-admission.log"; port=$webhook_port; extender=$extender_port; admin=$admin_port ;;
+  b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$webhook_port_b; extender=$extender_port_b; admin=$admin_port_b ;;
   *) echo "usage: \$0 start|stop [a|b]" >&2; exit 2 ;;
 esac
 case "\${1:-}" in
@@ -261,7 +333,8 @@ case "\${1:-}" in
     fi
     echo "=== start \$(date -u +%FT%TZ)" >>"\$log"
     NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$kubeconfig" \\
-      --address 127.0.0.1:\$port --admin-address 127.0.0.1:\$admin \\
+      --address 127.0.0.1:\$port --extender-address 127.0.0.1:\$extender \\
+      --admin-address 127.0.0.1:\$admin --client-ca "$pki/webhook-client-ca.crt" \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\
       --tls-reload-interval 1s \\
       --config "$work/gpu-admission.yaml" --log-level info,gpu_admission=debug \\
@@ -289,7 +362,7 @@ esac
 EOF
 bash "$ctl" start a || die "gpu-admission (replica a) did not start (see above)"
 bash "$ctl" start b || die "gpu-admission (replica b) did not start (see above)"
-say "gpu-admission is ready: replica a https://127.0.0.1:$ext_port (extender and webhooks; admin http://127.0.0.1:$admin_port), replica b https://127.0.0.1:$ext_port_b (admin http://127.0.0.1:$admin_port_b)"
+say "gpu-admission is ready: replica a webhooks https://127.0.0.1:$webhook_port (mutual TLS), extender https://127.0.0.1:$extender_port, admin http://127.0.0.1:$admin_port; replica b webhooks https://127.0.0.1:$webhook_port_b, extender https://127.0.0.1:$extender_port_b, admin http://127.0.0.1:$admin_port_b"
 
 # ---------------------------------------------------------------- 6. kube-scheduler
 cat >"$work/kube-scheduler.yaml" <<EOF
@@ -302,7 +375,7 @@ leaderElection:
 profiles:
 - schedulerName: gpu-scheduler
 extenders:
-- urlPrefix: https://127.0.0.1:$ext_port/scheduler
+- urlPrefix: https://127.0.0.1:$extender_port/scheduler
   filterVerb: predicates
   enableHTTPS: true
   tlsConfig:
@@ -333,9 +406,14 @@ set +e
 GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_CHART_RENDER="$chart_render" \
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler \
-  GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$ext_port" \
+  GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$webhook_port" \
   GPU_ADMISSION_E2E_CA_FILE="$work/extender-certs/ca.crt" \
-  GPU_ADMISSION_E2E_SERVER_URL_B="https://127.0.0.1:$ext_port_b" \
+  GPU_ADMISSION_E2E_SERVER_URL_B="https://127.0.0.1:$webhook_port_b" \
+  GPU_ADMISSION_E2E_EXTENDER_URL="https://127.0.0.1:$extender_port" \
+  GPU_ADMISSION_E2E_CLIENT_CERT="$pki/apiserver-webhook-client.crt" \
+  GPU_ADMISSION_E2E_CLIENT_KEY="$pki/apiserver-webhook-client.key" \
+  GPU_ADMISSION_E2E_CLIENT_CA="$pki/webhook-client-ca.crt" \
+  GPU_ADMISSION_E2E_BIN="$gpu_admission" \
   GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port" \
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs" \
   nice -n 19 cargo test --locked --test e2e -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"

@@ -1,7 +1,10 @@
 //! Helpers of the end-to-end tests (tests/e2e.rs): connecting to the test cluster, one
 //! namespace per scenario, fake GPU nodes, GPU pods, bounded waits, webhook registration,
-//! stopping/starting gpu-admission, and reading its admin port.
+//! stopping/starting gpu-admission, reading its admin port, and calling its doors
+//! directly (`https`).
 #![allow(clippy::unwrap_used, dead_code)]
+
+pub mod https;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -359,14 +362,90 @@ fn env(name: &str, what: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} ({what}) is not set"))
 }
 
-/// https URL of gpu-admission replica `a` (`GPU_ADMISSION_E2E_SERVER_URL`).
+/// The gpu-admission binary of the run (`GPU_ADMISSION_E2E_BIN`, a copy hack/e2e.sh took
+/// of this checkout's build: cargo's own output may be replaced by another checkout's build
+/// when the target directory is shared); cargo's when the variable is not set.
+pub fn gpu_admission_bin() -> PathBuf {
+    std::env::var_os("GPU_ADMISSION_E2E_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpu-admission")))
+}
+
+/// https URL of the webhook door of gpu-admission replica `a`
+/// (`GPU_ADMISSION_E2E_SERVER_URL`).
 pub fn server_url() -> String {
     env("GPU_ADMISSION_E2E_SERVER_URL", "gpu-admission's https URL")
 }
 
-/// https URL of the second replica `b` (`GPU_ADMISSION_E2E_SERVER_URL_B`).
+/// https URL of the webhook door of the second replica `b`
+/// (`GPU_ADMISSION_E2E_SERVER_URL_B`).
 pub fn server_url_b() -> String {
     env("GPU_ADMISSION_E2E_SERVER_URL_B", "replica b's https URL")
+}
+
+/// https URL of replica `a`'s extender door (`GPU_ADMISSION_E2E_EXTENDER_URL`), the
+/// kube-scheduler's `urlPrefix` without `/scheduler`.
+pub fn extender_url() -> String {
+    env(
+        "GPU_ADMISSION_E2E_EXTENDER_URL",
+        "gpu-admission's extender https URL",
+    )
+}
+
+/// gpu-admission's serving CA (`GPU_ADMISSION_E2E_CA_FILE`).
+pub fn serving_ca() -> PathBuf {
+    env("GPU_ADMISSION_E2E_CA_FILE", "gpu-admission's CA").into()
+}
+
+/// The client certificate and key kube-apiserver presents to the webhooks
+/// (`GPU_ADMISSION_E2E_CLIENT_CERT`, `GPU_ADMISSION_E2E_CLIENT_KEY`), signed by the CA
+/// gpu-admission gets as `--client-ca` (`GPU_ADMISSION_E2E_CLIENT_CA`).
+pub fn apiserver_client_identity() -> (PathBuf, PathBuf) {
+    (
+        env(
+            "GPU_ADMISSION_E2E_CLIENT_CERT",
+            "kube-apiserver's webhook client certificate",
+        )
+        .into(),
+        env(
+            "GPU_ADMISSION_E2E_CLIENT_KEY",
+            "kube-apiserver's webhook client key",
+        )
+        .into(),
+    )
+}
+
+/// A TLS client trusting gpu-admission's serving CA, presenting no certificate.
+pub fn anonymous_tls() -> std::sync::Arc<rustls::ClientConfig> {
+    https::client_config(&serving_ca(), None)
+}
+
+/// A TLS client trusting gpu-admission's serving CA, presenting kube-apiserver's webhook
+/// client certificate.
+pub fn apiserver_tls() -> std::sync::Arc<rustls::ClientConfig> {
+    let (cert, key) = apiserver_client_identity();
+    https::client_config(&serving_ca(), Some((&cert, &key)))
+}
+
+/// POSTs an `ExtenderArgs` to replica `a`'s extender door at `/scheduler/predicates`
+/// (no client certificate, as the scheduler calls it); asserts HTTP 200 and returns the
+/// `ExtenderFilterResult`.
+pub async fn extender_filter(args: &serde_json::Value) -> serde_json::Value {
+    let url = extender_url();
+    let (status, body) = https::post(
+        &url,
+        "/scheduler/predicates",
+        args.to_string(),
+        anonymous_tls(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("POST {url}/scheduler/predicates: {}", https::chain(&*e)));
+    assert_eq!(
+        status, 200,
+        "POST {url}/scheduler/predicates answered {status}: {body}"
+    );
+    serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"))
 }
 
 /// One webhook in a webhook configuration: gpu-admission's route `path` (`mutate` or
@@ -410,8 +489,7 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     };
-    let ca_file = env("GPU_ADMISSION_E2E_CA_FILE", "gpu-admission's CA");
-    let ca = std::fs::read(&ca_file).unwrap();
+    let ca = std::fs::read(serving_ca()).unwrap();
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
     let name = format!("gpu-admission-e2e-{}", cluster.scenario);
     let webhook = |hook: &Hook| {

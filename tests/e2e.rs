@@ -1501,3 +1501,64 @@ async fn extender_places_only_the_pod_the_cluster_has() {
 
     cluster.delete_nodes().await;
 }
+
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn the_gpu_model_a_pod_is_charged_to_cannot_be_edited_after_admission() {
+    let Some(cluster) = setup("fixedmodel").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "1"}), Some(model))
+        .await;
+    register_webhooks(&cluster).await;
+    cluster
+        .try_create(&unscheduled_gpu_pod("p", None, 1))
+        .await
+        .expect("a 1-GPU pod within the quota is admitted");
+    let pod = cluster.pods().get("p").await.unwrap();
+    assert_eq!(
+        annotations(&pod).get(TYPE_ANNOTATION).map(String::as_str),
+        Some(model),
+        "the mutating webhook records the defaulted model"
+    );
+    cluster.wait_used("default", model, 1000).await;
+
+    // `kubectl annotate pod p gpu-admission.io/gpu-type=zzz --overwrite`: refused, the
+    // charge stays where admission put it.
+    let edit =
+        |value: serde_json::Value| json!({"metadata": {"annotations": {TYPE_ANNOTATION: value}}});
+    for value in [json!("zzz"), serde_json::Value::Null] {
+        let result = cluster
+            .pods()
+            .patch(
+                "p",
+                &PatchParams::default(),
+                &Patch::Merge(edit(value.clone())),
+            )
+            .await;
+        let message = forbidden_message(result, "changing the model annotation");
+        assert!(message.contains("fixed at creation"), "{value}: {message}");
+    }
+    // Any other edit is not the webhook's business (and is never sent to it).
+    cluster
+        .pods()
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"team": "ml"}}})),
+        )
+        .await
+        .expect("editing another annotation is allowed");
+    // The reconciler still charges the pod to its model, and the quota stays full.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = cluster.wait_used("default", model, 1000).await;
+    println!("after the refused edits: used {:?}", status.used);
+    forbidden_message(
+        cluster.try_create(&unscheduled_gpu_pod("q", None, 1)).await,
+        "a second pod over the 1-GPU quota",
+    );
+    unregister_webhooks(&cluster).await;
+}

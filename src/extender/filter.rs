@@ -58,11 +58,11 @@ pub async fn filter(
     args: &ExtenderArgs,
 ) -> (ExtenderFilterResult, FilterOutcome) {
     let pod = &args.pod;
-    let request = match GpuRequest::from_pod(pod, &cache.projection().names) {
-        Ok(Some(request)) => request,
+    match GpuRequest::from_pod(pod, &cache.projection().names) {
+        Ok(Some(_)) => {}
         Ok(None) => return (pass_all(args), FilterOutcome::Passthrough),
         Err(error) => return error_result(format!("pod {}: {error}", pod_key(pod))),
-    };
+    }
     let plan = match plan(cache, placer, args) {
         Ok(plan) => plan,
         Err(error) => return error_result(error),
@@ -89,7 +89,7 @@ pub async fn filter(
         result.failed_nodes.insert(&*node, refusal.reason);
         return (with_passed(result, None, args), refusal.outcome);
     }
-    placer.observe(&request);
+    placer.observe(&plan.request);
     tracing::info!(pod = %plan.key, %node, "placed");
     (
         with_passed(result, Some(&node), args),
@@ -101,6 +101,8 @@ pub async fn filter(
 struct Plan {
     key: PodKey,
     uid: String,
+    /// The GPU request of the pod placed: the cluster's copy in API mode.
+    request: GpuRequest,
     decision: FilterDecision,
     /// The pod accepts several models: its quota charge is taken at placement, for the
     /// model of the node it gets (API mode: written to the ledger before answering).
@@ -141,11 +143,13 @@ fn plan(
         let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
         let views = ledger_views(&quotas, state, namespace, api_mode);
         let mut charge = None;
+        let mut request = GpuRequest::default();
         let decision = state.reserve(
             &key,
             subject,
             &names,
             |cached, candidates| {
+                request = cached.request.clone();
                 let wanted = WantedModels::of_own(
                     &cached.models,
                     limits.default_type.as_deref(),
@@ -183,6 +187,7 @@ fn plan(
         Ok(Plan {
             key: key.clone(),
             uid: uid.clone(),
+            request,
             decision: decision.map_err(|e| e.to_string())?,
             charge_at_placement: charge,
         })

@@ -492,12 +492,26 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     let ca = std::fs::read(serving_ca()).unwrap();
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
     let name = format!("gpu-admission-e2e-{}", cluster.scenario);
-    let webhook = |hook: &Hook| {
+    // As deploy/ registers them: the validating webhook also sees pod UPDATEs, but only
+    // those that change the GPU model annotation (a match condition).
+    let webhook = |hook: &Hook, validating: bool| {
+        let operations = if validating {
+            json!(["CREATE", "UPDATE"])
+        } else {
+            json!(["CREATE"])
+        };
+        let model_of = |object: &str| {
+            format!(
+                "(has({object}.metadata.annotations) && '{TYPE_ANNOTATION}' in {object}.metadata.annotations ? {object}.metadata.annotations['{TYPE_ANNOTATION}'] : '')"
+            )
+        };
         let mut webhook = json!({
             "name": hook.name,
             "clientConfig": {"url": hook.url, "caBundle": ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
                        "resources": ["pods"]}],
+            "matchConditions": [{"name": "create-or-gpu-type-change", "expression": format!(
+                "request.operation == 'CREATE' || {} != {}", model_of("object"), model_of("oldObject"))}],
             "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: cluster.scenario}},
             "failurePolicy": "Fail",
             "sideEffects": "NoneOnDryRun",
@@ -513,7 +527,7 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     if !mutating.is_empty() {
         let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": name},
-            "webhooks": mutating.iter().map(webhook).collect::<Vec<_>>(),
+            "webhooks": mutating.iter().map(|h| webhook(h, false)).collect::<Vec<_>>(),
         }))
         .unwrap();
         Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
@@ -524,7 +538,7 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     if !validating.is_empty() {
         let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": name},
-            "webhooks": validating.iter().map(webhook).collect::<Vec<_>>(),
+            "webhooks": validating.iter().map(|h| webhook(h, true)).collect::<Vec<_>>(),
         }))
         .unwrap();
         Api::<ValidatingWebhookConfiguration>::all(cluster.client.clone())

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
-use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, place};
+use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer, place};
 use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
 use crate::quota::reserve::{PodIdentity, Reserved, reserve, views_with_status};
 use crate::quota::{GPUQuota, NamespaceLimits};
@@ -142,48 +142,25 @@ fn plan(
         let limits = NamespaceLimits::of(state.quotas(), namespace);
         let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
         let views = ledger_views(&quotas, state, namespace, api_mode);
-        let mut charge = None;
-        let mut request = GpuRequest::default();
+        let context = Choice {
+            placer: &placer,
+            limits: &limits,
+            quotas: &quotas,
+            views: &views,
+        };
+        let mut chosen = None;
         let decision = state.reserve(
             &key,
             subject,
             &names,
             |cached, candidates| {
-                request = cached.request.clone();
-                let wanted = WantedModels::of_own(
-                    &cached.models,
-                    limits.default_type.as_deref(),
-                    &limits.models,
-                );
-                let quota = PlacementQuota {
-                    applies: wanted.models.len() >= 2 && limits.has_quota,
-                    views: &views,
-                };
-                let outcome = place(
-                    &placer,
-                    &cached.request,
-                    candidates.iter().copied(),
-                    |node| {
-                        wanted
-                            .admits(node)
-                            .and_then(|()| pool_admits(&limits.pools, node))
-                            .and_then(|()| quota.room_on(node, &cached.request))
-                    },
-                );
-                if quota.applies {
-                    charge = Some(PlacementCharge {
-                        amount: amount_of(&cached.request),
-                        quotas: quotas.clone(),
-                        node_model: outcome
-                            .chosen
-                            .as_ref()
-                            .and_then(|(i, _)| candidates[*i].model.as_deref().map(str::to_string)),
-                    });
-                }
+                let (outcome, charge) = context.choose(cached, candidates);
+                chosen = Some((cached.request.clone(), charge));
                 outcome
             },
             Instant::now(),
         );
+        let (request, charge) = chosen.unwrap_or_default();
         Ok(Plan {
             key: key.clone(),
             uid: uid.clone(),
@@ -192,6 +169,53 @@ fn plan(
             charge_at_placement: charge,
         })
     })
+}
+
+/// What the policy chooses with: the namespace's limits and quotas as the ledger sees
+/// them.
+struct Choice<'a> {
+    placer: &'a Placer,
+    limits: &'a NamespaceLimits,
+    quotas: &'a [GPUQuota],
+    views: &'a Result<Vec<QuotaView>, String>,
+}
+
+impl Choice<'_> {
+    /// The policy's choice among `candidates` for the cluster's copy of the pod, and
+    /// for a pod that accepts several models, the charge its placement takes.
+    fn choose(
+        &self,
+        pod: &CachedPod,
+        candidates: &[&NodeGpus],
+    ) -> (Outcome, Option<PlacementCharge>) {
+        let limits = self.limits;
+        let wanted =
+            WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
+        let quota = PlacementQuota {
+            applies: wanted.models.len() >= 2 && limits.has_quota,
+            views: self.views,
+        };
+        let outcome = place(
+            self.placer,
+            &pod.request,
+            candidates.iter().copied(),
+            |node| {
+                wanted
+                    .admits(node)
+                    .and_then(|()| pool_admits(&limits.pools, node))
+                    .and_then(|()| quota.room_on(node, &pod.request))
+            },
+        );
+        let charge = quota.applies.then(|| PlacementCharge {
+            amount: amount_of(&pod.request),
+            quotas: self.quotas.to_vec(),
+            node_model: outcome
+                .chosen
+                .as_ref()
+                .and_then(|(i, _)| candidates[*i].model.as_deref().map(str::to_string)),
+        });
+        (outcome, charge)
+    }
 }
 
 /// For a pod that accepts several models, the quotas its node's model must have room

@@ -13,7 +13,7 @@ use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
 use gpu_admission::server::tls::{CertResolver, ConnectionLimits, serve_tls, server_config};
-use gpu_admission::server::{AppState, extender_router};
+use gpu_admission::server::{AppState, extender_router, webhook_router};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use rustls::pki_types::ServerName;
@@ -169,18 +169,23 @@ async fn main() {
     )
     .unwrap();
     let resolver = CertResolver::load(&files.cert, &files.key).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let router = extender_router(AppState::new(cache.clone(), config));
-    tokio::spawn(serve_tls(
-        listener,
-        server_config(resolver),
-        router,
-        shutdown.clone(),
-        Duration::from_secs(1),
-        ConnectionLimits::default(),
-    ));
+    let state = AppState::new(cache.clone(), config);
+    // The two doors, as `serve` runs them: the extender's and the webhooks'.
+    let mut doors = Vec::new();
+    for router in [extender_router(state.clone()), webhook_router(state)] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        doors.push(listener.local_addr().unwrap());
+        tokio::spawn(serve_tls(
+            listener,
+            server_config(resolver.clone()),
+            router,
+            shutdown.clone(),
+            Duration::from_secs(1),
+            ConnectionLimits::default(),
+        ));
+    }
+    let (addr, webhooks) = (doors[0], doors[1]);
 
     let names: Vec<String> = (0..NODES).map(node_name).collect();
     let mut sender = connect(addr, &files.ca_cert).await;
@@ -230,7 +235,7 @@ async fn main() {
 
     small_request_rate(addr, &files.ca_cert).await;
     for route in ["/mutate", "/validate"] {
-        admission_latency(addr, &files.ca_cert, route).await;
+        admission_latency(webhooks, &files.ca_cert, route).await;
     }
     shutdown.cancel();
 }

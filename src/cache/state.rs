@@ -63,6 +63,10 @@ impl FilterDecision {
     }
 }
 
+/// What the cache held for a pod before a filter call took it as its subject.
+#[derive(Debug)]
+pub struct Held(Option<CachedPod>);
+
 /// Which pod a filter call places.
 #[derive(Debug)]
 pub enum Subject {
@@ -398,9 +402,24 @@ impl ClusterState {
         choose: impl FnOnce(&CachedPod, &[&NodeGpus]) -> Outcome,
         now: Instant,
     ) -> Result<FilterDecision, PlanError> {
-        let previous = self.subject(key, subject)?;
+        let held = self.take_subject(key, subject)?;
+        Ok(self.place_subject(key, held, candidates, choose, now))
+    }
+
+    /// [`ClusterState::reserve`]'s second half, for a caller that reads the pod in
+    /// between (the extender reads the ledger only for pods that need it): `held` is
+    /// what [`ClusterState::take_subject`] returned.
+    pub fn place_subject(
+        &mut self,
+        key: &PodKey,
+        held: Held,
+        candidates: &[&str],
+        choose: impl FnOnce(&CachedPod, &[&NodeGpus]) -> Outcome,
+        now: Instant,
+    ) -> FilterDecision {
+        let previous = held.0;
         if let Some(kept) = self.keep_existing(key, candidates) {
-            return Ok(kept);
+            return kept;
         }
         if let Some(mut released) = previous.clone().filter(|p| p.node.is_some()) {
             released.node = None;
@@ -417,7 +436,7 @@ impl ClusterState {
             }
         }
         let Some(pod) = self.pods.get(key) else {
-            return Ok(FilterDecision::none(misfits));
+            return FilterDecision::none(misfits);
         };
         let outcome = choose(pod, &known);
         misfits.extend(
@@ -431,7 +450,7 @@ impl ClusterState {
                 // Offered and not placed: the cache keeps only what the cluster has.
                 self.delete_pod(key);
             }
-            return Ok(FilterDecision::none(misfits));
+            return FilterDecision::none(misfits);
         };
         let node = known[index].name.clone();
         if let Some(mut pod) = self.pods.get(key).cloned() {
@@ -440,7 +459,7 @@ impl ClusterState {
             pod.reserved = Some(now);
             self.put_pod(key.clone(), pod);
         }
-        Ok(FilterDecision {
+        FilterDecision {
             reservation: Some(Reservation {
                 node,
                 assignment,
@@ -448,7 +467,7 @@ impl ClusterState {
                 previous,
             }),
             misfits,
-        })
+        }
     }
 
     /// Undo a reservation whose recording failed.
@@ -460,7 +479,12 @@ impl ClusterState {
     }
 
     /// The pod to place, checked: it must be the pod the cluster has (same uid) and not
-    /// yet bound. Returns what the cache held before (`None` for a pod just offered).
+    /// yet bound. Afterwards the cache holds it under `key`; the result remembers what
+    /// the cache held before (nothing for a pod just offered).
+    pub fn take_subject(&mut self, key: &PodKey, subject: Subject) -> Result<Held, PlanError> {
+        self.subject(key, subject).map(Held)
+    }
+
     fn subject(&mut self, key: &PodKey, subject: Subject) -> Result<Option<CachedPod>, PlanError> {
         let held = match subject {
             Subject::Known { uid } => {

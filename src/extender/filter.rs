@@ -140,18 +140,38 @@ fn plan(
     let placer = placer.placer();
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
-        let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
-        let views = ledger_views(&quotas, state, namespace, api_mode);
+        let held = state
+            .take_subject(&key, subject)
+            .map_err(|e| e.to_string())?;
+        // Quota room is checked at placement only for a pod that accepts several models
+        // (the others were charged at admission): only then read the ledger (offline, that
+        // counts the namespace's pods).
+        let own = state
+            .pod(&key)
+            .map(|p| p.models.as_slice())
+            .unwrap_or_default();
+        let several =
+            WantedModels::resolve(own, limits.default_type.as_ref(), &limits.models).len() >= 2;
+        let quota_applies = limits.has_quota && several;
+        let quotas: Vec<GPUQuota> = match quota_applies {
+            true => state.namespace_quotas(namespace).cloned().collect(),
+            false => Vec::new(),
+        };
+        let views = match quota_applies {
+            true => ledger_views(&quotas, state, namespace, api_mode),
+            false => Ok(Vec::new()),
+        };
         let context = Choice {
+            quota_applies,
             placer: &placer,
             limits: &limits,
             quotas: &quotas,
             views: &views,
         };
         let mut chosen = None;
-        let decision = state.reserve(
+        let decision = state.place_subject(
             &key,
-            subject,
+            held,
             &names,
             |cached, candidates| {
                 let (outcome, charge) = context.choose(cached, candidates);
@@ -165,7 +185,7 @@ fn plan(
             key: key.clone(),
             uid: uid.clone(),
             request,
-            decision: decision.map_err(|e| e.to_string())?,
+            decision,
             charge_at_placement: charge,
         })
     })
@@ -174,6 +194,8 @@ fn plan(
 /// What the policy chooses with: the namespace's limits and quotas as the ledger sees
 /// them.
 struct Choice<'a> {
+    /// The pod accepts several models and its namespace has a quota.
+    quota_applies: bool,
     placer: &'a Placer,
     limits: &'a NamespaceLimits,
     quotas: &'a [GPUQuota],
@@ -192,7 +214,7 @@ impl Choice<'_> {
         let wanted =
             WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
         let quota = PlacementQuota {
-            applies: wanted.models.len() >= 2 && limits.has_quota,
+            applies: self.quota_applies,
             views: self.views,
         };
         let outcome = place(

@@ -132,13 +132,16 @@ pub struct ConnectionLimits {
 }
 
 impl Default for ConnectionLimits {
+    /// The flags' defaults (one place for them: the `#[arg]` attributes above).
     fn default() -> Self {
-        ConnectionLimits {
-            max_connections: 256,
-            idle_timeout: Duration::from_secs(60),
-            request_timeout: Duration::from_secs(15),
-            max_streams: 16,
-        }
+        use clap::FromArgMatches;
+        let command = ConnectionLimits::augment_args(clap::Command::new("limits"));
+        let parsed = command
+            .no_binary_name(true)
+            .try_get_matches_from(std::iter::empty::<String>())
+            .and_then(|matches| ConnectionLimits::from_arg_matches(&matches));
+        // Startup invariant: the defaults above parse (`cli_is_well_formed` checks it).
+        parsed.expect("the default connection limits parse")
     }
 }
 
@@ -208,5 +211,8 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+        let limits = ConnectionLimits::default();
+        assert_eq!(limits.max_connections, 256);
+        assert_eq!(limits.request_timeout, Duration::from_secs(15));
     }
 }

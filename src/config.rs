@@ -1,4 +1,4 @@
-//! The configuration file (DESIGN §7): plain validated data, defaults for every key,
+//! The configuration file (docs/design.md): plain validated data, defaults for every key,
 //! unknown keys and bad values refused by name.
 
 use std::path::Path;

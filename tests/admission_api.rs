@@ -424,3 +424,26 @@ async fn vcuda_memory_without_vcuda_core_is_an_invalid_request() {
         )
     );
 }
+
+#[tokio::test]
+async fn placement_annotations_on_a_pod_being_created_are_dropped() {
+    let (_, router) = app("", config_with_policy("original"));
+    let mut pod = whole_gpu_pod("team-b", "forged", 2);
+    pod["spec"]["nodeName"] = json!("gpu-node-1");
+    pod["metadata"]["annotations"] = json!({
+        "tencent.com/predicate-gpu-idx-0": "6,7",
+        "tencent.com/predicate-node": "gpu-node-1",
+        "tencent.com/gpu-assigned": "true",
+        "tencent.com/predicate-time": "1",
+        "team": "ml",
+    });
+    let (_, answer) = post(&router, "/mutate", review(&pod, false)).await;
+    let mutated = patched(&pod, &answer);
+    assert_eq!(
+        mutated["metadata"]["annotations"],
+        json!({"team": "ml"}),
+        "GPUs are chosen by the extender after creation, never by the pod's author"
+    );
+    let (_, again) = post(&router, "/mutate", review(&mutated, false)).await;
+    assert!(again["response"].get("patch").is_none(), "{again}");
+}

@@ -370,7 +370,7 @@ async fn webhooks_steer_a_gpu_pod_and_deny_one_over_the_namespace_quota() {
     cluster.delete_nodes().await;
 }
 
-/// A. Quota lifecycle (DESIGN §3): with `Tesla-T4: 2`, two 1-GPU pods are admitted, the
+/// A. Quota lifecycle (docs/design.md): with `Tesla-T4: 2`, two 1-GPU pods are admitted, the
 /// third is refused by the API server (403 Forbidden, the webhook's quota message);
 /// deleting a pod, or moving one to Succeeded, makes room again; `status.used` (the
 /// `Used` column of `kubectl get gq`) follows the live pods.

@@ -1,5 +1,5 @@
 //! Every manifest under deploy/ parses, names itself, and the webhook registrations
-//! carry what the apiserver and DESIGN §6 need; the install keeps its doors apart (the
+//! carry what the apiserver and the API server needs; the install keeps its doors apart (the
 //! webhook Service reaches only the webhooks, nothing reaches an extender from outside
 //! its pod), only the identity that places pods may patch them, and keys are mounted only
 //! where they are used. (A real API server dry-run is the e2e suite's job; this catches

@@ -1,4 +1,4 @@
-//! The mutation (DESIGN §4), pure: steer a GPU pod to the GPU scheduler and to nodes
+//! The mutation (docs/design.md), pure: steer a GPU pod to the GPU scheduler and to nodes
 //! of the models (and pools) it may use. Idempotent: applied to its own output it
 //! changes nothing.
 
@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
 };
 
+use crate::cache::AnnotationKeys;
 use crate::config::{Config, SchedulerNamePolicy};
 use crate::placement::models::ModelSource;
 use crate::quota::NamespaceLimits;
@@ -19,6 +20,7 @@ pub fn desired_pod(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> Resu
     check_node_selector(pod, &config.pool_label, &limits.pools, "node pool")?;
     let mut desired = pod.clone();
     set_scheduler_name(&mut desired, config);
+    drop_placement_annotations(&mut desired, config);
     if matches!(
         wanted.source,
         ModelSource::QuotaDefault | ModelSource::QuotaList
@@ -32,6 +34,16 @@ pub fn desired_pod(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> Resu
     require(&mut desired, &config.model_label, &wanted.models);
     require(&mut desired, &config.pool_label, &limits.pools);
     Ok(desired)
+}
+
+/// A pod is placed after it is created, by the extender: placement annotations on a pod
+/// being created are forged (or stale, copied from an old pod) and would book GPUs in
+/// gpu-admission's view, and gpu-manager's, that no placement chose.
+fn drop_placement_annotations(pod: &mut Pod, config: &Config) {
+    let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.retain(|key, _| !keys.is_placement(key));
+    }
 }
 
 fn set_scheduler_name(pod: &mut Pod, config: &Config) {

@@ -62,6 +62,14 @@ impl AnnotationKeys {
     pub fn gpu_idx(&self, container: u16) -> String {
         format!("{}{container}", self.idx_prefix)
     }
+
+    /// Whether `key` is one of the placement annotations the extender writes.
+    pub fn is_placement(&self, key: &str) -> bool {
+        key == self.node
+            || key == self.assigned
+            || key == self.time
+            || key.starts_with(&self.idx_prefix)
+    }
 }
 
 /// Why a pod was left out of the cache. Pods without GPUs are simply not kept.

@@ -393,7 +393,7 @@ fn failed_map<'a>(result: &'a mut ExtenderFilterResult, misfit: &Misfit) -> &'a 
     }
 }
 
-/// The gpu-manager annotations for a placement (DESIGN §5.2), written in one patch.
+/// The gpu-manager annotations for a placement (docs/design.md), written in one patch.
 pub fn annotations(
     keys: &AnnotationKeys,
     node: &str,

@@ -1,4 +1,4 @@
-//! The kube-scheduler extender (DESIGN §5): wire types, the filter verb and
+//! The kube-scheduler extender (docs/design.md): wire types, the filter verb and
 //! Volcano's predicate. The HTTP routes live in `server`.
 
 pub mod api;

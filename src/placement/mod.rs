@@ -22,7 +22,7 @@ pub use request::{ContainerGpu, GpuDemand, GpuRequest, RequestError};
 
 use serde::Deserialize;
 
-/// Names of the GPU resources (DESIGN §2, configurable in §7 `resources`).
+/// Names of the GPU resources (configurable: `resources` in the config file).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ResourceNames {

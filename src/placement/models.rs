@@ -1,4 +1,4 @@
-//! Which GPU models (and pools) a pod may use (DESIGN §2).
+//! Which GPU models (and pools) a pod may use (docs/design.md).
 
 use k8s_openapi::api::core::v1::Pod;
 

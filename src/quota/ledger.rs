@@ -1,4 +1,4 @@
-//! Quota arithmetic (DESIGN §3.2–3.3), pure: what a pod would be charged, whether the
+//! Quota arithmetic (docs/design.md), pure: what a pod would be charged, whether the
 //! namespace's quotas have room, and the denial a person reads when they do not.
 
 use std::collections::BTreeMap;

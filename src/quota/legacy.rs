@@ -1,6 +1,6 @@
 //! tkestack gpu-admission's quota ConfigMap (`kube-system/gpuquota`, key `gpu_quota`):
 //! `{"<namespace>": {"quota": {"<model>": <GPUs>}, "pool": ["<pool>"]}}`, turned into
-//! the equivalent GPUQuota objects (DESIGN §3.4).
+//! the equivalent GPUQuota objects (docs/design.md).
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! Per-namespace, per-GPU-model quota: the `GPUQuota` custom resource (DESIGN §3.1).
+//! Per-namespace, per-GPU-model quota: the `GPUQuota` custom resource (docs/design.md).
 
 use std::collections::BTreeMap;
 
@@ -99,7 +99,7 @@ pub struct NamespaceLimits {
 }
 
 impl NamespaceLimits {
-    /// The models `pod` may use in this namespace (DESIGN §2, first match wins).
+    /// The models `pod` may use in this namespace (first match wins; docs/design.md).
     pub fn wanted_models(
         &self,
         pod: &k8s_openapi::api::core::v1::Pod,

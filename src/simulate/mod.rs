@@ -1,4 +1,4 @@
-//! `gpu-admission simulate` (DESIGN §8): replay a GPU cluster trace (the openb format)
+//! `gpu-admission simulate` (docs/design.md): replay a GPU cluster trace (the openb format)
 //! through the extender's placement code and report how much GPU capacity each
 //! policy manages to allocate.
 

@@ -11,7 +11,7 @@ use crate::placement::{Candidate, GpuUse, NodeGpus, Placer, place_with_host};
 use super::trace::{NodeRow, PodRow};
 
 /// vcuda-memory per GPU in the simulation: 100, so a share's memory equals its cores
-/// and memory stays exactly proportional to the GPU share (DESIGN §8).
+/// and memory stays exactly proportional to the GPU share (docs/design.md).
 pub const MEMORY_PER_GPU: u32 = 100;
 
 /// Where FGD's request mix comes from.

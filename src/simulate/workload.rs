@@ -1,4 +1,4 @@
-//! The workload of one simulated run (DESIGN §8): the trace's pods plus uniformly drawn
+//! The workload of one simulated run (docs/design.md): the trace's pods plus uniformly drawn
 //! copies, until the next copy would take the GPU demand past `inflate` × capacity,
 //! then shuffled. Seeded, so a seed always gives the same workload.
 

@@ -1562,3 +1562,45 @@ async fn the_gpu_model_a_pod_is_charged_to_cannot_be_edited_after_admission() {
     );
     unregister_webhooks(&cluster).await;
 }
+
+/// A pod that accepts several models is charged when it is placed, for its node's model,
+/// in the same ledger the validating webhook reserves in (`GPUQuota.status`), before the
+/// extender answers the scheduler: a single-model pod created right after it is bound is
+/// refused at once, not admitted until the reconciler's next pass (every 15 s).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_multi_model_pod_is_charged_in_the_ledger_before_it_is_bound() {
+    let Some(cluster) = setup("ledger").await else {
+        return;
+    };
+    let (a, b) = ("E2E-Ledger-A", "E2E-Ledger-B");
+    cluster.create_gpu_node("e2e-ledger-a", a, 1).await;
+    cluster.create_gpu_node("e2e-ledger-b", b, 1).await;
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({a: "1", b: "1"}), None)
+        .await;
+    register_webhooks(&cluster).await;
+    cluster
+        .create_gpu_pod("either", &format!("{a},{b}"), Gpu::Whole(1))
+        .await;
+    let pod = cluster.wait_bound("either").await;
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let model = if node == "e2e-ledger-a" { a } else { b };
+    let status = cluster.quota_status("default").await;
+    println!("bound to {node}; quota status right away: {status:?}");
+    assert_eq!(
+        status.used.get(model).map(|q| milli_gpus(&q.0)),
+        Some(1000),
+        "the placement's charge must be in the ledger when the pod is bound"
+    );
+    let message = forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("same-model", Some(model), 1))
+            .await,
+        "a 1-GPU pod of the model the multi-model pod took",
+    );
+    assert!(message.contains(&format!("for {model}")), "{message}");
+    unregister_webhooks(&cluster).await;
+    cluster.delete_nodes().await;
+}

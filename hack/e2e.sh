@@ -95,12 +95,16 @@ k8s_version="$("$k8s_bin/kube-apiserver" --version | awk '{print $2}')"
 etcd_version="$("$k8s_bin/etcd" --version | awk '/etcd Version/ {print $3}')"
 say "kube-apiserver ${k8s_version}, etcd v${etcd_version}"
 
-# free_port VAR: set VAR to a free TCP port on 127.0.0.1, not handed out before.
+# free_port VAR: set VAR to a free TCP port on 127.0.0.1, not handed out before. Taken
+# below the kernel's ephemeral range: a port from inside it can be handed to some outgoing
+# connection (a kube client's) between this check and the server's bind.
 declare -a taken=()
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_low=32768
+((ephemeral_low > 11000)) || ephemeral_low=32768
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % (ephemeral_low - 10000)))
     [[ " ${taken[*]:-} " == *" $p "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       taken+=("$p")

@@ -149,7 +149,8 @@ fn suffix_scale(suffix: &str) -> Result<Scale, Kind> {
         "Ei" => binary(6),
         exp if exp.starts_with(['e', 'E']) => {
             let exp: i32 = exp[1..].parse().map_err(|_| Kind::Syntax)?;
-            if exp.abs() > 30 {
+            // unsigned_abs: `abs` of i32::MIN overflows (found by fuzzing).
+            if exp.unsigned_abs() > 30 {
                 return Err(Kind::Range);
             }
             Ok(Scale::Decimal(exp))
@@ -222,6 +223,14 @@ mod tests {
             Err(QuantityError::Syntax("10Zi".into()))
         );
         assert!(Milli::parse("99999999999999999999999999").is_err());
+    }
+
+    #[test]
+    fn the_smallest_exponent_is_out_of_range_not_a_panic() {
+        // Found by fuzzing: `abs()` of i32::MIN overflowed (a panic with overflow checks).
+        for text in ["1e-2147483648", "1E-2147483648", "1e2147483647"] {
+            assert!(Milli::parse(text).is_err(), "{text}");
+        }
     }
 
     #[test]

@@ -1,0 +1,134 @@
+//! What each fuzz target does with its input, shared by the fuzz targets
+//! (`fuzz/fuzz_targets/*.rs`) and the stable regression test
+//! (`tests/fuzz_regressions.rs`, which includes this file by path). Only the crate's
+//! public API and its own dependencies (`k8s-openapi`, `serde_json`) are used here, so
+//! the root crate's tests can compile it without any fuzzing dependency.
+//!
+//! Every function must not panic on any input; a panic (or a failed property
+//! assertion) is a finding.
+
+use std::sync::OnceLock;
+
+use gpu_admission::admission::review::Review;
+use gpu_admission::cache::{CachedPod, Projection};
+use gpu_admission::config::Config;
+use gpu_admission::extender::ExtenderArgs;
+use gpu_admission::extender::volcano::PredicateArgs;
+use gpu_admission::placement::models::WantedModels;
+use gpu_admission::placement::quantity::Milli;
+use gpu_admission::placement::{GpuRequest, ResourceNames};
+use k8s_openapi::api::core::v1::Pod;
+
+/// The targets, by name (the directory names under `fuzz/seeds` and `fuzz/regressions`).
+pub const TARGETS: [&str; 6] = [
+    "extender_args",
+    "volcano_predicate",
+    "admission_review",
+    "quantity",
+    "pod_annotations",
+    "config",
+];
+
+fn names() -> &'static ResourceNames {
+    static NAMES: OnceLock<ResourceNames> = OnceLock::new();
+    NAMES.get_or_init(ResourceNames::default)
+}
+
+fn projection() -> &'static Projection {
+    static PROJECTION: OnceLock<Projection> = OnceLock::new();
+    PROJECTION.get_or_init(|| Projection::from_config(&Config::default()))
+}
+
+/// A decoded pod's GPU request, as every route reads it next, with the relation
+/// `GpuRequest::held_for_init` documents: the app containers plus what is held for
+/// the init containers come to exactly `core_units`.
+fn gpu_request(pod: &Pod) {
+    let Ok(Some(request)) = GpuRequest::from_pod(pod, names()) else {
+        return;
+    };
+    let apps: u64 = request
+        .containers
+        .iter()
+        .map(|c| c.demand.core_units())
+        .sum();
+    let held: u64 = request.held_for_init().iter().map(|d| d.core_units()).sum();
+    assert_eq!(apps + held, request.core_units(), "{request:?}");
+    let _ = request.whole_gpus();
+}
+
+/// The scheduler extender's filter request body, its candidates' names, and the
+/// decoded pod's GPU request.
+pub fn extender_args(data: &[u8]) {
+    if let Ok(args) = ExtenderArgs::from_json(data) {
+        let _ = args.candidate_names();
+        gpu_request(&args.pod);
+    }
+}
+
+/// Volcano's predicate request body, and the decoded pod's GPU request.
+pub fn volcano_predicate(data: &[u8]) {
+    if let Ok(args) = PredicateArgs::from_json(data) {
+        gpu_request(&args.pod);
+    }
+}
+
+/// An AdmissionReview body; when it decodes, its `request.object` and
+/// `request.oldObject` as pods (`Review::pod`, the webhooks' own bounded decoder; the
+/// objects stay raw JSON until then), and those pods' GPU requests.
+pub fn admission_review(data: &[u8]) {
+    let Ok(review) = Review::from_json(data) else {
+        return;
+    };
+    for old in [false, true] {
+        if let Ok(pod) = review.pod(old) {
+            gpu_request(&pod);
+        }
+    }
+}
+
+/// A resource quantity string, with the relations `src/placement/quantity.rs`
+/// documents: `parse_whole` is `parse` in whole units (refusing fractions), and
+/// `Display` is the canonical form of a value, so it parses back to the same value.
+pub fn quantity(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let milli = Milli::parse(text);
+    let whole = Milli::parse_whole(text);
+    if let (Ok(milli), Ok(whole)) = (&milli, &whole) {
+        assert_eq!(
+            u128::from(*whole) * 1000,
+            u128::from(milli.0),
+            "parse_whole({text:?}) * 1000 != parse({text:?})"
+        );
+    }
+    if let Ok(milli) = milli {
+        let canonical = milli.to_string();
+        assert_eq!(
+            Milli::parse(&canonical),
+            Ok(milli),
+            "parse({text:?}) displays as {canonical:?}, which parses differently"
+        );
+    }
+}
+
+/// A pod (built from fuzzed annotations and resource quantities by the
+/// `pod_annotations` target) projected for the cache, and its wanted GPU models.
+pub fn pod_annotations(pod: &Pod) {
+    let _ = CachedPod::from_pod(pod, projection());
+    gpu_request(pod);
+    let _ = WantedModels::of_pod(
+        pod,
+        "gpu-admission.io/gpu-type",
+        "nvidia.com/gpu.product",
+        None,
+        &[],
+    );
+}
+
+/// The configuration file's text.
+pub fn config(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = Config::parse(text);
+    }
+}

@@ -18,6 +18,9 @@ pub enum ConfigError {
     Invalid { path: String, message: String },
 }
 
+/// The scheduler a pod with an empty `schedulerName` gets.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum SchedulerNamePolicy {

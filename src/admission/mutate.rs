@@ -7,11 +7,9 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::cache::AnnotationKeys;
-use crate::config::{Config, SchedulerNamePolicy};
+use crate::config::{Config, DEFAULT_SCHEDULER, SchedulerNamePolicy};
 use crate::placement::models::ModelSource;
 use crate::quota::NamespaceLimits;
-
-const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// The pod as it should be, or why it cannot be admitted as it is.
 pub fn desired_pod(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> Result<Pod, String> {

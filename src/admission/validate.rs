@@ -123,7 +123,7 @@ fn offline(
 /// GPU scheduler (whose extender charges a multi-model pod at placement), another
 /// scheduler, or none at all (`spec.nodeName` set at creation: charged to that node's
 /// model, as this cache knows the node). The mutating webhook has already run, so
-/// `schedulerName` is final; an empty one is default-scheduler's.
+/// `schedulerName` is final (an empty one is default-scheduler's; the ledger says so).
 fn wanted_on_route(
     state: &ClusterState,
     config: &Config,
@@ -137,8 +137,7 @@ fn wanted_on_route(
         .filter(|n| !n.is_empty());
     let scheduler = spec
         .and_then(|s| s.scheduler_name.as_deref())
-        .filter(|n| !n.is_empty())
-        .unwrap_or("default-scheduler");
+        .unwrap_or_default();
     let route = match node {
         Some(node) => Route::Bound {
             node,

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use crate::placement::fit::fit_held;
 use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
-use crate::quota::ledger::{ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, usage};
+use crate::quota::ledger::{
+    ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, reported_usage, usage,
+};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -361,6 +363,15 @@ impl ClusterState {
                 .collect();
         }
         Ok(views)
+    }
+
+    /// The part of its namespace's usage `quota` reports in its status and metrics
+    /// (see [`reported_usage`]).
+    pub fn quota_usage(&self, quota: &GPUQuota) -> ModelAmounts {
+        let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
+        let listed = NamespaceLimits::of(self.quotas(), namespace).models;
+        let lists = |model: &str| quota.spec.hard.contains_key(model);
+        reported_usage(&self.usage(namespace), lists, &listed)
     }
 
     /// GPUs per model that the namespace's live pods are charged.

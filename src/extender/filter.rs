@@ -7,6 +7,7 @@ use std::sync::Arc;
 use foldhash::HashMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::cache::pod::SkipReason;
 use crate::cache::{
     AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, PodKey, Reservation,
     Subject, pod_key,
@@ -57,31 +58,27 @@ pub async fn filter(
     placer: &LearningPlacer,
     args: &ExtenderArgs,
 ) -> (ExtenderFilterResult, FilterOutcome) {
-    let pod = &args.pod;
-    match GpuRequest::from_pod(pod, &cache.projection().names) {
-        Ok(Some(_)) => {}
-        Ok(None) => return (pass_all(args), FilterOutcome::Passthrough),
-        Err(error) => return error_result(format!("pod {}: {error}", pod_key(pod))),
-    }
-    let plan = match plan(cache, placer, args) {
-        Ok(plan) => plan,
+    let offered = match CachedPod::from_pod(&args.pod, cache.projection()) {
+        Ok(offered) => offered,
+        Err(SkipReason::NoGpu) => return (pass_all(args), FilterOutcome::Passthrough),
+        Err(error) => return error_result(format!("pod {}: {error}", pod_key(&args.pod))),
+    };
+    let (plan, decision) = match plan(cache, placer, args, offered) {
+        Ok(planned) => planned,
         Err(error) => return error_result(error),
     };
-    let result = failed_nodes(&plan.decision);
-    let Some(reservation) = plan.decision.reservation.clone() else {
+    let result = failed_nodes(&decision.misfits);
+    let Some(reservation) = decision.reservation else {
         return (
             with_passed(result, None, args),
             FilterOutcome::Unschedulable,
         );
     };
-    if reservation.kept {
-        tracing::info!(pod = %plan.key, node = %reservation.node, "kept its placement");
-        return (
-            with_passed(result, Some(&reservation.node), args),
-            FilterOutcome::Kept,
-        );
-    }
     let node = reservation.node.clone();
+    if reservation.kept {
+        tracing::info!(pod = %plan.key, %node, "kept its placement");
+        return (with_passed(result, Some(&node), args), FilterOutcome::Kept);
+    }
     if let Err(refusal) = record(cache, config, &plan, &reservation).await {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
         cache.with_state(|state| state.rollback(&plan.key, reservation));
@@ -97,13 +94,12 @@ pub async fn filter(
     )
 }
 
-/// What the plan step decided, and what the record step needs to know.
+/// What the record step needs to know of the plan.
 struct Plan {
     key: PodKey,
     uid: String,
     /// The GPU request of the pod placed: the cluster's copy in API mode.
     request: GpuRequest,
-    decision: FilterDecision,
     /// The pod accepts several models: its quota charge is taken at placement, for the
     /// model of the node it gets (API mode: written to the ledger before answering).
     charge_at_placement: Option<PlacementCharge>,
@@ -111,30 +107,27 @@ struct Plan {
 
 struct PlacementCharge {
     amount: Milli,
-    quotas: Vec<GPUQuota>,
     node_model: Option<String>,
+    /// The namespace's quotas as the plan read them (the ledger write starts from them).
+    quotas: Vec<GPUQuota>,
 }
 
 fn plan(
     cache: &ClusterCache,
     placer: &LearningPlacer,
     args: &ExtenderArgs,
-) -> Result<Plan, String> {
+    offered: CachedPod,
+) -> Result<(Plan, FilterDecision), String> {
     let pod = &args.pod;
     let key = pod_key(pod);
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let api_mode = cache.client().is_some();
     // API mode: the cluster's copy of the pod is placed, never the caller's.
+    let uid = offered.uid.to_string();
     let subject = if api_mode {
-        Subject::Known {
-            uid: uid.clone().into(),
-        }
+        Subject::Known { uid: offered.uid }
     } else {
-        Subject::Offered(
-            CachedPod::from_pod(pod, cache.projection())
-                .map_err(|error| format!("pod {key}: {error}"))?,
-        )
+        Subject::Offered(offered)
     };
     let names = args.candidate_names();
     let placer = placer.placer();
@@ -165,7 +158,6 @@ fn plan(
             quota_applies,
             placer: &placer,
             limits: &limits,
-            quotas: &quotas,
             views: &views,
         };
         let mut chosen = None;
@@ -181,13 +173,18 @@ fn plan(
             Instant::now(),
         );
         let (request, charge) = chosen.unwrap_or_default();
-        Ok(Plan {
-            key: key.clone(),
-            uid: uid.clone(),
+        let charge_at_placement = charge.map(|(amount, node_model)| PlacementCharge {
+            amount,
+            node_model,
+            quotas,
+        });
+        let plan = Plan {
+            key,
+            uid,
             request,
-            decision,
-            charge_at_placement: charge,
-        })
+            charge_at_placement,
+        };
+        Ok((plan, decision))
     })
 }
 
@@ -198,18 +195,18 @@ struct Choice<'a> {
     quota_applies: bool,
     placer: &'a Placer,
     limits: &'a NamespaceLimits,
-    quotas: &'a [GPUQuota],
     views: &'a Result<Vec<QuotaView>, String>,
 }
 
 impl Choice<'_> {
     /// The policy's choice among `candidates` for the cluster's copy of the pod, and
-    /// for a pod that accepts several models, the charge its placement takes.
+    /// for a pod that accepts several models, the charge its placement takes (amount,
+    /// and the chosen node's model).
     fn choose(
         &self,
         pod: &CachedPod,
         candidates: &[&NodeGpus],
-    ) -> (Outcome, Option<PlacementCharge>) {
+    ) -> (Outcome, Option<(Milli, Option<String>)>) {
         let limits = self.limits;
         let wanted =
             WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
@@ -228,13 +225,10 @@ impl Choice<'_> {
                     .and_then(|()| quota.room_on(node, &pod.request))
             },
         );
-        let charge = quota.applies.then(|| PlacementCharge {
-            amount: amount_of(&pod.request),
-            quotas: self.quotas.to_vec(),
-            node_model: outcome
-                .chosen
-                .as_ref()
-                .and_then(|(i, _)| candidates[*i].model.as_deref().map(str::to_string)),
+        let charge = quota.applies.then(|| {
+            let chosen = outcome.chosen.as_ref();
+            let model = chosen.and_then(|(i, _)| candidates[*i].model.as_deref());
+            (amount_of(&pod.request), model.map(str::to_string))
         });
         (outcome, charge)
     }
@@ -372,10 +366,10 @@ fn error_result(error: String) -> (ExtenderFilterResult, FilterOutcome) {
 
 /// Every candidate that could not take the pod, with its reason. Thousands of
 /// candidates share a few distinct reasons: each text is written once.
-fn failed_nodes(decision: &FilterDecision) -> ExtenderFilterResult {
+fn failed_nodes(misfits: &[(Arc<str>, Misfit)]) -> ExtenderFilterResult {
     let mut result = ExtenderFilterResult::default();
     let mut texts: HashMap<&Misfit, Arc<str>> = HashMap::default();
-    for (node, misfit) in &decision.misfits {
+    for (node, misfit) in misfits {
         let text = texts
             .entry(misfit)
             .or_insert_with(|| misfit.to_string().into())

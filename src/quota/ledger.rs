@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::config::UntypedPods;
+use crate::config::{DEFAULT_SCHEDULER, UntypedPods};
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 use crate::placement::{GpuRequest, NodeGpus};
@@ -367,7 +367,7 @@ pub fn models_for_route(
             namespace: namespace.into(),
             models: wanted.models,
             scheduler: if name.is_empty() {
-                "default-scheduler".into()
+                DEFAULT_SCHEDULER.into()
             } else {
                 name.into()
             },

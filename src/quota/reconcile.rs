@@ -13,9 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::ClusterCache;
 
-use super::ledger::reported_usage;
+use super::GPUQuota;
 use super::reserve::{reconciled_status, replace_status};
-use super::{GPUQuota, NamespaceLimits};
 
 pub async fn run(
     cache: ClusterCache,
@@ -81,9 +80,7 @@ fn reconciled(
 ) -> Option<GPUQuota> {
     cache.with_state(|state| {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
-        let listed = NamespaceLimits::of(state.quotas(), namespace).models;
-        let lists = |model: &str| quota.spec.hard.contains_key(model);
-        let usage = reported_usage(&state.usage(namespace), lists, &listed);
+        let usage = state.quota_usage(quota);
         let seen = |name: &str, uid: &str| {
             state
                 .pod(&format!("{namespace}/{name}"))

@@ -12,8 +12,7 @@ use super::AppState;
 use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::quantity::Milli;
-use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{ModelAmounts, reported_usage};
+use crate::quota::ledger::ModelAmounts;
 
 /// (labels, hard, used) in GPUs for every model of every GPUQuota, and for models no
 /// quota of the namespace lists that pods use anyway (hard 0). Used is the status (the
@@ -30,9 +29,7 @@ fn quota_rows(state: &ClusterState, api_mode: bool) -> Vec<(QuotaLabels, f64, f6
             let status = quota.status.iter().flat_map(|s| &s.used);
             status.map(|(model, q)| (model.clone(), parse(q))).collect()
         } else {
-            let listed = NamespaceLimits::of(state.quotas(), &namespace).models;
-            let lists = |model: &str| quota.spec.hard.contains_key(model);
-            reported_usage(&state.usage(&namespace), lists, &listed)
+            state.quota_usage(quota)
         };
         let unlisted = used.keys().filter(|m| !quota.spec.hard.contains_key(*m));
         let models = quota.spec.hard.keys().chain(unlisted);

@@ -182,7 +182,9 @@ pub async fn accept<T: Send + 'static>(
     if announced.is_some_and(|n| n > route.limit as u64 && (expects_continue || n > DRAIN_MAX)) {
         return Err(Rejection::TooLarge { limit: route.limit });
     }
-    let bytes = tokio::time::timeout(state.body_timeout, read_body(body, route.limit))
+    let expected = announced.map_or(0, |n| n.min(route.limit as u64) as usize);
+    let read = read_body(body, route.limit, expected);
+    let bytes = tokio::time::timeout(state.body_timeout, read)
         .await
         .map_err(|_| Rejection::TooSlow)??;
     let parse = route.parse;
@@ -205,9 +207,15 @@ pub async fn accept<T: Send + 'static>(
 /// otherwise see its connection or stream reset instead of the answer.
 const DRAIN_MAX: u64 = 128 << 20;
 
-async fn read_body(mut body: Body, limit: usize) -> Result<axum::body::Bytes, Rejection> {
+/// The body's bytes, up to `limit`; `expected` (the announced length) sizes the buffer
+/// once instead of growing it.
+async fn read_body(
+    mut body: Body,
+    limit: usize,
+    expected: usize,
+) -> Result<axum::body::Bytes, Rejection> {
     use http_body_util::BodyExt;
-    let mut kept = Vec::new();
+    let mut kept = Vec::with_capacity(expected);
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
         let frame =

@@ -308,6 +308,7 @@ say "GPUQuota CRD installed"
 cat >"$work/gpu-admission.yaml" <<EOF
 placement:
   policy: original
+  bindVerb: true
 EOF
 
 # The tests stop and restart gpu-admission through this script (extender and webhook
@@ -381,6 +382,7 @@ profiles:
 extenders:
 - urlPrefix: https://127.0.0.1:$extender_port/scheduler
   filterVerb: predicates
+  bindVerb: bind
   enableHTTPS: true
   tlsConfig:
     caFile: $work/extender-certs/ca.crt

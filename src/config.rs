@@ -43,6 +43,11 @@ pub struct Placement {
     /// Share-mode GPUs inside the chosen node are the ones gpu-manager itself picks
     /// (it refuses any other); turn off only for a node agent without that check.
     pub gpu_manager_compat: bool,
+    /// kube-scheduler's extender configuration sets `bindVerb: bind`: the filter only
+    /// holds its choice in memory and the bind verb writes it, annotations and Binding
+    /// in one API call, in the scheduler's parallel binding cycle. Off (the default,
+    /// as tkestack's extender works), the filter writes the annotations itself.
+    pub bind_verb: bool,
 }
 
 impl Default for Placement {
@@ -50,6 +55,7 @@ impl Default for Placement {
         Placement {
             policy: crate::placement::policy::DEFAULT_POLICY,
             gpu_manager_compat: true,
+            bind_verb: false,
         }
     }
 }

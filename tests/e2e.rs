@@ -459,7 +459,7 @@ async fn quota_lifecycle_admit_refuse_and_free_on_delete_and_on_success() {
 }
 
 /// B. A server-side dry-run create of a GPU pod is evaluated (refused when over quota)
-/// but reserves nothing: `status.used` and `status.reservations` stay as they were.
+/// but reserves nothing: `status.used` and `status.pending` stay as they were.
 #[tokio::test]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
 async fn dry_run_is_judged_but_reserves_nothing() {
@@ -864,10 +864,10 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
     );
     println!(
         "MEASURE with webhooks, p50 of the first 50 creates {:.1} ms, of the last 50 {:.1} ms; \
-         reservations in the GPUQuota status now: {}",
+         pending totals in the GPUQuota status now: {}",
         percentile_ms(&with_hooks[..50], 50.0),
         percentile_ms(&with_hooks[CREATES - 50..], 50.0),
-        cluster.quota_status("default").await.reservations.len()
+        cluster.quota_status("default").await.pending.len()
     );
     // Of which inside gpu-admission (its own request-duration histogram).
     let server_after = admin_metrics();
@@ -908,48 +908,6 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
             .unwrap();
         writes.push(t.elapsed());
     }
-    // And the library's own reservation (what /validate runs), from this process.
-    let mut reserves = Vec::new();
-    for i in 0..20 {
-        use gpu_admission::quota::reserve;
-        let pod = unscheduled_gpu_pod(&format!("probe-{i:02}"), Some(model), 1);
-        let wanted = gpu_admission::placement::models::WantedModels::of_pod(
-            &pod,
-            TYPE_ANNOTATION,
-            MODEL_LABEL,
-            Some(model),
-            &[model.to_string()],
-        );
-        let rules = gpu_admission::quota::ledger::AdmitRules {
-            untyped: gpu_admission::config::UntypedPods::Allow,
-            quota_required: false,
-        };
-        let identity = reserve::PodIdentity {
-            name: format!("probe-{i:02}"),
-            uid: String::new(),
-        };
-        let amount = gpu_admission::placement::quantity::Milli(1000);
-        let t = Instant::now();
-        // No cached copy: every try reads the quotas fresh, the slowest path.
-        let reserved = reserve::reserve(
-            &cluster.client,
-            None,
-            &cluster.ns,
-            &wanted,
-            amount,
-            rules,
-            &identity,
-            false,
-        )
-        .await
-        .unwrap();
-        reserves.push(t.elapsed());
-        assert_eq!(reserved, reserve::Reserved::Yes);
-    }
-    println!(
-        "MEASURE gpu_admission::quota::reserve::reserve from the test process: p50 {:.1} ms",
-        percentile_ms(&reserves, 50.0)
-    );
     println!(
         "MEASURE from the test's kube client: GPUQuota list p50 {:.1} ms, changed status write p50 {:.1} ms",
         percentile_ms(&lists, 50.0),
@@ -1160,7 +1118,7 @@ async fn webhook_door_refuses_a_caller_without_the_api_servers_certificate() {
         },
     )
     .await;
-    assert!(before.reservations.is_empty(), "{before:?}");
+    assert!(before.pending.is_empty(), "{before:?}");
     let pod = forged_pod(&cluster.ns, "forged", "", model, 1);
     let review_uid = "e2e-forged-review";
     let review = create_review(&pod, review_uid);
@@ -1206,7 +1164,8 @@ async fn webhook_door_refuses_a_caller_without_the_api_servers_certificate() {
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     let status = cluster.quota_status("default").await;
     assert!(
-        status.reservations.iter().any(|r| r.pod == "forged"),
+        status.pending.iter().any(|p| p.model == model && p.pods == 1)
+            && status.used[model].0 == "1",
         "a review that gets through is charged to the quota, so the refusal above mattered; \
          status: {status:?}"
     );
@@ -1249,7 +1208,8 @@ async fn webhook_door_refuses_a_caller_without_the_api_servers_certificate() {
 /// filter calls on the extender door (which asks for no client certificate): a GPU pod
 /// that does not exist, an existing pending pod under another uid, and a pod already
 /// bound are refused with `Error` and nothing is written; the same pending pod with its
-/// real uid is placed and annotated (the legitimate path); node objects in the request
+/// real uid is placed, and bound with its annotations by the bind verb (a bind under
+/// another uid is refused; the legitimate path); node objects in the request
 /// (`Nodes` form) relabelling a node and giving it 8 GPUs change nothing — the answer and
 /// the next call use the cluster's node; a non-GPU system pod passes through unwritten.
 #[tokio::test]
@@ -1338,7 +1298,8 @@ async fn extender_places_only_the_pod_the_cluster_has() {
         annotations(&pod)
     );
 
-    // (iii) The same pod with its real uid: the legitimate path, placed and annotated.
+    // (iii) The same pod with its real uid: the legitimate path, placed (held) and then,
+    // when the scheduler calls the bind verb, bound with its annotations in one write.
     let answer = call_until(
         "pod pending to be placed (after gpu-admission's watch saw both nodes)",
         json!({"Pod": forged_pod(&ns, "pending", &uid, model, 1), "NodeNames": nodes}),
@@ -1357,6 +1318,29 @@ async fn extender_places_only_the_pod_the_cluster_has() {
         "one of the candidates: {placed:?}"
     );
     let pod = cluster.pods().get("pending").await.unwrap();
+    assert!(
+        !annotations(&pod).contains_key(predicate_node),
+        "the filter only holds its choice; the bind verb writes it: {:?}",
+        annotations(&pod)
+    );
+    let binding = |uid: &str| {
+        json!({"PodName": "pending", "PodNamespace": ns, "PodUID": uid, "Node": placed[0]})
+    };
+    let error = extender_bind(&binding(other_uid)).await;
+    println!("(iii) a bind under another uid: {error}");
+    assert!(error.contains("has uid"), "{error}");
+    let unchanged = cluster.pods().get("pending").await.unwrap();
+    assert_eq!(
+        unchanged.metadata.resource_version, pod.metadata.resource_version,
+        "a refused bind must write nothing"
+    );
+    let error = extender_bind(&binding(&uid)).await;
+    assert_eq!(error, "", "the legitimate bind");
+    let pod = cluster.pods().get("pending").await.unwrap();
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(placed[0].as_str())
+    );
     let a = annotations(&pod);
     assert_eq!(a.get(predicate_node), Some(&placed[0]), "{a:?}");
     assert!(a.contains_key("tencent.com/predicate-gpu-idx-0"), "{a:?}");

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::cache::pod::created_second;
 use crate::cache::{CachedPod, ClusterCache, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
@@ -56,30 +57,41 @@ pub async fn validate(
         quota_required: config.quota_required,
     };
     let amount = amount_of(&request);
-    match cache.client() {
+    match cache.ledger() {
         None => Ok(offline(
             cache, config, namespace, pod, amount, rules, dry_run,
         )?),
-        Some(client) => {
+        Some(ledger) => {
             let decided = cache.with_state(|state| {
-                let quotas: Vec<_> = state.namespace_quotas(namespace).cloned().collect();
-                let limits = NamespaceLimits::of(&quotas, namespace);
-                wanted_on_route(state, config, &limits, namespace, pod).map(|w| (w, quotas))
+                let limits = NamespaceLimits::of(state.namespace_quotas(namespace), namespace);
+                wanted_on_route(state, config, &limits, namespace, pod)
             });
-            let (wanted, cached) = match decided {
-                Ok((wanted, quotas)) => (wanted, Some(quotas)),
+            let wanted = match decided {
+                Ok(wanted) => wanted,
                 Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
             };
-            let identity = reserve::PodIdentity::of(pod);
-            match reserve::reserve(
-                &client, cached, namespace, &wanted, amount, rules, &identity, dry_run,
-            )
-            .await?
-            {
+            let ask = reserve::Ask {
+                wanted,
+                amount,
+                rules,
+                created: created_or_now(pod),
+                dry_run,
+            };
+            match ledger.reserve(cache, namespace, ask).await? {
                 Reserved::Yes => Ok(Verdict::Allow),
                 Reserved::Denied(denial) => Ok(Verdict::Deny(denial.to_string())),
             }
         }
+    }
+}
+
+/// The second the pod was created in: the API server stamps `creationTimestamp` before
+/// validating admission runs. Should it be missing, now is the best guess (the charge
+/// then only waits for its total to expire instead of for the pod).
+fn created_or_now(pod: &Pod) -> i64 {
+    match created_second(pod) {
+        0 => crate::quota::pending::now_second(),
+        second => second,
     }
 }
 

@@ -46,6 +46,16 @@ pub struct WriteError {
     source: kube::Error,
 }
 
+impl WriteError {
+    /// The API server's status code, when it answered.
+    pub fn api_code(&self) -> Option<u16> {
+        match &self.source {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
 /// What the cache needs to project objects: resource names, labels, annotation keys.
 #[derive(Debug, Clone)]
 pub struct Projection {
@@ -88,10 +98,16 @@ struct Inner {
     writer: PodWriter,
     /// Woken when objects leave the cluster (a pod finished or was deleted).
     released: Arc<tokio::sync::Notify>,
+    /// API mode: the GPUQuota ledger writer (offline, the cached pods are the ledger).
+    ledger: Option<Arc<crate::quota::reserve::Ledger>>,
 }
 
 impl ClusterCache {
     fn new(projection: Projection, writer: PodWriter, ready: bool) -> Self {
+        let ledger = match &writer {
+            PodWriter::Api(client) => Some(crate::quota::reserve::Ledger::new(client.clone())),
+            PodWriter::Memory => None,
+        };
         ClusterCache {
             inner: Arc::new(Inner {
                 state: Mutex::new(ClusterState::default()),
@@ -99,6 +115,7 @@ impl ClusterCache {
                 projection,
                 writer,
                 released: Arc::new(tokio::sync::Notify::new()),
+                ledger,
             }),
         }
     }
@@ -150,6 +167,11 @@ impl ClusterCache {
         }
     }
 
+    /// API mode: the GPUQuota ledger; `None` offline.
+    pub fn ledger(&self) -> Option<&Arc<crate::quota::reserve::Ledger>> {
+        self.inner.ledger.as_ref()
+    }
+
     pub fn projection(&self) -> &Projection {
         &self.inner.projection
     }
@@ -176,6 +198,38 @@ impl ClusterCache {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let patch = serde_json::json!({"metadata": {"uid": uid, "annotations": annotations}});
         pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|source| WriteError {
+                pod: format!("{namespace}/{name}"),
+                source,
+            })
+    }
+
+    /// Bind the pod to `node` and write the placement annotations in one call: the
+    /// binding subresource copies a Binding's annotations onto the pod as it sets
+    /// `spec.nodeName`, and refuses a pod whose uid differs. So gpu-manager, which reads
+    /// the annotations once the pod is on its node, always finds them. Offline, the
+    /// cache is the record.
+    pub async fn bind(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> Result<(), WriteError> {
+        let PodWriter::Api(client) = &self.inner.writer else {
+            return Ok(());
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let binding = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        });
+        pods.create_subresource::<_, serde_json::Value>("binding", name, &Default::default(), &binding)
             .await
             .map(drop)
             .map_err(|source| WriteError {

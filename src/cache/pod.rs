@@ -38,6 +38,12 @@ pub struct CachedPod {
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
     /// empty when it names none and its namespace's quota decides.
     pub models: Vec<String>,
+    /// `creationTimestamp` in unix seconds (0 when absent): which pending quota total
+    /// its admission charge went to (`quota::pending`).
+    pub created: i64,
+    /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
+    /// changes, the scheduler has given the pod up: a hold the filter made is released.
+    pub unscheduled: u64,
 }
 
 /// Annotation keys of the gpu-manager protocol under a configurable prefix.
@@ -118,8 +124,41 @@ impl CachedPod {
                 &[],
             )
             .models,
+            created: created_second(pod),
+            unscheduled: unscheduled_fingerprint(pod),
         })
     }
+}
+
+/// `creationTimestamp` in unix seconds; 0 when absent.
+pub fn created_second(pod: &Pod) -> i64 {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second())
+}
+
+/// A fingerprint of the `PodScheduled=False` condition kube-scheduler writes when an
+/// attempt fails (it rewrites it only when something in it changes); 0 when absent.
+fn unscheduled_fingerprint(pod: &Pod) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let Some(condition) = conditions
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    else {
+        return 0;
+    };
+    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
+    condition.reason.hash(&mut hasher);
+    condition.message.hash(&mut hasher);
+    condition
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut hasher);
+    hasher.finish().max(1)
 }
 
 pub fn is_terminal(pod: &Pod) -> bool {

@@ -156,3 +156,125 @@ fn a_bound_pods_gpus_do_not_move_when_its_annotations_are_edited() {
         "GPU 0 stays held; GPU 1 is not taken from someone else"
     );
 }
+
+fn reserve_at(state: &mut ClusterState, key: &PodKey, uid: &str, now: Instant) -> bool {
+    let placer = Placer::new(Policy::Binpack);
+    state
+        .reserve(
+            key,
+            Subject::Known { uid: uid.into() },
+            &["n1"],
+            |pod, nodes| place(&placer, &pod.request, nodes.iter().copied(), |_| Ok(())),
+            now,
+        )
+        .unwrap()
+        .reservation
+        .is_some()
+}
+
+#[test]
+fn a_hold_no_bind_confirmed_is_let_go_after_its_ttl() {
+    let mut state = cluster();
+    let (a, pod_a) = cached("a", "uid-a", None);
+    let (b, pod_b) = cached("b", "uid-b", None);
+    state.apply_pod(a.clone(), pod_a);
+    state.apply_pod(b.clone(), pod_b);
+    let start = Instant::now();
+    assert!(reserve_at(&mut state, &a, "uid-a", start));
+    assert_eq!(used_gpus(&state), 1);
+    // Another placement before the TTL leaves the hold alone...
+    assert!(reserve_at(&mut state, &b, "uid-b", start + super::state::HOLD_TTL / 2));
+    assert_eq!(used_gpus(&state), 2);
+    // ...one after it lets go of the first hold (the second is younger).
+    state.release_hold(&b);
+    let later = start + super::state::HOLD_TTL;
+    assert!(reserve_at(&mut state, &b, "uid-b", later));
+    assert!(state.pod(&a).unwrap().node.is_none(), "a's hold released");
+    assert_eq!(used_gpus(&state), 1);
+}
+
+#[test]
+fn a_bound_hold_is_not_let_go() {
+    let mut state = cluster();
+    let (a, pod_a) = cached("a", "uid-a", None);
+    state.apply_pod(a.clone(), pod_a.clone());
+    let start = Instant::now();
+    assert!(reserve_at(&mut state, &a, "uid-a", start));
+    state.mark_bound(&a);
+    // The watch brings an older copy of the pod (not bound yet): the placement stays.
+    state.apply_pod(a.clone(), pod_a);
+    let (b, pod_b) = cached("b", "uid-b", None);
+    state.apply_pod(b.clone(), pod_b);
+    assert!(reserve_at(&mut state, &b, "uid-b", start + super::state::HOLD_TTL * 2));
+    assert_eq!(used_gpus(&state), 2);
+    state.release_hold(&a);
+    assert_eq!(used_gpus(&state), 2, "a bound pod's placement is not ours to drop");
+}
+
+#[test]
+fn a_new_scheduling_failure_releases_the_hold() {
+    let mut state = cluster();
+    let (a, pod_a) = cached("a", "uid-a", None);
+    state.apply_pod(a.clone(), pod_a.clone());
+    assert!(reserve_at(&mut state, &a, "uid-a", Instant::now()));
+    // An unrelated update of the pod keeps the hold.
+    state.apply_pod(a.clone(), pod_a.clone());
+    assert_eq!(used_gpus(&state), 1);
+    // The scheduler writes PodScheduled=False: it gave the pod up.
+    let mut failed = pod_a;
+    failed.unscheduled = 42;
+    state.apply_pod(a.clone(), failed);
+    assert_eq!(used_gpus(&state), 0);
+    assert!(state.pod(&a).unwrap().node.is_none());
+}
+
+#[test]
+fn a_quota_event_older_than_the_cached_copy_is_ignored() {
+    use crate::quota::{GPUQuota, GpuQuotaSpec};
+    let quota = |rv: &str, hard: &str| {
+        let mut q = GPUQuota::new(
+            "default",
+            GpuQuotaSpec {
+                hard: [("T4".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()))].into(),
+                pools: vec![],
+                default_type: None,
+            },
+        );
+        q.metadata.namespace = Some("team-a".into());
+        q.metadata.resource_version = Some(rv.into());
+        q
+    };
+    let mut state = ClusterState::default();
+    state.apply_quota(quota("20", "4"));
+    state.apply_quota(quota("9", "2")); // a late watch event from before our write
+    let hard = |state: &ClusterState| state.quotas().next().unwrap().spec.hard["T4"].0.clone();
+    assert_eq!(hard(&state), "4");
+    state.apply_quota(quota("21", "8"));
+    assert_eq!(hard(&state), "8");
+}
+
+#[test]
+fn seen_charges_count_recent_pods_and_those_that_left() {
+    use crate::quota::{GPUQuota, GpuQuotaSpec};
+    let mut state = cluster();
+    let mut quota = GPUQuota::new(
+        "default",
+        GpuQuotaSpec {
+            hard: [("T4".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".into()))].into(),
+            pools: vec![],
+            default_type: Some("T4".into()),
+        },
+    );
+    quota.metadata.namespace = Some("team-a".into());
+    state.apply_quota(quota);
+    let now = crate::quota::pending::now_second();
+    for (name, created) in [("a", now - 1), ("b", now - 1), ("old", now - 500)] {
+        let (key, mut pod) = cached(name, &format!("uid-{name}"), None);
+        pod.created = created;
+        state.apply_pod(key, pod);
+    }
+    state.delete_pod("team-a/b");
+    let seen = state.seen_charges("team-a", now - 120);
+    assert_eq!(seen.get(&(now - 1, "T4".to_string())), Some(&crate::placement::quantity::Milli(2000)));
+    assert_eq!(seen.len(), 1, "the old pod is outside the window: {seen:?}");
+}

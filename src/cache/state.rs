@@ -14,6 +14,7 @@ use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
 use crate::quota::ledger::{
     ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, reported_usage, usage,
 };
+use crate::placement::quantity::Milli;
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -35,6 +36,26 @@ pub struct ClusterState {
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
+    /// Placements held in memory only (the bind verb writes them), oldest first, so
+    /// those the scheduler never bound are let go (`HOLD_TTL`).
+    holds: std::collections::VecDeque<(Instant, PodKey)>,
+    /// Recently created pods that left the cluster, with the charge they carried: the
+    /// quota reconciler counts them as seen (`quota::pending`).
+    departed: Vec<Departed>,
+}
+
+/// How long a placement the filter holds in memory waits for the scheduler's bind call.
+/// Letting go early is safe (bind places again on the node it is given, or refuses);
+/// holding on keeps GPUs idle for a pod the scheduler gave up on.
+pub const HOLD_TTL: Duration = Duration::from_secs(30);
+
+/// A pod created within `PENDING_TTL` that has left, and the charge it was counted with.
+#[derive(Debug)]
+struct Departed {
+    namespace: Box<str>,
+    created: i64,
+    model: Box<str>,
+    amount: Milli,
 }
 
 /// A placement the filter made: the node, its GPUs, and what to restore if recording
@@ -182,10 +203,14 @@ impl ClusterState {
     pub fn apply_pod(&mut self, key: PodKey, mut pod: CachedPod) {
         if let Some(old) = self.pods.get(&key) {
             let same_pod = old.uid == pod.uid || old.uid.is_empty() || pod.uid.is_empty();
-            if old.reserved.is_some() && pod.node.is_none() && same_pod {
+            // The scheduler wrote a new "not scheduled" condition: it gave the pod up, and
+            // a placement held for its bind goes with it.
+            let given_up = pod.unscheduled != 0 && pod.unscheduled != old.unscheduled;
+            if old.reserved.is_some() && pod.node.is_none() && same_pod && !given_up {
                 pod.node = old.node.clone();
                 pod.assignment = old.assignment.clone();
                 pod.reserved = old.reserved;
+                pod.bound = old.bound;
             }
             let settled = old.bound && old.assignment.is_some() && old.uid == pod.uid;
             if settled && pod.node == old.node {
@@ -196,10 +221,11 @@ impl ClusterState {
     }
 
     pub fn delete_pod(&mut self, key: &str) {
+        let namespace = namespace_of(key);
+        self.remember_departure(namespace, key);
         let Some(old) = self.pods.remove(key) else {
             return;
         };
-        let namespace = namespace_of(key);
         if let Some(keys) = self.by_namespace.get_mut(namespace) {
             keys.remove(key);
             if keys.is_empty() {
@@ -335,8 +361,16 @@ impl ClusterState {
 
     // === quotas ===
 
+    /// Insert or update a quota. The ledger's own writes land here as soon as the API
+    /// server answers them, so the next admission decides on them without waiting for
+    /// the watch; a watch event older than what the cache holds is then ignored.
     pub fn apply_quota(&mut self, quota: GPUQuota) {
-        self.quotas.insert(quota_key(&quota), quota);
+        let key = quota_key(&quota);
+        let held = self.quotas.get(&key).and_then(resource_version);
+        if held.is_some_and(|held| resource_version(&quota).is_some_and(|new| new < held)) {
+            return;
+        }
+        self.quotas.insert(key, quota);
     }
 
     pub fn delete_quota(&mut self, quota: &GPUQuota) {
@@ -378,22 +412,97 @@ impl ClusterState {
     pub fn usage(&self, namespace: &str) -> ModelAmounts {
         let limits = NamespaceLimits::of(self.quotas(), namespace);
         let keys = self.by_namespace.get(namespace).into_iter().flatten();
-        let pods = keys.filter_map(|key| self.pods.get(key)).map(|pod| {
-            let wanted =
-                WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-            let node_model = pod
-                .node
-                .as_deref()
-                .and_then(|n| self.node(n))
-                .and_then(|n| n.model.as_deref());
-            PodCharge {
-                namespace,
-                model: charged_model(wanted, node_model),
-                amount: amount_of(&pod.request),
-                live: !pod.terminating,
-            }
-        });
+        let pods = keys
+            .filter_map(|key| self.pods.get(key))
+            .map(|pod| self.charge_of(namespace, &limits, pod));
         usage(namespace, pods)
+    }
+
+    fn charge_of<'a>(
+        &'a self,
+        namespace: &'a str,
+        limits: &'a NamespaceLimits,
+        pod: &'a CachedPod,
+    ) -> PodCharge<'a> {
+        let wanted =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        let node_model = pod
+            .node
+            .as_deref()
+            .and_then(|n| self.node(n))
+            .and_then(|n| n.model.as_deref());
+        PodCharge {
+            namespace,
+            model: charged_model(wanted, node_model),
+            amount: amount_of(&pod.request),
+            live: !pod.terminating,
+        }
+    }
+
+    /// The model and amount a pod was surely charged at admission or binding: a pod
+    /// that wants one model, or a bound one (a merely annotated multi-model pod may
+    /// not have been charged yet).
+    fn ledger_charge(
+        &self,
+        namespace: &str,
+        limits: &NamespaceLimits,
+        pod: &CachedPod,
+    ) -> Option<(String, Milli)> {
+        let charge = self.charge_of(namespace, limits, pod);
+        let wanted =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        let certain = wanted.len() == 1 || pod.bound;
+        let model = charge.model.filter(|_| certain && pod.created != 0)?;
+        Some((model.to_string(), charge.amount))
+    }
+
+    /// What the pods seen created in each recent second account for, per (second,
+    /// model): the namespace's live pods created at or after `since` (unix seconds) and
+    /// those that have left since. The quota reconciler settles pending charges with it.
+    pub fn seen_charges(&self, namespace: &str, since: i64) -> HashMap<(i64, String), Milli> {
+        let limits = NamespaceLimits::of(self.quotas(), namespace);
+        let mut seen: HashMap<(i64, String), Milli> = HashMap::default();
+        let mut add = |created: i64, model: String, amount: Milli| {
+            let entry = seen.entry((created, model)).or_default();
+            entry.0 = entry.0.saturating_add(amount.0);
+        };
+        let keys = self.by_namespace.get(namespace).into_iter().flatten();
+        for pod in keys.filter_map(|key| self.pods.get(key)) {
+            if pod.created < since {
+                continue;
+            }
+            if let Some((model, amount)) = self.ledger_charge(namespace, &limits, pod) {
+                add(pod.created, model, amount);
+            }
+        }
+        let departed = self.departed.iter().filter(|d| &*d.namespace == namespace);
+        for d in departed.filter(|d| d.created >= since) {
+            add(d.created, d.model.to_string(), d.amount);
+        }
+        seen
+    }
+
+    /// Keep what a leaving pod that was created recently was charged: until its pending
+    /// total is settled it must still count as seen, or its charge would count again.
+    fn remember_departure(&mut self, namespace: &str, key: &str) {
+        let horizon = crate::quota::pending::now_second()
+            - crate::quota::pending::PENDING_TTL.as_secs() as i64;
+        self.departed.retain(|d| d.created >= horizon);
+        let Some(pod) = self.pods.get(key).filter(|p| p.created >= horizon) else {
+            return;
+        };
+        let limits = NamespaceLimits::of(self.quotas(), namespace);
+        if !limits.has_quota {
+            return;
+        }
+        if let Some((model, amount)) = self.ledger_charge(namespace, &limits, pod) {
+            self.departed.push(Departed {
+                namespace: namespace.into(),
+                created: pod.created,
+                model: model.into(),
+                amount,
+            });
+        }
     }
 
     // === the filter transaction ===
@@ -429,6 +538,7 @@ impl ClusterState {
         now: Instant,
     ) -> FilterDecision {
         let previous = held.0;
+        self.expire_holds(now);
         if let Some(kept) = self.keep_existing(key, candidates) {
             return kept;
         }
@@ -469,6 +579,7 @@ impl ClusterState {
             pod.assignment = Some(assignment.clone());
             pod.reserved = Some(now);
             self.put_pod(key.clone(), pod);
+            self.holds.push_back((now, key.clone()));
         }
         FilterDecision {
             reservation: Some(Reservation {
@@ -479,6 +590,48 @@ impl ClusterState {
             }),
             misfits,
         }
+    }
+
+    /// Let go of placements held longer than [`HOLD_TTL`] that no bind (and no
+    /// annotation coming back through the watch) confirmed.
+    fn expire_holds(&mut self, now: Instant) {
+        while let Some((at, _)) = self.holds.front() {
+            if now.saturating_duration_since(*at) < HOLD_TTL {
+                break;
+            }
+            let Some((at, key)) = self.holds.pop_front() else {
+                break;
+            };
+            let Some(pod) = self.pods.get(&key) else {
+                continue;
+            };
+            if pod.reserved == Some(at) && !pod.bound {
+                tracing::info!(pod = %key, "placement held for a bind that never came; released");
+                self.release_hold(&key);
+            }
+        }
+    }
+
+    /// The binding of a held placement went through: the pod is bound (the watch will
+    /// show it; until then the cache keeps the placement as it is).
+    pub fn mark_bound(&mut self, key: &str) {
+        if let Some(pod) = self.pods.get_mut(key) {
+            pod.bound = true;
+        }
+    }
+
+    /// Let go of the placement held in memory for a pod (its bind failed). A placement
+    /// the cluster shows (annotations, or a binding) is not ours to drop.
+    pub fn release_hold(&mut self, key: &str) {
+        let Some(pod) = self.pods.get(key).filter(|p| p.reserved.is_some() && !p.bound) else {
+            return;
+        };
+        let mut released = pod.clone();
+        released.node = None;
+        released.assignment = None;
+        released.reserved = None;
+        let key: PodKey = key.into();
+        self.put_pod(key, released);
     }
 
     /// Undo a reservation whose recording failed.
@@ -573,6 +726,12 @@ fn fits_indices(assignment: &Assignment, gpu_count: usize) -> bool {
         .flat_map(|c| &c.gpus)
         .chain(held)
         .all(|&g| usize::from(g) < gpu_count)
+}
+
+/// A resourceVersion as a number: the API server's are etcd revisions, which only
+/// grow. `None` for any other form (then the newest event wins, as before).
+fn resource_version(quota: &GPUQuota) -> Option<u64> {
+    quota.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 fn quota_key(quota: &GPUQuota) -> (String, String) {

@@ -255,3 +255,82 @@ mod tests {
         );
     }
 }
+
+/// `ExtenderBindingArgs`: bind this pod (by namespace, name and uid) to this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtenderBindingArgs {
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub pod_uid: String,
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`: an empty `Error` means bound.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ExtenderBindingResult {
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+/// Longest name a Kubernetes object can have (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+impl ExtenderBindingArgs {
+    /// Decode a request body (keys in any letter case, as Go reads them); every field is
+    /// required and bounded.
+    pub fn from_json(body: &[u8]) -> Result<Self, String> {
+        let keys = ["PodName", "PodNamespace", "PodUID", "Node"];
+        let parts = object_parts("request", wire::text(body)?, keys)?;
+        let mut fields = keys.iter().zip(parts).map(|(key, raw)| {
+            let raw = raw.ok_or_else(|| format!("request has no {key}"))?;
+            let value: String = decode_raw(key, raw.get())?;
+            match value.len() {
+                0 => Err(format!("{key} is empty")),
+                n if n > MAX_NAME => Err(format!("{key} is {n} bytes long, over {MAX_NAME}")),
+                _ => Ok(value),
+            }
+        });
+        let mut next = || fields.next().unwrap_or_else(|| Err("missing field".into()));
+        Ok(ExtenderBindingArgs {
+            pod_name: next()?,
+            pod_namespace: next()?,
+            pod_uid: next()?,
+            node: next()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod binding_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn binding_args_read_in_any_letter_case() {
+        let body = br#"{"podname":"p","PODNAMESPACE":"team-a","PodUID":"u-1","Node":"n1"}"#;
+        let args = ExtenderBindingArgs::from_json(body).unwrap();
+        assert_eq!(
+            args,
+            ExtenderBindingArgs {
+                pod_name: "p".into(),
+                pod_namespace: "team-a".into(),
+                pod_uid: "u-1".into(),
+                node: "n1".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn binding_args_name_what_is_missing_or_too_long() {
+        let missing = ExtenderBindingArgs::from_json(br#"{"PodName":"p","PodNamespace":"a","Node":"n"}"#);
+        assert_eq!(missing.unwrap_err(), "request has no PodUID");
+        let long = format!(
+            r#"{{"PodName":"{}","PodNamespace":"a","PodUID":"u","Node":"n"}}"#,
+            "x".repeat(300)
+        );
+        let error = ExtenderBindingArgs::from_json(long.as_bytes()).unwrap_err();
+        assert!(error.contains("PodName is 300 bytes long"), "{error}");
+        let empty = ExtenderBindingArgs::from_json(br#"{"PodName":"p","PodNamespace":"a","PodUID":"","Node":"n"}"#);
+        assert_eq!(empty.unwrap_err(), "PodUID is empty");
+    }
+}

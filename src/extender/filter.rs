@@ -18,7 +18,7 @@ use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer, place};
 use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
-use crate::quota::reserve::{PodIdentity, Reserved, reserve, views_with_status};
+use crate::quota::reserve::{Ask, Reserved, views_with_status};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::api::{ExtenderArgs, ExtenderFilterResult, NodeItems, NodeReasons};
@@ -63,7 +63,14 @@ pub async fn filter(
         Err(SkipReason::NoGpu) => return (pass_all(args), FilterOutcome::Passthrough),
         Err(error) => return error_result(format!("pod {}: {error}", pod_key(&args.pod))),
     };
-    let (plan, decision) = match plan(cache, placer, args, offered) {
+    let key = pod_key(&args.pod);
+    // API mode: the cluster's copy of the pod is placed, never the caller's.
+    let subject = match cache.client() {
+        Some(_) => Subject::Known { uid: offered.uid },
+        None => Subject::Offered(offered),
+    };
+    let names = args.candidate_names();
+    let (plan, decision) = match plan(cache, placer, key, subject, &names) {
         Ok(planned) => planned,
         Err(error) => return error_result(error),
     };
@@ -79,7 +86,12 @@ pub async fn filter(
         tracing::info!(pod = %plan.key, %node, "kept its placement");
         return (with_passed(result, Some(&node), args), FilterOutcome::Kept);
     }
-    if let Err(refusal) = record(cache, config, &plan, &reservation).await {
+    // With the bind verb, the choice stays held in memory until the scheduler binds.
+    let recorded = match config.placement.bind_verb {
+        true => Ok(()),
+        false => record(cache, config, &plan, &reservation).await,
+    };
+    if let Err(refusal) = recorded {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
         cache.with_state(|state| state.rollback(&plan.key, reservation));
         let mut result = result;
@@ -95,47 +107,43 @@ pub async fn filter(
 }
 
 /// What the record step needs to know of the plan.
-struct Plan {
-    key: PodKey,
-    uid: String,
+pub(super) struct Plan {
+    pub key: PodKey,
+    pub uid: String,
     /// The GPU request of the pod placed: the cluster's copy in API mode.
-    request: GpuRequest,
+    pub request: GpuRequest,
     /// The pod accepts several models: its quota charge is taken at placement, for the
-    /// model of the node it gets (API mode: written to the ledger before answering).
-    charge_at_placement: Option<PlacementCharge>,
+    /// model of the node it gets (API mode: written to the ledger before the placement
+    /// is recorded).
+    pub charge_at_placement: Option<PlacementCharge>,
 }
 
-struct PlacementCharge {
-    amount: Milli,
-    node_model: Option<String>,
-    /// The namespace's quotas as the plan read them (the ledger write starts from them).
-    quotas: Vec<GPUQuota>,
+pub(super) struct PlacementCharge {
+    pub amount: Milli,
+    pub node_model: Option<String>,
+    /// The pod's creation second (the ledger's pending total it joins).
+    pub created: i64,
 }
 
-fn plan(
+/// Choose and hold a placement for the pod `subject` names among the nodes `names`,
+/// under the cache lock: the first half of both the filter and the bind verb.
+pub(super) fn plan(
     cache: &ClusterCache,
     placer: &LearningPlacer,
-    args: &ExtenderArgs,
-    offered: CachedPod,
+    key: PodKey,
+    subject: Subject,
+    names: &[&str],
 ) -> Result<(Plan, FilterDecision), String> {
-    let pod = &args.pod;
-    let key = pod_key(pod);
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let namespace = key.split_once('/').map_or("default", |(ns, _)| ns).to_string();
+    let namespace = namespace.as_str();
     let api_mode = cache.client().is_some();
-    // API mode: the cluster's copy of the pod is placed, never the caller's.
-    let uid = offered.uid.to_string();
-    let subject = if api_mode {
-        Subject::Known { uid: offered.uid }
-    } else {
-        Subject::Offered(offered)
-    };
-    let names = args.candidate_names();
     let placer = placer.placer();
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
         let held = state
             .take_subject(&key, subject)
             .map_err(|e| e.to_string())?;
+        let uid = state.pod(&key).map(|p| p.uid.to_string()).unwrap_or_default();
         // Quota room is checked at placement only for a pod that accepts several models
         // (the others were charged at admission): only then read the ledger (offline, that
         // counts the namespace's pods).
@@ -146,12 +154,8 @@ fn plan(
         let several =
             WantedModels::resolve(own, limits.default_type.as_ref(), &limits.models).len() >= 2;
         let quota_applies = limits.has_quota && several;
-        let quotas: Vec<GPUQuota> = match quota_applies {
-            true => state.namespace_quotas(namespace).cloned().collect(),
-            false => Vec::new(),
-        };
         let views = match quota_applies {
-            true => ledger_views(&quotas, state, namespace, api_mode),
+            true => ledger_views(state, namespace, api_mode),
             false => Ok(Vec::new()),
         };
         let context = Choice {
@@ -160,23 +164,20 @@ fn plan(
             limits: &limits,
             views: &views,
         };
-        let mut chosen = None;
         let decision = state.place_subject(
             &key,
             held,
-            &names,
-            |cached, candidates| {
-                let (outcome, charge) = context.choose(cached, candidates);
-                chosen = Some((cached.request.clone(), charge));
-                outcome
-            },
+            names,
+            |cached, candidates| context.choose(cached, candidates),
             Instant::now(),
         );
-        let (request, charge) = chosen.unwrap_or_default();
-        let charge_at_placement = charge.map(|(amount, node_model)| PlacementCharge {
-            amount,
-            node_model,
-            quotas,
+        let pod = state.pod(&key);
+        let request = pod.map(|p| p.request.clone()).unwrap_or_default();
+        let node = decision.reservation.as_ref().map(|r| &*r.node);
+        let charge_at_placement = quota_applies.then(|| PlacementCharge {
+            amount: amount_of(&request),
+            node_model: node.and_then(|n| Some(state.node(n)?.model.as_deref()?.to_string())),
+            created: pod.map_or(0, |p| p.created),
         });
         let plan = Plan {
             key,
@@ -199,14 +200,8 @@ struct Choice<'a> {
 }
 
 impl Choice<'_> {
-    /// The policy's choice among `candidates` for the cluster's copy of the pod, and
-    /// for a pod that accepts several models, the charge its placement takes (amount,
-    /// and the chosen node's model).
-    fn choose(
-        &self,
-        pod: &CachedPod,
-        candidates: &[&NodeGpus],
-    ) -> (Outcome, Option<(Milli, Option<String>)>) {
+    /// The policy's choice among `candidates` for the cluster's copy of the pod.
+    fn choose(&self, pod: &CachedPod, candidates: &[&NodeGpus]) -> Outcome {
         let limits = self.limits;
         let wanted =
             WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
@@ -214,7 +209,7 @@ impl Choice<'_> {
             applies: self.quota_applies,
             views: self.views,
         };
-        let outcome = place(
+        place(
             self.placer,
             &pod.request,
             candidates.iter().copied(),
@@ -224,13 +219,7 @@ impl Choice<'_> {
                     .and_then(|()| pool_admits(&limits.pools, node))
                     .and_then(|()| quota.room_on(node, &pod.request))
             },
-        );
-        let charge = quota.applies.then(|| {
-            let chosen = outcome.chosen.as_ref();
-            let model = chosen.and_then(|(i, _)| candidates[*i].model.as_deref());
-            (amount_of(&pod.request), model.map(str::to_string))
-        });
-        (outcome, charge)
+        )
     }
 }
 
@@ -264,22 +253,22 @@ impl PlacementQuota<'_> {
 /// The namespace's quotas as the ledger sees them: API mode, `status.used`
 /// (reservations included); offline, counted from the pods.
 fn ledger_views(
-    quotas: &[GPUQuota],
     state: &ClusterState,
     namespace: &str,
     api_mode: bool,
 ) -> Result<Vec<QuotaView>, String> {
     if api_mode {
-        views_with_status(quotas).map_err(|e| e.to_string())
+        let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
+        views_with_status(&quotas).map_err(|e| e.to_string())
     } else {
         state.quota_views(namespace)
     }
 }
 
 /// Why a placement could not be recorded: the text goes to the node's reason.
-struct Refusal {
-    reason: String,
-    outcome: FilterOutcome,
+pub(super) struct Refusal {
+    pub reason: String,
+    pub outcome: FilterOutcome,
 }
 
 /// API mode: charge a multi-model pod to its node's model in the GPUQuota ledger (the
@@ -291,12 +280,12 @@ async fn record(
     plan: &Plan,
     reservation: &Reservation,
 ) -> Result<(), Refusal> {
-    let Some(client) = cache.client() else {
+    if cache.client().is_none() {
         return Ok(()); // offline: the reservation in memory is the record
-    };
+    }
     let (namespace, name) = plan.key.split_once('/').unwrap_or(("default", &plan.key));
     if let Some(charge) = &plan.charge_at_placement {
-        charge_ledger(&client, config, namespace, name, &plan.uid, charge).await?;
+        charge_ledger(cache, config, namespace, charge).await?;
     }
     let annotations = annotations(
         &cache.projection().keys,
@@ -312,38 +301,30 @@ async fn record(
         })
 }
 
-async fn charge_ledger(
-    client: &kube::Client,
+/// API mode: charge a multi-model pod to its node's model in the GPUQuota ledger.
+pub(super) async fn charge_ledger(
+    cache: &ClusterCache,
     config: &Config,
     namespace: &str,
-    name: &str,
-    uid: &str,
     charge: &PlacementCharge,
 ) -> Result<(), Refusal> {
-    let wanted = WantedModels {
-        models: vec![charge.node_model.clone().unwrap_or_default()],
-        source: ModelSource::Annotation,
+    let Some(ledger) = cache.ledger() else {
+        return Ok(());
     };
-    let rules = AdmitRules {
-        untyped: config.untyped_pods,
-        quota_required: config.quota_required,
+    let ask = Ask {
+        wanted: WantedModels {
+            models: vec![charge.node_model.clone().unwrap_or_default()],
+            source: ModelSource::Annotation,
+        },
+        amount: charge.amount,
+        rules: AdmitRules {
+            untyped: config.untyped_pods,
+            quota_required: config.quota_required,
+        },
+        created: charge.created,
+        dry_run: false,
     };
-    let identity = PodIdentity {
-        name: name.to_string(),
-        uid: uid.to_string(),
-    };
-    let reserved = reserve(
-        client,
-        Some(charge.quotas.clone()),
-        namespace,
-        &wanted,
-        charge.amount,
-        rules,
-        &identity,
-        false,
-    )
-    .await;
-    match reserved {
+    match ledger.reserve(cache, namespace, ask).await {
         Ok(Reserved::Yes) => Ok(()),
         Ok(Reserved::Denied(denial)) => Err(Refusal {
             reason: denial.to_string(),

@@ -61,17 +61,37 @@ fn gpu_amounts(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuQuotaStatus {
-    /// GPUs per model in use, including reservations of pods being created.
+    /// GPUs per model in use, including the charges of pods being created.
     #[serde(default)]
     #[schemars(schema_with = "gpu_amounts")]
     pub used: BTreeMap<String, Quantity>,
-    /// Admitted pods the reconciler has not seen yet; each is part of `used` until the
-    /// pod shows up (then it counts as a pod) or the reservation expires (never created).
+    /// Charges of admitted pods, totalled by the second each pod was created and its
+    /// model: part of `used` until the reconciler sees the pods (then they count as pods)
+    /// or the total expires (pods never created). A handful of entries however many pods
+    /// are being created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<PendingCharges>,
+    /// Per-pod reservations written by earlier versions; read (until they expire) so an
+    /// upgrade releases nothing in flight, never written any more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<QuotaReservation>,
 }
 
-/// One admitted pod's charge, held until the pod itself is seen.
+/// The charges of the pods created in one second, for one model (see `quota::pending`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingCharges {
+    /// The pods' `creationTimestamp` (RFC 3339, whole seconds).
+    pub created: String,
+    pub model: String,
+    #[schemars(schema_with = "gpu_amount")]
+    pub amount: Quantity,
+    /// How many pods the amount is for.
+    #[serde(default)]
+    pub pods: u32,
+}
+
+/// One admitted pod's charge, as versions before `pending` recorded it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaReservation {
@@ -146,6 +166,7 @@ impl NamespaceLimits {
 }
 
 pub mod ledger;
+pub mod pending;
 #[cfg(test)]
 mod ledger_tests;
 pub mod legacy;

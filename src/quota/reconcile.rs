@@ -1,6 +1,7 @@
 //! API mode: keep `GPUQuota.status` true. Periodically, and soon after a pod leaves,
-//! recompute `used` from the pods the cache holds plus the reservations of admitted
-//! pods it has not seen yet; release what finished, deleted or never-created pods held.
+//! recompute `used` from the pods the cache holds plus the pending charges of admitted
+//! pods it has not seen yet (`quota::pending`); release what finished, deleted or
+//! never-created pods held.
 //! Writes carry the resourceVersion read, so a concurrent admission is never undone.
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::ClusterCache;
 
 use super::GPUQuota;
+use super::pending::PENDING_TTL;
 use super::reserve::{reconciled_status, replace_status};
 
 pub async fn run(
@@ -54,7 +56,8 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
                 break;
             };
             match replace_status(&api, &updated).await {
-                Ok(()) => {
+                Ok(stored) => {
+                    cache.with_state(|state| state.apply_quota(stored));
                     written += 1;
                     break;
                 }
@@ -81,12 +84,25 @@ fn reconciled(
     cache.with_state(|state| {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
         let usage = state.quota_usage(quota);
-        let seen = |name: &str, uid: &str| {
+        let since = now.unix_timestamp() - PENDING_TTL.as_secs() as i64;
+        let seen = state.seen_charges(namespace, since);
+        let seen = |created: i64, model: &str| {
+            seen.get(&(created, model.to_string()))
+                .copied()
+                .unwrap_or_default()
+        };
+        let seen_pod = |name: &str, uid: &str| {
             state
                 .pod(&format!("{namespace}/{name}"))
                 .is_some_and(|pod| uid.is_empty() || &*pod.uid == uid)
         };
-        let status = reconciled_status(quota, &usage, seen, now);
+        let status = match reconciled_status(quota, &usage, seen, seen_pod, now) {
+            Ok(status) => status,
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "cannot reconcile GPUQuota status");
+                return None;
+            }
+        };
         (quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
             updated.status = Some(status);

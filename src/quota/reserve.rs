@@ -1,33 +1,49 @@
-//! API mode: reserve a pod's charge in `GPUQuota.status` before admitting it, with
-//! optimistic concurrency (write with the resourceVersion read, retry on conflict) —
-//! how Kubernetes' own ResourceQuota admission avoids over-admission across replicas.
+//! API mode: the GPUQuota ledger. A pod's charge is written into `GPUQuota.status`
+//! before it is admitted, with optimistic concurrency — the decision is made on the
+//! watch's copy of the quota and written with its resourceVersion; a conflict means
+//! another writer went first, so read fresh and decide again — which is how Kubernetes'
+//! own ResourceQuota admission stays exact across replicas.
+//!
+//! Concurrent charges in one namespace are decided together and written once per quota
+//! (group commit): while one write is in flight the next charges queue, and the next
+//! write carries all of them. The status keeps running totals of pending charges
+//! (`quota::pending`), so a write costs the same however many pods are being created.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use foldhash::HashMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
+use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 
-use super::ledger::{AdmitRules, Charge, Denial, QuotaView, admit};
+use super::ledger::{AdmitRules, Charge, Denial, ModelAmounts, QuotaView, admit};
+use super::pending::{CreatedSecond, Pending};
 use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
 
-/// How long an admitted pod that never shows up keeps its reservation.
-pub const RESERVATION_TTL: Duration = Duration::from_secs(120);
-const ATTEMPTS: usize = 8;
+/// How long one charge may keep losing write races before it is answered with an error
+/// (then the API server's failure policy decides). Webhook calls time out at 10 s.
+const COMMIT_DEADLINE: Duration = Duration::from_secs(8);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReserveError {
     #[error("GPUQuota API call failed: {0}")]
     Api(#[from] kube::Error),
-    #[error("GPUQuota {0} kept changing; gave up after {ATTEMPTS} attempts")]
+    #[error("GPUQuotas in namespace {0} kept changing; gave up after {secs} s", secs = COMMIT_DEADLINE.as_secs())]
     Contended(String),
     #[error("GPUQuota {quota}: {reason}")]
     Invalid { quota: String, reason: String },
+    #[error("writing GPUQuota charges failed: {0}")]
+    Write(String),
+    #[error("the quota ledger stopped before answering")]
+    Abandoned,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,82 +52,361 @@ pub enum Reserved {
     Denied(Denial),
 }
 
-/// Who the reservation is for (validating admission sees the final name and uid).
+/// One charge to decide: what the pod wants, how much, and which pending total it joins.
 #[derive(Debug, Clone)]
-pub struct PodIdentity {
-    pub name: String,
-    pub uid: String,
+pub struct Ask {
+    pub wanted: WantedModels,
+    pub amount: Milli,
+    pub rules: AdmitRules,
+    /// The pod's `creationTimestamp` in unix seconds (its pending total).
+    pub created: CreatedSecond,
+    /// Evaluate only (`dryRun`): nothing is written.
+    pub dry_run: bool,
 }
 
-impl PodIdentity {
-    pub fn of(pod: &Pod) -> Self {
-        PodIdentity {
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-        }
+type Answer = Result<Reserved, ReserveError>;
+
+struct Waiting {
+    ask: Ask,
+    reply: oneshot::Sender<Answer>,
+}
+
+impl Waiting {
+    fn answer(self, answer: Answer) {
+        let _ = self.reply.send(answer); // the caller may have gone (client timeout)
     }
 }
 
-/// Decide and, for a pod charged to one model, write the charge into every quota that
-/// lists the model before answering. The first try decides on `cached` (the watch's
-/// copies, when given) and writes with their resourceVersion, so a stale copy can only
-/// cost a conflict, never an over-admission; after a conflict, and before any denial,
-/// the quotas are read fresh from the API server.
-#[allow(clippy::too_many_arguments)]
-pub async fn reserve(
-    client: &Client,
-    cached: Option<Vec<GPUQuota>>,
+#[derive(Default)]
+struct Lane {
+    queue: Vec<Waiting>,
+    draining: bool,
+}
+
+/// The ledger writer of one gpu-admission process: one lane of queued charges per
+/// namespace, drained by one task at a time.
+pub struct Ledger {
+    client: Client,
+    lanes: Mutex<HashMap<String, Lane>>,
+}
+
+impl Ledger {
+    pub fn new(client: Client) -> Arc<Self> {
+        Arc::new(Ledger {
+            client,
+            lanes: Mutex::new(HashMap::default()),
+        })
+    }
+
+    /// Decide `ask` for a pod in `namespace` and, when it is charged to one model, write
+    /// the charge into every quota that lists the model before answering.
+    pub async fn reserve(self: &Arc<Self>, cache: &ClusterCache, namespace: &str, ask: Ask) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut lanes = self.lanes.lock();
+            let lane = lanes.entry(namespace.to_string()).or_default();
+            lane.queue.push(Waiting { ask, reply });
+            !std::mem::replace(&mut lane.draining, true)
+        };
+        if start {
+            // A task of its own: the caller's request may be cancelled mid-write, the
+            // charges of the others it carries must not be.
+            let (ledger, cache, namespace) = (self.clone(), cache.clone(), namespace.to_string());
+            tokio::spawn(async move { ledger.drain(&cache, &namespace).await });
+        }
+        answer.await.unwrap_or(Err(ReserveError::Abandoned))
+    }
+
+    async fn drain(&self, cache: &ClusterCache, namespace: &str) {
+        loop {
+            let batch = {
+                let mut lanes = self.lanes.lock();
+                let Some(lane) = lanes.get_mut(namespace) else {
+                    return;
+                };
+                if lane.queue.is_empty() {
+                    lanes.remove(namespace);
+                    return;
+                }
+                std::mem::take(&mut lane.queue)
+            };
+            let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
+            commit(&api, cache, namespace, batch).await;
+        }
+    }
+
+    /// Take back a charge this ledger wrote for a pod whose placement then failed.
+    pub async fn release(
+        &self,
+        cache: &ClusterCache,
+        namespace: &str,
+        model: &str,
+        amount: Milli,
+        created: CreatedSecond,
+    ) -> Result<(), ReserveError> {
+        let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
+        let listing: Vec<String> = cache.with_state(|state| {
+            state
+                .namespace_quotas(namespace)
+                .filter(|q| q.spec.hard.contains_key(model))
+                .filter_map(|q| q.metadata.name.clone())
+                .collect()
+        });
+        for name in listing {
+            release_one(&api, cache, &name, &[(model, amount, created)]).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A charge decided in this round, waiting for its write.
+struct Decided {
+    waiting: Waiting,
+    model: String,
+}
+
+/// Decide and write one batch, retrying on fresh data until every charge is answered.
+async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batch: Vec<Waiting>) {
+    let deadline = Instant::now() + COMMIT_DEADLINE;
+    let mut waiting = batch;
+    let mut fresh = false;
+    while !waiting.is_empty() {
+        if Instant::now() >= deadline {
+            for w in waiting {
+                w.answer(Err(ReserveError::Contended(namespace.to_string())));
+            }
+            return;
+        }
+        let quotas = match read_quotas(api, cache, namespace, fresh).await {
+            Ok(quotas) => quotas,
+            Err(error) => return answer_all(waiting, &error),
+        };
+        let mut views = match views_with_status(&quotas) {
+            Ok(views) => views,
+            Err(error) => return answer_all(waiting, &error),
+        };
+        let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh);
+        waiting = retry;
+        if decided.is_empty() {
+            fresh = true;
+            continue;
+        }
+        let started = Instant::now();
+        match write_round(api, cache, &quotas, &decided).await {
+            Ok(true) => {
+                tracing::debug!(
+                    namespace, charges = decided.len(), fresh,
+                    write_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "quota charges written"
+                );
+                for d in decided {
+                    d.waiting.answer(Ok(Reserved::Yes));
+                }
+            }
+            // Someone else wrote first: decide these again on fresh data.
+            Ok(false) => waiting.extend(decided.into_iter().map(|d| d.waiting)),
+            Err(error) => {
+                let error = error.to_string();
+                for d in decided {
+                    d.waiting.answer(Err(ReserveError::Write(error.clone())));
+                }
+            }
+        }
+        fresh = true;
+    }
+}
+
+fn answer_all(waiting: Vec<Waiting>, error: &ReserveError) {
+    let reason = error.to_string();
+    for w in waiting {
+        w.answer(Err(ReserveError::Write(reason.clone())));
+    }
+}
+
+/// The namespace's quotas: the cache's copies (the watch's, or our own last writes), or
+/// read from the API server when `fresh` (and then put in the cache).
+async fn read_quotas(
+    api: &Api<GPUQuota>,
+    cache: &ClusterCache,
     namespace: &str,
-    wanted: &WantedModels,
-    amount: Milli,
-    rules: AdmitRules,
-    pod: &PodIdentity,
-    dry_run: bool,
-) -> Result<Reserved, ReserveError> {
-    let api: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
-    let mut cached = cached;
-    for attempt in 0..ATTEMPTS {
-        let started = std::time::Instant::now();
-        let (quotas, fresh) = match cached.take() {
-            Some(quotas) => (quotas, false),
-            None => (api.list(&Default::default()).await?.items, true),
-        };
-        let listed = started.elapsed();
-        let views = views_with_status(&quotas)?;
-        let model = match admit(namespace, &views, wanted, amount, rules) {
-            Err(denial) if fresh => return Ok(Reserved::Denied(denial)),
-            Err(_) => continue, // never deny on a possibly stale copy
-            Ok(Charge::Model { .. }) if dry_run => return Ok(Reserved::Yes),
-            Ok(Charge::Model { model, .. }) => model,
-            Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => return Ok(Reserved::Yes),
-        };
-        let written = write_all(&api, &quotas, &model, amount, pod).await?;
-        tracing::debug!(
-            namespace, pod = %pod.name, attempt, fresh, written,
-            list_ms = listed.as_secs_f64() * 1e3,
-            total_ms = started.elapsed().as_secs_f64() * 1e3,
-            "quota reservation"
-        );
-        match written {
-            true => return Ok(Reserved::Yes),
-            false => continue, // someone else wrote first: decide again on fresh data
-        }
+    fresh: bool,
+) -> Result<Vec<GPUQuota>, ReserveError> {
+    if !fresh {
+        return Ok(cache.with_state(|state| state.namespace_quotas(namespace).cloned().collect()));
     }
-    Err(ReserveError::Contended(format!("{namespace}/*")))
+    let quotas = api.list(&Default::default()).await?.items;
+    cache.with_state(|state| quotas.iter().for_each(|q| state.apply_quota(q.clone())));
+    Ok(quotas)
 }
 
-/// Quota views whose `used` is what the status says (reservations included).
+/// Decide every waiting charge in arrival order, each seeing the ones before it. A
+/// denial is final only on fresh data (a stale copy may still count a pod that has
+/// gone); otherwise it is tried again. Returns the charges to write and those to retry.
+fn decide_round(
+    namespace: &str,
+    views: &mut [QuotaView],
+    waiting: Vec<Waiting>,
+    fresh: bool,
+) -> (Vec<Decided>, Vec<Waiting>) {
+    let (mut decided, mut retry) = (Vec::new(), Vec::new());
+    for w in waiting {
+        let ask = &w.ask;
+        match admit(namespace, views, &ask.wanted, ask.amount, ask.rules) {
+            Err(_) if !fresh => retry.push(w),
+            Err(denial) => w.answer(Ok(Reserved::Denied(denial))),
+            Ok(Charge::Model { .. }) if ask.dry_run => w.answer(Ok(Reserved::Yes)),
+            Ok(Charge::Model { model, amount }) => {
+                add_used(views, &model, amount);
+                decided.push(Decided { waiting: w, model });
+            }
+            Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => w.answer(Ok(Reserved::Yes)),
+        }
+    }
+    (decided, retry)
+}
+
+fn add_used(views: &mut [QuotaView], model: &str, amount: Milli) {
+    for view in views.iter_mut().filter(|v| v.hard.contains_key(model)) {
+        let used = view.used.entry(model.to_string()).or_default();
+        used.0 = used.0.saturating_add(amount.0);
+    }
+}
+
+/// Write the round's charges into each quota listing one of their models, in name order,
+/// each with the resourceVersion it was decided on. `Ok(false)` on a conflict, after the
+/// quotas already written were given their charges back.
+async fn write_round(
+    api: &Api<GPUQuota>,
+    cache: &ClusterCache,
+    quotas: &[GPUQuota],
+    decided: &[Decided],
+) -> Result<bool, ReserveError> {
+    let charges: Vec<(&str, Milli, CreatedSecond)> = decided
+        .iter()
+        .map(|d| (d.model.as_str(), d.waiting.ask.amount, d.waiting.ask.created))
+        .collect();
+    let mut listing: Vec<&GPUQuota> = quotas
+        .iter()
+        .filter(|q| charges.iter().any(|(m, ..)| q.spec.hard.contains_key(*m)))
+        .collect();
+    listing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut written: Vec<String> = Vec::new();
+    for quota in listing {
+        let updated = with_charges(quota, &charges, Direction::Add)?;
+        match replace_status(api, &updated).await {
+            Ok(stored) => {
+                written.push(stored.metadata.name.clone().unwrap_or_default());
+                cache.with_state(|state| state.apply_quota(stored));
+            }
+            // 409: stale resourceVersion; 404: the quota is gone. Decide again, fresh.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+                for name in &written {
+                    release_one(api, cache, name, &charges).await?;
+                }
+                return Ok(false);
+            }
+            Err(error) => {
+                for name in &written {
+                    let _ = release_one(api, cache, name, &charges).await;
+                }
+                return Err(error.into());
+            }
+        }
+    }
+    Ok(true)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Add,
+    Remove,
+}
+
+/// `quota` with `charges` (model, amount, pod's creation second) added to (or taken
+/// from) `used` and the pending totals, for the models it lists.
+fn with_charges(
+    quota: &GPUQuota,
+    charges: &[(&str, Milli, CreatedSecond)],
+    direction: Direction,
+) -> Result<GPUQuota, ReserveError> {
+    let mut updated = quota.clone();
+    let status = updated.status.get_or_insert_with(GpuQuotaStatus::default);
+    let mut pending = Pending::from_status(&status.pending).map_err(|e| ReserveError::Invalid {
+        quota: quota_name(quota),
+        reason: e.to_string(),
+    })?;
+    for &(model, amount, created) in charges {
+        if !quota.spec.hard.contains_key(model) {
+            continue;
+        }
+        let used = status
+            .used
+            .get(model)
+            .and_then(|q| Milli::parse(&q.0).ok())
+            .unwrap_or_default();
+        let used = match direction {
+            Direction::Add => {
+                pending.add(created, model, amount, 1);
+                used.0.saturating_add(amount.0)
+            }
+            Direction::Remove => {
+                pending.remove(created, model, amount);
+                used.0.saturating_sub(amount.0)
+            }
+        };
+        status
+            .used
+            .insert(model.to_string(), Quantity(Milli(used).to_string()));
+    }
+    status.pending = pending.to_status();
+    Ok(updated)
+}
+
+/// Write `quota.status` with the resourceVersion it was read at (409 when stale).
+pub async fn replace_status(api: &Api<GPUQuota>, quota: &GPUQuota) -> Result<GPUQuota, kube::Error> {
+    let name = quota.metadata.name.clone().unwrap_or_default();
+    api.replace_status(&name, &PostParams::default(), quota).await
+}
+
+/// Take `charges` back out of one quota, reading it fresh until the write goes through.
+async fn release_one(
+    api: &Api<GPUQuota>,
+    cache: &ClusterCache,
+    name: &str,
+    charges: &[(&str, Milli, CreatedSecond)],
+) -> Result<(), ReserveError> {
+    let deadline = Instant::now() + COMMIT_DEADLINE;
+    while Instant::now() < deadline {
+        let quota = api.get(name).await?;
+        let updated = with_charges(&quota, charges, Direction::Remove)?;
+        match replace_status(api, &updated).await {
+            Ok(stored) => {
+                cache.with_state(|state| state.apply_quota(stored));
+                return Ok(());
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(ReserveError::Contended(name.to_string()))
+}
+
+fn quota_name(quota: &GPUQuota) -> String {
+    format!(
+        "{}/{}",
+        quota.metadata.namespace.as_deref().unwrap_or_default(),
+        quota.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Quota views whose `used` is what the status says (pending charges included).
 pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, ReserveError> {
     quotas
         .iter()
         .map(|quota| {
-            let name = format!(
-                "{}/{}",
-                quota.metadata.namespace.as_deref().unwrap_or_default(),
-                quota.metadata.name.as_deref().unwrap_or_default()
-            );
             let invalid = |reason: String| ReserveError::Invalid {
-                quota: name.clone(),
+                quota: quota_name(quota),
                 reason,
             };
             let mut view = QuotaView::from_crd(quota).map_err(invalid)?;
@@ -125,241 +420,54 @@ pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, ReserveE
         .collect()
 }
 
-/// Add the charge to each quota listing `model`, in name order. `Ok(false)` on a write
-/// conflict, after undoing the quotas already written.
-async fn write_all(
-    api: &Api<GPUQuota>,
-    quotas: &[GPUQuota],
-    model: &str,
-    amount: Milli,
-    pod: &PodIdentity,
-) -> Result<bool, ReserveError> {
-    let mut listing: Vec<&GPUQuota> = quotas
-        .iter()
-        .filter(|q| q.spec.hard.contains_key(model))
-        .collect();
-    listing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut written: Vec<String> = Vec::new();
-    for quota in listing {
-        let updated = with_charge(quota, model, amount, pod);
-        match replace_status(api, &updated).await {
-            Ok(()) => written.push(updated.metadata.name.clone().unwrap_or_default()),
-            // 409: stale resourceVersion; 404: the quota is gone. Decide again, fresh.
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
-                for name in &written {
-                    release(api, name, pod).await?;
-                }
-                return Ok(false);
-            }
-            Err(error) => {
-                for name in &written {
-                    let _ = release(api, name, pod).await;
-                }
-                return Err(error.into());
-            }
-        }
-    }
-    Ok(true)
-}
-
-fn with_charge(quota: &GPUQuota, model: &str, amount: Milli, pod: &PodIdentity) -> GPUQuota {
-    let mut updated = quota.clone();
-    let status = updated.status.get_or_insert_with(GpuQuotaStatus::default);
-    let used = status
-        .used
-        .get(model)
-        .and_then(|q| Milli::parse(&q.0).ok())
-        .unwrap_or_default();
-    status.used.insert(
-        model.to_string(),
-        Quantity(Milli(used.0 + amount.0).to_string()),
-    );
-    let expires = time::OffsetDateTime::now_utc() + RESERVATION_TTL;
-    status.reservations.push(QuotaReservation {
-        pod: pod.name.clone(),
-        uid: pod.uid.clone(),
-        model: model.to_string(),
-        amount: Quantity(amount.to_string()),
-        expires: expires
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default(),
-    });
-    updated
-}
-
-/// Write `quota.status` with the resourceVersion it was read at (409 when stale).
-pub async fn replace_status(api: &Api<GPUQuota>, quota: &GPUQuota) -> Result<(), kube::Error> {
-    let name = quota.metadata.name.clone().unwrap_or_default();
-    api.replace_status(&name, &PostParams::default(), quota)
-        .await
-        .map(drop)
-}
-
-/// Take a pod's reservation back out of one quota (after a partial multi-quota write).
-async fn release(api: &Api<GPUQuota>, name: &str, pod: &PodIdentity) -> Result<(), ReserveError> {
-    for _ in 0..ATTEMPTS {
-        let mut quota = api.get(name).await?;
-        let Some(status) = quota.status.as_mut() else {
-            return Ok(());
-        };
-        let Some(index) = status
-            .reservations
-            .iter()
-            .position(|r| r.pod == pod.name && r.uid == pod.uid)
-        else {
-            return Ok(());
-        };
-        let reservation = status.reservations.remove(index);
-        let amount = Milli::parse(&reservation.amount.0).unwrap_or_default();
-        let used = status
-            .used
-            .get(&reservation.model)
-            .and_then(|q| Milli::parse(&q.0).ok())
-            .unwrap_or_default();
-        status.used.insert(
-            reservation.model,
-            Quantity(Milli(used.0.saturating_sub(amount.0)).to_string()),
-        );
-        match replace_status(api, &quota).await {
-            Ok(()) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Err(ReserveError::Contended(name.to_string()))
-}
-
-/// The status the reconciler wants: usage from the pods it sees, plus reservations of
-/// pods it has not seen yet that have not expired. `pod_usage` is what this quota
-/// reports of its namespace's usage ([`reported_usage`](super::ledger::reported_usage)):
-/// its own models, and any no quota lists. `seen(name, uid)` says whether a pod is in
-/// the cache.
+/// The status the reconciler wants: usage from the pods it sees (`pod_usage`, what this
+/// quota reports of its namespace's usage), plus what the pending totals hold beyond
+/// the pods seen created in their second (`seen`, per second and model: see
+/// `quota::pending`), plus reservations of earlier versions for pods not seen yet that
+/// have not expired (`seen_pod(name, uid)`).
 pub fn reconciled_status(
     quota: &GPUQuota,
-    pod_usage: &BTreeMap<String, Milli>,
-    seen: impl Fn(&str, &str) -> bool,
+    pod_usage: &ModelAmounts,
+    seen: impl Fn(CreatedSecond, &str) -> Milli,
+    seen_pod: impl Fn(&str, &str) -> bool,
     now: time::OffsetDateTime,
-) -> GpuQuotaStatus {
+) -> Result<GpuQuotaStatus, ReserveError> {
     let current = quota.status.clone().unwrap_or_default();
-    let pending: Vec<QuotaReservation> = current
+    let pending = Pending::from_status(&current.pending).map_err(|e| ReserveError::Invalid {
+        quota: quota_name(quota),
+        reason: e.to_string(),
+    })?;
+    let (in_flight, kept) = pending.settle(|key| seen(key.created, key.model), now.unix_timestamp());
+    let legacy: Vec<QuotaReservation> = current
         .reservations
         .into_iter()
-        .filter(|r| !seen(&r.pod, &r.uid))
+        .filter(|r| !seen_pod(&r.pod, &r.uid))
         .filter(|r| {
             time::OffsetDateTime::parse(&r.expires, &time::format_description::well_known::Rfc3339)
                 .is_ok_and(|expires| expires > now)
         })
         .collect();
-    let mut used = pod_usage.clone();
+    let mut used: BTreeMap<String, Milli> = pod_usage.clone();
     for model in quota.spec.hard.keys() {
         used.entry(model.clone()).or_default();
     }
-    for reservation in &pending {
-        let amount = Milli::parse(&reservation.amount.0).unwrap_or_default();
-        let entry = used.entry(reservation.model.clone()).or_default();
-        entry.0 += amount.0;
+    let legacy_amounts = legacy
+        .iter()
+        .map(|r| (r.model.clone(), Milli::parse(&r.amount.0).unwrap_or_default()));
+    for (model, amount) in in_flight.into_iter().chain(legacy_amounts) {
+        let entry = used.entry(model).or_default();
+        entry.0 = entry.0.saturating_add(amount.0);
     }
-    GpuQuotaStatus {
+    Ok(GpuQuotaStatus {
         used: used
             .into_iter()
             .map(|(m, a)| (m, Quantity(a.to_string())))
             .collect(),
-        reservations: pending,
-    }
+        pending: kept.to_status(),
+        reservations: legacy,
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    fn quota_with(reservations: &[(&str, &str, &str, &str)]) -> GPUQuota {
-        let mut quota = GPUQuota::new(
-            "default",
-            super::super::GpuQuotaSpec {
-                hard: [("T4".to_string(), Quantity("4".into()))].into(),
-                pools: vec![],
-                default_type: None,
-            },
-        );
-        quota.metadata.namespace = Some("team-a".into());
-        quota.status = Some(GpuQuotaStatus {
-            used: [("T4".to_string(), Quantity("9".into()))].into(),
-            reservations: reservations
-                .iter()
-                .map(|(pod, uid, amount, expires)| QuotaReservation {
-                    pod: pod.to_string(),
-                    uid: uid.to_string(),
-                    model: "T4".into(),
-                    amount: Quantity(amount.to_string()),
-                    expires: expires.to_string(),
-                })
-                .collect(),
-        });
-        quota
-    }
-
-    #[test]
-    fn reconciled_status_counts_pods_plus_unseen_unexpired_reservations() {
-        let now = time::OffsetDateTime::parse(
-            "2026-11-22T10:00:00Z",
-            &time::format_description::well_known::Rfc3339,
-        )
-        .unwrap();
-        let quota = quota_with(&[
-            ("created", "u1", "1", "2026-11-22T10:01:00Z"), // seen in the cache: counted as a pod
-            ("in-flight", "u2", "0.5", "2026-11-22T10:01:00Z"), // not seen, fresh: kept
-            ("never-made", "u3", "2", "2026-11-22T09:59:00Z"), // not seen, expired: released
-        ]);
-        let pods: BTreeMap<String, Milli> = [("T4".to_string(), Milli(1500))].into();
-        let status = reconciled_status(
-            &quota,
-            &pods,
-            |name, uid| name == "created" && uid == "u1",
-            now,
-        );
-        assert_eq!(
-            status.used,
-            [("T4".to_string(), Quantity("2".into()))].into()
-        );
-        assert_eq!(status.reservations.len(), 1);
-        assert_eq!(status.reservations[0].pod, "in-flight");
-    }
-
-    #[test]
-    fn reconciled_status_shows_use_of_a_model_no_quota_lists() {
-        // A pod charged to A100 in a namespace whose quotas list only T4 got around
-        // admission; its use shows (against a quota of zero) instead of vanishing.
-        let now = time::OffsetDateTime::now_utc();
-        let quota = quota_with(&[]);
-        let pods: BTreeMap<String, Milli> = [("A100".to_string(), Milli(1000))].into();
-        let status = reconciled_status(&quota, &pods, |_, _| true, now);
-        assert_eq!(
-            status.used,
-            [
-                ("A100".to_string(), Quantity("1".into())),
-                ("T4".to_string(), Quantity("0".into()))
-            ]
-            .into()
-        );
-    }
-
-    #[test]
-    fn with_charge_adds_to_used_and_records_the_reservation() {
-        let quota = quota_with(&[]);
-        let pod = PodIdentity {
-            name: "p".into(),
-            uid: "u".into(),
-        };
-        let updated = with_charge(&quota, "T4", Milli(500), &pod);
-        let status = updated.status.unwrap();
-        assert_eq!(status.used["T4"], Quantity("9.5".into()));
-        assert_eq!(
-            (
-                status.reservations[0].pod.as_str(),
-                status.reservations[0].amount.0.as_str()
-            ),
-            ("p", "0.5")
-        );
-    }
-}
+#[path = "reserve_tests.rs"]
+mod tests;

@@ -21,7 +21,8 @@ use axum::routing::{get, post};
 use crate::cache::ClusterCache;
 use crate::config::Config;
 use crate::extender::volcano::{PredicateArgs, predicate};
-use crate::extender::{ExtenderArgs, filter};
+use crate::extender::api::ExtenderBindingArgs;
+use crate::extender::{ExtenderArgs, bind, filter};
 use crate::metrics::Metrics;
 use crate::placement::learn::LearningPlacer;
 
@@ -98,6 +99,7 @@ fn extender_routes() -> Router<AppState> {
         .route("/scheduler/predicates", post(predicates))
         .route("/scheduler/filter", post(predicates))
         .route("/scheduler/vpredicates", post(vpredicates))
+        .route("/scheduler/bind", post(bind_route))
 }
 
 async fn version() -> impl IntoResponse {
@@ -277,6 +279,21 @@ const VPREDICATES: Route<PredicateArgs> = Route {
 async fn predicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &PREDICATES, &headers, body, async |args| {
         let (result, outcome) = filter(&state.cache, &state.config, &state.placer, &args).await;
+        (outcome.label(), axum::Json(result).into_response())
+    })
+    .await
+}
+
+/// A binding names a pod and a node: a few hundred bytes.
+const BIND: Route<ExtenderBindingArgs> = Route {
+    name: "bind",
+    limit: 64 * 1024,
+    parse: ExtenderBindingArgs::from_json,
+};
+
+async fn bind_route(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    answer(&state, &BIND, &headers, body, async |args| {
+        let (result, outcome) = bind(&state.cache, &state.config, &state.placer, &args).await;
         (outcome.label(), axum::Json(result).into_response())
     })
     .await

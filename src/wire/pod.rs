@@ -41,6 +41,7 @@ struct MetaLite {
     namespace: Option<String>,
     uid: Option<String>,
     annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
 }
 
@@ -107,6 +108,7 @@ impl From<PodLite> for Pod {
                 namespace: m.namespace,
                 uid: m.uid,
                 annotations: m.annotations,
+                creation_timestamp: m.creation_timestamp,
                 deletion_timestamp: m.deletion_timestamp,
                 ..Default::default()
             },

@@ -448,6 +448,19 @@ pub async fn extender_filter(args: &serde_json::Value) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"))
 }
 
+/// POSTs `args` (ExtenderBindingArgs) to replica a's `/scheduler/bind`, as kube-scheduler
+/// does, and returns the answer's `Error` (empty: bound).
+pub async fn extender_bind(args: &serde_json::Value) -> String {
+    let url = extender_url();
+    let (status, body) = https::post(&url, "/scheduler/bind", args.to_string(), anonymous_tls())
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}/scheduler/bind: {}", https::chain(&*e)));
+    assert_eq!(status, 200, "POST {url}/scheduler/bind answered {status}: {body}");
+    let answer: serde_json::Value = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"));
+    answer["Error"].as_str().unwrap_or_default().to_string()
+}
+
 /// One webhook in a webhook configuration: gpu-admission's route `path` (`mutate` or
 /// `validate`) at `url`, named `name`, for the pods `object_selector` matches (all
 /// when `None`) in the scenario's labelled namespace.
@@ -699,7 +712,8 @@ impl Cluster {
     }
 
     /// Waits until GPUQuota `name` reports `used[model]` = `gpus` (milli-GPUs) with no
-    /// reservation left (every admitted pod seen by the reconciler); returns the status.
+    /// pending charge left (every admitted pod seen by the reconciler and its pending
+    /// total settled); returns the status.
     pub async fn wait_used(
         &self,
         name: &str,
@@ -711,7 +725,8 @@ impl Cluster {
         let found = wait_for_or_none(QUOTA_TIMEOUT, || async move {
             let status = self.quota_status(name).await;
             let used = status.used.get(model).map(|q| milli_gpus(&q.0));
-            let done = used.unwrap_or(0) == milli && status.reservations.is_empty();
+            let settled = status.pending.is_empty() && status.reservations.is_empty();
+            let done = used.unwrap_or(0) == milli && settled;
             *last_ref.lock().unwrap() = Some(status.clone());
             done.then_some(status)
         })
@@ -719,7 +734,7 @@ impl Cluster {
         found.unwrap_or_else(|| {
             panic!(
                 "timed out after {QUOTA_TIMEOUT:?} waiting for GPUQuota {}/{name} to show \
-                 used {model} = {milli}m and no reservations; last status: {:?}",
+                 used {model} = {milli}m and no pending charge; last status: {:?}",
                 self.ns,
                 last.lock().unwrap()
             )

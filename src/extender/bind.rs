@@ -1,0 +1,109 @@
+//! The bind verb (`bindVerb: bind`, with `placement.bindVerb: true`): the filter chose
+//! node and GPUs and holds them in memory; here, in kube-scheduler's parallel binding
+//! cycle, the choice is charged (a pod that accepts several models) and written —
+//! annotations and `spec.nodeName` in one Binding — so the scheduler's serial cycle
+//! waits on no API write of ours (docs/design.md, "Filter and bind").
+
+use crate::cache::{ClusterCache, PodKey, Subject};
+use crate::config::Config;
+use crate::placement::learn::LearningPlacer;
+
+use super::api::{ExtenderBindingArgs, ExtenderBindingResult};
+use super::filter::{annotations, charge_ledger, plan};
+
+/// How a bind call ended, for metrics and logs (a bounded set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindOutcome {
+    Bound,
+    /// The pod was already bound to that node (a retried call).
+    AlreadyBound,
+    /// The node cannot take the pod (any more): the scheduler tries again.
+    Unfit,
+    /// The pod is unknown, another one, or the API refused the binding.
+    Error,
+}
+
+impl BindOutcome {
+    pub const fn label(self) -> &'static str {
+        match self {
+            BindOutcome::Bound => "bound",
+            BindOutcome::AlreadyBound => "already_bound",
+            BindOutcome::Unfit => "unfit",
+            BindOutcome::Error => "error",
+        }
+    }
+}
+
+/// Bind the pod the call names to its node with the placement held for it. A placement
+/// on that node held by the filter (or recorded on the pod) is used as it is; without
+/// one — the hold expired, or this replica restarted — the pod is placed again on that
+/// node alone, with every check the filter makes.
+pub async fn bind(
+    cache: &ClusterCache,
+    config: &Config,
+    placer: &LearningPlacer,
+    args: &ExtenderBindingArgs,
+) -> (ExtenderBindingResult, BindOutcome) {
+    let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
+    let bound_here = cache.with_state(|state| {
+        let pod = state.pod(&key)?;
+        Some(pod.bound && &*pod.uid == args.pod_uid && pod.node.as_deref() == Some(&*args.node))
+    });
+    if bound_here == Some(true) {
+        return (ExtenderBindingResult::default(), BindOutcome::AlreadyBound);
+    }
+    let subject = Subject::Known {
+        uid: args.pod_uid.as_str().into(),
+    };
+    let (plan, decision) = match plan(cache, placer, key.clone(), subject, &[&args.node]) {
+        Ok(planned) => planned,
+        Err(error) => return failed(error, BindOutcome::Error),
+    };
+    let Some(reservation) = decision.reservation else {
+        let reason = decision.misfits.first().map(|(_, m)| m.to_string());
+        let reason = reason.unwrap_or_else(|| "the node is not in gpu-admission's view".into());
+        let error = format!("pod {key} cannot go to node {}: {reason}", args.node);
+        return failed(error, BindOutcome::Unfit);
+    };
+    if let Some(charge) = &plan.charge_at_placement
+        && let Err(refusal) = charge_ledger(cache, config, &args.pod_namespace, charge).await
+    {
+        cache.with_state(|state| state.release_hold(&key));
+        return failed(refusal.reason, BindOutcome::Unfit);
+    }
+    let keys = &cache.projection().keys;
+    let written = annotations(keys, &reservation.node, &reservation.assignment);
+    let result = cache
+        .bind(&args.pod_namespace, &args.pod_name, &plan.uid, &args.node, written)
+        .await;
+    if let Err(error) = result {
+        if is_conflict(&error) {
+            // Already bound (a retry after our first binding went through), or the pod
+            // was replaced: the watch brings the truth; nothing held is released blindly.
+            return failed(error.to_string(), BindOutcome::Error);
+        }
+        tracing::warn!(pod = %key, node = %args.node, %error, "binding failed; placement released");
+        cache.with_state(|state| state.release_hold(&key));
+        if let (Some(charge), Some(ledger)) = (&plan.charge_at_placement, cache.ledger()) {
+            let model = charge.node_model.as_deref().unwrap_or_default();
+            let released = ledger
+                .release(cache, &args.pod_namespace, model, charge.amount, charge.created)
+                .await;
+            if let Err(error) = released {
+                tracing::warn!(pod = %key, %error, "could not release the quota charge; the reconciler will");
+            }
+        }
+        return failed(error.to_string(), BindOutcome::Error);
+    }
+    cache.with_state(|state| state.mark_bound(&key));
+    tracing::info!(pod = %key, node = %args.node, "bound");
+    (ExtenderBindingResult::default(), BindOutcome::Bound)
+}
+
+fn is_conflict(error: &crate::cache::WriteError) -> bool {
+    matches!(error.api_code(), Some(409))
+}
+
+fn failed(error: String, outcome: BindOutcome) -> (ExtenderBindingResult, BindOutcome) {
+    (ExtenderBindingResult { error }, outcome)
+}

@@ -1,0 +1,251 @@
+//! Charges of admitted pods the reconciler has not counted yet, kept in `GPUQuota.status`
+//! as a few running totals instead of one entry per pod (docs/design.md, "The ledger").
+//!
+//! Admission adds a pod's charge to the total of the second the pod was created (the API
+//! server stamps `creationTimestamp` before validating admission runs) and its model.
+//! The reconciler knows, for each such second, how much of that model the pods it has
+//! seen created in that second account for (`seen`). Whatever a total holds beyond that
+//! is still in flight (or was never created) and stays part of `used`; pods that were
+//! seen count as pods. So a write costs the same whether ten pods are being created or
+//! ten thousand, and nothing admitted is released before it can be counted.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::placement::quantity::Milli;
+
+use super::PendingCharges;
+use super::ledger::ModelAmounts;
+
+/// A total older than this is dropped even if not all its pods were seen: by then every
+/// pod admitted in that second has been created (and is counted) or never will be.
+pub const PENDING_TTL: Duration = Duration::from_secs(120);
+/// A total whose pods were all seen is dropped once this old (not at once: a pod that
+/// skipped admission in the same second could otherwise hide one still in flight).
+pub const SETTLE_AFTER: Duration = Duration::from_secs(5);
+
+/// Which second a pod was created in: unix seconds of its `creationTimestamp`.
+pub type CreatedSecond = i64;
+
+/// One running total: charges of pods created in second `created`, to `model`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BucketKey<'a> {
+    pub created: CreatedSecond,
+    pub model: &'a str,
+}
+
+/// The totals of one quota, by (second, model).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
+    totals: BTreeMap<(CreatedSecond, String), (Milli, u32)>,
+}
+
+/// Why a status's pending totals cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("status.pending[{index}]: {reason}")]
+pub struct PendingError {
+    pub index: usize,
+    pub reason: String,
+}
+
+impl Pending {
+    pub fn from_status(entries: &[PendingCharges]) -> Result<Self, PendingError> {
+        let mut pending = Pending::default();
+        for (index, entry) in entries.iter().enumerate() {
+            let error = |reason: String| PendingError { index, reason };
+            let created = parse_second(&entry.created).map_err(error)?;
+            let amount = Milli::parse(&entry.amount.0).map_err(|e| error(e.to_string()))?;
+            pending.add(created, &entry.model, amount, entry.pods);
+        }
+        Ok(pending)
+    }
+
+    pub fn to_status(&self) -> Vec<PendingCharges> {
+        self.totals
+            .iter()
+            .map(|((created, model), (amount, pods))| PendingCharges {
+                created: format_second(*created),
+                model: model.clone(),
+                amount: Quantity(amount.to_string()),
+                pods: *pods,
+            })
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+    }
+
+    /// Add `pods` pods' charge of `amount` to the total of (`created`, `model`).
+    pub fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
+        let total = self
+            .totals
+            .entry((created, model.to_string()))
+            .or_default();
+        total.0 = Milli(total.0.0.saturating_add(amount.0));
+        total.1 = total.1.saturating_add(pods);
+    }
+
+    /// Take back one pod's charge (a placement that could not be written).
+    pub fn remove(&mut self, created: CreatedSecond, model: &str, amount: Milli) {
+        let key = (created, model.to_string());
+        if let Some(total) = self.totals.get_mut(&key) {
+            total.0 = Milli(total.0.0.saturating_sub(amount.0));
+            total.1 = total.1.saturating_sub(1);
+            if total.1 == 0 || total.0.0 == 0 {
+                self.totals.remove(&key);
+            }
+        }
+    }
+
+    /// What is still in flight, per model: each total less what the pods seen created in
+    /// its second account for (never below zero), and the totals worth keeping. `seen`
+    /// answers for (second, model); `now` is unix seconds.
+    pub fn settle(
+        &self,
+        seen: impl Fn(BucketKey<'_>) -> Milli,
+        now: CreatedSecond,
+    ) -> (ModelAmounts, Pending) {
+        let mut in_flight = ModelAmounts::new();
+        let mut kept = Pending::default();
+        for ((created, model), &(amount, pods)) in &self.totals {
+            let age = now.saturating_sub(*created);
+            if age >= PENDING_TTL.as_secs() as i64 {
+                continue;
+            }
+            let seen = seen(BucketKey {
+                created: *created,
+                model,
+            });
+            let unseen = Milli(amount.0.saturating_sub(seen.0));
+            if unseen.0 == 0 && age >= SETTLE_AFTER.as_secs() as i64 {
+                continue;
+            }
+            if unseen.0 > 0 {
+                let entry = in_flight.entry(model.clone()).or_default();
+                entry.0 = entry.0.saturating_add(unseen.0);
+            }
+            kept.totals.insert((*created, model.clone()), (amount, pods));
+        }
+        (in_flight, kept)
+    }
+}
+
+/// Unix seconds of an RFC 3339 time (a `creationTimestamp`).
+pub fn parse_second(text: &str) -> Result<CreatedSecond, String> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map(|t| t.unix_timestamp())
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
+}
+
+pub fn format_second(second: CreatedSecond) -> String {
+    time::OffsetDateTime::from_unix_timestamp(second)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+/// Now, in unix seconds.
+pub fn now_second() -> CreatedSecond {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const T: CreatedSecond = 1_790_000_000;
+
+    fn seen_from<'a>(
+        pods: &'a [(CreatedSecond, &'a str, u64)],
+    ) -> impl Fn(BucketKey<'_>) -> Milli + 'a {
+        move |key| {
+            Milli(
+                pods.iter()
+                    .filter(|(c, m, _)| *c == key.created && *m == key.model)
+                    .map(|(_, _, a)| *a)
+                    .sum(),
+            )
+        }
+    }
+
+    #[test]
+    fn a_charge_stays_in_flight_until_its_pod_is_seen() {
+        let mut pending = Pending::default();
+        pending.add(T, "T4", Milli(1000), 1);
+        pending.add(T, "T4", Milli(500), 1);
+        let (in_flight, kept) = pending.settle(seen_from(&[]), T + 1);
+        assert_eq!(in_flight["T4"], Milli(1500));
+        assert_eq!(kept, pending);
+        // One of the two pods shows up: only the other is still in flight.
+        let (in_flight, _) = pending.settle(seen_from(&[(T, "T4", 1000)]), T + 1);
+        assert_eq!(in_flight["T4"], Milli(500));
+    }
+
+    #[test]
+    fn pods_of_another_second_or_model_do_not_cover_a_charge() {
+        let mut pending = Pending::default();
+        pending.add(T, "T4", Milli(1000), 1);
+        let seen = [(T + 1, "T4", 1000), (T, "A100", 1000)];
+        let (in_flight, _) = pending.settle(seen_from(&seen), T + 2);
+        assert_eq!(in_flight["T4"], Milli(1000));
+    }
+
+    #[test]
+    fn a_settled_total_is_kept_a_while_then_dropped() {
+        let mut pending = Pending::default();
+        pending.add(T, "T4", Milli(1000), 1);
+        let seen = [(T, "T4", 1000)];
+        let (in_flight, kept) = pending.settle(seen_from(&seen), T + 1);
+        assert!(in_flight.is_empty());
+        assert!(!kept.is_empty(), "kept while young");
+        let (_, kept) = pending.settle(seen_from(&seen), T + SETTLE_AFTER.as_secs() as i64);
+        assert!(kept.is_empty());
+    }
+
+    #[test]
+    fn a_charge_whose_pod_never_came_is_released_after_the_ttl() {
+        let mut pending = Pending::default();
+        pending.add(T, "T4", Milli(2000), 2);
+        let just_before = T + PENDING_TTL.as_secs() as i64 - 1;
+        let (in_flight, _) = pending.settle(seen_from(&[]), just_before);
+        assert_eq!(in_flight["T4"], Milli(2000));
+        let (in_flight, kept) = pending.settle(seen_from(&[]), just_before + 1);
+        assert!(in_flight.is_empty() && kept.is_empty());
+    }
+
+    #[test]
+    fn status_round_trip_and_removal() {
+        let mut pending = Pending::default();
+        pending.add(T, "T4", Milli(1500), 2);
+        pending.add(T + 3, "A100", Milli(250), 1);
+        let status = pending.to_status();
+        assert_eq!(status[0].created, "2026-09-21T14:13:20Z");
+        assert_eq!((status[0].amount.0.as_str(), status[0].pods), ("1.5", 2));
+        let mut read = Pending::from_status(&status).unwrap();
+        assert_eq!(read, pending);
+        read.remove(T + 3, "A100", Milli(250));
+        read.remove(T, "T4", Milli(500));
+        assert_eq!(read.to_status().len(), 1);
+        assert_eq!(read.to_status()[0].amount.0, "1");
+    }
+
+    #[test]
+    fn unreadable_totals_are_named() {
+        let bad = PendingCharges {
+            created: "yesterday".into(),
+            model: "T4".into(),
+            amount: Quantity("1".into()),
+            pods: 1,
+        };
+        let error = Pending::from_status(&[bad]).unwrap_err();
+        assert_eq!(error.index, 0);
+        assert!(error.reason.contains("yesterday"), "{error}");
+    }
+}

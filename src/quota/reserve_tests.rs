@@ -1,0 +1,204 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use crate::config::UntypedPods;
+use crate::placement::models::ModelSource;
+use crate::quota::{GpuQuotaSpec, PendingCharges};
+
+const T: CreatedSecond = 1_790_000_000;
+
+fn at(second: CreatedSecond) -> time::OffsetDateTime {
+    time::OffsetDateTime::from_unix_timestamp(second).unwrap()
+}
+
+fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQuota {
+    let mut quota = GPUQuota::new(
+        "default",
+        GpuQuotaSpec {
+            hard: [("T4".to_string(), Quantity("4".into()))].into(),
+            pools: vec![],
+            default_type: None,
+        },
+    );
+    quota.metadata.namespace = Some("team-a".into());
+    quota.status = Some(GpuQuotaStatus {
+        used: [("T4".to_string(), Quantity(used.into()))].into(),
+        pending: pending
+            .iter()
+            .map(|(created, amount, pods)| PendingCharges {
+                created: super::super::pending::format_second(*created),
+                model: "T4".into(),
+                amount: Quantity(amount.to_string()),
+                pods: *pods,
+            })
+            .collect(),
+        reservations: vec![],
+    });
+    quota
+}
+
+fn used_of(status: &GpuQuotaStatus, model: &str) -> String {
+    status.used[model].0.clone()
+}
+
+#[test]
+fn reconciled_used_is_pods_plus_charges_not_yet_seen() {
+    // Two pods admitted in second T (1.5 GPUs), one of them (1 GPU) already seen.
+    let quota = quota("9", &[(T, "1.5", 2)]);
+    let pods: ModelAmounts = [("T4".to_string(), Milli(1000))].into();
+    let seen = |created, model: &str| match (created, model) {
+        (T, "T4") => Milli(1000),
+        _ => Milli(0),
+    };
+    let status = reconciled_status(&quota, &pods, seen, |_, _| false, at(T + 2)).unwrap();
+    assert_eq!(used_of(&status, "T4"), "1.5");
+    assert_eq!(status.pending.len(), 1, "kept until settled");
+}
+
+#[test]
+fn reconciled_status_releases_a_charge_whose_pod_never_came() {
+    let quota = quota("2", &[(T, "2", 2)]);
+    let none = |_, _: &str| Milli(0);
+    let ttl = super::super::pending::PENDING_TTL.as_secs() as i64;
+    let status = reconciled_status(&quota, &ModelAmounts::new(), none, |_, _| false, at(T + ttl))
+        .unwrap();
+    assert_eq!(used_of(&status, "T4"), "0");
+    assert!(status.pending.is_empty());
+}
+
+#[test]
+fn reconciled_status_keeps_unexpired_reservations_of_earlier_versions() {
+    let mut quota = quota("3", &[]);
+    let reservation = |pod: &str, expires: CreatedSecond| QuotaReservation {
+        pod: pod.into(),
+        uid: format!("{pod}-uid"),
+        model: "T4".into(),
+        amount: Quantity("1".into()),
+        expires: super::super::pending::format_second(expires),
+    };
+    quota.status.as_mut().unwrap().reservations = vec![
+        reservation("in-flight", T + 60),
+        reservation("created", T + 60),
+        reservation("never-made", T - 1),
+    ];
+    let pods: ModelAmounts = [("T4".to_string(), Milli(1000))].into();
+    let seen_pod = |name: &str, _: &str| name == "created";
+    let status = reconciled_status(&quota, &pods, |_, _| Milli(0), seen_pod, at(T)).unwrap();
+    assert_eq!(used_of(&status, "T4"), "2");
+    assert_eq!(status.reservations.len(), 1);
+    assert_eq!(status.reservations[0].pod, "in-flight");
+}
+
+#[test]
+fn reconciled_status_shows_use_of_a_model_no_quota_lists() {
+    // A pod charged to A100 in a namespace whose quotas list only T4 got around
+    // admission; its use shows (against a quota of zero) instead of vanishing.
+    let quota = quota("0", &[]);
+    let pods: ModelAmounts = [("A100".to_string(), Milli(1000))].into();
+    let status = reconciled_status(&quota, &pods, |_, _| Milli(0), |_, _| true, at(T)).unwrap();
+    assert_eq!(used_of(&status, "A100"), "1");
+    assert_eq!(used_of(&status, "T4"), "0");
+}
+
+#[test]
+fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
+    let quota = quota("1", &[]);
+    let charges = [("T4", Milli(500), T), ("T4", Milli(1000), T), ("T4", Milli(250), T + 1)];
+    let updated = with_charges(&quota, &charges, Direction::Add).unwrap();
+    let status = updated.status.unwrap();
+    assert_eq!(used_of(&status, "T4"), "2.75");
+    let totals: Vec<(&str, u32)> = status
+        .pending
+        .iter()
+        .map(|p| (p.amount.0.as_str(), p.pods))
+        .collect();
+    assert_eq!(totals, [("1.5", 2), ("0.25", 1)]);
+}
+
+#[test]
+fn a_release_takes_back_exactly_what_was_charged() {
+    let quota = quota("1", &[]);
+    let charge = [("T4", Milli(500), T)];
+    let charged = with_charges(&quota, &charge, Direction::Add).unwrap();
+    let released = with_charges(&charged, &charge, Direction::Remove).unwrap();
+    let status = released.status.unwrap();
+    assert_eq!(used_of(&status, "T4"), "1");
+    assert!(status.pending.is_empty());
+}
+
+#[test]
+fn a_charge_for_a_model_the_quota_does_not_list_leaves_it_alone() {
+    let quota = quota("1", &[]);
+    let updated = with_charges(&quota, &[("A100", Milli(1000), T)], Direction::Add).unwrap();
+    assert_eq!(updated.status, quota.status.map(|mut s| {
+        s.pending = vec![];
+        s
+    }));
+}
+
+fn ask(amount: u64, dry_run: bool) -> Ask {
+    Ask {
+        wanted: WantedModels {
+            models: vec!["T4".into()],
+            source: ModelSource::Annotation,
+        },
+        amount: Milli(amount),
+        rules: AdmitRules {
+            untyped: UntypedPods::Allow,
+            quota_required: false,
+        },
+        created: T,
+        dry_run,
+    }
+}
+
+fn waiting(amount: u64, dry_run: bool) -> (Waiting, oneshot::Receiver<Answer>) {
+    let (reply, answer) = oneshot::channel();
+    (
+        Waiting {
+            ask: ask(amount, dry_run),
+            reply,
+        },
+        answer,
+    )
+}
+
+fn answered(receiver: &mut oneshot::Receiver<Answer>) -> Option<Reserved> {
+    receiver.try_recv().ok().map(|a| a.unwrap())
+}
+
+#[test]
+fn a_round_decides_in_arrival_order_each_seeing_the_ones_before() {
+    // 4 GPUs, 3 used: of three 1-GPU pods the first gets the room, the others are over.
+    let (a, mut a_answer) = waiting(1000, false);
+    let (b, mut b_answer) = waiting(1000, false);
+    let (c, mut c_answer) = waiting(1000, false);
+    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
+    let (decided, retry) = decide_round("team-a", &mut views, vec![a, b, c], true);
+    assert_eq!(decided.len(), 1);
+    assert!(retry.is_empty());
+    assert_eq!(answered(&mut a_answer), None, "answered once written");
+    for answer in [&mut b_answer, &mut c_answer] {
+        let denial = answered(answer).unwrap();
+        assert!(matches!(denial, Reserved::Denied(Denial::Exceeded(_))), "{denial:?}");
+    }
+}
+
+#[test]
+fn a_denial_on_a_copy_that_may_be_stale_is_tried_again_fresh() {
+    let (a, mut a_answer) = waiting(2000, false);
+    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
+    let (decided, retry) = decide_round("team-a", &mut views, vec![a], false);
+    assert!(decided.is_empty());
+    assert_eq!(retry.len(), 1);
+    assert_eq!(answered(&mut a_answer), None);
+}
+
+#[test]
+fn a_dry_run_is_answered_without_a_write_and_takes_no_room() {
+    let (dry, mut dry_answer) = waiting(1000, true);
+    let (real, _real_answer) = waiting(1000, false);
+    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
+    let (decided, _) = decide_round("team-a", &mut views, vec![dry, real], true);
+    assert_eq!(answered(&mut dry_answer), Some(Reserved::Yes));
+    assert_eq!(decided.len(), 1, "the real one still fits");
+}

@@ -510,8 +510,9 @@ async fn dry_run_is_judged_but_reserves_nothing() {
 }
 
 /// C. Two gpu-admission replicas validate concurrently against one GPUQuota (one webhook
-/// per replica, each for the pods labelled `replica: a` / `replica: b`): 60 parallel
-/// 1-GPU creates against a quota of 10 admit exactly 10, and `status.used` ends at 10.
+/// per replica, each for the pods labelled `replica: a` / `replica: b`): a burst of 500
+/// parallel 1-GPU creates against a quota of 250 admits exactly 250, refuses the other
+/// 250 for quota and answers no create with an error, and `status.used` ends at 250.
 #[tokio::test]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
 async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
@@ -519,9 +520,11 @@ async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
         return;
     };
     let model = "Tesla-M60";
+    const QUOTA: u32 = 250;
+    const CREATES: u32 = 500;
     cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({model: "10"}), None)
+        .create_quota("default", json!({model: QUOTA.to_string()}), None)
         .await;
     let hook = |replica: &str, server: &str| Hook {
         name: format!("validate-{replica}.gpu-admission.io"),
@@ -538,10 +541,11 @@ async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let mut creates = tokio::task::JoinSet::new();
-    for i in 0..60 {
+    let started = std::time::Instant::now();
+    for i in 0..CREATES {
         let replica = if i % 2 == 0 { "a" } else { "b" };
         let pod = with_labels(
-            unscheduled_gpu_pod(&format!("p{i:02}-{replica}"), Some(model), 1),
+            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
             json!({"replica": replica}),
         );
         let pods = cluster.pods();
@@ -567,19 +571,23 @@ async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
             }
         }
     }
-    println!("admitted per replica: {admitted:?}; refusals: {refusals:?}");
+    println!(
+        "{CREATES} creates in {:.2} s: admitted per replica: {admitted:?}; refusals: {refusals:?}",
+        started.elapsed().as_secs_f64()
+    );
     assert_eq!(
         admitted.values().sum::<u32>(),
-        10,
+        QUOTA,
         "exactly the quota must be admitted; admitted per replica {admitted:?}, refusals {refusals:?}"
     );
     assert_eq!(
         refusals.get("quota exceeded (403)"),
-        Some(&50),
-        "every other create is refused for quota; refusals {refusals:?}"
+        Some(&(CREATES - QUOTA)),
+        "every other create is refused for quota, none fails; refusals {refusals:?}"
     );
-    let status = cluster.wait_used("default", model, 10_000).await;
-    assert_eq!(cluster.live_pod_gpus().await, 10_000);
+    let gpus = u64::from(QUOTA) * 1000;
+    let status = cluster.wait_used("default", model, gpus).await;
+    assert_eq!(cluster.live_pod_gpus().await, gpus);
     println!("status.used {:?}", status.used);
     unregister_webhooks(&cluster).await;
 }
@@ -1164,7 +1172,10 @@ async fn webhook_door_refuses_a_caller_without_the_api_servers_certificate() {
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     let status = cluster.quota_status("default").await;
     assert!(
-        status.pending.iter().any(|p| p.model == model && p.pods == 1)
+        status
+            .pending
+            .iter()
+            .any(|p| p.model == model && p.pods == 1)
             && status.used[model].0 == "1",
         "a review that gets through is charged to the quota, so the refusal above mattered; \
          status: {status:?}"
@@ -1323,9 +1334,7 @@ async fn extender_places_only_the_pod_the_cluster_has() {
         "the filter only holds its choice; the bind verb writes it: {:?}",
         annotations(&pod)
     );
-    let binding = |uid: &str| {
-        json!({"PodName": "pending", "PodNamespace": ns, "PodUID": uid, "Node": placed[0]})
-    };
+    let binding = |uid: &str| json!({"PodName": "pending", "PodNamespace": ns, "PodUID": uid, "Node": placed[0]});
     let error = extender_bind(&binding(other_uid)).await;
     println!("(iii) a bind under another uid: {error}");
     assert!(error.contains("has uid"), "{error}");

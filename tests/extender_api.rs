@@ -7,6 +7,7 @@ mod common;
 use axum::http::StatusCode;
 use common::*;
 use gpu_admission::cache::ClusterCache;
+use gpu_admission::config::Config;
 use serde_json::{Value, json};
 
 fn tkestack_cluster() -> String {
@@ -401,4 +402,68 @@ async fn a_model_no_quota_lists_is_never_where_a_multi_model_pod_lands() {
             .sum::<u32>()),
         0
     );
+}
+
+/// With the bind verb (`placement.bindVerb`), offline: the filter holds its choice, the
+/// bind confirms it (a retried bind is answered the same), a bind names the pod it binds
+/// and may only put it where it fits, and a bind without a hold places the pod on the
+/// node it names, through the same checks.
+#[tokio::test]
+async fn the_bind_verb_binds_the_held_placement_and_checks_what_it_is_given() {
+    let cluster = format!(
+        "{}{}",
+        vcuda_node("big", 200, 8, "T4"),
+        vcuda_node("small", 100, 4, "T4")
+    );
+    let config = Config::parse("placement: {policy: binpack, bindVerb: true}\n").unwrap();
+    let (state, router) = app(&cluster, config);
+    let bind = |pod: &str, uid: &str, node: &str| {
+        json!({"PodName": pod, "PodNamespace": "default", "PodUID": uid, "Node": node}).to_string()
+    };
+    let pod = gpu_pod("default", "held", &[(100, 4)]);
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&pod, &["small", "big"]),
+    )
+    .await;
+    let node = body["NodeNames"][0].as_str().unwrap().to_string();
+    let bound = |state: &gpu_admission::server::AppState| {
+        state
+            .cache
+            .with_state(|s| s.pod("default/held").map(|p| p.bound))
+    };
+    assert_eq!(bound(&state), Some(false), "held, not bound");
+
+    let (status, body) = post(
+        &router,
+        "/scheduler/bind",
+        bind("held", "another-uid", &node),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body["Error"].as_str().unwrap().contains("has uid"),
+        "{body}"
+    );
+    assert_eq!(bound(&state), Some(false));
+
+    for attempt in ["first", "retried"] {
+        let (status, body) = post(&router, "/scheduler/bind", bind("held", &uid, &node)).await;
+        assert_eq!(
+            (status, body["Error"].as_str()),
+            (StatusCode::OK, Some("")),
+            "{attempt}: {body}"
+        );
+    }
+    assert_eq!(bound(&state), Some(true));
+    assert_eq!(annotations_of(&state.cache, "default/held").0, node);
+
+    // A pod the filter never saw is not in the (offline) cluster: nothing to bind.
+    let (_, body) = post(&router, "/scheduler/bind", bind("ghost", "u", "big")).await;
+    assert!(body["Error"].as_str().unwrap().contains("not in"), "{body}");
 }

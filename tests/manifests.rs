@@ -1,7 +1,7 @@
 //! Every manifest under deploy/ parses, names itself, and the webhook registrations
 //! carry what the apiserver and the API server needs; the install keeps its doors apart (the
 //! webhook Service reaches only the webhooks, nothing reaches an extender from outside
-//! its pod), only the identity that places pods may patch them, and keys are mounted only
+//! its pod), only the identity that places pods may patch or bind them, and keys are mounted only
 //! where they are used. (A real API server dry-run is the e2e suite's job; this catches
 //! typos and regressions before that.)
 #![allow(clippy::unwrap_used)]
@@ -408,18 +408,24 @@ fn the_metrics_service_covers_the_webhook_servers_and_the_scheduler_sidecar() {
     assert_eq!(selected, BTreeSet::from(["gpu-admission", "gpu-scheduler"]));
 }
 
-/// Does a (Cluster)Role rule let its holder change pods?
+/// Does a (Cluster)Role rule let its holder change pods: patch them, or bind them (a
+/// Binding sets spec.nodeName and copies its annotations onto the pod)?
 fn writes_pods(rule: &Value) -> bool {
     let groups = strings(&rule["apiGroups"]);
     let resources = strings(&rule["resources"]);
     let verbs = strings(&rule["verbs"]);
-    groups.iter().any(|g| g.is_empty() || *g == "*")
-        && resources.iter().any(|r| *r == "pods" || *r == "*")
-        && verbs.iter().any(|v| ["patch", "update", "*"].contains(v))
+    let core = groups.iter().any(|g| g.is_empty() || *g == "*");
+    let patches = resources.iter().any(|r| *r == "pods" || *r == "*")
+        && verbs.iter().any(|v| ["patch", "update", "*"].contains(v));
+    let binds = resources
+        .iter()
+        .any(|r| ["pods/binding", "pods/*", "*"].contains(r))
+        && verbs.iter().any(|v| ["create", "*"].contains(v));
+    core && (patches || binds)
 }
 
 #[test]
-fn only_the_scheduler_identity_may_patch_pods() {
+fn only_the_scheduler_identity_may_write_pods() {
     let docs = documents();
     let mut roles: BTreeMap<(&str, &str), &Value> = BTreeMap::new();
     for kind in ["ClusterRole", "Role"] {
@@ -466,7 +472,7 @@ fn only_the_scheduler_identity_may_patch_pods() {
     assert_eq!(
         pod_writers,
         BTreeSet::from([("gpu-scheduler", "gpu-admission-extender")]),
-        "only the GPU scheduler's sidecar places pods, so only its identity may patch them"
+        "only the GPU scheduler's sidecar places pods, so only its identity may patch or bind them"
     );
     // Both keep what they need: reservations (webhooks) and multi-model charges (sidecar).
     assert_eq!(

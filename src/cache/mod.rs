@@ -229,12 +229,17 @@ impl ClusterCache {
             "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
-        pods.create_subresource::<_, serde_json::Value>("binding", name, &Default::default(), &binding)
-            .await
-            .map(drop)
-            .map_err(|source| WriteError {
-                pod: format!("{namespace}/{name}"),
-                source,
-            })
+        pods.create_subresource::<_, serde_json::Value>(
+            "binding",
+            name,
+            &Default::default(),
+            &binding,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| WriteError {
+            pod: format!("{namespace}/{name}"),
+            source,
+        })
     }
 }

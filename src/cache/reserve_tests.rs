@@ -183,7 +183,12 @@ fn a_hold_no_bind_confirmed_is_let_go_after_its_ttl() {
     assert!(reserve_at(&mut state, &a, "uid-a", start));
     assert_eq!(used_gpus(&state), 1);
     // Another placement before the TTL leaves the hold alone...
-    assert!(reserve_at(&mut state, &b, "uid-b", start + super::state::HOLD_TTL / 2));
+    assert!(reserve_at(
+        &mut state,
+        &b,
+        "uid-b",
+        start + super::state::HOLD_TTL / 2
+    ));
     assert_eq!(used_gpus(&state), 2);
     // ...one after it lets go of the first hold (the second is younger).
     state.release_hold(&b);
@@ -205,10 +210,19 @@ fn a_bound_hold_is_not_let_go() {
     state.apply_pod(a.clone(), pod_a);
     let (b, pod_b) = cached("b", "uid-b", None);
     state.apply_pod(b.clone(), pod_b);
-    assert!(reserve_at(&mut state, &b, "uid-b", start + super::state::HOLD_TTL * 2));
+    assert!(reserve_at(
+        &mut state,
+        &b,
+        "uid-b",
+        start + super::state::HOLD_TTL * 2
+    ));
     assert_eq!(used_gpus(&state), 2);
     state.release_hold(&a);
-    assert_eq!(used_gpus(&state), 2, "a bound pod's placement is not ours to drop");
+    assert_eq!(
+        used_gpus(&state),
+        2,
+        "a bound pod's placement is not ours to drop"
+    );
 }
 
 #[test]
@@ -235,7 +249,11 @@ fn a_quota_event_older_than_the_cached_copy_is_ignored() {
         let mut q = GPUQuota::new(
             "default",
             GpuQuotaSpec {
-                hard: [("T4".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()))].into(),
+                hard: [(
+                    "T4".to_string(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()),
+                )]
+                .into(),
                 pools: vec![],
                 default_type: None,
             },
@@ -260,7 +278,11 @@ fn seen_charges_count_recent_pods_and_those_that_left() {
     let mut quota = GPUQuota::new(
         "default",
         GpuQuotaSpec {
-            hard: [("T4".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".into()))].into(),
+            hard: [(
+                "T4".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".into()),
+            )]
+            .into(),
             pools: vec![],
             default_type: Some("T4".into()),
         },
@@ -275,6 +297,9 @@ fn seen_charges_count_recent_pods_and_those_that_left() {
     }
     state.delete_pod("team-a/b");
     let seen = state.seen_charges("team-a", now - 120);
-    assert_eq!(seen.get(&(now - 1, "T4".to_string())), Some(&crate::placement::quantity::Milli(2000)));
+    assert_eq!(
+        seen.get(&(now - 1, "T4".to_string())),
+        Some(&crate::placement::quantity::Milli(2000))
+    );
     assert_eq!(seen.len(), 1, "the old pod is outside the window: {seen:?}");
 }

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use crate::placement::fit::fit_held;
 use crate::placement::models::WantedModels;
+use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
 use crate::quota::ledger::{
     ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, reported_usage, usage,
 };
-use crate::placement::quantity::Milli;
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -623,7 +623,11 @@ impl ClusterState {
     /// Let go of the placement held in memory for a pod (its bind failed). A placement
     /// the cluster shows (annotations, or a binding) is not ours to drop.
     pub fn release_hold(&mut self, key: &str) {
-        let Some(pod) = self.pods.get(key).filter(|p| p.reserved.is_some() && !p.bound) else {
+        let Some(pod) = self
+            .pods
+            .get(key)
+            .filter(|p| p.reserved.is_some() && !p.bound)
+        else {
             return;
         };
         let mut released = pod.clone();

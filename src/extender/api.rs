@@ -322,7 +322,8 @@ mod binding_tests {
 
     #[test]
     fn binding_args_name_what_is_missing_or_too_long() {
-        let missing = ExtenderBindingArgs::from_json(br#"{"PodName":"p","PodNamespace":"a","Node":"n"}"#);
+        let missing =
+            ExtenderBindingArgs::from_json(br#"{"PodName":"p","PodNamespace":"a","Node":"n"}"#);
         assert_eq!(missing.unwrap_err(), "request has no PodUID");
         let long = format!(
             r#"{{"PodName":"{}","PodNamespace":"a","PodUID":"u","Node":"n"}}"#,
@@ -330,7 +331,9 @@ mod binding_tests {
         );
         let error = ExtenderBindingArgs::from_json(long.as_bytes()).unwrap_err();
         assert!(error.contains("PodName is 300 bytes long"), "{error}");
-        let empty = ExtenderBindingArgs::from_json(br#"{"PodName":"p","PodNamespace":"a","PodUID":"","Node":"n"}"#);
+        let empty = ExtenderBindingArgs::from_json(
+            br#"{"PodName":"p","PodNamespace":"a","PodUID":"","Node":"n"}"#,
+        );
         assert_eq!(empty.unwrap_err(), "PodUID is empty");
     }
 }

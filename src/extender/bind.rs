@@ -47,7 +47,7 @@ pub async fn bind(
     let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
     let bound_here = cache.with_state(|state| {
         let pod = state.pod(&key)?;
-        Some(pod.bound && &*pod.uid == args.pod_uid && pod.node.as_deref() == Some(&*args.node))
+        Some(pod.bound && *pod.uid == *args.pod_uid && pod.node.as_deref() == Some(&*args.node))
     });
     if bound_here == Some(true) {
         return (ExtenderBindingResult::default(), BindOutcome::AlreadyBound);
@@ -74,7 +74,13 @@ pub async fn bind(
     let keys = &cache.projection().keys;
     let written = annotations(keys, &reservation.node, &reservation.assignment);
     let result = cache
-        .bind(&args.pod_namespace, &args.pod_name, &plan.uid, &args.node, written)
+        .bind(
+            &args.pod_namespace,
+            &args.pod_name,
+            &plan.uid,
+            &args.node,
+            written,
+        )
         .await;
     if let Err(error) = result {
         if is_conflict(&error) {
@@ -87,7 +93,13 @@ pub async fn bind(
         if let (Some(charge), Some(ledger)) = (&plan.charge_at_placement, cache.ledger()) {
             let model = charge.node_model.as_deref().unwrap_or_default();
             let released = ledger
-                .release(cache, &args.pod_namespace, model, charge.amount, charge.created)
+                .release(
+                    cache,
+                    &args.pod_namespace,
+                    model,
+                    charge.amount,
+                    charge.created,
+                )
                 .await;
             if let Err(error) = released {
                 tracing::warn!(pod = %key, %error, "could not release the quota charge; the reconciler will");

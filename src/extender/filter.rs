@@ -134,7 +134,10 @@ pub(super) fn plan(
     subject: Subject,
     names: &[&str],
 ) -> Result<(Plan, FilterDecision), String> {
-    let namespace = key.split_once('/').map_or("default", |(ns, _)| ns).to_string();
+    let namespace = key
+        .split_once('/')
+        .map_or("default", |(ns, _)| ns)
+        .to_string();
     let namespace = namespace.as_str();
     let api_mode = cache.client().is_some();
     let placer = placer.placer();
@@ -143,7 +146,10 @@ pub(super) fn plan(
         let held = state
             .take_subject(&key, subject)
             .map_err(|e| e.to_string())?;
-        let uid = state.pod(&key).map(|p| p.uid.to_string()).unwrap_or_default();
+        let uid = state
+            .pod(&key)
+            .map(|p| p.uid.to_string())
+            .unwrap_or_default();
         // Quota room is checked at placement only for a pod that accepts several models
         // (the others were charged at admission): only then read the ledger (offline, that
         // counts the namespace's pods).

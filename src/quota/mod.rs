@@ -166,9 +166,9 @@ impl NamespaceLimits {
 }
 
 pub mod ledger;
-pub mod pending;
 #[cfg(test)]
 mod ledger_tests;
 pub mod legacy;
+pub mod pending;
 pub mod reconcile;
 pub mod reserve;

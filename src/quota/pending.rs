@@ -80,10 +80,7 @@ impl Pending {
 
     /// Add `pods` pods' charge of `amount` to the total of (`created`, `model`).
     pub fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
-        let total = self
-            .totals
-            .entry((created, model.to_string()))
-            .or_default();
+        let total = self.totals.entry((created, model.to_string())).or_default();
         total.0 = Milli(total.0.0.saturating_add(amount.0));
         total.1 = total.1.saturating_add(pods);
     }
@@ -127,7 +124,8 @@ impl Pending {
                 let entry = in_flight.entry(model.clone()).or_default();
                 entry.0 = entry.0.saturating_add(unseen.0);
             }
-            kept.totals.insert((*created, model.clone()), (amount, pods));
+            kept.totals
+                .insert((*created, model.clone()), (amount, pods));
         }
         (in_flight, kept)
     }

@@ -100,7 +100,12 @@ impl Ledger {
 
     /// Decide `ask` for a pod in `namespace` and, when it is charged to one model, write
     /// the charge into every quota that lists the model before answering.
-    pub async fn reserve(self: &Arc<Self>, cache: &ClusterCache, namespace: &str, ask: Ask) -> Answer {
+    pub async fn reserve(
+        self: &Arc<Self>,
+        cache: &ClusterCache,
+        namespace: &str,
+        ask: Ask,
+    ) -> Answer {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut lanes = self.lanes.lock();
@@ -195,7 +200,9 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
         match write_round(api, cache, &quotas, &decided).await {
             Ok(true) => {
                 tracing::debug!(
-                    namespace, charges = decided.len(), fresh,
+                    namespace,
+                    charges = decided.len(),
+                    fresh,
                     write_ms = started.elapsed().as_secs_f64() * 1e3,
                     "quota charges written"
                 );
@@ -283,7 +290,13 @@ async fn write_round(
 ) -> Result<bool, ReserveError> {
     let charges: Vec<(&str, Milli, CreatedSecond)> = decided
         .iter()
-        .map(|d| (d.model.as_str(), d.waiting.ask.amount, d.waiting.ask.created))
+        .map(|d| {
+            (
+                d.model.as_str(),
+                d.waiting.ask.amount,
+                d.waiting.ask.created,
+            )
+        })
         .collect();
     let mut listing: Vec<&GPUQuota> = quotas
         .iter()
@@ -363,9 +376,13 @@ fn with_charges(
 }
 
 /// Write `quota.status` with the resourceVersion it was read at (409 when stale).
-pub async fn replace_status(api: &Api<GPUQuota>, quota: &GPUQuota) -> Result<GPUQuota, kube::Error> {
+pub async fn replace_status(
+    api: &Api<GPUQuota>,
+    quota: &GPUQuota,
+) -> Result<GPUQuota, kube::Error> {
     let name = quota.metadata.name.clone().unwrap_or_default();
-    api.replace_status(&name, &PostParams::default(), quota).await
+    api.replace_status(&name, &PostParams::default(), quota)
+        .await
 }
 
 /// Take `charges` back out of one quota, reading it fresh until the write goes through.
@@ -437,7 +454,8 @@ pub fn reconciled_status(
         quota: quota_name(quota),
         reason: e.to_string(),
     })?;
-    let (in_flight, kept) = pending.settle(|key| seen(key.created, key.model), now.unix_timestamp());
+    let (in_flight, kept) =
+        pending.settle(|key| seen(key.created, key.model), now.unix_timestamp());
     let legacy: Vec<QuotaReservation> = current
         .reservations
         .into_iter()
@@ -451,9 +469,12 @@ pub fn reconciled_status(
     for model in quota.spec.hard.keys() {
         used.entry(model.clone()).or_default();
     }
-    let legacy_amounts = legacy
-        .iter()
-        .map(|r| (r.model.clone(), Milli::parse(&r.amount.0).unwrap_or_default()));
+    let legacy_amounts = legacy.iter().map(|r| {
+        (
+            r.model.clone(),
+            Milli::parse(&r.amount.0).unwrap_or_default(),
+        )
+    });
     for (model, amount) in in_flight.into_iter().chain(legacy_amounts) {
         let entry = used.entry(model).or_default();
         entry.0 = entry.0.saturating_add(amount.0);

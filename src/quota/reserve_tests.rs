@@ -59,8 +59,14 @@ fn reconciled_status_releases_a_charge_whose_pod_never_came() {
     let quota = quota("2", &[(T, "2", 2)]);
     let none = |_, _: &str| Milli(0);
     let ttl = super::super::pending::PENDING_TTL.as_secs() as i64;
-    let status = reconciled_status(&quota, &ModelAmounts::new(), none, |_, _| false, at(T + ttl))
-        .unwrap();
+    let status = reconciled_status(
+        &quota,
+        &ModelAmounts::new(),
+        none,
+        |_, _| false,
+        at(T + ttl),
+    )
+    .unwrap();
     assert_eq!(used_of(&status, "T4"), "0");
     assert!(status.pending.is_empty());
 }
@@ -102,7 +108,11 @@ fn reconciled_status_shows_use_of_a_model_no_quota_lists() {
 #[test]
 fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
     let quota = quota("1", &[]);
-    let charges = [("T4", Milli(500), T), ("T4", Milli(1000), T), ("T4", Milli(250), T + 1)];
+    let charges = [
+        ("T4", Milli(500), T),
+        ("T4", Milli(1000), T),
+        ("T4", Milli(250), T + 1),
+    ];
     let updated = with_charges(&quota, &charges, Direction::Add).unwrap();
     let status = updated.status.unwrap();
     assert_eq!(used_of(&status, "T4"), "2.75");
@@ -129,10 +139,13 @@ fn a_release_takes_back_exactly_what_was_charged() {
 fn a_charge_for_a_model_the_quota_does_not_list_leaves_it_alone() {
     let quota = quota("1", &[]);
     let updated = with_charges(&quota, &[("A100", Milli(1000), T)], Direction::Add).unwrap();
-    assert_eq!(updated.status, quota.status.map(|mut s| {
-        s.pending = vec![];
-        s
-    }));
+    assert_eq!(
+        updated.status,
+        quota.status.map(|mut s| {
+            s.pending = vec![];
+            s
+        })
+    );
 }
 
 fn ask(amount: u64, dry_run: bool) -> Ask {
@@ -179,7 +192,10 @@ fn a_round_decides_in_arrival_order_each_seeing_the_ones_before() {
     assert_eq!(answered(&mut a_answer), None, "answered once written");
     for answer in [&mut b_answer, &mut c_answer] {
         let denial = answered(answer).unwrap();
-        assert!(matches!(denial, Reserved::Denied(Denial::Exceeded(_))), "{denial:?}");
+        assert!(
+            matches!(denial, Reserved::Denied(Denial::Exceeded(_))),
+            "{denial:?}"
+        );
     }
 }
 

@@ -20,8 +20,8 @@ use axum::routing::{get, post};
 
 use crate::cache::ClusterCache;
 use crate::config::Config;
-use crate::extender::volcano::{PredicateArgs, predicate};
 use crate::extender::api::ExtenderBindingArgs;
+use crate::extender::volcano::{PredicateArgs, predicate};
 use crate::extender::{ExtenderArgs, bind, filter};
 use crate::metrics::Metrics;
 use crate::placement::learn::LearningPlacer;

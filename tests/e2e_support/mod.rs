@@ -455,7 +455,10 @@ pub async fn extender_bind(args: &serde_json::Value) -> String {
     let (status, body) = https::post(&url, "/scheduler/bind", args.to_string(), anonymous_tls())
         .await
         .unwrap_or_else(|e| panic!("POST {url}/scheduler/bind: {}", https::chain(&*e)));
-    assert_eq!(status, 200, "POST {url}/scheduler/bind answered {status}: {body}");
+    assert_eq!(
+        status, 200,
+        "POST {url}/scheduler/bind answered {status}: {body}"
+    );
     let answer: serde_json::Value = serde_json::from_str(&body)
         .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"));
     answer["Error"].as_str().unwrap_or_default().to_string()

@@ -520,9 +520,9 @@ impl Histogram {
     }
 
     /// The q-quantile in milliseconds, interpolated linearly inside its bucket (as
-    /// Prometheus' histogram_quantile); in the `+Inf` bucket, the largest finite bound
-    /// (so "at least").
-    fn quantile_ms(&self, q: f64) -> Option<f64> {
+    /// Prometheus' histogram_quantile), as text: `~3.2 ms`; `>204.8 ms` when it falls in
+    /// the `+Inf` bucket (beyond the largest finite bound).
+    fn quantile(&self, q: f64) -> Option<String> {
         let total = self.buckets.last()?.1;
         if total <= 0.0 {
             return None;
@@ -532,7 +532,7 @@ impl Histogram {
         for (le, cumulative) in &self.buckets {
             if *cumulative >= rank {
                 if le.0.is_infinite() {
-                    return Some(lower * 1000.0);
+                    return Some(format!(">{:.1} ms", lower * 1000.0));
                 }
                 let inside = cumulative - below;
                 let fraction = if inside > 0.0 {
@@ -540,7 +540,10 @@ impl Histogram {
                 } else {
                     1.0
                 };
-                return Some((lower + (le.0 - lower) * fraction) * 1000.0);
+                return Some(format!(
+                    "~{:.1} ms",
+                    (lower + (le.0 - lower) * fraction) * 1000.0
+                ));
             }
             lower = le.0;
             below = *cumulative;
@@ -548,15 +551,11 @@ impl Histogram {
         None
     }
 
-    /// `mean 4.1 ms, p50 3.2 ms, p99 12.0 ms (500)`.
+    /// `mean 4.1 ms, p50 ~3.2 ms, p99 ~12.0 ms (500)`.
     fn describe(&self) -> String {
-        match (
-            self.mean_ms(),
-            self.quantile_ms(0.5),
-            self.quantile_ms(0.99),
-        ) {
+        match (self.mean_ms(), self.quantile(0.5), self.quantile(0.99)) {
             (Some(mean), Some(p50), Some(p99)) => format!(
-                "mean {mean:.1} ms, p50 ~{p50:.1} ms, p99 ~{p99:.1} ms ({:.0})",
+                "mean {mean:.1} ms, p50 {p50}, p99 {p99} ({:.0})",
                 self.count
             ),
             (Some(mean), _, _) => format!("mean {mean:.1} ms ({:.0})", self.count),

@@ -26,8 +26,8 @@
 # Environment (defaults): SCALE_NODES (1000), SCALE_PODS (500, per profile per phase),
 # SCALE_CLIENTS (16), SCALE_CREATES (1000), SCALE_BIND_VERB (empty: the extender has no
 # bindVerb and kube-scheduler binds; e.g. `bind` adds `bindVerb: bind`), SCALE_SCHEDULER_QPS
-# (kube-scheduler's clientConnection qps, burst twice that; default 50 as kube-scheduler's
-# own), SCALE_POLICY (gpu-admission's placement policy; empty: its default),
+# (kube-scheduler's clientConnection qps, burst twice that; default 1000: kube-scheduler's
+# own default, 50, caps binding near 60 pods/s and would hide the extender's cost), SCALE_POLICY (gpu-admission's placement policy; empty: its default),
 # CARGO_TARGET_DIR (default ~/.cache/gpu-admission/target), GPU_ADMISSION_CACHE,
 # SCALE_KEEP=1 keeps the etcd data, SCALE_READY_TIMEOUT (seconds, default 90).
 set -euo pipefail
@@ -42,7 +42,7 @@ pods="${SCALE_PODS:-500}"
 clients="${SCALE_CLIENTS:-16}"
 creates="${SCALE_CREATES:-1000}"
 bind_verb="${SCALE_BIND_VERB:-}"
-scheduler_qps="${SCALE_SCHEDULER_QPS:-50}"
+scheduler_qps="${SCALE_SCHEDULER_QPS:-1000}"
 policy="${SCALE_POLICY:-}"
 for knob in nodes pods clients creates scheduler_qps; do
   [[ "${!knob}" =~ ^[0-9]+$ ]] || { echo "scale: SCALE_${knob^^}=${!knob} is not a number" >&2; exit 2; }

@@ -23,13 +23,16 @@
 #
 # No kubelets, no containers: nodes are API objects, bound pods stay Pending (and are
 # deleted with grace period 0).
-# Environment (defaults): SCALE_NODES (1000), SCALE_PODS (500, per profile per phase),
-# SCALE_CLIENTS (16), SCALE_CREATES (1000), SCALE_BIND_VERB (empty: the extender has no
-# bindVerb and kube-scheduler binds; e.g. `bind` adds `bindVerb: bind`), SCALE_SCHEDULER_QPS
-# (kube-scheduler's clientConnection qps, burst twice that; default 1000: kube-scheduler's
-# own default, 50, caps binding near 60 pods/s and would hide the extender's cost), SCALE_POLICY (gpu-admission's placement policy; empty: its default),
-# CARGO_TARGET_DIR (default ~/.cache/gpu-admission/target), GPU_ADMISSION_CACHE,
-# SCALE_KEEP=1 keeps the etcd data, SCALE_READY_TIMEOUT (seconds, default 90).
+# Environment (defaults):
+#   SCALE_NODES (1000), SCALE_PODS (500, per profile per phase), SCALE_CLIENTS (16 parallel
+#   creators), SCALE_CREATES (1000 sequential creates per side);
+#   SCALE_BIND_VERB (empty: the extender has no bindVerb and kube-scheduler binds; e.g.
+#   `bind` adds `bindVerb: bind`);
+#   SCALE_SCHEDULER_QPS (1000; kube-scheduler's clientConnection qps, burst twice that: its
+#   own default, 50, caps binding near 60 pods/s for both profiles and hides the extender);
+#   SCALE_POLICY (gpu-admission's placement policy; empty: its default);
+#   CARGO_TARGET_DIR (default ~/.cache/gpu-admission/target), GPU_ADMISSION_CACHE;
+#   SCALE_KEEP=1 keeps the etcd data, SCALE_READY_TIMEOUT (seconds, default 90).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"

@@ -687,6 +687,18 @@ impl SchedulerStats {
     }
 }
 
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), `?` where unreadable.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "?".to_string())
+}
+
 /// `a 3, b 1` (or `none`).
 fn counts(counts: &BTreeMap<String, f64>) -> String {
     if counts.is_empty() {
@@ -776,6 +788,7 @@ async fn throughput(
             profile.label(),
             args.pods
         );
+        let load = load_average();
         let before = read_metrics(args)?;
         let run = run_phase(args, client, profile, phase).await?;
         let after = read_metrics(args)?;
@@ -783,7 +796,7 @@ async fn throughput(
         let rate = args.pods as f64 / run.all_bound.as_secs_f64();
         println!(
             "phase {phase} {:<5} {:>7.1} pods/s: {} pods created in {:.2} s, all bound after {:.2} s; \
-             create->bound p50 {:.0} ms, p99 {:.0} ms",
+             create->bound p50 {:.0} ms, p99 {:.0} ms; load average before {load}",
             profile.label(),
             rate,
             args.pods,
@@ -827,8 +840,10 @@ async fn throughput(
     };
     writeln!(
         summary,
-        "throughput ({} pods per phase, {} creators, order A B B A):",
-        args.pods, args.clients
+        "throughput ({} pods per phase, {} creators, order A B B A; load average at the end {}):",
+        args.pods,
+        args.clients,
+        load_average()
     )?;
     writeln!(
         summary,

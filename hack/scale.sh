@@ -147,6 +147,7 @@ cp_start_scheduler "$work/kube-scheduler.yaml" --v=1
 # ---------------------------------------------------------------- 3. the driver
 say "running examples/scale.rs: $nodes nodes, $pods pods per phase, $clients clients, $creates creates"
 driver_started=$SECONDS
+load_driver="$(cut -d' ' -f1-3 /proc/loadavg)"
 set +e
 "$driver" --kubeconfig "$kubeconfig" \
   --nodes "$nodes" --pods "$pods" --clients "$clients" --creates "$creates" \
@@ -166,7 +167,7 @@ cat <<EOF
 
 == hack/scale.sh summary
 commit:      $commit
-machine:     $(nproc) CPUs (${cpu:-unknown}), $(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)
+machine:     $(nproc) CPUs (${cpu:-unknown}), $(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load average at start $load_start, when measuring began $load_driver, at end $(cut -d' ' -f1-3 /proc/loadavg)
 Kubernetes:  kube-apiserver/kube-scheduler ${k8s_version}, etcd v${etcd_version} (--unsafe-no-fsync)
 gpu-admission: release build, two replicas, placement policy ${policy:-default}; extender verbs: filter${bind_verb:+ + $bind_verb}
 knobs:       SCALE_NODES=$nodes SCALE_PODS=$pods SCALE_CLIENTS=$clients SCALE_CREATES=$creates SCALE_SCHEDULER_QPS=$scheduler_qps SCALE_BIND_VERB=${bind_verb:-}

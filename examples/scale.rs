@@ -1079,7 +1079,21 @@ async fn create_latency(
         "creating {} pods in each of {HOOKS_NS} and {NO_HOOKS_NS}",
         args.creates
     );
+    // The ledger as the creates pile up: the GPUQuota read every 10 creates (reservations,
+    // size of the object as JSON); each create is filed under the last reading.
+    let mut ledger_at = Vec::with_capacity(args.creates);
+    let (mut reading, mut readings) = ((0, 0), Vec::new());
     for i in 0..args.creates {
+        if i % 10 == 0 {
+            let quota = quotas
+                .get("default")
+                .await
+                .with_context(|| format!("reading GPUQuota {HOOKS_NS}/default"))?;
+            let reservations = quota.status.as_ref().map_or(0, |s| s.reservations.len());
+            reading = (reservations, serde_json::to_vec(&quota)?.len());
+            readings.push(reading);
+        }
+        ledger_at.push(reading.0);
         let name = format!("lat-{i:05}");
         let pod = Profile::Gpu.pod(args, &name, 0)?;
         let t = Instant::now();
@@ -1150,6 +1164,16 @@ async fn create_latency(
             p(&first, 50.0),
             p(&last, 50.0)
         ),
+        format!(
+            "  GPUQuota during the creates (read every 10): reservations mean {:.0}, max {}; object max {} bytes",
+            readings.iter().map(|r| r.0).sum::<usize>() as f64 / readings.len().max(1) as f64,
+            readings.iter().map(|r| r.0).max().unwrap_or(0),
+            readings.iter().map(|r| r.1).max().unwrap_or(0),
+        ),
+        format!(
+            "  with webhooks, p50 by reservations in the ledger at the time: {}",
+            by_ledger(&with_hooks, &ledger_at)
+        ),
         format!("  inside gpu-admission: /mutate {}", mutate.describe()),
         format!("  inside gpu-admission: /validate {}", validate.describe()),
         format!(
@@ -1163,6 +1187,36 @@ async fn create_latency(
         writeln!(summary, "{line}")?;
     }
     Ok(())
+}
+
+/// p50 of `samples` grouped by the reservations the ledger held (`ledger_at`, same order):
+/// `<25: 30.1 ms (400), 25-99: ...`.
+fn by_ledger(samples: &[Duration], ledger_at: &[usize]) -> String {
+    let groups: [(&str, std::ops::Range<usize>); 4] = [
+        ("<25", 0..25),
+        ("25-99", 25..100),
+        ("100-199", 100..200),
+        (">=200", 200..usize::MAX),
+    ];
+    groups
+        .iter()
+        .filter_map(|(label, range)| {
+            let group: Vec<Duration> = samples
+                .iter()
+                .zip(ledger_at)
+                .filter(|(_, at)| range.contains(at))
+                .map(|(d, _)| *d)
+                .collect();
+            (!group.is_empty()).then(|| {
+                format!(
+                    "{label}: {:.1} ms ({})",
+                    percentile_ms(&sorted(&group), 50.0),
+                    group.len()
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn sorted(samples: &[Duration]) -> Vec<Duration> {

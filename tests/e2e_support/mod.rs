@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, dead_code)]
 
 pub mod https;
+pub mod shapes;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,12 +20,7 @@ use serde_json::json;
 pub const KUBECONFIG_ENV: &str = "GPU_ADMISSION_E2E_KUBECONFIG";
 pub const CTL_ENV: &str = "GPU_ADMISSION_E2E_CTL";
 pub const SCENARIO_LABEL: &str = "gpu-admission-e2e/scenario";
-pub const MODEL_LABEL: &str = "nvidia.com/gpu.product";
-pub const TYPE_ANNOTATION: &str = "gpu-admission.io/gpu-type";
-pub const CORE: &str = "tencent.com/vcuda-core";
-pub const MEMORY: &str = "tencent.com/vcuda-memory";
-/// vcuda-memory units per GPU on every test node.
-pub const MEMORY_PER_GPU: u32 = 16;
+pub use shapes::{CORE, MEMORY, MEMORY_PER_GPU, MODEL_LABEL, TYPE_ANNOTATION, WEBHOOK_LABEL};
 pub const BIND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One scenario's view of the test cluster.
@@ -124,23 +120,10 @@ impl Cluster {
             .create(&PostParams::default(), &node)
             .await
             .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
-        let resources = json!({
-            "cpu": "32",
-            "memory": "128Gi",
-            "pods": "110",
-            CORE: (100 * gpus).to_string(),
-            MEMORY: (MEMORY_PER_GPU * gpus).to_string(),
+        let resources = shapes::node_resources(gpus);
+        let status = json!({
+            "status": shapes::ready_node_status(&resources, "e2e test node (no kubelet)"),
         });
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let status = json!({"status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [{
-                "type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "e2e test node (no kubelet)",
-                "lastHeartbeatTime": now, "lastTransitionTime": now,
-            }],
-        }});
         self.nodes()
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
@@ -508,36 +491,16 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     let ca = std::fs::read(serving_ca()).unwrap();
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
     let name = format!("gpu-admission-e2e-{}", cluster.scenario);
-    // As deploy/ registers them: the validating webhook also sees pod UPDATEs, but only
-    // those that change the GPU model annotation (a match condition).
+    // As deploy/ registers them (see shapes::webhook).
     let webhook = |hook: &Hook, validating: bool| {
-        let operations = if validating {
-            json!(["CREATE", "UPDATE"])
-        } else {
-            json!(["CREATE"])
-        };
-        let model_of = |object: &str| {
-            format!(
-                "(has({object}.metadata.annotations) && '{TYPE_ANNOTATION}' in {object}.metadata.annotations ? {object}.metadata.annotations['{TYPE_ANNOTATION}'] : '')"
-            )
-        };
-        let mut webhook = json!({
-            "name": hook.name,
-            "clientConfig": {"url": hook.url, "caBundle": ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
-                       "resources": ["pods"]}],
-            "matchConditions": [{"name": "create-or-gpu-type-change", "expression": format!(
-                "request.operation == 'CREATE' || {} != {}", model_of("object"), model_of("oldObject"))}],
-            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: cluster.scenario}},
-            "failurePolicy": "Fail",
-            "sideEffects": "NoneOnDryRun",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 10,
-        });
-        if let Some(selector) = &hook.object_selector {
-            webhook["objectSelector"] = selector.clone();
-        }
-        webhook
+        shapes::webhook(
+            &hook.name,
+            &hook.url,
+            &ca_bundle,
+            validating,
+            cluster.scenario,
+            hook.object_selector.as_ref(),
+        )
     };
     unregister_webhooks(cluster).await;
     if !mutating.is_empty() {
@@ -579,8 +542,6 @@ pub async fn unregister_webhooks(cluster: &Cluster) {
         .await;
 }
 
-/// The label a namespace needs for the scenario's webhooks to apply to it.
-pub const WEBHOOK_LABEL: &str = "gpu-admission-e2e/webhooks";
 /// A scheduler nobody runs: pods that name it stay unbound, so deleting them is
 /// immediate (a bound pod would wait for a kubelet that does not exist).
 pub const NO_SCHEDULER: &str = "e2e-nobody";

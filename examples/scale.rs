@@ -62,6 +62,9 @@ const PHASE_LABEL: &str = "gpu-admission-scale/phase";
 const THROUGHPUT_NS: &str = "scale-throughput";
 const HOOKS_NS: &str = "scale-quota";
 const NO_HOOKS_NS: &str = "scale-nohooks";
+/// Without webhooks, but with a core ResourceQuota: the platform's own exact quota, whose
+/// admission plugin also writes a quota status on every create (the floor to compare with).
+const CORE_QUOTA_NS: &str = "scale-corequota";
 /// The value of [`WEBHOOK_LABEL`] the benchmark's webhooks select.
 const WEBHOOK_SELECTOR: &str = "scale";
 const WEBHOOK_CONFIG: &str = "gpu-admission-scale";
@@ -139,7 +142,7 @@ async fn main() -> Result<()> {
     let client = connect(&args.kubeconfig).await?;
     let mut summary = String::new();
 
-    for ns in [THROUGHPUT_NS, HOOKS_NS, NO_HOOKS_NS] {
+    for ns in [THROUGHPUT_NS, HOOKS_NS, NO_HOOKS_NS, CORE_QUOTA_NS] {
         create_namespace(&client, ns).await?;
     }
 
@@ -1070,8 +1073,11 @@ async fn create_latency(
     register_webhooks(args, client).await?;
     wait_webhooks_effective(client, start).await?;
 
+    core_resource_quota(client).await?;
     let hooks: Api<Pod> = Api::namespaced(client.clone(), HOOKS_NS);
     let plain: Api<Pod> = Api::namespaced(client.clone(), NO_HOOKS_NS);
+    let core: Api<Pod> = Api::namespaced(client.clone(), CORE_QUOTA_NS);
+    let mut core_quota = Vec::new();
     let before = read_metrics(args)?;
     let (mut with_hooks, mut without) = (Vec::new(), Vec::new());
     say!(
@@ -1079,7 +1085,8 @@ async fn create_latency(
         "creating {} pods in each of {HOOKS_NS} and {NO_HOOKS_NS}",
         args.creates
     );
-    // The ledger as the creates pile up: the GPUQuota read every 10 creates (reservations,
+    // The ledger as the creates pile up: the GPUQuota read every 10 creates (its entries:
+    // pending totals, or per-pod reservations before them;
     // size of the object as JSON); each create is filed under the last reading.
     let mut ledger_at = Vec::with_capacity(args.creates);
     let (mut reading, mut readings) = ((0, 0), Vec::new());
@@ -1089,7 +1096,10 @@ async fn create_latency(
                 .get("default")
                 .await
                 .with_context(|| format!("reading GPUQuota {HOOKS_NS}/default"))?;
-            let reservations = quota.status.as_ref().map_or(0, |s| s.reservations.len());
+            let reservations = quota
+                .status
+                .as_ref()
+                .map_or(0, |s| s.pending.len() + s.reservations.len());
             reading = (reservations, serde_json::to_vec(&quota)?.len());
             readings.push(reading);
         }
@@ -1108,6 +1118,11 @@ async fn create_latency(
             .await
             .with_context(|| format!("creating pod {NO_HOOKS_NS}/{name}"))?;
         without.push(t.elapsed());
+        let t = Instant::now();
+        core.create(&PostParams::default(), &pod)
+            .await
+            .with_context(|| format!("creating pod {CORE_QUOTA_NS}/{name}"))?;
+        core_quota.push(t.elapsed());
         if (i + 1) % 250 == 0 {
             say!(start, "{} creates each", i + 1);
         }
@@ -1130,6 +1145,7 @@ async fn create_latency(
     let last: Vec<Duration> = sorted(&with_hooks[args.creates - head..]);
     let with_sorted = sorted(&with_hooks);
     let without_sorted = sorted(&without);
+    let core_sorted = sorted(&core_quota);
     let p = |s: &[Duration], q: f64| percentile_ms(s, q);
     let route = |samples: &(Samples, Samples), route: &str| {
         samples.1.histogram(
@@ -1155,9 +1171,15 @@ async fn create_latency(
             p(&without_sorted, 99.0)
         ),
         format!(
-            "  ratio of p50s with/without: {:.2} (+{:.1} ms)",
+            "  without webhooks, in a namespace with a core ResourceQuota: p50 {:.1} ms, p99 {:.1} ms",
+            p(&core_sorted, 50.0),
+            p(&core_sorted, 99.0)
+        ),
+        format!(
+            "  ratio of p50s with/without: {:.2} (+{:.1} ms); core ResourceQuota/without: {:.2}",
             p(&with_sorted, 50.0) / p(&without_sorted, 50.0),
-            p(&with_sorted, 50.0) - p(&without_sorted, 50.0)
+            p(&with_sorted, 50.0) - p(&without_sorted, 50.0),
+            p(&core_sorted, 50.0) / p(&without_sorted, 50.0)
         ),
         format!(
             "  with webhooks, p50 of the first {head} creates {:.1} ms, of the last {head} {:.1} ms",
@@ -1186,6 +1208,28 @@ async fn create_latency(
         println!("{line}");
         writeln!(summary, "{line}")?;
     }
+    Ok(())
+}
+
+/// A ResourceQuota on the pod count in [`CORE_QUOTA_NS`], with the status the quota
+/// controller would write (no controller-manager runs here), so its admission plugin
+/// checks and writes it on every create.
+async fn core_resource_quota(client: &Client) -> Result<()> {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let api: Api<ResourceQuota> = Api::namespaced(client.clone(), CORE_QUOTA_NS);
+    let quota: ResourceQuota = serde_json::from_value(
+        json!({"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "1000000"}}}),
+    )?;
+    let mut quota = api
+        .create(&PostParams::default(), &quota)
+        .await
+        .with_context(|| format!("creating ResourceQuota {CORE_QUOTA_NS}/pods"))?;
+    quota.status = Some(serde_json::from_value(
+        json!({"hard": {"pods": "1000000"}, "used": {"pods": "0"}}),
+    )?);
+    api.replace_status("pods", &PostParams::default(), &quota)
+        .await
+        .with_context(|| format!("writing the status of ResourceQuota {CORE_QUOTA_NS}/pods"))?;
     Ok(())
 }
 
@@ -1324,7 +1368,7 @@ struct QuotaLedger {
 impl QuotaLedger {
     fn describe(&self) -> String {
         format!(
-            "{} reservations, used {:?}, `kubectl get gq -o json` {} bytes",
+            "{} ledger entries (pending totals, per-pod reservations), used {:?}, `kubectl get gq -o json` {} bytes",
             self.reservations, self.used, self.kubectl_json_bytes
         )
     }
@@ -1349,7 +1393,7 @@ async fn quota_ledger(args: &Args, quotas: &Api<GPUQuota>) -> Result<QuotaLedger
         );
     }
     Ok(QuotaLedger {
-        reservations: status.reservations.len(),
+        reservations: status.pending.len() + status.reservations.len(),
         used: status
             .used
             .into_iter()

@@ -26,8 +26,9 @@
 # Environment (defaults):
 #   SCALE_NODES (1000), SCALE_PODS (500, per profile per phase), SCALE_CLIENTS (16 parallel
 #   creators), SCALE_CREATES (1000 sequential creates per side);
-#   SCALE_BIND_VERB (empty: the extender has no bindVerb and kube-scheduler binds; e.g.
-#   `bind` adds `bindVerb: bind`);
+#   SCALE_BIND_VERB (`bind`: the extender binds GPU pods itself, as deploy/ configures it —
+#   `bindVerb: bind` for kube-scheduler, `placement.bindVerb: true` for gpu-admission;
+#   empty: filter only, kube-scheduler binds, as tkestack's configuration does);
 #   SCALE_SCHEDULER_QPS (1000; kube-scheduler's clientConnection qps, burst twice that: its
 #   own default, 50, caps binding near 60 pods/s for both profiles and hides the extender);
 #   SCALE_POLICY (gpu-admission's placement policy; empty: its default);
@@ -44,7 +45,7 @@ nodes="${SCALE_NODES:-1000}"
 pods="${SCALE_PODS:-500}"
 clients="${SCALE_CLIENTS:-16}"
 creates="${SCALE_CREATES:-1000}"
-bind_verb="${SCALE_BIND_VERB:-}"
+bind_verb="${SCALE_BIND_VERB-bind}"
 scheduler_qps="${SCALE_SCHEDULER_QPS:-1000}"
 policy="${SCALE_POLICY:-}"
 for knob in nodes pods clients creates scheduler_qps; do
@@ -102,11 +103,12 @@ cp_start_apiserver --disable-admission-plugins=ServiceAccount,TaintNodesByCondit
 cp_kubeconfig
 cp_install_crd "$print_crd"
 cp_gpu_admission_certs "$gpu_admission"
-if [[ -n "$policy" ]]; then
-  printf 'placement:\n  policy: %s\n' "$policy" >"$work/gpu-admission.yaml"
-else
-  : >"$work/gpu-admission.yaml" # every default
-fi
+{
+  echo "placement:"
+  [[ -n "$policy" ]] && echo "  policy: $policy"
+  [[ -n "$bind_verb" ]] && echo "  bindVerb: true"
+  echo "  gpuManagerCompat: true" # a no-op default, so the block is never empty
+} >"$work/gpu-admission.yaml"
 cp_write_ctl "$gpu_admission" "$work/gpu-admission.yaml" info
 bash "$ctl" start a || die "gpu-admission (replica a) did not start (see above)"
 bash "$ctl" start b || die "gpu-admission (replica b) did not start (see above)"

@@ -206,6 +206,33 @@ impl ClusterCache {
             })
     }
 
+    /// API mode: make sure the cache holds pod `key` before a filter or bind call looks
+    /// for it. kube-scheduler can see a new pod before this process's watch does; rather
+    /// than refuse it (the scheduler would back off a second), read the cluster's copy.
+    pub async fn ensure_pod(&self, key: &PodKey) {
+        let PodWriter::Api(client) = &self.inner.writer else {
+            return;
+        };
+        if self.with_state(|state| state.pod(key).is_some()) {
+            return;
+        }
+        let Some((namespace, name)) = key.split_once('/') else {
+            return;
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let Ok(Some(pod)) = pods.get_opt(name).await else {
+            return;
+        };
+        let Ok(cached) = CachedPod::from_pod(&pod, &self.inner.projection) else {
+            return;
+        };
+        self.with_state(|state| {
+            if state.pod(key).is_none() {
+                state.apply_pod(key.clone(), cached);
+            }
+        });
+    }
+
     /// Bind the pod to `node` and write the placement annotations in one call: the
     /// binding subresource copies a Binding's annotations onto the pod as it sets
     /// `spec.nodeName`, and refuses a pod whose uid differs. So gpu-manager, which reads

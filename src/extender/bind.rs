@@ -45,6 +45,7 @@ pub async fn bind(
     args: &ExtenderBindingArgs,
 ) -> (ExtenderBindingResult, BindOutcome) {
     let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
+    cache.ensure_pod(&key).await;
     let bound_here = cache.with_state(|state| {
         let pod = state.pod(&key)?;
         Some(pod.bound && *pod.uid == *args.pod_uid && pod.node.as_deref() == Some(&*args.node))

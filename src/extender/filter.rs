@@ -64,6 +64,7 @@ pub async fn filter(
         Err(error) => return error_result(format!("pod {}: {error}", pod_key(&args.pod))),
     };
     let key = pod_key(&args.pod);
+    cache.ensure_pod(&key).await;
     // API mode: the cluster's copy of the pod is placed, never the caller's.
     let subject = match cache.client() {
         Some(_) => Subject::Known { uid: offered.uid },

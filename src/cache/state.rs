@@ -9,11 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::placement::fit::fit_held;
-use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
-use crate::quota::ledger::{
-    ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, reported_usage, usage,
-};
+use crate::quota::ledger::{ModelAmounts, QuotaView, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -31,10 +28,13 @@ struct NodeEntry {
 #[derive(Debug, Default)]
 pub struct ClusterState {
     nodes: HashMap<Arc<str>, NodeEntry>,
+    /// Changed only by `put_pod` and `delete_pod`, which keep `ledger` up to date.
     pods: HashMap<PodKey, CachedPod>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
+    /// Usage per namespace and model, kept up to date as pods, nodes and quotas change.
+    ledger: usage::Ledger,
 }
 
 /// A placement the filter made: the node, its GPUs, and what to restore if recording
@@ -127,14 +127,24 @@ impl ClusterState {
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a GPUQuota> + 'a {
-        self.quotas()
-            .filter(move |q| q.metadata.namespace.as_deref() == Some(namespace))
+        let first = (namespace.to_string(), String::new());
+        self.quotas
+            .range(first..)
+            .take_while(move |((ns, _), _)| ns == namespace)
+            .map(|(_, quota)| quota)
+    }
+
+    /// What the namespace's GPUQuotas say ([`NamespaceLimits::of`] them), kept with
+    /// the quotas rather than recomputed.
+    pub fn namespace_limits(&self, namespace: &str) -> &NamespaceLimits {
+        self.ledger.limits(namespace)
     }
 
     // === nodes ===
 
     pub fn apply_node(&mut self, gpus: NodeGpus) {
         let name = gpus.name.clone();
+        let model_changed = self.node(&name).is_none_or(|old| old.model != gpus.model);
         let entry = self.nodes.entry(name.clone()).or_default();
         let same_shape = entry.gpus.as_ref().is_some_and(|old| {
             old.gpu_count() == gpus.gpu_count() && old.memory_per_gpu == gpus.memory_per_gpu
@@ -149,12 +159,16 @@ impl ClusterState {
                 self.recompute(&name);
             }
         }
+        if model_changed {
+            self.recharge_node(&name);
+        }
     }
 
     pub fn delete_node(&mut self, name: &str) {
         if let Some(entry) = self.nodes.get_mut(name) {
             entry.gpus = None;
         }
+        self.recharge_node(name);
         self.drop_empty(name);
     }
 
@@ -200,6 +214,7 @@ impl ClusterState {
             return;
         };
         let namespace = namespace_of(key);
+        self.ledger.discharge(key, namespace);
         if let Some(keys) = self.by_namespace.get_mut(namespace) {
             keys.remove(key);
             if keys.is_empty() {
@@ -248,12 +263,43 @@ impl ClusterState {
         if let Some(old) = old_node.as_ref().filter(|o| Some(*o) != new_node.as_ref()) {
             self.unlink(old, &key);
         }
+        self.recharge(&key);
         if let Some(node) = new_node {
             let entry = self.nodes.entry(node.clone()).or_default();
             if !entry.pods.contains(&key) {
                 entry.pods.push(key);
             }
             self.recompute(&node);
+        }
+    }
+
+    /// Bring the ledger's charge of pod `key` up to date.
+    fn recharge(&mut self, key: &PodKey) {
+        let pod = self.pods.get(key);
+        let model = pod.and_then(|p| node_model(&self.nodes, p));
+        self.ledger.recharge(key, namespace_of(key), pod, model);
+    }
+
+    /// Recharge the pods on node `name` (its model changed, or it left).
+    fn recharge_node(&mut self, name: &str) {
+        let Some(entry) = self.nodes.get(name) else {
+            return;
+        };
+        for key in &entry.pods {
+            let pod = self.pods.get(key);
+            let model = pod.and_then(|p| node_model(&self.nodes, p));
+            self.ledger.recharge(key, namespace_of(key), pod, model);
+        }
+    }
+
+    /// Recharge the pods of `namespace` after its quotas changed.
+    fn recharge_namespace(&mut self, namespace: &str) {
+        let limits = NamespaceLimits::of(self.namespace_quotas(namespace), namespace);
+        self.ledger.set_limits(namespace, limits);
+        for key in self.by_namespace.get(namespace).into_iter().flatten() {
+            let pod = self.pods.get(key);
+            let model = pod.and_then(|p| node_model(&self.nodes, p));
+            self.ledger.recharge(key, namespace, pod, model);
         }
     }
 
@@ -336,15 +382,28 @@ impl ClusterState {
     // === quotas ===
 
     pub fn apply_quota(&mut self, quota: GPUQuota) {
-        self.quotas.insert(quota_key(&quota), quota);
+        let key = quota_key(&quota);
+        let namespace = key.0.clone();
+        self.quotas.insert(key, quota);
+        self.recharge_namespace(&namespace);
     }
 
     pub fn delete_quota(&mut self, quota: &GPUQuota) {
-        self.quotas.remove(&quota_key(quota));
+        let key = quota_key(quota);
+        self.quotas.remove(&key);
+        self.recharge_namespace(&key.0);
     }
 
     pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
-        self.quotas = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+        let fresh = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+        let old = std::mem::replace(&mut self.quotas, fresh);
+        let namespaces: std::collections::BTreeSet<String> = (old.into_keys())
+            .chain(self.quotas.keys().cloned())
+            .map(|(namespace, _)| namespace)
+            .collect();
+        for namespace in namespaces {
+            self.recharge_namespace(&namespace);
+        }
     }
 
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
@@ -369,31 +428,15 @@ impl ClusterState {
     /// (see [`reported_usage`]).
     pub fn quota_usage(&self, quota: &GPUQuota) -> ModelAmounts {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
-        let listed = NamespaceLimits::of(self.quotas(), namespace).models;
+        let listed = &self.namespace_limits(namespace).models;
         let lists = |model: &str| quota.spec.hard.contains_key(model);
-        reported_usage(&self.usage(namespace), lists, &listed)
+        reported_usage(&self.usage(namespace), lists, listed)
     }
 
-    /// GPUs per model that the namespace's live pods are charged.
+    /// GPUs per model that the namespace's live pods are charged (kept up to date as
+    /// pods, nodes and quotas change: one entry per model, not a walk over the pods).
     pub fn usage(&self, namespace: &str) -> ModelAmounts {
-        let limits = NamespaceLimits::of(self.quotas(), namespace);
-        let keys = self.by_namespace.get(namespace).into_iter().flatten();
-        let pods = keys.filter_map(|key| self.pods.get(key)).map(|pod| {
-            let wanted =
-                WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-            let node_model = pod
-                .node
-                .as_deref()
-                .and_then(|n| self.node(n))
-                .and_then(|n| n.model.as_deref());
-            PodCharge {
-                namespace,
-                model: charged_model(wanted, node_model),
-                amount: amount_of(&pod.request),
-                live: !pod.terminating,
-            }
-        });
-        usage(namespace, pods)
+        self.ledger.usage(namespace)
     }
 
     // === the filter transaction ===
@@ -560,6 +603,12 @@ fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {
     }
 }
 
+/// The model of the node `pod` is on, as far as this cache knows it.
+fn node_model<'a>(nodes: &'a HashMap<Arc<str>, NodeEntry>, pod: &CachedPod) -> Option<&'a str> {
+    let entry = nodes.get(pod.node.as_deref()?)?;
+    entry.gpus.as_ref()?.model.as_deref()
+}
+
 /// The namespace part of a `namespace/name` pod key.
 fn namespace_of(key: &str) -> &str {
     key.split_once('/').map_or("", |(namespace, _)| namespace)
@@ -584,3 +633,6 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
 
 #[cfg(test)]
 mod charge_tests;
+mod usage;
+#[cfg(test)]
+mod usage_tests;

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::admission::mutate::{desired_pod, patch_for};
-use crate::admission::review::Review;
+use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
@@ -17,15 +17,15 @@ use crate::quota::NamespaceLimits;
 use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer};
 
 /// A review and, for a CREATE, its pod with namespace and name (even under generateName).
-type Created = (Review, Option<(String, Pod)>);
+type Created = (Review, Option<(String, Box<Pod>)>);
 
 fn created_pod(body: &[u8]) -> Result<Created, String> {
-    let review = Review::from_json(body)?;
-    let request = &review.request;
-    if request.operation != "CREATE" {
+    let mut review = Review::decode(body)?;
+    if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
-    let mut pod = review.pod(false)?;
+    let mut pod = review.take_pod(false)?;
+    let request = &review.request;
     let namespace = request
         .namespace
         .clone()
@@ -53,21 +53,20 @@ enum Reviewed {
 }
 
 fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
-    let (review, created) = created_pod(body)?;
+    let (mut review, created) = created_pod(body)?;
     if let Some((namespace, pod)) = created {
-        let pod = Box::new(pod);
         return Ok((review, Reviewed::Create { namespace, pod }));
     }
     if review.request.operation != "UPDATE" {
         return Ok((review, Reviewed::Other));
     }
-    let new = Box::new(review.pod(false)?);
-    let old = Box::new(review.pod(true)?);
+    let new = review.take_pod(false)?;
+    let old = review.take_pod(true)?;
     Ok((review, Reviewed::Update { old, new }))
 }
 
-fn reply(decision: &'static str, review: serde_json::Value) -> (&'static str, Response) {
-    (decision, Json(review).into_response())
+fn reply(decision: &'static str, answer: Answer) -> (&'static str, Response) {
+    (decision, Json(answer).into_response())
 }
 
 const VALIDATE: Route<(Review, Reviewed)> = Route {

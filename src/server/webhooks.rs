@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::admission::mutate::{desired_pod, patch_for};
+use crate::admission::mutate::mutation;
 use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
@@ -127,9 +127,9 @@ pub async fn mutate_route(
         let limits = state
             .cache
             .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
-        match desired_pod(&pod, &state.config, &limits) {
-            Ok(desired) => {
-                let patch = patch_for(&pod, &desired);
+        let keys = &state.cache.projection().keys;
+        match mutation(&pod, &state.config, keys, &limits) {
+            Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))
             }

@@ -12,7 +12,6 @@ use crate::admission::mutate::mutation;
 use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
-use crate::quota::NamespaceLimits;
 
 use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer};
 
@@ -126,7 +125,7 @@ pub async fn mutate_route(
         };
         let limits = state
             .cache
-            .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
+            .with_state(|s| s.namespace_limits(&namespace).clone());
         let keys = &state.cache.projection().keys;
         match mutation(&pod, &state.config, keys, &limits) {
             Ok(patch) => {

@@ -74,9 +74,27 @@ pub fn volcano_predicate(data: &[u8]) {
 
 /// An AdmissionReview body; when it decodes, its `request.object` and
 /// `request.oldObject` as pods (`Review::pod`, the webhooks' own bounded decoder; the
-/// objects stay raw JSON until then), and those pods' GPU requests.
+/// objects stay raw JSON until then), and those pods' GPU requests. The webhooks'
+/// one-pass decoder (`Review::decode`, then `Review::take_pod`) must give the same
+/// review and pods, or the same error.
 pub fn admission_review(data: &[u8]) {
-    let Ok(review) = Review::from_json(data) else {
+    let reference = Review::from_json(data);
+    match (&reference, Review::decode(data)) {
+        (Err(reference), Err(decoded)) => assert_eq!(reference, &decoded),
+        (Ok(reference), Ok(mut decoded)) => {
+            let (a, b) = (&reference.request, &decoded.request);
+            assert_eq!(reference.api_version, decoded.api_version);
+            assert_eq!(
+                (&a.uid, &a.namespace, &a.name, &a.operation, a.dry_run),
+                (&b.uid, &b.namespace, &b.name, &b.operation, b.dry_run)
+            );
+            for old in [false, true] {
+                assert_eq!(reference.pod(old), decoded.take_pod(old).map(|pod| *pod));
+            }
+        }
+        (reference, decoded) => panic!("from_json: {reference:?}, decode: {decoded:?}"),
+    }
+    let Ok(review) = reference else {
         return;
     };
     for old in [false, true] {

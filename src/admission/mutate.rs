@@ -2,60 +2,161 @@
 //! of the models (and pools) it may use. Idempotent: applied to its own output it
 //! changes nothing.
 
+use std::collections::BTreeMap;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
 };
+use serde_json::Value;
 
 use crate::cache::AnnotationKeys;
 use crate::config::{Config, DEFAULT_SCHEDULER, SchedulerNamePolicy};
 use crate::placement::models::ModelSource;
 use crate::quota::NamespaceLimits;
 
-/// The pod as it should be, or why it cannot be admitted as it is.
-pub fn desired_pod(pod: &Pod, config: &Config, limits: &NamespaceLimits) -> Result<Pod, String> {
+/// The fields of a pod the mutation sets, and nothing else: the annotations and, when
+/// the pod has a spec, its affinity and scheduler name.
+#[derive(Debug, Clone, PartialEq)]
+struct Steered {
+    annotations: Option<BTreeMap<String, String>>,
+    spec: Option<SpecPart>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct SpecPart {
+    affinity: Option<Affinity>,
+    scheduler_name: Option<String>,
+}
+
+impl Steered {
+    fn of(pod: &Pod) -> Self {
+        Steered {
+            annotations: pod.metadata.annotations.clone(),
+            spec: pod.spec.as_ref().map(|spec| SpecPart {
+                affinity: spec.affinity.clone(),
+                scheduler_name: spec.scheduler_name.clone(),
+            }),
+        }
+    }
+
+    fn apply(self, pod: &mut Pod) {
+        pod.metadata.annotations = self.annotations;
+        if let (Some(spec), Some(part)) = (pod.spec.as_mut(), self.spec) {
+            spec.affinity = part.affinity;
+            spec.scheduler_name = part.scheduler_name;
+        }
+    }
+}
+
+/// The pod as it should be, or why it cannot be admitted as it is. `keys` are the
+/// placement annotations' (`Projection::keys`).
+pub fn desired_pod(
+    pod: &Pod,
+    config: &Config,
+    keys: &AnnotationKeys,
+    limits: &NamespaceLimits,
+) -> Result<Pod, String> {
+    let steered = steer(pod, config, keys, limits)?;
+    let mut desired = pod.clone();
+    steered.apply(&mut desired);
+    Ok(desired)
+}
+
+/// The JSON Patch (RFC 6902) that turns `pod` into its [`desired_pod`], or why it
+/// cannot be admitted as it is. Computed typed-to-typed, so fields the typed Pod does
+/// not know are never touched, and only on the fields the mutation sets: every other
+/// field is the same on both sides and adds nothing to the patch, and copying,
+/// serializing and comparing whole pods was most of the cost of a `/mutate`
+/// (docs/benchmarks.md). The patch is the one `json_patch::diff` of the whole pods
+/// gives, operation for operation.
+pub fn mutation(
+    pod: &Pod,
+    config: &Config,
+    keys: &AnnotationKeys,
+    limits: &NamespaceLimits,
+) -> Result<Patch, String> {
+    let after = steer(pod, config, keys, limits)?;
+    let mut patch = Patch::default();
+    // In the order a diff of the whole pods lists them: by key, depth first.
+    diff_annotations(
+        pod.metadata.annotations.as_ref(),
+        after.annotations.as_ref(),
+        &mut patch,
+    );
+    if let (Some(before), Some(after)) = (&pod.spec, &after.spec) {
+        let (b, a) = (before.affinity.as_ref(), after.affinity.as_ref());
+        diff_field(["spec", "affinity"], b, a, &mut patch);
+        let (b, a) = (
+            before.scheduler_name.as_ref(),
+            after.scheduler_name.as_ref(),
+        );
+        diff_field(["spec", "schedulerName"], b, a, &mut patch);
+    }
+    debug_assert_eq!(
+        Ok(&patch),
+        desired_pod(pod, config, keys, limits)
+            .map(|d| diff(pod, &d))
+            .as_ref(),
+        "the mutation's patch is not the diff of the whole pods"
+    );
+    Ok(patch)
+}
+
+/// What `pod` should be, in the fields the mutation sets: steered to the GPU scheduler
+/// and to nodes of the models and pools it may use.
+fn steer(
+    pod: &Pod,
+    config: &Config,
+    keys: &AnnotationKeys,
+    limits: &NamespaceLimits,
+) -> Result<Steered, String> {
     let wanted = limits.wanted_models(pod, config);
     check_node_selector(pod, &config.model_label, &wanted.models, "GPU model")?;
     check_node_selector(pod, &config.pool_label, &limits.pools, "node pool")?;
-    let mut desired = pod.clone();
-    set_scheduler_name(&mut desired, config);
-    drop_placement_annotations(&mut desired, config);
+    let mut steered = Steered::of(pod);
+    if let Some(spec) = steered.spec.as_mut() {
+        set_scheduler_name(&mut spec.scheduler_name, config);
+    }
+    drop_placement_annotations(&mut steered.annotations, keys);
     if matches!(
         wanted.source,
         ModelSource::QuotaDefault | ModelSource::QuotaList
     ) {
-        desired
-            .metadata
+        steered
             .annotations
             .get_or_insert_with(Default::default)
             .insert(config.type_annotation.clone(), wanted.models.join(","));
     }
-    require(&mut desired, &config.model_label, &wanted.models);
-    require(&mut desired, &config.pool_label, &limits.pools);
-    Ok(desired)
+    if let Some(spec) = steered.spec.as_mut() {
+        require(&mut spec.affinity, &config.model_label, &wanted.models);
+        require(&mut spec.affinity, &config.pool_label, &limits.pools);
+    }
+    Ok(steered)
 }
 
 /// A pod is placed after it is created, by the extender: placement annotations on a pod
 /// being created are forged (or stale, copied from an old pod) and would book GPUs in
 /// gpu-admission's view, and gpu-manager's, that no placement chose.
-fn drop_placement_annotations(pod: &mut Pod, config: &Config) {
-    let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
-    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+fn drop_placement_annotations(
+    annotations: &mut Option<BTreeMap<String, String>>,
+    keys: &AnnotationKeys,
+) {
+    if let Some(annotations) = annotations.as_mut() {
         annotations.retain(|key, _| !keys.is_placement(key));
     }
 }
 
-fn set_scheduler_name(pod: &mut Pod, config: &Config) {
-    let Some(spec) = pod.spec.as_mut() else {
-        return;
-    };
-    let current = spec.scheduler_name.as_deref().unwrap_or_default();
+fn set_scheduler_name(scheduler_name: &mut Option<String>, config: &Config) {
+    let current = scheduler_name.as_deref().unwrap_or_default();
     let replace = match config.scheduler_name_policy {
         SchedulerNamePolicy::Always => true,
         SchedulerNamePolicy::IfDefault => current.is_empty() || current == DEFAULT_SCHEDULER,
         SchedulerNamePolicy::Never => false,
     };
     if replace {
-        spec.scheduler_name = Some(config.scheduler_name.clone());
+        *scheduler_name = Some(config.scheduler_name.clone());
     }
 }
 
@@ -82,20 +183,16 @@ fn check_node_selector(
 
 /// Add `label In values` to every required node-selector term (a user's own terms keep
 /// their meaning: they are ORed, so each must carry it), or a new term when there is none.
-fn require(pod: &mut Pod, label: &str, values: &[String]) {
+fn require(affinity: &mut Option<Affinity>, label: &str, values: &[String]) {
     if values.is_empty() {
         return;
     }
-    let Some(spec) = pod.spec.as_mut() else {
-        return;
-    };
     let expression = NodeSelectorRequirement {
         key: label.to_string(),
         operator: "In".to_string(),
         values: Some(values.to_vec()),
     };
-    let required = spec
-        .affinity
+    let required = affinity
         .get_or_insert_with(Affinity::default)
         .node_affinity
         .get_or_insert_with(NodeAffinity::default)
@@ -114,10 +211,142 @@ fn require(pod: &mut Pod, label: &str, values: &[String]) {
     }
 }
 
-/// The JSON Patch that turns `before` into `after`, computed typed-to-typed so fields
-/// the typed Pod does not know are never touched.
-pub fn patch_for(before: &Pod, after: &Pod) -> json_patch::Patch {
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+/// What `json_patch::diff` of the whole pods has for their annotations (a flat map of
+/// strings), without building either as JSON: new keys are added, changed ones
+/// replaced, in key order, then missing ones removed.
+fn diff_annotations(
+    before: Option<&BTreeMap<String, String>>,
+    after: Option<&BTreeMap<String, String>>,
+    patch: &mut Patch,
+) {
+    let (Some(before), Some(after)) = (before, after) else {
+        return diff_field(["metadata", "annotations"], before, after, patch);
+    };
+    for (key, value) in after {
+        let path = || pointer(&["metadata", "annotations", key]);
+        let value_now = || Value::String(value.clone());
+        match before.get(key) {
+            None => patch.0.push(PatchOperation::Add(AddOperation {
+                path: path(),
+                value: value_now(),
+            })),
+            Some(old) if old != value => patch.0.push(PatchOperation::Replace(ReplaceOperation {
+                path: path(),
+                value: value_now(),
+            })),
+            Some(_) => {}
+        }
+    }
+    for key in before.keys().filter(|key| !after.contains_key(*key)) {
+        patch
+            .0
+            .push(PatchOperation::Remove(json_patch::RemoveOperation {
+                path: pointer(&["metadata", "annotations", key]),
+            }));
+    }
+}
+
+/// Add to `patch` what `json_patch::diff` of the whole pods has for field `at` (a
+/// field of a field of the pod), without building the field as JSON when it is the
+/// same on both sides, or diffing it when it is new (then it is added whole).
+fn diff_field<T: serde::Serialize + PartialEq>(
+    at: [&str; 2],
+    before: Option<&T>,
+    after: Option<&T>,
+    patch: &mut Patch,
+) {
+    let value = |field: &T| serde_json::to_value(field).unwrap_or_default();
+    match (before, after) {
+        (before, after) if before == after => {}
+        (None, Some(after)) => patch.0.push(PatchOperation::Add(AddOperation {
+            path: pointer(&at),
+            value: value(after),
+        })),
+        (before, after) => {
+            let nested = |field: Option<&T>| {
+                let inner: serde_json::Map<_, _> = field
+                    .map(|f| (at[1].to_string(), value(f)))
+                    .into_iter()
+                    .collect();
+                serde_json::json!({ at[0]: inner })
+            };
+            patch
+                .0
+                .extend(json_patch::diff(&nested(before), &nested(after)).0);
+        }
+    }
+}
+
+/// `json_patch::diff` of two whole pods: what [`mutation`]'s patch must equal.
+fn diff(before: &Pod, after: &Pod) -> Patch {
     let before = serde_json::to_value(before).unwrap_or_default();
     let after = serde_json::to_value(after).unwrap_or_default();
     json_patch::diff(&before, &after)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// Pods that exercise every change `desired_pod` makes, and none.
+    fn pods() -> Vec<Value> {
+        let gpu = json!([{"name": "c", "image": "i", "env": [{"name": "A", "value": "1"}],
+            "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "2"}}}]);
+        let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {}}]}});
+        vec![
+            json!({"metadata": {"name": "plain"}, "spec": {"containers": gpu}}),
+            json!({"metadata": {"name": "typed", "labels": {"a": "b"},
+                    "annotations": {"gpu-admission.io/gpu-type": "A100", "tencent.com/predicate-node": "n1",
+                        "tencent.com/predicate-gpu-idx-0": "0", "other": "kept"}},
+                "spec": {"containers": gpu, "schedulerName": "default-scheduler", "affinity": affinity,
+                    "initContainers": gpu, "nodeSelector": {"nvidia.com/gpu.product": "A100"}}}),
+            json!({"metadata": {"name": "other-scheduler", "annotations": {}},
+                "spec": {"containers": gpu, "schedulerName": "volcano", "affinity": {"podAffinity": {}}}}),
+            json!({"metadata": {"name": "no-spec"}}),
+        ]
+    }
+
+    fn limits(quota: bool) -> NamespaceLimits {
+        match quota {
+            false => NamespaceLimits::default(),
+            true => NamespaceLimits {
+                has_quota: true,
+                default_type: Some("Tesla-T4".into()),
+                models: vec!["Tesla-T4".into(), "A100".into()],
+                pools: vec!["pool-a".into()],
+            },
+        }
+    }
+
+    #[test]
+    fn the_mutations_patch_is_the_diff_of_the_whole_pods() {
+        for policy in ["always", "ifDefault", "never"] {
+            let config = Config::parse(&format!("schedulerNamePolicy: {policy}")).unwrap();
+            let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
+            for pod in pods() {
+                let pod: Pod = serde_json::from_value(pod).unwrap();
+                for quota in [false, true] {
+                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits(quota)) else {
+                        continue;
+                    };
+                    let patch = mutation(&pod, &config, &keys, &limits(quota)).unwrap();
+                    assert_eq!(patch, diff(&pod, &desired), "{pod:?}");
+                    assert_eq!(
+                        patch.0.is_empty(),
+                        pod == desired,
+                        "{policy} {quota} {pod:?}"
+                    );
+                }
+            }
+        }
+    }
 }

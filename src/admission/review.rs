@@ -1,12 +1,15 @@
 //! AdmissionReview on the wire (`admission.k8s.io/v1`, and `v1beta1` when a request
 //! comes in that version). The response always echoes the request's uid and version.
 
-use base64::Engine as _;
-use serde::Deserialize;
-use serde_json::value::RawValue;
-use serde_json::{Value, json};
+use std::fmt;
 
-use crate::wire::{self, decode_raw, object_parts};
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+
+use crate::wire::{self, KeyIndex, MAX_POD_VALUES, decode_raw, object_parts};
 
 /// The parts of a review request we read.
 #[derive(Debug, Clone, Deserialize)]
@@ -18,14 +21,28 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub name: Option<String>,
     pub operation: String,
-    /// The object's JSON text, decoded by the handler (see `crate::wire::pod`).
+    /// The object: JSON text until the handler decodes the pod (see `crate::wire::pod`).
     #[serde(default)]
-    pub object: Option<Box<RawValue>>,
+    pub object: Option<Object>,
     /// The object before an UPDATE (null for a CREATE).
     #[serde(default)]
-    pub old_object: Option<Box<RawValue>>,
+    pub old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+}
+
+/// A review's object: its JSON text ([`Review::from_json`]), or the pod already decoded
+/// from it ([`Review::decode`]'s single pass).
+#[derive(Debug, Clone)]
+pub enum Object {
+    Raw(Box<RawValue>),
+    Pod(Box<Pod>),
+}
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(Object::Raw)
+    }
 }
 
 /// A decoded review: its apiVersion (echoed back) and request.
@@ -36,29 +53,21 @@ pub struct Review {
 }
 
 const VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
+const REVIEW_KEYS: [&str; 3] = ["apiVersion", "kind", "request"];
+
+/// A string part's text; anything else reads as empty (and is refused as such).
+fn part_text(raw: Option<&RawValue>) -> String {
+    raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+        .unwrap_or_default()
+}
 
 impl Review {
     /// Decode a review body. Only `apiVersion`, `kind` and the request's few fields
     /// are read; the objects stay JSON text until the handler decodes the pod.
     pub fn from_json(body: &[u8]) -> Result<Review, String> {
-        let [api_version, kind, request] = object_parts(
-            "AdmissionReview",
-            wire::text(body)?,
-            ["apiVersion", "kind", "request"],
-        )?;
-        let text = |raw: Option<&RawValue>| {
-            raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
-                .unwrap_or_default()
-        };
-        let api_version = text(api_version);
-        if !VERSIONS.contains(&api_version.as_str()) {
-            return Err(format!(
-                "apiVersion {api_version:?} is not admission.k8s.io/v1 or admission.k8s.io/v1beta1"
-            ));
-        }
-        if text(kind) != "AdmissionReview" {
-            return Err("kind must be AdmissionReview".into());
-        }
+        let [api_version, kind, request] =
+            object_parts("AdmissionReview", wire::text(body)?, REVIEW_KEYS)?;
+        let api_version = checked_version(api_version, kind)?;
         let request = request.ok_or("AdmissionReview has no request")?;
         let request: AdmissionRequest = decode_raw("request", request.get())?;
         Ok(Review {
@@ -67,49 +76,231 @@ impl Review {
         })
     }
 
+    /// [`Review::from_json`] with the objects' pods decoded too, in one pass over the
+    /// body instead of one for the review, one for the request and two for each pod.
+    /// The one pass is taken when the whole body is within one pod's value budget (so
+    /// each pod in it is) and decodes without error, as every review kube-apiserver
+    /// sends does; any other body goes the reference way (`from_json`, then each pod
+    /// decoded when it is taken), so what is accepted, and every error message, is the
+    /// same either way.
+    pub fn decode(body: &[u8]) -> Result<Review, String> {
+        match one_pass(body) {
+            Some(review) => Ok(review),
+            None => Review::from_json(body),
+        }
+    }
+
     /// The pod in `request.object` (or `request.oldObject`), decoded with bounded memory.
-    pub fn pod(&self, old: bool) -> Result<k8s_openapi::api::core::v1::Pod, String> {
-        let (field, raw) = if old {
-            ("oldObject", &self.request.old_object)
-        } else {
-            ("object", &self.request.object)
+    pub fn pod(&self, old: bool) -> Result<Pod, String> {
+        let (field, object) = self.object(old);
+        self.decode_object(field, object)
+    }
+
+    /// [`Review::pod`], moving a pod [`Review::decode`] already decoded out of the
+    /// review (the object is gone afterwards).
+    pub fn take_pod(&mut self, old: bool) -> Result<Box<Pod>, String> {
+        let (field, _) = self.object(old);
+        let slot = match old {
+            true => &mut self.request.old_object,
+            false => &mut self.request.object,
         };
-        let raw = raw
-            .as_deref()
-            .filter(|r| r.get() != "null")
-            .ok_or_else(|| format!("{} review has no request.{field}", self.request.operation))?;
-        wire::pod::decode(&format!("request.{field}"), raw.get())
+        match slot.take() {
+            Some(Object::Pod(pod)) => Ok(pod),
+            object => self.decode_object(field, object.as_ref()).map(Box::new),
+        }
     }
 
-    fn respond(&self, response: Value) -> Value {
-        json!({"apiVersion": self.api_version, "kind": "AdmissionReview", "response": response})
+    fn object(&self, old: bool) -> (&'static str, Option<&Object>) {
+        match old {
+            true => ("oldObject", self.request.old_object.as_ref()),
+            false => ("object", self.request.object.as_ref()),
+        }
     }
 
-    pub fn allow(&self) -> Value {
-        self.respond(json!({"uid": self.request.uid, "allowed": true}))
+    fn decode_object(&self, field: &str, object: Option<&Object>) -> Result<Pod, String> {
+        match object {
+            Some(Object::Pod(pod)) => Ok((**pod).clone()),
+            Some(Object::Raw(raw)) if raw.get() != "null" => {
+                wire::pod::decode(&format!("request.{field}"), raw.get())
+            }
+            _ => Err(format!(
+                "{} review has no request.{field}",
+                self.request.operation
+            )),
+        }
+    }
+
+    fn respond<'a>(&'a self, response: Response<'a>) -> Answer<'a> {
+        Answer {
+            api_version: &self.api_version,
+            kind: "AdmissionReview",
+            response,
+        }
+    }
+
+    fn response(&self, allowed: bool) -> Response<'_> {
+        Response {
+            allowed,
+            patch: None,
+            patch_type: None,
+            status: None,
+            uid: &self.request.uid,
+        }
+    }
+
+    pub fn allow(&self) -> Answer<'_> {
+        self.respond(self.response(true))
     }
 
     /// A denial: code 403, reason Forbidden, the message a person reads.
-    pub fn deny(&self, message: &str) -> Value {
-        self.respond(json!({
-            "uid": self.request.uid,
-            "allowed": false,
-            "status": {"code": 403, "reason": "Forbidden", "message": message}
-        }))
+    pub fn deny<'a>(&'a self, message: &'a str) -> Answer<'a> {
+        self.respond(Response {
+            status: Some(Status {
+                code: 403,
+                message,
+                reason: "Forbidden",
+            }),
+            ..self.response(false)
+        })
     }
 
     /// Allowed with a JSON Patch (RFC 6902) as standard padded base64; none when empty.
-    pub fn patch(&self, patch: &json_patch::Patch) -> Value {
+    pub fn patch(&self, patch: &json_patch::Patch) -> Answer<'_> {
         if patch.0.is_empty() {
             return self.allow();
         }
         let bytes = serde_json::to_vec(patch).unwrap_or_default();
-        self.respond(json!({
-            "uid": self.request.uid,
-            "allowed": true,
-            "patchType": "JSONPatch",
-            "patch": base64::engine::general_purpose::STANDARD.encode(bytes),
-        }))
+        self.respond(Response {
+            patch: Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            patch_type: Some("JSONPatch"),
+            ..self.response(true)
+        })
+    }
+}
+
+/// The AdmissionReview a webhook answers with. Written straight to the response body
+/// (no `serde_json::Value` in between); the fields are in the order a `Value` would
+/// print them, so the bytes are the same.
+#[derive(Debug, Serialize)]
+pub struct Answer<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'static str,
+    response: Response<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct Response<'a> {
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(rename = "patchType", skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<Status<'a>>,
+    uid: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct Status<'a> {
+    code: u16,
+    message: &'a str,
+    reason: &'static str,
+}
+
+/// The apiVersion, once both it and the kind are what a review must have.
+fn checked_version(
+    api_version: Option<&RawValue>,
+    kind: Option<&RawValue>,
+) -> Result<String, String> {
+    let api_version = part_text(api_version);
+    if !VERSIONS.contains(&api_version.as_str()) {
+        return Err(format!(
+            "apiVersion {api_version:?} is not admission.k8s.io/v1 or admission.k8s.io/v1beta1"
+        ));
+    }
+    if part_text(kind) != "AdmissionReview" {
+        return Err("kind must be AdmissionReview".into());
+    }
+    Ok(api_version)
+}
+
+/// [`Review::decode`]'s single pass; `None` sends the body the reference way.
+fn one_pass(body: &[u8]) -> Option<Review> {
+    // Every pod in the body is within its budget when the whole body is.
+    if !wire::within_budget(body, MAX_POD_VALUES) {
+        return None;
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let parts = serde::Deserializer::deserialize_map(&mut deserializer, OnePass).ok()?;
+    deserializer.end().ok()?;
+    let api_version = checked_version(parts.api_version, parts.kind).ok()?;
+    let request = parts.request?;
+    let pod = |lite: Option<wire::pod::Lite>| lite.map(|lite| Object::Pod(lite.0));
+    Some(Review {
+        api_version,
+        request: AdmissionRequest {
+            uid: request.uid,
+            namespace: request.namespace,
+            name: request.name,
+            operation: request.operation,
+            object: pod(request.object),
+            old_object: pod(request.old_object),
+            dry_run: request.dry_run,
+        },
+    })
+}
+
+/// The request as [`AdmissionRequest`] reads it, with its pods decoded in place.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OnePassRequest {
+    uid: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    operation: String,
+    #[serde(default)]
+    object: Option<wire::pod::Lite>,
+    #[serde(default)]
+    old_object: Option<wire::pod::Lite>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+}
+
+/// The review's parts as [`object_parts`] finds them (keys in any letter case, the
+/// last one wins, `null` is absent), the request decoded where it stands.
+struct OnePassParts<'a> {
+    api_version: Option<&'a RawValue>,
+    kind: Option<&'a RawValue>,
+    request: Option<OnePassRequest>,
+}
+
+struct OnePass;
+
+impl<'de> Visitor<'de> for OnePass {
+    type Value = OnePassParts<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an AdmissionReview object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut parts = OnePassParts {
+            api_version: None,
+            kind: None,
+            request: None,
+        };
+        let text = |value: &'de RawValue| (value.get() != "null").then_some(value);
+        while let Some(index) = map.next_key_seed(KeyIndex { keys: &REVIEW_KEYS })? {
+            match index {
+                Some(0) => parts.api_version = text(map.next_value()?),
+                Some(1) => parts.kind = text(map.next_value()?),
+                Some(_) => parts.request = map.next_value()?,
+                None => drop(map.next_value::<IgnoredAny>()?),
+            }
+        }
+        Ok(parts)
     }
 }
 
@@ -117,6 +308,7 @@ impl Review {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use serde_json::{Value, json};
 
     fn review(version: &str) -> Review {
         let body = json!({"apiVersion": version, "kind": "AdmissionReview",
@@ -127,7 +319,7 @@ mod tests {
     #[test]
     fn responses_echo_uid_and_version() {
         for version in VERSIONS {
-            let answer = review(version).deny("no");
+            let answer = serde_json::to_value(review(version).deny("no")).unwrap();
             assert_eq!(answer["apiVersion"], version);
             assert_eq!(answer["kind"], "AdmissionReview");
             assert_eq!(answer["response"]["uid"], "u-1");
@@ -142,7 +334,7 @@ mod tests {
     fn patch_is_standard_base64_of_a_json_array() {
         let patch: json_patch::Patch =
             serde_json::from_value(json!([{"op": "add", "path": "/a", "value": "?>?>"}])).unwrap();
-        let answer = review("admission.k8s.io/v1").patch(&patch);
+        let answer = serde_json::to_value(review("admission.k8s.io/v1").patch(&patch)).unwrap();
         let encoded = answer["response"]["patch"].as_str().unwrap();
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(encoded)
@@ -152,8 +344,138 @@ mod tests {
             "/a"
         );
         assert_eq!(answer["response"]["patchType"], "JSONPatch");
-        let empty = review("admission.k8s.io/v1").patch(&json_patch::Patch(vec![]));
+        let empty =
+            serde_json::to_value(review("admission.k8s.io/v1").patch(&json_patch::Patch(vec![])))
+                .unwrap();
         assert!(empty["response"].get("patch").is_none());
+    }
+
+    #[test]
+    fn answers_are_the_bytes_a_json_value_printed() {
+        let review = review("admission.k8s.io/v1beta1");
+        let answer = |response: Value| {
+            json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "response": response})
+                .to_string()
+        };
+        let text = |a: Answer| serde_json::to_string(&a).unwrap();
+        assert_eq!(
+            text(review.allow()),
+            answer(json!({"uid": "u-1", "allowed": true}))
+        );
+        assert_eq!(
+            text(review.deny("over \"quota\"")),
+            answer(json!({"uid": "u-1", "allowed": false,
+                "status": {"code": 403, "reason": "Forbidden", "message": "over \"quota\""}}))
+        );
+        let patch: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "add", "path": "/a", "value": 1}])).unwrap();
+        assert_eq!(
+            text(review.patch(&patch)),
+            answer(
+                json!({"uid": "u-1", "allowed": true, "patchType": "JSONPatch",
+                "patch": base64::engine::general_purpose::STANDARD.encode(br#"[{"op":"add","path":"/a","value":1}]"#)})
+            )
+        );
+    }
+
+    /// `Review::decode` on `body` gives what `Review::from_json` and then `Review::pod`
+    /// give: the same review and pods, or the same error.
+    fn decodes_as_the_reference(body: &[u8]) {
+        let shown = String::from_utf8_lossy(body);
+        match (Review::from_json(body), Review::decode(body)) {
+            (Err(reference), Err(decoded)) => assert_eq!(reference, decoded, "{shown}"),
+            (Ok(reference), Ok(mut decoded)) => {
+                assert_eq!(reference.api_version, decoded.api_version, "{shown}");
+                let (a, b) = (&reference.request, &decoded.request);
+                assert_eq!(
+                    (&a.uid, &a.namespace, &a.name, &a.operation, a.dry_run),
+                    (&b.uid, &b.namespace, &b.name, &b.operation, b.dry_run),
+                    "{shown}"
+                );
+                for old in [false, true] {
+                    let taken = decoded.take_pod(old).map(|pod| *pod);
+                    assert_eq!(reference.pod(old), taken, "{shown}");
+                }
+            }
+            (reference, decoded) => panic!("{shown}: {reference:?} but {decoded:?}"),
+        }
+    }
+
+    fn pod(name: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": "x"},
+                "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"},
+                "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {"f:containers": {}}}}]},
+            "spec": {"schedulerName": "gpu-scheduler", "nodeName": "n1",
+                "containers": [{"name": "c", "image": "i", "env": [{"name": "A", "value": "1"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "2"}}}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]}}},
+                "volumes": [{"name": "v", "emptyDir": {}}]},
+            "status": {"phase": "Pending"}})
+    }
+
+    fn body(request: Value) -> Vec<u8> {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+            .to_string()
+            .into_bytes()
+    }
+
+    #[test]
+    fn one_pass_decoding_gives_what_the_reference_gives() {
+        let create = json!({"uid": "u", "operation": "CREATE", "namespace": "ns", "object": pod("p"), "oldObject": null, "dryRun": true});
+        let update = json!({"uid": "u", "operation": "UPDATE", "object": pod("new"), "oldObject": pod("old")});
+        let delete = json!({"uid": "u", "operation": "DELETE", "oldObject": pod("old")});
+        // What kube-apiserver sends: decoded in one pass.
+        for request in [&create, &update, &delete] {
+            assert!(one_pass(&body(request.clone())).is_some(), "{request}");
+        }
+        let mut bodies: Vec<Vec<u8>> = [create.clone(), update, delete]
+            .into_iter()
+            .map(body)
+            .collect();
+        let deep = format!("{}1{}", "[".repeat(1000), "]".repeat(1000));
+        let over_budget = format!("[{}]", vec!["{}"; MAX_POD_VALUES].join(","));
+        let halves = format!("[{}]", vec!["0"; MAX_POD_VALUES / 2 + 1].join(","));
+        let two_halves = format!(
+            r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{"uid": "u", "operation": "UPDATE", "object": {{"x": {halves}}}, "oldObject": {{"x": {halves}}}}}}}"#
+        );
+        let texts = [
+            // Keys in any case, the last one winning, null as absent.
+            r#"{"APIVERSION": "admission.k8s.io/v1", "Kind": "AdmissionReview", "REQUEST": {"uid": "u", "operation": "CONNECT"}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {}}, "request": null}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "apiversion": "v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {}}}"#.to_string(),
+            r#"{"apiVersion": null, "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE"}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": 3, "request": {"uid": "u", "operation": "CREATE"}}"#.to_string(),
+            // Objects that are absent, null, not pods, or pods with errors.
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE"}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": 5}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {"spec": 3}}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "DELETE", "object": {"spec": 3}}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {}, "uid": "v"}}"#.to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE", "object": {}}}"#.to_string(),
+            // Not JSON, not an object, trailing text.
+            "{".to_string(),
+            "[1]".to_string(),
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE"}} x"#.to_string(),
+            // Deep nesting in a part that is skipped.
+            format!(r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{"uid": "u", "operation": "CREATE", "object": {{"junk": {deep}}}}}}}"#),
+            // Over one pod's budget: refused, or (two pods, each within it) decoded.
+            format!(r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{"uid": "u", "operation": "CREATE", "object": {{"spec": {{"volumes": {over_budget}}}}}}}}}"#),
+            two_halves.clone(),
+        ];
+        bodies.extend(texts.into_iter().map(String::into_bytes));
+        // Not UTF-8.
+        let mut latin1 = body(create);
+        let at = latin1.iter().position(|&b| b == b'p').unwrap();
+        latin1[at] = 0xe9;
+        bodies.push(latin1);
+        for body in &bodies {
+            decodes_as_the_reference(body);
+        }
+        // Two pods, each within its budget, together over it: the reference way decodes it.
+        assert!(one_pass(two_halves.as_bytes()).is_none());
+        let mut decoded = Review::decode(two_halves.as_bytes()).unwrap();
+        assert!(decoded.take_pod(true).is_ok());
     }
 
     #[test]

@@ -96,6 +96,7 @@ fn created_or_now(pod: &Pod) -> i64 {
 }
 
 /// Offline: check and record under one lock, so concurrent creates never over-admit.
+/// What joins the cluster if admitted is projected before the lock is taken.
 fn offline(
     cache: &ClusterCache,
     config: &Config,
@@ -105,21 +106,24 @@ fn offline(
     rules: AdmitRules,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
-    let projection = cache.projection().clone();
+    let joining = match dry_run {
+        true => None,
+        false => CachedPod::from_pod(pod, cache.projection()).ok(),
+    };
     cache.with_state(|state| {
-        let limits = NamespaceLimits::of(state.quotas(), namespace);
         let views = state
             .quota_views(namespace)
             .map_err(|reason| ValidateError::BadQuota {
                 namespace: namespace.to_string(),
                 reason,
             })?;
-        let decision = wanted_on_route(state, config, &limits, namespace, pod)
+        let limits = state.namespace_limits(namespace);
+        let decision = wanted_on_route(state, config, limits, namespace, pod)
             .and_then(|wanted| admit(namespace, &views, &wanted, amount, rules));
         match decision {
             Err(denial) => Ok(Verdict::Deny(denial.to_string())),
             Ok(charge) => {
-                if !dry_run && let Ok(mut cached) = CachedPod::from_pod(pod, &projection) {
+                if let Some(mut cached) = joining {
                     if let Charge::Model { model, .. } = charge {
                         cached.models = vec![model];
                     }

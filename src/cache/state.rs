@@ -12,9 +12,7 @@ use crate::placement::fit::fit_held;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
-use crate::quota::ledger::{
-    ModelAmounts, PodCharge, QuotaView, amount_of, charged_model, reported_usage, usage,
-};
+use crate::quota::ledger::{ModelAmounts, QuotaView, amount_of, charged_model, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -32,6 +30,7 @@ struct NodeEntry {
 #[derive(Debug, Default)]
 pub struct ClusterState {
     nodes: HashMap<Arc<str>, NodeEntry>,
+    /// Changed only by `put_pod` and `delete_pod`, which keep `ledger` up to date.
     pods: HashMap<PodKey, CachedPod>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
@@ -42,6 +41,8 @@ pub struct ClusterState {
     /// Recently created pods that left the cluster, with the charge they carried: the
     /// quota reconciler counts them as seen (`quota::pending`).
     departed: Vec<Departed>,
+    /// Usage per namespace and model, kept up to date as pods, nodes and quotas change.
+    ledger: usage::Ledger,
 }
 
 /// How long a placement the filter holds in memory waits for the scheduler's bind call.
@@ -148,14 +149,24 @@ impl ClusterState {
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a GPUQuota> + 'a {
-        self.quotas()
-            .filter(move |q| q.metadata.namespace.as_deref() == Some(namespace))
+        let first = (namespace.to_string(), String::new());
+        self.quotas
+            .range(first..)
+            .take_while(move |((ns, _), _)| ns == namespace)
+            .map(|(_, quota)| quota)
+    }
+
+    /// What the namespace's GPUQuotas say ([`NamespaceLimits::of`] them), kept with
+    /// the quotas rather than recomputed.
+    pub fn namespace_limits(&self, namespace: &str) -> &NamespaceLimits {
+        self.ledger.limits(namespace)
     }
 
     // === nodes ===
 
     pub fn apply_node(&mut self, gpus: NodeGpus) {
         let name = gpus.name.clone();
+        let model_changed = self.node(&name).is_none_or(|old| old.model != gpus.model);
         let entry = self.nodes.entry(name.clone()).or_default();
         let same_shape = entry.gpus.as_ref().is_some_and(|old| {
             old.gpu_count() == gpus.gpu_count() && old.memory_per_gpu == gpus.memory_per_gpu
@@ -170,12 +181,16 @@ impl ClusterState {
                 self.recompute(&name);
             }
         }
+        if model_changed {
+            self.recharge_node(&name);
+        }
     }
 
     pub fn delete_node(&mut self, name: &str) {
         if let Some(entry) = self.nodes.get_mut(name) {
             entry.gpus = None;
         }
+        self.recharge_node(name);
         self.drop_empty(name);
     }
 
@@ -226,6 +241,7 @@ impl ClusterState {
         let Some(old) = self.pods.remove(key) else {
             return;
         };
+        self.ledger.discharge(key, namespace);
         if let Some(keys) = self.by_namespace.get_mut(namespace) {
             keys.remove(key);
             if keys.is_empty() {
@@ -274,12 +290,43 @@ impl ClusterState {
         if let Some(old) = old_node.as_ref().filter(|o| Some(*o) != new_node.as_ref()) {
             self.unlink(old, &key);
         }
+        self.recharge(&key);
         if let Some(node) = new_node {
             let entry = self.nodes.entry(node.clone()).or_default();
             if !entry.pods.contains(&key) {
                 entry.pods.push(key);
             }
             self.recompute(&node);
+        }
+    }
+
+    /// Bring the ledger's charge of pod `key` up to date.
+    fn recharge(&mut self, key: &PodKey) {
+        let pod = self.pods.get(key);
+        let model = pod.and_then(|p| node_model(&self.nodes, p));
+        self.ledger.recharge(key, namespace_of(key), pod, model);
+    }
+
+    /// Recharge the pods on node `name` (its model changed, or it left).
+    fn recharge_node(&mut self, name: &str) {
+        let Some(entry) = self.nodes.get(name) else {
+            return;
+        };
+        for key in &entry.pods {
+            let pod = self.pods.get(key);
+            let model = pod.and_then(|p| node_model(&self.nodes, p));
+            self.ledger.recharge(key, namespace_of(key), pod, model);
+        }
+    }
+
+    /// Recharge the pods of `namespace` after its quotas changed.
+    fn recharge_namespace(&mut self, namespace: &str) {
+        let limits = NamespaceLimits::of(self.namespace_quotas(namespace), namespace);
+        self.ledger.set_limits(namespace, limits);
+        for key in self.by_namespace.get(namespace).into_iter().flatten() {
+            let pod = self.pods.get(key);
+            let model = pod.and_then(|p| node_model(&self.nodes, p));
+            self.ledger.recharge(key, namespace, pod, model);
         }
     }
 
@@ -370,15 +417,27 @@ impl ClusterState {
         if held.is_some_and(|held| resource_version(&quota).is_some_and(|new| new < held)) {
             return;
         }
+        let namespace = key.0.clone();
         self.quotas.insert(key, quota);
+        self.recharge_namespace(&namespace);
     }
 
     pub fn delete_quota(&mut self, quota: &GPUQuota) {
-        self.quotas.remove(&quota_key(quota));
+        let key = quota_key(quota);
+        self.quotas.remove(&key);
+        self.recharge_namespace(&key.0);
     }
 
     pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
-        self.quotas = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+        let fresh = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+        let old = std::mem::replace(&mut self.quotas, fresh);
+        let namespaces: std::collections::BTreeSet<String> = (old.into_keys())
+            .chain(self.quotas.keys().cloned())
+            .map(|(namespace, _)| namespace)
+            .collect();
+        for namespace in namespaces {
+            self.recharge_namespace(&namespace);
+        }
     }
 
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
@@ -403,64 +462,35 @@ impl ClusterState {
     /// (see [`reported_usage`]).
     pub fn quota_usage(&self, quota: &GPUQuota) -> ModelAmounts {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
-        let listed = NamespaceLimits::of(self.quotas(), namespace).models;
+        let listed = &self.namespace_limits(namespace).models;
         let lists = |model: &str| quota.spec.hard.contains_key(model);
-        reported_usage(&self.usage(namespace), lists, &listed)
+        reported_usage(&self.usage(namespace), lists, listed)
     }
 
-    /// GPUs per model that the namespace's live pods are charged.
+    /// GPUs per model that the namespace's live pods are charged (kept up to date as
+    /// pods, nodes and quotas change: one entry per model, not a walk over the pods).
     pub fn usage(&self, namespace: &str) -> ModelAmounts {
-        let limits = NamespaceLimits::of(self.quotas(), namespace);
-        let keys = self.by_namespace.get(namespace).into_iter().flatten();
-        let pods = keys
-            .filter_map(|key| self.pods.get(key))
-            .map(|pod| self.charge_of(namespace, &limits, pod));
-        usage(namespace, pods)
-    }
-
-    fn charge_of<'a>(
-        &'a self,
-        namespace: &'a str,
-        limits: &'a NamespaceLimits,
-        pod: &'a CachedPod,
-    ) -> PodCharge<'a> {
-        let wanted =
-            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        let node_model = pod
-            .node
-            .as_deref()
-            .and_then(|n| self.node(n))
-            .and_then(|n| n.model.as_deref());
-        PodCharge {
-            namespace,
-            model: charged_model(wanted, node_model),
-            amount: amount_of(&pod.request),
-            live: !pod.terminating,
-        }
+        self.ledger.usage(namespace)
     }
 
     /// The model and amount a pod was surely charged at admission or binding: a pod
     /// that wants one model, or a bound one (a merely annotated multi-model pod may
     /// not have been charged yet).
-    fn ledger_charge(
-        &self,
-        namespace: &str,
-        limits: &NamespaceLimits,
-        pod: &CachedPod,
-    ) -> Option<(String, Milli)> {
-        let charge = self.charge_of(namespace, limits, pod);
+    fn ledger_charge(&self, namespace: &str, pod: &CachedPod) -> Option<(String, Milli)> {
+        let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        let certain = wanted.len() == 1 || pod.bound;
-        let model = charge.model.filter(|_| certain && pod.created != 0)?;
-        Some((model.to_string(), charge.amount))
+        if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
+            return None;
+        }
+        let model = charged_model(wanted, node_model(&self.nodes, pod))?;
+        Some((model.to_string(), amount_of(&pod.request)))
     }
 
     /// What the pods seen created in each recent second account for, per (second,
     /// model): the namespace's live pods created at or after `since` (unix seconds) and
     /// those that have left since. The quota reconciler settles pending charges with it.
     pub fn seen_charges(&self, namespace: &str, since: i64) -> HashMap<(i64, String), Milli> {
-        let limits = NamespaceLimits::of(self.quotas(), namespace);
         let mut seen: HashMap<(i64, String), Milli> = HashMap::default();
         let mut add = |created: i64, model: String, amount: Milli| {
             let entry = seen.entry((created, model)).or_default();
@@ -471,7 +501,7 @@ impl ClusterState {
             if pod.created < since {
                 continue;
             }
-            if let Some((model, amount)) = self.ledger_charge(namespace, &limits, pod) {
+            if let Some((model, amount)) = self.ledger_charge(namespace, pod) {
                 add(pod.created, model, amount);
             }
         }
@@ -491,11 +521,10 @@ impl ClusterState {
         let Some(pod) = self.pods.get(key).filter(|p| p.created >= horizon) else {
             return;
         };
-        let limits = NamespaceLimits::of(self.quotas(), namespace);
-        if !limits.has_quota {
+        if !self.namespace_limits(namespace).has_quota {
             return;
         }
-        if let Some((model, amount)) = self.ledger_charge(namespace, &limits, pod) {
+        if let Some((model, amount)) = self.ledger_charge(namespace, pod) {
             self.departed.push(Departed {
                 namespace: namespace.into(),
                 created: pod.created,
@@ -717,6 +746,12 @@ fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {
     }
 }
 
+/// The model of the node `pod` is on, as far as this cache knows it.
+fn node_model<'a>(nodes: &'a HashMap<Arc<str>, NodeEntry>, pod: &CachedPod) -> Option<&'a str> {
+    let entry = nodes.get(pod.node.as_deref()?)?;
+    entry.gpus.as_ref()?.model.as_deref()
+}
+
 /// The namespace part of a `namespace/name` pod key.
 fn namespace_of(key: &str) -> &str {
     key.split_once('/').map_or("", |(namespace, _)| namespace)
@@ -747,3 +782,6 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
 
 #[cfg(test)]
 mod charge_tests;
+mod usage;
+#[cfg(test)]
+mod usage_tests;

@@ -8,24 +8,23 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::admission::mutate::{desired_pod, patch_for};
-use crate::admission::review::Review;
+use crate::admission::mutate::mutation;
+use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
-use crate::quota::NamespaceLimits;
 
 use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer};
 
 /// A review and, for a CREATE, its pod with namespace and name (even under generateName).
-type Created = (Review, Option<(String, Pod)>);
+type Created = (Review, Option<(String, Box<Pod>)>);
 
 fn created_pod(body: &[u8]) -> Result<Created, String> {
-    let review = Review::from_json(body)?;
-    let request = &review.request;
-    if request.operation != "CREATE" {
+    let mut review = Review::decode(body)?;
+    if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
-    let mut pod = review.pod(false)?;
+    let mut pod = review.take_pod(false)?;
+    let request = &review.request;
     let namespace = request
         .namespace
         .clone()
@@ -53,21 +52,20 @@ enum Reviewed {
 }
 
 fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
-    let (review, created) = created_pod(body)?;
+    let (mut review, created) = created_pod(body)?;
     if let Some((namespace, pod)) = created {
-        let pod = Box::new(pod);
         return Ok((review, Reviewed::Create { namespace, pod }));
     }
     if review.request.operation != "UPDATE" {
         return Ok((review, Reviewed::Other));
     }
-    let new = Box::new(review.pod(false)?);
-    let old = Box::new(review.pod(true)?);
+    let new = review.take_pod(false)?;
+    let old = review.take_pod(true)?;
     Ok((review, Reviewed::Update { old, new }))
 }
 
-fn reply(decision: &'static str, review: serde_json::Value) -> (&'static str, Response) {
-    (decision, Json(review).into_response())
+fn reply(decision: &'static str, answer: Answer) -> (&'static str, Response) {
+    (decision, Json(answer).into_response())
 }
 
 const VALIDATE: Route<(Review, Reviewed)> = Route {
@@ -127,10 +125,10 @@ pub async fn mutate_route(
         };
         let limits = state
             .cache
-            .with_state(|s| NamespaceLimits::of(s.quotas(), &namespace));
-        match desired_pod(&pod, &state.config, &limits) {
-            Ok(desired) => {
-                let patch = patch_for(&pod, &desired);
+            .with_state(|s| s.namespace_limits(&namespace).clone());
+        let keys = &state.cache.projection().keys;
+        match mutation(&pod, &state.config, keys, &limits) {
+            Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))
             }

@@ -25,6 +25,19 @@ pub fn decode(what: &str, raw: &str) -> Result<Pod, String> {
     Ok(lite.into())
 }
 
+/// A pod decoded as [`decode`] decodes one, as a part of a larger body decoded in one
+/// pass. It has no value budget of its own: the caller checks the whole body's first
+/// (`crate::wire::within_budget`), which bounds every part of it.
+/// Boxed: a `Pod` is 2 KiB, moved several times on its way to the handler.
+#[derive(Debug)]
+pub struct Lite(pub Box<Pod>);
+
+impl<'de> Deserialize<'de> for Lite {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        PodLite::deserialize(deserializer).map(|lite| Lite(Box::new(lite.into())))
+    }
+}
+
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct PodLite {

@@ -9,14 +9,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::cache::pod::SkipReason;
 use crate::cache::{
-    AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, PodKey, Reservation,
-    Subject, pod_key,
+    AnnotationKeys, CachedPod, Candidates, ClusterCache, ClusterState, FilterDecision, PodKey,
+    Reservation, Subject, pod_key,
 };
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
-use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer, place};
+use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer};
 use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
 use crate::quota::reserve::{PodIdentity, Reserved, reserve, views_with_status};
 use crate::quota::{GPUQuota, NamespaceLimits};
@@ -205,7 +205,7 @@ impl Choice<'_> {
     fn choose(
         &self,
         pod: &CachedPod,
-        candidates: &[&NodeGpus],
+        candidates: &mut Candidates<'_>,
     ) -> (Outcome, Option<(Milli, Option<String>)>) {
         let limits = self.limits;
         let wanted =
@@ -214,17 +214,12 @@ impl Choice<'_> {
             applies: self.quota_applies,
             views: self.views,
         };
-        let outcome = place(
-            self.placer,
-            &pod.request,
-            candidates.iter().copied(),
-            |node| {
-                wanted
-                    .admits(node)
-                    .and_then(|()| pool_admits(&limits.pools, node))
-                    .and_then(|()| quota.room_on(node, &pod.request))
-            },
-        );
+        let outcome = candidates.place(self.placer, &pod.request, |node| {
+            wanted
+                .admits(node)
+                .and_then(|()| pool_admits(&limits.pools, node))
+                .and_then(|()| quota.room_on(node, &pod.request))
+        });
         let charge = quota.applies.then(|| {
             let chosen = outcome.chosen.as_ref();
             let model = chosen.and_then(|(i, _)| candidates[*i].model.as_deref());

@@ -188,7 +188,8 @@ async fn main() {
     let (addr, webhooks) = (doors[0], doors[1]);
 
     let mut sender = connect(addr, &files.ca_cert).await;
-    interleaved(&mut sender).await;
+    let placed = interleaved(&mut sender).await;
+    decisions(&cache, placed);
 
     if std::env::var_os("FILTER_ONLY").is_none() {
         small_request_rate(addr, &files.ca_cert).await;
@@ -281,10 +282,17 @@ const SHAPES: [(u32, u32); 10] = [
     (400, 256),
 ];
 
-/// A Node object as kubelet posts it (and kube-scheduler sends it in the `Nodes` form):
-/// labels (GPU model among them), annotations, capacity and allocatable with the GPU
-/// resources, conditions, addresses, nodeInfo and a list of images. About 4 KB.
-fn node_object(i: usize) -> serde_json::Value {
+/// A Node object as kubelet posts it and kube-scheduler sends it in the `Nodes` form
+/// (encoded by Go: struct fields in declaration order, map keys sorted): labels (GPU
+/// model among them), annotations, capacity and allocatable with the GPU resources,
+/// conditions, addresses, nodeInfo and a list of images. About 4.7 KB.
+fn node_object(i: usize) -> String {
+    // A JSON object with its fields in this order (values are JSON texts).
+    fn fields(fields: &[(&str, String)]) -> String {
+        let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+        format!("{{{}}}", fields.join(","))
+    }
+    let text = |s: &str| serde_json::to_string(s).unwrap();
     let name = node_name(i);
     let hex = |seed: usize, len: usize| -> String {
         let mut x = (seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
@@ -312,11 +320,21 @@ fn node_object(i: usize) -> serde_json::Value {
     let heartbeat = "2026-11-24T09:41:27Z";
     let since = "2026-11-02T03:15:09Z";
     let condition = |kind: &str, status: &str, reason: &str, message: &str| {
-        json!({"type": kind, "status": status, "lastHeartbeatTime": heartbeat,
-            "lastTransitionTime": since, "reason": reason, "message": message})
+        fields(&[
+            ("type", text(kind)),
+            ("status", text(status)),
+            ("lastHeartbeatTime", text(heartbeat)),
+            ("lastTransitionTime", text(since)),
+            ("reason", text(reason)),
+            ("message", text(message)),
+        ])
     };
-    let images: Vec<serde_json::Value> = [
-        ("ccr.ccs.tencentyun.com/tke/gpu-manager", "v1.1.5", 412_304_102u64),
+    let images: Vec<String> = [
+        (
+            "ccr.ccs.tencentyun.com/tke/gpu-manager",
+            "v1.1.5",
+            412_304_102u64,
+        ),
         ("nvcr.io/nvidia/pytorch", "24.05-py3", 9_893_120_455),
         ("nvcr.io/nvidia/tritonserver", "24.05-py3", 7_210_443_180),
         ("registry.k8s.io/kube-proxy", "v1.33.2", 31_102_440),
@@ -325,65 +343,144 @@ fn node_object(i: usize) -> serde_json::Value {
         ("registry.k8s.io/pause", "3.10", 320_368),
         ("nvcr.io/nvidia/k8s-device-plugin", "v0.16.1", 145_021_388),
         ("docker.io/library/trainer", "latest", 5_403_118_002),
-        ("ccr.ccs.tencentyun.com/tke/node-problem-detector", "v0.8.19", 41_200_918),
+        (
+            "ccr.ccs.tencentyun.com/tke/node-problem-detector",
+            "v0.8.19",
+            41_200_918,
+        ),
     ]
     .iter()
     .enumerate()
     .map(|(k, (repo, tag, size))| {
-        json!({"names": [format!("{repo}@sha256:{}", hex(k * 7919 + 1, 64)), format!("{repo}:{tag}")],
-            "sizeBytes": size})
+        let names = json!([
+            format!("{repo}@sha256:{}", hex(k * 7919 + 1, 64)),
+            format!("{repo}:{tag}")
+        ]);
+        fields(&[
+            ("names", names.to_string()),
+            ("sizeBytes", size.to_string()),
+        ])
     })
     .collect();
+    // Maps: Go writes their keys sorted, as serde_json's map does.
     let resources = |cpu: &str, memory: &str| {
         json!({"cpu": cpu, "ephemeral-storage": "103079844Ki", "hugepages-1Gi": "0",
             "hugepages-2Mi": "0", "memory": memory, "pods": "110",
             "tencent.com/vcuda-core": "800", "tencent.com/vcuda-memory": "512"})
+        .to_string()
     };
-    json!({
-        "metadata": {
-            "name": name, "uid": uuid(i), "resourceVersion": (48_000_000 + i * 17).to_string(),
-            "creationTimestamp": since,
-            "labels": {
-                "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
-                "beta.kubernetes.io/instance-type": "GN7.20XLARGE320",
-                "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "GN7.20XLARGE320",
-                "topology.kubernetes.io/region": "ap-guangzhou",
-                "topology.kubernetes.io/zone": format!("ap-guangzhou-{}", 3 + i % 3),
-                "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "8",
-                "nvidia.com/cuda.driver.major": "535"
-            },
-            "annotations": {
-                "node.alpha.kubernetes.io/ttl": "0",
-                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
-                "kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock",
-                "csi.volume.kubernetes.io/nodeid": format!("{{\"com.tencent.cloud.csi.cbs\":\"ins-{}\"}}", hex(i, 8)),
-                "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":1,\"VtepMAC\":\"{}\"}}", hex(i + 3, 12)),
-                "flannel.alpha.coreos.com/backend-type": "vxlan",
-                "flannel.alpha.coreos.com/public-ip": ip
-            }
-        },
-        "spec": {"podCIDR": format!("172.{}.{}.0/24", 16 + i / 256, i % 256),
-            "podCIDRs": [format!("172.{}.{}.0/24", 16 + i / 256, i % 256)],
-            "providerID": format!("qcloud:///800003/ins-{}", hex(i, 8))},
-        "status": {
-            "capacity": resources("82", "329543488Ki"),
-            "allocatable": resources("81600m", "320198464Ki"),
-            "conditions": [
-                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
-            ],
-            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-            "nodeInfo": {"machineID": hex(i + 11, 32), "systemUUID": uuid(i + 13), "bootID": uuid(i + 17),
-                "kernelVersion": "5.15.0-91-generic", "osImage": "Ubuntu 22.04.3 LTS",
-                "containerRuntimeVersion": "containerd://1.7.13", "kubeletVersion": "v1.33.2",
-                "kubeProxyVersion": "v1.33.2", "operatingSystem": "linux", "architecture": "amd64"},
-            "images": images
-        }
-    })
+    let labels = json!({
+        "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/instance-type": "GN7.20XLARGE320",
+        "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "GN7.20XLARGE320",
+        "topology.kubernetes.io/region": "ap-guangzhou",
+        "topology.kubernetes.io/zone": format!("ap-guangzhou-{}", 3 + i % 3),
+        "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "8",
+        "nvidia.com/cuda.driver.major": "535"
+    });
+    let annotations = json!({
+        "node.alpha.kubernetes.io/ttl": "0",
+        "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+        "kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock",
+        "csi.volume.kubernetes.io/nodeid": format!("{{\"com.tencent.cloud.csi.cbs\":\"ins-{}\"}}", hex(i, 8)),
+        "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":1,\"VtepMAC\":\"{}\"}}", hex(i + 3, 12)),
+        "flannel.alpha.coreos.com/backend-type": "vxlan",
+        "flannel.alpha.coreos.com/public-ip": ip
+    });
+    let cidr = format!("172.{}.{}.0/24", 16 + i / 256, i % 256);
+    fields(&[
+        (
+            "metadata",
+            fields(&[
+                ("name", text(&name)),
+                ("uid", text(&uuid(i))),
+                ("resourceVersion", text(&(48_000_000 + i * 17).to_string())),
+                ("creationTimestamp", text(since)),
+                ("labels", labels.to_string()),
+                ("annotations", annotations.to_string()),
+            ]),
+        ),
+        (
+            "spec",
+            fields(&[
+                ("podCIDR", text(&cidr)),
+                ("podCIDRs", json!([cidr]).to_string()),
+                (
+                    "providerID",
+                    text(&format!("qcloud:///800003/ins-{}", hex(i, 8))),
+                ),
+            ]),
+        ),
+        (
+            "status",
+            fields(&[
+                ("capacity", resources("82", "329543488Ki")),
+                ("allocatable", resources("81600m", "320198464Ki")),
+                (
+                    "conditions",
+                    format!(
+                        "[{}]",
+                        [
+                            condition(
+                                "MemoryPressure",
+                                "False",
+                                "KubeletHasSufficientMemory",
+                                "kubelet has sufficient memory available"
+                            ),
+                            condition(
+                                "DiskPressure",
+                                "False",
+                                "KubeletHasNoDiskPressure",
+                                "kubelet has no disk pressure"
+                            ),
+                            condition(
+                                "PIDPressure",
+                                "False",
+                                "KubeletHasSufficientPID",
+                                "kubelet has sufficient PID available"
+                            ),
+                            condition(
+                                "Ready",
+                                "True",
+                                "KubeletReady",
+                                "kubelet is posting ready status"
+                            ),
+                        ]
+                        .join(",")
+                    ),
+                ),
+                (
+                    "addresses",
+                    format!(
+                        "[{},{}]",
+                        fields(&[("type", text("InternalIP")), ("address", text(&ip))]),
+                        fields(&[("type", text("Hostname")), ("address", text(&name))])
+                    ),
+                ),
+                (
+                    "daemonEndpoints",
+                    r#"{"kubeletEndpoint":{"Port":10250}}"#.to_string(),
+                ),
+                (
+                    "nodeInfo",
+                    fields(&[
+                        ("machineID", text(&hex(i + 11, 32))),
+                        ("systemUUID", text(&uuid(i + 13))),
+                        ("bootID", text(&uuid(i + 17))),
+                        ("kernelVersion", text("5.15.0-91-generic")),
+                        ("osImage", text("Ubuntu 22.04.3 LTS")),
+                        ("containerRuntimeVersion", text("containerd://1.7.13")),
+                        ("kubeletVersion", text("v1.33.2")),
+                        ("kubeProxyVersion", text("v1.33.2")),
+                        ("operatingSystem", text("linux")),
+                        ("architecture", text("amd64")),
+                    ]),
+                ),
+                ("images", format!("[{}]", images.join(","))),
+            ]),
+        ),
+    ])
 }
 
 fn pod_without_gpu(name: &str) -> serde_json::Value {
@@ -397,6 +494,23 @@ fn pod_without_gpu(name: &str) -> serde_json::Value {
 /// POST a body given in parts (the 20 MB node list is shared, not copied per request),
 /// with its Content-Length, as kube-scheduler's Go client sends it.
 async fn post_parts(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16, Bytes) {
+    let (status, body) = send_parts(sender, path, parts).await;
+    (status, axum::body::to_bytes(body, 64 << 20).await.unwrap())
+}
+
+/// [`post_parts`] for a large answer: read and counted, not kept (so that the client
+/// holds no copy of it: resident memory is the server's).
+async fn post_parts_counted(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16, usize) {
+    use http_body_util::BodyExt;
+    let (status, mut body) = send_parts(sender, path, parts).await;
+    let mut length = 0;
+    while let Some(frame) = body.frame().await {
+        length += frame.unwrap().into_data().map_or(0, |d| d.len());
+    }
+    (status, length)
+}
+
+async fn send_parts(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16, Body) {
     let length: usize = parts.iter().map(Bytes::len).sum();
     let stream = futures::stream::iter(parts.into_iter().map(Ok::<_, std::convert::Infallible>));
     let request = axum::http::Request::post(path)
@@ -407,13 +521,7 @@ async fn post_parts(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16,
         .unwrap();
     sender.ready().await.unwrap();
     let response = sender.send_request(request).await.unwrap();
-    let status = response.status().as_u16();
-    (
-        status,
-        axum::body::to_bytes(Body::new(response.into_body()), 64 << 20)
-            .await
-            .unwrap(),
-    )
+    (response.status().as_u16(), Body::new(response.into_body()))
 }
 
 #[derive(serde::Deserialize)]
@@ -457,7 +565,7 @@ fn p50(latencies: &[Duration]) -> Duration {
 /// ten times (`NAMES_PER_ROUND`), then a GPU pod and a pod without GPUs with the 5,000 Node
 /// objects (`nodeCacheCapable: false`). Prints p50/p99 of each, the two ratios, and
 /// the resident memory around the full-Nodes calls.
-async fn interleaved(sender: &mut Sender) {
+async fn interleaved(sender: &mut Sender) -> usize {
     let rounds: usize = std::env::var("ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -517,6 +625,7 @@ async fn interleaved(sender: &mut Sender) {
         Kind::default(),
         Kind::default(),
     );
+    let mut floor = Vec::new();
     let rss_before = resident_bytes();
     let mut rss_first_round = 0;
     let mut rss_half = 0;
@@ -565,13 +674,21 @@ async fn interleaved(sender: &mut Sender) {
             more => panic!("{} nodes passed", more.len()),
         }
 
+        // The same body to a route that reads it, checks it is UTF-8 and JSON in one
+        // pass and answers 400 (no `task`): what any Nodes-form call costs at least.
+        let sent = Instant::now();
+        let (status, _) =
+            post_parts_counted(sender, "/scheduler/vpredicates", body(gpu_pod(), false)).await;
+        floor.push(sent.elapsed());
+        assert_eq!(status, 400);
+
         let pod = pod_without_gpu(&format!("web-{round}"));
         let sent = Instant::now();
-        let (status, answer) = post_parts(sender, "/scheduler/predicates", body(pod, false)).await;
+        let (status, length) =
+            post_parts_counted(sender, "/scheduler/predicates", body(pod, false)).await;
         plain_nodes.placed.push(sent.elapsed());
         assert_eq!(status, 200);
-        assert!(answer.len() >= nodes_text.len() - 64, "every Node echoed");
-        drop(answer);
+        assert!(length >= nodes_text.len() - 64, "every Node echoed");
         if round == 0 {
             rss_first_round = resident_bytes();
         }
@@ -605,6 +722,10 @@ async fn interleaved(sender: &mut Sender) {
         "Nodes, pod without GPUs (every Node echoed)",
         &plain_nodes.placed,
     );
+    show(
+        "the Nodes body to /scheduler/vpredicates: read, one JSON pass, 400 (floor)",
+        &floor,
+    );
     let ratio = |a: &[Duration], b: &[Duration]| p50(a).as_secs_f64() / p50(b).as_secs_f64();
     println!(
         "ratio (p50) GPU pod placed / pod without GPUs, names: {:.2}",
@@ -623,4 +744,41 @@ async fn interleaved(sender: &mut Sender) {
         mib(rss_after),
         mib(vm_kib("VmHWM:") << 10),
     );
+    sequence
+}
+
+/// Where every GPU pod the run sent ended up (node and GPU indices, or nothing), in
+/// the order sent: a digest to compare two builds' decisions, and the list itself in
+/// the file `DECISIONS` names.
+fn decisions(cache: &ClusterCache, sent: usize) {
+    let lines: Vec<String> = cache.with_state(|s| {
+        (1..=sent)
+            .map(|i| {
+                let key = format!("team-b/new-{i:06}");
+                let placed = s
+                    .pod(&key)
+                    .and_then(|p| Some((p.node.clone()?, p.assignment.clone()?)));
+                match placed {
+                    Some((node, assignment)) => {
+                        let gpus: Vec<Vec<u8>> =
+                            assignment.choices.iter().map(|c| c.gpus.clone()).collect();
+                        format!("{key} {node} {gpus:?}")
+                    }
+                    None => format!("{key} -"),
+                }
+            })
+            .collect()
+    });
+    // FNV-1a over the lines.
+    let digest = lines
+        .iter()
+        .flat_map(|l| l.bytes().chain([b'\n']))
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    let placed = lines.iter().filter(|l| !l.ends_with(" -")).count();
+    println!("decisions: {placed} of {sent} GPU pods placed, digest {digest:016x}");
+    if let Some(path) = std::env::var_os("DECISIONS") {
+        std::fs::write(path, lines.join("\n") + "\n").unwrap();
+    }
 }

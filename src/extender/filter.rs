@@ -21,7 +21,7 @@ use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
 use crate::quota::reserve::{PodIdentity, Reserved, reserve, views_with_status};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
-use super::api::{ExtenderArgs, ExtenderFilterResult, NodeItems, NodeReasons};
+use super::api::{ExtenderArgs, ExtenderFilterResult, NodeReasons};
 
 /// How a filter call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -416,13 +416,8 @@ fn with_passed(
 ) -> ExtenderFilterResult {
     if args.node_names.is_some() {
         result.node_names = Some(passed.into_iter().map(str::to_string).collect());
-    } else if let Some(nodes) = &args.nodes {
-        let items = nodes
-            .iter()
-            .filter(|n| Some(n.name.as_str()) == passed)
-            .map(|n| n.raw.clone())
-            .collect();
-        result.nodes = Some(NodeItems(items));
+    } else {
+        result.nodes = args.echo(|n| Some(n.name.as_str()) == passed);
     }
     result
 }
@@ -431,8 +426,8 @@ fn pass_all(args: &ExtenderArgs) -> ExtenderFilterResult {
     let mut result = ExtenderFilterResult::default();
     if let Some(names) = &args.node_names {
         result.node_names = Some(names.clone());
-    } else if let Some(nodes) = &args.nodes {
-        result.nodes = Some(NodeItems(nodes.iter().map(|n| n.raw.clone()).collect()));
+    } else {
+        result.nodes = args.echo(|_| true);
     }
     result
 }

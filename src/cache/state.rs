@@ -31,7 +31,8 @@ struct NodeEntry {
     pods: Vec<PodKey>,
     /// Where placement keeps its evaluations of this node (`PlacementMemo`), and which
     /// state of `gpus` they are for: the version changes whenever they do (`recompute`,
-    /// `apply_node`) and is never given to another state or node.
+    /// `apply_node`) and is never given to another state or node (docs/design.md,
+    /// "Placement").
     stamp: Stamp,
 }
 

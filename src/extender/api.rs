@@ -251,7 +251,7 @@ impl ExtenderArgs {
     /// One pass over the body checks it all and reads the parts (`Nodes` forms are tens
     /// of MB: 5,000 objects of a few KB); of each node object only the start, up to
     /// its name, is read again. Only a body that fails is decoded again, part by part,
-    /// to say where.
+    /// to say where (docs/design.md, "The extender's filter").
     pub fn from_body(body: Bytes) -> Result<Self, String> {
         let text = wire::text(&body)?;
         let parts = match serde_json::from_str::<Parts>(text) {

@@ -1,13 +1,14 @@
 //! Filter latency at scale, over loopback TLS, as kube-scheduler calls it: 5,000 nodes
-//! x 8 GPUs, 40,000 placed GPU pods in the cache, every request naming all 5,000 nodes,
-//! one keep-alive connection. Also: resident memory per cached pod, and the rate of
-//! small requests the server sustains. Run: `cargo bench --bench filter`.
+//! x 8 GPUs, 40,000 placed GPU pods in the cache, every request naming all 5,000 nodes
+//! (as names, or as whole Node objects), one keep-alive connection. Also: resident
+//! memory per cached pod, and the rate of small requests the server sustains.
+//! Run: `cargo bench --bench filter` (`FILTER_ONLY=1`: the filter only; `ROUNDS`, `NAMES_PER_ROUND`).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use gpu_admission::cache::{ClusterCache, Projection, pod_key};
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
@@ -24,7 +25,6 @@ use tokio_util::sync::CancellationToken;
 const NODES: usize = 5_000;
 const GPUS: usize = 8;
 const PODS: usize = 40_000;
-const REQUESTS: usize = 2_000;
 
 fn resident_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -187,55 +187,15 @@ async fn main() {
     }
     let (addr, webhooks) = (doors[0], doors[1]);
 
-    let names: Vec<String> = (0..NODES).map(node_name).collect();
     let mut sender = connect(addr, &files.ca_cert).await;
-    let mut latencies = Vec::with_capacity(REQUESTS);
-    let (mut placed, mut unplaced) = (Vec::new(), Vec::new());
-    for i in 0..REQUESTS + 100 {
-        // Ten request shapes, as a real mix has: the fgd policy learns and scores them all.
-        let (core, memory) = [
-            (10, 4),
-            (20, 8),
-            (30, 12),
-            (50, 20),
-            (100, 64),
-            (200, 128),
-            (40, 16),
-            (60, 24),
-            (25, 10),
-            (400, 256),
-        ][i % 10];
-        let pod = pod_json("team-b", &format!("new-{i:06}"), core, memory);
-        let body = json!({"Pod": pod, "Nodes": null, "NodeNames": names}).to_string();
-        let sent = Instant::now();
-        let (status, answer) = post(&mut sender, "/scheduler/predicates", body).await;
-        let took = sent.elapsed();
-        assert_eq!(status, 200);
-        if i >= 100 {
-            latencies.push(took); // the first 100 warm up
-            let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-            match answer["NodeNames"].as_array().map_or(0, Vec::len) {
-                0 => unplaced.push(took),
-                _ => placed.push(took),
-            }
-        }
-    }
-    report(
-        &format!("filter over TLS, {NODES} names per request, all {REQUESTS} requests"),
-        latencies,
-    );
-    report(&format!("  of which placed ({})", placed.len()), placed);
-    report(
-        &format!(
-            "  of which unschedulable, {NODES} reasons in the answer ({})",
-            unplaced.len()
-        ),
-        unplaced,
-    );
+    let placed = interleaved(&mut sender).await;
+    decisions(&cache, placed);
 
-    small_request_rate(addr, &files.ca_cert).await;
-    for route in ["/mutate", "/validate"] {
-        admission_latency(webhooks, &files.ca_cert, route).await;
+    if std::env::var_os("FILTER_ONLY").is_none() {
+        small_request_rate(addr, &files.ca_cert).await;
+        for route in ["/mutate", "/validate"] {
+            admission_latency(webhooks, &files.ca_cert, route).await;
+        }
     }
     shutdown.cancel();
 }
@@ -304,4 +264,521 @@ async fn small_request_rate(addr: std::net::SocketAddr, ca: &std::path::Path) {
         "small requests (vpredicates, 32 connections, client in the same process): {:.0}/s",
         total as f64 / 3.0
     );
+}
+
+/// Ten request shapes, as a real mix has: the fgd policy learns and scores them all.
+/// Every GPU carries a 20% pod, so the whole-GPU shapes fit nowhere (an answer with a
+/// reason for each of the 5,000 nodes).
+const SHAPES: [(u32, u32); 10] = [
+    (10, 4),
+    (20, 8),
+    (30, 12),
+    (50, 20),
+    (100, 64),
+    (200, 128),
+    (40, 16),
+    (60, 24),
+    (25, 10),
+    (400, 256),
+];
+
+/// A Node object as kubelet posts it and kube-scheduler sends it in the `Nodes` form
+/// (encoded by Go: struct fields in declaration order, map keys sorted): labels (GPU
+/// model among them), annotations, capacity and allocatable with the GPU resources,
+/// conditions, addresses, nodeInfo and a list of images. About 4.7 KB.
+fn node_object(i: usize) -> String {
+    // A JSON object with its fields in this order (values are JSON texts).
+    fn fields(fields: &[(&str, String)]) -> String {
+        let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+        format!("{{{}}}", fields.join(","))
+    }
+    let text = |s: &str| serde_json::to_string(s).unwrap();
+    let name = node_name(i);
+    let hex = |seed: usize, len: usize| -> String {
+        let mut x = (seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from_digit((x % 16) as u32, 16).unwrap()
+            })
+            .collect()
+    };
+    let uuid = |seed: usize| {
+        let h = hex(seed, 32);
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    };
+    let ip = format!("10.{}.{}.{}", 20 + i / 65536, (i / 256) % 256, i % 256);
+    let heartbeat = "2026-11-24T09:41:27Z";
+    let since = "2026-11-02T03:15:09Z";
+    let condition = |kind: &str, status: &str, reason: &str, message: &str| {
+        fields(&[
+            ("type", text(kind)),
+            ("status", text(status)),
+            ("lastHeartbeatTime", text(heartbeat)),
+            ("lastTransitionTime", text(since)),
+            ("reason", text(reason)),
+            ("message", text(message)),
+        ])
+    };
+    let images: Vec<String> = [
+        (
+            "ccr.ccs.tencentyun.com/tke/gpu-manager",
+            "v1.1.5",
+            412_304_102u64,
+        ),
+        ("nvcr.io/nvidia/pytorch", "24.05-py3", 9_893_120_455),
+        ("nvcr.io/nvidia/tritonserver", "24.05-py3", 7_210_443_180),
+        ("registry.k8s.io/kube-proxy", "v1.33.2", 31_102_440),
+        ("docker.io/flannel/flannel", "v0.25.4", 33_441_200),
+        ("docker.io/calico/node", "v3.28.0", 115_028_764),
+        ("registry.k8s.io/pause", "3.10", 320_368),
+        ("nvcr.io/nvidia/k8s-device-plugin", "v0.16.1", 145_021_388),
+        ("docker.io/library/trainer", "latest", 5_403_118_002),
+        (
+            "ccr.ccs.tencentyun.com/tke/node-problem-detector",
+            "v0.8.19",
+            41_200_918,
+        ),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(k, (repo, tag, size))| {
+        let names = json!([
+            format!("{repo}@sha256:{}", hex(k * 7919 + 1, 64)),
+            format!("{repo}:{tag}")
+        ]);
+        fields(&[
+            ("names", names.to_string()),
+            ("sizeBytes", size.to_string()),
+        ])
+    })
+    .collect();
+    // Maps: Go writes their keys sorted, as serde_json's map does.
+    let resources = |cpu: &str, memory: &str| {
+        json!({"cpu": cpu, "ephemeral-storage": "103079844Ki", "hugepages-1Gi": "0",
+            "hugepages-2Mi": "0", "memory": memory, "pods": "110",
+            "tencent.com/vcuda-core": "800", "tencent.com/vcuda-memory": "512"})
+        .to_string()
+    };
+    let labels = json!({
+        "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/instance-type": "GN7.20XLARGE320",
+        "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "GN7.20XLARGE320",
+        "topology.kubernetes.io/region": "ap-guangzhou",
+        "topology.kubernetes.io/zone": format!("ap-guangzhou-{}", 3 + i % 3),
+        "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "8",
+        "nvidia.com/cuda.driver.major": "535"
+    });
+    let annotations = json!({
+        "node.alpha.kubernetes.io/ttl": "0",
+        "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+        "kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock",
+        "csi.volume.kubernetes.io/nodeid": format!("{{\"com.tencent.cloud.csi.cbs\":\"ins-{}\"}}", hex(i, 8)),
+        "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":1,\"VtepMAC\":\"{}\"}}", hex(i + 3, 12)),
+        "flannel.alpha.coreos.com/backend-type": "vxlan",
+        "flannel.alpha.coreos.com/public-ip": ip
+    });
+    let cidr = format!("172.{}.{}.0/24", 16 + i / 256, i % 256);
+    fields(&[
+        (
+            "metadata",
+            fields(&[
+                ("name", text(&name)),
+                ("uid", text(&uuid(i))),
+                ("resourceVersion", text(&(48_000_000 + i * 17).to_string())),
+                ("creationTimestamp", text(since)),
+                ("labels", labels.to_string()),
+                ("annotations", annotations.to_string()),
+            ]),
+        ),
+        (
+            "spec",
+            fields(&[
+                ("podCIDR", text(&cidr)),
+                ("podCIDRs", json!([cidr]).to_string()),
+                (
+                    "providerID",
+                    text(&format!("qcloud:///800003/ins-{}", hex(i, 8))),
+                ),
+            ]),
+        ),
+        (
+            "status",
+            fields(&[
+                ("capacity", resources("82", "329543488Ki")),
+                ("allocatable", resources("81600m", "320198464Ki")),
+                (
+                    "conditions",
+                    format!(
+                        "[{}]",
+                        [
+                            condition(
+                                "MemoryPressure",
+                                "False",
+                                "KubeletHasSufficientMemory",
+                                "kubelet has sufficient memory available"
+                            ),
+                            condition(
+                                "DiskPressure",
+                                "False",
+                                "KubeletHasNoDiskPressure",
+                                "kubelet has no disk pressure"
+                            ),
+                            condition(
+                                "PIDPressure",
+                                "False",
+                                "KubeletHasSufficientPID",
+                                "kubelet has sufficient PID available"
+                            ),
+                            condition(
+                                "Ready",
+                                "True",
+                                "KubeletReady",
+                                "kubelet is posting ready status"
+                            ),
+                        ]
+                        .join(",")
+                    ),
+                ),
+                (
+                    "addresses",
+                    format!(
+                        "[{},{}]",
+                        fields(&[("type", text("InternalIP")), ("address", text(&ip))]),
+                        fields(&[("type", text("Hostname")), ("address", text(&name))])
+                    ),
+                ),
+                (
+                    "daemonEndpoints",
+                    r#"{"kubeletEndpoint":{"Port":10250}}"#.to_string(),
+                ),
+                (
+                    "nodeInfo",
+                    fields(&[
+                        ("machineID", text(&hex(i + 11, 32))),
+                        ("systemUUID", text(&uuid(i + 13))),
+                        ("bootID", text(&uuid(i + 17))),
+                        ("kernelVersion", text("5.15.0-91-generic")),
+                        ("osImage", text("Ubuntu 22.04.3 LTS")),
+                        ("containerRuntimeVersion", text("containerd://1.7.13")),
+                        ("kubeletVersion", text("v1.33.2")),
+                        ("kubeProxyVersion", text("v1.33.2")),
+                        ("operatingSystem", text("linux")),
+                        ("architecture", text("amd64")),
+                    ]),
+                ),
+                ("images", format!("[{}]", images.join(","))),
+            ]),
+        ),
+    ])
+}
+
+fn pod_without_gpu(name: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "namespace": "team-b", "uid": format!("{name}-uid")},
+        "spec": {"containers": [{"name": "main", "image": "web:latest",
+            "resources": {"limits": {"cpu": "2", "memory": "4Gi"}}}]}
+    })
+}
+
+/// POST a body given in parts (the 20 MB node list is shared, not copied per request),
+/// with its Content-Length, as kube-scheduler's Go client sends it.
+async fn post_parts(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16, Bytes) {
+    let (status, body) = send_parts(sender, path, parts).await;
+    (status, axum::body::to_bytes(body, 64 << 20).await.unwrap())
+}
+
+/// [`post_parts`] for a large answer: read and counted, not kept (so that the client
+/// holds no copy of it: resident memory is the server's).
+async fn post_parts_counted(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16, usize) {
+    use http_body_util::BodyExt;
+    let (status, mut body) = send_parts(sender, path, parts).await;
+    let mut length = 0;
+    while let Some(frame) = body.frame().await {
+        length += frame.unwrap().into_data().map_or(0, |d| d.len());
+    }
+    (status, length)
+}
+
+async fn send_parts(sender: &mut Sender, path: &str, parts: Vec<Bytes>) -> (u16, Body) {
+    let length: usize = parts.iter().map(Bytes::len).sum();
+    let stream = futures::stream::iter(parts.into_iter().map(Ok::<_, std::convert::Infallible>));
+    let request = axum::http::Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("content-length", length)
+        .body(Body::from_stream(stream))
+        .unwrap();
+    sender.ready().await.unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    (response.status().as_u16(), Body::new(response.into_body()))
+}
+
+#[derive(serde::Deserialize)]
+struct Answer<'a> {
+    #[serde(rename = "NodeNames")]
+    names: Option<Vec<String>>,
+    #[serde(rename = "Nodes", borrow)]
+    nodes: Option<NodeListAnswer<'a>>,
+    #[serde(rename = "Error")]
+    error: String,
+}
+
+#[derive(serde::Deserialize)]
+struct NodeListAnswer<'a> {
+    #[serde(borrow)]
+    items: Vec<&'a serde_json::value::RawValue>,
+}
+
+fn vm_kib(field: &str) -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.0} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+fn p50(latencies: &[Duration]) -> Duration {
+    let mut sorted = latencies.to_vec();
+    sorted.sort();
+    percentile(&sorted, 0.50)
+}
+
+/// The four request kinds interleaved on one keep-alive connection, round after round:
+/// a pod without GPUs and a GPU pod with the 5,000 names (`nodeCacheCapable: true`),
+/// ten times (`NAMES_PER_ROUND`), then a GPU pod and a pod without GPUs with the 5,000 Node
+/// objects (`nodeCacheCapable: false`). Prints p50/p99 of each, the two ratios, and
+/// the resident memory around the full-Nodes calls.
+async fn interleaved(sender: &mut Sender) -> usize {
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(100);
+    let names_per_round: usize = std::env::var("NAMES_PER_ROUND")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    let names: Vec<String> = (0..NODES).map(node_name).collect();
+    let names_text = Bytes::from(serde_json::to_string(&names).unwrap());
+    let node_texts: Vec<String> = (0..NODES).map(|i| node_object(i).to_string()).collect();
+    let nodes_text = Bytes::from(format!(
+        r#"{{"metadata":{{"resourceVersion":""}},"items":[{}]}}"#,
+        node_texts.join(",")
+    ));
+    println!(
+        "request: {NODES} names {} KiB; {NODES} Node objects {} MiB ({} bytes per Node)",
+        names_text.len() >> 10,
+        nodes_text.len() >> 20,
+        nodes_text.len() / NODES
+    );
+    let body = |pod: serde_json::Value, names: bool| -> Vec<Bytes> {
+        let (key, other) = match names {
+            true => ("NodeNames", "Nodes"),
+            false => ("Nodes", "NodeNames"),
+        };
+        let list = match names {
+            true => names_text.clone(),
+            false => nodes_text.clone(),
+        };
+        vec![
+            Bytes::from(format!(r#"{{"Pod":{pod},"{other}":null,"{key}":"#)),
+            list,
+            Bytes::from_static(b"}"),
+        ]
+    };
+    let mut sequence = 0usize;
+    let mut gpu_pod = || {
+        let (core, memory) = SHAPES[sequence % SHAPES.len()];
+        sequence += 1;
+        pod_json("team-b", &format!("new-{sequence:06}"), core, memory)
+    };
+    // Warm up, and let fgd learn the mix.
+    for _ in 0..100 {
+        let (status, _) = post_parts(sender, "/scheduler/predicates", body(gpu_pod(), true)).await;
+        assert_eq!(status, 200);
+    }
+
+    #[derive(Default)]
+    struct Kind {
+        placed: Vec<Duration>,
+        unplaced: Vec<Duration>,
+    }
+    let (mut plain_names, mut gpu_names, mut gpu_nodes, mut plain_nodes) = (
+        Kind::default(),
+        Kind::default(),
+        Kind::default(),
+        Kind::default(),
+    );
+    let mut floor = Vec::new();
+    let rss_before = resident_bytes();
+    let mut rss_first_round = 0;
+    let mut rss_half = 0;
+    for round in 0..rounds {
+        for _ in 0..names_per_round {
+            let pod = pod_without_gpu(&format!("web-{round}"));
+            let sent = Instant::now();
+            let (status, answer) =
+                post_parts(sender, "/scheduler/predicates", body(pod, true)).await;
+            plain_names.placed.push(sent.elapsed());
+            assert_eq!(status, 200);
+            let answer: Answer = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(answer.names.map_or(0, |n| n.len()), NODES);
+
+            let sent = Instant::now();
+            let (status, answer) =
+                post_parts(sender, "/scheduler/predicates", body(gpu_pod(), true)).await;
+            let took = sent.elapsed();
+            assert_eq!(status, 200);
+            let answer: Answer = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(answer.error, "");
+            match answer.names.map_or(0, |n| n.len()) {
+                0 => gpu_names.unplaced.push(took),
+                _ => gpu_names.placed.push(took),
+            }
+        }
+
+        let sent = Instant::now();
+        let (status, answer) =
+            post_parts(sender, "/scheduler/predicates", body(gpu_pod(), false)).await;
+        let took = sent.elapsed();
+        assert_eq!(status, 200);
+        let answer: Answer = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer.error, "");
+        let items = answer.nodes.map(|n| n.items).unwrap_or_default();
+        match items.as_slice() {
+            [] => gpu_nodes.unplaced.push(took),
+            [node] => {
+                // The chosen Node comes back exactly as it was sent.
+                let echoed: serde_json::Value = serde_json::from_str(node.get()).unwrap();
+                let name = echoed["metadata"]["name"].as_str().unwrap();
+                let index: usize = name.trim_start_matches("gpu-node-").parse().unwrap();
+                assert_eq!(node.get(), node_texts[index]);
+                gpu_nodes.placed.push(took);
+            }
+            more => panic!("{} nodes passed", more.len()),
+        }
+
+        // The same body to a route that reads it, checks it is UTF-8 and JSON in one
+        // pass and answers 400 (no `task`): what any Nodes-form call costs at least.
+        let sent = Instant::now();
+        let (status, _) =
+            post_parts_counted(sender, "/scheduler/vpredicates", body(gpu_pod(), false)).await;
+        floor.push(sent.elapsed());
+        assert_eq!(status, 400);
+
+        let pod = pod_without_gpu(&format!("web-{round}"));
+        let sent = Instant::now();
+        let (status, length) =
+            post_parts_counted(sender, "/scheduler/predicates", body(pod, false)).await;
+        plain_nodes.placed.push(sent.elapsed());
+        assert_eq!(status, 200);
+        assert!(length >= nodes_text.len() - 64, "every Node echoed");
+        if round == 0 {
+            rss_first_round = resident_bytes();
+        }
+        if round == rounds / 2 {
+            rss_half = resident_bytes();
+        }
+    }
+    let rss_after = resident_bytes();
+
+    println!(
+        "filter, {NODES} nodes, {rounds} rounds on one connection, each: {names_per_round} x (pod without GPUs, GPU pod) with names, then a GPU pod and a pod without GPUs with Node objects"
+    );
+    let show = |what: &str, latencies: &[Duration]| {
+        report(
+            &format!("  {what} ({})", latencies.len()),
+            latencies.to_vec(),
+        )
+    };
+    show("names, pod without GPUs", &plain_names.placed);
+    show("names, GPU pod placed", &gpu_names.placed);
+    show(
+        &format!("names, GPU pod unschedulable, {NODES} reasons"),
+        &gpu_names.unplaced,
+    );
+    show("Nodes, GPU pod placed", &gpu_nodes.placed);
+    show(
+        &format!("Nodes, GPU pod unschedulable, {NODES} reasons"),
+        &gpu_nodes.unplaced,
+    );
+    show(
+        "Nodes, pod without GPUs (every Node echoed)",
+        &plain_nodes.placed,
+    );
+    show(
+        "the Nodes body to /scheduler/vpredicates: read, one JSON pass, 400 (floor)",
+        &floor,
+    );
+    let ratio = |a: &[Duration], b: &[Duration]| p50(a).as_secs_f64() / p50(b).as_secs_f64();
+    println!(
+        "ratio (p50) GPU pod placed / pod without GPUs, names: {:.2}",
+        ratio(&gpu_names.placed, &plain_names.placed)
+    );
+    println!(
+        "ratio (p50) GPU pod placed, Nodes / names: {:.2}",
+        ratio(&gpu_nodes.placed, &gpu_names.placed)
+    );
+    println!(
+        "resident memory (whole process, client included): before the Nodes calls {}, after round 1 {}, after round {} {}, after the last {}; peak {}",
+        mib(rss_before),
+        mib(rss_first_round),
+        rounds / 2 + 1,
+        mib(rss_half),
+        mib(rss_after),
+        mib(vm_kib("VmHWM:") << 10),
+    );
+    sequence
+}
+
+/// Where every GPU pod the run sent ended up (node and GPU indices, or nothing), in
+/// the order sent: a digest to compare two builds' decisions, and the list itself in
+/// the file `DECISIONS` names.
+fn decisions(cache: &ClusterCache, sent: usize) {
+    let lines: Vec<String> = cache.with_state(|s| {
+        (1..=sent)
+            .map(|i| {
+                let key = format!("team-b/new-{i:06}");
+                let placed = s
+                    .pod(&key)
+                    .and_then(|p| Some((p.node.clone()?, p.assignment.clone()?)));
+                match placed {
+                    Some((node, assignment)) => {
+                        let gpus: Vec<Vec<u8>> =
+                            assignment.choices.iter().map(|c| c.gpus.clone()).collect();
+                        format!("{key} {node} {gpus:?}")
+                    }
+                    None => format!("{key} -"),
+                }
+            })
+            .collect()
+    });
+    // FNV-1a over the lines.
+    let digest = lines
+        .iter()
+        .flat_map(|l| l.bytes().chain([b'\n']))
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    let placed = lines.iter().filter(|l| !l.ends_with(" -")).count();
+    println!("decisions: {placed} of {sent} GPU pods placed, digest {digest:016x}");
+    if let Some(path) = std::env::var_os("DECISIONS") {
+        std::fs::write(path, lines.join("\n") + "\n").unwrap();
+    }
 }

@@ -56,11 +56,19 @@ fn gpu_request(pod: &Pod) {
     let _ = request.whole_gpus();
 }
 
-/// The scheduler extender's filter request body, its candidates' names, and the
-/// decoded pod's GPU request.
+/// The scheduler extender's filter request body, its candidates' names, the node
+/// objects an answer echoes (each exactly a JSON value of the body), and the decoded
+/// pod's GPU request.
 pub fn extender_args(data: &[u8]) {
     if let Ok(args) = ExtenderArgs::from_json(data) {
         let _ = args.candidate_names();
+        if let Some(items) = args.echo(|_| true) {
+            assert_eq!(items.len(), args.nodes.as_ref().map_or(0, Vec::len));
+            for text in items.texts() {
+                let echoed = serde_json::from_str::<&serde_json::value::RawValue>(text);
+                assert!(echoed.is_ok(), "echoed node is not a JSON value: {text:?}");
+            }
+        }
         gpu_request(&args.pod);
     }
 }

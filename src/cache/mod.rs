@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::placement::{NodeLabels, ResourceNames};
 
 pub use pod::{AnnotationKeys, CachedPod, PodKey, pod_key};
-pub use state::{ClusterState, FilterDecision, Held, PlanError, Reservation, Subject};
+pub use state::{Candidates, ClusterState, FilterDecision, Held, PlanError, Reservation, Subject};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use crate::placement::fit::fit_held;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
-use crate::placement::{Assignment, Misfit, NodeGpus, Outcome, fit};
+use crate::placement::{
+    Assignment, GpuRequest, Misfit, NodeGpus, Outcome, PlacementMemo, Placer, Stamp, fit,
+    place_versioned,
+};
 use crate::quota::ledger::{ModelAmounts, QuotaView, amount_of, charged_model, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
@@ -20,11 +23,16 @@ use super::pod::{CachedPod, PodKey};
 /// How long a reservation the watch has not confirmed survives a relist without the pod.
 const RESERVATION_TTL: Duration = Duration::from_secs(120);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct NodeEntry {
     /// `None` while pods name a node whose Node object has not arrived (or was deleted).
     gpus: Option<NodeGpus>,
     pods: Vec<PodKey>,
+    /// Where placement keeps its evaluations of this node (`PlacementMemo`), and which
+    /// state of `gpus` they are for: the version changes whenever they do (`recompute`,
+    /// `apply_node`) and is never given to another state or node (docs/design.md,
+    /// "Placement").
+    stamp: Stamp,
 }
 
 #[derive(Debug, Default)]
@@ -43,6 +51,13 @@ pub struct ClusterState {
     departed: Vec<Departed>,
     /// Usage per namespace and model, kept up to date as pods, nodes and quotas change.
     ledger: usage::Ledger,
+    /// The last node version given out.
+    versions: u64,
+    /// Slots of nodes that are gone, for the next new node; then `slots` is the next.
+    free_slots: Vec<u32>,
+    slots: u32,
+    /// Placement's evaluations of nodes, by node slot and version.
+    memo: PlacementMemo,
 }
 
 /// How long a placement the filter holds in memory waits for the scheduler's bind call.
@@ -167,7 +182,9 @@ impl ClusterState {
     pub fn apply_node(&mut self, gpus: NodeGpus) {
         let name = gpus.name.clone();
         let model_changed = self.node(&name).is_none_or(|old| old.model != gpus.model);
-        let entry = self.nodes.entry(name.clone()).or_default();
+        self.versions += 1;
+        let version = self.versions;
+        let entry = self.entry(name.clone());
         let same_shape = entry.gpus.as_ref().is_some_and(|old| {
             old.gpu_count() == gpus.gpu_count() && old.memory_per_gpu == gpus.memory_per_gpu
         });
@@ -175,6 +192,7 @@ impl ClusterState {
             (Some(old), true) => {
                 old.model = gpus.model;
                 old.pool = gpus.pool;
+                entry.stamp.version = version;
             }
             _ => {
                 entry.gpus = Some(gpus);
@@ -292,7 +310,7 @@ impl ClusterState {
         }
         self.recharge(&key);
         if let Some(node) = new_node {
-            let entry = self.nodes.entry(node.clone()).or_default();
+            let entry = self.entry(node.clone());
             if !entry.pods.contains(&key) {
                 entry.pods.push(key);
             }
@@ -343,9 +361,26 @@ impl ClusterState {
             .nodes
             .get(node)
             .is_some_and(|e| e.gpus.is_none() && e.pods.is_empty())
+            && let Some(entry) = self.nodes.remove(node)
         {
-            self.nodes.remove(node);
+            self.free_slots.push(entry.stamp.slot);
         }
+    }
+
+    /// The node's entry, created with a slot of its own if new.
+    fn entry(&mut self, name: Arc<str>) -> &mut NodeEntry {
+        let (free, slots) = (&mut self.free_slots, &mut self.slots);
+        self.nodes.entry(name).or_insert_with(|| {
+            let slot = free.pop().unwrap_or_else(|| {
+                *slots += 1;
+                *slots - 1
+            });
+            NodeEntry {
+                gpus: None,
+                pods: Vec::new(),
+                stamp: Stamp { slot, version: 0 },
+            }
+        })
     }
 
     /// Recount a node's GPU use from its pods. Pods whose annotations name GPUs are
@@ -361,6 +396,8 @@ impl ClusterState {
         let Some(gpus) = entry.gpus.as_mut() else {
             return;
         };
+        self.versions += 1;
+        entry.stamp.version = self.versions;
         gpus.used.iter_mut().for_each(|u| *u = Default::default());
         let mut unindexed = Vec::new();
         let mut unheld = Vec::new();
@@ -548,7 +585,7 @@ impl ClusterState {
         key: &PodKey,
         subject: Subject,
         candidates: &[&str],
-        choose: impl FnOnce(&CachedPod, &[&NodeGpus]) -> Outcome,
+        choose: impl FnOnce(&CachedPod, &mut Candidates<'_>) -> Outcome,
         now: Instant,
     ) -> Result<FilterDecision, PlanError> {
         let held = self.take_subject(key, subject)?;
@@ -563,7 +600,7 @@ impl ClusterState {
         key: &PodKey,
         held: Held,
         candidates: &[&str],
-        choose: impl FnOnce(&CachedPod, &[&NodeGpus]) -> Outcome,
+        choose: impl FnOnce(&CachedPod, &mut Candidates<'_>) -> Outcome,
         now: Instant,
     ) -> FilterDecision {
         let previous = held.0;
@@ -578,17 +615,29 @@ impl ClusterState {
             self.put_pod(key.clone(), released);
         }
         let mut misfits = Vec::new();
-        let mut known: Vec<&NodeGpus> = Vec::with_capacity(candidates.len());
+        let mut known = Candidates {
+            nodes: Vec::with_capacity(candidates.len()),
+            stamps: Vec::with_capacity(candidates.len()),
+            memo: &mut self.memo,
+        };
         for name in candidates {
-            match self.node(name) {
-                Some(gpus) => known.push(gpus),
+            match self
+                .nodes
+                .get(*name)
+                .and_then(|e| Some((e.gpus.as_ref()?, e.stamp)))
+            {
+                Some((gpus, stamp)) => {
+                    known.nodes.push(gpus);
+                    known.stamps.push(stamp);
+                }
                 None => misfits.push((Arc::from(*name), Misfit::NotCached)),
             }
         }
         let Some(pod) = self.pods.get(key) else {
             return FilterDecision::none(misfits);
         };
-        let outcome = choose(pod, &known);
+        let outcome = choose(pod, &mut known);
+        let known = known.nodes;
         misfits.extend(
             outcome
                 .misfits
@@ -736,6 +785,42 @@ impl ClusterState {
     }
 }
 
+/// The candidates of a filter call that the cache knows, in the request's order: each
+/// node's GPUs (the slice this derefs to) and stamp, and what placement kept from
+/// earlier calls.
+pub struct Candidates<'a> {
+    nodes: Vec<&'a NodeGpus>,
+    stamps: Vec<Stamp>,
+    memo: &'a mut PlacementMemo,
+}
+
+impl<'a> std::ops::Deref for Candidates<'a> {
+    type Target = [&'a NodeGpus];
+    fn deref(&self) -> &Self::Target {
+        &self.nodes
+    }
+}
+
+impl Candidates<'_> {
+    /// `placement::place` over these candidates, reusing the evaluations of nodes that
+    /// have not changed since an earlier call with the same placer and request.
+    pub fn place(
+        &mut self,
+        placer: &Placer,
+        request: &GpuRequest,
+        allowed: impl Fn(&NodeGpus) -> Result<(), Misfit>,
+    ) -> Outcome {
+        place_versioned(
+            placer,
+            request,
+            &self.nodes,
+            &self.stamps,
+            allowed,
+            self.memo,
+        )
+    }
+}
+
 fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {
     match pod.node.as_deref().filter(|_| pod.bound) {
         Some(node) => Err(PlanError::AlreadyBound {
@@ -782,6 +867,8 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
 
 #[cfg(test)]
 mod charge_tests;
+#[cfg(test)]
+mod stamp_tests;
 mod usage;
 #[cfg(test)]
 mod usage_tests;

@@ -2,10 +2,19 @@
 //! The Go structs carry no json tags: the scheduler sends and expects the Go field
 //! names. We emit them exactly and accept any letter case on input, as Go does.
 
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
-use serde::Serialize;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::wire::{self, Bounded, MAX_NODES, decode_raw, object_parts};
@@ -13,20 +22,31 @@ use crate::wire::{self, Bounded, MAX_NODES, decode_raw, object_parts};
 /// `ExtenderArgs`: the pod and the candidate nodes, as objects or as names.
 ///
 /// Node objects a caller sends are never believed: only their names are read, and the
-/// cluster's own view of each node decides (docs/security.md). The raw objects are kept
-/// to answer in the form the request used.
+/// cluster's own view of each node decides (docs/security.md). Their text stays in the
+/// request's body, to answer in the form the request used.
 #[derive(Debug, Clone)]
 pub struct ExtenderArgs {
     pub pod: Pod,
     pub nodes: Option<Vec<GivenNode>>,
     pub node_names: Option<Vec<String>>,
+    /// The request's body: `nodes` are spans of it.
+    body: RequestBody,
 }
 
-/// A node object from the request: its name, and its JSON text to echo back.
-#[derive(Debug, Clone)]
+/// A node object from the request: its name, and where its JSON text is in the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GivenNode {
     pub name: String,
-    pub raw: Box<RawValue>,
+    span: Range<usize>,
+}
+
+#[derive(Clone, Default)]
+struct RequestBody(Bytes);
+
+impl fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<{} bytes>", self.0.len())
+    }
 }
 
 /// `ExtenderFilterResult`.
@@ -44,17 +64,147 @@ pub struct ExtenderFilterResult {
     pub error: String,
 }
 
-/// A `NodeList` of the node objects the request carried, echoed unchanged.
+/// A `NodeList` of node objects the request carried, echoed unchanged: spans of the
+/// request's body, written back byte for byte.
 #[derive(Debug, Clone, Default)]
-pub struct NodeItems(pub Vec<Box<RawValue>>);
+pub struct NodeItems {
+    body: RequestBody,
+    spans: Vec<Range<usize>>,
+}
+
+impl NodeItems {
+    /// The objects' JSON texts, in the request's order.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        self.bytes()
+            .map(|bytes| std::str::from_utf8(bytes).unwrap_or_default())
+    }
+
+    fn bytes(&self) -> impl Iterator<Item = &[u8]> {
+        self.spans
+            .iter()
+            .map(|span| self.body.0.get(span.clone()).unwrap_or_default())
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// `{"metadata":{},"items":[...]}` with each object's text as it came (each was
+    /// checked to be valid JSON when the request was decoded), as pieces of the
+    /// request's body, not copied. Objects that follow each other in the request (only
+    /// a comma and spaces between them) go out as one piece: every node passing is the
+    /// request's own array, whole.
+    fn raw_pieces(&self, pieces: &mut Vec<Bytes>) {
+        pieces.push(Bytes::from_static(br#"{"metadata":{},"items":["#));
+        let body = &self.body.0;
+        let mut run: Option<Range<usize>> = None;
+        for span in &self.spans {
+            run = match run {
+                Some(run) if is_separator(body.get(run.end..span.start)) => {
+                    Some(run.start..span.end)
+                }
+                Some(run) => {
+                    pieces.extend(piece(body, run));
+                    pieces.push(Bytes::from_static(b","));
+                    Some(span.clone())
+                }
+                None => Some(span.clone()),
+            };
+        }
+        pieces.extend(run.and_then(|run| piece(body, run)));
+        pieces.push(Bytes::from_static(b"]}"));
+    }
+}
+
+/// `range` of `body`, shared (spans come from decoding `body`: always inside it).
+fn piece(body: &Bytes, range: Range<usize>) -> Option<Bytes> {
+    (range.start <= range.end && range.end <= body.len()).then(|| body.slice(range))
+}
+
+/// Whether `between` two array elements is a comma among spaces.
+fn is_separator(between: Option<&[u8]>) -> bool {
+    let Some(between) = between else {
+        return false;
+    };
+    let mut commas = 0;
+    for byte in between {
+        match byte {
+            b',' => commas += 1,
+            b' ' | b'\n' | b'\r' | b'\t' => {}
+            _ => return false,
+        }
+    }
+    commas == 1
+}
 
 impl Serialize for NodeItems {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
+        use serde::ser::{Error, SerializeMap};
+        let items = self
+            .texts()
+            .map(serde_json::from_str::<&RawValue>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(S::Error::custom)?;
         let mut list = serializer.serialize_map(Some(2))?;
         list.serialize_entry("metadata", &serde_json::json!({}))?;
-        list.serialize_entry("items", &self.0)?;
+        list.serialize_entry("items", &items)?;
         list.end()
+    }
+}
+
+/// The answer as the HTTP response: what `Serialize` writes, but the node objects go
+/// out as the request's own bytes instead of being parsed and written again (in the
+/// `Nodes` form a pod without GPUs passes every node: the whole request comes back).
+impl IntoResponse for ExtenderFilterResult {
+    fn into_response(self) -> Response {
+        #[derive(Serialize)]
+        struct Rest<'a> {
+            #[serde(rename = "NodeNames")]
+            node_names: &'a Option<Vec<String>>,
+            #[serde(rename = "FailedNodes")]
+            failed_nodes: &'a NodeReasons,
+            #[serde(rename = "FailedAndUnresolvableNodes")]
+            failed_and_unresolvable_nodes: &'a NodeReasons,
+            #[serde(rename = "Error")]
+            error: &'a str,
+        }
+        let rest = Rest {
+            node_names: &self.node_names,
+            failed_nodes: &self.failed_nodes,
+            failed_and_unresolvable_nodes: &self.failed_and_unresolvable_nodes,
+            error: &self.error,
+        };
+        let rest = match serde_json::to_vec(&rest) {
+            Ok(rest) => rest,
+            Err(error) => {
+                return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+            }
+        };
+        let mut pieces = vec![Bytes::from_static(br#"{"Nodes":"#)];
+        match &self.nodes {
+            Some(items) => items.raw_pieces(&mut pieces),
+            None => pieces.push(Bytes::from_static(b"null")),
+        }
+        pieces.push(Bytes::from_static(b","));
+        let rest = Bytes::from(rest);
+        pieces.push(rest.slice(rest.len().min(1)..)); // without its opening brace
+        let length: usize = pieces.iter().map(Bytes::len).sum();
+        let body = futures::stream::iter(pieces.into_iter().map(Ok::<_, Infallible>));
+        (
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (header::CONTENT_LENGTH, HeaderValue::from(length)),
+            ],
+            Body::from_stream(body),
+        )
+            .into_response()
     }
 }
 
@@ -88,25 +238,37 @@ impl Serialize for NodeReasons {
 }
 
 impl ExtenderArgs {
+    /// Decode a request body (copied; the server hands over its buffer through
+    /// [`ExtenderArgs::from_body`]).
+    pub fn from_json(body: &[u8]) -> Result<Self, String> {
+        Self::from_body(Bytes::copy_from_slice(body))
+    }
+
     /// Decode a request body; the error says which part is wrong. Keys are matched in
     /// any letter case (Go's decoder does the same; very old schedulers sent
     /// `nodenames`), and every part is bounded (see `crate::wire`).
-    pub fn from_json(body: &[u8]) -> Result<Self, String> {
-        let [pod, names, nodes] =
-            object_parts("request", wire::text(body)?, ["Pod", "NodeNames", "Nodes"]).map_err(
-                |e| {
-                    e.replace(
-                        "a JSON object",
-                        "a JSON object with Pod and NodeNames or Nodes",
-                    )
-                },
-            )?;
-        let pod = wire::pod::decode("Pod", pod.ok_or("request has no Pod")?.get())?;
-        let node_names = names
-            .map(|raw| decode_raw::<Bounded<String, MAX_NODES>>("NodeNames", raw.get()))
-            .transpose()?
-            .map(|names| names.0);
-        let nodes = nodes.map(|raw| given_nodes(raw.get())).transpose()?;
+    ///
+    /// One pass over the body checks it all and reads the parts (`Nodes` forms are tens
+    /// of MB: 5,000 objects of a few KB); of each node object only the start, up to
+    /// its name, is read again. Only a body that fails is decoded again, part by part,
+    /// to say where (docs/design.md, "The extender's filter").
+    pub fn from_body(body: Bytes) -> Result<Self, String> {
+        let text = wire::text(&body)?;
+        let parts = match serde_json::from_str::<Parts>(text) {
+            Ok(parts) => parts,
+            Err(_) => Parts::by_part(text)?,
+        };
+        let pod = wire::pod::decode("Pod", parts.pod.ok_or("request has no Pod")?.get())?;
+        let nodes = parts.nodes.map(|nodes| {
+            nodes
+                .into_iter()
+                .map(|(name, raw)| GivenNode {
+                    name: name.unwrap_or_default(),
+                    span: span_in(text, raw.get()),
+                })
+                .collect()
+        });
+        let node_names = parts.names.map(|names| names.0);
         if nodes.is_none() && node_names.is_none() {
             return Err("request has neither NodeNames nor Nodes".into());
         }
@@ -114,6 +276,7 @@ impl ExtenderArgs {
             pod,
             nodes,
             node_names,
+            body: RequestBody(body),
         })
     }
 
@@ -125,10 +288,58 @@ impl ExtenderArgs {
             (None, None) => Vec::new(),
         }
     }
+
+    /// The request's node objects `keep` accepts, as the answer's `Nodes`; `None` when
+    /// the request named its nodes instead.
+    pub fn echo(&self, keep: impl Fn(&GivenNode) -> bool) -> Option<NodeItems> {
+        let nodes = self.nodes.as_ref()?;
+        Some(NodeItems {
+            body: self.body.clone(),
+            spans: nodes
+                .iter()
+                .filter(|n| keep(n))
+                .map(|n| n.span.clone())
+                .collect(),
+        })
+    }
 }
 
-/// The `Nodes` part (a NodeList): each item's name and text, nothing else decoded.
-fn given_nodes(raw: &str) -> Result<Vec<GivenNode>, String> {
+/// Where `part` (a slice of `text`) is in `text`.
+fn span_in(text: &str, part: &str) -> Range<usize> {
+    let start = (part.as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
+    start..start + part.len()
+}
+
+/// The parts of a request, borrowed from its text: the pod's JSON, the names, and each
+/// node object's name and JSON.
+#[derive(Default)]
+struct Parts<'a> {
+    pod: Option<&'a RawValue>,
+    names: Option<Bounded<String, MAX_NODES>>,
+    nodes: Option<Vec<(Option<String>, &'a RawValue)>>,
+}
+
+impl<'a> Parts<'a> {
+    /// The same parts, decoded one by one (several passes) so that an error names the
+    /// part and where in it: `request`, `NodeNames`, `Nodes`, `Nodes.items[i]`...
+    fn by_part(text: &'a str) -> Result<Parts<'a>, String> {
+        let [pod, names, nodes] = object_parts("request", text, ["Pod", "NodeNames", "Nodes"])
+            .map_err(|e| {
+                e.replace(
+                    "a JSON object",
+                    "a JSON object with Pod and NodeNames or Nodes",
+                )
+            })?;
+        let names = names
+            .map(|raw| decode_raw::<Bounded<String, MAX_NODES>>("NodeNames", raw.get()))
+            .transpose()?;
+        let nodes = nodes.map(|raw| given_nodes(raw.get())).transpose()?;
+        Ok(Parts { pod, names, nodes })
+    }
+}
+
+/// The `Nodes` part (a NodeList), decoded part by part: each item's name and text.
+fn given_nodes(raw: &str) -> Result<Vec<(Option<String>, &RawValue)>, String> {
     let [items] = object_parts("Nodes", raw, ["items"])
         .map_err(|e| e.replace("a JSON object", "a NodeList object"))?;
     let Some(items) = items else {
@@ -148,12 +359,225 @@ fn given_nodes(raw: &str) -> Result<Vec<GivenNode>, String> {
                     .transpose()?,
                 None => None,
             };
-            Ok(GivenNode {
-                name: name.unwrap_or_default(),
-                raw: item.to_owned(),
-            })
+            Ok((name, item))
         })
         .collect()
+}
+
+/// The request object in one pass: `Pod` kept as text, `NodeNames` decoded, `Nodes`
+/// walked item by item; other keys skipped. Keys in any letter case, `null` as absent,
+/// the last of a repeated key wins (as `wire::object_parts`).
+impl<'de: 'a, 'a> Deserialize<'de> for Parts<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Request;
+        impl<'de> Visitor<'de> for Request {
+            type Value = Parts<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object with Pod and NodeNames or Nodes")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                const KEYS: [&str; 3] = ["Pod", "NodeNames", "Nodes"];
+                let mut parts = Parts::default();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match KEYS.iter().position(|k| k.eq_ignore_ascii_case(&key)) {
+                        Some(0) => {
+                            let pod: &'de RawValue = map.next_value()?;
+                            parts.pod = (pod.get() != "null").then_some(pod);
+                        }
+                        Some(1) => parts.names = map.next_value()?,
+                        Some(2) => parts.nodes = map.next_value_seed(NodeList)?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(parts)
+            }
+        }
+        deserializer.deserialize_map(Request)
+    }
+}
+
+/// A `NodeList` (or `null`): its items' names and texts.
+struct NodeList;
+
+impl<'de> DeserializeSeed<'de> for NodeList {
+    type Value = Option<Vec<(Option<String>, &'de RawValue)>>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NodeList {
+    type Value = Option<Vec<(Option<String>, &'de RawValue)>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a NodeList object")
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key.eq_ignore_ascii_case("items") {
+                items = map.next_value::<Option<Items>>()?.unwrap_or_default().0;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Some(items))
+    }
+}
+
+/// `NodeList.items`: at most [`MAX_NODES`], each an object, read up to its name.
+#[derive(Default)]
+struct Items<'de>(Vec<(Option<String>, &'de RawValue)>);
+
+impl<'de> Deserialize<'de> for Items<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Elements;
+        impl<'de> Visitor<'de> for Elements {
+            type Value = Items<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "an array of at most {MAX_NODES} node objects")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    if items.len() == MAX_NODES {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {MAX_NODES} elements"
+                        )));
+                    }
+                    let name = node_name(item.get()).map_err(serde::de::Error::custom)?;
+                    items.push((name, item));
+                }
+                Ok(Items(items))
+            }
+        }
+        deserializer.deserialize_seq(Elements)
+    }
+}
+
+/// `metadata.name` of a node object given as valid JSON text, read only as far as it:
+/// kube-scheduler writes `metadata` before `spec` and `status` and `name` first in it,
+/// so this reads a few dozen bytes of an object of several KB. Keys in any letter
+/// case, `null` as absent; the first `metadata` and `name` are read (kube-scheduler
+/// writes each key once).
+fn node_name(item: &str) -> Result<Option<String>, &'static str> {
+    const BAD: &str = "a node object must be a JSON object with a string metadata.name";
+    let mut at = Cursor { text: item, at: 0 };
+    if !at.enter("metadata").ok_or(BAD)? || !at.enter("name").ok_or(BAD)? {
+        return Ok(None);
+    }
+    let name = at.value().ok_or(BAD)?;
+    serde_json::from_str::<String>(name)
+        .map(Some)
+        .map_err(|_| BAD)
+}
+
+/// A reading position in JSON text that has been checked to be valid: only the
+/// structure is followed here. Never panics, whatever the text.
+struct Cursor<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&mut self) -> Option<u8> {
+        let bytes = self.text.as_bytes();
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(self.at) {
+            self.at += 1;
+        }
+        bytes.get(self.at).copied()
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    /// In the object that starts here, move to the value of the first member named
+    /// `key` (any letter case) that is not `null`: `Some(false)` if there is none.
+    fn enter(&mut self, key: &str) -> Option<bool> {
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            return Some(false);
+        }
+        loop {
+            let name = key_text(self.value()?)?;
+            self.eat(b':')?;
+            if name.eq_ignore_ascii_case(key) && self.peek()? != b'n' {
+                return Some(true);
+            }
+            self.value()?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => return Some(false),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The text of the value that starts here; the cursor moves past it.
+    fn value(&mut self) -> Option<&'a str> {
+        let bytes = self.text.as_bytes();
+        let start = self.at;
+        let mut depth = 0usize;
+        match self.peek()? {
+            b'"' | b'{' | b'[' => loop {
+                let byte = *bytes.get(self.at)?;
+                self.at += 1;
+                match byte {
+                    b'"' => self.skip_string()?,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => depth = depth.checked_sub(1)?,
+                    _ => {}
+                }
+                if depth == 0 {
+                    break;
+                }
+            },
+            _ => {
+                while !matches!(
+                    bytes.get(self.at),
+                    None | Some(b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')
+                ) {
+                    self.at += 1;
+                }
+            }
+        }
+        self.text.get(start..self.at).map(str::trim_start)
+    }
+
+    /// Past the end of the string whose opening quote was just read.
+    fn skip_string(&mut self) -> Option<()> {
+        let bytes = self.text.as_bytes();
+        loop {
+            match *bytes.get(self.at)? {
+                b'"' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                b'\\' => self.at += 2,
+                _ => self.at += 1,
+            }
+        }
+    }
+}
+
+/// A key's text (a JSON string) as the key: most keys have no escapes and are read in
+/// place.
+fn key_text(raw: &str) -> Option<Cow<'_, str>> {
+    match raw.strip_prefix('"')?.strip_suffix('"')? {
+        plain if !plain.contains('\\') => Some(Cow::Borrowed(plain)),
+        _ => serde_json::from_str::<String>(raw).ok().map(Cow::Owned),
+    }
 }
 
 #[cfg(test)]
@@ -199,14 +623,127 @@ mod tests {
         )
         .unwrap();
         let result = ExtenderFilterResult {
-            nodes: Some(NodeItems(
-                args.nodes.unwrap().into_iter().map(|n| n.raw).collect(),
-            )),
+            nodes: args.echo(|_| true),
             ..Default::default()
         };
         assert_eq!(
             serde_json::to_value(&result).unwrap()["Nodes"],
             serde_json::json!({"metadata": {}, "items": [{"metadata": {"name": "n1"}, "status": {"x": 1}}]})
+        );
+    }
+
+    /// Request bodies in many spellings: the one-pass decoder reads what the part by
+    /// part decoder reads (the names, and each node object's exact text).
+    #[test]
+    fn one_pass_reads_what_part_by_part_reads() {
+        let bodies = [
+            r#"{"Pod": {}, "NodeNames": ["a", "b"]}"#,
+            r#"{"pod": null, "Pod": {"metadata": {}}, "nodenames": null, "NODES": {"items": null}}"#,
+            r#"{"Nodes": {"kind": "NodeList", "metadata": {"resourceVersion": "1"}, "ITEMS": [
+                {"metadata": {"name": "plain"}},
+                {"kind": "Node", "apiVersion": "v1", "metadata": {"uid": "u", "labels": {"k": "}\"{"}, "name": "later"}},
+                { "Metadata" : { "Name" : "spaced" } , "spec" : {} },
+                {"metadata": null, "metadata": {"name": "second metadata"}},
+                {"metadata": {"name": null, "name": "second name"}},
+                {"status": {"images": [{"names": ["x"]}]}, "metadata": {"name": "metadata last"}},
+                {"metadata": {"na\u006de": "escaped key", "x": 1}},
+                {"metadata": {"name": "escaped \"name\" \u00e9"}},
+                {"metadata": {}}, {}
+            ]}, "Pod": {}, "junk": [1, {"Nodes": 2}]}"#,
+            r#"{"Pod": {}, "Nodes": {"items": []}, "NodeNames": ["n"]}"#,
+            "{\"Pod\":{},\"Nodes\":{\"items\":[\n  {\n    \"metadata\": {\"name\": \"pretty\"}\n  }\n]}}",
+        ];
+        for body in bodies {
+            let fast: Parts = serde_json::from_str(body).unwrap();
+            let slow = Parts::by_part(body).unwrap();
+            assert_eq!(
+                fast.pod.map(RawValue::get),
+                slow.pod.map(RawValue::get),
+                "{body}"
+            );
+            assert_eq!(fast.names, slow.names, "{body}");
+            let texts = |parts: &Parts| -> Option<Vec<(Option<String>, String)>> {
+                let nodes = parts.nodes.as_ref()?;
+                Some(
+                    nodes
+                        .iter()
+                        .map(|(n, raw)| (n.clone(), raw.get().to_string()))
+                        .collect(),
+                )
+            };
+            assert_eq!(texts(&fast), texts(&slow), "{body}");
+        }
+        let args = ExtenderArgs::from_json(bodies[2].as_bytes()).unwrap();
+        assert_eq!(
+            args.candidate_names(),
+            [
+                "plain",
+                "later",
+                "spaced",
+                "second metadata",
+                "second name",
+                "metadata last",
+                "escaped key",
+                "escaped \"name\" \u{e9}",
+                "",
+                ""
+            ]
+        );
+    }
+
+    #[test]
+    fn answers_carry_the_requests_node_objects_byte_for_byte() {
+        let pretty = "{\n  \"metadata\": {\"name\": \"n2\"},\n  \"status\": {\"a\": [1, 2.50, \"\\u00e9\"]}\n}";
+        let body = format!(
+            r#"{{"Pod": {{}}, "Nodes": {{"items": [{{"metadata": {{"name": "n1"}}}}, {pretty}]}}}}"#
+        );
+        let args = ExtenderArgs::from_json(body.as_bytes()).unwrap();
+        let mut result = ExtenderFilterResult {
+            nodes: args.echo(|n| n.name == "n2"),
+            ..Default::default()
+        };
+        result.failed_nodes.insert("n1", "no room");
+        assert_eq!(
+            result.nodes.as_ref().unwrap().texts().collect::<Vec<_>>(),
+            [pretty]
+        );
+        let response = result.clone().into_response();
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let answer =
+            futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+                .unwrap();
+        let answer = std::str::from_utf8(&answer).unwrap();
+        assert!(answer.contains(pretty), "{answer}");
+        let answered: serde_json::Value = serde_json::from_str(answer).unwrap();
+        assert_eq!(answered, serde_json::to_value(&result).unwrap());
+        // Every node passing: the request's array goes back as it is, in one piece.
+        let all = ExtenderFilterResult {
+            nodes: args.echo(|_| true),
+            ..Default::default()
+        };
+        let answer = futures::executor::block_on(axum::body::to_bytes(
+            all.clone().into_response().into_body(),
+            1 << 20,
+        ))
+        .unwrap();
+        let items = &body[body.find('[').unwrap()..body.rfind(']').unwrap() + 1];
+        assert!(std::str::from_utf8(&answer).unwrap().contains(items));
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&answer).unwrap(),
+            serde_json::to_value(&all).unwrap()
+        );
+        let names_only = ExtenderFilterResult {
+            node_names: Some(vec!["n1".into()]),
+            ..Default::default()
+        };
+        let answer = futures::executor::block_on(axum::body::to_bytes(
+            names_only.clone().into_response().into_body(),
+            1 << 20,
+        ))
+        .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&answer).unwrap(),
+            serde_json::to_value(&names_only).unwrap()
         );
     }
 
@@ -225,6 +762,21 @@ mod tests {
             "{bad}"
         );
         assert!(err(r#"{"Pod": {}, "NodeNames": "a"}"#).starts_with("NodeNames: invalid type"));
+        assert_eq!(
+            err(r#"{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a"}}, []]}}"#),
+            "Nodes.items[1] must be a JSON object"
+        );
+        assert!(
+            err(r#"{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": 5}}]}}"#)
+                .starts_with("Nodes.items[0].metadata.name: invalid type"),
+        );
+        assert_eq!(
+            err(r#"{"Pod": {}, "Nodes": []}"#),
+            "Nodes must be a NodeList object"
+        );
+        assert!(
+            err(r#"{"Pod": {}, "Nodes": {"items": [{]}}"#).starts_with("request is not valid JSON")
+        );
     }
 
     #[test]

@@ -9,19 +9,19 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::cache::pod::SkipReason;
 use crate::cache::{
-    AnnotationKeys, CachedPod, ClusterCache, ClusterState, FilterDecision, PodKey, Reservation,
-    Subject, pod_key,
+    AnnotationKeys, CachedPod, Candidates, ClusterCache, ClusterState, FilterDecision, PodKey,
+    Reservation, Subject, pod_key,
 };
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
-use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer, place};
+use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer};
 use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
 use crate::quota::reserve::{Ask, Reserved, views_with_status};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
-use super::api::{ExtenderArgs, ExtenderFilterResult, NodeItems, NodeReasons};
+use super::api::{ExtenderArgs, ExtenderFilterResult, NodeReasons};
 
 /// How a filter call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +208,7 @@ struct Choice<'a> {
 
 impl Choice<'_> {
     /// The policy's choice among `candidates` for the cluster's copy of the pod.
-    fn choose(&self, pod: &CachedPod, candidates: &[&NodeGpus]) -> Outcome {
+    fn choose(&self, pod: &CachedPod, candidates: &mut Candidates<'_>) -> Outcome {
         let limits = self.limits;
         let wanted =
             WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
@@ -216,17 +216,12 @@ impl Choice<'_> {
             applies: self.quota_applies,
             views: self.views,
         };
-        place(
-            self.placer,
-            &pod.request,
-            candidates.iter().copied(),
-            |node| {
-                wanted
-                    .admits(node)
-                    .and_then(|()| pool_admits(&limits.pools, node))
-                    .and_then(|()| quota.room_on(node, &pod.request))
-            },
-        )
+        candidates.place(self.placer, &pod.request, |node| {
+            wanted
+                .admits(node)
+                .and_then(|()| pool_admits(&limits.pools, node))
+                .and_then(|()| quota.room_on(node, &pod.request))
+        })
     }
 }
 
@@ -409,13 +404,8 @@ fn with_passed(
 ) -> ExtenderFilterResult {
     if args.node_names.is_some() {
         result.node_names = Some(passed.into_iter().map(str::to_string).collect());
-    } else if let Some(nodes) = &args.nodes {
-        let items = nodes
-            .iter()
-            .filter(|n| Some(n.name.as_str()) == passed)
-            .map(|n| n.raw.clone())
-            .collect();
-        result.nodes = Some(NodeItems(items));
+    } else {
+        result.nodes = args.echo(|n| Some(n.name.as_str()) == passed);
     }
     result
 }
@@ -424,8 +414,8 @@ fn pass_all(args: &ExtenderArgs) -> ExtenderFilterResult {
     let mut result = ExtenderFilterResult::default();
     if let Some(names) = &args.node_names {
         result.node_names = Some(names.clone());
-    } else if let Some(nodes) = &args.nodes {
-        result.nodes = Some(NodeItems(nodes.iter().map(|n| n.raw.clone()).collect()));
+    } else {
+        result.nodes = args.echo(|_| true);
     }
     result
 }

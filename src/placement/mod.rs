@@ -5,6 +5,7 @@
 pub mod fit;
 pub mod fragment;
 pub mod learn;
+pub mod memo;
 pub mod models;
 pub mod node;
 pub mod policy;
@@ -16,6 +17,7 @@ pub(crate) mod testing;
 
 pub use fit::{Assignment, GpuChoice, HeldGpus, Misfit, fit};
 pub use fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
+pub use memo::{PlacementMemo, Stamp, place_versioned};
 pub use node::{GpuUse, NodeGpus};
 pub use policy::{Candidate, DEFAULT_POLICY, Outcome, Placer, Policy, place, place_with_host};
 pub use request::{ContainerGpu, GpuDemand, GpuRequest, RequestError};

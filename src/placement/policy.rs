@@ -86,7 +86,7 @@ impl Placer {
     }
 
     /// The GPUs this placer gives the pod on `node`, or why it can't.
-    fn assign(
+    pub(super) fn assign(
         &self,
         node: &NodeGpus,
         request: &GpuRequest,
@@ -103,7 +103,7 @@ impl Placer {
     }
 
     /// Score a feasible placement; lower is better, compared first by the first number.
-    fn score(
+    pub(super) fn score(
         &self,
         node: &NodeGpus,
         assignment: &Assignment,
@@ -266,7 +266,7 @@ pub fn place_with_host<'a, C: Candidate + 'a>(
     }
 }
 
-fn compare(a: &[f64; 2], b: &[f64; 2]) -> Ordering {
+pub(super) fn compare(a: &[f64; 2], b: &[f64; 2]) -> Ordering {
     a[0].total_cmp(&b[0]).then_with(|| a[1].total_cmp(&b[1]))
 }
 

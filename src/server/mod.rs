@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -164,14 +164,55 @@ pub struct Route<T> {
     pub parse: fn(&[u8]) -> Result<T, String>,
 }
 
+/// A route whose decoder takes the body itself, shared, not copied: the filter answers
+/// with Node objects cut from its request (tens of MB in the `Nodes` form).
+pub struct BodyRoute<T> {
+    pub name: &'static str,
+    pub limit: usize,
+    pub parse: fn(Bytes) -> Result<T, String>,
+}
+
+/// What [`accept`] and [`answer`] need of a route.
+pub trait Decoder<T> {
+    fn name(&self) -> &'static str;
+    fn limit(&self) -> usize;
+    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, String> + Send + 'static;
+}
+
+impl<T: 'static> Decoder<T> for Route<T> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn limit(&self) -> usize {
+        self.limit
+    }
+    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, String> + Send + 'static {
+        let parse = self.parse;
+        move |bytes: Bytes| parse(&bytes)
+    }
+}
+
+impl<T: 'static> Decoder<T> for BodyRoute<T> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn limit(&self) -> usize {
+        self.limit
+    }
+    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, String> + Send + 'static {
+        self.parse
+    }
+}
+
 /// Read a body of at most `route.limit` bytes (413 beyond), decode it (off the async
 /// workers when large), and check readiness.
 pub async fn accept<T: Send + 'static>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
-    route: &Route<T>,
+    route: &impl Decoder<T>,
 ) -> Result<T, Rejection> {
+    let limit = route.limit();
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -181,19 +222,19 @@ pub async fn accept<T: Send + 'static>(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     // An announced oversize body is refused unread when the client waits for our go
     // (Expect: 100-continue) or when it is too large to be worth draining.
-    if announced.is_some_and(|n| n > route.limit as u64 && (expects_continue || n > DRAIN_MAX)) {
-        return Err(Rejection::TooLarge { limit: route.limit });
+    if announced.is_some_and(|n| n > limit as u64 && (expects_continue || n > DRAIN_MAX)) {
+        return Err(Rejection::TooLarge { limit });
     }
-    let expected = announced.map_or(0, |n| n.min(route.limit as u64) as usize);
-    let read = read_body(body, route.limit, expected);
+    let expected = announced.map_or(0, |n| n.min(limit as u64) as usize);
+    let read = read_body(body, limit, expected);
     let bytes = tokio::time::timeout(state.body_timeout, read)
         .await
         .map_err(|_| Rejection::TooSlow)??;
-    let parse = route.parse;
+    let parse = route.decoder();
     let parsed = if bytes.len() < DECODE_INLINE_MAX {
-        parse(&bytes)
+        parse(bytes)
     } else {
-        tokio::task::spawn_blocking(move || parse(&bytes))
+        tokio::task::spawn_blocking(move || parse(bytes))
             .await
             .unwrap_or_else(|error| Err(format!("decoding the request failed: {error}")))
     };
@@ -211,11 +252,7 @@ const DRAIN_MAX: u64 = 128 << 20;
 
 /// The body's bytes, up to `limit`; `expected` (the announced length) sizes the buffer
 /// once instead of growing it.
-async fn read_body(
-    mut body: Body,
-    limit: usize,
-    expected: usize,
-) -> Result<axum::body::Bytes, Rejection> {
+async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Bytes, Rejection> {
     use http_body_util::BodyExt;
     let mut kept = Vec::with_capacity(expected);
     let mut seen = 0u64;
@@ -244,7 +281,7 @@ async fn read_body(
 /// decision.
 pub async fn answer<T, Judged>(
     state: &AppState,
-    route: &Route<T>,
+    route: &impl Decoder<T>,
     headers: &HeaderMap,
     body: Body,
     judge: impl FnOnce(T) -> Judged,
@@ -260,14 +297,14 @@ where
     };
     state
         .metrics
-        .observe(route.name, decision, started.elapsed().as_secs_f64());
+        .observe(route.name(), decision, started.elapsed().as_secs_f64());
     response
 }
 
-const PREDICATES: Route<ExtenderArgs> = Route {
+const PREDICATES: BodyRoute<ExtenderArgs> = BodyRoute {
     name: "predicates",
     limit: EXTENDER_BODY_LIMIT,
-    parse: ExtenderArgs::from_json,
+    parse: ExtenderArgs::from_body,
 };
 
 const VPREDICATES: Route<PredicateArgs> = Route {
@@ -279,7 +316,7 @@ const VPREDICATES: Route<PredicateArgs> = Route {
 async fn predicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &PREDICATES, &headers, body, async |args| {
         let (result, outcome) = filter(&state.cache, &state.config, &state.placer, &args).await;
-        (outcome.label(), axum::Json(result).into_response())
+        (outcome.label(), result.into_response())
     })
     .await
 }

@@ -105,6 +105,7 @@ fn reconciled(
         };
         (quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
+            updated.metadata.managed_fields = None; // kept as they are by the API server
             updated.status = Some(status);
             updated
         })

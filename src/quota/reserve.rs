@@ -343,6 +343,8 @@ fn with_charges(
     direction: Direction,
 ) -> Result<GPUQuota, ReserveError> {
     let mut updated = quota.clone();
+    // Left out, the API server keeps them as they are: less to send and to decode.
+    updated.metadata.managed_fields = None;
     let status = updated.status.get_or_insert_with(GpuQuotaStatus::default);
     let mut pending = Pending::from_status(&status.pending).map_err(|e| ReserveError::Invalid {
         quota: quota_name(quota),

@@ -626,9 +626,9 @@ async fn interleaved(sender: &mut Sender) -> usize {
         Kind::default(),
     );
     let mut floor = Vec::new();
-    let rss_before = resident_bytes();
-    let mut rss_first_round = 0;
-    let mut rss_half = 0;
+    // Resident memory once each round's names calls are done (the previous round's
+    // Nodes calls long answered and dropped), and once more after the last round.
+    let mut rss = Vec::with_capacity(rounds + 1);
     for round in 0..rounds {
         for _ in 0..names_per_round {
             let pod = pod_without_gpu(&format!("web-{round}"));
@@ -653,6 +653,7 @@ async fn interleaved(sender: &mut Sender) -> usize {
             }
         }
 
+        rss.push(resident_bytes());
         let sent = Instant::now();
         let (status, answer) =
             post_parts(sender, "/scheduler/predicates", body(gpu_pod(), false)).await;
@@ -689,14 +690,13 @@ async fn interleaved(sender: &mut Sender) -> usize {
         plain_nodes.placed.push(sent.elapsed());
         assert_eq!(status, 200);
         assert!(length >= nodes_text.len() - 64, "every Node echoed");
-        if round == 0 {
-            rss_first_round = resident_bytes();
-        }
-        if round == rounds / 2 {
-            rss_half = resident_bytes();
-        }
     }
-    let rss_after = resident_bytes();
+    for _ in 0..names_per_round {
+        let pod = pod_without_gpu("web-last");
+        let (status, _) = post_parts(sender, "/scheduler/predicates", body(pod, true)).await;
+        assert_eq!(status, 200);
+    }
+    rss.push(resident_bytes());
 
     println!(
         "filter, {NODES} nodes, {rounds} rounds on one connection, each: {names_per_round} x (pod without GPUs, GPU pod) with names, then a GPU pod and a pod without GPUs with Node objects"
@@ -735,13 +735,18 @@ async fn interleaved(sender: &mut Sender) -> usize {
         "ratio (p50) GPU pod placed, Nodes / names: {:.2}",
         ratio(&gpu_nodes.placed, &gpu_names.placed)
     );
+    let after_first = rss.get(1..).unwrap_or_default();
     println!(
-        "resident memory (whole process, client included): before the Nodes calls {}, after round 1 {}, after round {} {}, after the last {}; peak {}",
-        mib(rss_before),
-        mib(rss_first_round),
-        rounds / 2 + 1,
-        mib(rss_half),
-        mib(rss_after),
+        "resident memory (whole process, client included): before the Nodes calls {}, after 1 round {}, after {} {}, after {} {} (after 1 to {} rounds: {} to {}); peak {}",
+        mib(rss[0]),
+        mib(rss[1.min(rounds)]),
+        rounds / 2,
+        mib(rss[rounds / 2]),
+        rounds,
+        mib(rss[rounds]),
+        rounds,
+        mib(after_first.iter().copied().min().unwrap_or(0)),
+        mib(after_first.iter().copied().max().unwrap_or(0)),
         mib(vm_kib("VmHWM:") << 10),
     );
     sequence

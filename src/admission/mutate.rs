@@ -322,6 +322,7 @@ mod tests {
                 has_quota: true,
                 default_type: Some("Tesla-T4".into()),
                 models: vec!["Tesla-T4".into(), "A100".into()],
+                profile_caps: Vec::new(),
                 pools: vec!["pool-a".into()],
             },
         }

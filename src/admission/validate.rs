@@ -11,7 +11,7 @@ use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Charge, Denial, Route, admit, amount_of, models_for_route};
+use crate::quota::ledger::{AdmitRules, Charge, Costs, Denial, Route, admit, models_for_route};
 use crate::quota::reserve::{self, Reserved};
 
 /// What the webhook answers.
@@ -56,10 +56,10 @@ pub async fn validate(
         untyped: config.untyped_pods,
         quota_required: config.quota_required,
     };
-    let amount = amount_of(&request);
+    let mig = &cache.projection().names.mig;
     match cache.ledger() {
         None => Ok(offline(
-            cache, config, namespace, pod, amount, rules, dry_run,
+            cache, config, namespace, pod, &request, rules, dry_run,
         )?),
         Some(ledger) => {
             let decided = cache.with_state(|state| {
@@ -71,8 +71,8 @@ pub async fn validate(
                 Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
             };
             let ask = reserve::Ask {
+                costs: Costs::of(&request, &wanted.models, mig),
                 wanted,
-                amount,
                 rules,
                 created: created_or_now(pod),
                 dry_run,
@@ -102,7 +102,7 @@ fn offline(
     config: &Config,
     namespace: &str,
     pod: &Pod,
-    amount: crate::placement::quantity::Milli,
+    request: &GpuRequest,
     rules: AdmitRules,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
@@ -118,8 +118,11 @@ fn offline(
                 reason,
             })?;
         let limits = state.namespace_limits(namespace);
-        let decision = wanted_on_route(state, config, limits, namespace, pod)
-            .and_then(|wanted| admit(namespace, &views, &wanted, amount, rules));
+        let mig = &cache.projection().names.mig;
+        let decision = wanted_on_route(state, config, limits, namespace, pod).and_then(|wanted| {
+            let costs = Costs::of(request, &wanted.models, mig);
+            admit(namespace, &views, &wanted, &costs, rules)
+        });
         match decision {
             Err(denial) => Ok(Verdict::Deny(denial.to_string())),
             Ok(charge) => {

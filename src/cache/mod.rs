@@ -108,9 +108,11 @@ impl ClusterCache {
             PodWriter::Api(client) => Some(crate::quota::reserve::Ledger::new(client.clone())),
             PodWriter::Memory => None,
         };
+        let mut state = ClusterState::default();
+        state.set_mig(projection.names.mig.clone());
         ClusterCache {
             inner: Arc::new(Inner {
-                state: Mutex::new(ClusterState::default()),
+                state: Mutex::new(state),
                 ready: AtomicBool::new(ready),
                 projection,
                 writer,

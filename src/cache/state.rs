@@ -15,7 +15,7 @@ use crate::placement::{
     Assignment, GpuRequest, Misfit, NodeGpus, Outcome, PlacementMemo, Placer, Stamp, fit,
     place_versioned,
 };
-use crate::quota::ledger::{ModelAmounts, QuotaView, amount_of, charged_model, reported_usage};
+use crate::quota::ledger::{ModelAmounts, QuotaView, charge_on, charged_model, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -70,8 +70,7 @@ pub const HOLD_TTL: Duration = Duration::from_secs(30);
 struct Departed {
     namespace: Box<str>,
     created: i64,
-    model: Box<str>,
-    amount: Milli,
+    charge: ModelAmounts,
 }
 
 /// A placement the filter made: the node, its GPUs, and what to restore if recording
@@ -510,18 +509,23 @@ impl ClusterState {
         self.ledger.usage(namespace)
     }
 
-    /// The model and amount a pod was surely charged at admission or binding: a pod
+    /// What a pod was surely charged at admission or binding, per quota key: a pod
     /// that wants one model, or a bound one (a merely annotated multi-model pod may
     /// not have been charged yet).
-    fn ledger_charge(&self, namespace: &str, pod: &CachedPod) -> Option<(String, Milli)> {
+    fn ledger_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
         if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
             return None;
         }
-        let model = charged_model(wanted, node_model(&self.nodes, pod))?;
-        Some((model.to_string(), amount_of(&pod.request)))
+        let label = charged_model(wanted, node_model(&self.nodes, pod))?;
+        Some(charge_on(&pod.request, label, self.ledger.mig()))
+    }
+
+    /// How MIG slices are charged (`resources.mig`); set once, before any pod arrives.
+    pub fn set_mig(&mut self, mig: crate::placement::MigResources) {
+        self.ledger.set_mig(mig);
     }
 
     /// What the pods seen created in each recent second account for, per (second,
@@ -538,13 +542,15 @@ impl ClusterState {
             if pod.created < since {
                 continue;
             }
-            if let Some((model, amount)) = self.ledger_charge(namespace, pod) {
-                add(pod.created, model, amount);
+            for (key, amount) in self.ledger_charge(namespace, pod).into_iter().flatten() {
+                add(pod.created, key, amount);
             }
         }
         let departed = self.departed.iter().filter(|d| &*d.namespace == namespace);
         for d in departed.filter(|d| d.created >= since) {
-            add(d.created, d.model.to_string(), d.amount);
+            for (key, amount) in &d.charge {
+                add(d.created, key.clone(), *amount);
+            }
         }
         seen
     }
@@ -561,12 +567,11 @@ impl ClusterState {
         if !self.namespace_limits(namespace).has_quota {
             return;
         }
-        if let Some((model, amount)) = self.ledger_charge(namespace, pod) {
+        if let Some(charge) = self.ledger_charge(namespace, pod) {
             self.departed.push(Departed {
                 namespace: namespace.into(),
                 created: pod.created,
-                model: model.into(),
-                amount,
+                charge,
             });
         }
     }

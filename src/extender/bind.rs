@@ -92,15 +92,8 @@ pub async fn bind(
         tracing::warn!(pod = %key, node = %args.node, %error, "binding failed; placement released");
         cache.with_state(|state| state.release_hold(&key));
         if let (Some(charge), Some(ledger)) = (&plan.charge_at_placement, cache.ledger()) {
-            let model = charge.node_model.as_deref().unwrap_or_default();
             let released = ledger
-                .release(
-                    cache,
-                    &args.pod_namespace,
-                    model,
-                    charge.amount,
-                    charge.created,
-                )
+                .release(cache, &args.pod_namespace, &charge.charge, charge.created)
                 .await;
             if let Err(error) = released {
                 tracing::warn!(pod = %key, %error, "could not release the quota charge; the reconciler will");

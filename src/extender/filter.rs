@@ -13,11 +13,12 @@ use crate::cache::{
     Reservation, Subject, pod_key,
 };
 use crate::config::Config;
+use crate::placement::MigResources;
 use crate::placement::learn::LearningPlacer;
+use crate::placement::mig;
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
-use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer};
-use crate::quota::ledger::{AdmitRules, QuotaView, amount_of, room};
+use crate::quota::ledger::{AdmitRules, Costs, ModelAmounts, QuotaView, charge_on, room};
 use crate::quota::reserve::{Ask, Reserved, views_with_status};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
@@ -120,7 +121,8 @@ pub(super) struct Plan {
 }
 
 pub(super) struct PlacementCharge {
-    pub amount: Milli,
+    /// Per quota key, on the node's model.
+    pub charge: ModelAmounts,
     pub node_model: Option<String>,
     /// The pod's creation second (the ledger's pending total it joins).
     pub created: i64,
@@ -142,6 +144,7 @@ pub(super) fn plan(
     let namespace = namespace.as_str();
     let api_mode = cache.client().is_some();
     let placer = placer.placer();
+    let mig = &cache.projection().names.mig;
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
         let held = state
@@ -167,6 +170,7 @@ pub(super) fn plan(
         };
         let context = Choice {
             quota_applies,
+            mig,
             placer: &placer,
             limits: &limits,
             views: &views,
@@ -181,10 +185,13 @@ pub(super) fn plan(
         let pod = state.pod(&key);
         let request = pod.map(|p| p.request.clone()).unwrap_or_default();
         let node = decision.reservation.as_ref().map(|r| &*r.node);
-        let charge_at_placement = quota_applies.then(|| PlacementCharge {
-            amount: amount_of(&request),
-            node_model: node.and_then(|n| Some(state.node(n)?.model.as_deref()?.to_string())),
-            created: pod.map_or(0, |p| p.created),
+        let charge_at_placement = quota_applies.then(|| {
+            let node_model = node.and_then(|n| Some(state.node(n)?.model.as_deref()?.to_string()));
+            PlacementCharge {
+                charge: charge_on(&request, node_model.as_deref().unwrap_or_default(), mig),
+                node_model,
+                created: pod.map_or(0, |p| p.created),
+            }
         });
         let plan = Plan {
             key,
@@ -201,6 +208,7 @@ pub(super) fn plan(
 struct Choice<'a> {
     /// The pod accepts several models and its namespace has a quota.
     quota_applies: bool,
+    mig: &'a MigResources,
     placer: &'a Placer,
     limits: &'a NamespaceLimits,
     views: &'a Result<Vec<QuotaView>, String>,
@@ -214,21 +222,51 @@ impl Choice<'_> {
             WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
         let quota = PlacementQuota {
             applies: self.quota_applies,
+            mig: self.mig,
             views: self.views,
         };
         candidates.place(self.placer, &pod.request, |node| {
             wanted
                 .admits(node)
                 .and_then(|()| pool_admits(&limits.pools, node))
+                .and_then(|()| profile_admits(limits, &wanted, node))
                 .and_then(|()| quota.room_on(node, &pod.request))
         })
     }
+}
+
+/// A pod charged at admission for a model, not for a MIG profile, may not take a
+/// single-strategy slice of a profile its namespace caps: the cap would not see it
+/// (a pod that names the profile's node label is charged for it at admission).
+fn profile_admits(
+    limits: &NamespaceLimits,
+    wanted: &WantedModels,
+    node: &NodeGpus,
+) -> Result<(), Misfit> {
+    let Some(label) = node.model.as_deref() else {
+        return Ok(());
+    };
+    let (model, Some(profile)) = mig::split_product(label) else {
+        return Ok(());
+    };
+    let key = mig::profile_key(model, profile);
+    if wanted.models.len() != 1 || wanted.models[0] == label || !limits.profile_caps.contains(&key)
+    {
+        return Ok(());
+    }
+    Err(Misfit::QuotaFull {
+        detail: format!(
+            "the namespace caps MIG profile {key}; a pod using it names the node label {label} as its GPU model"
+        ),
+        model: key,
+    })
 }
 
 /// For a pod that accepts several models, the quotas its node's model must have room
 /// in: the same rule admission applies to a single-model pod, with the node's model.
 struct PlacementQuota<'a> {
     applies: bool,
+    mig: &'a MigResources,
     views: &'a Result<Vec<QuotaView>, String>,
 }
 
@@ -237,17 +275,17 @@ impl PlacementQuota<'_> {
         if !self.applies {
             return Ok(());
         }
-        let model = node.model.as_deref().unwrap_or_default();
-        let full = |detail: String| Misfit::QuotaFull {
+        let label = node.model.as_deref().unwrap_or_default();
+        let full = |model: &str, detail: String| Misfit::QuotaFull {
             model: model.to_string(),
             detail,
         };
-        let views = self.views.as_ref().map_err(|e| full(e.clone()))?;
-        room(views, model, amount_of(request)).map_err(|e| {
-            full(format!(
-                "used {} of {} in GPUQuota {}",
-                e.used, e.hard, e.quota
-            ))
+        let views = self.views.as_ref().map_err(|e| full(label, e.clone()))?;
+        room(views, label, &charge_on(request, label, self.mig)).map_err(|e| {
+            full(
+                &e.model,
+                format!("used {} of {} in GPUQuota {}", e.used, e.hard, e.quota),
+            )
         })
     }
 }
@@ -318,7 +356,10 @@ pub(super) async fn charge_ledger(
             models: vec![charge.node_model.clone().unwrap_or_default()],
             source: ModelSource::Annotation,
         },
-        amount: charge.amount,
+        costs: Costs::single(
+            charge.node_model.clone().unwrap_or_default(),
+            charge.charge.clone(),
+        ),
         rules: AdmitRules {
             untyped: config.untyped_pods,
             quota_required: config.quota_required,

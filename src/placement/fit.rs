@@ -119,6 +119,12 @@ pub enum Misfit {
         need: u32,
         free: u32,
     },
+    /// The node advertises fewer slices of a MIG profile than the pod asks for.
+    TooFewMigSlices {
+        profile: String,
+        need: u32,
+        have: u32,
+    },
     /// The namespace's quota for this node's model has no room for the pod.
     QuotaFull {
         model: String,
@@ -211,6 +217,14 @@ impl fmt::Display for Misfit {
             Misfit::NotEnoughFreeGpus { need, free } => {
                 write!(f, "pod needs {need} free whole GPUs, node has {free}")
             }
+            Misfit::TooFewMigSlices {
+                profile,
+                need,
+                have,
+            } => write!(
+                f,
+                "pod needs {need} MIG slices of profile {profile}, node has {have}"
+            ),
             Misfit::QuotaFull { model, detail } => {
                 write!(f, "namespace GPU quota for {model} has no room ({detail})")
             }
@@ -227,6 +241,11 @@ impl fmt::Display for Misfit {
 /// the GPUs gpu-manager itself would pick, then what the pod holds for its init
 /// containers. The node is not changed.
 pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> {
+    check_mig(node, request)?;
+    if !request.has_gpu_demand() {
+        // MIG slices only: kube-scheduler counts them; no GPU index to choose.
+        return Ok(Assignment::default());
+    }
     check_static(node, request)?;
     let held = request.held_for_init();
     if let ([container], true) = (request.containers.as_slice(), held.is_empty()) {
@@ -260,6 +279,21 @@ pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> 
     // node as it is, and gpu-manager knows nothing of this hold.
     assignment.held = hold(&mut scratch, &held)?;
     Ok(assignment)
+}
+
+/// Whether the node advertises enough slices of every MIG profile the pod asks for.
+fn check_mig(node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+    for demand in &request.mig {
+        let have = node.mig_capacity(&demand.profile);
+        if have < demand.count {
+            return Err(Misfit::TooFewMigSlices {
+                profile: demand.profile.to_string(),
+                need: demand.count,
+                have,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Place the init-container hold of `request` on `node` as it is (its app containers
@@ -391,6 +425,7 @@ mod tests {
                 })
                 .collect(),
             init: None,
+            mig: Vec::new(),
         }
     }
 

@@ -980,6 +980,7 @@ mod tests {
                 demand: GpuDemand::Whole { gpus: 1 },
             }],
             init: None,
+            mig: Vec::new(),
         };
         std::thread::scope(|s| {
             for _ in 0..4 {

@@ -83,6 +83,7 @@ mod tests {
                 },
             }],
             init: None,
+            mig: Vec::new(),
         };
         assert!(placer.placer().mix.is_empty());
         placer.observe(&share);

@@ -222,6 +222,7 @@ mod tests {
                 demand,
             }],
             init: None,
+            mig: Vec::new(),
         }
     }
 

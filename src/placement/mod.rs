@@ -6,6 +6,7 @@ pub mod fit;
 pub mod fragment;
 pub mod learn;
 pub mod memo;
+pub mod mig;
 pub mod models;
 pub mod node;
 pub mod policy;
@@ -18,9 +19,10 @@ pub(crate) mod testing;
 pub use fit::{Assignment, GpuChoice, HeldGpus, Misfit, fit};
 pub use fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
 pub use memo::{PlacementMemo, Stamp, place_versioned};
+pub use mig::MigResources;
 pub use node::{GpuUse, NodeGpus};
 pub use policy::{Candidate, DEFAULT_POLICY, Outcome, Placer, Policy, place, place_with_host};
-pub use request::{ContainerGpu, GpuDemand, GpuRequest, RequestError};
+pub use request::{ContainerGpu, GpuDemand, GpuRequest, MigDemand, RequestError};
 
 use serde::Deserialize;
 
@@ -33,6 +35,8 @@ pub struct ResourceNames {
     /// Prefix of the gpu-manager annotations (`<prefix>/predicate-node`, ...).
     pub annotation_prefix: String,
     pub whole_gpu: Vec<String>,
+    /// MIG slices: the mixed strategy's resource prefix and the slice table.
+    pub mig: MigResources,
 }
 
 impl Default for ResourceNames {
@@ -42,16 +46,23 @@ impl Default for ResourceNames {
             vcuda_memory: "tencent.com/vcuda-memory".into(),
             annotation_prefix: "tencent.com".into(),
             whole_gpu: vec!["nvidia.com/gpu".into()],
+            mig: MigResources::default(),
         }
     }
 }
 
 impl ResourceNames {
-    /// Every resource name that makes a pod a GPU pod.
+    /// Every resource name that makes a pod a GPU pod, MIG resources aside
+    /// ([`ResourceNames::is_gpu`] says for any name).
     pub fn all(&self) -> impl Iterator<Item = &str> {
         [self.vcuda_core.as_str(), self.vcuda_memory.as_str()]
             .into_iter()
             .chain(self.whole_gpu.iter().map(String::as_str))
+    }
+
+    /// Whether `resource` makes a pod a GPU pod.
+    pub fn is_gpu(&self, resource: &str) -> bool {
+        self.all().any(|name| name == resource) || self.mig.profile_of_resource(resource).is_some()
     }
 }
 

@@ -81,18 +81,27 @@ impl WantedModels {
         WantedModels { models, source }
     }
 
-    /// Whether a node of this model is acceptable.
+    /// Whether a node of this model is acceptable: its label is wanted, or it is a
+    /// single-strategy MIG node (`<model>-MIG-<profile>`) of a wanted model.
     pub fn admits(&self, node: &NodeGpus) -> Result<(), Misfit> {
         if self.models.is_empty() {
             return Ok(());
         }
         match node.model.as_deref() {
-            Some(model) if self.models.iter().any(|m| m == model) => Ok(()),
+            Some(label) if self.accepts_label(label) => Ok(()),
             model => Err(Misfit::ModelNotWanted {
                 model: model.map(str::to_string),
                 wanted: self.models.clone(),
             }),
         }
+    }
+}
+
+impl WantedModels {
+    /// Whether a node labelled `label` is acceptable (see [`WantedModels::admits`]).
+    pub fn accepts_label(&self, label: &str) -> bool {
+        let model = super::mig::model_of(label);
+        self.models.iter().any(|m| m == label || m == model)
     }
 }
 

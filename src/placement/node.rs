@@ -25,6 +25,9 @@ pub struct NodeGpus {
     pub memory_per_gpu: u32,
     /// One entry per GPU index; its length is the node's GPU count.
     pub used: Vec<GpuUse>,
+    /// MIG slices the node advertises per profile (mixed strategy), in profile order.
+    /// Their use is kube-scheduler's to count (they are ordinary extended resources).
+    pub mig_slices: Vec<(Box<str>, u32)>,
 }
 
 impl NodeGpus {
@@ -70,8 +73,38 @@ impl NodeGpus {
             pool: label(&labels.pool),
             memory_per_gpu,
             used: vec![GpuUse::default(); gpus],
+            mig_slices: mig_capacity(node, names),
         }
     }
+
+    /// Slices of `profile` the node advertises (0 if none).
+    pub fn mig_capacity(&self, profile: &str) -> u32 {
+        let found = self.mig_slices.iter().find(|(p, _)| &**p == profile);
+        found.map_or(0, |(_, count)| *count)
+    }
+
+    /// The model label without a single-strategy MIG suffix: what the node's GPUs are.
+    pub fn gpu_model(&self) -> Option<&str> {
+        self.model.as_deref().map(super::mig::model_of)
+    }
+}
+
+/// MIG resources in `status.capacity` (else `allocatable`), per profile.
+fn mig_capacity(node: &Node, names: &ResourceNames) -> Vec<(Box<str>, u32)> {
+    let status = node.status.as_ref();
+    let map = status.and_then(|s| s.capacity.as_ref().or(s.allocatable.as_ref()));
+    let mut slices: Vec<(Box<str>, u32)> = map
+        .into_iter()
+        .flatten()
+        .filter_map(|(resource, quantity)| {
+            let profile = names.mig.profile_of_resource(resource)?;
+            let count = Milli::parse_whole(&quantity.0).ok()?;
+            let count = u32::try_from(count.min(MAX_GPUS_PER_NODE * 8)).ok()?;
+            (count > 0).then(|| (profile.into(), count))
+        })
+        .collect();
+    slices.sort();
+    slices
 }
 
 /// Largest GPU count we believe a node can have; bigger numbers are bad data.

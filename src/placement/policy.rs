@@ -285,6 +285,7 @@ mod tests {
                 demand,
             }],
             init: None,
+            mig: Vec::new(),
         }
     }
 

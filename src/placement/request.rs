@@ -1,6 +1,8 @@
 //! What a pod asks of GPUs: per container, a share of one GPU or some whole GPUs.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::ResourceNames;
@@ -35,13 +37,26 @@ pub struct ContainerGpu {
     pub demand: GpuDemand,
 }
 
+/// MIG slices of one profile (mixed strategy: `nvidia.com/mig-<profile>`), the pod's
+/// effective request: max(largest init container, sum of app containers).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MigDemand {
+    pub profile: Box<str>,
+    /// Compute slices of one slice of the profile (`3g.40gb` → 3).
+    pub compute: u32,
+    pub count: u32,
+}
+
 /// A pod's GPU request: the app containers that need GPUs, in order, plus the largest
-/// init-container demand (which counts by the effective-request rule).
+/// init-container demand (which counts by the effective-request rule), and MIG slices
+/// by profile.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GpuRequest {
     pub containers: Vec<ContainerGpu>,
     /// The largest GPU demand of an init container, if any asks for a GPU.
     pub init: Option<GpuDemand>,
+    /// MIG slices by profile (mixed strategy), in profile order.
+    pub mig: Vec<MigDemand>,
 }
 
 /// A pod's GPU resources could not be read. Every variant names the container.
@@ -90,6 +105,12 @@ pub enum RequestError {
     TooLarge { container: String, amount: u64 },
     #[error("pod has more than {max} containers", max = u16::MAX)]
     TooManyContainers,
+    #[error("container {container:?}: {resource}: {source}")]
+    MigProfile {
+        container: String,
+        resource: String,
+        source: super::mig::ProfileError,
+    },
 }
 
 /// Upper bound on whole GPUs per container; anything larger is a typo, not a request.
@@ -120,11 +141,18 @@ impl GpuRequest {
                 request.init = Some(demand);
             }
         }
+        request.mig = mig_demands(spec, names)?;
         Ok((!request.is_empty()).then_some(request))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.containers.is_empty() && self.init.is_none()
+        self.containers.is_empty() && self.init.is_none() && self.mig.is_empty()
+    }
+
+    /// Whether the pod needs GPUs by index on its node (vcuda or whole GPUs), as
+    /// opposed to MIG slices only.
+    pub fn has_gpu_demand(&self) -> bool {
+        !self.containers.is_empty() || self.init.is_some()
     }
 
     /// The app containers' demand in vcuda-core units.
@@ -199,6 +227,80 @@ impl GpuRequest {
     }
 }
 
+/// The pod's MIG slices per profile: max(largest init container, sum of app containers).
+fn mig_demands(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    names: &ResourceNames,
+) -> Result<Vec<MigDemand>, RequestError> {
+    let mut apps: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+    let mut inits: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+    let init = spec.init_containers.iter().flatten().map(|c| (c, true));
+    for (container, is_init) in spec.containers.iter().map(|c| (c, false)).chain(init) {
+        for (profile, compute, count) in container_mig(container, names)? {
+            let into = if is_init { &mut inits } else { &mut apps };
+            let entry = into.entry(profile).or_insert((compute, 0));
+            entry.1 = match is_init {
+                true => entry.1.max(count),
+                false => entry.1.saturating_add(count),
+            };
+        }
+    }
+    for (profile, (compute, count)) in inits {
+        let entry = apps.entry(profile).or_insert((compute, 0));
+        entry.1 = entry.1.max(count);
+    }
+    Ok(apps
+        .into_iter()
+        .filter(|(_, (_, count))| *count > 0)
+        .map(|(profile, (compute, count))| MigDemand {
+            profile: profile.into(),
+            compute,
+            count: count.min(MAX_GPUS_PER_CONTAINER) as u32,
+        })
+        .collect())
+}
+
+/// A container's MIG resources: (profile, its compute slices, count).
+fn container_mig<'a>(
+    container: &'a Container,
+    names: &ResourceNames,
+) -> Result<Vec<(&'a str, u32, u64)>, RequestError> {
+    let Some(resources) = container.resources.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let limits = resources.limits.iter().flatten();
+    let requests = resources.requests.iter().flatten();
+    let mut found: Vec<(&str, u32, u64)> = Vec::new();
+    for (resource, quantity) in limits.chain(requests) {
+        let Some(profile) = names.mig.profile_of_resource(resource) else {
+            continue;
+        };
+        if found.iter().any(|(p, _, _)| *p == profile) {
+            continue; // the limit, read first, wins over the request
+        }
+        let fail = |e| RequestError::Quantity {
+            container: container.name.clone(),
+            resource: resource.clone(),
+            source: e,
+        };
+        let count = Milli::parse_whole(&quantity.0).map_err(fail)?;
+        if count > MAX_GPUS_PER_CONTAINER {
+            return Err(RequestError::TooLarge {
+                container: container.name.clone(),
+                amount: count,
+            });
+        }
+        let compute =
+            super::mig::compute_slices(profile).map_err(|source| RequestError::MigProfile {
+                container: container.name.clone(),
+                resource: resource.clone(),
+                source,
+            })?;
+        found.push((profile, compute, count));
+    }
+    Ok(found)
+}
+
 /// Init demands by size: cores, then memory (of two equal shares, the larger holds).
 fn init_order(demand: &GpuDemand) -> (u64, u32) {
     match *demand {
@@ -216,9 +318,14 @@ pub fn asks_for_gpu(pod: &Pod, names: &ResourceNames) -> bool {
         .containers
         .iter()
         .chain(spec.init_containers.iter().flatten());
-    containers
-        .into_iter()
-        .any(|c| names.all().any(|name| resource_text(c, name).is_some()))
+    containers.into_iter().any(|c| {
+        let Some(resources) = c.resources.as_ref() else {
+            return false;
+        };
+        let limits = resources.limits.iter().flatten();
+        let requests = resources.requests.iter().flatten();
+        limits.chain(requests).any(|(name, _)| names.is_gpu(name))
+    })
 }
 
 fn container_demand(
@@ -471,6 +578,7 @@ mod tests {
                     })
                     .collect(),
                 init: Some(init),
+                mig: Vec::new(),
             };
             assert_eq!(request.held_for_init(), held, "{request:?}");
             let on_node: u64 = request

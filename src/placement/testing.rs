@@ -44,6 +44,7 @@ pub fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
         pool: None,
         memory_per_gpu: memory,
         used: vec![GpuUse::default(); gpus],
+        mig_slices: Vec::new(),
     }
 }
 

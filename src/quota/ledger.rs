@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::config::{DEFAULT_SCHEDULER, UntypedPods};
+use crate::placement::mig::{self, MigResources};
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 use crate::placement::{GpuRequest, NodeGpus};
@@ -14,10 +15,70 @@ use super::{GPUQuota, NamespaceLimits};
 /// GPUs per model, in thousandths of a GPU.
 pub type ModelAmounts = BTreeMap<String, Milli>;
 
-/// A pod's GPU amount (the effective request) in thousandths of a GPU.
-pub fn amount_of(request: &GpuRequest) -> Milli {
+/// What a pod on (or wanting) a node labelled `label` is charged, per quota key: its
+/// GPUs (the effective request) to the label's GPU model, and MIG slices at their
+/// fraction of a GPU to the model and one each to the profile's key
+/// (`<model>/<profile>`, docs/devices.md). On a single-strategy MIG node
+/// (`<model>-MIG-<profile>`) every whole GPU the pod asks for is one slice.
+pub fn charge_on(request: &GpuRequest, label: &str, mig: &MigResources) -> ModelAmounts {
+    let (model, single) = mig::split_product(label);
+    let mut charge = ModelAmounts::new();
+    let mut add = |key: &str, amount: u64| {
+        if amount > 0 {
+            let entry = charge.entry(key.to_string()).or_default();
+            entry.0 = entry.0.saturating_add(amount);
+        }
+    };
     // 100 vcuda-core = 1 GPU = 1000 milli.
-    Milli(request.core_units().saturating_mul(10))
+    let units = request.core_units();
+    match single.and_then(|p| Some((p, mig::compute_slices(p).ok()?))) {
+        Some((profile, compute)) => {
+            let slices = units / 100;
+            let each = mig.slice_fraction(model, compute).0;
+            add(model, each.saturating_mul(slices) + units % 100 * 10);
+            add(
+                &mig::profile_key(model, profile),
+                slices.saturating_mul(1000),
+            );
+        }
+        None => add(model, units.saturating_mul(10)),
+    }
+    for demand in &request.mig {
+        let count = u64::from(demand.count);
+        let each = mig.slice_fraction(model, demand.compute).0;
+        add(model, each.saturating_mul(count));
+        add(&mig::profile_key(model, &demand.profile), count * 1000);
+    }
+    charge
+}
+
+/// What a pod would be charged on each model (node label) it accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Costs(Vec<(String, ModelAmounts)>);
+
+impl Costs {
+    pub fn of(request: &GpuRequest, labels: &[String], mig: &MigResources) -> Self {
+        let each = labels
+            .iter()
+            .map(|l| (l.clone(), charge_on(request, l, mig)));
+        Costs(each.collect())
+    }
+
+    /// Costs given per label (tests, and callers that computed them).
+    pub fn from_charges(charges: Vec<(String, ModelAmounts)>) -> Self {
+        Costs(charges)
+    }
+
+    /// The cost of a pod already placed on a node labelled `label`.
+    pub fn single(label: String, charge: ModelAmounts) -> Self {
+        Costs(vec![(label, charge)])
+    }
+
+    /// The charge on `label` (empty for a label the costs were not computed for).
+    pub fn on(&self, label: &str) -> ModelAmounts {
+        let found = self.0.iter().find(|(l, _)| l == label);
+        found.map(|(_, charge)| charge.clone()).unwrap_or_default()
+    }
 }
 
 /// One GPUQuota as arithmetic sees it.
@@ -66,8 +127,8 @@ impl QuotaView {
 /// What admission decided about a GPU pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Charge {
-    /// Charge `amount` to `model` now.
-    Model { model: String, amount: Milli },
+    /// Charge `charge` (per quota key) now, for a pod that goes to nodes labelled `model`.
+    Model { model: String, charge: ModelAmounts },
     /// Several models are acceptable and at least one has room: charged to the model of
     /// the node the extender places it on.
     AtPlacement { models: Vec<String> },
@@ -267,7 +328,7 @@ pub fn admit(
     namespace: &str,
     quotas: &[QuotaView],
     wanted: &WantedModels,
-    amount: Milli,
+    costs: &Costs,
     rules: AdmitRules,
 ) -> Result<Charge, Denial> {
     if quotas.is_empty() {
@@ -287,7 +348,7 @@ pub fn admit(
     let mut tried = Vec::new();
     let mut with_room = Vec::new();
     for model in &wanted.models {
-        if !allowed.contains(model) {
+        if !allowed.iter().any(|a| a == mig::model_of(model)) {
             if wanted.models.len() == 1 {
                 return Err(Denial::ModelNotAllowed {
                     namespace: namespace.into(),
@@ -297,16 +358,17 @@ pub fn admit(
             }
             continue;
         }
-        match room(quotas, model, amount) {
+        match room(quotas, model, &costs.on(model)) {
             Ok(()) => with_room.push(model.clone()),
             Err(exceeded) => tried.push(exceeded),
         }
     }
     match (wanted.models.len(), with_room.len()) {
-        (1, 1) => Ok(Charge::Model {
-            model: with_room.remove(0),
-            amount,
-        }),
+        (1, 1) => {
+            let model = with_room.remove(0);
+            let charge = costs.on(&model);
+            Ok(Charge::Model { model, charge })
+        }
         (1, _) => Err(Denial::Exceeded(tried.remove(0))),
         (_, 0) if tried.is_empty() => Err(Denial::ModelNotAllowed {
             namespace: namespace.into(),
@@ -411,19 +473,24 @@ fn bound_model(
     Ok(model.to_string())
 }
 
-/// Whether the namespace whose quotas these are has room for `amount` more of `model`:
-/// every quota listing it must. A model no quota lists has a quota of zero once the
-/// namespace has any quota (admission and placement both ask here, so the rule is
-/// one); without quotas there is no limit.
-pub fn room(quotas: &[QuotaView], model: &str, amount: Milli) -> Result<(), Exceeded> {
-    let mut listing = quotas
-        .iter()
-        .filter(|q| q.hard.contains_key(model))
-        .peekable();
-    if listing.peek().is_none() && !quotas.is_empty() {
+/// Whether the namespace whose quotas these are has room for `charge` (per quota key)
+/// of a pod going to nodes labelled `label`: every quota listing a key must. A model no
+/// quota lists has a quota of zero once the namespace has any quota; a MIG profile key
+/// no quota lists is not limited beyond its model (admission and placement both ask
+/// here, so the rule is one). Without quotas there is no limit.
+pub fn room(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Result<(), Exceeded> {
+    let model = mig::model_of(label);
+    if !quotas.is_empty() && !quotas.iter().any(|q| q.hard.contains_key(model)) {
+        let amount = charge.get(model).copied().unwrap_or_default();
         return Err(unlisted(quotas, model, amount));
     }
-    listing.try_for_each(|q| q.room_for(model, amount))
+    for (key, amount) in charge {
+        let listing = quotas.iter().filter(|q| q.hard.contains_key(key));
+        listing
+            .into_iter()
+            .try_for_each(|q| q.room_for(key, *amount))?;
+    }
+    Ok(())
 }
 
 /// The refusal for a model no quota lists: its quota is zero, in all of them.
@@ -441,8 +508,10 @@ fn unlisted(quotas: &[QuotaView], model: &str, amount: Milli) -> Exceeded {
     }
 }
 
+/// The GPU models the quotas list (MIG profile keys aside).
 pub fn listed_models(quotas: &[QuotaView]) -> Vec<String> {
-    let mut models: Vec<String> = quotas.iter().flat_map(|q| q.hard.keys().cloned()).collect();
+    let keys = quotas.iter().flat_map(|q| q.hard.keys());
+    let mut models: Vec<String> = keys.filter(|k| !mig::is_profile_key(k)).cloned().collect();
     models.sort();
     models.dedup();
     models
@@ -452,9 +521,8 @@ pub fn listed_models(quotas: &[QuotaView]) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodCharge<'a> {
     pub namespace: &'a str,
-    /// The model it is charged to, if any (single wanted model, or its node's model).
-    pub model: Option<&'a str>,
-    pub amount: Milli,
+    /// What it is charged per quota key (empty: nothing, or not yet).
+    pub charge: ModelAmounts,
     /// Finished or being deleted pods are not charged.
     pub live: bool,
 }
@@ -466,9 +534,9 @@ pub fn usage<'a>(namespace: &str, pods: impl IntoIterator<Item = PodCharge<'a>>)
         .into_iter()
         .filter(|p| p.live && p.namespace == namespace)
     {
-        if let Some(model) = pod.model {
-            let entry = used.entry(model.to_string()).or_default();
-            entry.0 = entry.0.saturating_add(pod.amount.0);
+        for (key, amount) in pod.charge {
+            let entry = used.entry(key).or_default();
+            entry.0 = entry.0.saturating_add(amount.0);
         }
     }
     used
@@ -486,18 +554,21 @@ pub fn reported_usage(
 ) -> ModelAmounts {
     usage
         .iter()
-        .filter(|(model, _)| lists(model) || !listed.contains(*model))
+        .filter(|(key, _)| lists(key) || !(listed.contains(*key) || mig::is_profile_key(key)))
         .map(|(model, amount)| (model.clone(), *amount))
         .collect()
 }
 
-/// The model a pod is charged to: its only wanted model, else (several accepted) the
-/// model of the node it was placed on, once placed. `None`: not charged (yet).
-/// A node of a model the pod does not accept (reachable only around admission, e.g.
-/// a node relabelled since) still charges its model: usage is what pods use.
+/// The node label a pod is charged by ([`charge_on`]): its only wanted model, else
+/// (several accepted) the label of the node it was placed on, once placed; a pod that
+/// wants a model and is on a single-strategy MIG node of it (`<model>-MIG-<profile>`)
+/// is charged the node's slices. `None`: not charged (yet). A node of a model the pod
+/// does not accept (reachable only around admission, e.g. a node relabelled since)
+/// still charges its model: usage is what pods use.
 pub fn charged_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
-    match wanted {
-        [only] => Some(only),
+    match (wanted, node_model) {
+        ([only], Some(node)) if node != only && mig::model_of(node) == only => Some(node),
+        ([only], _) => Some(only),
         _ => node_model,
     }
 }

@@ -1,16 +1,31 @@
 #![allow(clippy::unwrap_used)]
 use super::ledger::*;
 use crate::config::UntypedPods;
-use crate::placement::NodeGpus;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::{ContainerGpu, GpuDemand, GpuRequest};
+use crate::placement::{MigResources, NodeGpus};
 use crate::quota::NamespaceLimits;
 
 const RULES: AdmitRules = AdmitRules {
     untyped: UntypedPods::Allow,
     quota_required: false,
 };
+
+/// Costs of `amount` on each of `labels`' model keys (no MIG).
+fn flat(labels: &[impl AsRef<str>], amount: Milli) -> Costs {
+    Costs::from_charges(
+        labels
+            .iter()
+            .map(|l| {
+                (
+                    l.as_ref().to_string(),
+                    [(l.as_ref().to_string(), amount)].into(),
+                )
+            })
+            .collect(),
+    )
+}
 
 fn gpus(text: &str) -> Milli {
     Milli::parse(text).unwrap()
@@ -65,8 +80,17 @@ fn amounts_follow_the_effective_request_rule_and_count_fractions() {
         (vec![], Some(GpuDemand::Whole { gpus: 1 }), "1"),
     ];
     for (containers, init, expected) in cases {
-        let request = GpuRequest { containers, init };
-        assert_eq!(amount_of(&request), gpus(expected), "{request:?}");
+        let request = GpuRequest {
+            containers,
+            init,
+            mig: Vec::new(),
+        };
+        let charge = charge_on(&request, "T4", &MigResources::default());
+        assert_eq!(
+            charge,
+            [("T4".to_string(), gpus(expected))].into(),
+            "{request:?}"
+        );
     }
 }
 
@@ -142,7 +166,7 @@ fn single_model_admission_table() {
             "team-a",
             &case.quotas,
             &wants(&[case.model]),
-            gpus(case.amount),
+            &flat(&[case.model], gpus(case.amount)),
             RULES,
         );
         match case.expect {
@@ -150,7 +174,7 @@ fn single_model_admission_table() {
                 result,
                 Ok(Charge::Model {
                     model: case.model.into(),
-                    amount: gpus(case.amount)
+                    charge: [(case.model.to_string(), gpus(case.amount))].into()
                 })
             ),
             Err(message) => assert_eq!(result.unwrap_err().to_string(), message),
@@ -169,7 +193,7 @@ fn multi_model_pods_are_charged_at_placement_to_a_model_with_room() {
         "team-a",
         &quotas,
         &wants(&["V100M16", "V100M32"]),
-        gpus("1"),
+        &flat(&["V100M16", "V100M32"], gpus("1")),
         RULES,
     );
     assert_eq!(
@@ -187,7 +211,7 @@ fn multi_model_pods_are_charged_at_placement_to_a_model_with_room() {
         "team-a",
         &full,
         &wants(&["V100M16", "V100M32"]),
-        gpus("1"),
+        &flat(&["V100M16", "V100M32"], gpus("1")),
         RULES,
     )
     .unwrap_err();
@@ -204,22 +228,47 @@ fn namespaces_without_quota_follow_the_rules() {
         quota_required: false,
     };
     assert_eq!(
-        admit("free", &[], &wants(&["T4"]), gpus("8"), deny_untyped),
+        admit(
+            "free",
+            &[],
+            &wants(&["T4"]),
+            &flat(&["T4"], gpus("8")),
+            deny_untyped
+        ),
         Ok(Charge::Unlimited)
     );
     assert!(matches!(
-        admit("free", &[], &wants(&[]), gpus("1"), deny_untyped),
+        admit(
+            "free",
+            &[],
+            &wants(&[]),
+            &flat(&[] as &[&str], gpus("1")),
+            deny_untyped
+        ),
         Err(Denial::UntypedDenied { .. })
     ));
     assert_eq!(
-        admit("free", &[], &wants(&[]), gpus("1"), RULES),
+        admit(
+            "free",
+            &[],
+            &wants(&[]),
+            &flat(&[] as &[&str], gpus("1")),
+            RULES
+        ),
         Ok(Charge::Unlimited)
     );
     let required = AdmitRules {
         untyped: UntypedPods::Allow,
         quota_required: true,
     };
-    let err = admit("free", &[], &wants(&["T4"]), gpus("1"), required).unwrap_err();
+    let err = admit(
+        "free",
+        &[],
+        &wants(&["T4"]),
+        &flat(&["T4"], gpus("1")),
+        required,
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         r#"namespace "free" has no GPUQuota, and GPU pods need one here (quotaRequired)"#
@@ -228,10 +277,11 @@ fn namespaces_without_quota_follow_the_rules() {
 
 #[test]
 fn usage_counts_live_pods_of_the_namespace_by_charged_model() {
-    let pod = |namespace, model, amount, live| PodCharge {
+    let pod = |namespace, model: Option<&str>, amount, live| PodCharge {
         namespace,
-        model,
-        amount: gpus(amount),
+        charge: model
+            .map(|m| [(m.to_string(), gpus(amount))].into())
+            .unwrap_or_default(),
         live,
     };
     let used = usage(
@@ -268,22 +318,46 @@ fn a_model_no_quota_lists_has_no_room_once_the_namespace_has_a_quota() {
     // The extender asks `room` for the node's model of a pod that accepts
     // "Tesla-T4,A100-SXM4-80GB": an A100 node must not pass where only T4 is listed.
     let quotas = [quota("default", &[("Tesla-T4", "4")], &[])];
-    let refused = room(&quotas, "A100-SXM4-80GB", gpus("1")).unwrap_err();
+    let refused = room(
+        &quotas,
+        "A100-SXM4-80GB",
+        &[("A100-SXM4-80GB".to_string(), gpus("1"))].into(),
+    )
+    .unwrap_err();
     assert_eq!((refused.hard, refused.used), (gpus("0"), gpus("0")));
     assert_eq!(
         Denial::Exceeded(refused).to_string(),
         r#"GPU quota exceeded in namespace "team-a" for A100-SXM4-80GB: requested 1, used 0 of 0 (GPUQuota team-a/default)"#
     );
-    assert_eq!(room(&quotas, "Tesla-T4", gpus("4")), Ok(()));
+    assert_eq!(
+        room(
+            &quotas,
+            "Tesla-T4",
+            &[("Tesla-T4".to_string(), gpus("4"))].into()
+        ),
+        Ok(())
+    );
     // Several quotas, none listing the model: each is named.
     let two = [
         quota("default", &[("Tesla-T4", "4")], &[]),
         quota("burst", &[("V100", "1")], &[]),
     ];
-    let refused = room(&two, "A100-SXM4-80GB", gpus("1")).unwrap_err();
+    let refused = room(
+        &two,
+        "A100-SXM4-80GB",
+        &[("A100-SXM4-80GB".to_string(), gpus("1"))].into(),
+    )
+    .unwrap_err();
     assert_eq!(refused.quota, "team-a/default, team-a/burst");
     // No quota at all: no limit.
-    assert_eq!(room(&[], "A100-SXM4-80GB", gpus("8")), Ok(()));
+    assert_eq!(
+        room(
+            &[],
+            "A100-SXM4-80GB",
+            &[("A100-SXM4-80GB".to_string(), gpus("8"))].into()
+        ),
+        Ok(())
+    );
 }
 
 fn limits(pools: &[&str]) -> NamespaceLimits {
@@ -291,6 +365,7 @@ fn limits(pools: &[&str]) -> NamespaceLimits {
         has_quota: true,
         default_type: None,
         models: vec!["Tesla-T4".into(), "A100".into()],
+        profile_caps: Vec::new(),
         pools: pools.iter().map(|p| p.to_string()).collect(),
     }
 }
@@ -302,6 +377,7 @@ fn gpu_node(model: Option<&str>, pool: Option<&str>) -> NodeGpus {
         pool: pool.map(Into::into),
         memory_per_gpu: 4,
         used: vec![Default::default(); 4],
+        mig_slices: Vec::new(),
     }
 }
 
@@ -320,9 +396,15 @@ fn a_pod_created_on_a_node_is_charged_to_that_nodes_model() {
     let mut quotas = [quota("default", &[("Tesla-T4", "4"), ("A100", "1")], &[])];
     let mut verdicts = Vec::new();
     for _ in 0..3 {
-        let verdict = admit("team-a", &quotas, &wanted, gpus("1"), RULES);
-        if let Ok(Charge::Model { model, amount }) = &verdict {
-            quotas[0].used.insert(model.clone(), *amount);
+        let verdict = admit(
+            "team-a",
+            &quotas,
+            &wanted,
+            &flat(&wanted.models, gpus("1")),
+            RULES,
+        );
+        if let Ok(Charge::Model { charge, .. }) = &verdict {
+            quotas[0].used.extend(charge.clone());
         }
         verdicts.push(verdict.map_err(|d| d.to_string()));
     }
@@ -331,7 +413,7 @@ fn a_pod_created_on_a_node_is_charged_to_that_nodes_model() {
         [
             Ok(Charge::Model {
                 model: "A100".into(),
-                amount: gpus("1")
+                charge: [("A100".to_string(), gpus("1"))].into()
             }),
             Err(r#"GPU quota exceeded in namespace "team-a" for A100: requested 1, used 1 of 1 (GPUQuota team-a/default)"#.into()),
             Err(r#"GPU quota exceeded in namespace "team-a" for A100: requested 1, used 1 of 1 (GPUQuota team-a/default)"#.into()),

@@ -112,8 +112,11 @@ pub struct NamespaceLimits {
     /// True when the namespace has at least one GPUQuota.
     pub has_quota: bool,
     pub default_type: Option<String>,
-    /// Every model some quota lists (others have a quota of zero).
+    /// Every model some quota lists (others have a quota of zero); MIG profile keys
+    /// (`<model>/<profile>`) are not models.
     pub models: Vec<String>,
+    /// MIG profile keys (`<model>/<profile>`) some quota lists.
+    pub profile_caps: Vec<String>,
     /// Pools every quota that names pools allows (each limit must hold); empty = any.
     pub pools: Vec<String>,
 }
@@ -146,7 +149,11 @@ impl NamespaceLimits {
                 limits.default_type = quota.spec.default_type.clone();
             }
             for model in quota.spec.hard.keys() {
-                if !limits.models.contains(model) {
+                if crate::placement::mig::is_profile_key(model) {
+                    if !limits.profile_caps.contains(model) {
+                        limits.profile_caps.push(model.clone());
+                    }
+                } else if !limits.models.contains(model) {
                     limits.models.push(model.clone());
                 }
             }

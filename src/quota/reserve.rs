@@ -24,7 +24,7 @@ use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 
-use super::ledger::{AdmitRules, Charge, Denial, ModelAmounts, QuotaView, admit};
+use super::ledger::{AdmitRules, Charge, Costs, Denial, ModelAmounts, QuotaView, admit};
 use super::pending::{CreatedSecond, Pending};
 use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
 
@@ -56,7 +56,8 @@ pub enum Reserved {
 #[derive(Debug, Clone)]
 pub struct Ask {
     pub wanted: WantedModels,
-    pub amount: Milli,
+    /// What the pod costs on each model it wants.
+    pub costs: Costs,
     pub rules: AdmitRules,
     /// The pod's `creationTimestamp` in unix seconds (its pending total).
     pub created: CreatedSecond,
@@ -140,25 +141,29 @@ impl Ledger {
         }
     }
 
-    /// Take back a charge this ledger wrote for a pod whose placement then failed.
+    /// Take back a charge (per quota key) this ledger wrote for a pod whose placement
+    /// then failed.
     pub async fn release(
         &self,
         cache: &ClusterCache,
         namespace: &str,
-        model: &str,
-        amount: Milli,
+        charge: &ModelAmounts,
         created: CreatedSecond,
     ) -> Result<(), ReserveError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let listing: Vec<String> = cache.with_state(|state| {
             state
                 .namespace_quotas(namespace)
-                .filter(|q| q.spec.hard.contains_key(model))
+                .filter(|q| charge.keys().any(|key| q.spec.hard.contains_key(key)))
                 .filter_map(|q| q.metadata.name.clone())
                 .collect()
         });
+        let charges: Vec<(&str, Milli, CreatedSecond)> = charge
+            .iter()
+            .map(|(key, amount)| (key.as_str(), *amount, created))
+            .collect();
         for name in listing {
-            release_one(&api, cache, &name, &[(model, amount, created)]).await?;
+            release_one(&api, cache, &name, &charges).await?;
         }
         Ok(())
     }
@@ -167,7 +172,8 @@ impl Ledger {
 /// A charge decided in this round, waiting for its write.
 struct Decided {
     waiting: Waiting,
-    model: String,
+    /// Per quota key.
+    charge: ModelAmounts,
 }
 
 /// Decide and write one batch, retrying on fresh data until every charge is answered.
@@ -258,13 +264,15 @@ fn decide_round(
     let (mut decided, mut retry) = (Vec::new(), Vec::new());
     for w in waiting {
         let ask = &w.ask;
-        match admit(namespace, views, &ask.wanted, ask.amount, ask.rules) {
+        match admit(namespace, views, &ask.wanted, &ask.costs, ask.rules) {
             Err(_) if !fresh => retry.push(w),
             Err(denial) => w.answer(Ok(Reserved::Denied(denial))),
             Ok(Charge::Model { .. }) if ask.dry_run => w.answer(Ok(Reserved::Yes)),
-            Ok(Charge::Model { model, amount }) => {
-                add_used(views, &model, amount);
-                decided.push(Decided { waiting: w, model });
+            Ok(Charge::Model { charge, .. }) => {
+                for (key, amount) in &charge {
+                    add_used(views, key, *amount);
+                }
+                decided.push(Decided { waiting: w, charge });
             }
             Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => w.answer(Ok(Reserved::Yes)),
         }
@@ -290,12 +298,11 @@ async fn write_round(
 ) -> Result<bool, ReserveError> {
     let charges: Vec<(&str, Milli, CreatedSecond)> = decided
         .iter()
-        .map(|d| {
-            (
-                d.model.as_str(),
-                d.waiting.ask.amount,
-                d.waiting.ask.created,
-            )
+        .flat_map(|d| {
+            let created = d.waiting.ask.created;
+            d.charge
+                .iter()
+                .map(move |(key, amount)| (key.as_str(), *amount, created))
         })
         .collect();
     let mut listing: Vec<&GPUQuota> = quotas

@@ -154,7 +154,7 @@ fn ask(amount: u64, dry_run: bool) -> Ask {
             models: vec!["T4".into()],
             source: ModelSource::Annotation,
         },
-        amount: Milli(amount),
+        costs: Costs::from_charges(vec![("T4".into(), [("T4".into(), Milli(amount))].into())]),
         rules: AdmitRules {
             untyped: UntypedPods::Allow,
             quota_required: false,

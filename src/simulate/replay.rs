@@ -79,6 +79,7 @@ fn gpu_request(row: &PodRow) -> GpuRequest {
             .into_iter()
             .collect(),
         init: None,
+        mig: Vec::new(),
     }
 }
 
@@ -98,6 +99,7 @@ impl SimNode {
                 pool: None,
                 memory_per_gpu: MEMORY_PER_GPU,
                 used: vec![GpuUse::default(); row.gpus as usize],
+                mig_slices: Vec::new(),
             },
             room: HostRoom {
                 cpu_milli: row.cpu_milli,

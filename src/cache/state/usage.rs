@@ -14,20 +14,19 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 
+use crate::placement::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{ModelAmounts, amount_of, charged_model};
+use crate::quota::ledger::{ModelAmounts, charge_on, charged_model};
 
 use super::super::pod::{CachedPod, PodKey};
 
-/// What one pod adds to its namespace's usage.
+/// What one pod adds to its namespace's usage, per quota key (a model, and a MIG
+/// profile's key for slices). The keys are those of the namespace's totals (shared, not
+/// copied).
 #[derive(Debug)]
-struct Charge {
-    /// The key of the model's entry in the namespace's totals (shared, not copied).
-    model: Arc<str>,
-    amount: Milli,
-}
+struct Charge(Vec<(Arc<str>, Milli)>);
 
 /// One model's total in a namespace: exact (no saturation while adding and
 /// subtracting), and the number of pods in it, so the entry leaves with its last pod as
@@ -44,6 +43,8 @@ pub(super) struct Ledger {
     limits: HashMap<Box<str>, NamespaceLimits>,
     /// What each charged pod adds, by pod key.
     charged: HashMap<PodKey, Charge>,
+    /// How MIG slices are charged.
+    mig: MigResources,
     /// Totals per namespace and model.
     totals: HashMap<Box<str>, BTreeMap<Arc<str>, Total>>,
 }
@@ -52,6 +53,7 @@ static NO_LIMITS: NamespaceLimits = NamespaceLimits {
     has_quota: false,
     default_type: None,
     models: Vec::new(),
+    profile_caps: Vec::new(),
     pools: Vec::new(),
 };
 
@@ -82,8 +84,17 @@ impl Ledger {
             .collect()
     }
 
+    /// How MIG slices are charged (the configuration's slice table).
+    pub(super) fn set_mig(&mut self, mig: MigResources) {
+        self.mig = mig;
+    }
+
+    pub(super) fn mig(&self) -> &MigResources {
+        &self.mig
+    }
+
     /// Charge `key` (a pod of `namespace`) for what it is now: `pod` is `None` once it
-    /// is gone, `node_model` the model of the node it is on, if known.
+    /// is gone, `node_model` the model label of the node it is on, if known.
     pub(super) fn recharge(
         &mut self,
         key: &PodKey,
@@ -95,35 +106,38 @@ impl Ledger {
         let now = pod.filter(|pod| !pod.terminating).and_then(|pod| {
             let wanted =
                 WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-            charged_model(wanted, node_model).map(|model| (model, amount_of(&pod.request)))
+            let label = charged_model(wanted, node_model)?;
+            Some(charge_on(&pod.request, label, &self.mig))
         });
         let unchanged = self.charged.get(&**key).is_some_and(|before| {
-            now.is_some_and(|(model, amount)| *before.model == *model && before.amount == amount)
+            now.as_ref().is_some_and(|now| {
+                now.len() == before.0.len()
+                    && now
+                        .iter()
+                        .zip(&before.0)
+                        .all(|((k, a), (bk, ba))| **bk == **k && a == ba)
+            })
         });
         if unchanged {
             return;
         }
-        let Some((model, amount)) = now else {
-            return self.discharge(key, namespace);
-        };
-        let model: Arc<str> = match self
-            .totals
-            .get(namespace)
-            .and_then(|m| m.get_key_value(model))
-        {
-            Some((shared, _)) => shared.clone(),
-            None => Arc::from(model),
-        };
         self.discharge(key, namespace);
-        let total = self
-            .totals
-            .entry(namespace.into())
-            .or_default()
-            .entry(model.clone())
-            .or_default();
-        total.milli += u128::from(amount.0);
-        total.pods += 1;
-        self.charged.insert(key.clone(), Charge { model, amount });
+        let Some(now) = now.filter(|now| !now.is_empty()) else {
+            return;
+        };
+        let totals = self.totals.entry(namespace.into()).or_default();
+        let mut charge = Vec::with_capacity(now.len());
+        for (model, amount) in now {
+            let model: Arc<str> = match totals.get_key_value(model.as_str()) {
+                Some((shared, _)) => shared.clone(),
+                None => Arc::from(model),
+            };
+            let total = totals.entry(model.clone()).or_default();
+            total.milli += u128::from(amount.0);
+            total.pods += 1;
+            charge.push((model, amount));
+        }
+        self.charged.insert(key.clone(), Charge(charge));
     }
 
     /// Take back what `key` (a pod of `namespace`) was charged, if anything.
@@ -134,11 +148,13 @@ impl Ledger {
         let Some(models) = self.totals.get_mut(namespace) else {
             return;
         };
-        if let Some(total) = models.get_mut(&before.model) {
-            total.milli = total.milli.saturating_sub(u128::from(before.amount.0));
-            total.pods = total.pods.saturating_sub(1);
-            if total.pods == 0 {
-                models.remove(&before.model);
+        for (model, amount) in &before.0 {
+            if let Some(total) = models.get_mut(model) {
+                total.milli = total.milli.saturating_sub(u128::from(amount.0));
+                total.pods = total.pods.saturating_sub(1);
+                if total.pods == 0 {
+                    models.remove(model);
+                }
             }
         }
         if models.is_empty() {

@@ -13,9 +13,10 @@ use serde_json::json;
 use super::{ClusterState, namespace_of};
 use crate::cache::{CachedPod, PodKey, Projection, pod_key};
 use crate::config::Config;
+use crate::placement::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::testing::node;
-use crate::quota::ledger::{ModelAmounts, PodCharge, amount_of, charged_model, usage};
+use crate::quota::ledger::{ModelAmounts, PodCharge, charge_on, charged_model, usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 const NAMESPACES: [&str; 3] = ["team-a", "team-b", "team-c"];
@@ -35,10 +36,12 @@ fn recount(state: &ClusterState, namespace: &str) -> ModelAmounts {
             .as_deref()
             .and_then(|n| state.node(n))
             .and_then(|n| n.model.as_deref());
+        let mig = MigResources::default();
         PodCharge {
             namespace,
-            model: charged_model(wanted, node_model),
-            amount: amount_of(&pod.request),
+            charge: charged_model(wanted, node_model)
+                .map(|label| charge_on(&pod.request, label, &mig))
+                .unwrap_or_default(),
             live: !pod.terminating,
         }
     });

@@ -125,7 +125,19 @@ impl Config {
                 "resources.annotationPrefix",
                 &self.resources.annotation_prefix,
             ),
+            (
+                "resources.mig.resourcePrefix",
+                &self.resources.mig.resource_prefix,
+            ),
         ];
+        let mig = &self.resources.mig;
+        let slices = mig
+            .compute_slices
+            .values()
+            .chain([&mig.default_compute_slices]);
+        if slices.into_iter().any(|n| !(1..=64).contains(n)) {
+            return Err("resources.mig: compute slices per GPU must be between 1 and 64".into());
+        }
         match required.iter().find(|(_, value)| value.trim().is_empty()) {
             Some((key, _)) => Err(format!("{key}: must not be empty")),
             None => Ok(()),

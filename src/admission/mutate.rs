@@ -57,8 +57,9 @@ pub fn desired_pod(
     config: &Config,
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
+    mig_labels: &[String],
 ) -> Result<Pod, String> {
-    let steered = steer(pod, config, keys, limits)?;
+    let steered = steer(pod, config, keys, limits, mig_labels)?;
     let mut desired = pod.clone();
     steered.apply(&mut desired);
     Ok(desired)
@@ -76,8 +77,9 @@ pub fn mutation(
     config: &Config,
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
+    mig_labels: &[String],
 ) -> Result<Patch, String> {
-    let after = steer(pod, config, keys, limits)?;
+    let after = steer(pod, config, keys, limits, mig_labels)?;
     let mut patch = Patch::default();
     // In the order a diff of the whole pods lists them: by key, depth first.
     diff_annotations(
@@ -96,7 +98,7 @@ pub fn mutation(
     }
     debug_assert_eq!(
         Ok(&patch),
-        desired_pod(pod, config, keys, limits)
+        desired_pod(pod, config, keys, limits, mig_labels)
             .map(|d| diff(pod, &d))
             .as_ref(),
         "the mutation's patch is not the diff of the whole pods"
@@ -111,6 +113,7 @@ fn steer(
     config: &Config,
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
+    mig_labels: &[String],
 ) -> Result<Steered, String> {
     let wanted = limits.wanted_models(pod, config);
     check_node_selector(pod, &config.model_label, &wanted.models, "GPU model")?;
@@ -130,10 +133,25 @@ fn steer(
             .insert(config.type_annotation.clone(), wanted.models.join(","));
     }
     if let Some(spec) = steered.spec.as_mut() {
-        require(&mut spec.affinity, &config.model_label, &wanted.models);
+        let labels = with_mig_labels(&wanted.models, mig_labels);
+        require(&mut spec.affinity, &config.model_label, &labels);
         require(&mut spec.affinity, &config.pool_label, &limits.pools);
     }
     Ok(steered)
+}
+
+/// The node labels of `models`: each model, followed by the single-strategy MIG labels
+/// of it the cluster's nodes carry (`<model>-MIG-<profile>`, `mig_labels`), so that a pod
+/// wanting a model can reach its sliced GPUs (docs/devices.md).
+fn with_mig_labels(models: &[String], mig_labels: &[String]) -> Vec<String> {
+    let mut labels = models.to_vec();
+    for label in mig_labels {
+        let model = crate::placement::mig::model_of(label);
+        if models.iter().any(|m| m == model) && !labels.contains(label) {
+            labels.push(label.clone());
+        }
+    }
+    labels
 }
 
 /// A pod is placed after it is created, by the extender: placement annotations on a pod
@@ -336,10 +354,10 @@ mod tests {
             for pod in pods() {
                 let pod: Pod = serde_json::from_value(pod).unwrap();
                 for quota in [false, true] {
-                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits(quota)) else {
+                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits(quota), &[]) else {
                         continue;
                     };
-                    let patch = mutation(&pod, &config, &keys, &limits(quota)).unwrap();
+                    let patch = mutation(&pod, &config, &keys, &limits(quota), &[]).unwrap();
                     assert_eq!(patch, diff(&pod, &desired), "{pod:?}");
                     assert_eq!(
                         patch.0.is_empty(),
@@ -349,5 +367,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_model_reaches_the_single_strategy_mig_nodes_of_that_model() {
+        let config = Config::default();
+        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
+        .unwrap();
+        let mig_labels = [
+            "A100-MIG-1g.5gb".to_string(),
+            "A100-MIG-3g.20gb".to_string(),
+            "Tesla-T4-MIG-1g.5gb".to_string(),
+        ];
+        let desired = desired_pod(&pod, &config, &keys, &limits(true), &mig_labels).unwrap();
+        let affinity = serde_json::to_value(desired.spec.unwrap().affinity).unwrap();
+        let terms = &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        // The namespace's default model is Tesla-T4: it and its slices, nothing else.
+        assert_eq!(
+            terms[0]["matchExpressions"][0]["values"],
+            json!(["Tesla-T4", "Tesla-T4-MIG-1g.5gb"]),
+            "{affinity}"
+        );
     }
 }

@@ -51,6 +51,9 @@ pub struct ClusterState {
     departed: Vec<Departed>,
     /// Usage per namespace and model, kept up to date as pods, nodes and quotas change.
     ledger: usage::Ledger,
+    /// Single-strategy MIG model labels (`<model>-MIG-<profile>`) of the nodes, with
+    /// how many nodes carry each.
+    mig_labels: BTreeMap<Arc<str>, u32>,
     /// The last node version given out.
     versions: u64,
     /// Slots of nodes that are gone, for the next new node; then `slots` is the next.
@@ -176,11 +179,37 @@ impl ClusterState {
         self.ledger.limits(namespace)
     }
 
+    /// The single-strategy MIG model labels the cluster's nodes carry, in order.
+    pub fn mig_labels(&self) -> impl Iterator<Item = &str> {
+        self.mig_labels.keys().map(|l| &**l)
+    }
+
+    /// Count (`+1`) or uncount a node's model label among the MIG labels.
+    fn count_mig_label(&mut self, label: Option<Arc<str>>, add: bool) {
+        let Some(label) = label.filter(|l| crate::placement::mig::split_product(l).1.is_some())
+        else {
+            return;
+        };
+        let count = self.mig_labels.entry(label.clone()).or_default();
+        match add {
+            true => *count += 1,
+            false => *count = count.saturating_sub(1),
+        }
+        if *count == 0 {
+            self.mig_labels.remove(&label);
+        }
+    }
+
     // === nodes ===
 
     pub fn apply_node(&mut self, gpus: NodeGpus) {
         let name = gpus.name.clone();
-        let model_changed = self.node(&name).is_none_or(|old| old.model != gpus.model);
+        let old_model = self.node(&name).map(|old| old.model.clone());
+        let model_changed = old_model.as_ref().is_none_or(|old| *old != gpus.model);
+        if model_changed {
+            self.count_mig_label(old_model.flatten(), false);
+            self.count_mig_label(gpus.model.clone(), true);
+        }
         self.versions += 1;
         let version = self.versions;
         let entry = self.entry(name.clone());
@@ -191,6 +220,7 @@ impl ClusterState {
             (Some(old), true) => {
                 old.model = gpus.model;
                 old.pool = gpus.pool;
+                old.mig_slices = gpus.mig_slices;
                 entry.stamp.version = version;
             }
             _ => {
@@ -204,6 +234,8 @@ impl ClusterState {
     }
 
     pub fn delete_node(&mut self, name: &str) {
+        let old_model = self.node(name).and_then(|old| old.model.clone());
+        self.count_mig_label(old_model, false);
         if let Some(entry) = self.nodes.get_mut(name) {
             entry.gpus = None;
         }

@@ -591,4 +591,39 @@ mod tests {
             assert_eq!(on_node, request.core_units(), "{request:?}");
         }
     }
+
+    #[test]
+    fn mig_slices_follow_the_effective_request_rule_per_profile() {
+        let mut pod = pod_with(&[
+            &[("nvidia.com/mig-1g.10gb", "2")],
+            &[
+                ("nvidia.com/mig-1g.10gb", "1"),
+                ("nvidia.com/mig-3g.40gb", "1"),
+            ],
+        ]);
+        let init = pod_with(&[&[("nvidia.com/mig-1g.10gb", "5")]])
+            .spec
+            .unwrap()
+            .containers;
+        pod.spec.as_mut().unwrap().init_containers = Some(init);
+        let request = GpuRequest::from_pod(&pod, &names()).unwrap().unwrap();
+        let slices: Vec<(&str, u32, u32)> = request
+            .mig
+            .iter()
+            .map(|d| (&*d.profile, d.compute, d.count))
+            .collect();
+        assert_eq!(slices, [("1g.10gb", 1, 5), ("3g.40gb", 3, 1)]);
+        assert!(!request.has_gpu_demand());
+        assert!(asks_for_gpu(&pod, &names()));
+    }
+
+    #[test]
+    fn a_mig_resource_that_names_no_profile_is_refused_by_name() {
+        let pod = pod_with(&[&[("nvidia.com/mig-big", "1")]]);
+        let error = GpuRequest::from_pod(&pod, &names()).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"container "c0": nvidia.com/mig-big: "big" is not a MIG profile (expected <compute slices>g.<memory>gb, e.g. 1g.10gb)"#
+        );
+    }
 }

@@ -176,6 +176,8 @@ pub mod ledger;
 #[cfg(test)]
 mod ledger_tests;
 pub mod legacy;
+#[cfg(test)]
+mod mig_tests;
 pub mod pending;
 pub mod reconcile;
 pub mod reserve;

@@ -123,11 +123,12 @@ pub async fn mutate_route(
         else {
             return reply("allow", review.allow());
         };
-        let limits = state
-            .cache
-            .with_state(|s| s.namespace_limits(&namespace).clone());
+        let (limits, mig_labels) = state.cache.with_state(|s| {
+            let labels = s.mig_labels().map(str::to_string).collect::<Vec<_>>();
+            (s.namespace_limits(&namespace).clone(), labels)
+        });
         let keys = &state.cache.projection().keys;
-        match mutation(&pod, &state.config, keys, &limits) {
+        match mutation(&pod, &state.config, keys, &limits, &mig_labels) {
             Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))

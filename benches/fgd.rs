@@ -51,6 +51,7 @@ fn cluster(rng: &mut ChaCha8Rng) -> Vec<NodeGpus> {
                 pool: None,
                 memory_per_gpu: MEMORY,
                 used,
+                mig_slices: Vec::new(),
             }
         })
         .collect()
@@ -110,6 +111,7 @@ fn request(demand: GpuDemand) -> GpuRequest {
             demand,
         }],
         init: None,
+        mig: Vec::new(),
     }
 }
 

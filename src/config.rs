@@ -72,6 +72,8 @@ pub struct Config {
     pub quota_required: bool,
     pub resources: ResourceNames,
     pub placement: Placement,
+    /// ResourceClaims (Dynamic Resource Allocation): how GPU devices and models are named.
+    pub dra: crate::dra::Dra,
 }
 
 impl Default for Config {
@@ -87,6 +89,7 @@ impl Default for Config {
             quota_required: false,
             resources: ResourceNames::default(),
             placement: Placement::default(),
+            dra: crate::dra::Dra::default(),
         }
     }
 }

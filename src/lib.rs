@@ -10,6 +10,7 @@ pub mod cache;
 pub mod certs;
 pub mod cli;
 pub mod config;
+pub mod dra;
 pub mod extender;
 pub mod import;
 pub mod metrics;

@@ -479,10 +479,12 @@ fn bound_model(
 /// no quota lists is not limited beyond its model (admission and placement both ask
 /// here, so the rule is one). Without quotas there is no limit.
 pub fn room(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Result<(), Exceeded> {
-    let model = mig::model_of(label);
-    if !quotas.is_empty() && !quotas.iter().any(|q| q.hard.contains_key(model)) {
-        let amount = charge.get(model).copied().unwrap_or_default();
-        return Err(unlisted(quotas, model, amount));
+    let models = charge.keys().filter(|k| !mig::is_profile_key(k));
+    for model in std::iter::once(mig::model_of(label)).chain(models.map(String::as_str)) {
+        if !quotas.is_empty() && !quotas.iter().any(|q| q.hard.contains_key(model)) {
+            let amount = charge.get(model).copied().unwrap_or_default();
+            return Err(unlisted(quotas, model, amount));
+        }
     }
     for (key, amount) in charge {
         let listing = quotas.iter().filter(|q| q.hard.contains_key(key));

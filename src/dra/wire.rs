@@ -1,0 +1,198 @@
+//! The parts of `resource.k8s.io/v1` ResourceClaims gpu-admission reads (webhook bodies
+//! and the watch), decoded with bounded lists.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+/// Most requests (and alternatives of one request) a claim may carry; Kubernetes
+/// allows 32 of each.
+const MAX_REQUESTS: usize = 64;
+/// Most selectors of one request (Kubernetes: 32).
+const MAX_SELECTORS: usize = 64;
+/// Most allocated devices (Kubernetes: 32).
+const MAX_RESULTS: usize = 64;
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceClaim {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClaimSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ClaimStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<DeviceClaim>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceClaim {
+    #[serde(default, deserialize_with = "bounded::<_, MAX_REQUESTS, _>")]
+    pub requests: Vec<DeviceRequest>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRequest {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exactly: Option<ExactRequest>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded_opt::<_, MAX_REQUESTS, _>"
+    )]
+    pub first_available: Option<Vec<SubRequest>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubRequest {
+    #[serde(default)]
+    pub name: String,
+    #[serde(flatten)]
+    pub request: ExactRequest,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExactRequest {
+    #[serde(default)]
+    pub device_class_name: String,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "bounded::<_, MAX_SELECTORS, _>"
+    )]
+    pub selectors: Vec<Selector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i64>,
+}
+
+impl ExactRequest {
+    /// The CEL expressions of its selectors.
+    pub fn expressions(&self) -> Vec<&str> {
+        let cel = self.selectors.iter().filter_map(|s| s.cel.as_ref());
+        cel.map(|c| c.expression.as_str()).collect()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct Selector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cel: Option<CelSelector>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct CelSelector {
+    #[serde(default)]
+    pub expression: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<Allocation>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct Allocation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<AllocatedDevices>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct AllocatedDevices {
+    #[serde(default, deserialize_with = "bounded::<_, MAX_RESULTS, _>")]
+    pub results: Vec<AllocatedDevice>,
+}
+
+/// One allocated device: `driver`/`pool`/`device` name it in the ResourceSlices.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct AllocatedDevice {
+    #[serde(default)]
+    pub request: String,
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default)]
+    pub device: String,
+}
+
+impl ResourceClaim {
+    pub fn requests(&self) -> &[DeviceRequest] {
+        self.spec
+            .devices
+            .as_ref()
+            .map_or(&[], |d| d.requests.as_slice())
+    }
+
+    /// The devices allocated to the claim (empty until the scheduler allocates it).
+    pub fn allocated(&self) -> &[AllocatedDevice] {
+        let status = self.status.as_ref().and_then(|s| s.allocation.as_ref());
+        status
+            .and_then(|a| a.devices.as_ref())
+            .map_or(&[], |d| d.results.as_slice())
+    }
+
+    /// Decode a claim from a webhook body part, refusing one too large to read.
+    pub fn decode(what: &str, raw: &str) -> Result<Self, String> {
+        crate::wire::check_budget(what, raw.as_bytes(), crate::wire::MAX_POD_VALUES)?;
+        crate::wire::decode_raw(what, raw)
+    }
+}
+
+impl kube::Resource for ResourceClaim {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+    fn kind(_: &()) -> Cow<'_, str> {
+        "ResourceClaim".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "resource.k8s.io".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "resourceclaims".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A list of at most `N` items: longer ones are refused while decoding.
+pub(crate) fn bounded<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<T>, D::Error> {
+    let items: Vec<T> = Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default();
+    if items.len() > N {
+        return Err(serde::de::Error::custom(format!(
+            "more than {N} items; refusing it"
+        )));
+    }
+    Ok(items)
+}
+
+fn bounded_opt<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<T>>, D::Error> {
+    bounded::<T, N, D>(deserializer).map(|v| (!v.is_empty()).then_some(v))
+}

@@ -51,6 +51,10 @@ pub struct ClusterState {
     departed: Vec<Departed>,
     /// Usage per namespace and model, kept up to date as pods, nodes and quotas change.
     ledger: usage::Ledger,
+    /// ResourceClaims that ask for or hold GPUs, by `claims::claim_key`.
+    claims: BTreeMap<PodKey, claims::CachedClaim>,
+    /// The GPU devices the DRA driver publishes in ResourceSlices.
+    devices: crate::dra::slices::DeviceIndex,
     /// Single-strategy MIG model labels (`<model>-MIG-<profile>`) of the nodes, with
     /// how many nodes carry each.
     mig_labels: BTreeMap<Arc<str>, u32>,
@@ -377,6 +381,13 @@ impl ClusterState {
             let model = pod.and_then(|p| node_model(&self.nodes, p));
             self.ledger.recharge(key, namespace, pod, model);
         }
+        let claims: Vec<PodKey> = self
+            .namespace_claims(namespace)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in claims {
+            self.recharge_claim(&key);
+        }
     }
 
     fn unlink(&mut self, node: &str, key: &str) {
@@ -576,6 +587,13 @@ impl ClusterState {
             }
             for (key, amount) in self.ledger_charge(namespace, pod).into_iter().flatten() {
                 add(pod.created, key, amount);
+            }
+        }
+        for (_, claim) in self.namespace_claims(namespace) {
+            if claim.created >= since {
+                for (key, amount) in self.claim_charge(namespace, claim) {
+                    add(claim.created, key, amount);
+                }
             }
         }
         let departed = self.departed.iter().filter(|d| &*d.namespace == namespace);
@@ -904,6 +922,9 @@ fn quota_key(quota: &GPUQuota) -> (String, String) {
 
 #[cfg(test)]
 mod charge_tests;
+#[cfg(test)]
+mod claim_tests;
+pub mod claims;
 #[cfg(test)]
 mod stamp_tests;
 mod usage;

@@ -109,6 +109,12 @@ impl Ledger {
             let label = charged_model(wanted, node_model)?;
             Some(charge_on(&pod.request, label, &self.mig))
         });
+        self.set_charge(key, namespace, now);
+    }
+
+    /// Make `key` (a pod or claim of `namespace`) add `now` to the namespace's totals
+    /// (`None`: nothing).
+    pub(super) fn set_charge(&mut self, key: &PodKey, namespace: &str, now: Option<ModelAmounts>) {
         let unchanged = self.charged.get(&**key).is_some_and(|before| {
             now.as_ref().is_some_and(|now| {
                 now.len() == before.0.len()

@@ -1,0 +1,91 @@
+//! Claims in the namespace's usage: charged once however many pods share them, by
+//! their allocated devices once allocated, and freed when deleted.
+#![allow(clippy::unwrap_used)]
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use super::ClusterState;
+use super::claims::{CachedClaim, claim_key};
+use crate::cache::{CachedPod, Projection, pod_key};
+use crate::config::Config;
+use crate::dra::slices::{ResourceSlice, gpu_devices};
+use crate::dra::{Dra, ResourceClaim};
+use crate::placement::quantity::Milli;
+use crate::quota::GPUQuota;
+
+fn claim(allocated: &[&str]) -> ResourceClaim {
+    let results: Vec<_> = allocated
+        .iter()
+        .map(|d| json!({"request": "gpus", "driver": "gpu.nvidia.com", "pool": "node-1", "device": d}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "shared", "namespace": "team-a", "uid": "u1"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": 2}}]}},
+        "status": {"allocation": {"devices": {"results": results}}}
+    }))
+    .unwrap()
+}
+
+fn slice() -> ResourceSlice {
+    let device = |name: &str, product: &str| json!({"name": name, "attributes": {"productName": {"string": product}}});
+    serde_json::from_value(json!({
+        "metadata": {"name": "node-1-gpus"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-1"}, "devices": [
+            device("gpu-0", "NVIDIA A100-SXM4-80GB"), device("gpu-1", "NVIDIA A100-SXM4-80GB")]}
+    }))
+    .unwrap()
+}
+
+fn quota() -> GPUQuota {
+    serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "q", "namespace": "team-a"},
+        "spec": {"hard": {"A100-SXM4-80GB": "4", "Tesla-T4": "4"}, "defaultType": "Tesla-T4"}
+    }))
+    .unwrap()
+}
+
+/// A pod that uses the claim (no GPU resource of its own), as the cache takes it.
+fn sharing_pod(name: &str) -> Option<(crate::cache::PodKey, CachedPod)> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a", "uid": name},
+        "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": "shared"}],
+            "containers": [{"name": "app", "resources": {"claims": [{"name": "gpus"}]}}]}
+    }))
+    .unwrap();
+    let cached = CachedPod::from_pod(&pod, &Projection::from_config(&Config::default()));
+    cached.ok().map(|cached| (pod_key(&pod), cached))
+}
+
+fn used(state: &ClusterState, model: &str) -> Option<Milli> {
+    state.usage("team-a").get(model).copied()
+}
+
+#[test]
+fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let key = claim_key("team-a", "shared");
+    // Not allocated, naming no model: the namespace default, per device.
+    state.apply_claim(
+        key.clone(),
+        CachedClaim::from_claim(&claim(&[]), &dra).unwrap(),
+    );
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(2000)));
+    // Allocated two A100 devices: charged by what they are.
+    state.apply_slice("node-1-gpus", gpu_devices(&slice(), &dra));
+    let allocated = CachedClaim::from_claim(&claim(&["gpu-0", "gpu-1"]), &dra).unwrap();
+    state.apply_claim(key.clone(), allocated);
+    assert_eq!(used(&state, "Tesla-T4"), None);
+    assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(2000)));
+    // Three pods share it: still two GPUs (the pods themselves ask for none).
+    for (key, pod) in ["p1", "p2", "p3"].into_iter().filter_map(sharing_pod) {
+        state.apply_pod(key, pod);
+    }
+    assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(2000)));
+    state.delete_claim(&key);
+    assert_eq!(state.usage("team-a"), Default::default());
+}

@@ -110,6 +110,20 @@ impl Review {
         }
     }
 
+    /// The ResourceClaim in `request.object` of a review read with [`Review::from_json`],
+    /// decoded with bounded memory.
+    pub fn claim(&self) -> Result<crate::dra::ResourceClaim, String> {
+        match self.request.object.as_ref() {
+            Some(Object::Raw(raw)) if raw.get() != "null" => {
+                crate::dra::ResourceClaim::decode("request.object", raw.get())
+            }
+            _ => Err(format!(
+                "{} review has no request.object",
+                self.request.operation
+            )),
+        }
+    }
+
     fn object(&self, old: bool) -> (&'static str, Option<&Object>) {
         match old {
             true => ("oldObject", self.request.old_object.as_ref()),

@@ -74,28 +74,42 @@ impl Dra {
         name.trim().replace(' ', "-")
     }
 
-    /// The value of `attribute` an equality in a CEL selector requires, if it says
+    /// The values of `attribute` a CEL selector requires, if it says
     /// `device.attributes["<driver>"].<attribute> == "<value>"` (or with `["<attribute>"]`,
-    /// either side of `==`). Other expressions do not name a model: they are left to
-    /// the scheduler.
-    pub fn required_value(&self, expression: &str, attribute: &str) -> Option<String> {
+    /// either side of `==`), or `... in ["<value>", ...]`, as one clause of an `&&`. Other
+    /// expressions do not name a model: they are left to the scheduler.
+    pub fn required_values(&self, expression: &str, attribute: &str) -> Option<Vec<String>> {
         let dotted = format!("device.attributes[\"{}\"].{attribute}", self.driver);
         let indexed = format!("device.attributes[\"{}\"][\"{attribute}\"]", self.driver);
+        let is_attribute = |side: &str| side == dotted || side == indexed;
         for clause in expression.split("&&") {
-            let Some((left, right)) = clause.split_once("==") else {
-                continue;
-            };
-            let (left, right) = (left.trim(), right.trim());
-            let value = match () {
-                _ if left == dotted || left == indexed => right,
-                _ if right == dotted || right == indexed => left,
-                _ => continue,
-            };
-            if let Some(text) = string_literal(value) {
-                return Some(text);
+            if let Some((left, right)) = clause.split_once("==") {
+                let (left, right) = (left.trim(), right.trim());
+                let value = match () {
+                    _ if is_attribute(left) => right,
+                    _ if is_attribute(right) => left,
+                    _ => continue,
+                };
+                if let Some(text) = string_literal(value) {
+                    return Some(vec![text]);
+                }
+            } else if let Some((left, list)) = clause.split_once(" in ")
+                && is_attribute(left.trim())
+            {
+                let list = list.trim().strip_prefix('[')?.strip_suffix(']')?;
+                let values: Option<Vec<String>> = list.split(',').map(string_literal).collect();
+                return values.filter(|v| !v.is_empty());
             }
         }
         None
+    }
+
+    /// The one model label a CEL selector requires of a device's model attribute.
+    pub fn required_label(&self, expression: &str) -> Option<String> {
+        let values = self.required_values(expression, &self.model_attribute)?;
+        let mut labels = values.iter().map(|v| self.label_of_product(v));
+        let first = labels.next()?;
+        labels.all(|l| l == first).then_some(first)
     }
 
     /// The CEL expression that pins a request to `label`'s devices: their model
@@ -215,14 +229,14 @@ fn add(total: &mut ModelAmounts, charge: &ModelAmounts) {
 fn ask_of(name: &str, exact: &ExactRequest, dra: &Dra) -> Option<DeviceAsk> {
     let class_model = dra.device_classes.get(&exact.device_class_name)?;
     let expressions = exact.expressions();
-    let find = |attribute: &str| {
-        expressions
-            .iter()
-            .find_map(|e| dra.required_value(e, attribute))
-    };
-    let model = find(&dra.model_attribute)
-        .map(|product| dra.label_of_product(&product))
+    let model = expressions
+        .iter()
+        .find_map(|e| dra.required_label(e))
         .or_else(|| (!class_model.is_empty()).then(|| class_model.clone()));
+    let profile = expressions.iter().find_map(|e| {
+        let values = dra.required_values(e, &dra.profile_attribute)?;
+        (values.len() == 1).then(|| values[0].clone())
+    });
     let count = match exact.allocation_mode.as_deref() {
         Some("All") => ALL_DEVICES,
         _ => exact.count.unwrap_or(1).clamp(0, i64::from(ALL_DEVICES)) as u32,
@@ -230,7 +244,7 @@ fn ask_of(name: &str, exact: &ExactRequest, dra: &Dra) -> Option<DeviceAsk> {
     Some(DeviceAsk {
         request: name.to_string(),
         model,
-        profile: find(&dra.profile_attribute),
+        profile,
         count,
     })
 }

@@ -102,11 +102,20 @@ fn a_device_class_can_imply_a_model() {
 #[test]
 fn only_equalities_on_the_model_attribute_name_a_model() {
     let dra = Dra::default();
-    let model = |e: &str| dra.required_value(e, "productName");
-    assert_eq!(model(A100).as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+    let model = |e: &str| dra.required_label(e);
+    assert_eq!(model(A100).as_deref(), Some("A100-SXM4-80GB"));
     assert_eq!(
         model(r#""Tesla T4" == device.attributes["gpu.nvidia.com"].productName"#).as_deref(),
-        Some("Tesla T4")
+        Some("Tesla-T4")
+    );
+    let pinned = dra.pin_expression("Tesla-T4", &[]);
+    assert_eq!(model(&pinned).as_deref(), Some("Tesla-T4"));
+    assert_eq!(
+        model(
+            r#"device.attributes["gpu.nvidia.com"].productName in ["Tesla T4", "NVIDIA A100-SXM4-80GB"]"#
+        ),
+        None,
+        "two models: the selector does not name one"
     );
     assert_eq!(
         model(r#"device.attributes["gpu.nvidia.com"].productName != "NVIDIA A100-SXM4-80GB""#),

@@ -75,6 +75,11 @@ pub fn webhook_router(state: AppState) -> Router {
         .route("/version", get(version))
         .route("/validate", post(webhooks::validate_route))
         .route("/mutate", post(webhooks::mutate_route))
+        .route(
+            "/validate/resourceclaims",
+            post(webhooks::validate_claim_route),
+        )
+        .route("/mutate/resourceclaims", post(webhooks::mutate_claim_route))
         .with_state(state)
 }
 

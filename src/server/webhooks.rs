@@ -8,6 +8,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::dra::ResourceClaim;
+
+use crate::admission::claim::{pin_patch, validate_claim};
 use crate::admission::mutate::mutation;
 use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
@@ -136,5 +139,100 @@ pub async fn mutate_route(
             Err(message) => reply("deny", review.deny(&message)),
         }
     })
+    .await
+}
+
+/// A ResourceClaim review: the claim being created, with its namespace.
+type ClaimReview = (Review, Option<(String, Box<ResourceClaim>)>);
+
+fn created_claim(body: &[u8]) -> Result<ClaimReview, String> {
+    let review = Review::from_json(body)?;
+    if review.request.operation != "CREATE" {
+        return Ok((review, None));
+    }
+    let mut claim = review.claim()?;
+    let namespace = review
+        .request
+        .namespace
+        .clone()
+        .or_else(|| claim.metadata.namespace.clone())
+        .unwrap_or_else(|| "default".into());
+    if claim
+        .metadata
+        .name
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        let generated = claim.metadata.generate_name.clone().unwrap_or_default();
+        let name = review.request.name.clone().filter(|n| !n.is_empty());
+        claim.metadata.name = Some(name.unwrap_or(generated + &review.request.uid));
+    }
+    Ok((review, Some((namespace, Box::new(claim)))))
+}
+
+const VALIDATE_CLAIM: Route<ClaimReview> = Route {
+    name: "validate_claim",
+    limit: WEBHOOK_BODY_LIMIT,
+    parse: created_claim,
+};
+
+const MUTATE_CLAIM: Route<ClaimReview> = Route {
+    name: "mutate_claim",
+    limit: WEBHOOK_BODY_LIMIT,
+    parse: created_claim,
+};
+
+pub async fn validate_claim_route(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(&state, &VALIDATE_CLAIM, &headers, body, async |(review, claim)| {
+        let Some((namespace, claim)) = claim else {
+            return reply("allow", review.allow());
+        };
+        let dry_run = review.request.dry_run.unwrap_or(false);
+        match validate_claim(&state.cache, &state.config, &namespace, &claim, dry_run).await {
+            Ok(Verdict::Allow) => reply("allow", review.allow()),
+            Ok(Verdict::Deny(message)) => {
+                tracing::info!(namespace, claim = claim.metadata.name.as_deref().unwrap_or_default(), %message, "denied");
+                reply("deny", review.deny(&message))
+            }
+            Err(error) => {
+                tracing::error!(namespace, %error, "cannot judge claim");
+                (error.kind(), (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response())
+            }
+        }
+    })
+    .await
+}
+
+pub async fn mutate_claim_route(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(
+        &state,
+        &MUTATE_CLAIM,
+        &headers,
+        body,
+        async |(review, claim)| {
+            let Some((namespace, claim)) = claim else {
+                return reply("allow", review.allow());
+            };
+            let patch = state.cache.with_state(|s| {
+                let limits = s.namespace_limits(&namespace);
+                pin_patch(&claim, &state.config.dra, limits, |label| {
+                    s.products_of(label)
+                })
+            });
+            match patch.0.is_empty() {
+                true => reply("allow", review.allow()),
+                false => reply("patch", review.patch(&patch)),
+            }
+        },
+    )
     .await
 }

@@ -64,6 +64,8 @@ pub struct Projection {
     pub keys: AnnotationKeys,
     /// The pod annotation that names wanted GPU models.
     pub type_annotation: String,
+    /// How ResourceClaims and ResourceSlices name GPUs.
+    pub dra: crate::dra::Dra,
 }
 
 impl Projection {
@@ -73,6 +75,7 @@ impl Projection {
             labels: config.node_labels(),
             keys: AnnotationKeys::new(&config.resources.annotation_prefix),
             type_annotation: config.type_annotation.clone(),
+            dra: config.dra.clone(),
         }
     }
 }

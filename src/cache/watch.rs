@@ -11,17 +11,25 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+use crate::dra::ResourceClaim;
+use crate::dra::slices::{GpuDevice, ResourceSlice, gpu_devices};
 use crate::placement::NodeGpus;
 use crate::quota::GPUQuota;
 
 use super::pod::{CachedPod, PodKey, SkipReason, pod_key};
+use super::state::claims::{CachedClaim, claim_key};
 use super::{ClusterCache, ClusterState, Projection};
 
-const KINDS: usize = 3;
-
-/// Run the three watches until `shutdown`; mark the cache ready once all have listed.
+/// Run the watches until `shutdown`; mark the cache ready once all have listed. Nodes,
+/// pods and GPUQuotas always; ResourceClaims and ResourceSlices with `dra.enabled`.
 pub async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToken) {
-    let listed = Arc::new(AtomicUsize::new(0));
+    let dra = cache.projection().dra.enabled;
+    let kinds = if dra { 5 } else { 3 };
+    let listed = Arc::new(Listed {
+        count: AtomicUsize::new(0),
+        kinds,
+    });
+    let claims = watch_dra(dra, cache.clone(), client.clone(), listed.clone());
     // Terminal pods leave the selector, which the watch reports as a deletion.
     let live_pods =
         watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
@@ -47,9 +55,37 @@ pub async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToke
         QuotaKind,
     );
     tokio::select! {
-        _ = futures::future::join3(nodes, pods, quotas) => {}
+        _ = futures::future::join4(nodes, pods, quotas, claims) => {}
         _ = shutdown.cancelled() => {}
     }
+}
+
+/// How many kinds have listed once, of how many.
+struct Listed {
+    count: AtomicUsize,
+    kinds: usize,
+}
+
+/// The ResourceClaim and ResourceSlice watches (nothing when `enabled` is false).
+async fn watch_dra(enabled: bool, cache: ClusterCache, client: Client, listed: Arc<Listed>) {
+    if !enabled {
+        return;
+    }
+    let claims = watch::<ResourceClaim, _>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        cache.clone(),
+        listed.clone(),
+        ClaimKind,
+    );
+    let slices = watch::<ResourceSlice, _>(
+        Api::all(client),
+        watcher::Config::default(),
+        cache,
+        listed,
+        SliceKind,
+    );
+    futures::future::join(claims, slices).await;
 }
 
 /// How one kind of object lands in the cluster state.
@@ -66,7 +102,7 @@ async fn watch<K, W>(
     api: Api<K>,
     config: watcher::Config,
     cache: ClusterCache,
-    listed: Arc<AtomicUsize>,
+    listed: Arc<Listed>,
     kind: W,
 ) where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
@@ -94,7 +130,7 @@ async fn watch<K, W>(
                 cache.with_state(|state| kind.replace(state, items));
                 tracing::info!(kind = W::NAME, count, "listed");
                 if std::mem::take(&mut first_list)
-                    && listed.fetch_add(1, Ordering::AcqRel) + 1 == KINDS
+                    && listed.count.fetch_add(1, Ordering::AcqRel) + 1 == listed.kinds
                 {
                     cache.set_ready();
                     tracing::info!("cache ready");
@@ -173,5 +209,51 @@ impl Kind<GPUQuota> for QuotaKind {
     }
     fn replace(&self, state: &mut ClusterState, items: Vec<GPUQuota>) {
         state.replace_quotas(items);
+    }
+}
+
+struct ClaimKind;
+impl Kind<ResourceClaim> for ClaimKind {
+    const NAME: &'static str = "ResourceClaim";
+    type Item = (PodKey, CachedClaim);
+    fn project(&self, claim: &ResourceClaim, p: &Projection) -> Option<(PodKey, CachedClaim)> {
+        let cached = CachedClaim::from_claim(claim, &p.dra)?;
+        Some((key_of(claim), cached))
+    }
+    fn apply(&self, state: &mut ClusterState, (key, claim): (PodKey, CachedClaim)) {
+        state.apply_claim(key, claim);
+    }
+    fn delete(&self, state: &mut ClusterState, claim: &ResourceClaim) {
+        state.delete_claim(&key_of(claim));
+    }
+    fn replace(&self, state: &mut ClusterState, items: Vec<(PodKey, CachedClaim)>) {
+        state.replace_claims(items);
+    }
+}
+
+fn key_of(claim: &ResourceClaim) -> PodKey {
+    let meta = &claim.metadata;
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    claim_key(namespace, meta.name.as_deref().unwrap_or_default())
+}
+
+type SliceDevices = (String, Vec<((String, String), GpuDevice)>);
+
+struct SliceKind;
+impl Kind<ResourceSlice> for SliceKind {
+    const NAME: &'static str = "ResourceSlice";
+    type Item = SliceDevices;
+    fn project(&self, slice: &ResourceSlice, p: &Projection) -> Option<SliceDevices> {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        Some((name, gpu_devices(slice, &p.dra)))
+    }
+    fn apply(&self, state: &mut ClusterState, (name, devices): SliceDevices) {
+        state.apply_slice(&name, devices);
+    }
+    fn delete(&self, state: &mut ClusterState, slice: &ResourceSlice) {
+        state.delete_slice(slice.metadata.name.as_deref().unwrap_or_default());
+    }
+    fn replace(&self, state: &mut ClusterState, items: Vec<SliceDevices>) {
+        state.replace_slices(items);
     }
 }

@@ -32,10 +32,22 @@ gpu-admission.{{ .Release.Namespace }}.svc
 {{- range $name := $names -}}
 {{- $tests = append $tests (printf "'%s' in c.resources.%s" $name $field) -}}
 {{- end -}}
+{{- $tests = append $tests (printf "c.resources.%s.exists(k, k.startsWith('%s'))" $field $.Values.gpuResources.migPrefix) -}}
 {{- $fields = append $fields (printf "(has(c.resources.%s) && (%s))" $field (join " || " $tests)) -}}
 {{- end -}}
 {{- $c := printf "has(c.resources) && (%s)" (join " || " $fields) -}}
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $c $c -}}
+{{- end -}}
+
+{{/* CEL: the ResourceClaim has a request (or an alternative) for one of the GPU
+     DeviceClasses. The same expression as deploy/40-webhook-configurations.yaml. */}}
+{{- define "gpu-admission.claimMatchExpression" -}}
+{{- $quoted := list -}}
+{{- range $class := .Values.dra.deviceClasses -}}
+{{- $quoted = append $quoted (printf "'%s'" $class) -}}
+{{- end -}}
+{{- $classes := printf "[%s]" (join ", " $quoted) -}}
+{{- printf "has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))" $classes $classes -}}
 {{- end -}}
 
 {{/* CEL: a CREATE, or an UPDATE that changes the type annotation (absent counts as "").

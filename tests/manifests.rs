@@ -173,7 +173,8 @@ fn webhook_configurations_have_the_required_fields() {
             .unwrap_or_else(|| panic!("no {kind} in deploy/"));
         assert_eq!(str_at(config, &["metadata", "name"]), Some("gpu-admission"));
         let webhooks = config["webhooks"].as_sequence().unwrap();
-        assert_eq!(webhooks.len(), 1, "{kind}");
+        assert_eq!(webhooks.len(), 2, "{kind}: one for pods, one for ResourceClaims");
+        claim_hook_is_registered(kind, path, &webhooks[1]);
         let hook = &webhooks[0];
         assert_eq!(str_at(hook, &["name"]), Some(name));
         assert_eq!(
@@ -216,6 +217,14 @@ fn webhook_configurations_have_the_required_fields() {
             }
         }
         assert!(expression.contains("has(object.spec.initContainers)"));
+        for field in ["limits", "requests"] {
+            assert!(
+                expression.contains(&format!(
+                    "c.resources.{field}.exists(k, k.startsWith('nvidia.com/mig-'))"
+                )),
+                "{kind}: matchConditions miss MIG resources in {field}"
+            );
+        }
         let selector = &hook["namespaceSelector"]["matchExpressions"][0];
         assert_eq!(
             str_at(selector, &["key"]),
@@ -230,6 +239,26 @@ fn webhook_configurations_have_the_required_fields() {
             .collect();
         assert!(excluded.contains(&"kube-system") && excluded.contains(&"gpu-admission"));
     }
+}
+
+/// The ResourceClaim webhook of a configuration: the claim route, claim CREATEs only,
+/// and only claims for the GPU DeviceClasses.
+fn claim_hook_is_registered(kind: &str, path: &str, hook: &Value) {
+    let claims = format!("{path}/resourceclaims");
+    assert_eq!(
+        str_at(hook, &["clientConfig", "service", "path"]),
+        Some(claims.as_str()),
+        "{kind}"
+    );
+    let rule = &hook["rules"][0];
+    assert_eq!(strings(&rule["apiGroups"]), ["resource.k8s.io"], "{kind}");
+    assert_eq!(strings(&rule["resources"]), ["resourceclaims"], "{kind}");
+    assert_eq!(strings(&rule["operations"]), ["CREATE"], "{kind}");
+    let expression = str_at(&hook["matchConditions"][0], &["expression"]).unwrap();
+    for class in ["gpu.nvidia.com", "mig.nvidia.com"] {
+        assert!(expression.contains(&format!("'{class}'")), "{kind}: {class}");
+    }
+    assert!(expression.contains("r.firstAvailable.exists"), "{kind}");
 }
 
 #[test]

@@ -173,7 +173,11 @@ fn webhook_configurations_have_the_required_fields() {
             .unwrap_or_else(|| panic!("no {kind} in deploy/"));
         assert_eq!(str_at(config, &["metadata", "name"]), Some("gpu-admission"));
         let webhooks = config["webhooks"].as_sequence().unwrap();
-        assert_eq!(webhooks.len(), 2, "{kind}: one for pods, one for ResourceClaims");
+        assert_eq!(
+            webhooks.len(),
+            2,
+            "{kind}: one for pods, one for ResourceClaims"
+        );
         claim_hook_is_registered(kind, path, &webhooks[1]);
         let hook = &webhooks[0];
         assert_eq!(str_at(hook, &["name"]), Some(name));
@@ -256,7 +260,10 @@ fn claim_hook_is_registered(kind: &str, path: &str, hook: &Value) {
     assert_eq!(strings(&rule["operations"]), ["CREATE"], "{kind}");
     let expression = str_at(&hook["matchConditions"][0], &["expression"]).unwrap();
     for class in ["gpu.nvidia.com", "mig.nvidia.com"] {
-        assert!(expression.contains(&format!("'{class}'")), "{kind}: {class}");
+        assert!(
+            expression.contains(&format!("'{class}'")),
+            "{kind}: {class}"
+        );
     }
     assert!(expression.contains("r.firstAvailable.exists"), "{kind}");
 }

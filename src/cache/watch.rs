@@ -12,7 +12,7 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::dra::ResourceClaim;
-use crate::dra::slices::{GpuDevice, ResourceSlice, gpu_devices};
+use crate::dra::slices::{ResourceSlice, SliceDevices, gpu_devices};
 use crate::placement::NodeGpus;
 use crate::quota::GPUQuota;
 
@@ -237,23 +237,23 @@ fn key_of(claim: &ResourceClaim) -> PodKey {
     claim_key(namespace, meta.name.as_deref().unwrap_or_default())
 }
 
-type SliceDevices = (String, Vec<((String, String), GpuDevice)>);
+type NamedSlice = (String, SliceDevices);
 
 struct SliceKind;
 impl Kind<ResourceSlice> for SliceKind {
     const NAME: &'static str = "ResourceSlice";
-    type Item = SliceDevices;
-    fn project(&self, slice: &ResourceSlice, p: &Projection) -> Option<SliceDevices> {
+    type Item = NamedSlice;
+    fn project(&self, slice: &ResourceSlice, p: &Projection) -> Option<NamedSlice> {
         let name = slice.metadata.name.clone().unwrap_or_default();
         Some((name, gpu_devices(slice, &p.dra)))
     }
-    fn apply(&self, state: &mut ClusterState, (name, devices): SliceDevices) {
+    fn apply(&self, state: &mut ClusterState, (name, devices): NamedSlice) {
         state.apply_slice(&name, devices);
     }
     fn delete(&self, state: &mut ClusterState, slice: &ResourceSlice) {
         state.delete_slice(slice.metadata.name.as_deref().unwrap_or_default());
     }
-    fn replace(&self, state: &mut ClusterState, items: Vec<SliceDevices>) {
+    fn replace(&self, state: &mut ClusterState, items: Vec<NamedSlice>) {
         state.replace_slices(items);
     }
 }

@@ -76,6 +76,12 @@ impl kube::Resource for ResourceSlice {
     }
 }
 
+/// A device by the names an allocation result uses: (pool, device).
+pub type DeviceKey = (String, String);
+
+/// A slice's GPU devices.
+pub type SliceDevices = Vec<(DeviceKey, GpuDevice)>;
+
 /// One GPU device as quota sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuDevice {
@@ -88,7 +94,7 @@ pub struct GpuDevice {
 
 /// A slice's GPU devices: ((pool, device), what it is). Devices of other drivers, or
 /// without the model attribute, are not GPUs to quota.
-pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> Vec<((String, String), GpuDevice)> {
+pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> SliceDevices {
     if slice.spec.driver != dra.driver {
         return Vec::new();
     }
@@ -120,12 +126,12 @@ pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> Vec<((String, String), G
 /// The GPU devices of every slice of the configured driver, by slice name.
 #[derive(Debug, Default)]
 pub struct DeviceIndex {
-    by_slice: HashMap<String, Vec<((String, String), GpuDevice)>>,
-    devices: HashMap<(String, String), GpuDevice>,
+    by_slice: HashMap<String, SliceDevices>,
+    devices: HashMap<DeviceKey, GpuDevice>,
 }
 
 impl DeviceIndex {
-    pub fn apply(&mut self, slice: &str, devices: Vec<((String, String), GpuDevice)>) {
+    pub fn apply(&mut self, slice: &str, devices: SliceDevices) {
         self.delete(slice);
         for (key, device) in &devices {
             self.devices.insert(key.clone(), device.clone());
@@ -139,7 +145,7 @@ impl DeviceIndex {
         }
     }
 
-    pub fn replace(&mut self, slices: Vec<(String, Vec<((String, String), GpuDevice)>)>) {
+    pub fn replace(&mut self, slices: Vec<(String, SliceDevices)>) {
         *self = DeviceIndex::default();
         for (name, devices) in slices {
             self.apply(&name, devices);

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::dra::slices::GpuDevice;
+use crate::dra::slices::{GpuDevice, SliceDevices};
 use crate::dra::{self, ClaimAsks, Dra, ResourceClaim};
 use crate::quota::ledger::{ModelAmounts, charge_on};
 
@@ -92,7 +92,7 @@ impl ClusterState {
 
     /// A ResourceSlice's GPU devices arrived or changed: allocated claims are charged
     /// by them.
-    pub fn apply_slice(&mut self, name: &str, devices: Vec<((String, String), GpuDevice)>) {
+    pub fn apply_slice(&mut self, name: &str, devices: SliceDevices) {
         self.devices.apply(name, devices);
         self.recharge_allocated();
     }
@@ -102,7 +102,7 @@ impl ClusterState {
         self.recharge_allocated();
     }
 
-    pub fn replace_slices(&mut self, slices: Vec<(String, Vec<((String, String), GpuDevice)>)>) {
+    pub fn replace_slices(&mut self, slices: Vec<(String, SliceDevices)>) {
         self.devices.replace(slices);
         self.recharge_allocated();
     }

@@ -1630,3 +1630,249 @@ async fn a_multi_model_pod_is_charged_in_the_ledger_before_it_is_bound() {
     unregister_webhooks(&cluster).await;
     cluster.delete_nodes().await;
 }
+
+/// M. MIG, both strategies of NVIDIA's device plugin, as node objects: a pod that wants
+/// `A100-SXM4-40GB` is steered to (and bound on) a single-strategy node labelled
+/// `A100-SXM4-40GB-MIG-1g.5gb` and, once bound, charged 1/7 of a GPU; on a mixed node a
+/// `nvidia.com/mig-1g.10gb` slice is charged 1/7 of an A100-SXM4-80GB and one unit of
+/// the profile's own cap, so a second slice over that cap is refused by name.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn mig_slices_are_steered_charged_and_capped_per_profile() {
+    let Some(cluster) = setup("mig").await else {
+        return;
+    };
+    let single = "A100-SXM4-40GB-MIG-1g.5gb";
+    cluster
+        .create_node_with(
+            "e2e-mig-single",
+            json!({MODEL_LABEL: single}),
+            json!({"nvidia.com/gpu": "7"}),
+        )
+        .await;
+    cluster
+        .create_node_with(
+            "e2e-mig-mixed",
+            json!({MODEL_LABEL: "A100-SXM4-80GB"}),
+            json!({"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-3g.40gb": "1"}),
+        )
+        .await;
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota(
+            "gpus",
+            json!({"A100-SXM4-40GB": "1", "A100-SXM4-80GB": "1", "A100-SXM4-80GB/1g.10gb": "1"}),
+            None,
+        )
+        .await;
+    register_webhooks(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let pod = |name: &str, model: &str, resource: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": {TYPE_ANNOTATION: model}},
+            "spec": {"schedulerName": scheduler_name(), "containers": [{
+                "name": "cuda", "image": "registry.invalid/never-pulled:e2e",
+                "resources": {"limits": {resource: "1"}}}]},
+        }))
+        .unwrap()
+    };
+    // Single strategy: steered by the model, onto its slices.
+    let created = cluster
+        .try_create(&pod("sliced", "A100-SXM4-40GB", "nvidia.com/gpu"))
+        .await
+        .unwrap_or_else(|e| panic!("a pod wanting A100-SXM4-40GB must be admitted: {e}"));
+    let affinity = serde_json::to_value(&created.spec.as_ref().unwrap().affinity).unwrap();
+    assert_eq!(
+        affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"],
+        json!(["A100-SXM4-40GB", single]),
+        "the affinity reaches the model's single-strategy MIG nodes: {affinity}"
+    );
+    let bound = cluster.wait_bound("sliced").await;
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("e2e-mig-single")
+    );
+    // Charged one GPU at admission, the slice (1/7, rounded down) once bound.
+    cluster.wait_used("gpus", "A100-SXM4-40GB", 142).await;
+
+    // Mixed strategy: a 1g.10gb slice is admitted (1/7 of an A100-SXM4-80GB, and the
+    // profile's cap of one), bound to the node that has the slices.
+    cluster
+        .try_create(&pod("slice-1", "A100-SXM4-80GB", "nvidia.com/mig-1g.10gb"))
+        .await
+        .unwrap_or_else(|e| panic!("the first 1g.10gb slice is within the caps: {e}"));
+    let bound = cluster.wait_bound("slice-1").await;
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("e2e-mig-mixed")
+    );
+    let status = cluster.wait_used("gpus", "A100-SXM4-80GB", 142).await;
+    assert_eq!(
+        status
+            .used
+            .get("A100-SXM4-80GB/1g.10gb")
+            .map(|q| milli_gpus(&q.0)),
+        Some(1000),
+        "the profile's key counts slices: {status:?}"
+    );
+    let refused = cluster
+        .try_create(&pod("slice-2", "A100-SXM4-80GB", "nvidia.com/mig-1g.10gb"))
+        .await;
+    let message = forbidden_message(refused, "a second 1g.10gb slice over the profile's cap");
+    assert!(
+        message.contains(&format!(
+            "GPU quota exceeded in namespace \"{}\" for A100-SXM4-80GB/1g.10gb: requested 1, used 1 of 1",
+            cluster.ns
+        )),
+        "{message}"
+    );
+    // The 3g.40gb profile has no cap of its own: only the model's GPU quota applies.
+    cluster
+        .try_create(&pod(
+            "big-slice",
+            "A100-SXM4-80GB",
+            "nvidia.com/mig-3g.40gb",
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("3/7 + 1/7 of a GPU fit the model's quota of one: {e}"));
+
+    unregister_webhooks(&cluster).await;
+    cluster.delete_nodes().await;
+}
+
+/// D. Dynamic Resource Allocation on the real scheduler: a fake driver's ResourceSlice
+/// publishes two A100 devices and a T4 on a node. A claim that names no model gets the
+/// namespace's default (A100) pinned by the mutating webhook and is allocated an A100 by
+/// kube-scheduler; with `A100-SXM4-80GB: 2`, a second claim is admitted, a third refused
+/// with the quota message, and deleting a claim makes room again.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
+    use e2e_support::devices::{claim, product_selector};
+    let Some(cluster) = setup("dra").await else {
+        return;
+    };
+    let node = "e2e-dra-1";
+    cluster
+        .create_node_with(node, json!({MODEL_LABEL: "none"}), json!({}))
+        .await;
+    let class = cluster
+        .create_dra(
+            "DeviceClass",
+            json!({"metadata": {"name": "gpu.nvidia.com"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.nvidia.com\""}}]}}),
+        )
+        .await;
+    class.unwrap_or_else(|e| panic!("creating the DeviceClass: {e}"));
+    let device = |name: &str, product: &str| json!({"name": name, "attributes": {"productName": {"string": product}}});
+    cluster
+        .create_dra(
+            "ResourceSlice",
+            json!({"metadata": {"name": "e2e-dra-1-gpus"}, "spec": {
+                "driver": "gpu.nvidia.com", "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [device("gpu-0", "Tesla T4"), device("gpu-1", "NVIDIA A100-SXM4-80GB"),
+                    device("gpu-2", "NVIDIA A100-SXM4-80GB")]}}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating the ResourceSlice: {e}"));
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota(
+            "gpus",
+            json!({"A100-SXM4-80GB": "2", "Tesla-T4": "1"}),
+            Some("A100-SXM4-80GB"),
+        )
+        .await;
+    cluster.register_claim_hooks().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // A claim naming no model: the default is pinned, and kube-scheduler allocates it
+    // an A100 for a pod that uses it.
+    let pinned = cluster
+        .create_dra("ResourceClaim", claim("any", "gpu.nvidia.com", 1, &[]))
+        .await
+        .unwrap_or_else(|e| panic!("a claim within the quota must be admitted: {e}"));
+    let selectors = pinned.data["spec"]["devices"]["requests"][0]["exactly"]["selectors"].clone();
+    assert_eq!(
+        selectors,
+        json!([{"cel": {"expression":
+            "device.attributes[\"gpu.nvidia.com\"].productName in [\"NVIDIA A100-SXM4-80GB\"]"}}]),
+        "the mutating webhook pins the default model with the products the slices publish"
+    );
+    let user: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "uses-any"},
+        "spec": {"schedulerName": scheduler_name(),
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "any"}],
+            "containers": [{"name": "cuda", "image": "registry.invalid/never-pulled:e2e",
+                "resources": {"claims": [{"name": "gpu"}]}}]},
+    }))
+    .unwrap();
+    cluster.try_create(&user).await.unwrap();
+    cluster.wait_bound("uses-any").await;
+    let claims = cluster.dra("ResourceClaim");
+    let allocated = wait_for("claim `any` to be allocated", BIND_TIMEOUT, || {
+        let claims = claims.clone();
+        async move {
+            let claim = claims.get("any").await.ok()?;
+            let results = claim.data["status"]["allocation"]["devices"]["results"].clone();
+            results.as_array().filter(|r| !r.is_empty()).cloned()
+        }
+    })
+    .await;
+    let device = allocated[0]["device"].as_str().unwrap().to_string();
+    assert!(
+        device == "gpu-1" || device == "gpu-2",
+        "the pinned claim gets an A100, not the T4: {allocated:?}"
+    );
+
+    // The quota: 2 A100s; the second claim is admitted, the third refused.
+    let a100 = product_selector("NVIDIA A100-SXM4-80GB");
+    cluster
+        .create_dra(
+            "ResourceClaim",
+            claim("second", "gpu.nvidia.com", 1, &[&a100]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the second A100 claim is within the quota: {e}"));
+    let third = cluster
+        .create_dra(
+            "ResourceClaim",
+            claim("third", "gpu.nvidia.com", 1, &[&a100]),
+        )
+        .await;
+    let message = match third {
+        Err(kube::Error::Api(status)) if status.code == 403 => status.message,
+        other => panic!("the third A100 claim must be refused (403): {other:?}"),
+    };
+    assert!(
+        message.contains(&format!(
+            "GPU quota exceeded in namespace \"{}\" for A100-SXM4-80GB: requested 1, used 2 of 2",
+            cluster.ns
+        )),
+        "{message}"
+    );
+    cluster.wait_used("gpus", "A100-SXM4-80GB", 2000).await;
+    // Deleting a claim frees its device's quota.
+    claims
+        .delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.wait_used("gpus", "A100-SXM4-80GB", 1000).await;
+    cluster
+        .create_dra(
+            "ResourceClaim",
+            claim("third", "gpu.nvidia.com", 1, &[&a100]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("after a claim was deleted, the third fits: {e}"));
+
+    cluster.unregister_claim_hooks().await;
+    let _ = cluster
+        .pods()
+        .delete("uses-any", &DeleteParams::default())
+        .await;
+    cluster.delete_nodes().await;
+}

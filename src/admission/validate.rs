@@ -64,7 +64,7 @@ pub async fn validate(
         Some(ledger) => {
             let decided = cache.with_state(|state| {
                 let limits = NamespaceLimits::of(state.namespace_quotas(namespace), namespace);
-                wanted_on_route(state, config, &limits, namespace, pod)
+                wanted_on_route(state, config, &limits, namespace, pod, &request)
             });
             let wanted = match decided {
                 Ok(wanted) => wanted,
@@ -119,10 +119,11 @@ fn offline(
             })?;
         let limits = state.namespace_limits(namespace);
         let mig = &cache.projection().names.mig;
-        let decision = wanted_on_route(state, config, limits, namespace, pod).and_then(|wanted| {
-            let costs = Costs::of(request, &wanted.models, mig);
-            admit(namespace, &views, &wanted, &costs, rules)
-        });
+        let decision =
+            wanted_on_route(state, config, limits, namespace, pod, request).and_then(|wanted| {
+                let costs = Costs::of(request, &wanted.models, mig);
+                admit(namespace, &views, &wanted, &costs, rules)
+            });
         match decision {
             Err(denial) => Ok(Verdict::Deny(denial.to_string())),
             Ok(charge) => {
@@ -143,12 +144,16 @@ fn offline(
 /// scheduler, or none at all (`spec.nodeName` set at creation: charged to that node's
 /// model, as this cache knows the node). The mutating webhook has already run, so
 /// `schedulerName` is final (an empty one is default-scheduler's; the ledger says so).
+/// A pod asking only for MIG slices (mixed strategy) is placed by the scheduler alone
+/// (its extender manages the GPU resources it counts by index), so like a pod of another
+/// scheduler it must name one model.
 fn wanted_on_route(
     state: &ClusterState,
     config: &Config,
     limits: &NamespaceLimits,
     namespace: &str,
     pod: &Pod,
+    request: &GpuRequest,
 ) -> Result<WantedModels, Denial> {
     let spec = pod.spec.as_ref();
     let node = spec
@@ -162,7 +167,9 @@ fn wanted_on_route(
             node,
             gpus: state.node(node),
         },
-        None if scheduler == config.scheduler_name => Route::GpuScheduler,
+        None if scheduler == config.scheduler_name && request.has_gpu_demand() => {
+            Route::GpuScheduler
+        }
         None => Route::OtherScheduler {
             name: scheduler,
             gpu_scheduler: &config.scheduler_name,

@@ -4,6 +4,7 @@
 //! directly (`https`).
 #![allow(clippy::unwrap_used, dead_code)]
 
+pub mod devices;
 pub mod https;
 pub mod shapes;
 use std::collections::BTreeMap;

@@ -1,0 +1,147 @@
+//! Helpers of the device-type scenarios (MIG nodes, DRA claims and slices): nodes with
+//! any capacity and labels, objects of the `resource.k8s.io/v1` API through kube's
+//! dynamic API, and the claim webhooks registered as deploy/ registers them.
+#![allow(clippy::unwrap_used, dead_code)]
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+
+use super::{Cluster, SCENARIO_LABEL, WEBHOOK_LABEL, server_url, serving_ca, shapes};
+
+impl Cluster {
+    /// A Ready, untainted node `name` with `labels` and `resources` (capacity =
+    /// allocatable), labelled as this scenario's.
+    pub async fn create_node_with(&self, name: &str, labels: Value, resources: Value) {
+        let mut labels = labels;
+        labels[SCENARIO_LABEL] = json!(self.scenario);
+        let node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+        self.nodes()
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
+        let mut resources = resources;
+        for (key, value) in [("cpu", "32"), ("memory", "128Gi"), ("pods", "110")] {
+            resources[key] = json!(value);
+        }
+        let status =
+            json!({"status": shapes::ready_node_status(&resources, "e2e test node (no kubelet)")});
+        self.nodes()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        self.nodes()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// `resource.k8s.io/v1` objects of `kind` (namespaced ones in the scenario's namespace).
+    pub fn dra(&self, kind: &str) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", kind);
+        let plural = format!("{}s", kind.to_lowercase());
+        let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+        match kind {
+            "ResourceClaim" => Api::namespaced_with(self.client.clone(), &self.ns, &resource),
+            _ => Api::all_with(self.client.clone(), &resource),
+        }
+    }
+
+    /// Creates a `resource.k8s.io/v1` object (replacing a cluster-scoped one left over).
+    pub async fn create_dra(
+        &self,
+        kind: &str,
+        object: Value,
+    ) -> Result<DynamicObject, kube::Error> {
+        let mut object = object;
+        object["apiVersion"] = json!("resource.k8s.io/v1");
+        object["kind"] = json!(kind);
+        let name = object["metadata"]["name"].as_str().unwrap().to_string();
+        let api = self.dra(kind);
+        if kind != "ResourceClaim" {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        api.create(&PostParams::default(), &object).await
+    }
+
+    /// Registers gpu-admission's claim webhooks (replica `a`) for this scenario's
+    /// labelled namespace, as deploy/ does: CREATE of resourceclaims, failing closed.
+    pub async fn register_claim_hooks(&self) {
+        use base64::Engine as _;
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        };
+        let ca = std::fs::read(serving_ca()).unwrap();
+        let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+        let name = format!("gpu-admission-e2e-{}-claims", self.scenario);
+        let hook = |path: &str| {
+            json!({
+                "name": format!("{path}-claims.gpu-admission.io"),
+                "clientConfig": {"url": format!("{}/{path}/resourceclaims", server_url()), "caBundle": ca_bundle},
+                "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                           "operations": ["CREATE"], "resources": ["resourceclaims"]}],
+                "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: self.scenario}},
+                "failurePolicy": "Fail",
+                "sideEffects": "NoneOnDryRun",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            })
+        };
+        self.unregister_claim_hooks().await;
+        let mutating: MutatingWebhookConfiguration = serde_json::from_value(
+            json!({"metadata": {"name": name}, "webhooks": [hook("mutate")]}),
+        )
+        .unwrap();
+        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &mutating)
+            .await
+            .unwrap();
+        let validating: ValidatingWebhookConfiguration = serde_json::from_value(
+            json!({"metadata": {"name": name}, "webhooks": [hook("validate")]}),
+        )
+        .unwrap();
+        Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &validating)
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+
+    pub async fn unregister_claim_hooks(&self) {
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        };
+        let name = format!("gpu-admission-e2e-{}-claims", self.scenario);
+        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&name, &DeleteParams::default())
+            .await;
+        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// A claim `name` for `count` devices of DeviceClass `class`, with CEL `selectors`.
+pub fn claim(name: &str, class: &str, count: u32, selectors: &[&str]) -> Value {
+    let selectors: Vec<Value> = selectors
+        .iter()
+        .map(|e| json!({"cel": {"expression": e}}))
+        .collect();
+    let mut exactly = json!({"deviceClassName": class, "count": count});
+    if !selectors.is_empty() {
+        exactly["selectors"] = json!(selectors);
+    }
+    json!({"metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
+}
+
+/// The CEL selector of NVIDIA's DRA driver for a product name.
+pub fn product_selector(product: &str) -> String {
+    format!(r#"device.attributes["gpu.nvidia.com"].productName == "{product}""#)
+}

@@ -23,6 +23,7 @@
 # No kubelets, no containers: nodes are API objects, bound pods stay Pending.
 # Environment: CARGO_TARGET_DIR (default ~/.cache/gpu-admission/target), GPU_ADMISSION_CACHE
 # (default ~/.cache/gpu-admission, where the Kubernetes binaries are cached),
+# E2E_FILTER="name ..." runs only the tests whose names contain one of the words,
 # E2E_KEEP=1 keeps the whole temporary directory (etcd data included), E2E_READY_TIMEOUT
 # (seconds, default 90) bounds every wait for a component to come up.
 set -euo pipefail
@@ -156,7 +157,7 @@ GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_BIN="$gpu_admission" \
   GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port" \
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs" \
-  nice -n 19 cargo test --locked --test e2e -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"
+  nice -n 19 cargo test --locked --test e2e -- ${E2E_FILTER:-} --ignored --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"
 test_rc=${PIPESTATUS[0]}
 set -e
 

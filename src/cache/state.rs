@@ -562,7 +562,12 @@ impl ClusterState {
         if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
             return None;
         }
-        let label = charged_model(wanted, node_model(&self.nodes, pod))?;
+        // What admission charged (its pending total counts that): the one wanted model,
+        // even on a single-strategy MIG node where the pod now costs its slice.
+        let label = match wanted {
+            [only] => only.as_str(),
+            _ => charged_model(wanted, node_model(&self.nodes, pod))?,
+        };
         Some(charge_on(&pod.request, label, self.ledger.mig()))
     }
 

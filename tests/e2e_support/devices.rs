@@ -44,7 +44,10 @@ impl Cluster {
     /// `resource.k8s.io/v1` objects of `kind` (namespaced ones in the scenario's namespace).
     pub fn dra(&self, kind: &str) -> Api<DynamicObject> {
         let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", kind);
-        let plural = format!("{}s", kind.to_lowercase());
+        let plural = match kind {
+            "DeviceClass" => "deviceclasses".to_string(),
+            _ => format!("{}s", kind.to_lowercase()),
+        };
         let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
         match kind {
             "ResourceClaim" => Api::namespaced_with(self.client.clone(), &self.ns, &resource),

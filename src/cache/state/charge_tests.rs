@@ -77,3 +77,42 @@ fn usage_counts_effective_requests_and_models_no_quota_lists() {
     let views = state.quota_views("team-a").unwrap();
     assert_eq!(views[0].used.get("Tesla-T4").map(|m| m.0), Some(3000));
 }
+
+/// A pod that wants a model and is bound on a single-strategy MIG node of it uses a
+/// slice (usage) but was charged whole GPUs at admission, and its pending total must
+/// count as seen by that amount, or it would wait out its TTL.
+#[test]
+fn a_pod_on_a_mig_slice_uses_the_slice_and_settles_what_admission_charged() {
+    use crate::placement::quantity::Milli;
+    let mut state = ClusterState::default();
+    let mut slices = node("n", 7, 0);
+    slices.model = Some("A100-SXM4-40GB-MIG-1g.5gb".into());
+    state.apply_node(slices);
+    state.apply_quota(
+        serde_json::from_value(json!({
+            "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+            "metadata": {"name": "q", "namespace": "team-a"},
+            "spec": {"hard": {"A100-SXM4-40GB": "1"}}
+        }))
+        .unwrap(),
+    );
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "team-a", "uid": "p",
+            "creationTimestamp": "2026-11-24T00:00:00Z",
+            "annotations": {"gpu-admission.io/gpu-type": "A100-SXM4-40GB"}},
+        "spec": {"nodeName": "n", "containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))
+    .unwrap();
+    state.apply_pod(pod_key(&pod), cached(&pod));
+    assert_eq!(
+        state.usage("team-a").get("A100-SXM4-40GB"),
+        Some(&Milli(142))
+    );
+    let created = crate::cache::pod::created_second(&pod);
+    let seen = state.seen_charges("team-a", created);
+    assert_eq!(
+        seen.get(&(created, "A100-SXM4-40GB".to_string())),
+        Some(&Milli(1000))
+    );
+}

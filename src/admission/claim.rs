@@ -164,21 +164,8 @@ fn pin(
     dra: &Dra,
     selector: &Value,
 ) {
-    let wire = crate::dra::DeviceRequest {
-        name: String::new(),
-        exactly: Some(request.clone()),
-        first_available: None,
-    };
-    let probe = ResourceClaim {
-        spec: crate::dra::wire::ClaimSpec {
-            devices: Some(crate::dra::wire::DeviceClaim {
-                requests: vec![wire],
-            }),
-        },
-        ..Default::default()
-    };
-    let asks = ClaimAsks::of(&probe, dra);
-    if asks.untyped().next().is_none() {
+    let untyped = crate::dra::ask_of("", request, dra).is_some_and(|ask| ask.model.is_none());
+    if !untyped {
         return;
     }
     operations.push(match request.selectors.is_empty() {

@@ -226,7 +226,7 @@ fn add(total: &mut ModelAmounts, charge: &ModelAmounts) {
 }
 
 /// One request's ask, if its DeviceClass is a GPU class.
-fn ask_of(name: &str, exact: &ExactRequest, dra: &Dra) -> Option<DeviceAsk> {
+pub fn ask_of(name: &str, exact: &ExactRequest, dra: &Dra) -> Option<DeviceAsk> {
     let class_model = dra.device_classes.get(&exact.device_class_name)?;
     let expressions = exact.expressions();
     let model = expressions

@@ -460,3 +460,40 @@ fn pass_all(args: &ExtenderArgs) -> ExtenderFilterResult {
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::testing::node;
+
+    fn wants(label: &str) -> WantedModels {
+        WantedModels {
+            models: vec![label.into()],
+            source: ModelSource::Annotation,
+        }
+    }
+
+    #[test]
+    fn a_capped_mig_profile_is_only_for_pods_that_name_it() {
+        let mut slices = node("n", 7, 0);
+        slices.model = Some("A100-SXM4-40GB-MIG-1g.5gb".into());
+        let capped = NamespaceLimits {
+            has_quota: true,
+            models: vec!["A100-SXM4-40GB".into()],
+            profile_caps: vec!["A100-SXM4-40GB/1g.5gb".into()],
+            ..Default::default()
+        };
+        let refused = profile_admits(&capped, &wants("A100-SXM4-40GB"), &slices).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "namespace GPU quota for A100-SXM4-40GB/1g.5gb has no room (the namespace caps MIG profile A100-SXM4-40GB/1g.5gb; a pod using it names the node label A100-SXM4-40GB-MIG-1g.5gb as its GPU model)"
+        );
+        assert!(profile_admits(&capped, &wants("A100-SXM4-40GB-MIG-1g.5gb"), &slices).is_ok());
+        let uncapped = NamespaceLimits {
+            profile_caps: Vec::new(),
+            ..capped
+        };
+        assert!(profile_admits(&uncapped, &wants("A100-SXM4-40GB"), &slices).is_ok());
+    }
+}

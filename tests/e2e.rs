@@ -1630,3 +1630,11 @@ async fn a_multi_model_pod_is_charged_in_the_ledger_before_it_is_bound() {
     unregister_webhooks(&cluster).await;
     cluster.delete_nodes().await;
 }
+
+/// Volcano: a real vc-scheduler places GPU pods through gpu-admission's
+/// `/scheduler/vpredicates` (tests/e2e_support/volcano.rs).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn volcano_places_gpu_pods_through_the_vpredicates_extender() {
+    e2e_support::volcano::volcano_places_gpu_pods_through_the_vpredicates_extender().await;
+}

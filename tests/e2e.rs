@@ -1638,3 +1638,11 @@ async fn a_multi_model_pod_is_charged_in_the_ledger_before_it_is_bound() {
 async fn volcano_places_gpu_pods_through_the_vpredicates_extender() {
     e2e_support::volcano::volcano_places_gpu_pods_through_the_vpredicates_extender().await;
 }
+
+/// Volcano: a gang placed in one session does not over-commit a GPU
+/// (tests/e2e_support/volcano.rs).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn volcano_gang_does_not_overcommit_a_gpu() {
+    e2e_support::volcano::volcano_gang_does_not_overcommit_a_gpu().await;
+}

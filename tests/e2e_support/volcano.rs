@@ -3,8 +3,10 @@
 //! `extender` plugin calls gpu-admission's `/scheduler/vpredicates` for every (task, node)
 //! pair. No vc-controller-manager runs, so each test pod gets its PodGroup from here.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -27,21 +29,41 @@ fn pod_groups(cluster: &Cluster) -> Api<DynamicObject> {
 }
 
 impl Cluster {
-    /// Creates a one-member PodGroup `name` in the `default` queue and a pod of the same
-    /// name in it, for vc-scheduler, wanting `gpu` on a node of `model`.
-    pub async fn create_volcano_gpu_pod(&self, name: &str, model: &str, gpu: Gpu) -> Pod {
+    /// Creates a PodGroup `name` in the `default` queue that vc-scheduler places only
+    /// when `min_member` of its pods fit (a gang).
+    pub async fn create_pod_group(&self, name: &str, min_member: u32) {
         let group: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "scheduling.volcano.sh/v1beta1",
             "kind": "PodGroup",
             "metadata": {"name": name},
-            "spec": {"minMember": 1, "queue": "default"},
+            "spec": {"minMember": min_member, "queue": "default"},
         }))
         .unwrap();
         pod_groups(self)
             .create(&PostParams::default(), &group)
             .await
             .unwrap_or_else(|e| panic!("creating PodGroup {}/{name}: {e}", self.ns));
-        let pod: Pod = serde_json::from_value(volcano_gpu_pod(name, model, gpu)).unwrap();
+    }
+
+    /// Creates a one-member PodGroup `name` and a pod of the same name in it, for
+    /// vc-scheduler, wanting `gpu` on a node of `model`.
+    pub async fn create_volcano_gpu_pod(&self, name: &str, model: &str, gpu: Gpu) -> Pod {
+        self.create_pod_group(name, 1).await;
+        self.create_volcano_member(name, name, model, gpu).await
+    }
+
+    /// Creates pod `name` in PodGroup `group`, for vc-scheduler, wanting `gpu` on a node
+    /// of `model`.
+    pub async fn create_volcano_member(
+        &self,
+        name: &str,
+        group: &str,
+        model: &str,
+        gpu: Gpu,
+    ) -> Pod {
+        let mut pod = volcano_gpu_pod(name, model, gpu);
+        pod["metadata"]["annotations"][GROUP_ANNOTATION] = json!(group);
+        let pod: Pod = serde_json::from_value(pod).unwrap();
         self.pods()
             .create(&PostParams::default(), &pod)
             .await
@@ -224,4 +246,85 @@ async fn assert_unschedulable(cluster: &Cluster, name: &str, reason: &str, a: &s
     assert_eq!(condition.status, "False", "{condition:?}");
     let text = condition.message.unwrap_or_default();
     assert!(text.contains(reason) && text.contains(&model), "{text}");
+}
+
+/// A gang (PodGroup with minMember 3) of three pods wanting 60% of a GPU each, and one
+/// 2-GPU node of their model. Volcano's own accounting would let all three onto it
+/// (180 of 200 vcuda-core) and places a whole gang before binding any of it, so
+/// gpu-admission's cache has none of them bound while Volcano asks; the predicate charges
+/// the tasks Volcano lists on the node, refuses the third, and the gang stays unbound
+/// with gpu-admission's reason in vc-scheduler's events. A gang of two is then placed,
+/// on the same node.
+pub async fn volcano_gang_does_not_overcommit_a_gpu() {
+    let Some(cluster) = setup("vgang").await else {
+        return;
+    };
+    let model = "E2E-Volcano-Gang";
+    cluster.create_gpu_node("e2e-vgang-1", model, 2).await;
+    let sixty = Gpu::Share {
+        core: 60,
+        memory: 4,
+    };
+    cluster.create_pod_group("three", 3).await;
+    let members = ["three-1", "three-2", "three-3"];
+    for name in members {
+        cluster
+            .create_volcano_member(name, "three", model, sixty)
+            .await;
+    }
+    let full = "no single GPU has 60 free vcuda-core (largest free: 40)";
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let message = wait_for(
+        &format!("a FailedScheduling event of a member of gang `three` containing {full:?}"),
+        BIND_TIMEOUT,
+        || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&ListParams::default().fields("reason=FailedScheduling"))
+                    .await
+                    .ok()?;
+                list.items
+                    .into_iter()
+                    .filter(|e| {
+                        let name = e.involved_object.name.as_deref().unwrap_or_default();
+                        name.starts_with("three-")
+                    })
+                    .filter_map(|e| e.message)
+                    .find(|m| m.contains(full))
+            }
+        },
+    )
+    .await;
+    println!("vc-scheduler's FailedScheduling event in gang `three`: {message}");
+    for name in members {
+        let pod = cluster.pods().get(name).await.unwrap();
+        assert_eq!(
+            pod.spec.and_then(|s| s.node_name),
+            None,
+            "{name} of a gang whose three 60% pods cannot share two GPUs was bound"
+        );
+    }
+    for name in members {
+        cluster
+            .pods()
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+
+    cluster.create_pod_group("two", 2).await;
+    for name in ["two-1", "two-2"] {
+        cluster
+            .create_volcano_member(name, "two", model, sixty)
+            .await;
+    }
+    for name in ["two-1", "two-2"] {
+        let pod = cluster.wait_bound(name).await;
+        assert_eq!(
+            pod.spec.and_then(|s| s.node_name).as_deref(),
+            Some("e2e-vgang-1")
+        );
+    }
+    cluster.delete_nodes().await;
 }

@@ -274,12 +274,25 @@ pub async fn volcano_gang_does_not_overcommit_a_gpu() {
     }
     let full = "no single GPU has 60 free vcuda-core (largest free: 40)";
     let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
-    let message = wait_for(
+    let pods = cluster.pods();
+    let outcome = wait_for(
         &format!("a FailedScheduling event of a member of gang `three` containing {full:?}"),
         BIND_TIMEOUT,
         || {
-            let events = events.clone();
+            let (events, pods) = (events.clone(), pods.clone());
             async move {
+                let bound: Vec<String> = pods
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                    .filter_map(|p| p.metadata.name)
+                    .collect();
+                if !bound.is_empty() {
+                    return Some(Err(bound));
+                }
                 let list = events
                     .list(&ListParams::default().fields("reason=FailedScheduling"))
                     .await
@@ -292,10 +305,14 @@ pub async fn volcano_gang_does_not_overcommit_a_gpu() {
                     })
                     .filter_map(|e| e.message)
                     .find(|m| m.contains(full))
+                    .map(Ok)
             }
         },
     )
     .await;
+    let message = outcome.unwrap_or_else(|bound| {
+        panic!("vc-scheduler bound {bound:?} of a gang whose three 60% pods cannot share two GPUs")
+    });
     println!("vc-scheduler's FailedScheduling event in gang `three`: {message}");
     for name in members {
         let pod = cluster.pods().get(name).await.unwrap();

@@ -3,8 +3,9 @@
 #
 #   bash hack/e2e.sh
 #
-# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh),
-#    then gpu-admission and the e2e test binary (cargo, debug profile);
+# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh)
+#    and Volcano's vc-scheduler (hack/e2e/build-volcano.sh), then gpu-admission and the e2e
+#    test binary (cargo, debug profile);
 # 2. creates a temporary directory with fresh certificates, a service-account key pair and
 #    an admin kubeconfig (client certificate in group system:masters), plus a second CA and
 #    the client certificate kube-apiserver presents to the webhooks (mutual TLS);

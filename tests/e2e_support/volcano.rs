@@ -329,6 +329,12 @@ pub async fn volcano_gang_does_not_overcommit_a_gpu() {
             .await
             .unwrap();
     }
+    // The PodGroup too: vc-scheduler logs an error every session for a job whose
+    // members are gone.
+    pod_groups(&cluster)
+        .delete("three", &DeleteParams::default())
+        .await
+        .unwrap();
 
     cluster.create_pod_group("two", 2).await;
     for name in ["two-1", "two-2"] {

@@ -3,8 +3,9 @@
 #
 #   bash hack/e2e.sh
 #
-# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh),
-#    then gpu-admission and the e2e test binary (cargo, debug profile);
+# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh)
+#    and Volcano's vc-scheduler (hack/e2e/build-volcano.sh), then gpu-admission and the e2e
+#    test binary (cargo, debug profile);
 # 2. creates a temporary directory with fresh certificates, a service-account key pair and
 #    an admin kubeconfig (client certificate in group system:masters), plus a second CA and
 #    the client certificate kube-apiserver presents to the webhooks (mutual TLS);
@@ -16,6 +17,10 @@
 #    (`--extender-address`) — and waits for their /readyz;
 # 5. starts kube-scheduler with a `gpu-scheduler` profile that calls replica a's extender
 #    door as its extender over TLS;
+# 5b. installs Volcano's scheduling CRDs (PodGroup, Queue, ... from the Volcano module
+#    source) and starts Volcano's vc-scheduler (built from the Go module proxy by
+#    hack/e2e/build-volcano.sh), scheduler name `volcano`, whose `extender` plugin calls
+#    replica a's extender door (`/scheduler/vpredicates`) over TLS;
 # 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e.rs) against it;
 # 7. tears everything down; logs stay in the temporary directory (printed at the end,
 #    with their last lines when something failed). Last line: `N passed, M failed`.
@@ -60,6 +65,7 @@ trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- 1. binaries
 cp_k8s_binaries
+cp_volcano_binaries
 
 # ---------------------------------------------------------------- 1b. gpu-admission and the tests
 # Built before any component starts, so a compile error fails fast and the test phase
@@ -136,6 +142,37 @@ extenders:
 EOF
 cp_start_scheduler "$work/kube-scheduler.yaml" --v=2
 
+# ---------------------------------------------------------------- 6b. Volcano's vc-scheduler
+# Pods with `schedulerName: volcano` and a PodGroup (the tests create one per pod; no
+# vc-controller-manager runs). vc-scheduler creates the `root` and `default` queues
+# itself. No `proportion`/`capacity` plugin: they skip queues whose status is not Open,
+# a status only vc-controller-manager writes.
+cat >"$work/volcano-scheduler.conf" <<EOF
+actions: "enqueue, allocate, backfill"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+  - name: conformance
+- plugins:
+  - name: drf
+  - name: predicates
+  - name: nodeorder
+  - name: binpack
+  - name: extender
+    arguments:
+      extender.urlPrefix: https://127.0.0.1:$extender_port/scheduler
+      extender.predicateVerb: vpredicates
+      extender.httpTimeout: 1s
+      extender.ignorable: false
+      extender.managedResources:
+      - tencent.com/vcuda-core
+      - tencent.com/vcuda-memory
+      - nvidia.com/gpu
+EOF
+cp_install_volcano_crds
+cp_start_volcano "$work/volcano-scheduler.conf" "$work/extender-certs/ca.crt" --scheduler-name=volcano --v=3
+
 # ---------------------------------------------------------------- 7. the tests
 # The Helm chart's default rendering, for the server-side dry-run scenario (helm is built
 # once and cached by hack/helm.sh; .ci/run's chart check has built it already).
@@ -147,6 +184,7 @@ set +e
 GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_CHART_RENDER="$chart_render" \
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler \
+  GPU_ADMISSION_E2E_VOLCANO_SCHEDULER=volcano \
   GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$webhook_port" \
   GPU_ADMISSION_E2E_CA_FILE="$work/extender-certs/ca.crt" \
   GPU_ADMISSION_E2E_SERVER_URL_B="https://127.0.0.1:$webhook_port_b" \
@@ -168,7 +206,7 @@ if grep -q 'DID NOT RUN' "$logs/cargo-test.log"; then
   echo "e2e: some tests skipped themselves although GPU_ADMISSION_E2E_KUBECONFIG was set" >&2
   test_rc=1
 fi
-say "done in $((SECONDS - started))s (Kubernetes: kube-apiserver ${k8s_version})"
+say "done in $((SECONDS - started))s (Kubernetes: kube-apiserver ${k8s_version}; Volcano: vc-scheduler ${volcano_version})"
 if [[ -z "$passed" ]]; then
   summary="0 passed, 0 failed (the e2e tests did not run to completion, build error? see $logs/cargo-test.log)"
   exit 1

@@ -1876,3 +1876,19 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
         .await;
     cluster.delete_nodes().await;
 }
+
+/// Volcano: a real vc-scheduler places GPU pods through gpu-admission's
+/// `/scheduler/vpredicates` (tests/e2e_support/volcano.rs).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn volcano_places_gpu_pods_through_the_vpredicates_extender() {
+    e2e_support::volcano::volcano_places_gpu_pods_through_the_vpredicates_extender().await;
+}
+
+/// Volcano: a gang placed in one session does not over-commit a GPU
+/// (tests/e2e_support/volcano.rs).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn volcano_gang_does_not_overcommit_a_gpu() {
+    e2e_support::volcano::volcano_gang_does_not_overcommit_a_gpu().await;
+}

@@ -331,6 +331,11 @@ fn the_scheduler_extender_points_at_the_sidecar() {
         str_at(&plugin["arguments"], &["extender.predicateVerb"]),
         Some("vpredicates")
     );
+    assert_eq!(
+        plugin["arguments"]["extender.ignorable"].as_bool(),
+        Some(false),
+        "vc-scheduler takes extender.ignorable as a YAML bool only (it logs a string and ignores it)"
+    );
 }
 
 #[test]

@@ -73,10 +73,12 @@ pub fn extender_args(data: &[u8]) {
     }
 }
 
-/// Volcano's predicate request body, and the decoded pod's GPU request.
+/// Volcano's predicate request body, and the GPU requests of the decoded pod and of the
+/// pods of the node's holding tasks.
 pub fn volcano_predicate(data: &[u8]) {
     if let Ok(args) = PredicateArgs::from_json(data) {
         gpu_request(&args.pod);
+        args.node_pods.iter().for_each(gpu_request);
     }
 }
 

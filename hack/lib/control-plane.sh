@@ -25,6 +25,11 @@
 #   cp_write_ctl BIN CONFIG LOG_LEVEL
 #                           $ctl: a script `start|stop [a|b]` for the two gpu-admission replicas
 #   cp_start_scheduler CONFIG ARGS...   kube-scheduler (+ARGS), waits for /readyz
+#   cp_volcano_binaries     hack/e2e/build-volcano.sh: $volcano_dir (bin/vc-scheduler, crd/),
+#                           $volcano_version
+#   cp_install_volcano_crds the CRDs vc-scheduler watches (PodGroup, Queue, ...), Established
+#   cp_start_volcano CONF CA ARGS...   vc-scheduler (+ARGS) with scheduler conf CONF, Go
+#                           trusting CA (SSL_CERT_FILE), waits for /healthz
 #
 # The caller sets `set -euo pipefail`, $repo, $ready_timeout (seconds) and its EXIT trap.
 
@@ -348,4 +353,38 @@ cp_start_scheduler() { # cp_start_scheduler CONFIG EXTRA_ARGS... (e.g. --v=2)
   pids+=($!)
   wait_ready kube-scheduler "$!" "$logs/kube-scheduler.log" \
     curl -fsSk "https://127.0.0.1:$sched_port/readyz"
+}
+
+cp_volcano_binaries() {
+  say "building or reusing Volcano's vc-scheduler (hack/e2e/build-volcano.sh)"
+  volcano_dir="$(bash "$repo/hack/e2e/build-volcano.sh" 2> >(tee "$logs/build-volcano.log" >&2) | tail -n1)" ||
+    die "building vc-scheduler failed (hack/e2e/build-volcano.sh; log: $logs/build-volcano.log)"
+  [[ -x "$volcano_dir/bin/vc-scheduler" ]] || die "hack/e2e/build-volcano.sh did not produce $volcano_dir/bin/vc-scheduler"
+  volcano_version="$("$volcano_dir/bin/vc-scheduler" --version 2>/dev/null | awk '/^Version:/ {print $2}')"
+  say "Volcano vc-scheduler ${volcano_version}"
+}
+
+# Server-side apply: Volcano's CRDs carry large OpenAPI schemas (no last-applied annotation).
+cp_install_volcano_crds() {
+  "${kubectl[@]}" apply --server-side -f "$volcano_dir/crd" >"$logs/kubectl-volcano.log" 2>&1 ||
+    { cat "$logs/kubectl-volcano.log" >&2; die "installing Volcano's CRDs failed"; }
+  "${kubectl[@]}" wait --for condition=Established --timeout=60s -f "$volcano_dir/crd" \
+    >>"$logs/kubectl-volcano.log" 2>&1 ||
+    { cat "$logs/kubectl-volcano.log" >&2; die "Volcano's CRDs were not Established within 60s"; }
+  say "Volcano CRDs installed ($(cd "$volcano_dir/crd" && echo *.yaml))"
+}
+
+# vc-scheduler's extender plugin calls with Go's default HTTP client, which trusts the
+# system roots only: SSL_CERT_FILE=CA makes it trust gpu-admission's serving CA (and
+# nothing else: vc-scheduler's own API client takes its CA from the kubeconfig).
+cp_start_volcano() { # cp_start_volcano CONF CA EXTRA_ARGS...
+  free_port volcano_healthz_port
+  SSL_CERT_FILE="$2" "$volcano_dir/bin/vc-scheduler" --kubeconfig="$kubeconfig" \
+    --scheduler-conf="$1" --leader-elect=false \
+    --enable-healthz --healthz-address="127.0.0.1:$volcano_healthz_port" \
+    --cache-dump-dir="$work" \
+    "${@:3}" >"$logs/vc-scheduler.log" 2>&1 &
+  pids+=($!)
+  wait_ready vc-scheduler "$!" "$logs/vc-scheduler.log" \
+    curl -fsS "http://127.0.0.1:$volcano_healthz_port/healthz"
 }

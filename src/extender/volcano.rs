@@ -1,11 +1,21 @@
 //! Volcano's extender plugin predicate (`POST /scheduler/vpredicates`): feasibility of
 //! one (task, node) pair. Volcano calls it for many nodes in parallel and binds by
 //! itself, so this writes nothing.
+//!
+//! Volcano places every task of a session (a whole gang at once) before it binds any:
+//! until the bindings come back through the watch, gpu-admission's cache does not know
+//! them. So the tasks Volcano says hold the node (`node.Tasks`: this session's
+//! allocations included) and the cache does not have there are charged on a copy of the
+//! node before the fit. They can only take GPUs away, never add any: what the caller
+//! sends can make the answer stricter, not looser.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
+use serde_json::value::RawValue;
 
-use crate::cache::ClusterCache;
+use crate::cache::{ClusterCache, pod_key};
 use crate::config::Config;
 use crate::placement::models::pool_admits;
 use crate::placement::{GpuRequest, fit};
@@ -25,12 +35,25 @@ const ERROR: i32 = 1;
 const UNSCHEDULABLE: i32 = 2;
 const UNRESOLVABLE: i32 = 3;
 
-/// The pod and node name of a predicate request (`{"task": TaskInfo, "node": NodeInfo}`).
-/// The node object Volcano sends along is not read: the cluster's view of the node
-/// decides, never the caller's.
+/// Volcano's `TaskStatus` bits of the tasks that hold their node's resources:
+/// Allocated (placed in this session, not bound yet), Binding, Bound, Running and
+/// Releasing; not Pending, Pipelined (waiting for others to leave), Succeeded, Failed
+/// or Unknown.
+const HOLDING: u32 = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6);
+
+/// Most tasks one request may list on its node (a kubelet runs at most a few hundred
+/// pods).
+pub const MAX_NODE_TASKS: usize = 10_000;
+
+/// The pod, node name and the pods of the node's holding tasks of a predicate request
+/// (`{"task": TaskInfo, "node": NodeInfo}`, Go field names). The rest of the node
+/// object Volcano sends along is not read: the cluster's view of the node decides; its
+/// task list only adds what the cluster does not show yet.
 pub struct PredicateArgs {
     pub pod: Pod,
     pub node_name: String,
+    /// The pods of `node.Tasks` whose status holds the node ([`HOLDING`]).
+    pub node_pods: Vec<Pod>,
 }
 
 impl PredicateArgs {
@@ -39,10 +62,41 @@ impl PredicateArgs {
             .map_err(|e| e.replace("a JSON object", "a JSON object with task and node"))?;
         let [pod] = object_parts("task", task.ok_or("request has no task")?.get(), ["Pod"])?;
         let pod = wire::pod::decode("task.Pod", pod.ok_or("task has no Pod")?.get())?;
-        let [name] = object_parts("node", node.ok_or("request has no node")?.get(), ["Name"])?;
+        let node = node.ok_or("request has no node")?.get();
+        let [name, tasks] = object_parts("node", node, ["Name", "Tasks"])?;
         let node_name = decode_raw("node.Name", name.ok_or("node has no Name")?.get())?;
-        Ok(PredicateArgs { pod, node_name })
+        let node_pods = tasks.map_or(Ok(Vec::new()), holding_pods)?;
+        Ok(PredicateArgs {
+            pod,
+            node_name,
+            node_pods,
+        })
     }
+}
+
+/// The pods of the tasks in `node.Tasks` (a map from task id to TaskInfo) that hold
+/// the node.
+fn holding_pods(tasks: &RawValue) -> Result<Vec<Pod>, String> {
+    let tasks: BTreeMap<String, &RawValue> = decode_raw("node.Tasks", tasks.get())?;
+    if tasks.len() > MAX_NODE_TASKS {
+        return Err(format!(
+            "node.Tasks lists more than {MAX_NODE_TASKS} tasks; refusing to decode it"
+        ));
+    }
+    let mut pods = Vec::new();
+    for (id, task) in tasks {
+        let what = format!("node.Tasks[{id:?}]");
+        let [status, pod] = object_parts(&what, task.get(), ["Status", "Pod"])?;
+        let status: u32 =
+            status.map_or(Ok(0), |s| decode_raw(&format!("{what}.Status"), s.get()))?;
+        if status & HOLDING == 0 {
+            continue;
+        }
+        if let Some(pod) = pod {
+            pods.push(wire::pod::decode(&format!("{what}.Pod"), pod.get())?);
+        }
+    }
+    Ok(pods)
 }
 
 pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> PredicateResponse {
@@ -53,15 +107,43 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
         Err(error) => return respond(ERROR, error.to_string()),
     };
     let namespace = args.pod.metadata.namespace.as_deref().unwrap_or("default");
+    // What the node's holding tasks ask for (a request gpu-admission cannot read is
+    // charged nowhere, as the cache does with such a pod).
+    let own = pod_key(&args.pod);
+    let holding: Vec<_> = args
+        .node_pods
+        .iter()
+        .filter_map(|pod| {
+            let request = GpuRequest::from_pod(pod, &projection.names).ok()??;
+            Some((pod_key(pod), request))
+        })
+        .filter(|(key, _)| *key != own)
+        .collect();
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
         let wanted = limits.wanted_models(&args.pod, config);
-        let Some(node) = state.node(&args.node_name) else {
+        let Some(cached) = state.node(&args.node_name) else {
             return respond(
                 UNSCHEDULABLE,
                 format!("node {} is not in gpu-admission's cache", args.node_name),
             );
         };
+        // Charge, on a copy, the holding tasks the cache does not have on this node
+        // (placed by Volcano but not bound, or bound but not seen yet), where gpu-manager
+        // would put them, as the cache charges a pod without GPU indices.
+        let unseen = holding.iter().filter(|(key, _)| {
+            let here =
+                |pod: &crate::cache::CachedPod| pod.node.as_deref() == Some(&*args.node_name);
+            !state.pod(key).is_some_and(here)
+        });
+        let mut copy = None;
+        for (_, request) in unseen {
+            let node = copy.get_or_insert_with(|| cached.clone());
+            if let Ok(assignment) = fit(node, request) {
+                assignment.charge(node);
+            }
+        }
+        let node = copy.as_ref().unwrap_or(cached);
         let verdict = wanted
             .admits(node)
             .and_then(|()| pool_admits(&limits.pools, node))
@@ -76,4 +158,153 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
 
 fn respond(code: i32, status: String) -> PredicateResponse {
     PredicateResponse { status, code }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::cache::{CachedPod, Projection};
+    use crate::placement::testing::node;
+
+    /// A pod as Volcano's TaskInfo carries it: `core` vcuda-core and 4 vcuda-memory.
+    fn pod(name: &str, core: u32, node_name: Option<&str>) -> Value {
+        json!({
+            "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}")},
+            "spec": {
+                "nodeName": node_name,
+                "containers": [{"name": "c", "resources": {"limits": {
+                    "tencent.com/vcuda-core": core.to_string(),
+                    "tencent.com/vcuda-memory": "4",
+                }}}],
+            },
+        })
+    }
+
+    /// A TaskInfo as Volcano marshals it (the fields around `Pod` abridged).
+    fn task(pod: &Value, status: u32) -> Value {
+        json!({
+            "UID": pod["metadata"]["uid"], "Name": pod["metadata"]["name"],
+            "Namespace": "team", "Status": status, "Pod": pod,
+            "Resreq": {"MilliCPU": 0, "ScalarResources": {"tencent.com/vcuda-core": 60000}},
+        })
+    }
+
+    /// `{"task": ..., "node": ...}` for `pod` on node `n`, whose `Tasks` are `tasks`.
+    fn request(pod: &Value, tasks: &[Value]) -> Vec<u8> {
+        let tasks: serde_json::Map<String, Value> = tasks
+            .iter()
+            .map(|t| (format!("team/{}", t["Name"].as_str().unwrap()), t.clone()))
+            .collect();
+        let node = json!({"Name": "n", "Node": {"metadata": {"name": "n"}}, "Tasks": tasks});
+        serde_json::to_vec(&json!({"task": task(pod, 1), "node": node})).unwrap()
+    }
+
+    /// A cache holding node `n` (two GPUs of 16 vcuda-memory) and `bound` pods on it.
+    fn cache_with(bound: &[Value]) -> (ClusterCache, Config) {
+        let config = Config::default();
+        let projection = Projection::from_config(&config);
+        let cache = ClusterCache::in_memory(projection.clone());
+        cache.with_state(|state| {
+            state.apply_node(node("n", 2, 16));
+            for pod in bound {
+                let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
+                let cached = CachedPod::from_pod(&pod, &projection).unwrap();
+                state.apply_pod(pod_key(&pod), cached);
+            }
+        });
+        (cache, config)
+    }
+
+    fn judge(cache: &ClusterCache, config: &Config, body: &[u8]) -> PredicateResponse {
+        predicate(cache, config, PredicateArgs::from_json(body).unwrap())
+    }
+
+    #[test]
+    fn reads_the_pods_of_the_tasks_that_hold_the_node() {
+        let statuses = [
+            ("pending", 1),
+            ("allocated", 2),
+            ("pipelined", 4),
+            ("binding", 8),
+            ("bound", 16),
+            ("running", 32),
+            ("releasing", 64),
+            ("succeeded", 128),
+        ];
+        let tasks: Vec<Value> = statuses
+            .iter()
+            .map(|&(name, status)| task(&pod(name, 10, Some("n")), status))
+            .collect();
+        let args = PredicateArgs::from_json(&request(&pod("p", 60, None), &tasks)).unwrap();
+        let mut names: Vec<_> = args
+            .node_pods
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["allocated", "binding", "bound", "releasing", "running"]
+        );
+
+        for node in [json!({"Name": "n"}), json!({"Name": "n", "Tasks": null})] {
+            let body = json!({"task": {"Pod": pod("p", 60, None)}, "node": node});
+            let args = PredicateArgs::from_json(body.to_string().as_bytes()).unwrap();
+            assert!(args.node_pods.is_empty());
+        }
+        let body = json!({"task": {"Pod": pod("p", 60, None)}, "node": {"Name": "n", "Tasks": []}});
+        let error = PredicateArgs::from_json(body.to_string().as_bytes())
+            .err()
+            .unwrap();
+        assert!(error.contains("node.Tasks"), "{error}");
+    }
+
+    /// A gang of three 60% tasks: Volcano's own accounting lets all three onto a
+    /// two-GPU node (180 of 200 vcuda-core), and none is bound while it places them.
+    #[test]
+    fn tasks_volcano_placed_in_this_session_take_their_gpus() {
+        let (cache, config) = cache_with(&[]);
+        let (a, b, c) = (pod("a", 60, None), pod("b", 60, None), pod("c", 60, None));
+        assert_eq!(judge(&cache, &config, &request(&a, &[])).code, SUCCESS);
+        let one = [task(&a, 2)];
+        assert_eq!(judge(&cache, &config, &request(&b, &one)).code, SUCCESS);
+        let two = [task(&a, 2), task(&b, 2)];
+        assert_eq!(
+            judge(&cache, &config, &request(&c, &two)),
+            PredicateResponse {
+                status: "no single GPU has 60 free vcuda-core (largest free: 40)".into(),
+                code: UNSCHEDULABLE,
+            }
+        );
+        // Tasks that do not hold the node (pipelined, pending) take nothing.
+        let waiting = [task(&a, 4), task(&b, 1)];
+        assert_eq!(judge(&cache, &config, &request(&c, &waiting)).code, SUCCESS);
+        // Nor does the task being judged, were it listed.
+        let itself = [task(&a, 2), task(&c, 2)];
+        assert_eq!(judge(&cache, &config, &request(&c, &itself)).code, SUCCESS);
+        // The cache is not written.
+        assert!(cache.with_state(|s| s.pod("team/a").is_none()));
+    }
+
+    #[test]
+    fn a_task_the_cache_already_charges_on_the_node_is_not_charged_again() {
+        let bound = pod("a", 60, Some("n"));
+        let (cache, config) = cache_with(std::slice::from_ref(&bound));
+        let c = pod("c", 60, None);
+        assert_eq!(
+            judge(&cache, &config, &request(&c, &[task(&bound, 16)])).code,
+            SUCCESS,
+            "one 60% pod leaves a GPU free"
+        );
+        let b = pod("b", 60, None);
+        let two = [task(&bound, 16), task(&b, 2)];
+        assert_eq!(
+            judge(&cache, &config, &request(&c, &two)).code,
+            UNSCHEDULABLE
+        );
+    }
 }

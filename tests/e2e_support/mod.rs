@@ -7,6 +7,7 @@
 pub mod devices;
 pub mod https;
 pub mod shapes;
+pub mod volcano;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;

@@ -100,19 +100,36 @@ pub async fn validate_route(
             Reviewed::Other => return reply("allow", review.allow()),
         };
         let dry_run = review.request.dry_run.unwrap_or(false);
-        match validate(&state.cache, &state.config, &namespace, &pod, dry_run).await {
-            Ok(Verdict::Allow) => reply("allow", review.allow()),
-            Ok(Verdict::Deny(message)) => {
-                tracing::info!(namespace, pod = pod.metadata.name.as_deref().unwrap_or_default(), %message, "denied");
-                reply("deny", review.deny(&message))
-            }
-            Err(error) => {
-                tracing::error!(namespace, %error, "cannot judge pod");
-                (error.kind(), (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response())
-            }
-        }
+        let verdict = validate(&state.cache, &state.config, &namespace, &pod, dry_run).await;
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        judged(&review, "pod", &namespace, name, verdict)
     })
     .await
+}
+
+/// The answer to a validating review: allowed, denied (logged with the object), or our
+/// own failure as a 5xx (the API server's failure policy decides).
+fn judged(
+    review: &Review,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    verdict: Result<Verdict, crate::admission::validate::ValidateError>,
+) -> (&'static str, Response) {
+    match verdict {
+        Ok(Verdict::Allow) => reply("allow", review.allow()),
+        Ok(Verdict::Deny(message)) => {
+            tracing::info!(kind, namespace, name, %message, "denied");
+            reply("deny", review.deny(&message))
+        }
+        Err(error) => {
+            tracing::error!(kind, namespace, %error, "cannot judge");
+            (
+                error.kind(),
+                (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+            )
+        }
+    }
 }
 
 pub async fn mutate_route(
@@ -188,23 +205,22 @@ pub async fn validate_claim_route(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    answer(&state, &VALIDATE_CLAIM, &headers, body, async |(review, claim)| {
-        let Some((namespace, claim)) = claim else {
-            return reply("allow", review.allow());
-        };
-        let dry_run = review.request.dry_run.unwrap_or(false);
-        match validate_claim(&state.cache, &state.config, &namespace, &claim, dry_run).await {
-            Ok(Verdict::Allow) => reply("allow", review.allow()),
-            Ok(Verdict::Deny(message)) => {
-                tracing::info!(namespace, claim = claim.metadata.name.as_deref().unwrap_or_default(), %message, "denied");
-                reply("deny", review.deny(&message))
-            }
-            Err(error) => {
-                tracing::error!(namespace, %error, "cannot judge claim");
-                (error.kind(), (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response())
-            }
-        }
-    })
+    answer(
+        &state,
+        &VALIDATE_CLAIM,
+        &headers,
+        body,
+        async |(review, claim)| {
+            let Some((namespace, claim)) = claim else {
+                return reply("allow", review.allow());
+            };
+            let dry_run = review.request.dry_run.unwrap_or(false);
+            let verdict =
+                validate_claim(&state.cache, &state.config, &namespace, &claim, dry_run).await;
+            let name = claim.metadata.name.as_deref().unwrap_or_default();
+            judged(&review, "claim", &namespace, name, verdict)
+        },
+    )
     .await
 }
 

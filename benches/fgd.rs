@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpu_admission::placement::{
-    ContainerGpu, GpuDemand, GpuRequest, GpuShape, GpuUse, HostRoom, NodeGpus, Placer, Policy,
-    TaskMix, TaskShape, fit, place,
+    GpuDemand, GpuRequest, GpuShape, GpuUse, HostRoom, NodeGpus, Placer, Policy, TaskMix,
+    TaskShape, fit, place,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -105,14 +105,7 @@ fn mix40() -> TaskMix {
 }
 
 fn request(demand: GpuDemand) -> GpuRequest {
-    GpuRequest {
-        containers: vec![ContainerGpu {
-            container: 0,
-            demand,
-        }],
-        init: None,
-        mig: Vec::new(),
-    }
+    GpuRequest::one(demand)
 }
 
 /// What `place()` cost before growth was computed from the touched GPUs only: per

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::placement::mig::{self, MigResources};
-use crate::placement::{ContainerGpu, GpuDemand, GpuRequest, MigDemand};
+use crate::placement::{GpuDemand, GpuRequest, MigDemand};
 use crate::quota::ledger::{ModelAmounts, charge_on};
 
 pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
@@ -269,13 +269,7 @@ pub fn devices(profile: Option<&str>, count: u32) -> GpuRequest {
             }],
             ..Default::default()
         },
-        None => GpuRequest {
-            containers: vec![ContainerGpu {
-                container: 0,
-                demand: GpuDemand::Whole { gpus: count },
-            }],
-            ..Default::default()
-        },
+        None => GpuRequest::one(GpuDemand::Whole { gpus: count }),
     }
 }
 

@@ -688,7 +688,6 @@ impl RequestMix {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::placement::request::ContainerGpu;
     use crate::placement::testing::{node, with_used};
 
     const HALF: GpuShape = GpuShape::Share {
@@ -974,14 +973,7 @@ mod tests {
     #[test]
     fn request_mix_learns_from_requests_across_threads() {
         let learnt = RequestMix::new();
-        let whole = GpuRequest {
-            containers: vec![ContainerGpu {
-                container: 0,
-                demand: GpuDemand::Whole { gpus: 1 },
-            }],
-            init: None,
-            mig: Vec::new(),
-        };
+        let whole = GpuRequest::one(GpuDemand::Whole { gpus: 1 });
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {

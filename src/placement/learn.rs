@@ -69,22 +69,15 @@ impl LearningPlacer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::placement::{ContainerGpu, GpuDemand};
+    use crate::placement::GpuDemand;
 
     #[test]
     fn fgd_learns_the_mix_from_what_it_places() {
         let placer = LearningPlacer::new(Policy::Fgd, true);
-        let share = GpuRequest {
-            containers: vec![ContainerGpu {
-                container: 0,
-                demand: GpuDemand::Share {
-                    core: 50,
-                    memory: 2,
-                },
-            }],
-            init: None,
-            mig: Vec::new(),
-        };
+        let share = GpuRequest::one(GpuDemand::Share {
+            core: 50,
+            memory: 2,
+        });
         assert!(placer.placer().mix.is_empty());
         placer.observe(&share);
         assert!(placer.placer().mix.len() == 1);

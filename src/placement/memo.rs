@@ -212,18 +212,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::placement::fragment::{GpuShape, TaskShape};
-    use crate::placement::request::{ContainerGpu, GpuDemand};
+    use crate::placement::request::GpuDemand;
     use crate::placement::testing::{node, with_used};
 
     fn request(demand: GpuDemand) -> GpuRequest {
-        GpuRequest {
-            containers: vec![ContainerGpu {
-                container: 0,
-                demand,
-            }],
-            init: None,
-            mig: Vec::new(),
-        }
+        GpuRequest::one(demand)
     }
 
     fn mix() -> Arc<TaskMix> {

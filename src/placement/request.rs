@@ -117,6 +117,17 @@ pub enum RequestError {
 const MAX_GPUS_PER_CONTAINER: u64 = 1024;
 
 impl GpuRequest {
+    /// A pod of one GPU container (index 0) asking for `demand`.
+    pub fn one(demand: GpuDemand) -> Self {
+        GpuRequest {
+            containers: vec![ContainerGpu {
+                container: 0,
+                demand,
+            }],
+            ..Default::default()
+        }
+    }
+
     /// Read the pod's GPU request. `Ok(None)` for a pod that asks for no GPU at all.
     pub fn from_pod(pod: &Pod, names: &ResourceNames) -> Result<Option<Self>, RequestError> {
         let Some(spec) = pod.spec.as_ref() else {

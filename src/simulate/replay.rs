@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::placement::fit::Misfit;
 use crate::placement::fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
-use crate::placement::request::{CORE_PER_GPU, ContainerGpu, GpuDemand, GpuRequest};
+use crate::placement::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
 use crate::placement::{Candidate, GpuUse, NodeGpus, Placer, place_with_host};
 
 use super::trace::{NodeRow, PodRow};
@@ -70,17 +70,7 @@ fn gpu_request(row: &PodRow) -> GpuRequest {
         }
         gpus => Some(GpuDemand::Whole { gpus }),
     };
-    GpuRequest {
-        containers: demand
-            .map(|demand| ContainerGpu {
-                container: 0,
-                demand,
-            })
-            .into_iter()
-            .collect(),
-        init: None,
-        mig: Vec::new(),
-    }
+    demand.map(GpuRequest::one).unwrap_or_default()
 }
 
 /// A node during the run: its GPUs and its free CPU and memory.

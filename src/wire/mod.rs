@@ -236,30 +236,7 @@ mod tests {
 
     /// Every value counted, with no shortcut: what `check_budget` must agree with.
     fn reference_within_budget(raw: &[u8], max: usize) -> bool {
-        let mut values = 1usize;
-        let (mut in_string, mut escaped) = (false, false);
-        for &byte in raw {
-            if in_string {
-                match (escaped, byte) {
-                    (true, _) => escaped = false,
-                    (false, b'\\') => escaped = true,
-                    (false, b'"') => in_string = false,
-                    _ => {}
-                }
-                continue;
-            }
-            match byte {
-                b'"' => in_string = true,
-                b'[' | b'{' | b',' => {
-                    values += 1;
-                    if values > max {
-                        return false;
-                    }
-                }
-                _ => {}
-            }
-        }
-        true
+        count_values(raw, max) <= max
     }
 
     #[test]

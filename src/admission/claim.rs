@@ -12,9 +12,9 @@ use crate::dra::{ClaimAsks, Dra, ResourceClaim};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
 use crate::quota::ledger::{AdmitRules, Costs, Denial, admit};
-use crate::quota::reserve::{self, Reserved};
+use crate::quota::reserve;
 
-use super::validate::{ValidateError, Verdict};
+use super::validate::{ValidateError, Verdict, created_or_now, offline_views, reserved};
 
 /// Judge the creation of `claim` in `namespace`. `dry_run` evaluates without charging.
 pub async fn validate_claim(
@@ -24,53 +24,35 @@ pub async fn validate_claim(
     claim: &ResourceClaim,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
-    let asks = ClaimAsks::of(claim, &config.dra);
-    if asks.is_empty() {
+    // What joins the cluster (offline) is what is judged: the claim's GPU requests.
+    let joining = CachedClaim::from_claim(claim, &config.dra);
+    let Some(joining) = joining.filter(|c| !c.asks.is_empty()) else {
         return Ok(Verdict::Allow);
-    }
+    };
     let limits = cache.with_state(|s| s.namespace_limits(namespace).clone());
-    let (wanted, costs) = match charged(config, namespace, &limits, &asks) {
+    let (wanted, costs) = match charged(config, namespace, &limits, &joining.asks) {
         Ok(Some(charged)) => charged,
         Ok(None) => return Ok(Verdict::Allow),
         Err(message) => return Ok(Verdict::Deny(message)),
     };
-    let rules = AdmitRules {
-        untyped: config.untyped_pods,
-        quota_required: config.quota_required,
-    };
-    let created = match claim.metadata.creation_timestamp.as_ref() {
-        Some(time) => time.0.as_second(),
-        None => crate::quota::pending::now_second(),
+    let ask = reserve::Ask {
+        wanted,
+        costs,
+        rules: AdmitRules::of(config),
+        created: created_or_now(&claim.metadata),
+        dry_run,
     };
     if let Some(ledger) = cache.ledger() {
-        let ask = reserve::Ask {
-            wanted,
-            costs,
-            rules,
-            created,
-            dry_run,
-        };
-        return Ok(match ledger.reserve(cache, namespace, ask).await? {
-            Reserved::Yes => Verdict::Allow,
-            Reserved::Denied(denial) => Verdict::Deny(denial.to_string()),
-        });
+        return reserved(ledger, cache, namespace, ask).await;
     }
     // Offline: decide and join the cluster under one lock.
-    let joining = (!dry_run)
-        .then(|| CachedClaim::from_claim(claim, &config.dra))
-        .flatten();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     cache.with_state(|state| {
-        let views = state
-            .quota_views(namespace)
-            .map_err(|reason| ValidateError::BadQuota {
-                namespace: namespace.to_string(),
-                reason,
-            })?;
-        match admit(namespace, &views, &wanted, &costs, rules) {
+        let views = offline_views(state, namespace)?;
+        match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {
             Err(denial) => Ok(Verdict::Deny(denial.to_string())),
             Ok(_) => {
-                if let Some(joining) = joining {
+                if !dry_run {
                     state.apply_claim(claim_key(namespace, name), joining);
                 }
                 Ok(Verdict::Allow)

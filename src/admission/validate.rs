@@ -3,15 +3,17 @@
 //! mode the reservation is written to `GPUQuota.status` with optimistic concurrency.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::cache::pod::created_second;
 use crate::cache::{CachedPod, ClusterCache, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Charge, Costs, Denial, Route, admit, models_for_route};
+use crate::quota::ledger::{
+    AdmitRules, Charge, Costs, Denial, QuotaView, Route, admit, models_for_route,
+};
 use crate::quota::reserve::{self, Reserved};
 
 /// What the webhook answers.
@@ -52,10 +54,7 @@ pub async fn validate(
         Ok(None) => return Ok(Verdict::Allow),
         Err(error) => return Ok(Verdict::Deny(format!("invalid GPU request: {error}"))),
     };
-    let rules = AdmitRules {
-        untyped: config.untyped_pods,
-        quota_required: config.quota_required,
-    };
+    let rules = AdmitRules::of(config);
     let mig = &cache.projection().names.mig;
     match cache.ledger() {
         None => Ok(offline(
@@ -74,24 +73,48 @@ pub async fn validate(
                 costs: Costs::of(&request, &wanted.models, mig),
                 wanted,
                 rules,
-                created: created_or_now(pod),
+                created: created_or_now(&pod.metadata),
                 dry_run,
             };
-            match ledger.reserve(cache, namespace, ask).await? {
-                Reserved::Yes => Ok(Verdict::Allow),
-                Reserved::Denied(denial) => Ok(Verdict::Deny(denial.to_string())),
-            }
+            reserved(ledger, cache, namespace, ask).await
         }
     }
 }
 
-/// The second the pod was created in: the API server stamps `creationTimestamp` before
-/// validating admission runs. Should it be missing, now is the best guess (the charge
-/// then only waits for its total to expire instead of for the pod).
-fn created_or_now(pod: &Pod) -> i64 {
-    match created_second(pod) {
-        0 => crate::quota::pending::now_second(),
-        second => second,
+/// API mode: decide and write `ask` in the GPUQuota ledger.
+pub(super) async fn reserved(
+    ledger: &std::sync::Arc<reserve::Ledger>,
+    cache: &ClusterCache,
+    namespace: &str,
+    ask: reserve::Ask,
+) -> Result<Verdict, ValidateError> {
+    Ok(match ledger.reserve(cache, namespace, ask).await? {
+        Reserved::Yes => Verdict::Allow,
+        Reserved::Denied(denial) => Verdict::Deny(denial.to_string()),
+    })
+}
+
+/// Offline: the namespace's quotas with their usage counted from the cluster in memory.
+pub(super) fn offline_views(
+    state: &ClusterState,
+    namespace: &str,
+) -> Result<Vec<QuotaView>, ValidateError> {
+    state
+        .quota_views(namespace)
+        .map_err(|reason| ValidateError::BadQuota {
+            namespace: namespace.to_string(),
+            reason,
+        })
+}
+
+/// The second the object (pod or claim) was created in: the API server stamps
+/// `creationTimestamp` before validating admission runs. Should it be missing, now is
+/// the best guess (the charge then only waits for its total to expire instead of for
+/// the object).
+pub(super) fn created_or_now(meta: &ObjectMeta) -> i64 {
+    match meta.creation_timestamp.as_ref() {
+        Some(time) => time.0.as_second(),
+        None => crate::quota::pending::now_second(),
     }
 }
 
@@ -111,12 +134,7 @@ fn offline(
         false => CachedPod::from_pod(pod, cache.projection()).ok(),
     };
     cache.with_state(|state| {
-        let views = state
-            .quota_views(namespace)
-            .map_err(|reason| ValidateError::BadQuota {
-                namespace: namespace.to_string(),
-                reason,
-            })?;
+        let views = offline_views(state, namespace)?;
         let limits = state.namespace_limits(namespace);
         let mig = &cache.projection().names.mig;
         let decision =

@@ -360,10 +360,7 @@ pub(super) async fn charge_ledger(
             charge.node_model.clone().unwrap_or_default(),
             charge.charge.clone(),
         ),
-        rules: AdmitRules {
-            untyped: config.untyped_pods,
-            quota_required: config.quota_required,
-        },
+        rules: AdmitRules::of(config),
         created: charge.created,
         dry_run: false,
     };

@@ -321,6 +321,15 @@ pub struct AdmitRules {
     pub quota_required: bool,
 }
 
+impl AdmitRules {
+    pub fn of(config: &crate::config::Config) -> Self {
+        AdmitRules {
+            untyped: config.untyped_pods,
+            quota_required: config.quota_required,
+        }
+    }
+}
+
 /// Decide how a GPU pod in `namespace` is charged, given the namespace's quotas with
 /// their current usage. Every quota that lists a model limits it; a model no quota
 /// lists is not allowed once the namespace has a quota.

@@ -613,19 +613,30 @@ impl ClusterState {
     /// Keep what a leaving pod that was created recently was charged: until its pending
     /// total is settled it must still count as seen, or its charge would count again.
     fn remember_departure(&mut self, namespace: &str, key: &str) {
+        let created = self.pods.get(key).map_or(0, |p| p.created);
+        self.remember_departed(namespace, created, |state| {
+            state.ledger_charge(namespace, state.pods.get(key)?)
+        });
+    }
+
+    /// Keep `charge` (what a leaving pod or claim created at `created` was counted with)
+    /// while its pending total may still be settled; forget the older ones.
+    fn remember_departed(
+        &mut self,
+        namespace: &str,
+        created: i64,
+        charge: impl FnOnce(&Self) -> Option<ModelAmounts>,
+    ) {
         let horizon = crate::quota::pending::now_second()
             - crate::quota::pending::PENDING_TTL.as_secs() as i64;
         self.departed.retain(|d| d.created >= horizon);
-        let Some(pod) = self.pods.get(key).filter(|p| p.created >= horizon) else {
-            return;
-        };
-        if !self.namespace_limits(namespace).has_quota {
+        if created < horizon || !self.namespace_limits(namespace).has_quota {
             return;
         }
-        if let Some(charge) = self.ledger_charge(namespace, pod) {
+        if let Some(charge) = charge(self) {
             self.departed.push(Departed {
                 namespace: namespace.into(),
-                created: pod.created,
+                created,
                 charge,
             });
         }

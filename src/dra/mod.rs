@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 use crate::placement::mig::{self, MigResources};
 use crate::placement::{GpuDemand, GpuRequest, MigDemand};
-use crate::quota::ledger::{ModelAmounts, charge_on};
+use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
 
 pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
 
@@ -202,7 +202,7 @@ impl ClaimAsks {
     pub fn charge(&self, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
         let mut total = ModelAmounts::new();
         for ask in &self.exact {
-            add(&mut total, &ask_charge(ask, default, mig));
+            add_charge(&mut total, &ask_charge(ask, default, mig));
         }
         for group in &self.alternatives {
             let mut largest = ModelAmounts::new();
@@ -212,16 +212,9 @@ impl ClaimAsks {
                     entry.0 = entry.0.max(amount.0);
                 }
             }
-            add(&mut total, &largest);
+            add_charge(&mut total, &largest);
         }
         total
-    }
-}
-
-fn add(total: &mut ModelAmounts, charge: &ModelAmounts) {
-    for (key, amount) in charge {
-        let entry = total.entry(key.clone()).or_default();
-        entry.0 = entry.0.saturating_add(amount.0);
     }
 }
 

@@ -52,6 +52,14 @@ pub fn charge_on(request: &GpuRequest, label: &str, mig: &MigResources) -> Model
     charge
 }
 
+/// Add `charge` to `total`, key by key.
+pub fn add_charge(total: &mut ModelAmounts, charge: &ModelAmounts) {
+    for (key, amount) in charge {
+        let entry = total.entry(key.clone()).or_default();
+        entry.0 = entry.0.saturating_add(amount.0);
+    }
+}
+
 /// What a pod would be charged on each model (node label) it accepts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Costs(Vec<(String, ModelAmounts)>);

@@ -89,3 +89,34 @@ fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
     state.delete_claim(&key);
     assert_eq!(state.usage("team-a"), Default::default());
 }
+
+#[test]
+fn a_namespace_sees_only_its_own_claims_created_since() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    let typed = |namespace: &str| -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": namespace, "uid": namespace,
+                "creationTimestamp": "2026-11-24T00:00:10Z"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression":
+                    "device.attributes[\"gpu.nvidia.com\"].productName == \"Tesla T4\""}}]}}]}}
+        }))
+        .unwrap()
+    };
+    // "team-a/" sorts before "team/", "team0/" after it: neighbours of the range.
+    for namespace in ["team-a", "team", "team0"] {
+        let claim = CachedClaim::from_claim(&typed(namespace), &dra).unwrap();
+        state.apply_claim(claim_key(namespace, "c"), claim);
+    }
+    let created = CachedClaim::from_claim(&typed("team"), &dra)
+        .unwrap()
+        .created;
+    let seen = state.seen_charges("team", created);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen.get(&(created, "Tesla-T4".to_string())),
+        Some(&Milli(1000))
+    );
+    assert!(state.seen_charges("team", created + 1).is_empty());
+}

@@ -3,14 +3,16 @@
 //! claim is charged once however many pods share it: pods are charged for their
 //! containers' GPU resources only.
 
+use std::collections::HashSet;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::dra::slices::{GpuDevice, SliceDevices};
 use crate::dra::{self, ClaimAsks, Dra, ResourceClaim};
-use crate::quota::ledger::{ModelAmounts, charge_on};
+use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
 
 use super::super::pod::PodKey;
-use super::{ClusterState, Departed, namespace_of};
+use super::{ClusterState, namespace_of};
 
 /// A claim as quota sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,24 +64,18 @@ impl ClusterState {
         let Some(claim) = self.claims.remove(key) else {
             return;
         };
-        let horizon = crate::quota::pending::now_second()
-            - crate::quota::pending::PENDING_TTL.as_secs() as i64;
-        if claim.created >= horizon && self.namespace_limits(namespace).has_quota {
-            let charge = self.claim_charge(namespace, &claim);
-            self.departed.push(Departed {
-                namespace: namespace.into(),
-                created: claim.created,
-                charge,
-            });
-        }
+        self.remember_departed(namespace, claim.created, |state| {
+            Some(state.claim_charge(namespace, &claim))
+        });
         self.ledger.discharge(key, namespace);
     }
 
     pub fn replace_claims(&mut self, claims: Vec<(PodKey, CachedClaim)>) {
+        let listed: HashSet<&PodKey> = claims.iter().map(|(key, _)| key).collect();
         let gone: Vec<PodKey> = self
             .claims
             .keys()
-            .filter(|k| !claims.iter().any(|(key, _)| key == *k))
+            .filter(|k| !listed.contains(k))
             .cloned()
             .collect();
         for key in gone {
@@ -116,14 +112,17 @@ impl ClusterState {
         self.claims.get(key)
     }
 
-    /// The namespace's claims, with their keys.
+    /// The namespace's claims, with their keys (a range of the ordered keys, which all
+    /// start with `<namespace>/`).
     pub(super) fn namespace_claims<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = (&'a PodKey, &'a CachedClaim)> + 'a {
+        let prefix = format!("{namespace}/");
+        let from = (Bound::Included(prefix.as_str()), Bound::Unbounded);
         self.claims
-            .iter()
-            .filter(move |(key, _)| namespace_of(key) == namespace)
+            .range::<str, _>(from)
+            .take_while(move |(key, _)| key.starts_with(&prefix))
     }
 
     /// What a claim is charged: its allocated devices as the ResourceSlices describe
@@ -141,10 +140,7 @@ impl ClusterState {
                 let mut total = ModelAmounts::new();
                 for device in devices {
                     let one = dra::devices(device.profile.as_deref(), 1);
-                    for (key, amount) in charge_on(&one, &device.label, mig) {
-                        let entry = total.entry(key).or_default();
-                        entry.0 = entry.0.saturating_add(amount.0);
-                    }
+                    add_charge(&mut total, &charge_on(&one, &device.label, mig));
                 }
                 total
             }

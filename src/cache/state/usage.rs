@@ -116,13 +116,9 @@ impl Ledger {
     /// (`None`: nothing).
     pub(super) fn set_charge(&mut self, key: &PodKey, namespace: &str, now: Option<ModelAmounts>) {
         let unchanged = self.charged.get(&**key).is_some_and(|before| {
-            now.as_ref().is_some_and(|now| {
-                now.len() == before.0.len()
-                    && now
-                        .iter()
-                        .zip(&before.0)
-                        .all(|((k, a), (bk, ba))| **bk == **k && a == ba)
-            })
+            let before = before.0.iter().map(|(key, amount)| (&**key, amount));
+            now.as_ref()
+                .is_some_and(|now| before.eq(now.iter().map(|(k, a)| (k.as_str(), a))))
         });
         if unchanged {
             return;

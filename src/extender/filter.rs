@@ -224,6 +224,7 @@ impl Choice<'_> {
             applies: self.quota_applies,
             mig: self.mig,
             views: self.views,
+            by_label: Default::default(),
         };
         candidates.place(self.placer, &pod.request, |node| {
             wanted
@@ -268,14 +269,35 @@ struct PlacementQuota<'a> {
     applies: bool,
     mig: &'a MigResources,
     views: &'a Result<Vec<QuotaView>, String>,
+    /// The answer for each model label asked about in this call: thousands of
+    /// candidates share a handful of labels.
+    by_label: std::cell::RefCell<Vec<LabelRoom>>,
 }
+
+/// Whether the quota has room on nodes of one model label.
+type LabelRoom = (Option<Arc<str>>, Result<(), Misfit>);
 
 impl PlacementQuota<'_> {
     fn room_on(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
         if !self.applies {
             return Ok(());
         }
-        let label = node.model.as_deref().unwrap_or_default();
+        let known = self
+            .by_label
+            .borrow()
+            .iter()
+            .find(|(l, _)| *l == node.model)
+            .map(|(_, r)| r.clone());
+        if let Some(answer) = known {
+            return answer;
+        }
+        let answer = self.room_for(node.model.as_deref().unwrap_or_default(), request);
+        let mut by_label = self.by_label.borrow_mut();
+        by_label.push((node.model.clone(), answer.clone()));
+        answer
+    }
+
+    fn room_for(&self, label: &str, request: &GpuRequest) -> Result<(), Misfit> {
         let full = |model: &str, detail: String| Misfit::QuotaFull {
             model: model.to_string(),
             detail,

@@ -11,6 +11,38 @@
 //! webhook pins with a selector). Once allocated, the devices' own attributes (from the
 //! ResourceSlices) say what the claim holds.
 
+/// `kube::Resource` for a `resource.k8s.io/v1` type of ours that holds only the fields
+/// gpu-admission reads (`metadata` included), so the watches can list and watch it.
+macro_rules! lite_resource {
+    ($type:ty, $kind:literal, $plural:literal, $scope:ident) => {
+        impl kube::Resource for $type {
+            type DynamicType = ();
+            type Scope = kube::core::$scope;
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                "resource.k8s.io".into()
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                "v1".into()
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+use lite_resource;
+
 pub mod slices;
 pub mod wire;
 

@@ -2,7 +2,6 @@
 //! what quota needs: each GPU device's model label (and MIG profile), by the
 //! (driver, pool, device) names an allocation result uses.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -53,28 +52,12 @@ pub struct Attribute {
     pub string: Option<String>,
 }
 
-impl kube::Resource for ResourceSlice {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-    fn kind(_: &()) -> Cow<'_, str> {
-        "ResourceSlice".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "resource.k8s.io".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "resourceslices".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::lite_resource!(
+    ResourceSlice,
+    "ResourceSlice",
+    "resourceslices",
+    ClusterResourceScope
+);
 
 /// A device by the names an allocation result uses: (pool, device).
 pub type DeviceKey = (String, String);

@@ -1,8 +1,6 @@
 //! The parts of `resource.k8s.io/v1` ResourceClaims gpu-admission reads (webhook bodies
 //! and the watch), decoded with bounded lists.
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -155,28 +153,12 @@ impl ResourceClaim {
     }
 }
 
-impl kube::Resource for ResourceClaim {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-    fn kind(_: &()) -> Cow<'_, str> {
-        "ResourceClaim".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "resource.k8s.io".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "resourceclaims".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::lite_resource!(
+    ResourceClaim,
+    "ResourceClaim",
+    "resourceclaims",
+    NamespaceResourceScope
+);
 
 /// A list of at most `N` items: longer ones are refused while decoding.
 pub(crate) fn bounded<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(

@@ -551,6 +551,7 @@ async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
         name: format!("validate-{replica}.gpu-admission.io"),
         url: format!("{server}/validate"),
         object_selector: Some(json!({"matchLabels": {"replica": replica}})),
+        rules: None,
     };
     register_hooks(
         &cluster,
@@ -1807,7 +1808,9 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
             Some("A100-SXM4-80GB"),
         )
         .await;
-    cluster.register_claim_hooks().await;
+    let url = server_url();
+    let (mutating, validating) = (Hook::claims("mutate", &url), Hook::claims("validate", &url));
+    register_hooks(&cluster, vec![mutating], vec![validating]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // A claim naming no model: the default is pinned, and kube-scheduler allocates it
@@ -1890,7 +1893,7 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
         .await
         .unwrap_or_else(|e| panic!("after a claim was deleted, the third fits: {e}"));
 
-    cluster.unregister_claim_hooks().await;
+    unregister_webhooks(&cluster).await;
     let _ = cluster
         .pods()
         .delete("uses-any", &DeleteParams::default())

@@ -1,17 +1,18 @@
 //! Helpers of the device-type scenarios (MIG nodes, DRA claims and slices): nodes with
 //! any capacity and labels, objects of the `resource.k8s.io/v1` API through kube's
-//! dynamic API, and the claim webhooks registered as deploy/ registers them.
+//! dynamic API.
 #![allow(clippy::unwrap_used, dead_code)]
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
-use super::{Cluster, SCENARIO_LABEL, WEBHOOK_LABEL, server_url, serving_ca, shapes};
+use super::{Cluster, SCENARIO_LABEL, shapes};
 
 impl Cluster {
     /// A Ready, untainted node `name` with `labels` and `resources` (capacity =
-    /// allocatable), labelled as this scenario's.
+    /// allocatable, 32 CPUs, 128 GiB and 110 pods unless given), labelled as this
+    /// scenario's.
     pub async fn create_node_with(&self, name: &str, labels: Value, resources: Value) {
         let mut labels = labels;
         labels[SCENARIO_LABEL] = json!(self.scenario);
@@ -23,14 +24,21 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
         let mut resources = resources;
         for (key, value) in [("cpu", "32"), ("memory", "128Gi"), ("pods", "110")] {
-            resources[key] = json!(value);
+            if resources.get(key).is_none() {
+                resources[key] = json!(value);
+            }
         }
-        let status =
-            json!({"status": shapes::ready_node_status(&resources, "e2e test node (no kubelet)")});
+        let status = json!({
+            "status": shapes::ready_node_status(&resources, "e2e test node (no kubelet)"),
+        });
         self.nodes()
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("setting the status of node {name}: {e}"));
+        // The apiserver's TaintNodesByCondition admission plugin gives every new node a
+        // `node.kubernetes.io/not-ready:NoSchedule` taint, which the node lifecycle
+        // controller would lift once the node reports Ready; there is no
+        // controller-manager here, so lift it ourselves.
         self.nodes()
             .patch(
                 name,
@@ -38,7 +46,7 @@ impl Cluster {
                 &Patch::Merge(json!({"spec": {"taints": null}})),
             )
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("removing the taints of node {name}: {e}"));
     }
 
     /// `resource.k8s.io/v1` objects of `kind` (namespaced ones in the scenario's namespace).
@@ -71,62 +79,6 @@ impl Cluster {
         }
         let object: DynamicObject = serde_json::from_value(object).unwrap();
         api.create(&PostParams::default(), &object).await
-    }
-
-    /// Registers gpu-admission's claim webhooks (replica `a`) for this scenario's
-    /// labelled namespace, as deploy/ does: CREATE of resourceclaims, failing closed.
-    pub async fn register_claim_hooks(&self) {
-        use base64::Engine as _;
-        use k8s_openapi::api::admissionregistration::v1::{
-            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-        };
-        let ca = std::fs::read(serving_ca()).unwrap();
-        let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
-        let name = format!("gpu-admission-e2e-{}-claims", self.scenario);
-        let hook = |path: &str| {
-            json!({
-                "name": format!("{path}-claims.gpu-admission.io"),
-                "clientConfig": {"url": format!("{}/{path}/resourceclaims", server_url()), "caBundle": ca_bundle},
-                "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                           "operations": ["CREATE"], "resources": ["resourceclaims"]}],
-                "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: self.scenario}},
-                "failurePolicy": "Fail",
-                "sideEffects": "NoneOnDryRun",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 10,
-            })
-        };
-        self.unregister_claim_hooks().await;
-        let mutating: MutatingWebhookConfiguration = serde_json::from_value(
-            json!({"metadata": {"name": name}, "webhooks": [hook("mutate")]}),
-        )
-        .unwrap();
-        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
-            .create(&PostParams::default(), &mutating)
-            .await
-            .unwrap();
-        let validating: ValidatingWebhookConfiguration = serde_json::from_value(
-            json!({"metadata": {"name": name}, "webhooks": [hook("validate")]}),
-        )
-        .unwrap();
-        Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
-            .create(&PostParams::default(), &validating)
-            .await
-            .unwrap();
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
-
-    pub async fn unregister_claim_hooks(&self) {
-        use k8s_openapi::api::admissionregistration::v1::{
-            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-        };
-        let name = format!("gpu-admission-e2e-{}-claims", self.scenario);
-        let _ = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
-            .delete(&name, &DeleteParams::default())
-            .await;
-        let _ = Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
-            .delete(&name, &DeleteParams::default())
-            .await;
     }
 }
 

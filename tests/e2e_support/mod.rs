@@ -111,37 +111,9 @@ impl Cluster {
     /// A Ready, untainted node of `model` with `gpus` GPUs in gpu-manager resources
     /// (capacity and allocatable written through the status subresource).
     pub async fn create_gpu_node(&self, name: &str, model: &str, gpus: u32) {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {
-                "name": name,
-                "labels": {MODEL_LABEL: model, SCENARIO_LABEL: self.scenario},
-            },
-        }))
-        .unwrap();
-        self.nodes()
-            .create(&PostParams::default(), &node)
-            .await
-            .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
-        let resources = shapes::node_resources(gpus);
-        let status = json!({
-            "status": shapes::ready_node_status(&resources, "e2e test node (no kubelet)"),
-        });
-        self.nodes()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap_or_else(|e| panic!("setting the status of node {name}: {e}"));
-        // The apiserver's TaintNodesByCondition admission plugin gives every new node a
-        // `node.kubernetes.io/not-ready:NoSchedule` taint, which the node lifecycle
-        // controller would lift once the node reports Ready; there is no
-        // controller-manager here, so lift it ourselves.
-        self.nodes()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"taints": null}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("removing the taints of node {name}: {e}"));
+        let labels = json!({MODEL_LABEL: model});
+        self.create_node_with(name, labels, shapes::node_resources(gpus))
+            .await;
     }
 
     /// Deletes this scenario's nodes (left over from an earlier run, or at the end).
@@ -456,6 +428,8 @@ pub struct Hook {
     pub name: String,
     pub url: String,
     pub object_selector: Option<serde_json::Value>,
+    /// The webhook's `rules`, when not pod CREATEs (and UPDATEs for a validating one).
+    pub rules: Option<serde_json::Value>,
 }
 
 impl Hook {
@@ -465,6 +439,21 @@ impl Hook {
             name: format!("{path}.gpu-admission.io"),
             url: format!("{server}/{path}"),
             object_selector: None,
+            rules: None,
+        }
+    }
+
+    /// `<path>-claims.gpu-admission.io` at `<server>/<path>/resourceclaims`, for
+    /// ResourceClaim CREATEs, as deploy/ registers it.
+    pub fn claims(path: &str, server: &str) -> Self {
+        Hook {
+            name: format!("{path}-claims.gpu-admission.io"),
+            url: format!("{server}/{path}/resourceclaims"),
+            object_selector: None,
+            rules: Some(
+                json!([{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["resourceclaims"]}]),
+            ),
         }
     }
 }
@@ -495,14 +484,18 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     let name = format!("gpu-admission-e2e-{}", cluster.scenario);
     // As deploy/ registers them (see shapes::webhook).
     let webhook = |hook: &Hook, validating: bool| {
-        shapes::webhook(
+        let mut webhook = shapes::webhook(
             &hook.name,
             &hook.url,
             &ca_bundle,
             validating,
             cluster.scenario,
             hook.object_selector.as_ref(),
-        )
+        );
+        if let Some(rules) = &hook.rules {
+            webhook["rules"] = rules.clone();
+        }
+        webhook
     };
     unregister_webhooks(cluster).await;
     if !mutating.is_empty() {

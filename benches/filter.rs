@@ -5,7 +5,8 @@
 //! Run: `cargo bench --bench filter` (`FILTER_ONLY=1`: the filter only; `ROUNDS`, `NAMES_PER_ROUND`).
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -15,11 +16,9 @@ use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
 use gpu_admission::server::tls::{CertResolver, ConnectionLimits, serve_tls, server_config};
 use gpu_admission::server::{AppState, extender_router, webhook_router};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
-use rustls::pki_types::ServerName;
-use rustls::pki_types::pem::PemObject;
 use serde_json::json;
+use support::connect;
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 5_000;
@@ -96,30 +95,6 @@ fn report(what: &str, mut latencies: Vec<Duration>) {
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Body>;
-
-async fn connect(addr: std::net::SocketAddr, ca: &std::path::Path) -> Sender {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from_pem_file(ca).unwrap())
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
-}
 
 async fn post(sender: &mut Sender, path: &str, body: String) -> (u16, axum::body::Bytes) {
     let request = axum::http::Request::post(path)

@@ -18,7 +18,8 @@
 //! default).
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -30,11 +31,9 @@ use gpu_admission::placement::{GpuUse, NodeGpus};
 use gpu_admission::server::tls::{ConnectionLimits, serve_tls, server_config};
 use gpu_admission::server::{AppState, webhook_router};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
+use support::connect;
 use tokio_util::sync::CancellationToken;
 
 const CONNECTIONS: usize = 64;
@@ -234,30 +233,6 @@ fn uid(connection: usize, slot: usize) -> String {
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn connect(addr: std::net::SocketAddr, ca: &std::path::Path) -> Sender {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(ca).unwrap())
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
-}
 
 async fn send(sender: &mut Sender, path: &str, body: Option<Bytes>) -> (u16, Bytes) {
     let builder = axum::http::Request::builder().header("host", "localhost");

@@ -15,7 +15,7 @@ use crate::placement::{
     Assignment, GpuRequest, Misfit, NodeGpus, Outcome, PlacementMemo, Placer, Stamp, fit,
     place_versioned,
 };
-use crate::quota::ledger::{ModelAmounts, QuotaView, charge_on, charged_model, reported_usage};
+use crate::quota::ledger::{ModelAmounts, QuotaView, admitted_model, charge_on, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -562,12 +562,7 @@ impl ClusterState {
         if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
             return None;
         }
-        // What admission charged (its pending total counts that): the one wanted model,
-        // even on a single-strategy MIG node where the pod now costs its slice.
-        let label = match wanted {
-            [only] => only.as_str(),
-            _ => charged_model(wanted, node_model(&self.nodes, pod))?,
-        };
+        let label = admitted_model(wanted, node_model(&self.nodes, pod))?;
         Some(charge_on(&pod.request, label, self.ledger.mig()))
     }
 

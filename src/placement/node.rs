@@ -82,11 +82,6 @@ impl NodeGpus {
         let found = self.mig_slices.iter().find(|(p, _)| &**p == profile);
         found.map_or(0, |(_, count)| *count)
     }
-
-    /// The model label without a single-strategy MIG suffix: what the node's GPUs are.
-    pub fn gpu_model(&self) -> Option<&str> {
-        self.model.as_deref().map(super::mig::model_of)
-    }
 }
 
 /// MIG resources in `status.capacity` (else `allocatable`), per profile.

@@ -587,7 +587,16 @@ pub fn reported_usage(
 pub fn charged_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
     match (wanted, node_model) {
         ([only], Some(node)) if node != only && mig::model_of(node) == only => Some(node),
-        ([only], _) => Some(only),
+        _ => admitted_model(wanted, node_model),
+    }
+}
+
+/// The node label a pod was charged by when it was admitted (a pod wanting one model)
+/// or placed (several): what its pending total in the ledger holds, even once it costs
+/// a MIG slice ([`charged_model`]).
+pub fn admitted_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
+    match wanted {
+        [only] => Some(only),
         _ => node_model,
     }
 }

@@ -17,7 +17,6 @@ use super::{ClusterState, namespace_of};
 /// A claim as quota sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedClaim {
-    pub uid: Box<str>,
     /// `creationTimestamp`, unix seconds (the ledger's pending total it joined).
     pub created: i64,
     pub asks: ClaimAsks,
@@ -40,7 +39,6 @@ impl CachedClaim {
         }
         let created = claim.metadata.creation_timestamp.as_ref();
         Some(CachedClaim {
-            uid: claim.metadata.uid.as_deref().unwrap_or_default().into(),
             created: created.map_or(0, |t| t.0.as_second()),
             asks,
             allocated,
@@ -106,10 +104,6 @@ impl ClusterState {
     /// The model attribute values the cluster's devices publish for a model label.
     pub fn products_of(&self, label: &str) -> Vec<String> {
         self.devices.products_of(label)
-    }
-
-    pub fn claim(&self, key: &str) -> Option<&CachedClaim> {
-        self.claims.get(key)
     }
 
     /// The namespace's claims, with their keys (a range of the ordered keys, which all

@@ -99,9 +99,17 @@ impl WantedModels {
 
 impl WantedModels {
     /// Whether a node labelled `label` is acceptable (see [`WantedModels::admits`]).
+    /// (Asked of every candidate node: prefix comparisons, no search of the label.)
     pub fn accepts_label(&self, label: &str) -> bool {
-        let model = super::mig::model_of(label);
-        self.models.iter().any(|m| m == label || m == model)
+        self.models
+            .iter()
+            .any(|m| match label.strip_prefix(m.as_str()) {
+                Some("") => true,
+                Some(rest) => rest
+                    .strip_prefix(super::mig::SINGLE_INFIX)
+                    .is_some_and(|profile| !profile.is_empty()),
+                None => false,
+            })
     }
 }
 

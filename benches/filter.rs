@@ -189,7 +189,9 @@ async fn admission_latency(addr: std::net::SocketAddr, ca: &std::path::Path, rou
             while Instant::now() < deadline {
                 let pod = pod_json("team-q", &format!("{route}-{connection}-{i}"), 50, 8);
                 let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                    "request": {"uid": format!("u{connection}-{i}"), "operation": "CREATE", "namespace": "team-q", "object": pod}});
+                    "request": {"uid": format!("u{connection}-{i}"), "operation": "CREATE", "namespace": "team-q",
+                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "object": pod}});
                 let sent = Instant::now();
                 let (status, _) = post(&mut sender, route, review.to_string()).await;
                 latencies.push(sent.elapsed());

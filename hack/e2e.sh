@@ -100,10 +100,13 @@ cp_kubeconfig
 # ---------------------------------------------------------------- 5. gpu-admission
 cp_install_crd "$print_crd"
 cp_gpu_admission_certs "$gpu_admission"
+# placementWriters: the identity gpu-admission runs as here (the admin certificate's
+# user) writes placement annotations, as the GPU scheduler's ServiceAccount does in deploy/.
 cat >"$work/gpu-admission.yaml" <<EOF
 placement:
   policy: original
   bindVerb: true
+placementWriters: [$cp_name-admin]
 EOF
 
 # The tests stop and restart gpu-admission through $ctl (extender and webhook outage).

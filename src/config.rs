@@ -74,7 +74,18 @@ pub struct Config {
     pub placement: Placement,
     /// ResourceClaims (Dynamic Resource Allocation): how GPU devices and models are named.
     pub dra: crate::dra::Dra,
+    /// The users (as the API server authenticates them) that may change a pod's
+    /// placement annotations (`<annotationPrefix>/predicate-*`, `gpu-assigned`) once it
+    /// exists: by protocol, the GPU scheduler's extender and gpu-manager on the nodes.
+    pub placement_writers: Vec<String>,
 }
+
+/// The GPU scheduler's ServiceAccount in deploy/ (its gpu-admission sidecar writes the
+/// placement annotations) and tkestack gpu-manager's in its own manifests.
+pub const DEFAULT_PLACEMENT_WRITERS: [&str; 2] = [
+    "system:serviceaccount:gpu-admission:gpu-scheduler",
+    "system:serviceaccount:kube-system:gpu-manager",
+];
 
 impl Default for Config {
     fn default() -> Self {
@@ -90,6 +101,7 @@ impl Default for Config {
             resources: ResourceNames::default(),
             placement: Placement::default(),
             dra: crate::dra::Dra::default(),
+            placement_writers: DEFAULT_PLACEMENT_WRITERS.map(String::from).to_vec(),
         }
     }
 }
@@ -140,6 +152,9 @@ impl Config {
             .chain([&mig.default_compute_slices]);
         if slices.into_iter().any(|n| !(1..=64).contains(n)) {
             return Err("resources.mig: compute slices per GPU must be between 1 and 64".into());
+        }
+        if self.placement_writers.iter().any(|w| w.trim().is_empty()) {
+            return Err("placementWriters: a user name must not be empty".into());
         }
         match required.iter().find(|(_, value)| value.trim().is_empty()) {
             Some((key, _)) => Err(format!("{key}: must not be empty")),

@@ -250,16 +250,22 @@ async fn reviews_echo_version_and_bad_reviews_get_400() {
     assert_eq!(answer["response"]["allowed"], true);
     for (body, message) in [
         ("{".to_string(), "AdmissionReview is not valid JSON"),
-        (json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string(), "has no request"),
         (
-            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE", "object": {"spec": 3}}}).to_string(),
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string(),
+            "has no request",
+        ),
+        (
+            forged(&pod, |r| r["object"] = json!({"spec": 3})),
             "request.object at spec",
         ),
     ] {
         for route in ["/validate", "/mutate"] {
             let (status, answer) = post(&router, route, body.clone()).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{route}");
-            assert!(answer.as_str().unwrap().contains(message), "{route}: {answer}");
+            assert!(
+                answer.as_str().unwrap().contains(message),
+                "{route}: {answer}"
+            );
         }
     }
     let oversized = format!("{{\"pad\": \"{}\"}}", "x".repeat(4 << 20));
@@ -271,6 +277,156 @@ async fn reviews_echo_version_and_bad_reviews_get_400() {
             "{route}: {answer}"
         );
     }
+}
+
+/// A review as the API server sends it, altered by `forge`.
+fn forged(pod: &Value, forge: impl Fn(&mut Value)) -> String {
+    let mut review: Value = serde_json::from_str(&review(pod, false)).unwrap();
+    forge(&mut review["request"]);
+    review.to_string()
+}
+
+#[tokio::test]
+async fn reviews_that_do_not_add_up_are_refused_and_charge_nobody() {
+    let cluster = quota_yaml("team-a", "Tesla-T4: \"1\"", "");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let pod = annotated(whole_gpu_pod("team-a", "p1", 1), "Tesla-T4");
+    let claim_kind = json!({"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"});
+    let cases: Vec<(String, &str)> = vec![
+        (
+            forged(&pod, |r| r["namespace"] = json!("team-b")),
+            r#"request.object.metadata.namespace "team-a" is not request.namespace "team-b""#,
+        ),
+        (
+            forged(&pod, |r| r["namespace"] = Value::Null),
+            "request.namespace is missing",
+        ),
+        (
+            forged(&pod, |r| r["kind"] = claim_kind.clone()),
+            r#"request.kind is "ResourceClaim" of group "resource.k8s.io"; this route judges core/Pod"#,
+        ),
+        (
+            forged(&pod, |r| {
+                r["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"})
+            }),
+            r#"request.kind is "Deployment""#,
+        ),
+        (
+            forged(&pod, |r| r["kind"] = Value::Null),
+            "request.kind is missing",
+        ),
+        (
+            forged(&pod, |r| {
+                r["resource"] = json!({"group": "", "version": "v1", "resource": "configmaps"})
+            }),
+            r#"request.resource is "configmaps""#,
+        ),
+        (
+            forged(&pod, |r| r["operation"] = json!("create")),
+            r#"request.operation "create" is not one of CREATE, UPDATE, DELETE, CONNECT"#,
+        ),
+        (
+            forged(&pod, |r| r["operation"] = json!("PATCH")),
+            r#"request.operation "PATCH""#,
+        ),
+    ];
+    for (body, message) in cases {
+        for route in ["/validate", "/mutate"] {
+            let (status, answer) = post(&router, route, body.clone()).await;
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{route} {message}: {answer}"
+            );
+            let text = answer.as_str().unwrap();
+            assert!(text.contains(message), "{route}: {text} lacks {message}");
+        }
+    }
+    // A pod sent to the claim routes is refused the same way.
+    for route in ["/validate/resourceclaims", "/mutate/resourceclaims"] {
+        let (status, answer) = post(&router, route, review(&pod, false)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{route}: {answer}");
+        assert!(
+            answer
+                .as_str()
+                .unwrap()
+                .contains("this route judges resource.k8s.io/ResourceClaim")
+        );
+    }
+    // Nothing was charged: the namespace's one GPU is still free.
+    assert_eq!(
+        verdict(&router, review(&pod, false)).await,
+        (true, String::new())
+    );
+    // An UPDATE whose old object is in another namespace is refused too.
+    let mut elsewhere = pod.clone();
+    elsewhere["metadata"]["namespace"] = json!("team-b");
+    let (status, answer) = post(&router, "/validate", update_review(&elsewhere, &pod)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer
+            .as_str()
+            .unwrap()
+            .contains("request.oldObject.metadata.namespace"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn placement_annotations_change_only_by_their_writers() {
+    let (_, router) = app("", config_with_policy("original"));
+    let mut placed = whole_gpu_pod("team-a", "p1", 1);
+    placed["metadata"]["annotations"] = json!({
+        "tencent.com/predicate-node": "n1", "tencent.com/predicate-gpu-idx-0": "0",
+        "tencent.com/gpu-assigned": "false", "team": "x"});
+    let as_user = |body: String, user: &str| {
+        let mut review: Value = serde_json::from_str(&body).unwrap();
+        review["request"]["userInfo"] =
+            json!({"username": user, "groups": ["system:authenticated"]});
+        review.to_string()
+    };
+    let tenant = "system:serviceaccount:team-a:default";
+    let edits: [(&str, Option<&str>); 5] = [
+        ("tencent.com/predicate-gpu-idx-0", Some("0,1,2,3")),
+        ("tencent.com/predicate-node", Some("n2")),
+        ("tencent.com/predicate-gpu-idx-1", Some("4")),
+        ("tencent.com/predicate-anything", Some("1")),
+        ("tencent.com/gpu-assigned", None),
+    ];
+    for (key, value) in edits {
+        let mut edited = placed.clone();
+        match value {
+            Some(value) => edited["metadata"]["annotations"][key] = json!(value),
+            None => drop(
+                edited["metadata"]["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove(key),
+            ),
+        }
+        let (allowed, message) =
+            verdict(&router, as_user(update_review(&placed, &edited), tenant)).await;
+        assert!(!allowed, "{key}");
+        assert_eq!(
+            message,
+            format!(
+                "annotation {key} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user \"{tenant}\" may not change it"
+            )
+        );
+        for writer in gpu_admission::config::DEFAULT_PLACEMENT_WRITERS {
+            let body = as_user(update_review(&placed, &edited), writer);
+            assert_eq!(
+                verdict(&router, body).await,
+                (true, String::new()),
+                "{writer} {key}"
+            );
+        }
+    }
+    // The tenant's other annotations stay its own.
+    let mut edited = placed.clone();
+    edited["metadata"]["annotations"]["team"] = json!("y");
+    let body = as_user(update_review(&placed, &edited), tenant);
+    assert_eq!(verdict(&router, body).await, (true, String::new()));
 }
 
 fn update_review(old: &Value, new: &Value) -> String {
@@ -380,7 +536,6 @@ async fn the_model_annotation_is_fixed_at_creation() {
     // Any other update is allowed and reserves nothing: the quota stays at 1 of 1.
     let mut labelled = pod.clone();
     labelled["metadata"]["labels"] = json!({"team": "a"});
-    labelled["metadata"]["annotations"]["tencent.com/predicate-node"] = json!("n1");
     assert_eq!(
         verdict(&router, update_review(&pod, &labelled)).await,
         (true, String::new())

@@ -1552,7 +1552,7 @@ async fn extender_places_only_the_pod_the_cluster_has() {
 
 #[tokio::test]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
-async fn the_gpu_model_a_pod_is_charged_to_cannot_be_edited_after_admission() {
+async fn the_gpu_model_and_placement_annotations_cannot_be_edited_by_tenants() {
     let Some(cluster) = setup("fixedmodel").await else {
         return;
     };
@@ -1600,6 +1600,58 @@ async fn the_gpu_model_a_pod_is_charged_to_cannot_be_edited_after_admission() {
         )
         .await
         .expect("editing another annotation is allowed");
+    // The placement annotations say which GPUs the pod holds (to gpu-manager and to a
+    // restarted gpu-admission): a namespace admin may not write them, whatever the key.
+    let tenant = cluster.namespace_admin("tenant-admin").await;
+    let as_tenant: Api<Pod> = Api::namespaced(tenant, &cluster.ns);
+    for (key, value) in [
+        ("tencent.com/predicate-gpu-idx-0", "0,1,2,3"),
+        ("tencent.com/predicate-node", "elsewhere"),
+        ("tencent.com/gpu-assigned", "true"),
+    ] {
+        let result = as_tenant
+            .patch(
+                "p",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+            )
+            .await;
+        let message = forbidden_message(result, "a tenant writing a placement annotation");
+        assert!(
+            message.contains(&format!("annotation {key} says which GPUs the pod holds"))
+                && message.contains("\"tenant-admin\" may not change it"),
+            "{key}: {message}"
+        );
+    }
+    let stored = cluster.pods().get("p").await.unwrap();
+    assert!(
+        annotations(&stored)
+            .keys()
+            .all(|k| !k.starts_with("tencent.com/")),
+        "nothing of the refused edits was stored: {:?}",
+        annotations(&stored)
+    );
+    // The tenant's own annotations stay its own; a placement writer (this suite's
+    // gpu-admission identity, listed in placementWriters) may write placement.
+    as_tenant
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"team": "cv"}}})),
+        )
+        .await
+        .expect("a tenant edits its other annotations");
+    cluster
+        .pods()
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"tencent.com/predicate-node": "n1"}}}),
+            ),
+        )
+        .await
+        .expect("a placement writer writes placement annotations");
     // The reconciler still charges the pod to its model, and the quota stays full.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let status = cluster.wait_used("default", model, 1000).await;

@@ -7,6 +7,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod repo;
+#[path = "e2e_support/shapes.rs"]
+#[allow(dead_code)]
+mod shapes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -360,8 +363,8 @@ fn the_validating_webhook_sees_gpu_type_changes_and_the_mutating_one_only_create
         .collect();
     assert!(conditions.contains_key("requests-gpu"));
     let change = conditions
-        .get("create-or-gpu-type-change")
-        .expect("UPDATEs are filtered to GPU-model changes");
+        .get("create-or-guarded-annotation-change")
+        .expect("UPDATEs are filtered to GPU-model and placement-annotation changes");
     assert!(change.starts_with("request.operation == 'CREATE' || "));
     for side in ["object", "oldObject"] {
         assert!(
@@ -371,6 +374,33 @@ fn the_validating_webhook_sees_gpu_type_changes_and_the_mutating_one_only_create
             "the condition compares {side}'s {annotation}: {change}"
         );
     }
+    // The placement writers the condition lets through are the config's, and the
+    // expression is the one the e2e suite runs on a real API server (with its writers).
+    let config: Value = serde_yaml::from_str(
+        str_at(
+            &object(&docs, "ConfigMap", "gpu-admission-config")["data"],
+            &["config.yaml"],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let writers: Vec<&str> = config["placementWriters"]
+        .as_sequence()
+        .expect("deploy/20-config.yaml lists placementWriters")
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        writers,
+        [
+            "system:serviceaccount:gpu-admission:gpu-scheduler",
+            "system:serviceaccount:kube-system:gpu-manager"
+        ]
+    );
+    assert_eq!(
+        *change,
+        shapes::guarded_annotation_change("tencent.com", &writers)
+    );
 
     let mutating = &object(&docs, "MutatingWebhookConfiguration", "gpu-admission")["webhooks"][0];
     assert_eq!(strings(&mutating["rules"][0]["operations"]), ["CREATE"]);

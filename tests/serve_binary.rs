@@ -227,7 +227,10 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
         exit.success(),
         "SIGTERM must end the server cleanly: {exit:?}"
     );
-    let logs: Vec<String> = server.logs.try_iter().collect();
+    // The reader thread may not have passed on the last lines yet: read until the
+    // exited server's stderr closes (the sender then drops), not just what is queued.
+    let logs: Vec<String> =
+        std::iter::from_fn(|| server.logs.recv_timeout(Duration::from_secs(10)).ok()).collect();
     assert!(logs.iter().any(|l| l.contains("\"stopped\"")), "{logs:?}");
 }
 

@@ -21,6 +21,16 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub name: Option<String>,
     pub operation: String,
+    /// The object's kind, which must be the route's ([`Review::expect`]).
+    #[serde(default)]
+    pub kind: Option<GroupVersionKind>,
+    /// The resource the request is made on, which must be the route's.
+    #[serde(default)]
+    pub resource: Option<GroupVersionResource>,
+    /// Who asks: placement annotations may only be changed by the identities that
+    /// write them by protocol (`placementWriters`).
+    #[serde(default)]
+    pub user_info: UserInfo,
     /// The object: JSON text until the handler decodes the pod (see `crate::wire::pod`).
     #[serde(default)]
     pub object: Option<Object>,
@@ -30,6 +40,58 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
+
+/// `request.kind`: the kind of the object under review.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct GroupVersionKind {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+}
+
+/// `request.resource`: the resource the request was made on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct GroupVersionResource {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+}
+
+/// `request.userInfo`: the authenticated user behind the request (the API server's
+/// word; only the API server gets past the webhook door's client-certificate check).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct UserInfo {
+    pub username: String,
+    pub groups: Vec<String>,
+}
+
+/// What a route judges: the group, kind and resource its reviews must be about.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected {
+    pub group: &'static str,
+    pub kind: &'static str,
+    pub resource: &'static str,
+}
+
+/// Reviews of Pods (`/validate`, `/mutate`).
+pub const PODS: Expected = Expected {
+    group: "",
+    kind: "Pod",
+    resource: "pods",
+};
+
+/// Reviews of ResourceClaims (`/validate/resourceclaims`, `/mutate/resourceclaims`).
+pub const RESOURCE_CLAIMS: Expected = Expected {
+    group: "resource.k8s.io",
+    kind: "ResourceClaim",
+    resource: "resourceclaims",
+};
+
+/// The operations the API server sends, spelled as it spells them.
+const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
 
 /// A review's object: its JSON text ([`Review::from_json`]), or the pod already decoded
 /// from it ([`Review::decode`]'s single pass).
@@ -87,6 +149,71 @@ impl Review {
         match one_pass(body) {
             Some(review) => Ok(review),
             None => Review::from_json(body),
+        }
+    }
+
+    /// Refuse a review that does not add up, before anything in it is judged: an
+    /// operation the API server does not spell so, no namespace, or a kind or resource
+    /// that is not the route's. The API server never sends these; a caller that does
+    /// gets 400 naming the mismatch, and no namespace is charged for it.
+    pub fn expect(&self, route: Expected) -> Result<(), String> {
+        let request = &self.request;
+        if !OPERATIONS.contains(&request.operation.as_str()) {
+            return Err(format!(
+                "request.operation {:?} is not one of {}",
+                request.operation,
+                OPERATIONS.join(", ")
+            ));
+        }
+        if request.namespace.as_deref().unwrap_or_default().is_empty() {
+            return Err(format!(
+                "request.namespace is missing; {} are namespaced",
+                route.resource
+            ));
+        }
+        let want = |group: &str| match group {
+            "" => format!("core/{}", route.kind),
+            group => format!("{group}/{}", route.kind),
+        };
+        match request.kind.as_ref() {
+            Some(kind) if kind.group == route.group && kind.kind == route.kind => {}
+            Some(kind) => {
+                return Err(format!(
+                    "request.kind is {:?} of group {:?}; this route judges {}",
+                    kind.kind,
+                    kind.group,
+                    want(route.group)
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "request.kind is missing; this route judges {}",
+                    want(route.group)
+                ));
+            }
+        }
+        match request.resource.as_ref() {
+            Some(r) if r.group == route.group && r.resource == route.resource => Ok(()),
+            Some(r) => Err(format!(
+                "request.resource is {:?} of group {:?}; this route judges {}",
+                r.resource, r.group, route.resource
+            )),
+            None => Err(format!(
+                "request.resource is missing; this route judges {}",
+                route.resource
+            )),
+        }
+    }
+
+    /// An object's own namespace must be the request's (the API server sets it so
+    /// before admission), or absent; anything else is a forged review.
+    pub fn check_namespace(&self, field: &str, own: Option<&str>) -> Result<(), String> {
+        let request = self.request.namespace.as_deref().unwrap_or_default();
+        match own {
+            Some(own) if !own.is_empty() && own != request => Err(format!(
+                "request.{field}.metadata.namespace {own:?} is not request.namespace {request:?}"
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -259,6 +386,9 @@ fn one_pass(body: &[u8]) -> Option<Review> {
             namespace: request.namespace,
             name: request.name,
             operation: request.operation,
+            kind: request.kind,
+            resource: request.resource,
+            user_info: request.user_info,
             object: pod(request.object),
             old_object: pod(request.old_object),
             dry_run: request.dry_run,
@@ -276,6 +406,12 @@ struct OnePassRequest {
     #[serde(default)]
     name: Option<String>,
     operation: String,
+    #[serde(default)]
+    kind: Option<GroupVersionKind>,
+    #[serde(default)]
+    resource: Option<GroupVersionResource>,
+    #[serde(default)]
+    user_info: UserInfo,
     #[serde(default)]
     object: Option<wire::pod::Lite>,
     #[serde(default)]
@@ -490,6 +626,63 @@ mod tests {
         assert!(one_pass(two_halves.as_bytes()).is_none());
         let mut decoded = Review::decode(two_halves.as_bytes()).unwrap();
         assert!(decoded.take_pod(true).is_ok());
+    }
+
+    #[test]
+    fn a_review_must_be_about_the_routes_kind_in_its_own_namespace() {
+        let review = |request: Value| Review::from_json(&body(request)).unwrap();
+        let pod_kind = json!({"group": "", "version": "v1", "kind": "Pod"});
+        let pods = json!({"group": "", "version": "v1", "resource": "pods"});
+        let honest = json!({"uid": "u", "operation": "CREATE", "namespace": "ns",
+            "kind": pod_kind, "resource": pods, "object": {}});
+        assert_eq!(review(honest.clone()).expect(PODS), Ok(()));
+        let claims = review(honest.clone()).expect(RESOURCE_CLAIMS).unwrap_err();
+        assert_eq!(
+            claims,
+            r#"request.kind is "Pod" of group ""; this route judges resource.k8s.io/ResourceClaim"#
+        );
+        let altered = |key: &str, value: Value| {
+            let mut request = honest.clone();
+            request[key] = value;
+            review(request).expect(PODS).unwrap_err()
+        };
+        assert_eq!(
+            altered("operation", json!("Create")),
+            r#"request.operation "Create" is not one of CREATE, UPDATE, DELETE, CONNECT"#
+        );
+        assert_eq!(
+            altered("namespace", json!("")),
+            "request.namespace is missing; pods are namespaced"
+        );
+        assert_eq!(
+            altered(
+                "kind",
+                json!({"group": "apps", "version": "v1", "kind": "Pod"})
+            ),
+            r#"request.kind is "Pod" of group "apps"; this route judges core/Pod"#
+        );
+        assert_eq!(
+            altered(
+                "resource",
+                json!({"group": "", "version": "v1", "resource": "secrets"})
+            ),
+            r#"request.resource is "secrets" of group ""; this route judges pods"#
+        );
+        assert_eq!(
+            altered("resource", Value::Null),
+            "request.resource is missing; this route judges pods"
+        );
+        let review = review(honest);
+        assert_eq!(review.check_namespace("object", Some("ns")), Ok(()));
+        assert_eq!(review.check_namespace("object", None), Ok(()));
+        assert_eq!(review.check_namespace("object", Some("")), Ok(()));
+        assert_eq!(
+            review.check_namespace("oldObject", Some("other")),
+            Err(
+                r#"request.oldObject.metadata.namespace "other" is not request.namespace "ns""#
+                    .into()
+            )
+        );
     }
 
     #[test]

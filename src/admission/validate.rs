@@ -5,7 +5,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::cache::{CachedPod, ClusterCache, ClusterState, pod_key};
+use crate::admission::review::UserInfo;
+use crate::cache::{AnnotationKeys, CachedPod, ClusterCache, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
@@ -197,26 +198,60 @@ fn wanted_on_route(
     models_for_route(namespace, limits, limits.wanted_models(pod, config), route)
 }
 
-/// Judge an update of a pod. The model a pod is charged to is fixed when it is
-/// admitted, but the quota reconciler reads the pod's models from the pod as it is
-/// now: a changed type annotation would move or free the charge. (Its nodeSelector and
-/// node affinity cannot change once it may be scheduled; while scheduling gates hold
-/// it they may only narrow, before a multi-model pod is charged. So the annotation is
-/// the one way in.) Every other update is allowed and reserves nothing.
-pub fn validate_update(old: &Pod, new: &Pod, config: &Config) -> Verdict {
-    let names = &config.resources;
-    if !asks_for_gpu(old, names) && !asks_for_gpu(new, names) {
-        return Verdict::Allow;
-    }
+/// Judge an update of a pod. Two kinds of annotation are fixed for the tenant:
+/// - the GPU model annotation: the model a pod is charged to is fixed when it is
+///   admitted, but the quota reconciler reads the pod's models from the pod as it is
+///   now, so a changed annotation would move or free the charge (its nodeSelector and
+///   node affinity cannot change once it may be scheduled; while scheduling gates hold
+///   it they may only narrow, before a multi-model pod is charged);
+/// - the placement annotations (`<prefix>/predicate-*`, `gpu-assigned`): they say which
+///   GPUs the pod holds, to gpu-manager and to a restarted gpu-admission, so only the
+///   identities that write them by protocol (`placementWriters`) may change them.
+///
+/// Every other update is allowed and reserves nothing.
+pub fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -> Verdict {
     let key = &config.type_annotation;
-    let annotation = |pod: &Pod| {
+    let annotation = |pod: &Pod, key: &str| {
         let annotations = pod.metadata.annotations.as_ref();
         annotations.and_then(|a| a.get(key)).cloned()
     };
-    if annotation(old) == annotation(new) {
+    let names = &config.resources;
+    let gpu = asks_for_gpu(old, names) || asks_for_gpu(new, names);
+    if gpu && annotation(old, key) != annotation(new, key) {
+        return Verdict::Deny(format!(
+            "the GPU model annotation {key} of a pod is fixed at creation (it decides the quota charge); delete and recreate the pod to change it"
+        ));
+    }
+    if config.placement_writers.contains(&user.username) {
         return Verdict::Allow;
     }
-    Verdict::Deny(format!(
-        "the GPU model annotation {key} of a pod is fixed at creation (it decides the quota charge); delete and recreate the pod to change it"
-    ))
+    let keys = AnnotationKeys::new(&names.annotation_prefix);
+    match changed_placement(old, new, &keys) {
+        Some(changed) => Verdict::Deny(format!(
+            "annotation {changed} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user {:?} may not change it",
+            user.username
+        )),
+        None => Verdict::Allow,
+    }
+}
+
+/// The first placement annotation (in key order) that `new` adds, changes or removes.
+fn changed_placement(old: &Pod, new: &Pod, keys: &AnnotationKeys) -> Option<String> {
+    let placement = |pod: &Pod| -> Vec<(String, String)> {
+        let annotations = pod.metadata.annotations.iter().flatten();
+        annotations
+            .filter(|(k, _)| keys.is_placement(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let (old, new) = (placement(old), placement(new));
+    let differs = |a: &[(String, String)], b: &[(String, String)]| {
+        a.iter()
+            .find(|entry| !b.contains(entry))
+            .map(|(k, _)| k.clone())
+    };
+    [differs(&new, &old), differs(&old, &new)]
+        .into_iter()
+        .flatten()
+        .min()
 }

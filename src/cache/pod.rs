@@ -53,6 +53,8 @@ pub struct AnnotationKeys {
     pub assigned: String,
     pub time: String,
     idx_prefix: String,
+    /// `<prefix>/predicate-`: every key under it is placement (gpu-manager's protocol).
+    predicate_prefix: String,
 }
 
 impl AnnotationKeys {
@@ -62,6 +64,7 @@ impl AnnotationKeys {
             assigned: format!("{prefix}/gpu-assigned"),
             time: format!("{prefix}/predicate-time"),
             idx_prefix: format!("{prefix}/predicate-gpu-idx-"),
+            predicate_prefix: format!("{prefix}/predicate-"),
         }
     }
 
@@ -69,12 +72,10 @@ impl AnnotationKeys {
         format!("{}{container}", self.idx_prefix)
     }
 
-    /// Whether `key` is one of the placement annotations the extender writes.
+    /// Whether `key` is a placement annotation: one the extender or gpu-manager writes
+    /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), and nobody else may.
     pub fn is_placement(&self, key: &str) -> bool {
-        key == self.node
-            || key == self.assigned
-            || key == self.time
-            || key.starts_with(&self.idx_prefix)
+        key == self.assigned || key.starts_with(&self.predicate_prefix)
     }
 }
 

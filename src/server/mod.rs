@@ -143,8 +143,8 @@ impl IntoResponse for Rejection {
             Rejection::TooLarge { limit } => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "request body is larger than this route's limit of {} MiB",
-                    limit >> 20
+                    "request body is larger than this route's limit of {}",
+                    byte_size(limit)
                 ),
             )
                 .into_response(),
@@ -160,6 +160,18 @@ impl IntoResponse for Rejection {
                 .into_response(),
         }
     }
+}
+
+/// A byte count as people write it: the largest unit that divides it exactly (so a
+/// limit reads as it was set: "64 KiB", "4 MiB", "1000 bytes").
+fn byte_size(bytes: usize) -> String {
+    let units = [(30, "GiB"), (20, "MiB"), (10, "KiB")];
+    for (shift, unit) in units {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} bytes")
 }
 
 /// How a route reads its body: its size limit and its decoder.
@@ -348,4 +360,19 @@ async fn vpredicates(State(state): State<AppState>, headers: HeaderMap, body: Bo
         (decision, axum::Json(response).into_response())
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_size;
+
+    #[test]
+    fn limits_read_in_the_unit_they_were_set_in() {
+        assert_eq!(byte_size(64 * 1024), "64 KiB");
+        assert_eq!(byte_size(4 << 20), "4 MiB");
+        assert_eq!(byte_size(32 << 20), "32 MiB");
+        assert_eq!(byte_size(1 << 30), "1 GiB");
+        assert_eq!(byte_size(1536 << 10), "1536 KiB");
+        assert_eq!(byte_size(1000), "1000 bytes");
+    }
 }

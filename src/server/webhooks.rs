@@ -12,7 +12,7 @@ use crate::dra::ResourceClaim;
 
 use crate::admission::claim::{pin_patch, validate_claim};
 use crate::admission::mutate::mutation;
-use crate::admission::review::{Answer, Review};
+use crate::admission::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
 
@@ -23,16 +23,14 @@ type Created = (Review, Option<(String, Box<Pod>)>);
 
 fn created_pod(body: &[u8]) -> Result<Created, String> {
     let mut review = Review::decode(body)?;
+    review.expect(PODS)?;
     if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
     let mut pod = review.take_pod(false)?;
+    review.check_namespace("object", pod.metadata.namespace.as_deref())?;
     let request = &review.request;
-    let namespace = request
-        .namespace
-        .clone()
-        .or_else(|| pod.metadata.namespace.clone())
-        .unwrap_or_else(|| "default".into());
+    let namespace = request.namespace.clone().unwrap_or_default();
     if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
         let generated = pod.metadata.generate_name.clone().unwrap_or_default() + &request.uid;
         pod.metadata.name = Some(
@@ -64,6 +62,8 @@ fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
     }
     let new = review.take_pod(false)?;
     let old = review.take_pod(true)?;
+    review.check_namespace("object", new.metadata.namespace.as_deref())?;
+    review.check_namespace("oldObject", old.metadata.namespace.as_deref())?;
     Ok((review, Reviewed::Update { old, new }))
 }
 
@@ -92,7 +92,8 @@ pub async fn validate_route(
         let (namespace, pod) = match pod {
             Reviewed::Create { namespace, pod } => (namespace, pod),
             Reviewed::Update { old, new } => {
-                return match validate_update(&old, &new, &state.config) {
+                let user = &review.request.user_info;
+                return match validate_update(&old, &new, &state.config, user) {
                     Verdict::Allow => reply("allow", review.allow()),
                     Verdict::Deny(message) => reply("deny", review.deny(&message)),
                 };
@@ -164,16 +165,13 @@ type ClaimReview = (Review, Option<(String, Box<ResourceClaim>)>);
 
 fn created_claim(body: &[u8]) -> Result<ClaimReview, String> {
     let review = Review::from_json(body)?;
+    review.expect(RESOURCE_CLAIMS)?;
     if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
     let mut claim = review.claim()?;
-    let namespace = review
-        .request
-        .namespace
-        .clone()
-        .or_else(|| claim.metadata.namespace.clone())
-        .unwrap_or_else(|| "default".into());
+    review.check_namespace("object", claim.metadata.namespace.as_deref())?;
+    let namespace = review.request.namespace.clone().unwrap_or_default();
     if claim
         .metadata
         .name

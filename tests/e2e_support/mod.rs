@@ -104,6 +104,29 @@ impl Cluster {
         Api::all(self.client.clone())
     }
 
+    /// A client that acts as `user` (impersonated by the admin), after granting that
+    /// user the built-in `admin` role in the scenario's namespace: a namespace admin,
+    /// as a tenant is.
+    pub async fn namespace_admin(&self, user: &str) -> Client {
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("{user}-admin")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
+        let binding: k8s_openapi::api::rbac::v1::RoleBinding =
+            serde_json::from_value(binding).unwrap();
+        Api::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+        let path = PathBuf::from(std::env::var_os(KUBECONFIG_ENV).unwrap());
+        let kubeconfig = Kubeconfig::read_from(&path).unwrap();
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        config.auth_info.impersonate = Some(user.to_string());
+        Client::try_from(config).unwrap()
+    }
+
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.ns)
     }

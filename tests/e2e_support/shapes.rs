@@ -43,11 +43,41 @@ pub fn ready_node_status(resources: &Value, message: &str) -> Value {
     })
 }
 
+/// The users gpu-admission runs as under hack/e2e.sh and hack/scale.sh (their admin
+/// certificate's common name), its placementWriters there.
+pub const HARNESS_WRITERS: [&str; 2] = ["e2e-admin", "scale-admin"];
+
+/// The validating webhook's match condition on pods, as deploy/ and the chart write it:
+/// every CREATE; of the UPDATEs, those that change the GPU model annotation, or a
+/// placement annotation (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`) by a user
+/// who is not one of `writers`. tests/manifests.rs holds deploy/ to this text.
+pub fn guarded_annotation_change(prefix: &str, writers: &[&str]) -> String {
+    let model_of = |object: &str| {
+        format!(
+            "(has({object}.metadata.annotations) && '{TYPE_ANNOTATION}' in {object}.metadata.annotations ? {object}.metadata.annotations['{TYPE_ANNOTATION}'] : '')"
+        )
+    };
+    let placement =
+        format!("(k.startsWith('{prefix}/predicate-') || k == '{prefix}/gpu-assigned')");
+    let added = format!(
+        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, {placement} && !(has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))"
+    );
+    let removed = format!(
+        "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, {placement} && !(has(object.metadata.annotations) && k in object.metadata.annotations)))"
+    );
+    let writers = serde_json::to_string(writers).unwrap_or_default();
+    format!(
+        "request.operation == 'CREATE' || {} != {} || (!(request.userInfo.username in {writers}) && ({added} || {removed}))",
+        model_of("object"),
+        model_of("oldObject")
+    )
+}
+
 /// One webhook of a (mutating or validating) webhook configuration, as deploy/ registers
 /// gpu-admission's: `name` calling `url` (trusted through the base64 PEM `ca_bundle`), for
 /// pods in namespaces labelled [`WEBHOOK_LABEL`]`=<selector>` (and matching
 /// `object_selector` when given), failing closed. The validating webhook also sees pod
-/// UPDATEs, but only those that change the GPU model annotation (a match condition).
+/// UPDATEs, but only those [`guarded_annotation_change`] lets through.
 pub fn webhook(
     name: &str,
     url: &str,
@@ -61,18 +91,13 @@ pub fn webhook(
     } else {
         json!(["CREATE"])
     };
-    let model_of = |object: &str| {
-        format!(
-            "(has({object}.metadata.annotations) && '{TYPE_ANNOTATION}' in {object}.metadata.annotations ? {object}.metadata.annotations['{TYPE_ANNOTATION}'] : '')"
-        )
-    };
     let mut webhook = json!({
         "name": name,
         "clientConfig": {"url": url, "caBundle": ca_bundle},
         "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
                    "resources": ["pods"]}],
-        "matchConditions": [{"name": "create-or-gpu-type-change", "expression": format!(
-            "request.operation == 'CREATE' || {} != {}", model_of("object"), model_of("oldObject"))}],
+        "matchConditions": [{"name": "create-or-guarded-annotation-change",
+            "expression": guarded_annotation_change("tencent.com", &HARNESS_WRITERS)}],
         "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: selector}},
         "failurePolicy": "Fail",
         "sideEffects": "NoneOnDryRun",

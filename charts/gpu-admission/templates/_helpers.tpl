@@ -52,9 +52,25 @@ gpu-admission.{{ .Release.Namespace }}.svc
 
 {{/* CEL: a CREATE, or an UPDATE that changes the type annotation (absent counts as "").
      The same expression as deploy/40-webhook-configurations.yaml. */}}
+{{/* The users that may change placement annotations (config placementWriters): the
+GPU scheduler's ServiceAccount, then .Values.placementWriters (gpu-manager's). JSON. */}}
+{{- define "gpu-admission.placementWriters" -}}
+{{- $writers := list (printf "system:serviceaccount:%s:gpu-scheduler" .Release.Namespace) -}}
+{{- range .Values.placementWriters }}{{ $writers = append $writers . }}{{ end -}}
+{{- toJson $writers -}}
+{{- end -}}
+
+{{/* Of the UPDATEs, those the validating webhook judges: a changed type annotation, or
+placement annotations (<prefix>/predicate-*, <prefix>/gpu-assigned) changed by anyone
+but their writers. */}}
 {{- define "gpu-admission.typeChangeExpression" -}}
 {{- $get := "(has(%[1]s.metadata.annotations) && '%[2]s' in %[1]s.metadata.annotations ? %[1]s.metadata.annotations['%[2]s'] : '')" -}}
-{{- printf "request.operation == 'CREATE' || %s != %s" (printf $get "object" .Values.typeAnnotation) (printf $get "oldObject" .Values.typeAnnotation) -}}
+{{- $prefix := .Values.gpuResources.annotationPrefix -}}
+{{- $placement := printf "(k.startsWith('%[1]s/predicate-') || k == '%[1]s/gpu-assigned')" $prefix -}}
+{{- $added := printf "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, %s && !(has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))" $placement -}}
+{{- $removed := printf "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, %s && !(has(object.metadata.annotations) && k in object.metadata.annotations)))" $placement -}}
+{{- $writers := include "gpu-admission.placementWriters" . -}}
+{{- printf "request.operation == 'CREATE' || %s != %s || (!(request.userInfo.username in %s) && (%s || %s))" (printf $get "object" .Values.typeAnnotation) (printf $get "oldObject" .Values.typeAnnotation) $writers $added $removed -}}
 {{- end -}}
 
 {{/* Pod labels: the Service gpu-admission-metrics selects every pod with this label. */}}

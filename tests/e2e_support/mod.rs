@@ -105,12 +105,22 @@ impl Cluster {
     }
 
     /// A client that acts as `user` (impersonated by the admin), after granting that
-    /// user the built-in `admin` role in the scenario's namespace: a namespace admin,
-    /// as a tenant is.
+    /// user what a namespace admin may do with pods in the scenario's namespace. (The
+    /// built-in `admin` role is aggregated by kube-controller-manager, which this suite
+    /// does not run, so the rules are spelled out.)
     pub async fn namespace_admin(&self, user: &str) -> Client {
+        let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pod-admin"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]});
+        let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(role).unwrap();
+        Api::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
         let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": format!("{user}-admin")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "metadata": {"name": format!("{user}-pod-admin")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-admin"},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
         let binding: k8s_openapi::api::rbac::v1::RoleBinding =
             serde_json::from_value(binding).unwrap();

@@ -104,6 +104,8 @@ fn start(bin: &Path, client_ca: Option<&Path>) -> Server {
             };
         }
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("{} did not report serving", bin.display());
 }
 
@@ -136,7 +138,9 @@ fn client(
 ) -> Arc<rustls::ClientConfig> {
     let ca = server.dir.path().join("webhook-certs/ca.crt");
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_file(&ca).unwrap()).unwrap();
+    roots
+        .add(CertificateDer::from_pem_file(&ca).unwrap())
+        .unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -237,9 +241,7 @@ async fn run(bin: &Path, scenario: Scenario, calls: usize) -> (Outcome, Outcome,
             tls.clone(),
             PATIENCE
         )),
-        flood_support::honest(calls, EVERY, || flood_support::probe_once(
-            admin, PATIENCE
-        )),
+        flood_support::honest(calls, EVERY, || flood_support::probe_once(admin, PATIENCE)),
     );
     let mut opened = 0;
     for flood in floods {
@@ -282,18 +284,27 @@ fn main() {
     let wanted = std::env::var("SCENARIOS").ok();
     let scenarios: Vec<Scenario> = Scenario::ALL
         .into_iter()
-        .filter(|s| wanted.as_deref().is_none_or(|w| w.split(',').any(|n| n == s.name())))
+        .filter(|s| {
+            wanted
+                .as_deref()
+                .is_none_or(|w| w.split(',').any(|n| n == s.name()))
+        })
         .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    println!("| binary | scenario | honest call | succeeded | p50 ms | p99 ms | max ms | flood connections |");
+    println!(
+        "| binary | scenario | honest call | succeeded | p50 ms | p99 ms | max ms | flood connections |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for scenario in scenarios {
         for (label, bin) in &bins {
             let (validate, livez, opened) = runtime.block_on(run(bin, scenario, calls));
-            println!("{} {opened} |", row(label, scenario, "/validate", &validate));
+            println!(
+                "{} {opened} |",
+                row(label, scenario, "/validate", &validate)
+            );
             println!("{} {opened} |", row(label, scenario, "/livez", &livez));
             for failure in validate.failures.iter().chain(&livez.failures).take(3) {
                 eprintln!("  {label} {}: {failure}", scenario.name());

@@ -459,7 +459,12 @@ const FLOOD_MAX_OPENS: u64 = 2_000_000;
 async fn honest_calls_get_through_a_half_open_flood(mutual: bool) {
     let pki = tempfile::tempdir().unwrap();
     let (client_ca, cert, key) = client_pki(pki.path(), "apiserver-ca");
-    let door = door(false, ConnectionLimits::default(), mutual.then_some(&*client_ca)).await;
+    let door = door(
+        false,
+        ConnectionLimits::default(),
+        mutual.then_some(&*client_ca),
+    )
+    .await;
     let client = if mutual {
         client_with(&door.ca, cert, key)
     } else {
@@ -499,7 +504,10 @@ async fn honest_calls_get_through_a_half_open_flood(mutual: bool) {
     );
     assert!(validate.failures.is_empty(), "{:?}", validate.failures);
     assert!(livez.failures.is_empty(), "{:?}", livez.failures);
-    assert!(opened.0 >= 300 && opened.1 >= 100, "the flood ran: {opened:?}");
+    assert!(
+        opened.0 >= 300 && opened.1 >= 100,
+        "the flood ran: {opened:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

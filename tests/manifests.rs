@@ -607,7 +607,9 @@ fn network_policies_open_only_the_ports_that_must_be_reachable() {
         );
         let (mut anywhere, mut monitoring) = (BTreeSet::new(), BTreeSet::new());
         for rule in applying.iter().flat_map(|p| seq(&p["spec"]["ingress"])) {
-            let ports = seq(&rule["ports"]).iter().map(|p| p["port"].as_u64().unwrap());
+            let ports = seq(&rule["ports"])
+                .iter()
+                .map(|p| p["port"].as_u64().unwrap());
             match rule.get("from") {
                 None => anywhere.extend(ports),
                 Some(from) => {
@@ -634,7 +636,10 @@ fn network_policies_open_only_the_ports_that_must_be_reachable() {
             "gpu-scheduler" => (BTreeSet::new(), BTreeSet::from([3457, 10259])),
             other => panic!("unexpected Deployment {other}"),
         };
-        assert_eq!(anywhere, expected_anywhere, "{deployment}: ports open to anyone");
+        assert_eq!(
+            anywhere, expected_anywhere,
+            "{deployment}: ports open to anyone"
+        );
         assert_eq!(
             monitoring, expected_monitoring,
             "{deployment}: ports open to the monitoring namespace"

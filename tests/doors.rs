@@ -376,6 +376,79 @@ async fn at_the_cap_a_newcomer_takes_the_slot_of_the_peer_holding_the_most() {
     assert_eq!(response.status(), StatusCode::OK);
 }
 
+/// A keep-alive HTTP/1.1 connection over TLS from `source`, after one `GET /version`
+/// answered 200: its sender, and its driver (which ends when the connection closes).
+async fn keep_alive_from(
+    source: [u8; 4],
+    door: &Door,
+) -> (
+    hyper::client::conn::http1::SendRequest<Body>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tcp = tcp_from(source, door.addr).await;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let request = Request::get("/version")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    (sender, driver)
+}
+
+#[tokio::test]
+async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers() {
+    let limits = ConnectionLimits {
+        max_connections: 3,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    // A client from one address fills every slot with keep-alive connections, each
+    // having made a request (so they are past their handshake and first request).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(keep_alive_from([127, 0, 0, 2], &door).await);
+    }
+    // Newcomers from another address, which keep their connections open too, are
+    // served at once, each in the place of one of those idle connections.
+    let _newcomers = (
+        keep_alive_from([127, 0, 0, 1], &door).await,
+        keep_alive_from([127, 0, 0, 1], &door).await,
+    );
+    // The two oldest were closed by the server (their senders are still held here, so
+    // the client did not close them)...
+    let (senders, mut drivers): (Vec<_>, Vec<_>) = held.into_iter().unzip();
+    for driver in &mut drivers[..2] {
+        tokio::time::timeout(PATIENCE, driver)
+            .await
+            .expect("an idle connection gave way")
+            .unwrap()
+            .unwrap();
+    }
+    // ...and the youngest still serves.
+    let mut youngest = senders.into_iter().nth(2).unwrap();
+    let request = Request::get("/version")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, youngest.send_request(request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn a_request_in_flight_is_never_cut_to_make_room() {
     let limits = ConnectionLimits {

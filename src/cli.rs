@@ -117,7 +117,9 @@ pub struct ServeArgs {
 /// to touch; they exist so that no client can hold the server's memory or sockets.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct ConnectionLimits {
-    /// Open connections per listener; further clients wait in the kernel's backlog.
+    /// Open connections per listener. At the cap, a newcomer takes the slot of a
+    /// connection with no request in flight, from the peer holding the most of them;
+    /// it waits in the kernel's backlog only while every connection has one.
     #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256)]
     pub max_connections: usize,
     /// A connection with no request in flight and no bytes moving is closed after this.
@@ -126,6 +128,10 @@ pub struct ConnectionLimits {
     /// Time to receive a request's headers, and separately its body; and to answer it.
     #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
+    /// Time a new connection has to finish its TLS handshake and begin its first
+    /// request; a connection that has not is closed.
+    #[arg(long, env = "GPU_ADMISSION_HANDSHAKE_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub handshake_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
     pub max_streams: u32,

@@ -1,10 +1,12 @@
 //! The doors, as a hostile client meets them: each listener serves only its own routes,
 //! the webhook door can require the API server's client certificate, bodies over a
 //! route's limit get 413 with a reason (HTTP/1.1 and h2), slow bodies get 408, idle
-//! connections are closed, and a listener holds at most its cap of connections.
+//! connections are closed, and a listener holds at most its cap of connections, shared
+//! so that a flood of silent connections cannot keep honest callers out.
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod flood_support;
 mod tls_support;
 
 use std::net::SocketAddr;
@@ -18,8 +20,9 @@ use axum::http::{Request, StatusCode};
 use futures::StreamExt;
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
+use gpu_admission::server::admin::admin_router;
 use gpu_admission::server::tls::{
-    CertResolver, ConnectionLimits, mutual_server_config, serve_tls, server_config,
+    CertResolver, ConnectionLimits, mutual_server_config, serve_plain, serve_tls, server_config,
 };
 use gpu_admission::server::{extender_router, webhook_router};
 use hyper_util::rt::TokioIo;
@@ -272,42 +275,343 @@ async fn a_body_trickled_slower_than_the_request_timeout_gets_408() {
 }
 
 #[tokio::test]
-async fn idle_connections_are_closed_and_the_cap_holds_others_back() {
+async fn idle_connections_are_closed() {
     let limits = ConnectionLimits {
-        max_connections: 2,
-        idle_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_millis(300),
         ..Default::default()
     };
     let door = door(false, limits, None).await;
-    let config = tls_support::client_config(&door.ca);
-    let mut first = tls_support::connect(door.addr, config.clone(), "localhost")
+    let tls = tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
         .await
         .unwrap();
-    let _second = tls_support::connect(door.addr, config.clone(), "localhost")
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
         .await
         .unwrap();
-    // A third client waits: the server does not accept it while two are open...
-    let third = tokio::spawn(tls_support::get(door.addr, config.clone(), "/version"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !third.is_finished(),
-        "a third connection was served past the cap of 2"
+    let closed = tokio::spawn(conn);
+    let request = Request::get("/version")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The keep-alive connection, idle after its request, is closed by the server.
+    tokio::time::timeout(PATIENCE, closed)
+        .await
+        .expect("the idle connection must be closed")
+        .unwrap()
+        .unwrap();
+}
+
+/// A TCP connection from `source` (a loopback address) to `addr`.
+async fn tcp_from(source: [u8; 4], addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((source, 0))).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Whether the server closes `stream` (EOF or reset) within the test's patience.
+async fn closed_by_server(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test]
+async fn a_connection_that_makes_no_request_in_time_is_closed() {
+    let limits = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    // No ClientHello at all.
+    let mut silent = tcp_from([127, 0, 0, 1], door.addr).await;
+    assert!(closed_by_server(&mut silent).await);
+    // TLS done, then no request.
+    let mut quiet =
+        tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
+            .await
+            .unwrap();
+    assert!(closed_by_server(&mut quiet).await);
+}
+
+#[tokio::test]
+async fn at_the_cap_a_newcomer_takes_the_slot_of_the_peer_holding_the_most() {
+    let limits = ConnectionLimits {
+        max_connections: 3,
+        handshake_timeout: PATIENCE * 3,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    // An honest peer's connection, opened first, and two of a flooder's.
+    let honest = tcp_from([127, 0, 0, 3], door.addr).await;
+    let mut flood_old = tcp_from([127, 0, 0, 2], door.addr).await;
+    let _flood_new = tcp_from([127, 0, 0, 2], door.addr).await;
+    // A newcomer at the cap is served at once...
+    let reply = tls_support::get(door.addr, tls_support::client_config(&door.ca), "/version")
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    // ...in the place of the flooder's oldest connection.
+    assert!(closed_by_server(&mut flood_old).await);
+    // The honest peer's connection, older still, was left alone: it can still talk.
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
+        .connect(name, honest)
+        .await
+        .expect("the honest peer's connection was kept");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = Request::get("/version")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// A keep-alive HTTP/1.1 connection over TLS from `source`, after one `GET /version`
+/// answered 200: its sender, and its driver (which ends when the connection closes).
+async fn keep_alive_from(
+    source: [u8; 4],
+    door: &Door,
+) -> (
+    hyper::client::conn::http1::SendRequest<Body>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tcp = tcp_from(source, door.addr).await;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let request = Request::get("/version")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    (sender, driver)
+}
+
+#[tokio::test]
+async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers() {
+    let limits = ConnectionLimits {
+        max_connections: 3,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    // A client from one address fills every slot with keep-alive connections, each
+    // having made a request (so they are past their handshake and first request).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(keep_alive_from([127, 0, 0, 2], &door).await);
+    }
+    // Newcomers from another address, which keep their connections open too, are
+    // served at once, each in the place of one of those idle connections.
+    let _newcomers = (
+        keep_alive_from([127, 0, 0, 1], &door).await,
+        keep_alive_from([127, 0, 0, 1], &door).await,
     );
-    // ...until the idle ones are closed by the server, then it is served.
-    let mut buf = [0u8; 16];
-    let read = tokio::time::timeout(PATIENCE, first.read(&mut buf))
+    // The two oldest were closed by the server (their senders are still held here, so
+    // the client did not close them)...
+    let (senders, mut drivers): (Vec<_>, Vec<_>) = held.into_iter().unzip();
+    for driver in &mut drivers[..2] {
+        tokio::time::timeout(PATIENCE, driver)
+            .await
+            .expect("an idle connection gave way")
+            .unwrap()
+            .unwrap();
+    }
+    // ...and the youngest still serves.
+    let mut youngest = senders.into_iter().nth(2).unwrap();
+    let request = Request::get("/version")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, youngest.send_request(request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_request_in_flight_is_never_cut_to_make_room() {
+    let limits = ConnectionLimits {
+        max_connections: 1,
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let tls = tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
         .await
         .unwrap();
-    assert!(
-        matches!(read, Ok(0) | Err(_)),
-        "the idle connection must be closed"
-    );
-    let reply = tokio::time::timeout(PATIENCE, third)
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (started, body_started) = tokio::sync::oneshot::channel::<()>();
+    let trickle = futures::stream::once(async move {
+        let _ = started.send(());
+        Ok::<_, std::io::Error>(b"{".to_vec())
+    })
+    .chain(futures::stream::pending());
+    let request = Request::post("/validate")
+        .header("host", "localhost")
+        .header("content-length", "100")
+        .body(Body::from_stream(trickle))
+        .unwrap();
+    let in_flight = tokio::spawn(sender.send_request(request));
+    body_started.await.unwrap();
+    // A newcomer while the only slot has a request in flight: it waits...
+    let newcomer = tokio::spawn(tls_support::get(
+        door.addr,
+        tls_support::client_config(&door.ca),
+        "/version",
+    ));
+    // ...the request in flight is answered, not cut (408: its body never came)...
+    let answered = tokio::time::timeout(PATIENCE, in_flight)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the request in flight was cut");
+    assert_eq!(answered.status(), StatusCode::REQUEST_TIMEOUT);
+    // ...and then the newcomer is served.
+    let reply = tokio::time::timeout(PATIENCE, newcomer)
         .await
         .unwrap()
         .unwrap()
         .unwrap();
     assert_eq!(reply.status, StatusCode::OK);
+}
+
+/// The admin door (probes and metrics, plain HTTP) with the admin listener's cap.
+async fn admin_door() -> (SocketAddr, CancellationToken) {
+    let (state, _) = common::app(&cluster(), Config::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let limits = ConnectionLimits {
+        max_connections: 64,
+        ..Default::default()
+    };
+    tokio::spawn(serve_plain(
+        listener,
+        admin_router(state),
+        shutdown.clone(),
+        Duration::from_millis(100),
+        limits,
+    ));
+    (addr, shutdown.drop_guard().disarm())
+}
+
+/// Each honest call must succeed within this; how fast they are is measured by
+/// benches/flood.rs, not asserted here.
+const HONEST_PATIENCE: Duration = Duration::from_secs(5);
+/// Bounds of every flood: it stops by then, or after this many connections.
+const FLOOD_FOR: Duration = Duration::from_secs(60);
+const FLOOD_MAX_OPENS: u64 = 2_000_000;
+
+/// 300 half-open connections to the webhook door (from 30 addresses) and 100 to the
+/// admin door (from 10 others), reopened as soon as they are closed; meanwhile honest
+/// `/validate` calls and `/livez` probes from 127.0.0.1, each on a fresh connection.
+async fn honest_calls_get_through_a_half_open_flood(mutual: bool) {
+    let pki = tempfile::tempdir().unwrap();
+    let (client_ca, cert, key) = client_pki(pki.path(), "apiserver-ca");
+    let door = door(
+        false,
+        ConnectionLimits::default(),
+        mutual.then_some(&*client_ca),
+    )
+    .await;
+    let client = if mutual {
+        client_with(&door.ca, cert, key)
+    } else {
+        tls_support::client_config(&door.ca)
+    };
+    let (admin, _stop_admin) = admin_door().await;
+    let webhook_flood = flood_support::half_open(
+        door.addr,
+        &flood_support::loopback(2, 30),
+        300,
+        FLOOD_FOR,
+        FLOOD_MAX_OPENS,
+    );
+    let admin_flood = flood_support::half_open(
+        admin,
+        &flood_support::loopback(40, 10),
+        100,
+        FLOOD_FOR,
+        FLOOD_MAX_OPENS,
+    );
+    webhook_flood.wait_for(300, PATIENCE).await;
+    admin_flood.wait_for(100, PATIENCE).await;
+    let every = Duration::from_millis(100);
+    let (validate, livez) = tokio::join!(
+        flood_support::honest(20, every, || {
+            flood_support::validate_once(door.addr, client.clone(), HONEST_PATIENCE)
+        }),
+        flood_support::honest(20, every, || {
+            flood_support::probe_once(admin, HONEST_PATIENCE)
+        }),
+    );
+    let opened = (webhook_flood.stop().await, admin_flood.stop().await);
+    eprintln!(
+        "client CA {mutual}: /validate {}; /livez {}; flood connections opened {opened:?}",
+        validate.summary(),
+        livez.summary()
+    );
+    assert!(validate.failures.is_empty(), "{:?}", validate.failures);
+    assert!(livez.failures.is_empty(), "{:?}", livez.failures);
+    assert!(
+        opened.0 >= 300 && opened.1 >= 100,
+        "the flood ran: {opened:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn honest_calls_get_through_a_flood_of_half_open_connections() {
+    honest_calls_get_through_a_half_open_flood(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn honest_calls_get_through_a_flood_of_half_open_connections_with_client_ca() {
+    honest_calls_get_through_a_half_open_flood(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_while_the_metrics_endpoint_is_flooded() {
+    let (admin, _stop_admin) = admin_door().await;
+    let scrapes = flood_support::scrapes(
+        admin,
+        &flood_support::loopback(60, 10),
+        100,
+        "/metrics",
+        FLOOD_FOR,
+        FLOOD_MAX_OPENS,
+    );
+    scrapes.wait_for(1_000, PATIENCE).await;
+    let livez = flood_support::honest(20, Duration::from_millis(100), || {
+        flood_support::probe_once(admin, HONEST_PATIENCE)
+    })
+    .await;
+    let sent = scrapes.stop().await;
+    eprintln!("/livez {} during {sent} scrapes", livez.summary());
+    assert!(livez.failures.is_empty(), "{:?}", livez.failures);
 }
 
 /// A new CA and a client certificate it signed (clientAuth): the CA's PEM file in

@@ -1,5 +1,6 @@
 //! The admin port: `/livez`, `/readyz`, `/metrics` (plain HTTP).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
@@ -48,11 +49,33 @@ fn quota_rows(state: &ClusterState, api_mode: bool) -> Vec<(QuotaLabels, f64, f6
 }
 
 pub fn admin_router(state: AppState) -> Router {
+    // One render at a time: a flood of scrapes costs each extra caller an immediate
+    // 503, not a worker thread, so the probes next to it keep answering.
+    let rendering = Arc::new(parking_lot::Mutex::new(()));
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(move |state: State<AppState>| metrics_once(state, rendering.clone())),
+        )
         .with_state(state)
+}
+
+async fn metrics_once(
+    state: State<AppState>,
+    rendering: Arc<parking_lot::Mutex<()>>,
+) -> axum::response::Response {
+    // Held only across synchronous code: the render below never awaits.
+    let Some(_rendering) = rendering.try_lock() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "metrics are being rendered for another scrape; retry",
+        )
+            .into_response();
+    };
+    metrics(state).into_response()
 }
 
 pub async fn livez() -> &'static str {
@@ -70,7 +93,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str)
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let api_mode = state.cache.client().is_some();
     let mix = state.placer.learned_mix();
     let (nodes, pods, quotas, fragmentation) = state.cache.with_state(|s| {

@@ -9,7 +9,8 @@
 //!
 //! [`serve_tls`] and [`serve_plain`] are the accept loops: hyper-util's auto
 //! builder (HTTP/1.1 and h2) over an axum router, with graceful shutdown, a cap on
-//! open connections, idle and request timeouts, and h2 limits ([`ConnectionLimits`]).
+//! open connections shared fairly between peers ([`super::slots`]), handshake, idle and
+//! request timeouts, and h2 limits ([`ConnectionLimits`]).
 
 use std::fmt;
 use std::future::Future;
@@ -29,11 +30,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use super::slots::{Activity, Slot, Slots};
 pub use crate::cli::ConnectionLimits;
-use std::sync::atomic::Ordering;
 
-/// A client that has not finished its TLS handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection whose slot a newcomer took may finish what it was sending
+/// (an h2 GOAWAY, a response being written) before it is dropped.
+const EVICTED_GRACE: Duration = Duration::from_secs(1);
 /// Pause after an accept error that is not about one connection (e.g. EMFILE),
 /// so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(250);
@@ -431,9 +433,9 @@ pub async fn reload_loop(
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then
 /// stops accepting and gives open connections `grace` to finish.
 ///
-/// The handshake runs inside each connection's task (bounded by a 10 s
-/// timeout), so a slow or failing client never holds up the accept loop.
-/// Accept errors are logged and retried, so this returns `Ok` once shut down;
+/// The handshake runs inside each connection's task (bounded by
+/// `limits.handshake_timeout`), so a slow or failing client never holds up the accept
+/// loop. Accept errors are logged and retried, so this returns `Ok` once shut down;
 /// the `io::Result` leaves room for setup errors.
 pub async fn serve_tls(
     listener: TcpListener,
@@ -448,9 +450,14 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let app = app.clone();
         async move {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+            let activity = conn.slot.activity().clone();
+            let handshake = tokio::time::timeout_at(conn.opening_deadline, acceptor.accept(stream));
             let result = tokio::select! {
                 r = handshake => r,
+                () = activity.evicted() => {
+                    tracing::debug!(peer = %conn.peer, "TLS handshake cut: a newcomer took its slot");
+                    return;
+                }
                 () = conn.hard_stop.cancelled() => return,
             };
             match result {
@@ -485,12 +492,15 @@ pub async fn serve_plain(
 struct Conn {
     peer: std::net::SocketAddr,
     limits: ConnectionLimits,
+    /// By then the TLS handshake must be over and the first request begun.
+    opening_deadline: tokio::time::Instant,
     /// Cancelled when shutdown begins: finish what is in flight, then close.
     draining: CancellationToken,
     /// Cancelled when the grace period is over: drop the connection.
     hard_stop: CancellationToken,
-    /// Held for the connection's lifetime: the listener's connection cap.
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    /// Held for the connection's lifetime (unless a newcomer takes it): the
+    /// listener's connection cap, and what the connection is doing.
+    slot: Slot,
 }
 
 async fn accept_loop<F, Fut>(
@@ -505,21 +515,20 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let connections = tokio_util::task::TaskTracker::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let slots = Slots::new(limits.max_connections);
     let hard_stop = CancellationToken::new();
     loop {
-        // At the cap, stop accepting: further clients wait in the kernel's backlog
-        // until a connection closes (idle ones are closed after `idle_timeout`).
+        let Some((stream, peer)) = accept(&listener, &shutdown).await else {
+            break;
+        };
+        let opening_deadline = tokio::time::Instant::now() + limits.handshake_timeout;
+        // At the cap a connection doing nothing gives way at once; while every one has
+        // a request in flight, stop accepting: further clients wait in the kernel's
+        // backlog until a request ends.
         let slot = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-        };
-        let Some((stream, peer)) = accept(&listener, &shutdown).await else {
-            break;
+            slot = slots.admit(peer.ip().to_canonical()) => slot,
         };
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %err, "cannot set TCP_NODELAY");
@@ -527,9 +536,10 @@ where
         let conn = Conn {
             peer,
             limits,
+            opening_deadline,
             draining: shutdown.clone(),
             hard_stop: hard_stop.clone(),
-            _slot: slot,
+            slot,
         };
         connections.spawn(handle(stream, conn));
     }
@@ -623,15 +633,16 @@ const H2_PING_EVERY: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one connection (HTTP/1.1 or h2, detected from the preface) until it
-/// closes, sits idle for `idle_timeout`, shutdown drains it, or the grace period
-/// ends. Every request is bounded by twice `request_timeout` (reading its body
-/// has its own `request_timeout`, answered 408).
+/// closes, sits idle for `idle_timeout`, makes no request before its opening deadline,
+/// gives its slot to a newcomer, shutdown drains it, or the grace period ends. Every
+/// request is bounded by twice `request_timeout` (reading its body has its own
+/// `request_timeout`, answered 408).
 async fn serve_connection<I>(io: I, app: axum::Router, conn: Conn)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     use hyper_util::rt::TokioIo;
-    let activity = Arc::new(Activity::new());
+    let activity = conn.slot.activity().clone();
     let service = tracked(app, activity.clone(), conn.limits.request_timeout * 2);
     let builder = http_builder(&conn.limits);
     let connection = builder.serve_connection(
@@ -640,6 +651,8 @@ where
     );
     tokio::pin!(connection);
     let mut closing = false;
+    // Once a newcomer took the slot: the moment the connection is dropped regardless.
+    let mut evicted_until: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             r = connection.as_mut() => {
@@ -657,59 +670,28 @@ where
                 connection.as_mut().graceful_shutdown();
                 closing = true;
             }
+            () = tokio::time::sleep_until(conn.opening_deadline), if !activity.has_requested() => {
+                if !activity.has_requested() {
+                    tracing::debug!(peer = %conn.peer, "no request in time; closing");
+                    return;
+                }
+            }
+            () = activity.evicted(), if evicted_until.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+                evicted_until = Some(tokio::time::Instant::now() + EVICTED_GRACE);
+            }
+            () = sleep_until_some(evicted_until) => return,
             () = conn.hard_stop.cancelled() => return,
         }
     }
 }
 
-/// Requests in flight on one connection, and when the last one ended.
-struct Activity {
-    started: std::time::Instant,
-    in_flight: std::sync::atomic::AtomicUsize,
-    /// Milliseconds after `started` when a request last ended.
-    last_done: std::sync::atomic::AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Activity {
-            started: std::time::Instant::now(),
-            in_flight: Default::default(),
-            last_done: Default::default(),
-        }
-    }
-
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self.clone())
-    }
-
-    /// Resolves once no request has been in flight for `idle`.
-    async fn idle_for(&self, idle: Duration) {
-        loop {
-            let last = Duration::from_millis(self.last_done.load(Ordering::Acquire));
-            let wake = if self.in_flight.load(Ordering::Acquire) == 0 {
-                let deadline = self.started + last + idle;
-                if std::time::Instant::now() >= deadline {
-                    return;
-                }
-                deadline
-            } else {
-                std::time::Instant::now() + idle
-            };
-            tokio::time::sleep_until(wake.into()).await;
-        }
-    }
-}
-
-/// One request in flight; its end is recorded when dropped (also on cancellation).
-struct InFlight(Arc<Activity>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let elapsed = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_done.store(elapsed, Ordering::Release);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,0 +1,314 @@
+//! Honest callers during a connection flood, against the real binary: `serve --cluster`
+//! on loopback with development certificates, default limits.
+//!
+//! Scenarios, each with `CALLS` honest `POST /validate` (a fresh TLS connection each,
+//! as a new API server connection) and `CALLS` `GET /livez` (a fresh connection each,
+//! as the kubelet probes) from 127.0.0.1, one every 100 ms, side by side:
+//!
+//! - `quiet`: no flood;
+//! - `half-open`: 300 connections to the webhook port (from 127.0.0.2-31) and 100 to
+//!   the admin port (127.0.0.40-49) that never send a byte, each reopened as soon as
+//!   the server closes it;
+//! - `half-open, client CA`: the same with `--client-ca` (the honest caller presents
+//!   a certificate it signed);
+//! - `metrics flood`: 100 keep-alive connections to the admin port (127.0.0.60-69)
+//!   sending `GET /metrics` back to back;
+//! - `half-open, one address`: the half-open flood from 127.0.0.1 itself, the
+//!   address the honest callers use (peers cannot be told apart).
+//!
+//! A call that fails or takes over 5 s counts as failed. Every flood stops when the
+//! honest calls are done, and at most 5 s per call plus 10 s after it started.
+//!
+//! Run: `cargo bench --bench flood` (the binary cargo built), or, to compare binaries
+//! in one run, `FLOOD_BINS=old=/path/a,new=/path/b cargo bench --bench flood`.
+//! Environment: `CALLS` (20), `SCENARIOS` (comma-separated names; all by default).
+#![allow(clippy::unwrap_used)]
+
+#[path = "../tests/flood_support/mod.rs"]
+mod flood_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flood_support::{Flood, Outcome};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+const PATIENCE: Duration = Duration::from_secs(5);
+const EVERY: Duration = Duration::from_millis(100);
+/// A bound, never reached in a run: scrapes count every request.
+const FLOOD_MAX_OPENS: u64 = 500_000_000;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Server {
+    child: Child,
+    webhook: SocketAddr,
+    admin: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `serve` from `bin` in a new directory (development certificates there) on ephemeral
+/// loopback ports, learnt from its "serving" log line.
+fn start(bin: &Path, client_ca: Option<&Path>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = format!("{}/examples/cluster.yaml", env!("CARGO_MANIFEST_DIR"));
+    let mut command = Command::new(bin);
+    command
+        .args(["serve", "--cluster", &cluster, "--log-format", "json"])
+        .args(["--address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
+        .args(["--extender-address", "127.0.0.1:0"]);
+    if let Some(ca) = client_ca {
+        command.arg("--client-ca").arg(ca);
+    }
+    let mut child = command
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref().map_while(Result::ok) {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if event["message"] == "serving" || event["fields"]["message"] == "serving" {
+            let fields = if event["address"].is_string() {
+                &event
+            } else {
+                &event["fields"]
+            };
+            let addr = |key: &str| fields[key].as_str().unwrap().parse().unwrap();
+            // Keep reading its log, so the server never writes into a closed pipe.
+            std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+            return Server {
+                webhook: addr("address"),
+                admin: addr("admin_address"),
+                child,
+                dir,
+            };
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{} did not report serving", bin.display());
+}
+
+/// A client CA and a client certificate it signed, the CA written to `dir/client-ca.crt`.
+fn client_pki(dir: &Path) -> (PathBuf, CertificateDer<'static>, PrivateKeyDer<'static>) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["kube-apiserver".to_string()]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let path = dir.join("client-ca.crt");
+    std::fs::write(&path, ca_cert.pem()).unwrap();
+    let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    (path, cert.der().clone(), key)
+}
+
+/// A client trusting the server's development CA, presenting `identity` if given.
+fn client(
+    server: &Server,
+    identity: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+) -> Arc<rustls::ClientConfig> {
+    let ca = server.dir.path().join("webhook-certs/ca.crt");
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&ca).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder.with_client_auth_cert(vec![cert], key).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    Quiet,
+    HalfOpen,
+    HalfOpenClientCa,
+    MetricsFlood,
+    HalfOpenOneAddress,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 5] = [
+        Scenario::Quiet,
+        Scenario::HalfOpen,
+        Scenario::HalfOpenClientCa,
+        Scenario::MetricsFlood,
+        Scenario::HalfOpenOneAddress,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Quiet => "quiet",
+            Scenario::HalfOpen => "half-open",
+            Scenario::HalfOpenClientCa => "half-open, client CA",
+            Scenario::MetricsFlood => "metrics flood",
+            Scenario::HalfOpenOneAddress => "half-open, one address",
+        }
+    }
+
+    fn floods(self, server: &Server, for_at_most: Duration) -> Vec<Flood> {
+        let half_open = |addr, sources: Vec<_>, total| {
+            flood_support::half_open(addr, &sources, total, for_at_most, FLOOD_MAX_OPENS)
+        };
+        let lo = flood_support::loopback;
+        match self {
+            Scenario::Quiet => vec![],
+            Scenario::HalfOpen | Scenario::HalfOpenClientCa => vec![
+                half_open(server.webhook, lo(2, 30), 300),
+                half_open(server.admin, lo(40, 10), 100),
+            ],
+            Scenario::MetricsFlood => vec![flood_support::scrapes(
+                server.admin,
+                &lo(60, 10),
+                100,
+                "/metrics",
+                for_at_most,
+                FLOOD_MAX_OPENS,
+            )],
+            Scenario::HalfOpenOneAddress => vec![
+                half_open(server.webhook, lo(1, 1), 300),
+                half_open(server.admin, lo(1, 1), 100),
+            ],
+        }
+    }
+}
+
+/// One scenario against `bin`: the honest calls' outcomes and how many flood
+/// connections (or scrapes) were made.
+async fn run(bin: &Path, scenario: Scenario, calls: usize) -> (Outcome, Outcome, u64) {
+    let pki = tempfile::tempdir().unwrap();
+    let mutual = scenario == Scenario::HalfOpenClientCa;
+    let (ca, cert, key) = client_pki(pki.path());
+    let server = start(bin, mutual.then_some(ca.as_path()));
+    let tls = client(&server, mutual.then_some((cert, key)));
+    // Ready before the flood starts (the cache of the offline cluster is loaded).
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while flood_support::probe_once(server.admin, PATIENCE)
+        .await
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < until, "server never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let for_at_most = PATIENCE * calls as u32 + Duration::from_secs(10);
+    let floods = scenario.floods(&server, for_at_most);
+    for flood in &floods {
+        flood.wait_for(100, Duration::from_secs(10)).await;
+    }
+    // Let the flood fill the slots.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (webhook, admin) = (server.webhook, server.admin);
+    let (validate, livez) = tokio::join!(
+        flood_support::honest(calls, EVERY, || flood_support::validate_once(
+            webhook,
+            tls.clone(),
+            PATIENCE
+        )),
+        flood_support::honest(calls, EVERY, || flood_support::probe_once(admin, PATIENCE)),
+    );
+    let mut opened = 0;
+    for flood in floods {
+        opened += flood.stop().await;
+    }
+    (validate, livez, opened)
+}
+
+fn row(label: &str, scenario: Scenario, route: &str, outcome: &Outcome) -> String {
+    let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
+    format!(
+        "| {label} | {} | {route} | {}/{} | {} | {} | {} |",
+        scenario.name(),
+        outcome.latencies.len(),
+        outcome.latencies.len() + outcome.failures.len(),
+        ms(outcome.quantile(0.5)),
+        ms(outcome.quantile(0.99)),
+        ms(outcome.quantile(1.0)),
+    )
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return; // `cargo test --benches` builds this; only `cargo bench` runs it.
+    }
+    let bins: Vec<(String, PathBuf)> = match std::env::var("FLOOD_BINS") {
+        Ok(list) => list
+            .split(',')
+            .map(|entry| {
+                let (label, path) = entry.split_once('=').expect("FLOOD_BINS: label=path,...");
+                (label.to_string(), PathBuf::from(path))
+            })
+            .collect(),
+        Err(_) => vec![(
+            "this build".to_string(),
+            PathBuf::from(env!("CARGO_BIN_EXE_gpu-admission")),
+        )],
+    };
+    let calls = env_or("CALLS", 20);
+    let wanted = std::env::var("SCENARIOS").ok();
+    let scenarios: Vec<Scenario> = Scenario::ALL
+        .into_iter()
+        .filter(|s| {
+            wanted
+                .as_deref()
+                .is_none_or(|w| w.split(',').any(|n| n == s.name()))
+        })
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "| binary | scenario | honest call | succeeded | p50 ms | p99 ms | max ms | flood connections |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for scenario in scenarios {
+        for (label, bin) in &bins {
+            let (validate, livez, opened) = runtime.block_on(run(bin, scenario, calls));
+            println!(
+                "{} {opened} |",
+                row(label, scenario, "/validate", &validate)
+            );
+            println!("{} {opened} |", row(label, scenario, "/livez", &livez));
+            for failure in validate.failures.iter().chain(&livez.failures).take(3) {
+                eprintln!("  {label} {}: {failure}", scenario.name());
+            }
+        }
+    }
+}

@@ -83,7 +83,7 @@ fn amounts_follow_the_effective_request_rule_and_count_fractions() {
         let request = GpuRequest {
             containers,
             init,
-            mig: Vec::new(),
+            ..Default::default()
         };
         let charge = charge_on(&request, "T4", &MigResources::default());
         assert_eq!(

@@ -378,6 +378,7 @@ fn gpu_node(model: Option<&str>, pool: Option<&str>) -> NodeGpus {
         memory_per_gpu: 4,
         used: vec![Default::default(); 4],
         mig_slices: Vec::new(),
+        created: 0,
     }
 }
 

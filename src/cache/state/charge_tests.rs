@@ -79,8 +79,9 @@ fn usage_counts_effective_requests_and_models_no_quota_lists() {
 }
 
 /// A pod that wants a model and is bound on a single-strategy MIG node of it uses a
-/// slice (usage) but was charged whole GPUs at admission, and its pending total must
-/// count as seen by that amount, or it would wait out its TTL.
+/// slice (usage); on a cluster whose GPUs of the model are all sliced it was charged a
+/// slice at admission too, and its pending total counts as seen by that amount (or it
+/// would wait out its TTL).
 #[test]
 fn a_pod_on_a_mig_slice_uses_the_slice_and_settles_what_admission_charged() {
     use crate::placement::quantity::Milli;
@@ -113,6 +114,6 @@ fn a_pod_on_a_mig_slice_uses_the_slice_and_settles_what_admission_charged() {
     let seen = state.seen_charges("team-a", created);
     assert_eq!(
         seen.get(&(created, "A100-SXM4-40GB".to_string())),
-        Some(&Milli(1000))
+        Some(&Milli(142))
     );
 }

@@ -11,7 +11,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")"
-targets=(extender_args volcano_predicate admission_review quantity pod_annotations config)
+targets=(extender_args volcano_predicate admission_review quantity pod_annotations config pod_cost)
 target=${1:-all}
 seconds=${2:-600}
 if [[ $target == all ]]; then

@@ -194,7 +194,10 @@ pub fn pod_cost(data: &[u8]) {
 }
 
 /// A container's vcuda-core units and MIG slices, read alone as an app container.
-fn alone(pod: &Pod, container: &k8s_openapi::api::core::v1::Container) -> (u64, Vec<(String, u64)>) {
+fn alone(
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+) -> (u64, Vec<(String, u64)>) {
     let mut single = pod.clone();
     if let Some(spec) = single.spec.as_mut() {
         let mut container = container.clone();
@@ -264,7 +267,11 @@ fn charges(request: &GpuRequest) {
     if request.mig.is_empty() {
         let whole = charge_on(request, model, mig);
         let milli = whole.get(model).map_or(0, |m| m.0);
-        assert_eq!(milli, request.core_units().saturating_mul(10), "{request:?}");
+        assert_eq!(
+            milli,
+            request.core_units().saturating_mul(10),
+            "{request:?}"
+        );
     }
     let labels = [
         "A100-SXM4-40GB-MIG-1g.5gb",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run one fuzz target (or all six, one after another) with the flags of docs/fuzzing.md.
+# Run one fuzz target (or all of them, one after another) with the flags of docs/fuzzing.md.
 #
 #   fuzz/run.sh [target|all] [seconds]      default: all, 600 seconds each
 #

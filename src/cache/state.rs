@@ -120,7 +120,8 @@ pub enum Subject {
     /// truth; the request's copy is not read.
     Known { uid: Box<str> },
     /// A pod the caller offers (offline mode: the file is the cluster).
-    Offered(CachedPod),
+    /// Boxed: a pod is ten times the size of a uid.
+    Offered(Box<CachedPod>),
 }
 
 /// Why a filter call cannot place the pod it names at all (answered as the
@@ -448,7 +449,7 @@ impl ClusterState {
         let Some(entry) = self.nodes.get(name) else {
             return;
         };
-        let keys: Vec<PodKey> = entry.pods.iter().cloned().collect();
+        let keys: Vec<PodKey> = entry.pods.to_vec();
         for key in &keys {
             self.recharge(key);
         }
@@ -913,7 +914,7 @@ impl ClusterState {
                 // A new pod (or the same name with another uid: what the old one held is gone).
                 _ => {
                     check_unbound(key, &incoming)?;
-                    self.put_pod(key.clone(), incoming);
+                    self.put_pod(key.clone(), *incoming);
                     return Ok(None);
                 }
             },

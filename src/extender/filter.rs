@@ -69,7 +69,7 @@ pub async fn filter(
     // API mode: the cluster's copy of the pod is placed, never the caller's.
     let subject = match cache.client() {
         Some(_) => Subject::Known { uid: offered.uid },
-        None => Subject::Offered(offered),
+        None => Subject::Offered(Box::new(offered)),
     };
     let names = args.candidate_names();
     let (plan, decision) = match plan(cache, placer, key, subject, &names) {

@@ -738,7 +738,8 @@ mod sidecar_tests {
 
     #[test]
     fn a_plain_init_container_counts_the_sidecars_started_before_it() {
-        let cases: [(&[(bool, &[(&str, &str)])], u64); 4] = [
+        type Inits<'a> = &'a [(bool, &'a [(&'a str, &'a str)])];
+        let cases: [(Inits, u64); 4] = [
             // sidecar 1, then init 3: 3 + 1 beside it; apps + sidecar = 2.
             (&[(true, &[(GPU, "1")]), (false, &[(GPU, "3")])], 400),
             // init 3 first: nothing beside it.

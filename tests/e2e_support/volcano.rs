@@ -389,7 +389,9 @@ pub async fn volcano_refuses_a_capped_mig_profile() {
         })
     };
     let capped = "the namespace caps MIG profile A100-SXM4-40GB/1g.5gb";
-    let around = pod("around", model);
+    // The predicate reads the namespace's quota from the pod Volcano sends.
+    let mut around = pod("around", model);
+    around["metadata"]["namespace"] = json!(cluster.ns);
     let (status, code) = wait_for(
         "gpu-admission to see the node and the quota",
         BIND_TIMEOUT,

@@ -15,7 +15,9 @@ use crate::placement::{
     Assignment, GpuRequest, Misfit, NodeGpus, Outcome, PlacementMemo, Placer, Stamp, fit,
     place_versioned,
 };
-use crate::quota::ledger::{ModelAmounts, QuotaView, admitted_model, charge_on, reported_usage};
+use crate::quota::ledger::{
+    ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
+};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -650,12 +652,22 @@ impl ClusterState {
         if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
             return None;
         }
-        let label = match wanted {
-            // Admission charged it by the nodes that existed when it was created.
-            [only] => self.pending_label(&pod.request, only, pod.created, limits),
-            _ => admitted_model(wanted, node_model(&self.nodes, pod))?,
-        };
-        Some(charge_on(&pod.request, label, self.ledger.mig()))
+        let mig = self.ledger.mig();
+        let node = node_model(&self.nodes, pod);
+        match wanted {
+            // Admission charged it by the nodes that existed when it was created, and
+            // placement what a dearer node costs beyond that (`ledger::excess`).
+            [only] => {
+                let label = self.pending_label(&pod.request, only, pod.created, limits);
+                let mut charge = charge_on(&pod.request, label, mig);
+                if let Some(node) = node.filter(|n| *n != label) {
+                    let beyond = excess(&charge_on(&pod.request, node, mig), &charge);
+                    add_charge(&mut charge, &beyond);
+                }
+                Some(charge)
+            }
+            _ => Some(charge_on(&pod.request, admitted_model(wanted, node)?, mig)),
+        }
     }
 
     /// How MIG slices are charged (`resources.mig`); set once, before any pod arrives.

@@ -60,6 +60,19 @@ impl<'a> Eligibility<'a> {
         &self.wanted
     }
 
+    /// What the quota ledger is charged when the pod is placed on a node labelled
+    /// `label`: for a pod that accepts several models, its cost there; for one charged
+    /// at admission, what the node costs beyond that (`None`: nothing).
+    pub fn placement_charge(&self, label: &str, request: &GpuRequest) -> Option<ModelAmounts> {
+        let cost = charge_on(request, label, self.quota.mig);
+        let charge = match &self.quota.charged {
+            Charged::Free => return None,
+            Charged::AtPlacement => cost,
+            Charged::Admitted(charged) => excess(&cost, charged),
+        };
+        (!charge.is_empty()).then_some(charge)
+    }
+
     /// Whether `node` may take the pod asking `request`, fit aside.
     pub fn admits(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
         self.wanted

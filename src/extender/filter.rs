@@ -17,7 +17,7 @@ use crate::placement::learn::LearningPlacer;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::{Assignment, GpuRequest, Misfit, Outcome, Placer};
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Costs, ModelAmounts, charge_on};
+use crate::quota::ledger::{AdmitRules, Costs, ModelAmounts};
 use crate::quota::reserve::{Ask, Reserved};
 
 use super::eligible::{self, Charged, Eligibility};
@@ -163,7 +163,6 @@ pub(super) fn plan(
             Some(pod) => eligible::charged(state, &limits, &wanted, &pod.request, pod.created),
             None => Charged::Free, // nothing to place: `place_subject` says so
         };
-        let quota_applies = matches!(charged, Charged::AtPlacement);
         // The ledger is read only when some node's cost may call for it.
         let views = eligible::needs_views(&charged)
             .then(|| eligible::ledger_views(state, namespace, api_mode));
@@ -182,13 +181,16 @@ pub(super) fn plan(
         let pod = state.pod(&key);
         let request = pod.map(|p| p.request.clone()).unwrap_or_default();
         let node = decision.reservation.as_ref().map(|r| &*r.node);
-        let charge_at_placement = quota_applies.then(|| {
-            let node_model = node.and_then(|n| Some(state.node(n)?.model.as_deref()?.to_string()));
-            PlacementCharge {
-                charge: charge_on(&request, node_model.as_deref().unwrap_or_default(), mig),
+        // What the ledger is charged at placement: all of it for a pod that accepts
+        // several models, what a dearer node costs beyond its admission charge otherwise.
+        let charge_at_placement = node.and_then(|n| {
+            let node_model = state.node(n)?.model.as_deref().map(str::to_string);
+            let label = node_model.as_deref().unwrap_or_default();
+            Some(PlacementCharge {
+                charge: eligibility.placement_charge(label, &request)?,
                 node_model,
                 created: pod.map_or(0, |p| p.created),
-            }
+            })
         });
         let plan = Plan {
             key,

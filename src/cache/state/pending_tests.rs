@@ -148,8 +148,17 @@ fn a_dearer_node_is_taken_only_with_room_for_the_difference() {
     admit_pod(&mut state, &pod("p0")).unwrap();
     let whole = gpu_node("whole", MODEL, pod_second() + 60);
     state.apply_node(whole.clone());
-    // One slice used of one GPU: room for the 0.858 more a whole GPU costs.
+    // One slice used of one GPU: room for the 0.858 more a whole GPU costs, which the
+    // ledger is charged at placement (what admission charged stays charged).
     assert_eq!(admits(&state, "p0", &whole), Ok(()));
+    let placed = state.pod("team-a/p0").unwrap();
+    let (request, created) = (&placed.request, placed.created);
+    let limits = state.namespace_limits("team-a");
+    let charged = eligible::charged(&state, limits, &wanted(), request, created);
+    let eligibility = Eligibility::new(limits, wanted(), charged, state.mig(), None);
+    let beyond = eligibility.placement_charge(MODEL, request).unwrap();
+    assert_eq!(beyond.get(MODEL).map(|m| m.0), Some(858));
+    assert_eq!(eligibility.placement_charge(SLICES, request), None);
     admit_pod(&mut state, &pod("p1")).unwrap();
     assert!(admits(&state, "p0", &whole).is_err());
 }

@@ -48,6 +48,7 @@ impl<'a> Eligibility<'a> {
             limits,
             wanted,
             quota: PlacementQuota {
+                checks: needs_views(&charged),
                 charged,
                 mig,
                 views,
@@ -64,6 +65,9 @@ impl<'a> Eligibility<'a> {
     /// `label`: for a pod that accepts several models, its cost there; for one charged
     /// at admission, what the node costs beyond that (`None`: nothing).
     pub fn placement_charge(&self, label: &str, request: &GpuRequest) -> Option<ModelAmounts> {
+        if !self.quota.checks {
+            return None; // charged the most it can cost (or nothing applies)
+        }
         let cost = charge_on(request, label, self.quota.mig);
         let charge = match &self.quota.charged {
             Charged::Free => return None,
@@ -165,6 +169,10 @@ pub fn ledger_views(
 /// The quota rule of placement: the node's cost must fit what the pod was charged
 /// plus the namespace's room.
 struct PlacementQuota<'a> {
+    /// Whether any node can cost more than the pod was charged ([`needs_views`]): most
+    /// pods are charged the most they can cost, and the filter's hot path then skips
+    /// the rule.
+    checks: bool,
     charged: Charged,
     mig: &'a MigResources,
     views: Option<&'a Result<Vec<QuotaView>, String>>,
@@ -178,7 +186,7 @@ type LabelRoom = (Option<Arc<str>>, Result<(), Misfit>);
 
 impl PlacementQuota<'_> {
     fn room_on(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
-        if matches!(self.charged, Charged::Free) {
+        if !self.checks {
             return Ok(());
         }
         let known = self

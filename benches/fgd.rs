@@ -52,6 +52,7 @@ fn cluster(rng: &mut ChaCha8Rng) -> Vec<NodeGpus> {
                 memory_per_gpu: MEMORY,
                 used,
                 mig_slices: Vec::new(),
+                created: 0,
             }
         })
         .collect()

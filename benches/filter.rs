@@ -59,6 +59,7 @@ fn fill(cache: &ClusterCache) -> f64 {
                 memory_per_gpu: 64,
                 used: vec![GpuUse::default(); GPUS],
                 mig_slices: Vec::new(),
+                created: 0,
             })
         }
     });

@@ -101,6 +101,7 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
                 memory_per_gpu: 64,
                 used: vec![GpuUse::default(); GPUS],
                 mig_slices: Vec::new(),
+                created: 0,
             })
         }
     });

@@ -30,6 +30,7 @@ fn input(target: &str) -> Input {
         "admission_review" => Input::Bytes(harness::admission_review),
         "quantity" => Input::Bytes(harness::quantity),
         "config" => Input::Bytes(harness::config),
+        "pod_cost" => Input::Bytes(harness::pod_cost),
         "pod_annotations" => Input::Pod,
         other => panic!("no such fuzz target {other:?}"),
     }

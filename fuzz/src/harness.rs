@@ -20,13 +20,14 @@ use gpu_admission::placement::{GpuRequest, ResourceNames};
 use k8s_openapi::api::core::v1::Pod;
 
 /// The targets, by name (the directory names under `fuzz/seeds` and `fuzz/regressions`).
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "extender_args",
     "volcano_predicate",
     "admission_review",
     "quantity",
     "pod_annotations",
     "config",
+    "pod_cost",
 ];
 
 fn names() -> &'static ResourceNames {
@@ -152,6 +153,165 @@ pub fn pod_annotations(pod: &Pod) {
         None,
         &[],
     );
+}
+
+/// The pod-cost path: a pod (JSON, through the webhooks' bounded decoder, so native
+/// sidecars' `restartPolicy` is kept) read as a GPU request, then charged and placed.
+/// Properties, each what a user would notice were it broken:
+/// - the request's vcuda-core units and MIG slices per profile are Kubernetes' rule
+///   (KEP-753), recomputed here from each container read alone: max(app containers +
+///   sidecars, each regular init container + the sidecars declared before it);
+/// - the node holds exactly what the quota charges: app containers plus
+///   `held_for_init` come to `core_units`, and a fit on a node charges that much;
+/// - on a whole-GPU label the charge is `core_units` GPUs;
+/// - the pending label is the dearest of the labels offered for its model.
+pub fn pod_cost(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(pod) = gpu_admission::wire::pod::decode("Pod", text) else {
+        return;
+    };
+    gpu_request(&pod);
+    let Ok(Some(request)) = GpuRequest::from_pod(&pod, names()) else {
+        return;
+    };
+    let (units, slices) = kubernetes_rule(&pod);
+    assert_eq!(request.core_units(), units, "{request:?}");
+    let mig: Vec<(&str, u64)> = request
+        .mig
+        .iter()
+        .map(|d| (&*d.profile, u64::from(d.count)))
+        .collect();
+    let expected: Vec<(&str, u64)> = slices
+        .iter()
+        .filter(|(_, count)| **count > 0)
+        .map(|(profile, count)| (profile.as_str(), (*count).min(1024)))
+        .collect();
+    assert_eq!(mig, expected, "{request:?}");
+    charges(&request);
+    placement(&request);
+}
+
+/// A container's vcuda-core units and MIG slices, read alone as an app container.
+fn alone(
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+) -> (u64, Vec<(String, u64)>) {
+    let mut single = pod.clone();
+    if let Some(spec) = single.spec.as_mut() {
+        let mut container = container.clone();
+        container.restart_policy = None;
+        spec.containers = vec![container];
+        spec.init_containers = None;
+    }
+    match GpuRequest::from_pod(&single, names()) {
+        Ok(Some(request)) => {
+            let slices = request.mig.iter();
+            let slices = slices.map(|d| (d.profile.to_string(), u64::from(d.count)));
+            (request.core_units(), slices.collect())
+        }
+        _ => (0, Vec::new()),
+    }
+}
+
+/// KEP-753's pod request from [`alone`]'s figures: (core units, slices per profile).
+fn kubernetes_rule(pod: &Pod) -> (u64, std::collections::BTreeMap<String, u64>) {
+    use std::collections::BTreeMap;
+    let Some(spec) = pod.spec.as_ref() else {
+        return (0, BTreeMap::new());
+    };
+    let (mut lifelong, mut sidecars, mut init) = (0u64, 0u64, 0u64);
+    let mut slices_lifelong: BTreeMap<String, u64> = BTreeMap::new();
+    let mut slices_sidecars: BTreeMap<String, u64> = BTreeMap::new();
+    let mut slices_init: BTreeMap<String, u64> = BTreeMap::new();
+    for container in &spec.containers {
+        let (units, slices) = alone(pod, container);
+        lifelong += units;
+        for (profile, count) in slices {
+            *slices_lifelong.entry(profile).or_default() += count;
+        }
+    }
+    for container in spec.init_containers.iter().flatten() {
+        let (units, slices) = alone(pod, container);
+        if container.restart_policy.as_deref() == Some("Always") {
+            lifelong += units;
+            sidecars += units;
+            for (profile, count) in slices {
+                *slices_lifelong.entry(profile.clone()).or_default() += count;
+                *slices_sidecars.entry(profile).or_default() += count;
+            }
+        } else {
+            init = init.max(units + sidecars);
+            for (profile, count) in slices {
+                let beside = slices_sidecars.get(&profile).copied().unwrap_or(0);
+                let entry = slices_init.entry(profile).or_default();
+                *entry = (*entry).max(count + beside);
+            }
+        }
+    }
+    for (profile, count) in slices_init {
+        let entry = slices_lifelong.entry(profile).or_default();
+        *entry = (*entry).max(count);
+    }
+    (lifelong.max(init), slices_lifelong)
+}
+
+/// What the request is charged on a whole-GPU label, and which label a pending pod of
+/// the model is charged by.
+fn charges(request: &GpuRequest) {
+    use gpu_admission::quota::NamespaceLimits;
+    use gpu_admission::quota::ledger::{charge_on, pending_label};
+    let mig = &names().mig;
+    let model = "A100-SXM4-40GB";
+    if request.mig.is_empty() {
+        let whole = charge_on(request, model, mig);
+        let milli = whole.get(model).map_or(0, |m| m.0);
+        assert_eq!(
+            milli,
+            request.core_units().saturating_mul(10),
+            "{request:?}"
+        );
+    }
+    let labels = [
+        "A100-SXM4-40GB-MIG-1g.5gb",
+        "A100-SXM4-40GB-MIG-3g.20gb",
+        "Tesla-T4",
+        model,
+    ];
+    let limits = NamespaceLimits::default();
+    let cost = |l: &str| charge_on(request, l, mig).get(model).map_or(0, |m| m.0);
+    for offered in [&labels[..2], &labels[..3], &labels[..]] {
+        let label = pending_label(request, model, offered.iter().copied(), &limits, mig);
+        for other in offered.iter().filter(|l| l.starts_with(model)) {
+            assert!(cost(label) >= cost(other), "{label} < {other}: {request:?}");
+        }
+    }
+}
+
+/// A fit on an empty 8-GPU node charges the node exactly what the quota charges.
+fn placement(request: &GpuRequest) {
+    use gpu_admission::placement::fit::fit;
+    use gpu_admission::placement::node::{GpuUse, NodeGpus};
+    let node = NodeGpus {
+        name: "n".into(),
+        model: None,
+        pool: None,
+        memory_per_gpu: 64,
+        used: vec![GpuUse::default(); 8],
+        mig_slices: Vec::new(),
+        created: 0,
+    };
+    if !request.has_gpu_demand() {
+        return;
+    }
+    if let Ok(assignment) = fit(&node, request) {
+        let charged: u64 = assignment
+            .charges(node.memory_per_gpu)
+            .map(|(_, each)| u64::from(each.core))
+            .sum();
+        assert_eq!(charged, request.core_units(), "{request:?}");
+    }
 }
 
 /// The configuration file's text.

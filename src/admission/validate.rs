@@ -12,9 +12,7 @@ use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{
-    AdmitRules, Charge, Costs, Denial, QuotaView, Route, admit, models_for_route,
-};
+use crate::quota::ledger::{AdmitRules, Charge, Denial, QuotaView, Route, admit, models_for_route};
 use crate::quota::reserve::{self, Reserved};
 
 /// What the webhook answers.
@@ -56,25 +54,27 @@ pub async fn validate(
         Err(error) => return Ok(Verdict::Deny(format!("invalid GPU request: {error}"))),
     };
     let rules = AdmitRules::of(config);
-    let mig = &cache.projection().names.mig;
     match cache.ledger() {
         None => Ok(offline(
             cache, config, namespace, pod, &request, rules, dry_run,
         )?),
         Some(ledger) => {
-            let decided = cache.with_state(|state| {
+            let created = created_or_now(&pod.metadata);
+            let decided: Result<_, Denial> = cache.with_state(|state| {
                 let limits = NamespaceLimits::of(state.namespace_quotas(namespace), namespace);
-                wanted_on_route(state, config, &limits, namespace, pod, &request)
+                let wanted = wanted_on_route(state, config, &limits, namespace, pod, &request)?;
+                let costs = state.admission_costs(&request, &wanted.models, created, &limits);
+                Ok((wanted, costs))
             });
-            let wanted = match decided {
-                Ok(wanted) => wanted,
+            let (wanted, costs) = match decided {
+                Ok(decided) => decided,
                 Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
             };
             let ask = reserve::Ask {
-                costs: Costs::of(&request, &wanted.models, mig),
+                costs,
                 wanted,
                 rules,
-                created: created_or_now(&pod.metadata),
+                created,
                 dry_run,
             };
             reserved(ledger, cache, namespace, ask).await
@@ -137,10 +137,10 @@ fn offline(
     cache.with_state(|state| {
         let views = offline_views(state, namespace)?;
         let limits = state.namespace_limits(namespace);
-        let mig = &cache.projection().names.mig;
         let decision =
             wanted_on_route(state, config, limits, namespace, pod, request).and_then(|wanted| {
-                let costs = Costs::of(request, &wanted.models, mig);
+                let created = created_or_now(&pod.metadata);
+                let costs = state.admission_costs(request, &wanted.models, created, limits);
                 admit(namespace, &views, &wanted, &costs, rules)
             });
         match decision {

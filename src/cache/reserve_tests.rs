@@ -104,12 +104,15 @@ fn an_offered_pod_joins_the_cache_only_once_placed_and_never_bound() {
         cached("b", "uid-b", Some("n1")).1,
     );
     let (key, pod) = cached("late", "uid-l", None);
-    assert_eq!(reserve(&mut state, &key, Subject::Offered(pod)), Ok(false));
+    assert_eq!(
+        reserve(&mut state, &key, Subject::Offered(Box::new(pod))),
+        Ok(false)
+    );
     assert!(state.pod(&key).is_none(), "an unplaced offer is not kept");
 
     let (key, pod) = cached("claims-bound", "uid-c", Some("n9"));
     assert!(matches!(
-        reserve(&mut state, &key, Subject::Offered(pod)),
+        reserve(&mut state, &key, Subject::Offered(Box::new(pod))),
         Err(PlanError::AlreadyBound { .. })
     ));
     assert!(state.pod(&key).is_none());

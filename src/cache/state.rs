@@ -15,7 +15,9 @@ use crate::placement::{
     Assignment, GpuRequest, Misfit, NodeGpus, Outcome, PlacementMemo, Placer, Stamp, fit,
     place_versioned,
 };
-use crate::quota::ledger::{ModelAmounts, QuotaView, admitted_model, charge_on, reported_usage};
+use crate::quota::ledger::{
+    ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
+};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -55,9 +57,10 @@ pub struct ClusterState {
     claims: BTreeMap<PodKey, claims::CachedClaim>,
     /// The GPU devices the DRA driver publishes in ResourceSlices.
     devices: crate::dra::slices::DeviceIndex,
-    /// Single-strategy MIG model labels (`<model>-MIG-<profile>`) of the nodes, with
-    /// how many nodes carry each.
-    mig_labels: BTreeMap<Arc<str>, u32>,
+    /// The model labels the cluster's nodes carry, with how many nodes carry each by
+    /// creation second (the nodes a pending pod is charged by, and the single-strategy
+    /// MIG labels `<model>-MIG-<profile>` the mutating webhook steers to).
+    model_labels: BTreeMap<Arc<str>, BTreeMap<i64, u32>>,
     /// The last node version given out.
     versions: u64,
     /// Slots of nodes that are gone, for the next new node; then `slots` is the next.
@@ -119,7 +122,8 @@ pub enum Subject {
     /// truth; the request's copy is not read.
     Known { uid: Box<str> },
     /// A pod the caller offers (offline mode: the file is the cluster).
-    Offered(CachedPod),
+    /// Boxed: a pod is ten times the size of a uid.
+    Offered(Box<CachedPod>),
 }
 
 /// Why a filter call cannot place the pod it names at all (answered as the
@@ -183,24 +187,80 @@ impl ClusterState {
         self.ledger.limits(namespace)
     }
 
-    /// The single-strategy MIG model labels the cluster's nodes carry, in order.
-    pub fn mig_labels(&self) -> impl Iterator<Item = &str> {
-        self.mig_labels.keys().map(|l| &**l)
+    /// How MIG slices are charged (`resources.mig`).
+    pub fn mig(&self) -> &crate::placement::MigResources {
+        self.ledger.mig()
     }
 
-    /// Count (`+1`) or uncount a node's model label among the MIG labels.
-    fn count_mig_label(&mut self, label: Option<Arc<str>>, add: bool) {
-        let Some(label) = label.filter(|l| crate::placement::mig::split_product(l).1.is_some())
-        else {
+    /// The single-strategy MIG model labels the cluster's nodes carry, in order.
+    pub fn mig_labels(&self) -> impl Iterator<Item = &str> {
+        let labels = self.model_labels.keys().map(|l| &**l);
+        labels.filter(|l| crate::placement::mig::split_product(l).1.is_some())
+    }
+
+    /// The model labels of nodes created at or before `created` (unix seconds; 0: any
+    /// node), in order.
+    pub fn labels_born_by(&self, created: i64) -> impl Iterator<Item = &str> {
+        let born = move |births: &BTreeMap<i64, u32>| {
+            created == 0 || births.keys().next().is_some_and(|first| *first <= created)
+        };
+        let labels = self.model_labels.iter();
+        labels.filter(move |(_, b)| born(b)).map(|(l, _)| &**l)
+    }
+
+    /// What a pod that wants only `model` is charged before it is bound: its cost on
+    /// the dearest label of that model among the nodes that existed when it was created
+    /// (`quota::ledger::pending_label`; a node added later does not lower it, and
+    /// placement refuses a node that costs more than this plus the namespace's room).
+    pub fn pending_label<'a>(
+        &'a self,
+        request: &crate::placement::GpuRequest,
+        model: &'a str,
+        created: i64,
+        limits: &NamespaceLimits,
+    ) -> &'a str {
+        let labels = self.labels_born_by(created);
+        crate::quota::ledger::pending_label(request, model, labels, limits, self.ledger.mig())
+    }
+
+    /// What a pod created at `created` (unix seconds) costs on each model it wants, as
+    /// admission charges it: a pod that wants one model, by its
+    /// [`pending_label`](Self::pending_label); one that accepts several is charged at
+    /// placement, on its node's label.
+    pub fn admission_costs(
+        &self,
+        request: &crate::placement::GpuRequest,
+        wanted: &[String],
+        created: i64,
+        limits: &NamespaceLimits,
+    ) -> crate::quota::ledger::Costs {
+        let mig = self.ledger.mig();
+        match wanted {
+            [only] => {
+                let label = self.pending_label(request, only, created, limits);
+                let charge = charge_on(request, label, mig);
+                crate::quota::ledger::Costs::single(only.clone(), charge)
+            }
+            _ => crate::quota::ledger::Costs::of(request, wanted, mig),
+        }
+    }
+
+    /// Count (`add`) or uncount a node's model label, by the node's creation second.
+    fn count_label(&mut self, label: Option<Arc<str>>, created: i64, add: bool) {
+        let Some(label) = label else {
             return;
         };
-        let count = self.mig_labels.entry(label.clone()).or_default();
+        let births = self.model_labels.entry(label.clone()).or_default();
+        let count = births.entry(created).or_default();
         match add {
             true => *count += 1,
             false => *count = count.saturating_sub(1),
         }
         if *count == 0 {
-            self.mig_labels.remove(&label);
+            births.remove(&created);
+        }
+        if births.is_empty() {
+            self.model_labels.remove(&label);
         }
     }
 
@@ -208,11 +268,15 @@ impl ClusterState {
 
     pub fn apply_node(&mut self, gpus: NodeGpus) {
         let name = gpus.name.clone();
-        let old_model = self.node(&name).map(|old| old.model.clone());
-        let model_changed = old_model.as_ref().is_none_or(|old| *old != gpus.model);
+        let old = self.node(&name).map(|old| (old.model.clone(), old.created));
+        let model_changed = old
+            .as_ref()
+            .is_none_or(|(model, created)| *model != gpus.model || *created != gpus.created);
         if model_changed {
-            self.count_mig_label(old_model.flatten(), false);
-            self.count_mig_label(gpus.model.clone(), true);
+            if let Some((model, created)) = old {
+                self.count_label(model, created, false);
+            }
+            self.count_label(gpus.model.clone(), gpus.created, true);
         }
         self.versions += 1;
         let version = self.versions;
@@ -222,6 +286,7 @@ impl ClusterState {
         });
         match (&mut entry.gpus, same_shape) {
             (Some(old), true) => {
+                old.created = gpus.created;
                 old.model = gpus.model;
                 old.pool = gpus.pool;
                 old.mig_slices = gpus.mig_slices;
@@ -238,8 +303,9 @@ impl ClusterState {
     }
 
     pub fn delete_node(&mut self, name: &str) {
-        let old_model = self.node(name).and_then(|old| old.model.clone());
-        self.count_mig_label(old_model, false);
+        if let Some((model, created)) = self.node(name).map(|n| (n.model.clone(), n.created)) {
+            self.count_label(model, created, false);
+        }
         if let Some(entry) = self.nodes.get_mut(name) {
             entry.gpus = None;
         }
@@ -356,8 +422,28 @@ impl ClusterState {
     /// Bring the ledger's charge of pod `key` up to date.
     fn recharge(&mut self, key: &PodKey) {
         let pod = self.pods.get(key);
-        let model = pod.and_then(|p| node_model(&self.nodes, p));
-        self.ledger.recharge(key, namespace_of(key), pod, model);
+        let model = pod.and_then(|p| self.charge_label(namespace_of(key), p));
+        let pod = self.pods.get(key);
+        self.ledger
+            .recharge(key, namespace_of(key), pod, model.as_deref());
+    }
+
+    /// The node label `pod` is charged by now: its node's, else, for a pod that wants
+    /// one model, the [`pending_label`](Self::pending_label) it was admitted by.
+    fn charge_label(&self, namespace: &str, pod: &CachedPod) -> Option<String> {
+        if let Some(model) = node_model(&self.nodes, pod) {
+            return Some(model.to_string());
+        }
+        let limits = self.namespace_limits(namespace);
+        let wanted =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        match wanted {
+            [only] => Some(
+                self.pending_label(&pod.request, only, pod.created, limits)
+                    .to_string(),
+            ),
+            _ => None,
+        }
     }
 
     /// Recharge the pods on node `name` (its model changed, or it left).
@@ -365,10 +451,9 @@ impl ClusterState {
         let Some(entry) = self.nodes.get(name) else {
             return;
         };
-        for key in &entry.pods {
-            let pod = self.pods.get(key);
-            let model = pod.and_then(|p| node_model(&self.nodes, p));
-            self.ledger.recharge(key, namespace_of(key), pod, model);
+        let keys: Vec<PodKey> = entry.pods.to_vec();
+        for key in &keys {
+            self.recharge(key);
         }
     }
 
@@ -376,10 +461,15 @@ impl ClusterState {
     fn recharge_namespace(&mut self, namespace: &str) {
         let limits = NamespaceLimits::of(self.namespace_quotas(namespace), namespace);
         self.ledger.set_limits(namespace, limits);
-        for key in self.by_namespace.get(namespace).into_iter().flatten() {
-            let pod = self.pods.get(key);
-            let model = pod.and_then(|p| node_model(&self.nodes, p));
-            self.ledger.recharge(key, namespace, pod, model);
+        let keys: Vec<PodKey> = self
+            .by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for key in &keys {
+            self.recharge(key);
         }
         let claims: Vec<PodKey> = self
             .namespace_claims(namespace)
@@ -562,8 +652,22 @@ impl ClusterState {
         if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
             return None;
         }
-        let label = admitted_model(wanted, node_model(&self.nodes, pod))?;
-        Some(charge_on(&pod.request, label, self.ledger.mig()))
+        let mig = self.ledger.mig();
+        let node = node_model(&self.nodes, pod);
+        match wanted {
+            // Admission charged it by the nodes that existed when it was created, and
+            // placement what a dearer node costs beyond that (`ledger::excess`).
+            [only] => {
+                let label = self.pending_label(&pod.request, only, pod.created, limits);
+                let mut charge = charge_on(&pod.request, label, mig);
+                if let Some(node) = node.filter(|n| *n != label) {
+                    let beyond = excess(&charge_on(&pod.request, node, mig), &charge);
+                    add_charge(&mut charge, &beyond);
+                }
+                Some(charge)
+            }
+            _ => Some(charge_on(&pod.request, admitted_model(wanted, node)?, mig)),
+        }
     }
 
     /// How MIG slices are charged (`resources.mig`); set once, before any pod arrives.
@@ -822,7 +926,7 @@ impl ClusterState {
                 // A new pod (or the same name with another uid: what the old one held is gone).
                 _ => {
                     check_unbound(key, &incoming)?;
-                    self.put_pod(key.clone(), incoming);
+                    self.put_pod(key.clone(), *incoming);
                     return Ok(None);
                 }
             },
@@ -936,6 +1040,8 @@ mod charge_tests;
 #[cfg(test)]
 mod claim_tests;
 pub mod claims;
+#[cfg(test)]
+mod pending_tests;
 #[cfg(test)]
 mod stamp_tests;
 mod usage;

@@ -9,18 +9,18 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::cache::pod::SkipReason;
 use crate::cache::{
-    AnnotationKeys, CachedPod, Candidates, ClusterCache, ClusterState, FilterDecision, PodKey,
-    Reservation, Subject, pod_key,
+    AnnotationKeys, CachedPod, Candidates, ClusterCache, FilterDecision, PodKey, Reservation,
+    Subject, pod_key,
 };
 use crate::config::Config;
-use crate::placement::MigResources;
 use crate::placement::learn::LearningPlacer;
-use crate::placement::mig;
-use crate::placement::models::{ModelSource, WantedModels, pool_admits};
-use crate::placement::{Assignment, GpuRequest, Misfit, NodeGpus, Outcome, Placer};
-use crate::quota::ledger::{AdmitRules, Costs, ModelAmounts, QuotaView, charge_on, room};
-use crate::quota::reserve::{Ask, Reserved, views_with_status};
-use crate::quota::{GPUQuota, NamespaceLimits};
+use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::{Assignment, GpuRequest, Misfit, Outcome, Placer};
+use crate::quota::NamespaceLimits;
+use crate::quota::ledger::{AdmitRules, Costs, ModelAmounts};
+use crate::quota::reserve::{Ask, Reserved};
+
+use super::eligible::{self, Charged, Eligibility};
 
 use super::api::{ExtenderArgs, ExtenderFilterResult, NodeReasons};
 
@@ -69,7 +69,7 @@ pub async fn filter(
     // API mode: the cluster's copy of the pod is placed, never the caller's.
     let subject = match cache.client() {
         Some(_) => Subject::Known { uid: offered.uid },
-        None => Subject::Offered(offered),
+        None => Subject::Offered(Box::new(offered)),
     };
     let names = args.candidate_names();
     let (plan, decision) = match plan(cache, placer, key, subject, &names) {
@@ -154,26 +154,22 @@ pub(super) fn plan(
             .pod(&key)
             .map(|p| p.uid.to_string())
             .unwrap_or_default();
-        // Quota room is checked at placement only for a pod that accepts several models
-        // (the others were charged at admission): only then read the ledger (offline, that
-        // counts the namespace's pods).
-        let own = state
-            .pod(&key)
-            .map(|p| p.models.as_slice())
-            .unwrap_or_default();
-        let several =
-            WantedModels::resolve(own, limits.default_type.as_ref(), &limits.models).len() >= 2;
-        let quota_applies = limits.has_quota && several;
-        let views = match quota_applies {
-            true => ledger_views(state, namespace, api_mode),
-            false => Ok(Vec::new()),
+        // The pod as the cluster has it decides what it wants and was charged.
+        let default = limits.default_type.as_deref();
+        let pod = state.pod(&key);
+        let own = pod.map(|p| p.models.as_slice()).unwrap_or_default();
+        let wanted = WantedModels::of_own(own, default, &limits.models);
+        let charged = match pod {
+            Some(pod) => eligible::charged(state, &limits, &wanted, &pod.request, pod.created),
+            None => Charged::Free, // nothing to place: `place_subject` says so
         };
+        // The ledger is read only when some node's cost may call for it.
+        let views = eligible::needs_views(&charged)
+            .then(|| eligible::ledger_views(state, namespace, api_mode));
+        let eligibility = Eligibility::new(&limits, wanted, charged, mig, views.as_ref());
         let context = Choice {
-            quota_applies,
-            mig,
             placer: &placer,
-            limits: &limits,
-            views: &views,
+            eligibility: &eligibility,
         };
         let decision = state.place_subject(
             &key,
@@ -185,13 +181,16 @@ pub(super) fn plan(
         let pod = state.pod(&key);
         let request = pod.map(|p| p.request.clone()).unwrap_or_default();
         let node = decision.reservation.as_ref().map(|r| &*r.node);
-        let charge_at_placement = quota_applies.then(|| {
-            let node_model = node.and_then(|n| Some(state.node(n)?.model.as_deref()?.to_string()));
-            PlacementCharge {
-                charge: charge_on(&request, node_model.as_deref().unwrap_or_default(), mig),
+        // What the ledger is charged at placement: all of it for a pod that accepts
+        // several models, what a dearer node costs beyond its admission charge otherwise.
+        let charge_at_placement = node.and_then(|n| {
+            let node_model = state.node(n)?.model.as_deref().map(str::to_string);
+            let label = node_model.as_deref().unwrap_or_default();
+            Some(PlacementCharge {
+                charge: eligibility.placement_charge(label, &request)?,
                 node_model,
                 created: pod.map_or(0, |p| p.created),
-            }
+            })
         });
         let plan = Plan {
             key,
@@ -203,130 +202,18 @@ pub(super) fn plan(
     })
 }
 
-/// What the policy chooses with: the namespace's limits and quotas as the ledger sees
-/// them.
+/// What the policy chooses with: the rules a node must pass for the pod.
 struct Choice<'a> {
-    /// The pod accepts several models and its namespace has a quota.
-    quota_applies: bool,
-    mig: &'a MigResources,
     placer: &'a Placer,
-    limits: &'a NamespaceLimits,
-    views: &'a Result<Vec<QuotaView>, String>,
+    eligibility: &'a Eligibility<'a>,
 }
 
 impl Choice<'_> {
     /// The policy's choice among `candidates` for the cluster's copy of the pod.
     fn choose(&self, pod: &CachedPod, candidates: &mut Candidates<'_>) -> Outcome {
-        let limits = self.limits;
-        let wanted =
-            WantedModels::of_own(&pod.models, limits.default_type.as_deref(), &limits.models);
-        let quota = PlacementQuota {
-            applies: self.quota_applies,
-            mig: self.mig,
-            views: self.views,
-            by_label: Default::default(),
-        };
         candidates.place(self.placer, &pod.request, |node| {
-            wanted
-                .admits(node)
-                .and_then(|()| pool_admits(&limits.pools, node))
-                .and_then(|()| profile_admits(limits, &wanted, node))
-                .and_then(|()| quota.room_on(node, &pod.request))
+            self.eligibility.admits(node, &pod.request)
         })
-    }
-}
-
-/// A pod charged at admission for a model, not for a MIG profile, may not take a
-/// single-strategy slice of a profile its namespace caps: the cap would not see it
-/// (a pod that names the profile's node label is charged for it at admission).
-fn profile_admits(
-    limits: &NamespaceLimits,
-    wanted: &WantedModels,
-    node: &NodeGpus,
-) -> Result<(), Misfit> {
-    let Some(label) = node.model.as_deref() else {
-        return Ok(());
-    };
-    // Most namespaces cap no profile: then nothing is read of the node.
-    if limits.profile_caps.is_empty() || wanted.models.len() != 1 || wanted.models[0] == label {
-        return Ok(());
-    }
-    let (model, Some(profile)) = mig::split_product(label) else {
-        return Ok(());
-    };
-    let key = mig::profile_key(model, profile);
-    if !limits.profile_caps.contains(&key) {
-        return Ok(());
-    }
-    Err(Misfit::QuotaFull {
-        detail: format!(
-            "the namespace caps MIG profile {key}; a pod using it names the node label {label} as its GPU model"
-        ),
-        model: key,
-    })
-}
-
-/// For a pod that accepts several models, the quotas its node's model must have room
-/// in: the same rule admission applies to a single-model pod, with the node's model.
-struct PlacementQuota<'a> {
-    applies: bool,
-    mig: &'a MigResources,
-    views: &'a Result<Vec<QuotaView>, String>,
-    /// The answer for each model label asked about in this call: thousands of
-    /// candidates share a handful of labels.
-    by_label: std::cell::RefCell<Vec<LabelRoom>>,
-}
-
-/// Whether the quota has room on nodes of one model label.
-type LabelRoom = (Option<Arc<str>>, Result<(), Misfit>);
-
-impl PlacementQuota<'_> {
-    fn room_on(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
-        if !self.applies {
-            return Ok(());
-        }
-        let known = self
-            .by_label
-            .borrow()
-            .iter()
-            .find(|(l, _)| *l == node.model)
-            .map(|(_, r)| r.clone());
-        if let Some(answer) = known {
-            return answer;
-        }
-        let answer = self.room_for(node.model.as_deref().unwrap_or_default(), request);
-        let mut by_label = self.by_label.borrow_mut();
-        by_label.push((node.model.clone(), answer.clone()));
-        answer
-    }
-
-    fn room_for(&self, label: &str, request: &GpuRequest) -> Result<(), Misfit> {
-        let full = |model: &str, detail: String| Misfit::QuotaFull {
-            model: model.to_string(),
-            detail,
-        };
-        let views = self.views.as_ref().map_err(|e| full(label, e.clone()))?;
-        room(views, label, &charge_on(request, label, self.mig)).map_err(|e| {
-            full(
-                &e.model,
-                format!("used {} of {} in GPUQuota {}", e.used, e.hard, e.quota),
-            )
-        })
-    }
-}
-
-/// The namespace's quotas as the ledger sees them: API mode, `status.used`
-/// (reservations included); offline, counted from the pods.
-fn ledger_views(
-    state: &ClusterState,
-    namespace: &str,
-    api_mode: bool,
-) -> Result<Vec<QuotaView>, String> {
-    if api_mode {
-        let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
-        views_with_status(&quotas).map_err(|e| e.to_string())
-    } else {
-        state.quota_views(namespace)
     }
 }
 
@@ -481,41 +368,4 @@ fn pass_all(args: &ExtenderArgs) -> ExtenderFilterResult {
         result.nodes = args.echo(|_| true);
     }
     result
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::placement::testing::node;
-
-    fn wants(label: &str) -> WantedModels {
-        WantedModels {
-            models: vec![label.into()],
-            source: ModelSource::Annotation,
-        }
-    }
-
-    #[test]
-    fn a_capped_mig_profile_is_only_for_pods_that_name_it() {
-        let mut slices = node("n", 7, 0);
-        slices.model = Some("A100-SXM4-40GB-MIG-1g.5gb".into());
-        let capped = NamespaceLimits {
-            has_quota: true,
-            models: vec!["A100-SXM4-40GB".into()],
-            profile_caps: vec!["A100-SXM4-40GB/1g.5gb".into()],
-            ..Default::default()
-        };
-        let refused = profile_admits(&capped, &wants("A100-SXM4-40GB"), &slices).unwrap_err();
-        assert_eq!(
-            refused.to_string(),
-            "namespace GPU quota for A100-SXM4-40GB/1g.5gb has no room (the namespace caps MIG profile A100-SXM4-40GB/1g.5gb; a pod using it names the node label A100-SXM4-40GB-MIG-1g.5gb as its GPU model)"
-        );
-        assert!(profile_admits(&capped, &wants("A100-SXM4-40GB-MIG-1g.5gb"), &slices).is_ok());
-        let uncapped = NamespaceLimits {
-            profile_caps: Vec::new(),
-            ..capped
-        };
-        assert!(profile_admits(&uncapped, &wants("A100-SXM4-40GB"), &slices).is_ok());
-    }
 }

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod bind;
+pub mod eligible;
 pub mod filter;
 pub mod volcano;
 

@@ -17,11 +17,12 @@ use serde_json::value::RawValue;
 
 use crate::cache::{ClusterCache, pod_key};
 use crate::config::Config;
-use crate::placement::models::pool_admits;
 use crate::placement::{GpuRequest, fit};
 use crate::quota::NamespaceLimits;
 
 use crate::wire::{self, decode_raw, object_parts};
+
+use super::eligible::{self, Eligibility};
 
 /// Volcano's `PredicateResponse`: an empty status passes.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -144,9 +145,18 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
             }
         }
         let node = copy.as_ref().unwrap_or(cached);
-        let verdict = wanted
-            .admits(node)
-            .and_then(|()| pool_admits(&limits.pools, node))
+        // The same rules as the filter and bind verbs, then the fit.
+        let created = match state.pod(&own) {
+            Some(pod) => pod.created,
+            None => created_second(&args.pod),
+        };
+        let charged = eligible::charged(state, &limits, &wanted, &request, created);
+        let views = eligible::needs_views(&charged)
+            .then(|| eligible::ledger_views(state, namespace, cache.client().is_some()));
+        let mig = &projection.names.mig;
+        let eligibility = Eligibility::new(&limits, wanted, charged, mig, views.as_ref());
+        let verdict = eligibility
+            .admits(node, &request)
             .and_then(|()| fit(node, &request).map(drop));
         match verdict {
             Ok(()) => respond(SUCCESS, String::new()),
@@ -154,6 +164,12 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
             Err(misfit) => respond(UNSCHEDULABLE, misfit.to_string()),
         }
     })
+}
+
+/// The pod's creation second (0 when it has none: every node counts).
+fn created_second(pod: &Pod) -> i64 {
+    let created = pod.metadata.creation_timestamp.as_ref();
+    created.map_or(0, |t| t.0.as_second())
 }
 
 fn respond(code: i32, status: String) -> PredicateResponse {
@@ -288,6 +304,46 @@ mod tests {
         assert_eq!(judge(&cache, &config, &request(&c, &itself)).code, SUCCESS);
         // The cache is not written.
         assert!(cache.with_state(|s| s.pod("team/a").is_none()));
+    }
+
+    /// The finding: Volcano's predicate skipped the MIG profile cap that the filter and
+    /// bind verbs check (the rules were written twice); now they are one chain.
+    #[test]
+    fn a_capped_mig_profile_is_refused_as_the_filter_refuses_it() {
+        let (cache, config) = cache_with(&[]);
+        cache.with_state(|state| {
+            let mut slices = node("n", 7, 0);
+            slices.model = Some("A100-SXM4-40GB-MIG-1g.5gb".into());
+            state.apply_node(slices);
+            state.apply_quota(
+                serde_json::from_value(json!({
+                    "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+                    "metadata": {"name": "q", "namespace": "team"},
+                    "spec": {"hard": {"A100-SXM4-40GB": "2", "A100-SXM4-40GB/1g.5gb": "1"}}
+                }))
+                .unwrap(),
+            );
+        });
+        let slice_pod = |name: &str, model: &str| {
+            json!({
+                "metadata": {"name": name, "namespace": "team", "uid": name,
+                    "annotations": {"gpu-admission.io/gpu-type": model}},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            })
+        };
+        let around = slice_pod("around", "A100-SXM4-40GB");
+        let answer = judge(&cache, &config, &request(&around, &[]));
+        assert_eq!(answer.code, UNSCHEDULABLE, "{answer:?}");
+        assert!(
+            answer
+                .status
+                .contains("caps MIG profile A100-SXM4-40GB/1g.5gb"),
+            "{answer:?}"
+        );
+        // A pod that names the profile's label (and is charged for it) may.
+        let named = slice_pod("named", "A100-SXM4-40GB-MIG-1g.5gb");
+        assert_eq!(judge(&cache, &config, &request(&named, &[])).code, SUCCESS);
     }
 
     #[test]

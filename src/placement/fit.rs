@@ -425,7 +425,7 @@ mod tests {
                 })
                 .collect(),
             init: None,
-            mig: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -544,6 +544,31 @@ mod tests {
         assert_eq!(core_charged(&a, &n), 60);
         assert!(a.holds_init_of(&share_init));
         assert!(!Assignment { held: vec![], ..a }.holds_init_of(&share_init));
+    }
+
+    #[test]
+    fn a_sidecars_gpus_are_held_beside_the_app_containers() {
+        // The finding: two pods of 2 app GPUs and a 2-GPU native sidecar each went onto
+        // one 4-GPU node. Each holds 4; the second no longer fits.
+        let mut pod = request(&[GpuDemand::Whole { gpus: 2 }]);
+        pod.sidecars = vec![GpuDemand::Whole { gpus: 2 }];
+        let n = node("n", 4, 4);
+        let a = fit(&n, &pod).unwrap();
+        assert_eq!(
+            a.choices.len(),
+            1,
+            "gpu-manager annotates the app container only"
+        );
+        assert_eq!(a.choices[0].gpus, vec![0, 1]);
+        assert_eq!(a.held[0].gpus, vec![2, 3]);
+        assert_eq!(core_charged(&a, &n), pod.core_units());
+        let mut taken = n.clone();
+        a.charge(&mut taken);
+        assert!(fit(&taken, &pod).is_err());
+        assert_eq!(
+            fit(&node("small", 3, 4), &pod).unwrap_err(),
+            Misfit::TooFewGpus { need: 4, have: 3 }
+        );
     }
 
     #[test]

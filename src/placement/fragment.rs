@@ -78,18 +78,30 @@ impl GpuShape {
         }
     }
 
-    /// The shape of a pod's request: its whole GPUs if it has any, else its largest
-    /// share container. `None` for a request without GPU containers. Pods with several
-    /// GPU containers are rare; their dominant container stands for them.
+    /// The shape of a pod's request: its whole GPUs (app containers and native
+    /// sidecars, which run beside them) if it has any, else its largest share. `None`
+    /// for a request without such containers. Pods with several GPU containers are
+    /// rare; their dominant container stands for them.
     pub fn of_request(request: &GpuRequest) -> Option<GpuShape> {
-        let whole = request.whole_gpus();
+        let sidecars = request.sidecars.iter().copied();
+        let demands = || {
+            request
+                .containers
+                .iter()
+                .map(|c| c.demand)
+                .chain(sidecars.clone())
+        };
+        let whole: u32 = demands()
+            .map(|d| match d {
+                GpuDemand::Whole { gpus } => gpus,
+                GpuDemand::Share { .. } => 0,
+            })
+            .fold(0, u32::saturating_add);
         if whole > 0 {
             return Some(GpuShape::Whole { gpus: whole });
         }
-        request
-            .containers
-            .iter()
-            .filter_map(|c| match c.demand {
+        demands()
+            .filter_map(|demand| match demand {
                 GpuDemand::Share { core, memory } => Some((core, memory)),
                 GpuDemand::Whole { .. } => None,
             })

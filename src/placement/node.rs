@@ -28,6 +28,9 @@ pub struct NodeGpus {
     /// MIG slices the node advertises per profile (mixed strategy), in profile order.
     /// Their use is kube-scheduler's to count (they are ordinary extended resources).
     pub mig_slices: Vec<(Box<str>, u32)>,
+    /// `creationTimestamp`, unix seconds (0: unknown). A pending pod is charged by the
+    /// nodes that existed when it was created (`quota::ledger::pending_label`).
+    pub created: i64,
 }
 
 impl NodeGpus {
@@ -74,6 +77,11 @@ impl NodeGpus {
             memory_per_gpu,
             used: vec![GpuUse::default(); gpus],
             mig_slices: mig_capacity(node, names),
+            created: node
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
         }
     }
 

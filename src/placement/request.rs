@@ -47,14 +47,22 @@ pub struct MigDemand {
     pub count: u32,
 }
 
-/// A pod's GPU request: the app containers that need GPUs, in order, plus the largest
-/// init-container demand (which counts by the effective-request rule), and MIG slices
-/// by profile.
+/// A pod's GPU request: the app containers that need GPUs, in order, the native
+/// sidecars' demands (held beside them for the pod's life), the regular init container
+/// that weighs most by the effective-request rule, and MIG slices by profile.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GpuRequest {
     pub containers: Vec<ContainerGpu>,
-    /// The largest GPU demand of an init container, if any asks for a GPU.
+    /// GPU demands of the native sidecars (init containers with `restartPolicy:
+    /// Always`), in order. They run beside the app containers for the pod's whole
+    /// life, so Kubernetes adds them to the app containers' sum.
+    pub sidecars: Vec<GpuDemand>,
+    /// The regular init container whose demand plus the sidecars started before it
+    /// ([`init_beside`](Self::init_beside)) is the largest, if any asks for a GPU.
     pub init: Option<GpuDemand>,
+    /// How many of [`sidecars`](Self::sidecars) run beside [`init`](Self::init): those
+    /// declared before it.
+    pub init_beside: usize,
     /// MIG slices by profile (mixed strategy), in profile order.
     pub mig: Vec<MigDemand>,
 }
@@ -143,13 +151,21 @@ impl GpuRequest {
                 });
             }
         }
+        // Kubernetes' walk (KEP-753): a sidecar joins the running sidecars for good; a
+        // regular init container costs its own request plus the sidecars before it.
+        let mut beside = 0u64;
+        let mut largest = (0u64, 0u32);
         for container in spec.init_containers.iter().flatten() {
-            if let Some(demand) = container_demand(container, names)?
-                && request
-                    .init
-                    .is_none_or(|largest| init_order(&demand) > init_order(&largest))
-            {
+            let Some(demand) = container_demand(container, names)? else {
+                continue;
+            };
+            if is_sidecar(container) {
+                beside = beside.saturating_add(demand.core_units());
+                request.sidecars.push(demand);
+            } else if request.init.is_none() || init_order(&demand, beside) > largest {
+                largest = init_order(&demand, beside);
                 request.init = Some(demand);
+                request.init_beside = request.sidecars.len();
             }
         }
         request.mig = mig_demands(spec, names)?;
@@ -157,13 +173,13 @@ impl GpuRequest {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.containers.is_empty() && self.init.is_none() && self.mig.is_empty()
+        !self.has_gpu_demand() && self.mig.is_empty()
     }
 
     /// Whether the pod needs GPUs by index on its node (vcuda or whole GPUs), as
     /// opposed to MIG slices only.
     pub fn has_gpu_demand(&self) -> bool {
-        !self.containers.is_empty() || self.init.is_some()
+        !self.containers.is_empty() || !self.sidecars.is_empty() || self.init.is_some()
     }
 
     /// The app containers' demand in vcuda-core units.
@@ -171,31 +187,53 @@ impl GpuRequest {
         self.containers.iter().map(|c| c.demand.core_units()).sum()
     }
 
-    /// The pod's GPU amount in vcuda-core units: max(largest init container, sum of app
-    /// containers), the Kubernetes effective-request rule. 100 = one GPU.
+    /// What runs for the pod's whole life: app containers and sidecars, in core units.
+    fn lifelong_core_units(&self) -> u64 {
+        let sidecars = self.sidecars.iter().map(GpuDemand::core_units);
+        sidecars.fold(self.app_core_units(), u64::saturating_add)
+    }
+
+    /// The pod's GPU amount in vcuda-core units, the Kubernetes effective-request rule:
+    /// max(app containers + sidecars, largest regular init container + the sidecars
+    /// before it). 100 = one GPU.
     pub fn core_units(&self) -> u64 {
-        let init = self.init.map_or(0, |d| d.core_units());
-        self.app_core_units().max(init)
+        let init = self.init.map_or(0, |d| {
+            let beside = self.sidecars.iter().take(self.init_beside);
+            beside
+                .map(GpuDemand::core_units)
+                .fold(d.core_units(), u64::saturating_add)
+        });
+        self.lifelong_core_units().max(init)
     }
 
     /// What a node must hold for the pod beyond its app containers, so that it holds
-    /// exactly [`core_units`](Self::core_units), what the quota charges. An init
-    /// container runs before the app containers, but Kubernetes counts a pod at the
-    /// larger of the two for its whole life (as kube-scheduler does for every
-    /// resource); a GPU that placement gave away meanwhile would not be there when the
-    /// pod restarts its init containers. With `d` = core units − app core units > 0:
+    /// exactly [`core_units`](Self::core_units), what the quota charges: first each
+    /// sidecar's demand as it is (it runs for the pod's life), then what the largest
+    /// regular init container needs beyond. An init container runs before the app
+    /// containers, but Kubernetes counts a pod at the larger of the two for its whole
+    /// life (as kube-scheduler does for every resource); a GPU that placement gave
+    /// away meanwhile would not be there when the pod restarts its init containers.
+    /// With `d` = core units − (app + sidecar core units) > 0:
     /// - a share init container (`core`, `memory`): a share of `d` cores and the init's
     ///   memory beyond the app shares' (no app container can hold a whole GPU here);
     /// - a whole-GPU init container: `d / 100` whole GPUs (init `k` GPUs, apps `w < k`
     ///   whole GPUs: hold `k - w` more) and, when app shares leave a remainder, a share
     ///   of `d % 100` cores without memory (the quota counts cores, not memory).
     ///
-    /// No container index goes with these: gpu-manager gets no annotation for them.
+    /// No container index goes with these: gpu-manager gets no annotation for them
+    /// (it annotates `spec.containers` by index only; docs/devices.md).
     pub fn held_for_init(&self) -> Vec<GpuDemand> {
+        let mut held = self.sidecars.clone();
+        held.extend(self.held_for_regular_init());
+        held
+    }
+
+    /// The part of [`held_for_init`](Self::held_for_init) beyond the sidecars.
+    fn held_for_regular_init(&self) -> Vec<GpuDemand> {
         let Some(init) = self.init else {
             return Vec::new();
         };
-        let extra = init.core_units().saturating_sub(self.app_core_units());
+        let extra = self.core_units().saturating_sub(self.lifelong_core_units());
         if extra == 0 {
             return Vec::new();
         }
@@ -215,11 +253,13 @@ impl GpuRequest {
         held
     }
 
-    /// vcuda-memory the app containers in share mode ask for.
+    /// vcuda-memory that the init container can reuse: what the app containers and the
+    /// sidecars started after it ask for in share mode (not running yet while it runs).
     fn share_memory(&self) -> u32 {
-        self.containers
-            .iter()
-            .map(|c| match c.demand {
+        let apps = self.containers.iter().map(|c| c.demand);
+        let after = self.sidecars.iter().skip(self.init_beside).copied();
+        apps.chain(after)
+            .map(|demand| match demand {
                 GpuDemand::Share { memory, .. } => memory,
                 GpuDemand::Whole { .. } => 0,
             })
@@ -238,37 +278,48 @@ impl GpuRequest {
     }
 }
 
-/// The pod's MIG slices per profile: max(largest init container, sum of app containers).
+/// The pod's MIG slices per profile, by the effective-request rule: max(app containers
+/// + sidecars, largest regular init container + the sidecars before it).
 fn mig_demands(
     spec: &k8s_openapi::api::core::v1::PodSpec,
     names: &ResourceNames,
 ) -> Result<Vec<MigDemand>, RequestError> {
-    let mut apps: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
-    let mut inits: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
-    let init = spec.init_containers.iter().flatten().map(|c| (c, true));
-    for (container, is_init) in spec.containers.iter().map(|c| (c, false)).chain(init) {
+    // Per profile: (compute, lifelong sum, running sidecar sum, largest init figure).
+    let mut profiles: BTreeMap<&str, (u32, u64, u64, u64)> = BTreeMap::new();
+    for container in &spec.containers {
         for (profile, compute, count) in container_mig(container, names)? {
-            let into = if is_init { &mut inits } else { &mut apps };
-            let entry = into.entry(profile).or_insert((compute, 0));
-            entry.1 = match is_init {
-                true => entry.1.max(count),
-                false => entry.1.saturating_add(count),
-            };
+            let entry = profiles.entry(profile).or_insert((compute, 0, 0, 0));
+            entry.1 = entry.1.saturating_add(count);
         }
     }
-    for (profile, (compute, count)) in inits {
-        let entry = apps.entry(profile).or_insert((compute, 0));
-        entry.1 = entry.1.max(count);
+    for container in spec.init_containers.iter().flatten() {
+        let sidecar = is_sidecar(container);
+        for (profile, compute, count) in container_mig(container, names)? {
+            let entry = profiles.entry(profile).or_insert((compute, 0, 0, 0));
+            if sidecar {
+                entry.1 = entry.1.saturating_add(count);
+                entry.2 = entry.2.saturating_add(count);
+            } else {
+                entry.3 = entry.3.max(count.saturating_add(entry.2));
+            }
+        }
     }
-    Ok(apps
+    Ok(profiles
         .into_iter()
-        .filter(|(_, (_, count))| *count > 0)
-        .map(|(profile, (compute, count))| MigDemand {
+        .map(|(profile, (compute, lifelong, _, init))| (profile, compute, lifelong.max(init)))
+        .filter(|(_, _, count)| *count > 0)
+        .map(|(profile, compute, count)| MigDemand {
             profile: profile.into(),
             compute,
             count: count.min(MAX_GPUS_PER_CONTAINER) as u32,
         })
         .collect())
+}
+
+/// A native sidecar: an init container with `restartPolicy: Always` (the only value
+/// the API server accepts there), which keeps running beside the app containers.
+pub fn is_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
 }
 
 /// A container's MIG resources: (profile, its compute slices, count).
@@ -312,11 +363,13 @@ fn container_mig<'a>(
     Ok(found)
 }
 
-/// Init demands by size: cores, then memory (of two equal shares, the larger holds).
-fn init_order(demand: &GpuDemand) -> (u64, u32) {
+/// Regular init demands by weight: cores plus those of the sidecars beside it, then
+/// memory (of two equal shares, the larger holds).
+fn init_order(demand: &GpuDemand, beside: u64) -> (u64, u32) {
+    let cores = demand.core_units().saturating_add(beside);
     match *demand {
-        GpuDemand::Share { memory, .. } => (demand.core_units(), memory),
-        GpuDemand::Whole { .. } => (demand.core_units(), 0),
+        GpuDemand::Share { memory, .. } => (cores, memory),
+        GpuDemand::Whole { .. } => (cores, 0),
     }
 }
 
@@ -589,7 +642,7 @@ mod tests {
                     })
                     .collect(),
                 init: Some(init),
-                mig: Vec::new(),
+                ..Default::default()
             };
             assert_eq!(request.held_for_init(), held, "{request:?}");
             let on_node: u64 = request
@@ -636,5 +689,151 @@ mod tests {
             error.to_string(),
             r#"container "c0": nvidia.com/mig-big: "big" is not a MIG profile (expected <compute slices>g.<memory>gb, e.g. 1g.10gb)"#
         );
+    }
+}
+
+#[cfg(test)]
+mod sidecar_tests {
+    //! Native sidecars (issue 18, item 2): an init container with `restartPolicy:
+    //! Always` is counted beside the app containers, by Kubernetes' rule.
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::testing::pod_with;
+
+    /// A pod whose app containers are `apps` and whose init containers are `inits`,
+    /// each `(sidecar, resources)`.
+    fn pod(apps: &[&[(&str, &str)]], inits: &[(bool, &[(&str, &str)])]) -> Pod {
+        let mut pod = pod_with(apps);
+        let resources: Vec<&[(&str, &str)]> = inits.iter().map(|(_, r)| *r).collect();
+        let mut containers = pod_with(&resources).spec.unwrap().containers;
+        for (container, (sidecar, _)) in containers.iter_mut().zip(inits) {
+            container.name = format!("init-{}", container.name);
+            if *sidecar {
+                container.restart_policy = Some("Always".into());
+            }
+        }
+        pod.spec.as_mut().unwrap().init_containers = Some(containers);
+        pod
+    }
+
+    fn request(pod: &Pod) -> GpuRequest {
+        GpuRequest::from_pod(pod, &ResourceNames::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    const GPU: &str = "nvidia.com/gpu";
+
+    #[test]
+    fn a_sidecars_gpus_are_added_to_the_app_containers() {
+        // The finding: 2 app GPUs and a 2-GPU sidecar were charged 2, the max.
+        let pod = pod(&[&[(GPU, "2")]], &[(true, &[(GPU, "2")])]);
+        let request = request(&pod);
+        assert_eq!(request.core_units(), 400);
+        assert_eq!(request.held_for_init(), vec![GpuDemand::Whole { gpus: 2 }]);
+        // A plain init container of the same size stays the max.
+        let plain = self::pod(&[&[(GPU, "2")]], &[(false, &[(GPU, "2")])]);
+        assert_eq!(self::request(&plain).core_units(), 200);
+    }
+
+    #[test]
+    fn a_plain_init_container_counts_the_sidecars_started_before_it() {
+        type Inits<'a> = &'a [(bool, &'a [(&'a str, &'a str)])];
+        let cases: [(Inits, u64); 4] = [
+            // sidecar 1, then init 3: 3 + 1 beside it; apps + sidecar = 2.
+            (&[(true, &[(GPU, "1")]), (false, &[(GPU, "3")])], 400),
+            // init 3 first: nothing beside it.
+            (&[(false, &[(GPU, "3")]), (true, &[(GPU, "1")])], 300),
+            // Two sidecars, a small init after both: 1 + 2 + 1 > apps 1 + 2.
+            (
+                &[
+                    (true, &[(GPU, "1")]),
+                    (true, &[(GPU, "1")]),
+                    (false, &[(GPU, "2")]),
+                ],
+                400,
+            ),
+            // The later, smaller init wins by what runs beside it.
+            (
+                &[
+                    (false, &[(GPU, "2")]),
+                    (true, &[(GPU, "2")]),
+                    (false, &[(GPU, "1")]),
+                ],
+                300,
+            ),
+        ];
+        for (inits, units) in cases {
+            let request = request(&pod(&[&[(GPU, "1")]], inits));
+            assert_eq!(request.core_units(), units, "{request:?}");
+            let held: u64 = request.held_for_init().iter().map(|d| d.core_units()).sum();
+            assert_eq!(
+                request.app_core_units() + held,
+                units,
+                "the node holds what the quota charges: {request:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sidecar_alone_is_a_gpu_pod() {
+        let share = [
+            ("tencent.com/vcuda-core", "30"),
+            ("tencent.com/vcuda-memory", "2"),
+        ];
+        let request = request(&pod(&[&[("cpu", "1")]], &[(true, &share)]));
+        assert!(request.containers.is_empty());
+        assert!(request.has_gpu_demand());
+        assert_eq!(request.core_units(), 30);
+        assert_eq!(
+            request.held_for_init(),
+            vec![GpuDemand::Share {
+                core: 30,
+                memory: 2
+            }]
+        );
+    }
+
+    #[test]
+    fn a_share_init_keeps_its_memory_beside_the_sidecars_before_it() {
+        let share = |core, memory| {
+            [
+                ("tencent.com/vcuda-core", core),
+                ("tencent.com/vcuda-memory", memory),
+            ]
+        };
+        let (sidecar, init) = (share("20", "3"), share("50", "4"));
+        let request = request(&pod(
+            &[&[("cpu", "1")]],
+            &[(true, &sidecar), (false, &init)],
+        ));
+        assert_eq!(request.core_units(), 70);
+        assert_eq!(
+            request.held_for_init(),
+            vec![
+                GpuDemand::Share {
+                    core: 20,
+                    memory: 3
+                },
+                GpuDemand::Share {
+                    core: 50,
+                    memory: 4
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn mig_slices_of_sidecars_are_added_per_profile() {
+        let slice = "nvidia.com/mig-1g.10gb";
+        let request = request(&pod(
+            &[&[(slice, "1")]],
+            &[(true, &[(slice, "2")]), (false, &[(slice, "2")])],
+        ));
+        // apps 1 + sidecar 2 = 3; the init: 2 + 2 beside it = 4.
+        assert_eq!(request.mig[0].count, 4);
+        let request = self::request(&pod(&[&[(slice, "1")]], &[(true, &[(slice, "2")])]));
+        assert_eq!(request.mig[0].count, 3);
+        assert!(!request.has_gpu_demand());
     }
 }

@@ -45,6 +45,7 @@ pub fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
         memory_per_gpu: memory,
         used: vec![GpuUse::default(); gpus],
         mig_slices: Vec::new(),
+        created: 0,
     }
 }
 

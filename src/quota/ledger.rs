@@ -52,6 +52,55 @@ pub fn charge_on(request: &GpuRequest, label: &str, mig: &MigResources) -> Model
     charge
 }
 
+/// The node label a pod that wants only `model` is charged by until it is bound (and
+/// what admission charges it): of `labels` (the model labels of the nodes that existed
+/// when it was created), those of `model` that could take it, the one it costs most on
+/// ([`charge_on`]). Whole GPUs (`model` itself) cost the most, and are the charge when
+/// a whole-GPU node of the model is among them or no node of it is; on a cluster whose
+/// GPUs of the model are all cut into slices (single strategy, `<model>-MIG-<profile>`),
+/// the dearest slice. A slice label whose profile the namespace caps takes only pods
+/// that name it, so it does not count here. Placement refuses a node that costs more
+/// than this plus the namespace's room ([`excess`]).
+pub fn pending_label<'a>(
+    request: &GpuRequest,
+    model: &'a str,
+    labels: impl IntoIterator<Item = &'a str>,
+    limits: &NamespaceLimits,
+    mig: &MigResources,
+) -> &'a str {
+    if mig::split_product(model).1.is_some() {
+        return model; // it names a slice label: charged by it
+    }
+    let mut dearest: Option<(&str, u64)> = None;
+    for label in labels {
+        if label == model {
+            return model;
+        }
+        let (of, Some(profile)) = mig::split_product(label) else {
+            continue;
+        };
+        let capped = || limits.profile_caps.contains(&mig::profile_key(of, profile));
+        if of != model || capped() {
+            continue;
+        }
+        let cost = charge_on(request, label, mig).get(model).map_or(0, |m| m.0);
+        if dearest.is_none_or(|(_, most)| cost > most) {
+            dearest = Some((label, cost));
+        }
+    }
+    dearest.map_or(model, |(label, _)| label)
+}
+
+/// What `cost` (a pod's charge on a node) asks beyond `charged` (what it was charged
+/// at admission), per quota key: the keys where it costs more, by how much.
+pub fn excess(cost: &ModelAmounts, charged: &ModelAmounts) -> ModelAmounts {
+    let more = cost.iter().filter_map(|(key, amount)| {
+        let before = charged.get(key).map_or(0, |m| m.0);
+        (amount.0 > before).then(|| (key.clone(), Milli(amount.0 - before)))
+    });
+    more.collect()
+}
+
 /// Add `charge` to `total`, key by key.
 pub fn add_charge(total: &mut ModelAmounts, charge: &ModelAmounts) {
     for (key, amount) in charge {

@@ -83,7 +83,7 @@ fn amounts_follow_the_effective_request_rule_and_count_fractions() {
         let request = GpuRequest {
             containers,
             init,
-            mig: Vec::new(),
+            ..Default::default()
         };
         let charge = charge_on(&request, "T4", &MigResources::default());
         assert_eq!(
@@ -378,6 +378,7 @@ fn gpu_node(model: Option<&str>, pool: Option<&str>) -> NodeGpus {
         memory_per_gpu: 4,
         used: vec![Default::default(); 4],
         mig_slices: Vec::new(),
+        created: 0,
     }
 }
 

@@ -148,3 +148,50 @@ fn unlisted_profile_keys_are_not_reported_but_listed_ones_are() {
     let reported = reported_usage(&usage, |k| k == "A100" || k == "A100/1g.10gb", &listed);
     assert_eq!(reported, amounts(&[("A100", 428), ("A100/1g.10gb", 3000)]));
 }
+
+#[test]
+fn a_pending_pod_is_charged_by_the_dearest_label_of_its_model_that_could_take_it() {
+    let mig = MigResources::default();
+    let one = request(&[("nvidia.com/gpu", "1")]);
+    let free = crate::quota::NamespaceLimits::default();
+    let model = "A100-SXM4-40GB";
+    let pick = |labels: &[&'static str], limits| {
+        pending_label(&one, model, labels.iter().copied(), limits, &mig)
+    };
+    // No node of the model: whole GPUs; a whole-GPU node among slices: whole GPUs.
+    assert_eq!(pick(&["Tesla-T4"], &free), model);
+    let mixed = ["A100-SXM4-40GB-MIG-1g.5gb", model];
+    assert_eq!(pick(&mixed, &free), model);
+    // Sliced only: the dearest slice.
+    let sliced = [
+        "A100-SXM4-40GB-MIG-1g.5gb",
+        "A100-SXM4-40GB-MIG-3g.20gb",
+        "Tesla-T4",
+    ];
+    assert_eq!(pick(&sliced, &free), "A100-SXM4-40GB-MIG-3g.20gb");
+    // A capped profile takes only pods that name it.
+    let capped = crate::quota::NamespaceLimits {
+        profile_caps: vec!["A100-SXM4-40GB/3g.20gb".into()],
+        ..Default::default()
+    };
+    assert_eq!(pick(&sliced, &capped), "A100-SXM4-40GB-MIG-1g.5gb");
+    // A pod that names a slice label is charged by it.
+    let named = pending_label(&one, "A100-SXM4-40GB-MIG-1g.5gb", [model], &free, &mig);
+    assert_eq!(named, "A100-SXM4-40GB-MIG-1g.5gb");
+}
+
+#[test]
+fn excess_is_what_a_node_costs_beyond_the_charge_per_key() {
+    let charged = amounts(&[("A100-SXM4-40GB", 142), ("A100-SXM4-40GB/1g.5gb", 1000)]);
+    let whole = amounts(&[("A100-SXM4-40GB", 1000)]);
+    assert_eq!(
+        excess(&whole, &charged),
+        amounts(&[("A100-SXM4-40GB", 858)])
+    );
+    assert!(excess(&charged, &charged).is_empty());
+    let other = amounts(&[("A100-SXM4-40GB", 142), ("A100-SXM4-40GB/2g.10gb", 1000)]);
+    assert_eq!(
+        excess(&other, &charged),
+        amounts(&[("A100-SXM4-40GB/2g.10gb", 1000)])
+    );
+}

@@ -90,6 +90,7 @@ impl SimNode {
                 memory_per_gpu: MEMORY_PER_GPU,
                 used: vec![GpuUse::default(); row.gpus as usize],
                 mig_slices: Vec::new(),
+                created: 0,
             },
             room: HostRoom {
                 cpu_milli: row.cpu_milli,

@@ -74,6 +74,9 @@ struct SpecLite {
 struct ContainerLite {
     name: String,
     resources: Option<ResourcesLite>,
+    /// `Always` on an init container makes it a native sidecar, counted beside the
+    /// app containers.
+    restart_policy: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -106,6 +109,7 @@ impl From<ContainerLite> for Container {
                 requests: r.requests,
                 ..Default::default()
             }),
+            restart_policy: c.restart_policy,
             ..Default::default()
         }
     }
@@ -162,7 +166,8 @@ mod tests {
                 "nodeSelector": {"nvidia.com/gpu.product": "T4"},
                 "containers": [{"name": "c0", "image": "busybox", "env": [{"name": "A"}],
                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-                "initContainers": [{"name": "i0", "resources": {"requests": {"nvidia.com/gpu": "2"}}}],
+                "initContainers": [{"name": "i0", "resources": {"requests": {"nvidia.com/gpu": "2"}}},
+                    {"name": "s0", "restartPolicy": "Always"}],
                 "affinity": {"podAffinity": {}, "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
                 "volumes": [{}, {}, {}]
@@ -186,7 +191,11 @@ mod tests {
                 .unwrap()["nvidia.com/gpu"],
             Quantity("1".into())
         );
-        assert_eq!(spec.init_containers.as_ref().unwrap()[0].name, "i0");
+        let init = spec.init_containers.as_ref().unwrap();
+        assert_eq!(init[0].name, "i0");
+        assert_eq!(init[0].restart_policy, None);
+        // A native sidecar stays one: its GPUs are counted beside the app containers.
+        assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
         assert!(spec.affinity.as_ref().unwrap().node_affinity.is_some());
         assert!(spec.volumes.is_none());
         assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));

@@ -351,3 +351,78 @@ pub async fn volcano_gang_does_not_overcommit_a_gpu() {
     }
     cluster.delete_nodes().await;
 }
+
+/// A namespace that caps the 1g.5gb profile of its A100-SXM4-40GB GPUs, and a node whose
+/// A100s are all cut into 1g.5gb slices (single strategy). A Volcano pod that wants the
+/// model, not the profile's label, would take a slice the cap never sees: gpu-admission's
+/// predicate refuses the node (as the filter and bind verbs do; the rules are one chain),
+/// so vc-scheduler leaves it unbound with that reason. A pod naming the profile's label
+/// is bound there.
+pub async fn volcano_refuses_a_capped_mig_profile() {
+    let Some(cluster) = setup("vmig").await else {
+        return;
+    };
+    let (model, slices) = ("A100-SXM4-40GB", "A100-SXM4-40GB-MIG-1g.5gb");
+    cluster
+        .create_node_with(
+            "e2e-vmig-1",
+            json!({MODEL_LABEL: slices}),
+            json!({"nvidia.com/gpu": "7"}),
+        )
+        .await;
+    cluster
+        .create_quota(
+            "gpus",
+            json!({model: "1", format!("{model}/1g.5gb"): "2"}),
+            None,
+        )
+        .await;
+    let pod = |name: &str, wants: &str| {
+        json!({
+            "metadata": {"name": name,
+                "annotations": {TYPE_ANNOTATION: wants, GROUP_ANNOTATION: name}},
+            "spec": {
+                "schedulerName": volcano_scheduler_name(),
+                "containers": [{"name": "cuda", "image": "registry.invalid/never-pulled:e2e",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            },
+        })
+    };
+    let capped = "the namespace caps MIG profile A100-SXM4-40GB/1g.5gb";
+    // The predicate reads the namespace's quota from the pod Volcano sends.
+    let mut around = pod("around", model);
+    around["metadata"]["namespace"] = json!(cluster.ns);
+    let (status, code) = wait_for(
+        "gpu-admission to see the node and the quota",
+        BIND_TIMEOUT,
+        || async {
+            let (status, code) = vpredicate(&around, "e2e-vmig-1").await;
+            status.contains(capped).then_some((status, code))
+        },
+    )
+    .await;
+    assert_eq!(code, 2, "unschedulable: {status}");
+    for (name, wants) in [("around", model), ("named", slices)] {
+        cluster.create_pod_group(name, 1).await;
+        let pod: Pod = serde_json::from_value(pod(name, wants)).unwrap();
+        cluster
+            .pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("creating pod {}/{name}: {e}", cluster.ns));
+    }
+    let bound = cluster.wait_bound("named").await;
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("e2e-vmig-1")
+    );
+    let message = cluster.wait_failed_scheduling("around", capped).await;
+    println!("vc-scheduler's FailedScheduling event for around: {message}");
+    let pod = cluster.pods().get("around").await.unwrap();
+    assert_eq!(
+        pod.spec.and_then(|s| s.node_name),
+        None,
+        "a capped slice was taken"
+    );
+    cluster.delete_nodes().await;
+}

@@ -45,6 +45,34 @@ fn a_pods_init_container_gpus_stay_held_on_its_node() {
     );
 }
 
+/// A bound pod with 2 app GPUs (annotated by gpu-manager's index key) and a 2-GPU
+/// native sidecar, as the cache reads it back (a restart): the node holds 4 GPUs, and
+/// the quota charges 4.
+#[test]
+fn a_bound_pods_sidecar_gpus_are_held_and_charged_when_read_back() {
+    let mut state = ClusterState::default();
+    state.apply_node(node("n", 4, 4));
+    let two = json!({"limits": {"nvidia.com/gpu": "2"}});
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "team-a", "uid": "p",
+            "annotations": {"tencent.com/predicate-gpu-idx-0": "0,1",
+                "tencent.com/predicate-node": "n", "tencent.com/gpu-assigned": "true",
+                "gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"nodeName": "n",
+            "initContainers": [{"name": "side", "restartPolicy": "Always", "resources": two}],
+            "containers": [{"name": "app", "resources": two}]}
+    }))
+    .unwrap();
+    state.apply_pod(pod_key(&pod), cached(&pod));
+    let gpus = state.node("n").unwrap();
+    assert!(
+        gpus.used.iter().all(|u| u.core == 100),
+        "the node holds the app's and the sidecar's GPUs: {gpus:?}"
+    );
+    let used = state.usage("team-a");
+    assert_eq!(used.get("Tesla-T4").map(|m| m.0), Some(4000));
+}
+
 #[test]
 fn usage_counts_effective_requests_and_models_no_quota_lists() {
     let mut state = ClusterState::default();
@@ -79,8 +107,9 @@ fn usage_counts_effective_requests_and_models_no_quota_lists() {
 }
 
 /// A pod that wants a model and is bound on a single-strategy MIG node of it uses a
-/// slice (usage) but was charged whole GPUs at admission, and its pending total must
-/// count as seen by that amount, or it would wait out its TTL.
+/// slice (usage); on a cluster whose GPUs of the model are all sliced it was charged a
+/// slice at admission too, and its pending total counts as seen by that amount (or it
+/// would wait out its TTL).
 #[test]
 fn a_pod_on_a_mig_slice_uses_the_slice_and_settles_what_admission_charged() {
     use crate::placement::quantity::Milli;
@@ -113,6 +142,6 @@ fn a_pod_on_a_mig_slice_uses_the_slice_and_settles_what_admission_charged() {
     let seen = state.seen_charges("team-a", created);
     assert_eq!(
         seen.get(&(created, "A100-SXM4-40GB".to_string())),
-        Some(&Milli(1000))
+        Some(&Milli(142))
     );
 }

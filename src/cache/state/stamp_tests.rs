@@ -56,7 +56,7 @@ fn every_change_to_a_nodes_gpus_gives_it_a_new_version() {
     let decision = state
         .reserve(
             &pod_key(&pod),
-            Subject::Offered(offered),
+            Subject::Offered(Box::new(offered)),
             &["a"],
             |pod, nodes| nodes.place(&placer, &pod.request, |_| Ok(())),
             Instant::now(),
@@ -124,7 +124,7 @@ fn placements_with_the_memo_are_those_made_from_scratch() {
         state
             .reserve(
                 &pod_key(&pod),
-                Subject::Offered(offered),
+                Subject::Offered(Box::new(offered)),
                 &candidates,
                 |pod, nodes| {
                     let expected = place(placer, &pod.request, nodes.iter().copied(), |_| Ok(()));

@@ -1,0 +1,271 @@
+//! Whether a node may take a pod: one chain of rules — model, pool, MIG profile caps,
+//! quota room — asked by the filter verb, the bind verb and Volcano's predicate alike
+//! (each then fits the pod's GPUs on the node). Written once so that the three cannot
+//! drift apart (a Volcano predicate that skipped the profile cap did).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::cache::ClusterState;
+use crate::placement::mig::{self, MigResources};
+use crate::placement::models::{WantedModels, pool_admits};
+use crate::placement::{GpuRequest, Misfit, NodeGpus};
+use crate::quota::ledger::{ModelAmounts, QuotaView, charge_on, excess, room};
+use crate::quota::reserve::views_with_status;
+use crate::quota::{GPUQuota, NamespaceLimits};
+
+/// The rules a node must pass for one pod of a namespace.
+pub struct Eligibility<'a> {
+    limits: &'a NamespaceLimits,
+    wanted: WantedModels,
+    quota: PlacementQuota<'a>,
+}
+
+/// What a pod is charged, as placement must respect it.
+pub enum Charged {
+    /// No quota applies (none in the namespace): any node's cost is fine.
+    Free,
+    /// The pod accepts several models: charged at placement, for the node's label, so
+    /// the quotas must have room for all of it there.
+    AtPlacement,
+    /// Charged this at admission (one model, by the dearest node label of it that
+    /// existed then): a node that costs more needs the namespace's room for the
+    /// difference (a whole-GPU node added after a slice-charged pod was admitted).
+    Admitted(ModelAmounts),
+}
+
+impl<'a> Eligibility<'a> {
+    /// The rules for a pod that wants `wanted`, in a namespace limited by `limits`;
+    /// `views`: the namespace's quotas with their usage, read when [`needs_views`].
+    pub fn new(
+        limits: &'a NamespaceLimits,
+        wanted: WantedModels,
+        charged: Charged,
+        mig: &'a MigResources,
+        views: Option<&'a Result<Vec<QuotaView>, String>>,
+    ) -> Self {
+        Eligibility {
+            limits,
+            wanted,
+            quota: PlacementQuota {
+                checks: needs_views(&charged),
+                charged,
+                mig,
+                views,
+                by_label: RefCell::default(),
+            },
+        }
+    }
+
+    pub fn wanted(&self) -> &WantedModels {
+        &self.wanted
+    }
+
+    /// What the quota ledger is charged when the pod is placed on a node labelled
+    /// `label`: for a pod that accepts several models, its cost there; for one charged
+    /// at admission, what the node costs beyond that (`None`: nothing).
+    pub fn placement_charge(&self, label: &str, request: &GpuRequest) -> Option<ModelAmounts> {
+        if !self.quota.checks {
+            return None; // charged the most it can cost (or nothing applies)
+        }
+        let cost = charge_on(request, label, self.quota.mig);
+        let charge = match &self.quota.charged {
+            Charged::Free => return None,
+            Charged::AtPlacement => cost,
+            Charged::Admitted(charged) => excess(&cost, charged),
+        };
+        (!charge.is_empty()).then_some(charge)
+    }
+
+    /// Whether `node` may take the pod asking `request`, fit aside.
+    pub fn admits(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+        self.wanted
+            .admits(node)
+            .and_then(|()| pool_admits(&self.limits.pools, node))
+            .and_then(|()| profile_admits(self.limits, &self.wanted, node))
+            .and_then(|()| self.quota.room_on(node, request))
+    }
+}
+
+/// What a pod of `namespace` that wants `wanted` and asks `request` was charged, for
+/// placement to respect ([`Charged`]). `created`: the pod's creation second.
+pub fn charged(
+    state: &ClusterState,
+    limits: &NamespaceLimits,
+    wanted: &WantedModels,
+    request: &GpuRequest,
+    created: i64,
+) -> Charged {
+    if !limits.has_quota {
+        return Charged::Free;
+    }
+    match wanted.models.as_slice() {
+        [only] => {
+            let label = state.pending_label(request, only, created, limits);
+            Charged::Admitted(charge_on(request, label, state.mig()))
+        }
+        [] => Charged::Free,
+        _ => Charged::AtPlacement,
+    }
+}
+
+/// A pod charged at admission for a model, not for a MIG profile, may not take a
+/// single-strategy slice of a profile its namespace caps: the cap would not see it
+/// (a pod that names the profile's node label is charged for it at admission).
+pub(super) fn profile_admits(
+    limits: &NamespaceLimits,
+    wanted: &WantedModels,
+    node: &NodeGpus,
+) -> Result<(), Misfit> {
+    let Some(label) = node.model.as_deref() else {
+        return Ok(());
+    };
+    // Most namespaces cap no profile: then nothing is read of the node.
+    if limits.profile_caps.is_empty() || wanted.models.len() != 1 || wanted.models[0] == label {
+        return Ok(());
+    }
+    let (model, Some(profile)) = mig::split_product(label) else {
+        return Ok(());
+    };
+    let key = mig::profile_key(model, profile);
+    if !limits.profile_caps.contains(&key) {
+        return Ok(());
+    }
+    Err(Misfit::QuotaFull {
+        detail: format!(
+            "the namespace caps MIG profile {key}; a pod using it names the node label {label} as its GPU model"
+        ),
+        model: key,
+    })
+}
+
+/// Whether placement may need the namespace's quota usage for a pod charged so: one
+/// charged at placement always; one charged at admission by a single-strategy slice
+/// label, when a dearer node of its model is a candidate. A pod charged whole GPUs at
+/// admission costs no more anywhere it may go, and the ledger is not read for it.
+pub fn needs_views(charged: &Charged) -> bool {
+    match charged {
+        Charged::Free => false,
+        Charged::AtPlacement => true,
+        Charged::Admitted(charge) => charge.keys().any(|key| mig::is_profile_key(key)),
+    }
+}
+
+/// The namespace's quotas as the ledger sees them: API mode, `status.used`
+/// (reservations included); offline, counted from the pods.
+pub fn ledger_views(
+    state: &ClusterState,
+    namespace: &str,
+    api_mode: bool,
+) -> Result<Vec<QuotaView>, String> {
+    if api_mode {
+        let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
+        views_with_status(&quotas).map_err(|e| e.to_string())
+    } else {
+        state.quota_views(namespace)
+    }
+}
+
+/// The quota rule of placement: the node's cost must fit what the pod was charged
+/// plus the namespace's room.
+struct PlacementQuota<'a> {
+    /// Whether any node can cost more than the pod was charged ([`needs_views`]): most
+    /// pods are charged the most they can cost, and the filter's hot path then skips
+    /// the rule.
+    checks: bool,
+    charged: Charged,
+    mig: &'a MigResources,
+    views: Option<&'a Result<Vec<QuotaView>, String>>,
+    /// The answer for each model label asked about in this call: thousands of
+    /// candidates share a handful of labels.
+    by_label: RefCell<Vec<LabelRoom>>,
+}
+
+/// Whether the quota has room on nodes of one model label.
+type LabelRoom = (Option<Arc<str>>, Result<(), Misfit>);
+
+impl PlacementQuota<'_> {
+    fn room_on(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+        if !self.checks {
+            return Ok(());
+        }
+        let known = self
+            .by_label
+            .borrow()
+            .iter()
+            .find(|(l, _)| *l == node.model)
+            .map(|(_, r)| r.clone());
+        if let Some(answer) = known {
+            return answer;
+        }
+        let answer = self.room_for(node.model.as_deref().unwrap_or_default(), request);
+        let mut by_label = self.by_label.borrow_mut();
+        by_label.push((node.model.clone(), answer.clone()));
+        answer
+    }
+
+    fn room_for(&self, label: &str, request: &GpuRequest) -> Result<(), Misfit> {
+        let cost = charge_on(request, label, self.mig);
+        let beyond = match &self.charged {
+            Charged::Free => return Ok(()),
+            Charged::AtPlacement => cost,
+            Charged::Admitted(charged) => excess(&cost, charged),
+        };
+        if beyond.is_empty() {
+            return Ok(()); // no dearer than its admission charge: nothing to read
+        }
+        let full = |model: &str, detail: String| Misfit::QuotaFull {
+            model: model.to_string(),
+            detail,
+        };
+        // Not read (`needs_views` said no node could cost more): refuse rather than
+        // take a node unchecked.
+        let unread = Err("the namespace's quota usage was not read".to_string());
+        let views = self.views.unwrap_or(&unread);
+        let views = views.as_ref().map_err(|e| full(label, e.clone()))?;
+        room(views, label, &beyond).map_err(|e| {
+            full(
+                &e.model,
+                format!("used {} of {} in GPUQuota {}", e.used, e.hard, e.quota),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::models::ModelSource;
+    use crate::placement::testing::node;
+
+    fn wants(label: &str) -> WantedModels {
+        WantedModels {
+            models: vec![label.into()],
+            source: ModelSource::Annotation,
+        }
+    }
+
+    #[test]
+    fn a_capped_mig_profile_is_only_for_pods_that_name_it() {
+        let mut slices = node("n", 7, 0);
+        slices.model = Some("A100-SXM4-40GB-MIG-1g.5gb".into());
+        let capped = NamespaceLimits {
+            has_quota: true,
+            models: vec!["A100-SXM4-40GB".into()],
+            profile_caps: vec!["A100-SXM4-40GB/1g.5gb".into()],
+            ..Default::default()
+        };
+        let refused = profile_admits(&capped, &wants("A100-SXM4-40GB"), &slices).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "namespace GPU quota for A100-SXM4-40GB/1g.5gb has no room (the namespace caps MIG profile A100-SXM4-40GB/1g.5gb; a pod using it names the node label A100-SXM4-40GB-MIG-1g.5gb as its GPU model)"
+        );
+        assert!(profile_admits(&capped, &wants("A100-SXM4-40GB-MIG-1g.5gb"), &slices).is_ok());
+        let uncapped = NamespaceLimits {
+            profile_caps: Vec::new(),
+            ..capped
+        };
+        assert!(profile_admits(&uncapped, &wants("A100-SXM4-40GB"), &slices).is_ok());
+    }
+}

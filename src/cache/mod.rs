@@ -113,6 +113,7 @@ impl ClusterCache {
         };
         let mut state = ClusterState::default();
         state.set_mig(projection.names.mig.clone());
+        state.set_dra(projection.dra.clone());
         ClusterCache {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),

@@ -55,6 +55,10 @@ pub struct ClusterState {
     claims: BTreeMap<PodKey, claims::CachedClaim>,
     /// The GPU devices the DRA driver publishes in ResourceSlices.
     devices: crate::dra::slices::DeviceIndex,
+    /// The DeviceClasses, by name.
+    classes: crate::dra::classes::DeviceClasses,
+    /// How ResourceClaims and ResourceSlices name GPUs.
+    dra: crate::dra::Dra,
     /// Single-strategy MIG model labels (`<model>-MIG-<profile>`) of the nodes, with
     /// how many nodes carry each.
     mig_labels: BTreeMap<Arc<str>, u32>,
@@ -269,6 +273,7 @@ impl ClusterState {
     /// has acted on them, and the pod's owner can still edit its annotations, which
     /// must not move (or free) GPUs in this view.
     pub fn apply_pod(&mut self, key: PodKey, mut pod: CachedPod) {
+        let arrives = !self.pods.contains_key(&key);
         if let Some(old) = self.pods.get(&key) {
             let same_pod = old.uid == pod.uid || old.uid.is_empty() || pod.uid.is_empty();
             // The scheduler wrote a new "not scheduled" condition: it gave the pod up, and
@@ -285,7 +290,11 @@ impl ClusterState {
                 pod.assignment = old.assignment.clone();
             }
         }
-        self.put_pod(key, pod);
+        self.put_pod(key.clone(), pod);
+        if arrives && !self.claims.is_empty() {
+            // A claim that serves this pod's extended resources is charged to the pod.
+            self.recharge_extended(namespace_of(&key));
+        }
     }
 
     pub fn delete_pod(&mut self, key: &str) {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::dra::ResourceClaim;
 
-use crate::admission::claim::{pin_patch, validate_claim};
+use crate::admission::claim::{mutate_claim, validate_claim};
 use crate::admission::mutate::mutation;
 use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
@@ -238,12 +238,7 @@ pub async fn mutate_claim_route(
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
-            let patch = state.cache.with_state(|s| {
-                let limits = s.namespace_limits(&namespace);
-                pin_patch(&claim, &state.config.dra, limits, |label| {
-                    s.products_of(label)
-                })
-            });
+            let patch = mutate_claim(&state.cache, &namespace, &claim);
             match patch.0.is_empty() {
                 true => reply("allow", review.allow()),
                 false => reply("patch", review.patch(&patch)),

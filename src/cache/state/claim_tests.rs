@@ -94,13 +94,14 @@ fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
 fn a_namespace_sees_only_its_own_claims_created_since() {
     let dra = Dra::default();
     let mut state = ClusterState::default();
+    // Pinned to Tesla-T4, as the mutating webhook leaves a claim.
+    let pin = dra.pin_expression("Tesla-T4", &[]);
     let typed = |namespace: &str| -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": namespace, "uid": namespace,
                 "creationTimestamp": "2026-11-24T00:00:10Z"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression":
-                    "device.attributes[\"gpu.nvidia.com\"].productName == \"Tesla T4\""}}]}}]}}
+                "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": pin}}]}}]}}
         }))
         .unwrap()
     };

@@ -7,43 +7,69 @@ use std::collections::HashSet;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::dra::classes::{ClassInfo, DeviceClasses};
 use crate::dra::slices::{GpuDevice, SliceDevices};
-use crate::dra::{self, ClaimAsks, Dra, ResourceClaim};
+use crate::dra::{self, Catalog, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
 use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
 
 use super::super::pod::PodKey;
 use super::{ClusterState, namespace_of};
 
+/// The annotation kube-scheduler puts on the claim it creates for a pod's DRA-backed
+/// extended resources (the pod owns the claim).
+pub const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
+
 /// A claim as quota sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CachedClaim {
     /// `creationTimestamp`, unix seconds (the ledger's pending total it joined).
     pub created: i64,
+    /// Its device requests, evaluated again when the DeviceClasses change.
+    pub requests: Arc<[DeviceRequest]>,
+    /// Its GPU requests, evaluated when it joined the cluster state.
     pub asks: ClaimAsks,
     /// The GPU driver's devices allocated to it: (pool, device).
     pub allocated: Vec<(String, String)>,
+    /// The pod (name, uid) it says it serves the extended resources of, if annotated so.
+    pub extended_for: Option<(String, String)>,
 }
 
 impl CachedClaim {
-    /// `None` for a claim that asks for no GPU and holds none.
+    /// `None` for a claim that asks for no device and holds no GPU.
     pub fn from_claim(claim: &ResourceClaim, dra: &Dra) -> Option<Self> {
-        let asks = ClaimAsks::of(claim, dra);
         let allocated: Vec<(String, String)> = claim
             .allocated()
             .iter()
             .filter(|d| d.driver == dra.driver)
             .map(|d| (d.pool.clone(), d.device.clone()))
             .collect();
-        if asks.is_empty() && allocated.is_empty() {
+        if claim.requests().is_empty() && allocated.is_empty() {
             return None;
         }
         let created = claim.metadata.creation_timestamp.as_ref();
         Some(CachedClaim {
             created: created.map_or(0, |t| t.0.as_second()),
-            asks,
+            requests: claim.requests().into(),
+            asks: ClaimAsks::default(),
             allocated,
+            extended_for: extended_owner(claim),
         })
     }
+}
+
+/// The pod a claim says it serves the extended resources of: annotated so, and owned by
+/// that pod. Whether the pod exists and asks for them is the cluster state's to say.
+pub fn extended_owner(claim: &ResourceClaim) -> Option<(String, String)> {
+    let meta = &claim.metadata;
+    let annotated = meta.annotations.as_ref()?.get(EXTENDED_RESOURCE_CLAIM)?;
+    if annotated != "true" {
+        return None;
+    }
+    let owners = meta.owner_references.as_deref().unwrap_or_default();
+    let pod = owners
+        .iter()
+        .find(|o| o.kind == "Pod" && o.api_version == "v1")?;
+    Some((pod.name.clone(), pod.uid.clone()))
 }
 
 /// The key of a claim among the namespace's charged objects (pod names have no `/`).
@@ -52,9 +78,101 @@ pub fn claim_key(namespace: &str, name: &str) -> PodKey {
 }
 
 impl ClusterState {
-    pub fn apply_claim(&mut self, key: PodKey, claim: CachedClaim) {
+    pub fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
+        let catalog = self.catalog(namespace_of(&key));
+        claim.asks = ClaimAsks::of_requests(&claim.requests, &catalog, false).unwrap_or_default();
         self.claims.insert(key.clone(), claim);
         self.recharge_claim(&key);
+    }
+
+    /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,
+    /// the published devices, and the models its quotas and the nodes name.
+    pub fn catalog(&self, namespace: &str) -> Catalog {
+        let limits = self.namespace_limits(namespace);
+        let mut known: Vec<String> = limits.models.clone();
+        known.extend(limits.profile_caps.iter().cloned());
+        known.extend(limits.default_type.iter().cloned());
+        known.extend(
+            self.nodes()
+                .filter_map(|n| n.model.as_deref().map(str::to_string)),
+        );
+        Catalog::new(&self.dra, &self.classes, &self.devices, known)
+    }
+
+    pub fn set_dra(&mut self, dra: Dra) {
+        self.dra = dra;
+    }
+
+    pub fn dra(&self) -> &Dra {
+        &self.dra
+    }
+
+    /// A DeviceClass arrived or changed: the claims' requests are evaluated again.
+    pub fn apply_class(&mut self, name: &str, class: ClassInfo) {
+        if self.classes.get(name) != Some(&class) {
+            self.classes.insert(name.to_string(), class);
+            self.reevaluate_claims();
+        }
+    }
+
+    pub fn delete_class(&mut self, name: &str) {
+        if self.classes.remove(name).is_some() {
+            self.reevaluate_claims();
+        }
+    }
+
+    pub fn replace_classes(&mut self, classes: DeviceClasses) {
+        if self.classes != classes {
+            self.classes = classes;
+            self.reevaluate_claims();
+        }
+    }
+
+    pub fn classes(&self) -> &DeviceClasses {
+        &self.classes
+    }
+
+    fn reevaluate_claims(&mut self) {
+        let keys: Vec<PodKey> = self.claims.keys().cloned().collect();
+        for key in keys {
+            if let Some(claim) = self.claims.get(&key).cloned() {
+                self.apply_claim(key, claim);
+            }
+        }
+    }
+
+    /// Whether `extended_for` (of a claim in `namespace`) names a pod of the namespace
+    /// that asks for GPUs, and every request of the claim is for a class that serves an
+    /// extended resource: then the pod is charged, not the claim.
+    pub fn serves_pod(
+        &self,
+        namespace: &str,
+        requests: &[DeviceRequest],
+        extended_for: Option<&(String, String)>,
+    ) -> bool {
+        let Some((name, uid)) = extended_for else {
+            return false;
+        };
+        let pod = self.pod(&format!("{namespace}/{name}"));
+        let asks_gpus = pod.is_some_and(|p| *p.uid == **uid && !p.request.is_empty());
+        let classes = requests.iter().flat_map(|r| {
+            let sub = r.first_available.iter().flatten().map(|s| &s.request);
+            r.exactly.iter().chain(sub)
+        });
+        let mut classes = classes.map(|exact| self.classes.get(&exact.device_class_name));
+        asks_gpus && classes.all(|c| c.is_some_and(|c| c.extended_resource.is_some()))
+    }
+
+    /// A pod arrived: the claims serving its extended resources stop being charged.
+    pub(super) fn recharge_extended(&mut self, namespace: &str) {
+        let keys: Vec<PodKey> = self
+            .namespace_claims(namespace)
+            .filter(|(_, c)| c.extended_for.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.recharge_claim(&key);
+        }
     }
 
     pub fn delete_claim(&mut self, key: &str) {
@@ -123,6 +241,9 @@ impl ClusterState {
     /// them, or until it is allocated (or while a device is unknown), what it asks for,
     /// with the namespace's default model for requests that name none.
     pub(super) fn claim_charge(&self, namespace: &str, claim: &CachedClaim) -> ModelAmounts {
+        if self.serves_pod(namespace, &claim.requests, claim.extended_for.as_ref()) {
+            return ModelAmounts::new();
+        }
         let mig = self.ledger.mig();
         let devices: Option<Vec<&GpuDevice>> = claim
             .allocated

@@ -121,3 +121,39 @@ fn a_namespace_sees_only_its_own_claims_created_since() {
     );
     assert!(state.seen_charges("team", created + 1).is_empty());
 }
+
+/// Issue 18, item 6: a DeviceClass that selects the GPU driver's devices, not in the
+/// config, is a GPU class: its claims are charged (and charged again once it appears).
+#[test]
+fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "vfio", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "vfio.gpu.nvidia.com"}}]}}
+    }))
+    .unwrap();
+    let key = claim_key("team-a", "vfio");
+    state.apply_claim(key, CachedClaim::from_claim(&claim, &dra).unwrap());
+    assert_eq!(
+        used(&state, "Tesla-T4"),
+        None,
+        "an unknown class is not a GPU class"
+    );
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", class);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
+    state.delete_class("vfio.gpu.nvidia.com");
+    assert_eq!(used(&state, "Tesla-T4"), None);
+    let nic = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "rdma.example.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", nic);
+    assert_eq!(used(&state, "Tesla-T4"), None);
+}

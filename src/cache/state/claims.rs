@@ -111,6 +111,14 @@ impl ClusterState {
     pub fn apply_class(&mut self, name: &str, class: ClassInfo) {
         if self.classes.get(name) != Some(&class) {
             self.classes.insert(name.to_string(), class);
+            let listed = self.dra.device_classes.contains_key(name);
+            if !listed && self.catalog("").is_gpu_class(name) {
+                // Its claims are charged: say so, as the config does not.
+                tracing::info!(
+                    class = name,
+                    "DeviceClass can select GPUs: its claims are charged to the quota"
+                );
+            }
             self.reevaluate_claims();
         }
     }

@@ -157,3 +157,68 @@ fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
     state.apply_class("vfio.gpu.nvidia.com", nic);
     assert_eq!(used(&state, "Tesla-T4"), None);
 }
+
+/// A pod asking for `nvidia.com/gpu: 1`, as the cache takes it.
+fn gpu_pod(name: &str, uid: &str) -> (crate::cache::PodKey, CachedPod) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid,
+            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"containers": [{"name": "app",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))
+    .unwrap();
+    let cached = CachedPod::from_pod(&pod, &Projection::from_config(&Config::default()));
+    (pod_key(&pod), cached.unwrap())
+}
+
+/// The claim kube-scheduler makes for a pod's DRA-backed extended resource (or a forgery
+/// of it): annotated, owned by `owner` (name, uid).
+fn extended_claim(name: &str, owner: (&str, &str), class: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner.0,
+                "uid": owner.1, "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+            "deviceClassName": class, "count": 1}}]}}
+    }))
+    .unwrap()
+}
+
+/// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
+/// charged once (by the pod); a claim that only pretends to be one is charged.
+#[test]
+fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: Some("nvidia.com/gpu".into()),
+    };
+    state.apply_class("gpu.nvidia.com", class);
+    let pinned = crate::dra::classes::ClassInfo {
+        selectors: vec![],
+        extended_resource: None,
+    };
+    state.apply_class("plain.gpu.example.com", pinned);
+    let apply = |state: &mut ClusterState, claim: ResourceClaim| {
+        let name = claim.metadata.name.clone().unwrap();
+        let cached = CachedClaim::from_claim(&claim, &dra).unwrap();
+        state.apply_claim(claim_key("team-a", &name), cached);
+    };
+    // The claim arrives before its pod (a relist): charged until the pod is seen.
+    apply(&mut state, extended_claim("served", ("app", "u-app"), "gpu.nvidia.com"));
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
+    let (key, pod) = gpu_pod("app", "u-app");
+    state.apply_pod(key, pod);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)), "the pod's GPU, once");
+    // Forgeries: another uid, a pod of no GPU, a class serving no extended resource.
+    apply(&mut state, extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"));
+    apply(&mut state, extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"));
+    apply(
+        &mut state,
+        extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
+    );
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(4000)));
+}

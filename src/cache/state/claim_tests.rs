@@ -208,14 +208,27 @@ fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
         state.apply_claim(claim_key("team-a", &name), cached);
     };
     // The claim arrives before its pod (a relist): charged until the pod is seen.
-    apply(&mut state, extended_claim("served", ("app", "u-app"), "gpu.nvidia.com"));
+    apply(
+        &mut state,
+        extended_claim("served", ("app", "u-app"), "gpu.nvidia.com"),
+    );
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
     let (key, pod) = gpu_pod("app", "u-app");
     state.apply_pod(key, pod);
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)), "the pod's GPU, once");
+    assert_eq!(
+        used(&state, "Tesla-T4"),
+        Some(Milli(1000)),
+        "the pod's GPU, once"
+    );
     // Forgeries: another uid, a pod of no GPU, a class serving no extended resource.
-    apply(&mut state, extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"));
-    apply(&mut state, extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"));
+    apply(
+        &mut state,
+        extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
+    );
+    apply(
+        &mut state,
+        extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"),
+    );
     apply(
         &mut state,
         extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),

@@ -30,6 +30,7 @@ fn input(target: &str) -> Input {
         "admission_review" => Input::Bytes(harness::admission_review),
         "quantity" => Input::Bytes(harness::quantity),
         "config" => Input::Bytes(harness::config),
+        "cel_selector" => Input::Bytes(harness::cel_selector),
         "pod_annotations" => Input::Pod,
         other => panic!("no such fuzz target {other:?}"),
     }

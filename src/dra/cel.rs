@@ -30,13 +30,13 @@ const MAX_NESTING: usize = 24;
 /// Most binary operators in one expression (the parser nests a chain of them).
 const MAX_OPERATORS: usize = 256;
 /// Most syntax-tree cost units one expression may need per device.
-pub const MAX_COST: u64 = 20_000;
+pub const MAX_COST: u64 = 10_000;
 /// What a comprehension over a device's attribute map may iterate at most.
 const MAP_RANGE: u64 = 64;
 /// Most program size of a regular expression (the regex crate's limit, in bytes).
 const REGEX_SIZE: usize = 64 * 1024;
 /// Most cost units one claim's selectors may spend over all devices.
-pub const CLAIM_BUDGET: u64 = 2_000_000;
+pub const CLAIM_BUDGET: u64 = 600_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CelError {
@@ -86,6 +86,15 @@ impl Budget {
 }
 
 impl Selector {
+    /// Compile `expression`, charging its parsing to `budget` (by its length).
+    pub fn compile_within(
+        expression: &str,
+        budget: &mut Budget,
+    ) -> Result<Result<Self, CelError>, OverBudget> {
+        budget.spend(1 + expression.len() as u64 / 8)?;
+        Ok(Self::compile(expression))
+    }
+
     pub fn compile(expression: &str) -> Result<Self, CelError> {
         if expression.len() > MAX_EXPRESSION_BYTES {
             return Err(CelError::TooLong);

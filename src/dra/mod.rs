@@ -394,14 +394,14 @@ impl Catalog {
         };
         let expressions = exact.expressions();
         let pinned = expressions.iter().find_map(|e| self.dra.pinned_label(e));
-        let selectors = expressions
-            .iter()
-            .map(|e| Selector::compile(e))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| AskError::Selector {
+        let mut selectors = Vec::with_capacity(expressions.len());
+        for expression in &expressions {
+            let selector = Selector::compile_within(expression, budget)?;
+            selectors.push(selector.map_err(|error| AskError::Selector {
                 request: name.to_string(),
                 error,
-            })?;
+            })?);
+        }
         Ok(Some(DeviceAsk {
             request: name.to_string(),
             matched: self.matched(&selectors, &class.selectors, budget)?,

@@ -20,7 +20,7 @@ const MAX_DEVICES: usize = 256;
 const MAX_ATTRIBUTES: usize = 64;
 /// Most distinct devices of one model (and profile) a claim's selectors are evaluated
 /// against: devices that differ only in, say, their UUID say the same about models.
-pub const MAX_SAMPLES: usize = 16;
+pub const MAX_SAMPLES: usize = 8;
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct ResourceSlice {

@@ -104,8 +104,8 @@ fn hostile_claim() -> Value {
         .map(|r| {
             let selectors: Vec<Value> = (0..4)
                 .map(|s| {
-                    let words: Vec<String> = (0..100)
-                        .map(|w| format!("\"{r:02}-{s}-{w:03}-{}\"", "x".repeat(60)))
+                    let words: Vec<String> = (0..60)
+                        .map(|w| format!("\"{r:02}-{s}-{w:03}-{}\"", "x".repeat(120)))
                         .collect();
                     let expression = format!(
                         "[{}].exists(x, {PRODUCT}.contains(x) || x.matches(\"^[0-9]+-[0-9]-[0-9]+-x+$\"))",

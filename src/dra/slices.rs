@@ -265,12 +265,15 @@ impl DeviceIndex {
         self.devices.is_empty()
     }
 
-    /// The nodes with published GPU devices, and each node's model label.
-    pub fn node_models(&self) -> BTreeMap<String, String> {
-        let mut nodes = BTreeMap::new();
+    /// The nodes with published GPU devices, and the model labels of each node's.
+    pub fn node_models(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        let mut nodes: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
         for device in self.devices.values() {
             if let Some(node) = &device.node {
-                nodes.insert(node.clone(), device.label.clone());
+                nodes
+                    .entry(node.clone())
+                    .or_default()
+                    .insert(device.label.clone());
             }
         }
         nodes

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::dra::ResourceClaim;
 
 use crate::admission::claim::{mutate_claim, validate_claim};
-use crate::admission::mutate::mutation;
+use crate::admission::mutate::{GpuNodes, mutation};
 use crate::admission::review::{Answer, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
@@ -143,12 +143,15 @@ pub async fn mutate_route(
         else {
             return reply("allow", review.allow());
         };
-        let (limits, mig_labels) = state.cache.with_state(|s| {
-            let labels = s.mig_labels().map(str::to_string).collect::<Vec<_>>();
-            (s.namespace_limits(&namespace).clone(), labels)
+        let (limits, nodes) = state.cache.with_state(|s| {
+            let nodes = GpuNodes {
+                mig_labels: s.mig_labels().map(str::to_string).collect(),
+                dra_unlabelled: s.classes().values().any(|c| c.extended_resource.is_some()),
+            };
+            (s.namespace_limits(&namespace).clone(), nodes)
         });
         let keys = &state.cache.projection().keys;
-        match mutation(&pod, &state.config, keys, &limits, &mig_labels) {
+        match mutation(&pod, &state.config, keys, &limits, &nodes) {
             Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))

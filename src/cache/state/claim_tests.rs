@@ -235,3 +235,31 @@ fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
     );
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(4000)));
 }
+
+/// Nodes without GPU capacity whose GPUs a ResourceSlice publishes take a one-model pod
+/// of that model through DRA-backed extended resources, once a DeviceClass serves one.
+#[test]
+fn dra_nodes_are_those_publishing_the_pods_model_without_gpu_capacity() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let (key, pod) = gpu_pod("app", "u-app");
+    state.apply_pod(key.clone(), pod);
+    let t4: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "dra-t4"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "dra-t4"}, "nodeName": "dra-t4",
+            "devices": [{"name": "gpu-0", "attributes": {"productName": {"string": "Tesla T4"}}}]}
+    }))
+    .unwrap();
+    state.apply_slice("dra-t4", gpu_devices(&t4, &dra));
+    state.apply_slice("node-1-gpus", gpu_devices(&slice(), &dra));
+    let names = ["dra-t4", "node-1", "elsewhere"];
+    assert!(state.dra_nodes(&key, &names).is_empty(), "no class serves an extended resource");
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![],
+        extended_resource: Some("nvidia.com/gpu".into()),
+    };
+    state.apply_class("gpu.nvidia.com", class);
+    // The pod wants Tesla-T4 (its annotation); node-1 publishes A100s only.
+    assert_eq!(state.dra_nodes(&key, &names), ["dra-t4"]);
+}

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use crate::dra::classes::{ClassInfo, DeviceClasses};
 use crate::dra::slices::{GpuDevice, SliceDevices};
 use crate::dra::{self, Catalog, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
+use crate::placement::GpuDemand;
+use crate::placement::models::WantedModels;
 use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
 
 use super::super::pod::PodKey;
@@ -169,6 +171,45 @@ impl ClusterState {
         });
         let mut classes = classes.map(|exact| self.classes.get(&exact.device_class_name));
         asks_gpus && classes.all(|c| c.is_some_and(|c| c.extended_resource.is_some()))
+    }
+
+    /// The nodes among `names` that can give the pod `key` its whole GPUs only through
+    /// DRA-backed extended resources: no GPU capacity of their own, GPUs published in
+    /// ResourceSlices, of a model the pod may use (docs/devices.md). kube-scheduler's
+    /// DRA plugin allocates them (in a claim it makes for the pod, charged to the pod).
+    pub fn dra_nodes(&self, key: &str, names: &[&str]) -> Vec<String> {
+        let Some(pod) = self.pod(key) else {
+            return Vec::new();
+        };
+        let whole = pod.request.mig.is_empty()
+            && pod
+                .request
+                .init
+                .is_none_or(|d| matches!(d, GpuDemand::Whole { .. }))
+            && pod
+                .request
+                .containers
+                .iter()
+                .all(|c| matches!(c.demand, GpuDemand::Whole { .. }));
+        let served = self.classes.values().any(|c| c.extended_resource.is_some());
+        if !whole || !served || self.devices.is_empty() {
+            return Vec::new();
+        }
+        let limits = self.namespace_limits(namespace_of(key));
+        let models =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        // One model: the pod was charged for it at admission (a pod accepting several is
+        // charged at placement, by the node the extender picks).
+        let [model] = models else {
+            return Vec::new();
+        };
+        let published = self.devices.node_models();
+        names
+            .iter()
+            .filter(|name| self.node(name).is_none_or(|n| n.gpu_count() == 0))
+            .filter(|name| published.get(**name).is_some_and(|l| l.contains(model)))
+            .map(|name| name.to_string())
+            .collect()
     }
 
     /// A pod arrived: the claims serving its extended resources stop being charged.

@@ -254,7 +254,10 @@ fn dra_nodes_are_those_publishing_the_pods_model_without_gpu_capacity() {
     state.apply_slice("dra-t4", gpu_devices(&t4, &dra));
     state.apply_slice("node-1-gpus", gpu_devices(&slice(), &dra));
     let names = ["dra-t4", "node-1", "elsewhere"];
-    assert!(state.dra_nodes(&key, &names).is_empty(), "no class serves an extended resource");
+    assert!(
+        state.dra_nodes(&key, &names).is_empty(),
+        "no class serves an extended resource"
+    );
     let class = crate::dra::classes::ClassInfo {
         selectors: vec![],
         extended_resource: Some("nvidia.com/gpu".into()),

@@ -195,11 +195,24 @@ fn bounded_map<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<
 pub struct DeviceIndex {
     by_slice: HashMap<String, SliceDevices>,
     devices: HashMap<DeviceKey, GpuDevice>,
+    /// `samples` and `products`, worked out once per change of the devices (every
+    /// claim judged reads them).
+    derived: std::sync::OnceLock<Derived>,
+}
+
+/// Sample devices by (model label, profile), and published products by label.
+type Samples = BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>;
+
+#[derive(Debug, Default)]
+struct Derived {
+    samples: Samples,
+    products: BTreeMap<String, Vec<String>>,
 }
 
 impl DeviceIndex {
     pub fn apply(&mut self, slice: &str, devices: SliceDevices) {
         self.delete(slice);
+        self.derived = Default::default();
         for (key, device) in &devices {
             self.devices.insert(key.clone(), device.clone());
         }
@@ -207,6 +220,7 @@ impl DeviceIndex {
     }
 
     pub fn delete(&mut self, slice: &str) {
+        self.derived = Default::default();
         for (key, _) in self.by_slice.remove(slice).into_iter().flatten() {
             self.devices.remove(&key);
         }
@@ -225,7 +239,18 @@ impl DeviceIndex {
 
     /// Up to [`MAX_SAMPLES`] distinct devices of each (model label, profile), in a
     /// stable order: what a claim's selectors are evaluated against.
-    pub fn samples(&self) -> BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>> {
+    pub fn samples(&self) -> Samples {
+        self.derived().samples.clone()
+    }
+
+    fn derived(&self) -> &Derived {
+        self.derived.get_or_init(|| Derived {
+            samples: self.sample(),
+            products: self.published_products(),
+        })
+    }
+
+    fn sample(&self) -> Samples {
         let mut keys: Vec<&DeviceKey> = self.devices.keys().collect();
         keys.sort();
         let mut samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>> = BTreeMap::new();
@@ -246,6 +271,10 @@ impl DeviceIndex {
 
     /// The model attribute values published, by model label, sorted.
     pub fn products(&self) -> BTreeMap<String, Vec<String>> {
+        self.derived().products.clone()
+    }
+
+    fn published_products(&self) -> BTreeMap<String, Vec<String>> {
         let mut products: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for device in self.devices.values() {
             products

@@ -59,6 +59,8 @@ pub struct ClusterState {
     classes: crate::dra::classes::DeviceClasses,
     /// How ResourceClaims and ResourceSlices name GPUs.
     dra: crate::dra::Dra,
+    /// The whole-GPU resource names (empty: `nvidia.com/gpu`).
+    gpu_resources: Vec<String>,
     /// Single-strategy MIG model labels (`<model>-MIG-<profile>`) of the nodes, with
     /// how many nodes carry each.
     mig_labels: BTreeMap<Arc<str>, u32>,

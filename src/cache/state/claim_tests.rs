@@ -220,7 +220,9 @@ fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
         Some(Milli(1000)),
         "the pod's GPU, once"
     );
-    // Forgeries: another uid, a pod of no GPU, a class serving no extended resource.
+    // Forgeries: another uid, no such pod, a class serving no extended resource, more
+    // devices than the pod's GPUs, a selector, a claim made from the pod's template (its
+    // metadata is the tenant's).
     apply(
         &mut state,
         extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
@@ -234,6 +236,26 @@ fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
         extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
     );
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(4000)));
+    let mut more = extended_claim("more", ("app", "u-app"), "gpu.nvidia.com");
+    more.spec.devices.as_mut().unwrap().requests[0]
+        .exactly
+        .as_mut()
+        .unwrap()
+        .count = Some(2);
+    apply(&mut state, more);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(6000)));
+    let mut selected = extended_claim("selected", ("app", "u-app"), "gpu.nvidia.com");
+    let exact = selected.spec.devices.as_mut().unwrap().requests[0]
+        .exactly
+        .as_mut()
+        .unwrap();
+    exact.selectors = serde_json::from_value(json!([{"cel": {"expression": "true"}}])).unwrap();
+    apply(&mut state, selected);
+    let mut templated = extended_claim("templated", ("app", "u-app"), "gpu.nvidia.com");
+    let annotations = templated.metadata.annotations.as_mut().unwrap();
+    annotations.insert("resource.kubernetes.io/pod-claim-name".into(), "gpu".into());
+    apply(&mut state, templated);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(8000)));
 }
 
 /// Nodes without GPU capacity whose GPUs a ResourceSlice publishes take a one-model pod

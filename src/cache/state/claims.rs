@@ -32,8 +32,8 @@ pub struct CachedClaim {
     pub asks: ClaimAsks,
     /// The GPU driver's devices allocated to it: (pool, device).
     pub allocated: Vec<(String, String)>,
-    /// The pod (name, uid) it says it serves the extended resources of, if annotated so.
-    pub extended_for: Option<(String, String)>,
+    /// The pod it says it serves the extended resources of, if annotated so.
+    pub extended_for: Option<ExtendedFor>,
 }
 
 impl CachedClaim {
@@ -59,19 +59,35 @@ impl CachedClaim {
     }
 }
 
-/// The pod a claim says it serves the extended resources of: annotated so, and owned by
-/// that pod. Whether the pod exists and asks for them is the cluster state's to say.
-pub fn extended_owner(claim: &ResourceClaim) -> Option<(String, String)> {
+/// What a claim says of the pod whose extended resources it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtendedFor {
+    pub pod: String,
+    pub uid: String,
+    /// The claim's own name (a pod that names it in its spec uses it as any claim).
+    pub claim: String,
+}
+
+/// The pod a claim says it serves the extended resources of: annotated so, controlled by
+/// that pod, and not made from the pod's ResourceClaimTemplate (whose metadata the
+/// tenant writes). Whether the pod exists and asks for them is the cluster state's to say.
+pub fn extended_owner(claim: &ResourceClaim) -> Option<ExtendedFor> {
     let meta = &claim.metadata;
-    let annotated = meta.annotations.as_ref()?.get(EXTENDED_RESOURCE_CLAIM)?;
-    if annotated != "true" {
+    let annotations = meta.annotations.as_ref()?;
+    if annotations.get(EXTENDED_RESOURCE_CLAIM)? != "true"
+        || annotations.contains_key("resource.kubernetes.io/pod-claim-name")
+    {
         return None;
     }
     let owners = meta.owner_references.as_deref().unwrap_or_default();
     let pod = owners
         .iter()
-        .find(|o| o.kind == "Pod" && o.api_version == "v1")?;
-    Some((pod.name.clone(), pod.uid.clone()))
+        .find(|o| o.kind == "Pod" && o.api_version == "v1" && o.controller == Some(true))?;
+    Some(ExtendedFor {
+        pod: pod.name.clone(),
+        uid: pod.uid.clone(),
+        claim: meta.name.clone().unwrap_or_default(),
+    })
 }
 
 /// The key of a claim among the namespace's charged objects (pod names have no `/`).
@@ -151,26 +167,59 @@ impl ClusterState {
         }
     }
 
-    /// Whether `extended_for` (of a claim in `namespace`) names a pod of the namespace
-    /// that asks for GPUs, and every request of the claim is for a class that serves an
-    /// extended resource: then the pod is charged, not the claim.
+    /// Whether a claim in `namespace` is the one kube-scheduler made for a pod's
+    /// DRA-backed extended resources, so the pod is charged, not the claim: it names
+    /// (`extended_for`) a pod of the namespace, with that uid, that asks for whole GPUs
+    /// and does not name the claim in its spec; its requests are plain `exactly` ones
+    /// (no selectors) of classes serving a whole-GPU resource, for no more devices than
+    /// the pod's whole GPUs.
     pub fn serves_pod(
         &self,
         namespace: &str,
         requests: &[DeviceRequest],
-        extended_for: Option<&(String, String)>,
+        extended_for: Option<&ExtendedFor>,
     ) -> bool {
-        let Some((name, uid)) = extended_for else {
+        let Some(owner) = extended_for else {
             return false;
         };
-        let pod = self.pod(&format!("{namespace}/{name}"));
-        let asks_gpus = pod.is_some_and(|p| *p.uid == **uid && !p.request.is_empty());
-        let classes = requests.iter().flat_map(|r| {
-            let sub = r.first_available.iter().flatten().map(|s| &s.request);
-            r.exactly.iter().chain(sub)
-        });
-        let mut classes = classes.map(|exact| self.classes.get(&exact.device_class_name));
-        asks_gpus && classes.all(|c| c.is_some_and(|c| c.extended_resource.is_some()))
+        let pod = self.pod(&format!("{namespace}/{}", owner.pod));
+        let Some(pod) = pod.filter(|p| *p.uid == *owner.uid) else {
+            return false;
+        };
+        if pod.claim_names.iter().any(|n| **n == *owner.claim) {
+            return false;
+        }
+        let whole = |resource: &str| match self.gpu_resources.is_empty() {
+            true => resource == "nvidia.com/gpu",
+            false => self.gpu_resources.iter().any(|r| r == resource),
+        };
+        let mut devices = 0u64;
+        for request in requests {
+            let Some(exact) = request
+                .exactly
+                .as_ref()
+                .filter(|_| request.first_available.is_none())
+            else {
+                return false;
+            };
+            let class = self.classes.get(&exact.device_class_name);
+            let serves = class
+                .and_then(|c| c.extended_resource.as_deref())
+                .is_some_and(whole);
+            if !serves
+                || !exact.selectors.is_empty()
+                || exact.allocation_mode.as_deref() == Some("All")
+            {
+                return false;
+            }
+            devices += exact.count.unwrap_or(1).max(0) as u64;
+        }
+        devices > 0 && devices <= u64::from(pod.request.whole_gpus())
+    }
+
+    /// The whole-GPU resource names (`resources.wholeGpu`).
+    pub fn set_gpu_resources(&mut self, names: Vec<String>) {
+        self.gpu_resources = names;
     }
 
     /// The nodes among `names` that can give the pod `key` its whole GPUs only through

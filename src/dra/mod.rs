@@ -1,15 +1,18 @@
 //! Dynamic Resource Allocation (`resource.k8s.io/v1`): GPUs handed out through
-//! ResourceClaims (docs/devices.md). Pure: what a claim asks for, which model each of its
-//! requests names, what it is charged, and the selector that pins a model.
+//! ResourceClaims (docs/devices.md). Pure: which requests of a claim are for GPUs (their
+//! DeviceClass is configured, or its selectors can match the GPU driver's devices), which
+//! model each is charged for, what the claim is charged, and the selector that pins a
+//! request to its model.
 //!
 //! A claim is charged per device, like Kubernetes' own quota counts claims: an
 //! `ExactCount` request its count, an `All` request the most devices one claim can be
 //! allocated (32), a request of prioritized alternatives (`firstAvailable`) the largest
-//! alternative per quota key. The model comes from the request's CEL selectors
-//! (`device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"`), else
-//! from its DeviceClass (configured), else the namespace's default (which the mutating
-//! webhook pins with a selector). Once allocated, the devices' own attributes (from the
-//! ResourceSlices) say what the claim holds.
+//! alternative per quota key. The model is decided by evaluating the request's CEL
+//! selectors and its DeviceClass's ([`cel`]) against the devices the ResourceSlices
+//! publish, or made-up devices of the models the quotas know ([`Catalog`]); the mutating
+//! webhook pins it (`productName in [...]`, ANDed with everything else), so the claim is
+//! allocated only the model it is charged for. Once allocated, the devices' own
+//! attributes say what the claim holds.
 
 /// `kube::Resource` for a `resource.k8s.io/v1` type of ours that holds only the fields
 /// gpu-admission reads (`metadata` included), so the watches can list and watch it.

@@ -307,17 +307,4 @@ impl DeviceIndex {
         }
         nodes
     }
-
-    /// The model attribute values published for `label`, sorted, for pinning.
-    pub fn products_of(&self, label: &str) -> Vec<String> {
-        let mut products: Vec<String> = self
-            .devices
-            .values()
-            .filter(|d| d.label == label)
-            .map(|d| d.product.clone())
-            .collect();
-        products.sort();
-        products.dedup();
-        products
-    }
 }

@@ -317,11 +317,6 @@ impl ClusterState {
         self.recharge_allocated();
     }
 
-    /// The model attribute values the cluster's devices publish for a model label.
-    pub fn products_of(&self, label: &str) -> Vec<String> {
-        self.devices.products_of(label)
-    }
-
     /// The namespace's claims, with their keys (a range of the ordered keys, which all
     /// start with `<namespace>/`).
     pub(super) fn namespace_claims<'a>(

@@ -2006,6 +2006,10 @@ async fn claim_selectors_are_pinned_to_an_allowed_model_in_a_found_gpu_class() {
         .dra("DeviceClass")
         .delete(class, &DeleteParams::default())
         .await;
+    let _ = cluster
+        .dra("ResourceSlice")
+        .delete("e2e-cel-1-gpus", &DeleteParams::default())
+        .await;
     cluster.delete_nodes().await;
 }
 
@@ -2111,6 +2115,10 @@ async fn extended_resource_pods_on_dra_nodes_are_bound_and_charged_once() {
     let _ = cluster
         .dra("DeviceClass")
         .delete(class, &DeleteParams::default())
+        .await;
+    let _ = cluster
+        .dra("ResourceSlice")
+        .delete("e2e-ext-1-gpus", &DeleteParams::default())
         .await;
     cluster.delete_nodes().await;
 }

@@ -120,6 +120,9 @@ pub struct Held(Option<CachedPod>);
 
 /// Which pod a filter call places.
 #[derive(Debug)]
+// One per filter call, moved into the cache at once: the size of the offered pod costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Subject {
     /// A pod the cluster has, named by the request (API mode). The cache's copy is the
     /// truth; the request's copy is not read.

@@ -25,10 +25,12 @@ use crate::placement::quantity::Milli;
 
 /// Kubernetes' `CELSelectorExpressionMaxLength`: the API server refuses longer ones.
 pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
-/// Deepest nesting of brackets and conditionals (the parser recurses per level).
-const MAX_NESTING: usize = 24;
-/// Most binary operators in one expression (the parser nests a chain of them).
-const MAX_OPERATORS: usize = 256;
+/// Deepest nesting of brackets and conditionals (the parser recurses per level, a few
+/// dozen frames each: 24 levels overflow a 2 MiB thread stack in a debug build).
+const MAX_NESTING: usize = 8;
+/// Most operators, member selections, indexings and calls in one expression (the parser
+/// nests a chain of any of them one level deeper per link).
+const MAX_OPERATORS: usize = 128;
 /// Most syntax-tree cost units one expression may need per device.
 pub const MAX_COST: u64 = 10_000;
 /// What a comprehension over a device's attribute map may iterate at most.
@@ -42,7 +44,9 @@ pub const CLAIM_BUDGET: u64 = 600_000;
 pub enum CelError {
     #[error("is longer than {MAX_EXPRESSION_BYTES} bytes")]
     TooLong,
-    #[error("nests deeper than {MAX_NESTING} levels or chains more than {MAX_OPERATORS} operators")]
+    #[error(
+        "nests deeper than {MAX_NESTING} levels or chains more than {MAX_OPERATORS} operators, selections and calls"
+    )]
     TooDeep,
     #[error("does not parse as CEL: {0}")]
     Parse(String),
@@ -166,7 +170,9 @@ fn check_shape(expression: &str) -> Result<(), CelError> {
             '(' | '[' | '{' => {
                 depth += 1;
                 deepest = deepest.max(depth);
+                operators += 1;
             }
+            '.' => operators += 1,
             ')' | ']' | '}' => depth = depth.saturating_sub(1),
             '?' => conditionals += 1,
             '+' | '-' | '*' | '/' | '%' | '<' | '>' | '=' | '!' => operators += 1,

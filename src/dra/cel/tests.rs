@@ -131,3 +131,29 @@ fn versions_order_semantically() {
     assert!(v("1.0.0-rc1") < v("1.0.0"));
     assert_eq!(Version::parse("1.0"), None);
 }
+
+/// Chains the parser nests one level per link (members, indexes, calls, unary
+/// operators) are refused before parsing; the longest allowed parse on a test thread's
+/// stack (2 MiB, debug build).
+#[test]
+fn long_chains_are_refused_before_the_parser_recurses() {
+    for link in [".a", "[0]", ".size()", "!", "-", " + 1"] {
+        let chain = |n: usize| format!("device{}", link.repeat(n));
+        assert_eq!(
+            Selector::compile(&chain(1200)).err(),
+            Some(CelError::TooDeep),
+            "{link}"
+        );
+        // The longest chain allowed is parsed (or refused for another reason).
+        let longest = (1..=MAX_OPERATORS).rev().map(chain);
+        let mut allowed = longest.skip_while(|c| check_shape(c).is_err());
+        let _ = Selector::compile(&allowed.next().unwrap());
+    }
+    let nested = format!(
+        "{}device{}{}",
+        "(".repeat(MAX_NESTING),
+        ".a".repeat(MAX_OPERATORS - MAX_NESTING),
+        ")".repeat(MAX_NESTING)
+    );
+    let _ = Selector::compile(&nested);
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run one fuzz target (or all of them, one after another) with the flags of docs/fuzzing.md.
+# Run one fuzz target (or all eight, one after another) with the flags of docs/fuzzing.md.
 #
 #   fuzz/run.sh [target|all] [seconds]      default: all, 600 seconds each
 #
@@ -11,7 +11,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")"
-targets=(extender_args volcano_predicate admission_review quantity pod_annotations config pod_cost)
+targets=(extender_args volcano_predicate admission_review quantity pod_annotations config pod_cost cel_selector)
 target=${1:-all}
 seconds=${2:-600}
 if [[ $target == all ]]; then

@@ -31,6 +31,7 @@ fn input(target: &str) -> Input {
         "quantity" => Input::Bytes(harness::quantity),
         "config" => Input::Bytes(harness::config),
         "pod_cost" => Input::Bytes(harness::pod_cost),
+        "cel_selector" => Input::Bytes(harness::cel_selector),
         "pod_annotations" => Input::Pod,
         other => panic!("no such fuzz target {other:?}"),
     }

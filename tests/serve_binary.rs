@@ -204,6 +204,19 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"gpu_admission_quota_hard_gpus{namespace="team-a",quota="default",model="Tesla-T4"} 2.0"#), "{metrics}");
+    // team-c: its ResourceClaim holds one A100-SXM4-40GB a ResourceSlice publishes, so a
+    // claim for two more (pinned, as the mutating webhook leaves it) is refused.
+    assert!(
+        metrics.contains(r#"gpu_admission_quota_used_gpus{namespace="team-c",quota="default",model="A100-SXM4-40GB"} 1.0"#),
+        "{metrics}"
+    );
+    let review = std::fs::read_to_string(example("review-claim.json")).unwrap();
+    let (status, body) = tls(server.tls, &ca, "POST", "/validate/resourceclaims", review).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#"GPU quota exceeded in namespace \"team-c\" for A100-SXM4-40GB: requested 2, used 1 of 2"#),
+        "{body}"
+    );
     // The learnt mix is inference-1's 0.3 GPU (30 cores, 20 memory). Beside notebook-1
     // (50 free) or on an idle T4 GPU (100 free), one 0.3 task fewer fits and the
     // leftover (20, 10) is the same, so fgd packed it beside notebook-1 (asserted above

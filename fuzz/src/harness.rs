@@ -12,6 +12,10 @@ use std::sync::OnceLock;
 use gpu_admission::admission::review::Review;
 use gpu_admission::cache::{CachedPod, Projection};
 use gpu_admission::config::Config;
+use gpu_admission::dra::cel::{Budget, CLAIM_BUDGET, CelDevice, Selector};
+use gpu_admission::dra::classes::DeviceClasses;
+use gpu_admission::dra::slices::{DeviceIndex, ResourceSlice, gpu_devices};
+use gpu_admission::dra::{Catalog, ClaimAsks, Dra, ResourceClaim};
 use gpu_admission::extender::ExtenderArgs;
 use gpu_admission::extender::volcano::PredicateArgs;
 use gpu_admission::placement::models::WantedModels;
@@ -20,7 +24,7 @@ use gpu_admission::placement::{GpuRequest, ResourceNames};
 use k8s_openapi::api::core::v1::Pod;
 
 /// The targets, by name (the directory names under `fuzz/seeds` and `fuzz/regressions`).
-pub const TARGETS: [&str; 7] = [
+pub const TARGETS: [&str; 8] = [
     "extender_args",
     "volcano_predicate",
     "admission_review",
@@ -28,6 +32,7 @@ pub const TARGETS: [&str; 7] = [
     "pod_annotations",
     "config",
     "pod_cost",
+    "cel_selector",
 ];
 
 fn names() -> &'static ResourceNames {
@@ -318,5 +323,74 @@ fn placement(request: &GpuRequest) {
 pub fn config(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = Config::parse(text);
+    }
+}
+
+/// How long one `cel_selector` input may take at most in the fuzz build: compiling it
+/// and judging a claim of 32 requests carrying it against the published devices
+/// (generous: that build has AddressSanitizer and debug assertions on; on stable the
+/// replay asserts no time).
+#[cfg(fuzzing)]
+const CEL_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A cluster publishing an A100 (whole and a MIG slice) and a T4, the devices a
+/// selector is evaluated against, and the models its quotas know.
+fn cel_catalog() -> &'static Catalog {
+    static CATALOG: OnceLock<Catalog> = OnceLock::new();
+    CATALOG.get_or_init(|| {
+        let dra = Dra::default();
+        let slice: ResourceSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-1"},
+            "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-1"}, "nodeName": "node-1",
+                "devices": [
+                    {"name": "gpu-0", "attributes": {"productName": {"string": "NVIDIA A100-SXM4-80GB"},
+                        "type": {"string": "gpu"}, "index": {"int": 0}, "cudaDriverVersion": {"version": "12.4.0"}},
+                        "capacity": {"memory": {"value": "80Gi"}}},
+                    {"name": "gpu-1-mig", "attributes": {"productName": {"string": "NVIDIA A100-SXM4-80GB"},
+                        "type": {"string": "mig"}, "profile": {"string": "1g.10gb"}},
+                        "capacity": {"memory": {"value": "10Gi"}}},
+                    {"name": "gpu-2", "attributes": {"productName": {"string": "Tesla T4"},
+                        "type": {"string": "gpu"}, "other.example.com/flag": {"bool": true}},
+                        "capacity": {"memory": {"value": "16Gi"}}}]}
+        }))
+        .expect("the fuzz cluster's slice");
+        let mut index = DeviceIndex::default();
+        index.apply("node-1", gpu_devices(&slice, &dra));
+        let known = ["A100-SXM4-80GB", "A100-SXM4-80GB/1g.10gb", "Tesla-T4", "H100"];
+        Catalog::new(&dra, &DeviceClasses::new(), &index, known.map(String::from))
+    })
+}
+
+/// A CEL selector (UTF-8): compiled within its bounds or refused, never a panic; a
+/// claim of 32 requests carrying it judged (`ClaimAsks::of`: every evaluation charged to
+/// the claim's budget, which is then never overdrawn), within `CEL_BOUND`.
+pub fn cel_selector(data: &[u8]) {
+    let Ok(expression) = std::str::from_utf8(data) else {
+        return;
+    };
+    #[cfg(fuzzing)]
+    let started = std::time::Instant::now();
+    if let Ok(selector) = Selector::compile(expression) {
+        let mut budget = Budget::default();
+        let bare = CelDevice::new("gpu.nvidia.com", &Default::default(), &Default::default());
+        let _ = selector.matches(&bare, &mut budget);
+        assert!(budget.0 < CLAIM_BUDGET, "an evaluation costs something");
+    }
+    let requests: Vec<serde_json::Value> = (0..32)
+        .map(|i| {
+            serde_json::json!({"name": format!("r{i}"), "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": expression}}]}})
+        })
+        .collect();
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "spec": {"devices": {"requests": requests}}
+    }))
+    .expect("a claim of 32 requests");
+    let _ = ClaimAsks::of(&claim, cel_catalog());
+    #[cfg(fuzzing)]
+    {
+        let elapsed = started.elapsed();
+        assert!(elapsed < CEL_BOUND, "{expression:?} took {elapsed:?}");
     }
 }

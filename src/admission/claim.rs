@@ -1,20 +1,46 @@
 //! The webhooks for ResourceClaims (docs/devices.md): the validating one charges a new
 //! claim's GPU devices to its namespace's quota, in the same ledger as pods, or denies
-//! it with the same message; the mutating one pins the namespace's default model on
-//! GPU requests that name none — DRA's counterpart of the node affinity pods get.
+//! it with the same message; the mutating one pins every GPU request to the model it is
+//! charged for — DRA's counterpart of the node affinity pods get. Which model that is
+//! comes from evaluating the request's (and its DeviceClass's) CEL selectors against
+//! the devices the cluster publishes (`dra::Catalog`).
 
 use serde_json::{Value, json};
 
 use crate::cache::ClusterCache;
-use crate::cache::state::claims::{CachedClaim, claim_key};
+use crate::cache::state::claims::{CachedClaim, claim_key, extended_owner};
 use crate::config::{Config, UntypedPods};
-use crate::dra::{ClaimAsks, Dra, ResourceClaim};
+use crate::dra::cel::Budget;
+use crate::dra::{Catalog, ClaimAsks, DeviceAsk, Dra, ExactRequest, Resolved, ResourceClaim};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
 use crate::quota::ledger::{AdmitRules, Costs, Denial, admit};
 use crate::quota::reserve;
 
 use super::validate::{ValidateError, Verdict, created_or_now, offline_views, reserved};
+
+/// What the cluster state says about a claim, read under the lock; its selectors are
+/// evaluated after.
+struct Seen {
+    catalog: Catalog,
+    limits: NamespaceLimits,
+    /// It is the claim kube-scheduler made for a pod's extended resources: the pod is
+    /// charged, not the claim.
+    serves_pod: bool,
+}
+
+fn seen(cache: &ClusterCache, namespace: &str, claim: &ResourceClaim) -> Seen {
+    cache.with_state(|s| {
+        let limits = s.namespace_limits(namespace).clone();
+        let owner = extended_owner(claim);
+        let serves_pod = s.serves_pod(namespace, claim.requests(), owner.as_ref());
+        Seen {
+            catalog: s.catalog(namespace),
+            limits,
+            serves_pod,
+        }
+    })
+}
 
 /// Judge the creation of `claim` in `namespace`. `dry_run` evaluates without charging.
 pub async fn validate_claim(
@@ -24,13 +50,24 @@ pub async fn validate_claim(
     claim: &ResourceClaim,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
-    // What joins the cluster (offline) is what is judged: the claim's GPU requests.
+    let seen = seen(cache, namespace, claim);
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
     let joining = CachedClaim::from_claim(claim, &config.dra);
-    let Some(joining) = joining.filter(|c| !c.asks.is_empty()) else {
+    if seen.serves_pod {
+        if cache.ledger().is_none()
+            && !dry_run
+            && let Some(joining) = joining
+        {
+            cache.with_state(|s| s.apply_claim(claim_key(namespace, name), joining));
+        }
         return Ok(Verdict::Allow);
+    }
+    let asks = match ClaimAsks::of(claim, &seen.catalog) {
+        Ok(asks) if asks.is_empty() => return Ok(Verdict::Allow),
+        Ok(asks) => asks,
+        Err(error) => return Ok(Verdict::Deny(error.to_string())),
     };
-    let limits = cache.with_state(|s| s.namespace_limits(namespace).clone());
-    let (wanted, costs) = match charged(config, namespace, &limits, &joining.asks) {
+    let (wanted, costs) = match charged(config, namespace, &seen, &asks) {
         Ok(Some(charged)) => charged,
         Ok(None) => return Ok(Verdict::Allow),
         Err(message) => return Ok(Verdict::Deny(message)),
@@ -46,13 +83,12 @@ pub async fn validate_claim(
         return reserved(ledger, cache, namespace, ask).await;
     }
     // Offline: decide and join the cluster under one lock.
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
     cache.with_state(|state| {
         let views = offline_views(state, namespace)?;
         match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {
             Err(denial) => Ok(Verdict::Deny(denial.to_string())),
             Ok(_) => {
-                if !dry_run {
+                if !dry_run && let Some(joining) = joining {
                     state.apply_claim(claim_key(namespace, name), joining);
                 }
                 Ok(Verdict::Allow)
@@ -62,14 +98,26 @@ pub async fn validate_claim(
 }
 
 /// The model a claim is charged under and its cost, `None` when nothing is charged (the
-/// namespace has no quota), or the denial's message.
+/// namespace has no quota), or the denial's message. Every GPU request must carry the
+/// pin of the model it is charged for.
 fn charged(
     config: &Config,
     namespace: &str,
-    limits: &NamespaceLimits,
+    seen: &Seen,
     asks: &ClaimAsks,
 ) -> Result<Option<(WantedModels, Costs)>, String> {
-    let untyped: Vec<&str> = asks.untyped().map(|a| a.request.as_str()).collect();
+    let limits = &seen.limits;
+    let default = limits.default_type.as_deref();
+    let mut models = Vec::new();
+    let mut untyped = Vec::new();
+    let mut ambiguous = Vec::new();
+    for ask in asks.all() {
+        match ask.resolve(default) {
+            Resolved::Model(label) => models.push((ask, label)),
+            Resolved::Unnamed => untyped.push(ask.request.as_str()),
+            Resolved::Ambiguous(labels) => ambiguous.push((ask.request.as_str(), labels)),
+        }
+    }
     if !limits.has_quota {
         let denial = match () {
             _ if config.quota_required => Denial::QuotaRequired {
@@ -84,16 +132,21 @@ fn charged(
         };
         return Err(denial.to_string());
     }
-    let default = limits.default_type.as_deref();
-    if !untyped.is_empty() && default.is_none() {
+    if let Some((request, labels)) = ambiguous.first() {
+        return Err(ambiguous_message(&config.dra, namespace, request, labels));
+    }
+    if !untyped.is_empty() {
         return Err(untyped_message(&config.dra, namespace, &untyped));
     }
+    if let Some((ask, label)) = models.iter().find(|(ask, _)| ask.pinned.is_none()) {
+        let pin = seen.catalog.pin(label);
+        return Err(format!(
+            "ResourceClaim request {} is not pinned to the model it is charged for ({label}): gpu-admission's mutating webhook adds the CEL selector {pin}; was it removed by another webhook?",
+            ask.request
+        ));
+    }
     let charge = asks.charge(default, &config.resources.mig);
-    let label = asks
-        .all()
-        .find_map(|a| a.model.clone())
-        .or_else(|| default.map(str::to_string))
-        .unwrap_or_default();
+    let label = models.first().map(|(_, l)| l.clone()).unwrap_or_default();
     let wanted = WantedModels {
         models: vec![label.clone()],
         source: ModelSource::Annotation,
@@ -110,56 +163,89 @@ fn untyped_message(dra: &Dra, namespace: &str, untyped: &[&str]) -> String {
     )
 }
 
-/// The JSON Patch that adds a selector for the namespace's default model to every GPU
-/// request of `claim` that names no model (empty when there is none to pin, or the
-/// namespace has no default). `products` gives the model attribute values the cluster's
-/// devices publish for a model label.
+fn ambiguous_message(dra: &Dra, namespace: &str, request: &str, labels: &[String]) -> String {
+    format!(
+        "ResourceClaim request {request} can be allocated GPUs of several models ({}), none of them namespace {namespace:?}'s default model; name one with a CEL selector on device.attributes[{:?}].{}",
+        labels.join(", "),
+        dra.driver,
+        dra.model_attribute
+    )
+}
+
+/// The JSON Patch that adds, to every GPU request of `claim` and every alternative, the
+/// selector that pins it to the model it is charged for (none for a request whose model
+/// cannot be decided: the validating webhook refuses it). `products` gives the model
+/// attribute values the cluster's devices publish for a model label.
 pub fn pin_patch(
     claim: &ResourceClaim,
-    dra: &Dra,
+    catalog: &Catalog,
     limits: &NamespaceLimits,
-    products: impl Fn(&str) -> Vec<String>,
 ) -> json_patch::Patch {
-    let Some(default) = limits.default_type.as_deref() else {
-        return json_patch::Patch(Vec::new());
-    };
-    let selector = json!({"cel": {"expression": dra.pin_expression(default, &products(default))}});
+    let default = limits.default_type.as_deref();
     let mut operations: Vec<Value> = Vec::new();
+    let mut budget = Budget::default();
+    let mut pin = |path: String, name: &str, exact: &ExactRequest| {
+        let ask = catalog.ask(name, exact, &mut budget).ok().flatten();
+        if let Some(label) = ask.as_ref().and_then(|a| label_to_pin(a, default)) {
+            operations.push(add_selector(&path, exact, &catalog.pin(&label)));
+        }
+    };
     for (i, request) in claim.requests().iter().enumerate() {
         if let Some(exact) = &request.exactly {
             let path = format!("/spec/devices/requests/{i}/exactly");
-            pin(&mut operations, &path, exact, dra, &selector);
+            pin(path, &request.name, exact);
         }
         for (j, sub) in request.first_available.iter().flatten().enumerate() {
             let path = format!("/spec/devices/requests/{i}/firstAvailable/{j}");
-            pin(&mut operations, &path, &sub.request, dra, &selector);
+            pin(
+                path,
+                &format!("{}/{}", request.name, sub.name),
+                &sub.request,
+            );
         }
     }
     serde_json::from_value(Value::Array(operations)).unwrap_or(json_patch::Patch(Vec::new()))
 }
 
-/// Add `selector` to the request at `path` if it is a GPU request naming no model.
-fn pin(
-    operations: &mut Vec<Value>,
-    path: &str,
-    request: &crate::dra::ExactRequest,
-    dra: &Dra,
-    selector: &Value,
-) {
-    let untyped = crate::dra::ask_of("", request, dra).is_some_and(|ask| ask.model.is_none());
-    if !untyped {
-        return;
+/// The model to pin a request to: the one it is charged for, unless it carries a pin.
+fn label_to_pin(ask: &DeviceAsk, default: Option<&str>) -> Option<String> {
+    if ask.pinned.is_some() {
+        return None;
     }
-    operations.push(match request.selectors.is_empty() {
+    match ask.resolve(default) {
+        Resolved::Model(label) => Some(label),
+        Resolved::Ambiguous(_) | Resolved::Unnamed => None,
+    }
+}
+
+fn add_selector(path: &str, request: &ExactRequest, expression: &str) -> Value {
+    let selector = json!({"cel": {"expression": expression}});
+    match request.selectors.is_empty() {
         true => json!({"op": "add", "path": format!("{path}/selectors"), "value": [selector]}),
         false => json!({"op": "add", "path": format!("{path}/selectors/-"), "value": selector}),
-    });
+    }
+}
+
+/// The mutating webhook's patch for `claim` in `namespace` (none for a claim that
+/// serves a pod's extended resources).
+pub fn mutate_claim(
+    cache: &ClusterCache,
+    namespace: &str,
+    claim: &ResourceClaim,
+) -> json_patch::Patch {
+    let seen = seen(cache, namespace, claim);
+    if seen.serves_pod {
+        return json_patch::Patch(Vec::new());
+    }
+    pin_patch(claim, &seen.catalog, &seen.limits)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::dra::classes::DeviceClasses;
+    use crate::dra::slices::DeviceIndex;
 
     fn limits(default: Option<&str>) -> NamespaceLimits {
         NamespaceLimits {
@@ -170,59 +256,135 @@ mod tests {
         }
     }
 
+    fn catalog() -> Catalog {
+        let known = ["A100-SXM4-80GB".to_string(), "Tesla-T4".to_string()];
+        Catalog::new(
+            &Dra::default(),
+            &DeviceClasses::new(),
+            &DeviceIndex::default(),
+            known,
+        )
+    }
+
+    fn seen(default: Option<&str>) -> Seen {
+        Seen {
+            catalog: catalog(),
+            limits: limits(default),
+            serves_pod: false,
+        }
+    }
+
+    fn claim(requests: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({"spec": {"devices": {"requests": requests}}})).unwrap()
+    }
+
+    fn patched(claim: &ResourceClaim, patch: &json_patch::Patch) -> ResourceClaim {
+        let mut pinned = serde_json::to_value(claim).unwrap();
+        json_patch::patch(&mut pinned, patch).unwrap();
+        serde_json::from_value(pinned).unwrap()
+    }
+
+    const T4: &str = r#"device.attributes["gpu.nvidia.com"].productName == "Tesla T4""#;
+
     #[test]
-    fn requests_naming_no_model_get_the_default_pinned() {
-        let claim: ResourceClaim = serde_json::from_value(json!({"spec": {"devices": {"requests": [
+    fn every_gpu_request_is_pinned_to_the_model_it_is_charged_for() {
+        let claim = claim(json!([
             {"name": "any", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
             {"name": "typed", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel":
-                {"expression": "device.attributes[\"gpu.nvidia.com\"].productName == \"Tesla T4\""}}]}},
+                {"expression": T4}}]}},
             {"name": "nic", "exactly": {"deviceClassName": "rdma.example.com"}},
             {"name": "alt", "firstAvailable": [
                 {"name": "one", "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": "true"}}]}]}
-        ]}}}))
-        .unwrap();
-        let dra = Dra::default();
-        let products = |_: &str| vec!["NVIDIA A100-SXM4-80GB".to_string()];
-        let patch = pin_patch(&claim, &dra, &limits(Some("A100-SXM4-80GB")), products);
-        let expression =
-            r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"]"#;
+        ]));
+        let catalog = catalog();
+        let patch = pin_patch(&claim, &catalog, &limits(Some("A100-SXM4-80GB")));
+        let a100 = catalog.pin("A100-SXM4-80GB");
+        let t4 = catalog.pin("Tesla-T4");
         assert_eq!(
             serde_json::to_value(&patch).unwrap(),
             json!([
                 {"op": "add", "path": "/spec/devices/requests/0/exactly/selectors",
-                    "value": [{"cel": {"expression": expression}}]},
+                    "value": [{"cel": {"expression": a100}}]},
+                {"op": "add", "path": "/spec/devices/requests/1/exactly/selectors/-",
+                    "value": {"cel": {"expression": t4}}},
                 {"op": "add", "path": "/spec/devices/requests/3/firstAvailable/0/selectors/-",
-                    "value": {"cel": {"expression": expression}}}
+                    "value": {"cel": {"expression": a100}}}
             ])
         );
-        let mut pinned = serde_json::to_value(&claim).unwrap();
-        json_patch::patch(&mut pinned, &patch).unwrap();
-        let pinned: ResourceClaim = serde_json::from_value(pinned).unwrap();
-        let asks = ClaimAsks::of(&pinned, &dra);
-        assert_eq!(asks.untyped().count(), 0, "{asks:?}");
+        let pinned = patched(&claim, &patch);
+        let asks = ClaimAsks::of(&pinned, &catalog).unwrap();
+        assert!(asks.all().all(|a| a.pinned.is_some()), "{asks:?}");
+        let (_, costs) = charged(
+            &Config::default(),
+            "team-a",
+            &seen(Some("A100-SXM4-80GB")),
+            &asks,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            costs,
+            Costs::single(
+                "A100-SXM4-80GB".into(),
+                asks.charge(Some("A100-SXM4-80GB"), &Default::default())
+            )
+        );
         assert!(
-            pin_patch(&claim, &dra, &limits(None), products)
+            pin_patch(&pinned, &catalog, &limits(Some("A100-SXM4-80GB")))
                 .0
-                .is_empty()
+                .is_empty(),
+            "pinned once"
+        );
+        // Without a default, a request that matches both models cannot be pinned.
+        let unpinned = pin_patch(&claim, &catalog, &limits(None));
+        assert_eq!(unpinned.0.len(), 1, "only the T4 request: {unpinned:?}");
+    }
+
+    #[test]
+    fn a_gpu_request_without_its_pin_is_refused_by_name() {
+        let claim = claim(
+            json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": T4}}]}}]),
+        );
+        let asks = ClaimAsks::of(&claim, &catalog()).unwrap();
+        let error = charged(&Config::default(), "team-a", &seen(None), &asks).unwrap_err();
+        assert!(
+            error.starts_with(
+                "ResourceClaim request gpu is not pinned to the model it is charged for (Tesla-T4)"
+            ),
+            "{error}"
         );
     }
 
     #[test]
     fn an_untyped_claim_without_a_default_is_refused_by_name() {
-        let claim: ResourceClaim =
-            serde_json::from_value(json!({"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}))
-            .unwrap();
-        let asks = ClaimAsks::of(&claim, &Dra::default());
-        let error = charged(&Config::default(), "team-a", &limits(None), &asks).unwrap_err();
+        let claim = claim(
+            json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes[\"gpu.nvidia.com\"].productName == \"H100\""}}]}}]),
+        );
+        let asks = ClaimAsks::of(&claim, &catalog()).unwrap();
+        let error = charged(&Config::default(), "team-a", &seen(None), &asks).unwrap_err();
         assert_eq!(
             error,
             r#"ResourceClaim request gpu names no GPU model and namespace "team-a" has no default model (defaultType in a GPUQuota); select one with a CEL selector on device.attributes["gpu.nvidia.com"].productName"#
         );
-        let free = NamespaceLimits::default();
+        let mut free = seen(None);
+        free.limits = NamespaceLimits::default();
         assert!(matches!(
             charged(&Config::default(), "team-a", &free, &asks),
             Ok(None)
         ));
+    }
+
+    #[test]
+    fn a_request_matching_several_models_without_the_default_is_refused() {
+        let claim =
+            claim(json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]));
+        let asks = ClaimAsks::of(&claim, &catalog()).unwrap();
+        let error = charged(&Config::default(), "team-a", &seen(None), &asks).unwrap_err();
+        assert_eq!(
+            error,
+            r#"ResourceClaim request gpu can be allocated GPUs of several models (A100-SXM4-80GB, Tesla-T4), none of them namespace "team-a"'s default model; name one with a CEL selector on device.attributes["gpu.nvidia.com"].productName"#
+        );
     }
 }

@@ -57,9 +57,9 @@ pub fn desired_pod(
     config: &Config,
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
-    mig_labels: &[String],
+    nodes: &GpuNodes,
 ) -> Result<Pod, String> {
-    let steered = steer(pod, config, keys, limits, mig_labels)?;
+    let steered = steer(pod, config, keys, limits, nodes)?;
     let mut desired = pod.clone();
     steered.apply(&mut desired);
     Ok(desired)
@@ -77,9 +77,9 @@ pub fn mutation(
     config: &Config,
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
-    mig_labels: &[String],
+    nodes: &GpuNodes,
 ) -> Result<Patch, String> {
-    let after = steer(pod, config, keys, limits, mig_labels)?;
+    let after = steer(pod, config, keys, limits, nodes)?;
     let mut patch = Patch::default();
     // In the order a diff of the whole pods lists them: by key, depth first.
     diff_annotations(
@@ -98,7 +98,7 @@ pub fn mutation(
     }
     debug_assert_eq!(
         Ok(&patch),
-        desired_pod(pod, config, keys, limits, mig_labels)
+        desired_pod(pod, config, keys, limits, nodes)
             .map(|d| diff(pod, &d))
             .as_ref(),
         "the mutation's patch is not the diff of the whole pods"
@@ -113,7 +113,7 @@ fn steer(
     config: &Config,
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
-    mig_labels: &[String],
+    nodes: &GpuNodes,
 ) -> Result<Steered, String> {
     let wanted = limits.wanted_models(pod, config);
     check_node_selector(pod, &config.model_label, &wanted.models, "GPU model")?;
@@ -133,11 +133,62 @@ fn steer(
             .insert(config.type_annotation.clone(), wanted.models.join(","));
     }
     if let Some(spec) = steered.spec.as_mut() {
-        let labels = with_mig_labels(&wanted.models, mig_labels);
+        let labels = with_mig_labels(&wanted.models, &nodes.mig_labels);
         require(&mut spec.affinity, &config.model_label, &labels);
         require(&mut spec.affinity, &config.pool_label, &limits.pools);
+        if nodes.dra_unlabelled {
+            allow_unlabelled(&mut spec.affinity, &config.model_label);
+        }
     }
     Ok(steered)
+}
+
+/// What the cluster's GPU nodes say about steering: the single-strategy MIG labels they
+/// carry, and whether GPUs may come from DRA on nodes without a model label.
+#[derive(Debug, Clone, Default)]
+pub struct GpuNodes {
+    pub mig_labels: Vec<String>,
+    /// A DeviceClass serves an extended resource (DRA-backed extended resources): its
+    /// nodes may have no model label (the ResourceSlices name their GPUs' model), so a
+    /// pod may also go to a node without one, where the extender admits only nodes whose
+    /// published GPUs are of the pod's model.
+    pub dra_unlabelled: bool,
+}
+
+/// Each node selector term that requires a model label gets a twin that requires, in
+/// its stead, that the node has none (the extender checks such nodes' published GPUs).
+fn allow_unlabelled(affinity: &mut Option<Affinity>, label: &str) {
+    let required = affinity
+        .as_mut()
+        .and_then(|a| a.node_affinity.as_mut())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_mut()
+        });
+    let Some(required) = required else {
+        return;
+    };
+    let mut twins = Vec::new();
+    for term in &required.node_selector_terms {
+        let expressions = term.match_expressions.as_deref().unwrap_or_default();
+        if !expressions
+            .iter()
+            .any(|e| e.key == label && e.operator == "In")
+        {
+            continue;
+        }
+        let mut twin = term.clone();
+        for expression in twin.match_expressions.iter_mut().flatten() {
+            if expression.key == label && expression.operator == "In" {
+                expression.operator = "DoesNotExist".into();
+                expression.values = None;
+            }
+        }
+        if !required.node_selector_terms.contains(&twin) && !twins.contains(&twin) {
+            twins.push(twin);
+        }
+    }
+    required.node_selector_terms.extend(twins);
 }
 
 /// The node labels of `models`: each model, followed by the single-strategy MIG labels
@@ -223,7 +274,10 @@ fn require(affinity: &mut Option<Affinity>, label: &str, values: &[String]) {
     }
     for term in &mut required.node_selector_terms {
         let expressions = term.match_expressions.get_or_insert_with(Vec::new);
-        if !expressions.contains(&expression) {
+        // A twin for nodes without the label (`allow_unlabelled`) stays one.
+        let unlabelled =
+            |e: &NodeSelectorRequirement| e.key == label && e.operator == "DoesNotExist";
+        if !expressions.contains(&expression) && !expressions.iter().any(unlabelled) {
             expressions.push(expression.clone());
         }
     }
@@ -353,20 +407,58 @@ mod tests {
             let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
             for pod in pods() {
                 let pod: Pod = serde_json::from_value(pod).unwrap();
-                for quota in [false, true] {
-                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits(quota), &[]) else {
+                let dra = GpuNodes {
+                    mig_labels: Vec::new(),
+                    dra_unlabelled: true,
+                };
+                for (quota, nodes) in [
+                    (false, GpuNodes::default()),
+                    (true, GpuNodes::default()),
+                    (true, dra),
+                ] {
+                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits(quota), &nodes)
+                    else {
                         continue;
                     };
-                    let patch = mutation(&pod, &config, &keys, &limits(quota), &[]).unwrap();
+                    let patch = mutation(&pod, &config, &keys, &limits(quota), &nodes).unwrap();
                     assert_eq!(patch, diff(&pod, &desired), "{pod:?}");
                     assert_eq!(
                         patch.0.is_empty(),
                         pod == desired,
                         "{policy} {quota} {pod:?}"
                     );
+                    let again = desired_pod(&desired, &config, &keys, &limits(quota), &nodes);
+                    assert_eq!(again.as_ref(), Ok(&desired), "idempotent: {nodes:?}");
                 }
             }
         }
+    }
+
+    /// With DRA-backed extended resources, a GPU pod may also go to a node without a
+    /// model label (the extender admits only those whose published GPUs are its model).
+    #[test]
+    fn with_dra_extended_resources_a_pod_may_go_to_nodes_without_a_model_label() {
+        let config = Config::default();
+        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
+        let pod: Pod = serde_json::from_value(pods()[0].clone()).unwrap();
+        let nodes = GpuNodes {
+            mig_labels: Vec::new(),
+            dra_unlabelled: true,
+        };
+        let desired = desired_pod(&pod, &config, &keys, &limits(true), &nodes).unwrap();
+        let affinity = serde_json::to_value(desired.spec.unwrap().affinity).unwrap();
+        let terms = &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert_eq!(
+            *terms,
+            json!([
+                {"matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]},
+                    {"key": "gpu-admission.io/pool", "operator": "In", "values": ["pool-a"]}]},
+                {"matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "DoesNotExist"},
+                    {"key": "gpu-admission.io/pool", "operator": "In", "values": ["pool-a"]}]}
+            ])
+        );
     }
 
     #[test]
@@ -381,7 +473,17 @@ mod tests {
             "A100-MIG-3g.20gb".to_string(),
             "Tesla-T4-MIG-1g.5gb".to_string(),
         ];
-        let desired = desired_pod(&pod, &config, &keys, &limits(true), &mig_labels).unwrap();
+        let desired = desired_pod(
+            &pod,
+            &config,
+            &keys,
+            &limits(true),
+            &GpuNodes {
+                mig_labels: mig_labels.to_vec(),
+                dra_unlabelled: false,
+            },
+        )
+        .unwrap();
         let affinity = serde_json::to_value(desired.spec.unwrap().affinity).unwrap();
         let terms = &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         // The namespace's default model is Tesla-T4: it and its slices, nothing else.

@@ -113,6 +113,8 @@ impl ClusterCache {
         };
         let mut state = ClusterState::default();
         state.set_mig(projection.names.mig.clone());
+        state.set_dra(projection.dra.clone());
+        state.set_gpu_resources(projection.names.whole_gpu.clone());
         ClusterCache {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),

@@ -1,5 +1,6 @@
-//! Offline mode: a multi-document YAML file of Node, Pod and GPUQuota objects (or
-//! `kind: List`s of them, as `kubectl get -o yaml` prints) is the cluster.
+//! Offline mode: a multi-document YAML file of Node, Pod, GPUQuota, ResourceClaim,
+//! ResourceSlice and DeviceClass objects (or `kind: List`s of them, as `kubectl get -o
+//! yaml` prints) is the cluster; claims are charged as in API mode.
 
 use std::path::Path;
 use std::time::Instant;
@@ -7,10 +8,14 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Deserialize;
 
+use crate::dra::ResourceClaim;
+use crate::dra::classes::{ClassInfo, DeviceClass};
+use crate::dra::slices::{ResourceSlice, SliceDevices, gpu_devices};
 use crate::placement::NodeGpus;
 use crate::quota::GPUQuota;
 
 use super::pod::{CachedPod, PodKey, SkipReason, pod_key};
+use super::state::claims::{CachedClaim, claim_key};
 use super::{CacheError, ClusterState, Projection};
 
 #[derive(Default)]
@@ -18,13 +23,20 @@ pub struct Objects {
     nodes: Vec<NodeGpus>,
     pods: Vec<(PodKey, CachedPod)>,
     quotas: Vec<GPUQuota>,
+    classes: Vec<(String, ClassInfo)>,
+    slices: Vec<(String, SliceDevices)>,
+    claims: Vec<(PodKey, CachedClaim)>,
 }
 
 impl Objects {
+    /// Claims last: their model is decided with the quotas, classes and devices known.
     pub fn apply(self, state: &mut ClusterState) {
         state.replace_nodes(self.nodes);
         state.replace_pods(self.pods, Instant::now());
         state.replace_quotas(self.quotas);
+        state.replace_classes(self.classes.into_iter().collect());
+        state.replace_slices(self.slices);
+        state.replace_claims(self.claims);
     }
 }
 
@@ -62,7 +74,8 @@ fn add(
         .to_string();
     let named = |e: serde_yaml::Error| format!("{kind}: {e}");
     match kind.as_str() {
-        "List" | "NodeList" | "PodList" | "GPUQuotaList" => {
+        "List" | "NodeList" | "PodList" | "GPUQuotaList" | "ResourceClaimList"
+        | "ResourceSliceList" | "DeviceClassList" => {
             let items = value
                 .get("items")
                 .and_then(|i| i.as_sequence())
@@ -93,10 +106,31 @@ fn add(
         "GPUQuota" => objects
             .quotas
             .push(serde_yaml::from_value(value).map_err(named)?),
+        "ResourceClaim" => {
+            let claim: ResourceClaim = serde_yaml::from_value(value).map_err(named)?;
+            let meta = &claim.metadata;
+            let namespace = meta.namespace.as_deref().unwrap_or("default");
+            let key = claim_key(namespace, meta.name.as_deref().unwrap_or_default());
+            objects
+                .claims
+                .extend(CachedClaim::from_claim(&claim, &projection.dra).map(|c| (key, c)));
+        }
+        "ResourceSlice" => {
+            let slice: ResourceSlice = serde_yaml::from_value(value).map_err(named)?;
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            objects
+                .slices
+                .push((name, gpu_devices(&slice, &projection.dra)));
+        }
+        "DeviceClass" => {
+            let class: DeviceClass = serde_yaml::from_value(value).map_err(named)?;
+            let name = class.metadata.name.clone().unwrap_or_default();
+            objects.classes.push((name, ClassInfo::of(&class)));
+        }
         "" => return Err("object has no kind".into()),
         other => {
             return Err(format!(
-                "kind {other} is not one of Node, Pod, GPUQuota, List"
+                "kind {other} is not one of Node, Pod, GPUQuota, ResourceClaim, ResourceSlice, DeviceClass, List"
             ));
         }
     }

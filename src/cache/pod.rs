@@ -44,6 +44,8 @@ pub struct CachedPod {
     /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
     /// changes, the scheduler has given the pod up: a hold the filter made is released.
     pub unscheduled: u64,
+    /// The ResourceClaims its spec names (`resourceClaims[].resourceClaimName`).
+    pub claim_names: Box<[Box<str>]>,
 }
 
 /// Annotation keys of the gpu-manager protocol under a configurable prefix.
@@ -127,8 +129,18 @@ impl CachedPod {
             .models,
             created: created_second(pod),
             unscheduled: unscheduled_fingerprint(pod),
+            claim_names: claim_names(pod),
         })
     }
+}
+
+/// The ResourceClaims `pod` names in its spec.
+fn claim_names(pod: &Pod) -> Box<[Box<str>]> {
+    let claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref());
+    let names = claims.unwrap_or_default().iter();
+    names
+        .filter_map(|c| c.resource_claim_name.as_deref().map(Box::from))
+        .collect()
 }
 
 /// `creationTimestamp` in unix seconds; 0 when absent.

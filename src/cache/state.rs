@@ -61,6 +61,12 @@ pub struct ClusterState {
     /// creation second (the nodes a pending pod is charged by, and the single-strategy
     /// MIG labels `<model>-MIG-<profile>` the mutating webhook steers to).
     model_labels: BTreeMap<Arc<str>, BTreeMap<i64, u32>>,
+    /// The DeviceClasses, by name.
+    classes: crate::dra::classes::DeviceClasses,
+    /// How ResourceClaims and ResourceSlices name GPUs.
+    dra: crate::dra::Dra,
+    /// The whole-GPU resource names (empty: `nvidia.com/gpu`).
+    gpu_resources: Vec<String>,
     /// The last node version given out.
     versions: u64,
     /// Slots of nodes that are gone, for the next new node; then `slots` is the next.
@@ -117,6 +123,9 @@ pub struct Held(Option<CachedPod>);
 
 /// Which pod a filter call places.
 #[derive(Debug)]
+// One per filter call, moved into the cache at once: the size of the offered pod costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Subject {
     /// A pod the cluster has, named by the request (API mode). The cache's copy is the
     /// truth; the request's copy is not read.
@@ -335,6 +344,7 @@ impl ClusterState {
     /// has acted on them, and the pod's owner can still edit its annotations, which
     /// must not move (or free) GPUs in this view.
     pub fn apply_pod(&mut self, key: PodKey, mut pod: CachedPod) {
+        let arrives = !self.pods.contains_key(&key);
         if let Some(old) = self.pods.get(&key) {
             let same_pod = old.uid == pod.uid || old.uid.is_empty() || pod.uid.is_empty();
             // The scheduler wrote a new "not scheduled" condition: it gave the pod up, and
@@ -351,7 +361,11 @@ impl ClusterState {
                 pod.assignment = old.assignment.clone();
             }
         }
-        self.put_pod(key, pod);
+        self.put_pod(key.clone(), pod);
+        if arrives && !self.claims.is_empty() {
+            // A claim that serves this pod's extended resources is charged to the pod.
+            self.recharge_extended(namespace_of(&key));
+        }
     }
 
     pub fn delete_pod(&mut self, key: &str) {

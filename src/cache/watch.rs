@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::dra::ResourceClaim;
+use crate::dra::classes::{ClassInfo, DeviceClass};
 use crate::dra::slices::{ResourceSlice, SliceDevices, gpu_devices};
 use crate::placement::NodeGpus;
 use crate::quota::GPUQuota;
@@ -21,10 +22,11 @@ use super::state::claims::{CachedClaim, claim_key};
 use super::{ClusterCache, ClusterState, Projection};
 
 /// Run the watches until `shutdown`; mark the cache ready once all have listed. Nodes,
-/// pods and GPUQuotas always; ResourceClaims and ResourceSlices with `dra.enabled`.
+/// pods and GPUQuotas always; ResourceClaims, ResourceSlices and DeviceClasses with
+/// `dra.enabled`.
 pub async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToken) {
     let dra = cache.projection().dra.enabled;
-    let kinds = if dra { 5 } else { 3 };
+    let kinds = if dra { 6 } else { 3 };
     let listed = Arc::new(Listed {
         count: AtomicUsize::new(0),
         kinds,
@@ -66,7 +68,8 @@ struct Listed {
     kinds: usize,
 }
 
-/// The ResourceClaim and ResourceSlice watches (nothing when `enabled` is false).
+/// The ResourceClaim, ResourceSlice and DeviceClass watches (nothing when `enabled` is
+/// false).
 async fn watch_dra(enabled: bool, cache: ClusterCache, client: Client, listed: Arc<Listed>) {
     if !enabled {
         return;
@@ -79,13 +82,20 @@ async fn watch_dra(enabled: bool, cache: ClusterCache, client: Client, listed: A
         ClaimKind,
     );
     let slices = watch::<ResourceSlice, _>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        cache.clone(),
+        listed.clone(),
+        SliceKind,
+    );
+    let classes = watch::<DeviceClass, _>(
         Api::all(client),
         watcher::Config::default(),
         cache,
         listed,
-        SliceKind,
+        ClassKind,
     );
-    futures::future::join(claims, slices).await;
+    futures::future::join3(claims, slices, classes).await;
 }
 
 /// How one kind of object lands in the cluster state.
@@ -255,5 +265,26 @@ impl Kind<ResourceSlice> for SliceKind {
     }
     fn replace(&self, state: &mut ClusterState, items: Vec<NamedSlice>) {
         state.replace_slices(items);
+    }
+}
+
+type NamedClass = (String, ClassInfo);
+
+struct ClassKind;
+impl Kind<DeviceClass> for ClassKind {
+    const NAME: &'static str = "DeviceClass";
+    type Item = NamedClass;
+    fn project(&self, class: &DeviceClass, _: &Projection) -> Option<NamedClass> {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        Some((name, ClassInfo::of(class)))
+    }
+    fn apply(&self, state: &mut ClusterState, (name, class): NamedClass) {
+        state.apply_class(&name, class);
+    }
+    fn delete(&self, state: &mut ClusterState, class: &DeviceClass) {
+        state.delete_class(class.metadata.name.as_deref().unwrap_or_default());
+    }
+    fn replace(&self, state: &mut ClusterState, items: Vec<NamedClass>) {
+        state.replace_classes(items.into_iter().collect());
     }
 }

@@ -1,15 +1,18 @@
 //! Dynamic Resource Allocation (`resource.k8s.io/v1`): GPUs handed out through
-//! ResourceClaims (docs/devices.md). Pure: what a claim asks for, which model each of its
-//! requests names, what it is charged, and the selector that pins a model.
+//! ResourceClaims (docs/devices.md). Pure: which requests of a claim are for GPUs (their
+//! DeviceClass is configured, or its selectors can match the GPU driver's devices), which
+//! model each is charged for, what the claim is charged, and the selector that pins a
+//! request to its model.
 //!
 //! A claim is charged per device, like Kubernetes' own quota counts claims: an
 //! `ExactCount` request its count, an `All` request the most devices one claim can be
 //! allocated (32), a request of prioritized alternatives (`firstAvailable`) the largest
-//! alternative per quota key. The model comes from the request's CEL selectors
-//! (`device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"`), else
-//! from its DeviceClass (configured), else the namespace's default (which the mutating
-//! webhook pins with a selector). Once allocated, the devices' own attributes (from the
-//! ResourceSlices) say what the claim holds.
+//! alternative per quota key. The model is decided by evaluating the request's CEL
+//! selectors and its DeviceClass's ([`cel`]) against the devices the ResourceSlices
+//! publish, or made-up devices of the models the quotas know ([`Catalog`]); the mutating
+//! webhook pins it (`productName in [...]`, ANDed with everything else), so the claim is
+//! allocated only the model it is charged for. Once allocated, the devices' own
+//! attributes say what the claim holds.
 
 /// `kube::Resource` for a `resource.k8s.io/v1` type of ours that holds only the fields
 /// gpu-admission reads (`metadata` included), so the watches can list and watch it.
@@ -43,10 +46,17 @@ macro_rules! lite_resource {
 }
 use lite_resource;
 
+pub mod cel;
+pub mod classes;
 pub mod slices;
 pub mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use cel::{AttributeValue, CelDevice, Selector};
+use classes::{ClassInfo, DeviceClasses};
+use slices::DeviceIndex;
 
 use serde::Deserialize;
 
@@ -106,82 +116,105 @@ impl Dra {
         name.trim().replace(' ', "-")
     }
 
-    /// The values of `attribute` a CEL selector requires, if it says
-    /// `device.attributes["<driver>"].<attribute> == "<value>"` (or with `["<attribute>"]`,
-    /// either side of `==`), or `... in ["<value>", ...]`, as one clause of an `&&`. Other
-    /// expressions do not name a model: they are left to the scheduler.
-    pub fn required_values(&self, expression: &str, attribute: &str) -> Option<Vec<String>> {
-        let dotted = format!("device.attributes[\"{}\"].{attribute}", self.driver);
-        let indexed = format!("device.attributes[\"{}\"][\"{attribute}\"]", self.driver);
-        let is_attribute = |side: &str| side == dotted || side == indexed;
-        for clause in expression.split("&&") {
-            if let Some((left, right)) = clause.split_once("==") {
-                let (left, right) = (left.trim(), right.trim());
-                let value = match () {
-                    _ if is_attribute(left) => right,
-                    _ if is_attribute(right) => left,
-                    _ => continue,
-                };
-                if let Some(text) = string_literal(value) {
-                    return Some(vec![text]);
-                }
-            } else if let Some((left, list)) = clause.split_once(" in ")
-                && is_attribute(left.trim())
-            {
-                let list = list.trim().strip_prefix('[')?.strip_suffix(']')?;
-                let values: Option<Vec<String>> = list.split(',').map(string_literal).collect();
-                return values.filter(|v| !v.is_empty());
-            }
-        }
-        None
-    }
-
-    /// The one model label a CEL selector requires of a device's model attribute.
-    pub fn required_label(&self, expression: &str) -> Option<String> {
-        let values = self.required_values(expression, &self.model_attribute)?;
-        let mut labels = values.iter().map(|v| self.label_of_product(v));
-        let first = labels.next()?;
-        labels.all(|l| l == first).then_some(first)
+    /// The model attribute values a device of `label` may carry, when no device of it
+    /// is published yet: with and without the prefix, with dashes or spaces.
+    pub fn products_of_label(&self, label: &str) -> Vec<String> {
+        let spaced = label.replace('-', " ");
+        let mut products = vec![
+            format!("{}{label}", self.product_prefix),
+            label.to_string(),
+            format!("{}{spaced}", self.product_prefix),
+            spaced,
+        ];
+        products.sort();
+        products.dedup();
+        products
     }
 
     /// The CEL expression that pins a request to `label`'s devices: their model
     /// attribute is one of `products` (the values the cluster's ResourceSlices carry for
-    /// that label; the prefixed and plain label when none is known yet).
+    /// that label; [`Dra::products_of_label`] when none is published yet).
     pub fn pin_expression(&self, label: &str, products: &[String]) -> String {
-        let mut values: Vec<String> = products.to_vec();
-        if values.is_empty() {
-            values = vec![format!("{}{label}", self.product_prefix), label.to_string()];
-        }
-        let quoted: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
+        let values = match products.is_empty() {
+            true => self.products_of_label(label),
+            false => products.to_vec(),
+        };
+        let quote = |v: &str| serde_json::to_string(v).unwrap_or_default();
+        let list: Vec<String> = values.iter().map(|v| quote(v)).collect();
         format!(
-            "device.attributes[{:?}].{} in [{}]",
-            self.driver,
+            "device.attributes[{}].{} in [{}]",
+            quote(&self.driver),
             self.model_attribute,
-            quoted.join(", ")
+            list.join(", ")
         )
+    }
+
+    /// The model label `expression` pins, if it is a pin ([`Dra::pin_expression`]): a
+    /// device it matches has that label and no other.
+    pub fn pinned_label(&self, expression: &str) -> Option<String> {
+        let quote = |v: &str| serde_json::to_string(v).unwrap_or_default();
+        let head = format!(
+            "device.attributes[{}].{} in ",
+            quote(&self.driver),
+            self.model_attribute
+        );
+        let list = expression.strip_prefix(head.as_str())?;
+        let products: Vec<String> = serde_json::from_str(list).ok()?;
+        let mut labels = products.iter().map(|p| self.label_of_product(p));
+        let first = labels.next()?;
+        labels.all(|l| l == first).then_some(first)
     }
 }
 
-/// A `"..."` or `'...'` CEL string literal without escapes.
-fn string_literal(text: &str) -> Option<String> {
-    let text = text.trim_matches(|c: char| c == '(' || c == ')' || c.is_whitespace());
-    let inner = text
-        .strip_prefix('"')
-        .and_then(|t| t.strip_suffix('"'))
-        .or_else(|| text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')))?;
-    (!inner.contains(['\\', '"', '\''])).then(|| inner.to_string())
-}
-
-/// What one GPU request (or alternative) of a claim asks for.
+/// One GPU request (or alternative) of a claim: which models its selectors (and its
+/// DeviceClass's) can be allocated, and how many devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAsk {
     /// The request's name (`<request>/<subrequest>` for an alternative).
     pub request: String,
-    /// The model label it names, if any.
-    pub model: Option<String>,
-    /// The MIG profile it names, if any.
-    pub profile: Option<String>,
+    /// The model labels of devices the selectors match, each with the MIG profile it
+    /// costs most as (`None`: a whole GPU).
+    pub matched: BTreeMap<String, Option<String>>,
+    /// The model its DeviceClass implies (config), or its pin names.
+    pub named: Option<String>,
+    /// The model its pin selector names, if it has one.
+    pub pinned: Option<String>,
     pub count: u32,
+}
+
+/// The model a request is charged for, given the namespace's default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    Model(String),
+    /// Its selectors match several models, none of them the default.
+    Ambiguous(Vec<String>),
+    /// Its selectors match no model and there is no default.
+    Unnamed,
+}
+
+impl DeviceAsk {
+    /// One model the selectors match: that one. Several: the default if among them.
+    /// None: the default.
+    pub fn resolve(&self, default: Option<&str>) -> Resolved {
+        if let Some(named) = self.pinned.as_ref().or(self.named.as_ref()) {
+            return Resolved::Model(named.clone());
+        }
+        let mut labels = self.matched.keys();
+        match (labels.next(), labels.next(), default) {
+            (Some(one), None, _) => Resolved::Model(one.clone()),
+            (None, _, Some(default)) => Resolved::Model(default.into()),
+            (None, _, None) => Resolved::Unnamed,
+            (Some(_), Some(_), Some(d)) if self.matched.contains_key(d) => {
+                Resolved::Model(d.into())
+            }
+            (Some(_), Some(_), _) => Resolved::Ambiguous(self.matched.keys().cloned().collect()),
+        }
+    }
+
+    /// The MIG profile it costs on `label` (`None`: whole GPUs).
+    pub fn profile(&self, label: &str) -> Option<&str> {
+        self.matched.get(label).and_then(|p| p.as_deref())
+    }
 }
 
 /// A claim's GPU requests: those that must all be satisfied, and groups of alternatives
@@ -192,27 +225,57 @@ pub struct ClaimAsks {
     pub alternatives: Vec<Vec<DeviceAsk>>,
 }
 
+/// Why a claim's requests cannot be judged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    #[error("ResourceClaim request {request}: CEL selector {error}")]
+    Selector {
+        request: String,
+        error: cel::CelError,
+    },
+    #[error(transparent)]
+    OverBudget(#[from] cel::OverBudget),
+}
+
 impl ClaimAsks {
-    /// The claim's GPU requests (requests for other DeviceClasses are not GPUs).
-    pub fn of(claim: &ResourceClaim, dra: &Dra) -> Self {
+    /// The claim's GPU requests (requests for other DeviceClasses are not GPUs),
+    /// evaluated against `catalog`'s devices.
+    pub fn of(claim: &ResourceClaim, catalog: &Catalog) -> Result<Self, AskError> {
+        Self::of_requests(claim.requests(), catalog, true)
+    }
+
+    /// As [`ClaimAsks::of`]; unless `strict`, a request whose selectors cannot be
+    /// evaluated (refused, or over the claim's budget) matches no model, rather than
+    /// failing the claim (the cache charges what the webhook could not refuse).
+    pub fn of_requests(
+        requests: &[DeviceRequest],
+        catalog: &Catalog,
+        strict: bool,
+    ) -> Result<Self, AskError> {
         let mut asks = ClaimAsks::default();
-        for request in claim.requests() {
-            if let Some(exact) = &request.exactly {
-                asks.exact.extend(ask_of(&request.name, exact, dra));
+        let mut budget = cel::Budget::default();
+        let mut ask = |name: &str, exact: &ExactRequest| match catalog.ask(name, exact, &mut budget)
+        {
+            Err(error) if strict => Err(error),
+            Err(_) => Ok(catalog.unevaluated(name, exact)),
+            Ok(ask) => Ok(ask),
+        };
+        for request in requests {
+            if let Some(exact) = &request.exactly
+                && let Some(ask) = ask(&request.name, exact)?
+            {
+                asks.exact.push(ask);
             }
-            let alternatives: Vec<DeviceAsk> = request
-                .first_available
-                .iter()
-                .flatten()
-                .filter_map(|sub| {
-                    ask_of(&format!("{}/{}", request.name, sub.name), &sub.request, dra)
-                })
-                .collect();
+            let mut alternatives = Vec::new();
+            for sub in request.first_available.iter().flatten() {
+                let name = format!("{}/{}", request.name, sub.name);
+                alternatives.extend(ask(&name, &sub.request)?);
+            }
             if !alternatives.is_empty() {
                 asks.alternatives.push(alternatives);
             }
         }
-        asks
+        Ok(asks)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -224,13 +287,9 @@ impl ClaimAsks {
         self.exact.iter().chain(self.alternatives.iter().flatten())
     }
 
-    /// The requests that name no model.
-    pub fn untyped(&self) -> impl Iterator<Item = &DeviceAsk> {
-        self.all().filter(|a| a.model.is_none())
-    }
-
     /// What the claim is charged, per quota key, with `default` as the model of requests
-    /// that name none (`None`: those are not charged). Alternatives: the largest per key.
+    /// that name none (`None`: those are not charged); a request matching several models
+    /// none of which is the default, the first. Alternatives: the largest per key.
     pub fn charge(&self, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
         let mut total = ModelAmounts::new();
         for ask in &self.exact {
@@ -250,37 +309,252 @@ impl ClaimAsks {
     }
 }
 
-/// One request's ask, if its DeviceClass is a GPU class.
-pub fn ask_of(name: &str, exact: &ExactRequest, dra: &Dra) -> Option<DeviceAsk> {
-    let class_model = dra.device_classes.get(&exact.device_class_name)?;
-    let expressions = exact.expressions();
-    let model = expressions
-        .iter()
-        .find_map(|e| dra.required_label(e))
-        .or_else(|| (!class_model.is_empty()).then(|| class_model.clone()));
-    let profile = expressions.iter().find_map(|e| {
-        let values = dra.required_values(e, &dra.profile_attribute)?;
-        (values.len() == 1).then(|| values[0].clone())
-    });
-    let count = match exact.allocation_mode.as_deref() {
+/// What decides a request's model: the GPU DeviceClasses, samples of the published
+/// GPU devices, and the model labels known without published devices.
+#[derive(Debug)]
+pub struct Catalog {
+    dra: Dra,
+    /// GPU classes by name: the model the config says each implies, and its selectors.
+    gpu_classes: BTreeMap<String, GpuClass>,
+    samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
+    /// The model attribute values published, by label.
+    products: BTreeMap<String, Vec<String>>,
+    /// Devices made up for the known labels no published device has: (label, profile).
+    synthetic: Vec<(String, Option<String>, CelDevice)>,
+}
+
+#[derive(Debug)]
+struct GpuClass {
+    model: Option<String>,
+    selectors: Vec<Selector>,
+}
+
+impl Catalog {
+    /// `known`: model labels and `<model>/<profile>` quota keys (the namespace's quotas,
+    /// the nodes' labels).
+    pub fn new(
+        dra: &Dra,
+        classes: &DeviceClasses,
+        devices: &DeviceIndex,
+        known: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let samples = devices.samples();
+        let published: BTreeSet<&str> = samples.keys().map(|(l, _)| l.as_str()).collect();
+        let mut synthetic = Vec::new();
+        let known: BTreeSet<String> = known.into_iter().collect();
+        for key in &known {
+            let (label, profile) = match key.split_once('/') {
+                Some((label, profile)) => (label, Some(profile.to_string())),
+                None => (key.as_str(), None),
+            };
+            if label.is_empty() || published.contains(label) {
+                continue;
+            }
+            for product in dra.products_of_label(label) {
+                let device = synthetic_device(dra, &product, profile.as_deref());
+                synthetic.push((label.to_string(), profile.clone(), device));
+            }
+        }
+        let mut catalog = Catalog {
+            dra: dra.clone(),
+            gpu_classes: BTreeMap::new(),
+            samples,
+            products: devices.products(),
+            synthetic,
+        };
+        catalog.gpu_classes = gpu_classes(&catalog, classes);
+        catalog
+    }
+
+    pub fn dra(&self) -> &Dra {
+        &self.dra
+    }
+
+    /// The selector that pins a request to `label`'s devices.
+    pub fn pin(&self, label: &str) -> String {
+        let products = self
+            .products
+            .get(label)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        self.dra.pin_expression(label, products)
+    }
+
+    /// Whether requests for the class `name` get GPUs.
+    pub fn is_gpu_class(&self, name: &str) -> bool {
+        self.gpu_classes.contains_key(name)
+    }
+
+    /// One request's ask, if its DeviceClass is a GPU class.
+    pub fn ask(
+        &self,
+        name: &str,
+        exact: &ExactRequest,
+        budget: &mut cel::Budget,
+    ) -> Result<Option<DeviceAsk>, AskError> {
+        let Some(class) = self.gpu_classes.get(&exact.device_class_name) else {
+            return Ok(None);
+        };
+        let expressions = exact.expressions();
+        let pinned = expressions.iter().find_map(|e| self.dra.pinned_label(e));
+        let mut selectors = Vec::with_capacity(expressions.len());
+        for expression in &expressions {
+            let selector = Selector::compile_within(expression, budget)?;
+            selectors.push(selector.map_err(|error| AskError::Selector {
+                request: name.to_string(),
+                error,
+            })?);
+        }
+        Ok(Some(DeviceAsk {
+            request: name.to_string(),
+            matched: self.matched(&selectors, &class.selectors, budget)?,
+            named: class.model.clone(),
+            pinned,
+            count: count_of(exact),
+        }))
+    }
+
+    /// A GPU request whose selectors were not evaluated: it matches no model.
+    fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
+        let class = self.gpu_classes.get(&exact.device_class_name)?;
+        let expressions = exact.expressions();
+        Some(DeviceAsk {
+            request: name.to_string(),
+            matched: BTreeMap::new(),
+            named: class.model.clone(),
+            pinned: expressions.iter().find_map(|e| self.dra.pinned_label(e)),
+            count: count_of(exact),
+        })
+    }
+
+    /// The labels of the devices all of `selectors` and `class` match, with the profile
+    /// each costs most as. Made-up devices are matched by the request's selectors only
+    /// (they carry the model attribute and profile, nothing a class looks at).
+    fn matched(
+        &self,
+        selectors: &[Selector],
+        class: &[Selector],
+        budget: &mut cel::Budget,
+    ) -> Result<BTreeMap<String, Option<String>>, cel::OverBudget> {
+        let mut matched = BTreeMap::new();
+        let all = |device: &CelDevice, list: &[Selector], budget: &mut cel::Budget| {
+            for selector in list {
+                if !selector.matches(device, budget)? {
+                    return Ok(false);
+                }
+            }
+            Ok::<_, cel::OverBudget>(true)
+        };
+        for ((label, profile), devices) in &self.samples {
+            for device in devices {
+                if all(device, class, budget)? && all(device, selectors, budget)? {
+                    record(&mut matched, label, profile.as_deref());
+                    break;
+                }
+            }
+        }
+        for (label, profile, device) in &self.synthetic {
+            if all(device, selectors, budget)? {
+                record(&mut matched, label, profile.as_deref());
+            }
+        }
+        Ok(matched)
+    }
+}
+
+/// How many devices a request can be allocated.
+fn count_of(exact: &ExactRequest) -> u32 {
+    match exact.allocation_mode.as_deref() {
         Some("All") => ALL_DEVICES,
         _ => exact.count.unwrap_or(1).clamp(0, i64::from(ALL_DEVICES)) as u32,
+    }
+}
+
+/// Note that a device of `label` (a slice of `profile`) matched: a whole GPU costs more
+/// than any slice, a larger slice more than a smaller.
+fn record(matched: &mut BTreeMap<String, Option<String>>, label: &str, profile: Option<&str>) {
+    let slices = |p: &str| mig::compute_slices(p).unwrap_or(u32::MAX);
+    match matched.get_mut(label) {
+        None => {
+            matched.insert(label.to_string(), profile.map(str::to_string));
+        }
+        Some(None) => {}
+        Some(Some(had)) => match profile {
+            None => {
+                matched.insert(label.to_string(), None);
+            }
+            Some(p) if slices(p) > slices(had) => *had = p.to_string(),
+            Some(_) => {}
+        },
+    }
+}
+
+fn synthetic_device(dra: &Dra, product: &str, profile: Option<&str>) -> CelDevice {
+    let mut names = BTreeMap::from([(
+        dra.model_attribute.clone(),
+        AttributeValue::String(product.to_string()),
+    )]);
+    if let Some(profile) = profile {
+        names.insert(
+            dra.profile_attribute.clone(),
+            AttributeValue::String(profile.to_string()),
+        );
+    }
+    let attributes = BTreeMap::from([(dra.driver.clone(), names)]);
+    CelDevice::new(&dra.driver, &attributes, &BTreeMap::new())
+}
+
+/// The GPU classes: those the config lists, and those whose selectors match a published
+/// device of the GPU driver, or do not rule out a device of it (on a device of that
+/// driver with no attributes, each evaluates true or fails for want of one).
+fn gpu_classes(catalog: &Catalog, classes: &DeviceClasses) -> BTreeMap<String, GpuClass> {
+    let compile = |info: Option<&ClassInfo>| -> Option<Vec<Selector>> {
+        let expressions = info.map(|i| i.selectors.as_slice()).unwrap_or_default();
+        expressions
+            .iter()
+            .map(|e| Selector::compile(e).ok())
+            .collect()
     };
-    Some(DeviceAsk {
-        request: name.to_string(),
-        model,
-        profile,
-        count,
-    })
+    let mut gpu = BTreeMap::new();
+    for (name, model) in &catalog.dra.device_classes {
+        let selectors = compile(classes.get(name)).unwrap_or_default();
+        let model = (!model.is_empty()).then(|| model.clone());
+        gpu.insert(name.clone(), GpuClass { model, selectors });
+    }
+    let bare = CelDevice::new(&catalog.dra.driver, &BTreeMap::new(), &BTreeMap::new());
+    for (name, info) in classes {
+        if gpu.contains_key(name) {
+            continue;
+        }
+        let Some(selectors) = compile(Some(info)) else {
+            continue;
+        };
+        let mut published = catalog.samples.values().flatten();
+        let matches = |d: &CelDevice| selectors.iter().all(|s| s.evaluate(d) == Some(true));
+        let is_gpu = published.any(|d| matches(d))
+            || selectors.iter().all(|s| s.evaluate(&bare) != Some(false));
+        if is_gpu {
+            gpu.insert(
+                name.clone(),
+                GpuClass {
+                    model: None,
+                    selectors,
+                },
+            );
+        }
+    }
+    gpu
 }
 
 /// One request's charge on its model (or `default`), as a pod asking for the same
 /// devices through the device plugin would be charged: whole GPUs, or MIG slices.
 fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
-    let Some(label) = ask.model.as_deref().or(default) else {
-        return ModelAmounts::new();
+    let label = match ask.resolve(default) {
+        Resolved::Model(label) => label,
+        Resolved::Ambiguous(labels) => labels.into_iter().next().unwrap_or_default(),
+        Resolved::Unnamed => return ModelAmounts::new(),
     };
-    charge_on(&devices(ask.profile.as_deref(), ask.count), label, mig)
+    charge_on(&devices(ask.profile(&label), ask.count), &label, mig)
 }
 
 /// `count` devices as a GPU request: whole GPUs, or slices of `profile`.

@@ -7,11 +7,20 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
+use std::sync::Arc;
+
 use super::Dra;
+use super::cel::{AttributeValue, CelDevice};
 use super::wire::bounded;
+use crate::placement::quantity::Milli;
 
 /// Most devices one slice may list (Kubernetes: 128; 64 with taints or counters).
 const MAX_DEVICES: usize = 256;
+/// Most attributes (and capacities) of one device (Kubernetes: 32 together).
+const MAX_ATTRIBUTES: usize = 64;
+/// Most distinct devices of one model (and profile) a claim's selectors are evaluated
+/// against: devices that differ only in, say, their UUID say the same about models.
+pub const MAX_SAMPLES: usize = 8;
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct ResourceSlice {
@@ -22,11 +31,15 @@ pub struct ResourceSlice {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SliceSpec {
     #[serde(default)]
     pub driver: String,
     #[serde(default)]
     pub pool: Pool,
+    /// The node whose devices these are (node-local drivers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
     #[serde(default, deserialize_with = "bounded::<_, MAX_DEVICES, _>")]
     pub devices: Vec<Device>,
 }
@@ -41,15 +54,40 @@ pub struct Pool {
 pub struct Device {
     #[serde(default)]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
     pub attributes: BTreeMap<String, Attribute>,
+    #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
+    pub capacity: BTreeMap<String, Capacity>,
 }
 
-/// A device attribute; only string values name models and profiles.
+/// A device attribute: one of a string, an integer, a boolean or a version.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct Attribute {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub string: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bool: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+impl Attribute {
+    fn value(&self) -> Option<AttributeValue> {
+        let string = self.string.clone().map(AttributeValue::String);
+        let int = self.int.map(AttributeValue::Int);
+        let boolean = self.bool.map(AttributeValue::Bool);
+        let version = self.version.clone().map(AttributeValue::Version);
+        string.or(int).or(boolean).or(version)
+    }
+}
+
+/// A device capacity (`value` is a quantity).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+pub struct Capacity {
+    #[serde(default)]
+    pub value: String,
 }
 
 super::lite_resource!(
@@ -66,13 +104,17 @@ pub type DeviceKey = (String, String);
 pub type SliceDevices = Vec<(DeviceKey, GpuDevice)>;
 
 /// One GPU device as quota sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuDevice {
     /// The model attribute as published (for pinning selectors).
     pub product: String,
     /// Its model label (`Dra::label_of_product`).
     pub label: String,
     pub profile: Option<String>,
+    /// The node the device is on, if its slice names one.
+    pub node: Option<String>,
+    /// The device as CEL selectors see it.
+    pub cel: Arc<CelDevice>,
 }
 
 /// A slice's GPU devices: ((pool, device), what it is). Devices of other drivers, or
@@ -100,10 +142,52 @@ pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> SliceDevices {
                 label: dra.label_of_product(&product),
                 product,
                 profile: string(device, &dra.profile_attribute),
+                node: slice.spec.node_name.clone(),
+                cel: Arc::new(cel_device(&dra.driver, device)),
             };
             Some(((pool.clone(), device.name.clone()), gpu))
         })
         .collect()
+}
+
+/// `device` as CEL sees it: attributes and capacities by domain (unqualified names are
+/// the driver's), capacities in thousandths (an unreadable one is left out).
+pub fn cel_device(driver: &str, device: &Device) -> CelDevice {
+    let split = |name: &str| -> (String, String) {
+        match name.rsplit_once('/') {
+            Some((domain, name)) => (domain.to_string(), name.to_string()),
+            None => (driver.to_string(), name.to_string()),
+        }
+    };
+    let mut attributes: BTreeMap<String, BTreeMap<String, AttributeValue>> = BTreeMap::new();
+    for (name, attribute) in &device.attributes {
+        let (domain, name) = split(name);
+        if let Some(value) = attribute.value() {
+            attributes.entry(domain).or_default().insert(name, value);
+        }
+    }
+    let mut capacity: BTreeMap<String, BTreeMap<String, Milli>> = BTreeMap::new();
+    for (name, value) in &device.capacity {
+        let (domain, name) = split(name);
+        if let Ok(quantity) = Milli::parse(&value.value) {
+            capacity.entry(domain).or_default().insert(name, quantity);
+        }
+    }
+    CelDevice::new(driver, &attributes, &capacity)
+}
+
+/// A map of at most `N` entries: larger ones are refused while decoding.
+fn bounded_map<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, T>, D::Error> {
+    let items: BTreeMap<String, T> =
+        Option::<BTreeMap<String, T>>::deserialize(deserializer)?.unwrap_or_default();
+    if items.len() > N {
+        return Err(serde::de::Error::custom(format!(
+            "more than {N} entries; refusing it"
+        )));
+    }
+    Ok(items)
 }
 
 /// The GPU devices of every slice of the configured driver, by slice name.
@@ -111,11 +195,24 @@ pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> SliceDevices {
 pub struct DeviceIndex {
     by_slice: HashMap<String, SliceDevices>,
     devices: HashMap<DeviceKey, GpuDevice>,
+    /// `samples` and `products`, worked out once per change of the devices (every
+    /// claim judged reads them).
+    derived: std::sync::OnceLock<Derived>,
+}
+
+/// Sample devices by (model label, profile), and published products by label.
+type Samples = BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>;
+
+#[derive(Debug, Default)]
+struct Derived {
+    samples: Samples,
+    products: BTreeMap<String, Vec<String>>,
 }
 
 impl DeviceIndex {
     pub fn apply(&mut self, slice: &str, devices: SliceDevices) {
         self.delete(slice);
+        self.derived = Default::default();
         for (key, device) in &devices {
             self.devices.insert(key.clone(), device.clone());
         }
@@ -123,6 +220,7 @@ impl DeviceIndex {
     }
 
     pub fn delete(&mut self, slice: &str) {
+        self.derived = Default::default();
         for (key, _) in self.by_slice.remove(slice).into_iter().flatten() {
             self.devices.remove(&key);
         }
@@ -139,16 +237,74 @@ impl DeviceIndex {
         self.devices.get(&(pool.to_string(), device.to_string()))
     }
 
-    /// The model attribute values published for `label`, sorted, for pinning.
-    pub fn products_of(&self, label: &str) -> Vec<String> {
-        let mut products: Vec<String> = self
-            .devices
-            .values()
-            .filter(|d| d.label == label)
-            .map(|d| d.product.clone())
-            .collect();
-        products.sort();
-        products.dedup();
+    /// Up to [`MAX_SAMPLES`] distinct devices of each (model label, profile), in a
+    /// stable order: what a claim's selectors are evaluated against.
+    pub fn samples(&self) -> Samples {
+        self.derived().samples.clone()
+    }
+
+    fn derived(&self) -> &Derived {
+        self.derived.get_or_init(|| Derived {
+            samples: self.sample(),
+            products: self.published_products(),
+        })
+    }
+
+    fn sample(&self) -> Samples {
+        let mut keys: Vec<&DeviceKey> = self.devices.keys().collect();
+        keys.sort();
+        let mut samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>> = BTreeMap::new();
+        for key in keys {
+            let device = &self.devices[key];
+            let entry = samples
+                .entry((device.label.clone(), device.profile.clone()))
+                .or_default();
+            let seen = entry
+                .iter()
+                .any(|d| d.fingerprint == device.cel.fingerprint);
+            if entry.len() < MAX_SAMPLES && !seen {
+                entry.push(device.cel.clone());
+            }
+        }
+        samples
+    }
+
+    /// The model attribute values published, by model label, sorted.
+    pub fn products(&self) -> BTreeMap<String, Vec<String>> {
+        self.derived().products.clone()
+    }
+
+    fn published_products(&self) -> BTreeMap<String, Vec<String>> {
+        let mut products: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for device in self.devices.values() {
+            products
+                .entry(device.label.clone())
+                .or_default()
+                .push(device.product.clone());
+        }
+        for values in products.values_mut() {
+            values.sort();
+            values.dedup();
+        }
         products
+    }
+
+    /// Whether no GPU device is published.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// The nodes with published GPU devices, and the model labels of each node's.
+    pub fn node_models(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        let mut nodes: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for device in self.devices.values() {
+            if let Some(node) = &device.node {
+                nodes
+                    .entry(node.clone())
+                    .or_default()
+                    .insert(device.label.clone());
+            }
+        }
+        nodes
     }
 }

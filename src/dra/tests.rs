@@ -2,6 +2,8 @@
 
 use serde_json::json;
 
+use super::classes::{ClassInfo, DeviceClass};
+use super::slices::{ResourceSlice, gpu_devices};
 use super::*;
 use crate::placement::quantity::Milli;
 
@@ -23,8 +25,109 @@ fn amounts(pairs: &[(&str, u64)]) -> ModelAmounts {
 const A100: &str = r#"device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB""#;
 const T4: &str = r#"device.attributes["gpu.nvidia.com"]["productName"] == 'Tesla T4'"#;
 
+/// A node's slice: `devices` of (name, productName, type, profile, memory).
+fn slice(node: &str, devices: &[(&str, &str, &str, Option<&str>, &str)]) -> ResourceSlice {
+    let devices: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|(name, product, kind, profile, memory)| {
+            let mut attributes = json!({
+                "productName": {"string": product},
+                "type": {"string": kind},
+                "uuid": {"string": format!("GPU-{node}-{name}")},
+                "driverVersion": {"version": "550.54.15"},
+            });
+            if let Some(profile) = profile {
+                attributes["profile"] = json!({"string": profile});
+            }
+            json!({"name": name, "attributes": attributes,
+                "capacity": {"memory": {"value": memory}}})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-gpu")},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": node}, "nodeName": node,
+            "devices": devices}
+    }))
+    .unwrap()
+}
+
+fn nvidia_classes() -> DeviceClasses {
+    let class = |kind: &str| ClassInfo {
+        selectors: vec![format!(
+            r#"device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "{kind}""#
+        )],
+        extended_resource: None,
+    };
+    [
+        ("gpu.nvidia.com".to_string(), class("gpu")),
+        ("mig.nvidia.com".to_string(), class("mig")),
+    ]
+    .into()
+}
+
+/// A cluster publishing an A100 node (two GPUs, one cut into 1g.10gb slices) and a T4
+/// node; quotas know A100-SXM4-80GB and Tesla-T4.
+fn cluster() -> Catalog {
+    let dra = Dra::default();
+    let mut index = DeviceIndex::default();
+    for slice in [
+        slice(
+            "a100-node",
+            &[
+                ("gpu-0", "NVIDIA A100-SXM4-80GB", "gpu", None, "80Gi"),
+                ("gpu-1", "NVIDIA A100-SXM4-80GB", "gpu", None, "80Gi"),
+                (
+                    "gpu-2-mig-0",
+                    "NVIDIA A100-SXM4-80GB",
+                    "mig",
+                    Some("1g.10gb"),
+                    "10Gi",
+                ),
+            ],
+        ),
+        slice("t4-node", &[("gpu-0", "Tesla T4", "gpu", None, "16Gi")]),
+    ] {
+        index.apply(
+            slice.metadata.name.as_deref().unwrap(),
+            gpu_devices(&slice, &dra),
+        );
+    }
+    let known = ["A100-SXM4-80GB".to_string(), "Tesla-T4".to_string()];
+    Catalog::new(&dra, &nvidia_classes(), &index, known)
+}
+
+/// A cluster that publishes no device yet.
+fn unpublished(known: &[&str]) -> Catalog {
+    let known = known.iter().map(|k| k.to_string());
+    Catalog::new(
+        &Dra::default(),
+        &nvidia_classes(),
+        &DeviceIndex::default(),
+        known,
+    )
+}
+
+fn asks(requests: serde_json::Value, catalog: &Catalog) -> ClaimAsks {
+    ClaimAsks::of(&claim(requests), catalog).unwrap()
+}
+
 fn charge(requests: serde_json::Value, default: Option<&str>) -> ModelAmounts {
-    ClaimAsks::of(&claim(requests), &Dra::default()).charge(default, &MigResources::default())
+    asks(requests, &cluster()).charge(default, &MigResources::default())
+}
+
+fn gpu_request(expression: &str) -> serde_json::Value {
+    json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": expression}}]}}])
+}
+
+/// The model one request is charged for, with the namespace's default.
+fn model(expression: &str, default: Option<&str>, catalog: &Catalog) -> Resolved {
+    let asks = asks(gpu_request(expression), catalog);
+    asks.exact[0].resolve(default)
+}
+
+fn is(label: &str) -> Resolved {
+    Resolved::Model(label.into())
 }
 
 #[test]
@@ -32,9 +135,10 @@ fn exact_count_is_charged_per_device_to_the_selected_model() {
     let two = json!([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com",
         "count": 2, "selectors": [{"cel": {"expression": A100}}]}}]);
     assert_eq!(charge(two, None), amounts(&[("A100-SXM4-80GB", 2000)]));
-    let one = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
-        "selectors": [{"cel": {"expression": T4}}]}}]);
-    assert_eq!(charge(one, None), amounts(&[("Tesla-T4", 1000)]));
+    assert_eq!(
+        charge(gpu_request(T4), None),
+        amounts(&[("Tesla-T4", 1000)])
+    );
 }
 
 #[test]
@@ -61,11 +165,8 @@ fn alternatives_are_charged_the_largest_per_key() {
 
 #[test]
 fn mig_devices_cost_their_slice_and_other_classes_nothing() {
-    let expression =
-        format!(r#"{A100} && device.attributes["gpu.nvidia.com"].profile == "1g.10gb""#);
     let slices = json!([
-        {"name": "slice", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 2,
-            "selectors": [{"cel": {"expression": expression}}]}},
+        {"name": "slice", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 2}},
         {"name": "nic", "exactly": {"deviceClassName": "rdma.example.com", "count": 4}}]);
     assert_eq!(
         charge(slices, None),
@@ -74,16 +175,23 @@ fn mig_devices_cost_their_slice_and_other_classes_nothing() {
 }
 
 #[test]
-fn a_request_naming_no_model_takes_the_default_or_nothing() {
-    let untyped = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]);
-    assert_eq!(charge(untyped.clone(), None), ModelAmounts::new());
+fn a_request_matching_several_models_takes_the_default_or_none() {
+    let catalog = cluster();
+    let any = json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]);
+    let asks = asks(any.clone(), &catalog);
     assert_eq!(
-        charge(untyped.clone(), Some("Tesla-T4")),
+        asks.exact[0].resolve(None),
+        Resolved::Ambiguous(vec!["A100-SXM4-80GB".into(), "Tesla-T4".into()])
+    );
+    assert_eq!(asks.exact[0].resolve(Some("Tesla-T4")), is("Tesla-T4"));
+    assert_eq!(
+        asks.exact[0].resolve(Some("H100")),
+        Resolved::Ambiguous(vec!["A100-SXM4-80GB".into(), "Tesla-T4".into()])
+    );
+    assert_eq!(
+        charge(any, Some("Tesla-T4")),
         amounts(&[("Tesla-T4", 1000)])
     );
-    let asks = ClaimAsks::of(&claim(untyped), &Dra::default());
-    let names: Vec<&str> = asks.untyped().map(|a| a.request.as_str()).collect();
-    assert_eq!(names, ["gpu"]);
 }
 
 #[test]
@@ -91,44 +199,138 @@ fn a_device_class_can_imply_a_model() {
     let mut dra = Dra::default();
     dra.device_classes
         .insert("a100.example.com".into(), "A100-SXM4-80GB".into());
+    let catalog = Catalog::new(&dra, &DeviceClasses::new(), &DeviceIndex::default(), []);
     let request = json!([{"name": "gpu", "exactly": {"deviceClassName": "a100.example.com"}}]);
-    let asks = ClaimAsks::of(&claim(request), &dra);
     assert_eq!(
-        asks.charge(None, &MigResources::default()),
+        asks(request, &catalog).charge(None, &MigResources::default()),
         amounts(&[("A100-SXM4-80GB", 1000)])
     );
 }
 
+/// Issue 18, item 1: whatever a selector's text mentions, the model is what it matches
+/// as CEL (a namespace whose only model, and default, is Tesla-T4).
 #[test]
-fn only_equalities_on_the_model_attribute_name_a_model() {
-    let dra = Dra::default();
-    let model = |e: &str| dra.required_label(e);
-    assert_eq!(model(A100).as_deref(), Some("A100-SXM4-80GB"));
-    assert_eq!(
-        model(r#""Tesla T4" == device.attributes["gpu.nvidia.com"].productName"#).as_deref(),
-        Some("Tesla-T4")
-    );
-    let pinned = dra.pin_expression("Tesla-T4", &[]);
-    assert_eq!(model(&pinned).as_deref(), Some("Tesla-T4"));
-    assert_eq!(
-        model(
-            r#"device.attributes["gpu.nvidia.com"].productName in ["Tesla T4", "NVIDIA A100-SXM4-80GB"]"#
+fn selectors_are_charged_for_what_they_match_not_what_they_mention() {
+    let catalog = cluster();
+    let t4 = Some("Tesla-T4");
+    let a100 = is("A100-SXM4-80GB");
+    let p = r#"device.attributes["gpu.nvidia.com"].productName"#;
+    let cases = [
+        (format!(r#"{p} == "Tesla T4" || true"#), is("Tesla-T4")),
+        (
+            format!(r#"{p} == "Tesla T4" || {p} != "Tesla T4""#),
+            is("Tesla-T4"),
         ),
-        None,
-        "two models: the selector does not name one"
-    );
+        (format!(r#"!({p} == "Tesla T4")"#), a100.clone()),
+        (
+            format!(r#"{p} != "Tesla T4" && "Tesla T4" != """#),
+            a100.clone(),
+        ),
+        (format!(r#"{p}.startsWith("NVIDIA A")"#), a100.clone()),
+        (
+            format!(r#"{p}.matches("A100") || "Tesla T4" == "x""#),
+            a100.clone(),
+        ),
+        (format!(r#"{p} == "Tesla T4" ? false : true"#), a100.clone()),
+        (format!(r#"({p} == ("Tesla T4")) == false"#), a100.clone()),
+        (
+            format!(r#"{p} in ["Tesla T4", "NVIDIA A100-SXM4-80GB"] && !{p}.contains("T4")"#),
+            a100.clone(),
+        ),
+        (
+            r#"device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) > 0"#
+                .to_string(),
+            a100.clone(),
+        ),
+        (
+            r#"device.attributes["gpu.nvidia.com"].uuid.startsWith("GPU-a100")"#.to_string(),
+            a100.clone(),
+        ),
+        (format!(r#"{p} == "Tesla T4""#), is("Tesla-T4")),
+    ];
+    for (expression, want) in cases {
+        assert_eq!(model(&expression, t4, &catalog), want, "{expression}");
+        assert_eq!(
+            model(&expression, None, &catalog).clone(),
+            match want.clone() {
+                Resolved::Model(m) if m == "Tesla-T4" && expression.contains("||") =>
+                    Resolved::Ambiguous(vec!["A100-SXM4-80GB".into(), "Tesla-T4".into()]),
+                other => other,
+            },
+            "{expression} without a default"
+        );
+    }
+    // Another domain's attribute: the device has none, so that clause fails (and CEL's
+    // `||` is true when either side is).
+    let other = format!(r#"device.attributes["other.example.com"].x == 1 || {p} == "Tesla T4""#);
+    assert_eq!(model(&other, None, &catalog), is("Tesla-T4"));
+    let other = format!(r#"device.attributes["other.example.com"].x == 1 && {p} == "Tesla T4""#);
+    assert_eq!(model(&other, None, &catalog), Resolved::Unnamed);
+    let alternative = json!([{"name": "gpu", "firstAvailable": [
+        {"name": "t4", "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": format!(r#"{p} == "Tesla T4""#)}}]},
+        {"name": "sneaky", "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": format!(r#"!({p} == "Tesla T4")"#)}}]}]}]);
+    let asks = asks(alternative, &catalog);
+    let models: Vec<Resolved> = asks.alternatives[0].iter().map(|a| a.resolve(t4)).collect();
+    assert_eq!(models, [is("Tesla-T4"), a100]);
+}
+
+#[test]
+fn without_published_devices_the_selectors_pin_a_known_model_or_take_the_default() {
+    let catalog = unpublished(&["A100-SXM4-80GB", "Tesla-T4"]);
+    assert_eq!(model(A100, None, &catalog), is("A100-SXM4-80GB"));
+    assert_eq!(model(T4, None, &catalog), is("Tesla-T4"));
+    let p = r#"device.attributes["gpu.nvidia.com"].productName"#;
+    let either = format!(r#"{p} != "x""#);
     assert_eq!(
-        model(r#"device.attributes["gpu.nvidia.com"].productName != "NVIDIA A100-SXM4-80GB""#),
-        None
+        model(&either, None, &catalog),
+        Resolved::Ambiguous(vec!["A100-SXM4-80GB".into(), "Tesla-T4".into()])
     );
+    assert_eq!(model(&either, Some("Tesla-T4"), &catalog), is("Tesla-T4"));
+    let unknown = format!(r#"{p} == "NVIDIA H100 80GB HBM3""#);
+    assert_eq!(model(&unknown, Some("Tesla-T4"), &catalog), is("Tesla-T4"));
+    assert_eq!(model(&unknown, None, &catalog), Resolved::Unnamed);
+    // The pin of a model selects its made-up devices, and only those.
+    let pin = catalog.pin("Tesla-T4");
+    assert_eq!(model(&pin, None, &catalog), is("Tesla-T4"));
     assert_eq!(
-        model(r#"device.attributes["other.com"].productName == "NVIDIA A100-SXM4-80GB""#),
-        None
+        model(&format!("{pin} && {A100}"), None, &catalog),
+        Resolved::Unnamed
     );
+}
+
+#[test]
+fn a_mig_profile_is_matched_on_made_up_slices_of_known_profile_keys() {
+    let catalog = unpublished(&["A100-SXM4-80GB", "A100-SXM4-80GB/1g.10gb"]);
+    let expression =
+        format!(r#"{A100} && device.attributes["gpu.nvidia.com"].profile == "1g.10gb""#);
+    let slices = json!([{"name": "slice", "exactly": {"deviceClassName": "mig.nvidia.com",
+        "count": 2, "selectors": [{"cel": {"expression": expression}}]}}]);
     assert_eq!(
-        model(r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA")"#),
-        None
+        asks(slices, &catalog).charge(None, &MigResources::default()),
+        amounts(&[("A100-SXM4-80GB", 284), ("A100-SXM4-80GB/1g.10gb", 2000)])
     );
+}
+
+#[test]
+fn a_pin_is_recognised_only_when_it_names_one_model() {
+    let dra = Dra::default();
+    let pin = dra.pin_expression("A100-SXM4-80GB", &["NVIDIA A100-SXM4-80GB".into()]);
+    assert_eq!(
+        pin,
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"]"#
+    );
+    assert_eq!(dra.pinned_label(&pin).as_deref(), Some("A100-SXM4-80GB"));
+    let unpublished = dra.pin_expression("Tesla-T4", &[]);
+    assert_eq!(
+        unpublished,
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA Tesla T4", "NVIDIA Tesla-T4", "Tesla T4", "Tesla-T4"]"#
+    );
+    assert_eq!(dra.pinned_label(&unpublished).as_deref(), Some("Tesla-T4"));
+    let forged = r#"device.attributes["gpu.nvidia.com"].productName in ["Tesla T4", "NVIDIA A100-SXM4-80GB"]"#;
+    assert_eq!(dra.pinned_label(forged), None);
+    assert_eq!(dra.pinned_label(&format!("{pin} || true")), None);
     assert_eq!(
         dra.label_of_product("NVIDIA H100 80GB HBM3"),
         "H100-80GB-HBM3"
@@ -136,24 +338,67 @@ fn only_equalities_on_the_model_attribute_name_a_model() {
 }
 
 #[test]
-fn the_pin_selects_the_published_products_of_a_label() {
-    let dra = Dra::default();
-    assert_eq!(
-        dra.pin_expression("A100-SXM4-80GB", &["NVIDIA A100-SXM4-80GB".into()]),
-        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"]"#
-    );
-    assert_eq!(
-        dra.pin_expression("Tesla-T4", &[]),
-        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA Tesla-T4", "Tesla-T4"]"#
-    );
+fn device_classes_that_can_select_gpus_are_gpu_classes() {
+    let class = |selector: &str, extended: Option<&str>| -> ClassInfo {
+        let class: DeviceClass = serde_json::from_value(json!({"metadata": {"name": "x"},
+            "spec": {"selectors": [{"cel": {"expression": selector}}],
+                "extendedResourceName": extended}}))
+        .unwrap();
+        ClassInfo::of(&class)
+    };
+    let classes: DeviceClasses = [
+        ("vfio.gpu.nvidia.com".to_string(), class(r#"device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "vfio""#, None)),
+        ("any-t4".to_string(), class(r#"device.attributes["gpu.nvidia.com"].productName == "Tesla T4""#, Some("example.com/t4"))),
+        ("rdma.example.com".to_string(), class(r#"device.driver == "rdma.example.com""#, None)),
+    ]
+    .into();
+    for devices in [DeviceIndex::default(), {
+        let mut index = DeviceIndex::default();
+        let published = slice("n", &[("gpu-0", "Tesla T4", "gpu", None, "16Gi")]);
+        index.apply("n", gpu_devices(&published, &Dra::default()));
+        index
+    }] {
+        let catalog = Catalog::new(&Dra::default(), &classes, &devices, []);
+        assert!(catalog.is_gpu_class("vfio.gpu.nvidia.com"));
+        assert!(catalog.is_gpu_class("any-t4"));
+        assert!(catalog.is_gpu_class("gpu.nvidia.com"), "configured");
+        assert!(!catalog.is_gpu_class("rdma.example.com"));
+    }
 }
 
 #[test]
-fn oversized_claims_are_refused_while_decoding() {
+fn oversized_or_hostile_claims_are_refused() {
     let requests: Vec<serde_json::Value> = (0..65)
         .map(|i| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "gpu.nvidia.com"}}))
         .collect();
     let body = json!({"spec": {"devices": {"requests": requests}}}).to_string();
     let error = ResourceClaim::decode("request.object", &body).unwrap_err();
     assert!(error.contains("more than 64 items"), "{error}");
+    let nested = "[1,2].all(x, [1,2].all(y, x == y))";
+    let error = ClaimAsks::of(&claim(gpu_request(nested)), &cluster()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "ResourceClaim request gpu: CEL selector nests a comprehension in another"
+    );
+}
+
+#[test]
+fn a_claims_evaluations_are_bounded_by_its_budget() {
+    let p = r#"device.attributes["gpu.nvidia.com"].productName"#;
+    let list = (0..60)
+        .map(|i| format!("\"{i}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let costly = format!("[{list}].exists(x, {p}.contains(x + x + x)) || true");
+    let selectors: Vec<serde_json::Value> = (0..32)
+        .map(|_| json!({"cel": {"expression": costly}}))
+        .collect();
+    let requests: Vec<serde_json::Value> = (0..32)
+        .map(|i| {
+            json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": selectors}})
+        })
+        .collect();
+    let error = ClaimAsks::of(&claim(json!(requests)), &cluster()).unwrap_err();
+    assert_eq!(error, AskError::OverBudget(cel::OverBudget));
 }

@@ -61,6 +61,23 @@ pub async fn bind(
         Err(error) => return failed(error, BindOutcome::Error),
     };
     let Some(reservation) = decision.reservation else {
+        let dra = cache.with_state(|state| state.dra_nodes(&key, &[&args.node]));
+        if !dra.is_empty() {
+            // DRA allocated its GPUs (kube-scheduler's claim): only the binding is ours.
+            let bound = cache
+                .bind(
+                    &args.pod_namespace,
+                    &args.pod_name,
+                    &plan.uid,
+                    &args.node,
+                    Default::default(),
+                )
+                .await;
+            return match bound {
+                Ok(()) => (ExtenderBindingResult::default(), BindOutcome::Bound),
+                Err(error) => failed(error.to_string(), BindOutcome::Error),
+            };
+        }
         let reason = decision.misfits.first().map(|(_, m)| m.to_string());
         let reason = reason.unwrap_or_else(|| "the node is not in gpu-admission's view".into());
         let error = format!("pod {key} cannot go to node {}: {reason}", args.node);

@@ -33,6 +33,9 @@ pub enum FilterOutcome {
     /// A re-filter that kept the pod's earlier placement.
     Kept,
     Unschedulable,
+    /// Passed to nodes whose GPUs kube-scheduler's DRA plugin allocates (DRA-backed
+    /// extended resources): nothing placed or held here.
+    Dra,
     /// The pod's GPU request is unreadable, or recording the choice failed.
     Error,
 }
@@ -44,6 +47,7 @@ impl FilterOutcome {
             FilterOutcome::Placed => "placed",
             FilterOutcome::Kept => "kept",
             FilterOutcome::Unschedulable => "unschedulable",
+            FilterOutcome::Dra => "dra",
             FilterOutcome::Error => "error",
         }
     }
@@ -78,6 +82,12 @@ pub async fn filter(
     };
     let result = failed_nodes(&decision.misfits);
     let Some(reservation) = decision.reservation else {
+        // No GPU of a device plugin fits: nodes whose GPUs only DRA hands out may.
+        let dra = cache.with_state(|state| state.dra_nodes(&plan.key, &names));
+        if !dra.is_empty() {
+            tracing::info!(pod = %plan.key, nodes = dra.len(), "left to DRA-backed extended resources");
+            return (with_dra_nodes(result, &dra, args), FilterOutcome::Dra);
+        }
         return (
             with_passed(result, None, args),
             FilterOutcome::Unschedulable,
@@ -356,6 +366,23 @@ fn with_passed(
         result.node_names = Some(passed.into_iter().map(str::to_string).collect());
     } else {
         result.nodes = args.echo(|n| Some(n.name.as_str()) == passed);
+    }
+    result
+}
+
+/// `result` with the nodes `dra` passed (and no longer among the failed).
+fn with_dra_nodes(
+    mut result: ExtenderFilterResult,
+    dra: &[String],
+    args: &ExtenderArgs,
+) -> ExtenderFilterResult {
+    let passed = |(node, _): &(Arc<str>, Arc<str>)| !dra.iter().any(|d| **d == **node);
+    result.failed_nodes.0.retain(passed);
+    result.failed_and_unresolvable_nodes.0.retain(passed);
+    if args.node_names.is_some() {
+        result.node_names = Some(dra.to_vec());
+    } else {
+        result.nodes = args.echo(|n| dra.contains(&n.name));
     }
     result
 }

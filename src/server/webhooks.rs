@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::dra::ResourceClaim;
 
-use crate::admission::claim::{pin_patch, validate_claim};
-use crate::admission::mutate::mutation;
+use crate::admission::claim::{mutate_claim, validate_claim};
+use crate::admission::mutate::{GpuNodes, mutation};
 use crate::admission::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
@@ -144,12 +144,15 @@ pub async fn mutate_route(
         else {
             return reply("allow", review.allow());
         };
-        let (limits, mig_labels) = state.cache.with_state(|s| {
-            let labels = s.mig_labels().map(str::to_string).collect::<Vec<_>>();
-            (s.namespace_limits(&namespace).clone(), labels)
+        let (limits, nodes) = state.cache.with_state(|s| {
+            let nodes = GpuNodes {
+                mig_labels: s.mig_labels().map(str::to_string).collect(),
+                dra_unlabelled: s.classes().values().any(|c| c.extended_resource.is_some()),
+            };
+            (s.namespace_limits(&namespace).clone(), nodes)
         });
         let keys = &state.cache.projection().keys;
-        match mutation(&pod, &state.config, keys, &limits, &mig_labels) {
+        match mutation(&pod, &state.config, keys, &limits, &nodes) {
             Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))
@@ -236,12 +239,7 @@ pub async fn mutate_claim_route(
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
-            let patch = state.cache.with_state(|s| {
-                let limits = s.namespace_limits(&namespace);
-                pin_patch(&claim, &state.config.dra, limits, |label| {
-                    s.products_of(label)
-                })
-            });
+            let patch = mutate_claim(&state.cache, &namespace, &claim);
             match patch.0.is_empty() {
                 true => reply("allow", review.allow()),
                 false => reply("patch", review.patch(&patch)),

@@ -39,15 +39,10 @@ gpu-admission.{{ .Release.Namespace }}.svc
 {{- printf "object.spec.containers.exists(c, %s) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, %s))" $c $c -}}
 {{- end -}}
 
-{{/* CEL: the ResourceClaim has a request (or an alternative) for one of the GPU
-     DeviceClasses. The same expression as deploy/40-webhook-configurations.yaml. */}}
+{{/* CEL: the ResourceClaim asks for devices (which DeviceClasses hand out GPUs is found
+     at run time). The same expression as deploy/40-webhook-configurations.yaml. */}}
 {{- define "gpu-admission.claimMatchExpression" -}}
-{{- $quoted := list -}}
-{{- range $class := .Values.dra.deviceClasses -}}
-{{- $quoted = append $quoted (printf "'%s'" $class) -}}
-{{- end -}}
-{{- $classes := printf "[%s]" (join ", " $quoted) -}}
-{{- printf "has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))" $classes $classes -}}
+has(object.spec.devices) && has(object.spec.devices.requests) && size(object.spec.devices.requests) > 0
 {{- end -}}
 
 {{/* CEL: a CREATE, or an UPDATE that changes the type annotation (absent counts as "").

@@ -94,13 +94,14 @@ fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
 fn a_namespace_sees_only_its_own_claims_created_since() {
     let dra = Dra::default();
     let mut state = ClusterState::default();
+    // Pinned to Tesla-T4, as the mutating webhook leaves a claim.
+    let pin = dra.pin_expression("Tesla-T4", &[]);
     let typed = |namespace: &str| -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": namespace, "uid": namespace,
                 "creationTimestamp": "2026-11-24T00:00:10Z"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression":
-                    "device.attributes[\"gpu.nvidia.com\"].productName == \"Tesla T4\""}}]}}]}}
+                "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": pin}}]}}]}}
         }))
         .unwrap()
     };
@@ -119,4 +120,171 @@ fn a_namespace_sees_only_its_own_claims_created_since() {
         Some(&Milli(1000))
     );
     assert!(state.seen_charges("team", created + 1).is_empty());
+}
+
+/// Issue 18, item 6: a DeviceClass that selects the GPU driver's devices, not in the
+/// config, is a GPU class: its claims are charged (and charged again once it appears).
+#[test]
+fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "vfio", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "vfio.gpu.nvidia.com"}}]}}
+    }))
+    .unwrap();
+    let key = claim_key("team-a", "vfio");
+    state.apply_claim(key, CachedClaim::from_claim(&claim, &dra).unwrap());
+    assert_eq!(
+        used(&state, "Tesla-T4"),
+        None,
+        "an unknown class is not a GPU class"
+    );
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", class);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
+    state.delete_class("vfio.gpu.nvidia.com");
+    assert_eq!(used(&state, "Tesla-T4"), None);
+    let nic = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "rdma.example.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", nic);
+    assert_eq!(used(&state, "Tesla-T4"), None);
+}
+
+/// A pod asking for `nvidia.com/gpu: 1`, as the cache takes it.
+fn gpu_pod(name: &str, uid: &str) -> (crate::cache::PodKey, CachedPod) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid,
+            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"containers": [{"name": "app",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))
+    .unwrap();
+    let cached = CachedPod::from_pod(&pod, &Projection::from_config(&Config::default()));
+    (pod_key(&pod), cached.unwrap())
+}
+
+/// The claim kube-scheduler makes for a pod's DRA-backed extended resource (or a forgery
+/// of it): annotated, owned by `owner` (name, uid).
+fn extended_claim(name: &str, owner: (&str, &str), class: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner.0,
+                "uid": owner.1, "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+            "deviceClassName": class, "count": 1}}]}}
+    }))
+    .unwrap()
+}
+
+/// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
+/// charged once (by the pod); a claim that only pretends to be one is charged.
+#[test]
+fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: Some("nvidia.com/gpu".into()),
+    };
+    state.apply_class("gpu.nvidia.com", class);
+    let pinned = crate::dra::classes::ClassInfo {
+        selectors: vec![],
+        extended_resource: None,
+    };
+    state.apply_class("plain.gpu.example.com", pinned);
+    let apply = |state: &mut ClusterState, claim: ResourceClaim| {
+        let name = claim.metadata.name.clone().unwrap();
+        let cached = CachedClaim::from_claim(&claim, &dra).unwrap();
+        state.apply_claim(claim_key("team-a", &name), cached);
+    };
+    // The claim arrives before its pod (a relist): charged until the pod is seen.
+    apply(
+        &mut state,
+        extended_claim("served", ("app", "u-app"), "gpu.nvidia.com"),
+    );
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
+    let (key, pod) = gpu_pod("app", "u-app");
+    state.apply_pod(key, pod);
+    assert_eq!(
+        used(&state, "Tesla-T4"),
+        Some(Milli(1000)),
+        "the pod's GPU, once"
+    );
+    // Forgeries: another uid, no such pod, a class serving no extended resource, more
+    // devices than the pod's GPUs, a selector, a claim made from the pod's template (its
+    // metadata is the tenant's).
+    apply(
+        &mut state,
+        extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
+    );
+    apply(
+        &mut state,
+        extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"),
+    );
+    apply(
+        &mut state,
+        extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
+    );
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(4000)));
+    let mut more = extended_claim("more", ("app", "u-app"), "gpu.nvidia.com");
+    more.spec.devices.as_mut().unwrap().requests[0]
+        .exactly
+        .as_mut()
+        .unwrap()
+        .count = Some(2);
+    apply(&mut state, more);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(6000)));
+    let mut selected = extended_claim("selected", ("app", "u-app"), "gpu.nvidia.com");
+    let exact = selected.spec.devices.as_mut().unwrap().requests[0]
+        .exactly
+        .as_mut()
+        .unwrap();
+    exact.selectors = serde_json::from_value(json!([{"cel": {"expression": "true"}}])).unwrap();
+    apply(&mut state, selected);
+    let mut templated = extended_claim("templated", ("app", "u-app"), "gpu.nvidia.com");
+    let annotations = templated.metadata.annotations.as_mut().unwrap();
+    annotations.insert("resource.kubernetes.io/pod-claim-name".into(), "gpu".into());
+    apply(&mut state, templated);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(8000)));
+}
+
+/// Nodes without GPU capacity whose GPUs a ResourceSlice publishes take a one-model pod
+/// of that model through DRA-backed extended resources, once a DeviceClass serves one.
+#[test]
+fn dra_nodes_are_those_publishing_the_pods_model_without_gpu_capacity() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let (key, pod) = gpu_pod("app", "u-app");
+    state.apply_pod(key.clone(), pod);
+    let t4: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "dra-t4"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "dra-t4"}, "nodeName": "dra-t4",
+            "devices": [{"name": "gpu-0", "attributes": {"productName": {"string": "Tesla T4"}}}]}
+    }))
+    .unwrap();
+    state.apply_slice("dra-t4", gpu_devices(&t4, &dra));
+    state.apply_slice("node-1-gpus", gpu_devices(&slice(), &dra));
+    let names = ["dra-t4", "node-1", "elsewhere"];
+    assert!(
+        state.dra_nodes(&key, &names).is_empty(),
+        "no class serves an extended resource"
+    );
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![],
+        extended_resource: Some("nvidia.com/gpu".into()),
+    };
+    state.apply_class("gpu.nvidia.com", class);
+    // The pod wants Tesla-T4 (its annotation); node-1 publishes A100s only.
+    assert_eq!(state.dra_nodes(&key, &names), ["dra-t4"]);
 }

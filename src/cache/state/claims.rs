@@ -7,43 +7,87 @@ use std::collections::HashSet;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::dra::classes::{ClassInfo, DeviceClasses};
 use crate::dra::slices::{GpuDevice, SliceDevices};
-use crate::dra::{self, ClaimAsks, Dra, ResourceClaim};
+use crate::dra::{self, Catalog, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
+use crate::placement::GpuDemand;
+use crate::placement::models::WantedModels;
 use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
 
 use super::super::pod::PodKey;
 use super::{ClusterState, namespace_of};
 
+/// The annotation kube-scheduler puts on the claim it creates for a pod's DRA-backed
+/// extended resources (the pod owns the claim).
+pub const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
+
 /// A claim as quota sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CachedClaim {
     /// `creationTimestamp`, unix seconds (the ledger's pending total it joined).
     pub created: i64,
+    /// Its device requests, evaluated again when the DeviceClasses change.
+    pub requests: Arc<[DeviceRequest]>,
+    /// Its GPU requests, evaluated when it joined the cluster state.
     pub asks: ClaimAsks,
     /// The GPU driver's devices allocated to it: (pool, device).
     pub allocated: Vec<(String, String)>,
+    /// The pod it says it serves the extended resources of, if annotated so.
+    pub extended_for: Option<ExtendedFor>,
 }
 
 impl CachedClaim {
-    /// `None` for a claim that asks for no GPU and holds none.
+    /// `None` for a claim that asks for no device and holds no GPU.
     pub fn from_claim(claim: &ResourceClaim, dra: &Dra) -> Option<Self> {
-        let asks = ClaimAsks::of(claim, dra);
         let allocated: Vec<(String, String)> = claim
             .allocated()
             .iter()
             .filter(|d| d.driver == dra.driver)
             .map(|d| (d.pool.clone(), d.device.clone()))
             .collect();
-        if asks.is_empty() && allocated.is_empty() {
+        if claim.requests().is_empty() && allocated.is_empty() {
             return None;
         }
         let created = claim.metadata.creation_timestamp.as_ref();
         Some(CachedClaim {
             created: created.map_or(0, |t| t.0.as_second()),
-            asks,
+            requests: claim.requests().into(),
+            asks: ClaimAsks::default(),
             allocated,
+            extended_for: extended_owner(claim),
         })
     }
+}
+
+/// What a claim says of the pod whose extended resources it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtendedFor {
+    pub pod: String,
+    pub uid: String,
+    /// The claim's own name (a pod that names it in its spec uses it as any claim).
+    pub claim: String,
+}
+
+/// The pod a claim says it serves the extended resources of: annotated so, controlled by
+/// that pod, and not made from the pod's ResourceClaimTemplate (whose metadata the
+/// tenant writes). Whether the pod exists and asks for them is the cluster state's to say.
+pub fn extended_owner(claim: &ResourceClaim) -> Option<ExtendedFor> {
+    let meta = &claim.metadata;
+    let annotations = meta.annotations.as_ref()?;
+    if annotations.get(EXTENDED_RESOURCE_CLAIM)? != "true"
+        || annotations.contains_key("resource.kubernetes.io/pod-claim-name")
+    {
+        return None;
+    }
+    let owners = meta.owner_references.as_deref().unwrap_or_default();
+    let pod = owners
+        .iter()
+        .find(|o| o.kind == "Pod" && o.api_version == "v1" && o.controller == Some(true))?;
+    Some(ExtendedFor {
+        pod: pod.name.clone(),
+        uid: pod.uid.clone(),
+        claim: meta.name.clone().unwrap_or_default(),
+    })
 }
 
 /// The key of a claim among the namespace's charged objects (pod names have no `/`).
@@ -52,9 +96,181 @@ pub fn claim_key(namespace: &str, name: &str) -> PodKey {
 }
 
 impl ClusterState {
-    pub fn apply_claim(&mut self, key: PodKey, claim: CachedClaim) {
+    pub fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
+        let catalog = self.catalog(namespace_of(&key));
+        claim.asks = ClaimAsks::of_requests(&claim.requests, &catalog, false).unwrap_or_default();
         self.claims.insert(key.clone(), claim);
         self.recharge_claim(&key);
+    }
+
+    /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,
+    /// the published devices, and the models its quotas and the nodes name.
+    pub fn catalog(&self, namespace: &str) -> Catalog {
+        let limits = self.namespace_limits(namespace);
+        let mut known: Vec<String> = limits.models.clone();
+        known.extend(limits.profile_caps.iter().cloned());
+        known.extend(limits.default_type.iter().cloned());
+        known.extend(
+            self.nodes()
+                .filter_map(|n| n.model.as_deref().map(str::to_string)),
+        );
+        Catalog::new(&self.dra, &self.classes, &self.devices, known)
+    }
+
+    pub fn set_dra(&mut self, dra: Dra) {
+        self.dra = dra;
+    }
+
+    pub fn dra(&self) -> &Dra {
+        &self.dra
+    }
+
+    /// A DeviceClass arrived or changed: the claims' requests are evaluated again.
+    pub fn apply_class(&mut self, name: &str, class: ClassInfo) {
+        if self.classes.get(name) != Some(&class) {
+            self.classes.insert(name.to_string(), class);
+            let listed = self.dra.device_classes.contains_key(name);
+            if !listed && self.catalog("").is_gpu_class(name) {
+                // Its claims are charged: say so, as the config does not.
+                tracing::info!(
+                    class = name,
+                    "DeviceClass can select GPUs: its claims are charged to the quota"
+                );
+            }
+            self.reevaluate_claims();
+        }
+    }
+
+    pub fn delete_class(&mut self, name: &str) {
+        if self.classes.remove(name).is_some() {
+            self.reevaluate_claims();
+        }
+    }
+
+    pub fn replace_classes(&mut self, classes: DeviceClasses) {
+        if self.classes != classes {
+            self.classes = classes;
+            self.reevaluate_claims();
+        }
+    }
+
+    pub fn classes(&self) -> &DeviceClasses {
+        &self.classes
+    }
+
+    fn reevaluate_claims(&mut self) {
+        let keys: Vec<PodKey> = self.claims.keys().cloned().collect();
+        for key in keys {
+            if let Some(claim) = self.claims.get(&key).cloned() {
+                self.apply_claim(key, claim);
+            }
+        }
+    }
+
+    /// Whether a claim in `namespace` is the one kube-scheduler made for a pod's
+    /// DRA-backed extended resources, so the pod is charged, not the claim: it names
+    /// (`extended_for`) a pod of the namespace, with that uid, that asks for whole GPUs
+    /// and does not name the claim in its spec; its requests are plain `exactly` ones
+    /// (no selectors) of classes serving a whole-GPU resource, for no more devices than
+    /// the pod's whole GPUs.
+    pub fn serves_pod(
+        &self,
+        namespace: &str,
+        requests: &[DeviceRequest],
+        extended_for: Option<&ExtendedFor>,
+    ) -> bool {
+        let Some(owner) = extended_for else {
+            return false;
+        };
+        let pod = self.pod(&format!("{namespace}/{}", owner.pod));
+        let Some(pod) = pod.filter(|p| *p.uid == *owner.uid) else {
+            return false;
+        };
+        if pod.claim_names.iter().any(|n| **n == *owner.claim) {
+            return false;
+        }
+        let whole = |resource: &str| match self.gpu_resources.is_empty() {
+            true => resource == "nvidia.com/gpu",
+            false => self.gpu_resources.iter().any(|r| r == resource),
+        };
+        let mut devices = 0u64;
+        for request in requests {
+            let Some(exact) = request
+                .exactly
+                .as_ref()
+                .filter(|_| request.first_available.is_none())
+            else {
+                return false;
+            };
+            let class = self.classes.get(&exact.device_class_name);
+            let serves = class
+                .and_then(|c| c.extended_resource.as_deref())
+                .is_some_and(whole);
+            if !serves
+                || !exact.selectors.is_empty()
+                || exact.allocation_mode.as_deref() == Some("All")
+            {
+                return false;
+            }
+            devices += exact.count.unwrap_or(1).max(0) as u64;
+        }
+        devices > 0 && devices <= u64::from(pod.request.whole_gpus())
+    }
+
+    /// The whole-GPU resource names (`resources.wholeGpu`).
+    pub fn set_gpu_resources(&mut self, names: Vec<String>) {
+        self.gpu_resources = names;
+    }
+
+    /// The nodes among `names` that can give the pod `key` its whole GPUs only through
+    /// DRA-backed extended resources: no GPU capacity of their own, GPUs published in
+    /// ResourceSlices, of a model the pod may use (docs/devices.md). kube-scheduler's
+    /// DRA plugin allocates them (in a claim it makes for the pod, charged to the pod).
+    pub fn dra_nodes(&self, key: &str, names: &[&str]) -> Vec<String> {
+        let Some(pod) = self.pod(key) else {
+            return Vec::new();
+        };
+        let whole = pod.request.mig.is_empty()
+            && pod
+                .request
+                .init
+                .is_none_or(|d| matches!(d, GpuDemand::Whole { .. }))
+            && pod
+                .request
+                .containers
+                .iter()
+                .all(|c| matches!(c.demand, GpuDemand::Whole { .. }));
+        let served = self.classes.values().any(|c| c.extended_resource.is_some());
+        if !whole || !served || self.devices.is_empty() {
+            return Vec::new();
+        }
+        let limits = self.namespace_limits(namespace_of(key));
+        let models =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        // One model: the pod was charged for it at admission (a pod accepting several is
+        // charged at placement, by the node the extender picks).
+        let [model] = models else {
+            return Vec::new();
+        };
+        let published = self.devices.node_models();
+        names
+            .iter()
+            .filter(|name| self.node(name).is_none_or(|n| n.gpu_count() == 0))
+            .filter(|name| published.get(**name).is_some_and(|l| l.contains(model)))
+            .map(|name| name.to_string())
+            .collect()
+    }
+
+    /// A pod arrived: the claims serving its extended resources stop being charged.
+    pub(super) fn recharge_extended(&mut self, namespace: &str) {
+        let keys: Vec<PodKey> = self
+            .namespace_claims(namespace)
+            .filter(|(_, c)| c.extended_for.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.recharge_claim(&key);
+        }
     }
 
     pub fn delete_claim(&mut self, key: &str) {
@@ -101,11 +317,6 @@ impl ClusterState {
         self.recharge_allocated();
     }
 
-    /// The model attribute values the cluster's devices publish for a model label.
-    pub fn products_of(&self, label: &str) -> Vec<String> {
-        self.devices.products_of(label)
-    }
-
     /// The namespace's claims, with their keys (a range of the ordered keys, which all
     /// start with `<namespace>/`).
     pub(super) fn namespace_claims<'a>(
@@ -123,6 +334,9 @@ impl ClusterState {
     /// them, or until it is allocated (or while a device is unknown), what it asks for,
     /// with the namespace's default model for requests that name none.
     pub(super) fn claim_charge(&self, namespace: &str, claim: &CachedClaim) -> ModelAmounts {
+        if self.serves_pod(namespace, &claim.requests, claim.extended_for.as_ref()) {
+            return ModelAmounts::new();
+        }
         let mig = self.ledger.mig();
         let devices: Option<Vec<&GpuDevice>> = claim
             .allocated

@@ -602,3 +602,30 @@ async fn placement_annotations_on_a_pod_being_created_are_dropped() {
     let (_, again) = post(&router, "/mutate", review(&mutated, false)).await;
     assert!(again["response"].get("patch").is_none(), "{again}");
 }
+
+#[tokio::test]
+async fn a_multi_model_denial_reads_to_its_end_without_stray_text() {
+    let cluster = quota_yaml("team-a", "Tesla-T4: \"1\", A100-SXM4-80GB: \"1\"", "");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let mut by_annotation = annotated(
+        whole_gpu_pod("team-a", "either", 2),
+        "Tesla-T4,A100-SXM4-80GB",
+    );
+    by_annotation["spec"]["schedulerName"] = json!("gpu-scheduler");
+    let mut by_affinity = whole_gpu_pod("team-a", "either-too", 2);
+    by_affinity["spec"]["schedulerName"] = json!("gpu-scheduler");
+    by_affinity["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product",
+            "operator": "In", "values": ["Tesla-T4", "A100-SXM4-80GB"]}]}]}}});
+    for pod in [by_annotation, by_affinity] {
+        assert_eq!(
+            verdict(&router, review(&pod, false)).await,
+            (
+                false,
+                "GPU quota exceeded in namespace \"team-a\" for every model the pod accepts: \
+                 requested 2; Tesla-T4: used 0 of 1; A100-SXM4-80GB: used 0 of 1"
+                    .to_string()
+            )
+        );
+    }
+}

@@ -69,7 +69,7 @@ pub struct UserInfo {
 }
 
 /// What a route judges: the group, kind and resource its reviews must be about.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expected {
     pub group: &'static str,
     pub kind: &'static str,
@@ -89,6 +89,56 @@ pub const RESOURCE_CLAIMS: Expected = Expected {
     kind: "ResourceClaim",
     resource: "resourceclaims",
 };
+
+/// A review that does not add up ([`Review::expect`], [`Review::check_namespace`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    #[error("request.operation {0:?} is not one of CREATE, UPDATE, DELETE, CONNECT")]
+    Operation(String),
+    #[error("request.namespace is missing; {} are namespaced", .0.resource)]
+    NoNamespace(Expected),
+    #[error("{}; this route judges {}", found_kind(.found), route.kind_name())]
+    Kind {
+        /// The kind and group the review names, if any.
+        found: Option<(String, String)>,
+        route: Expected,
+    },
+    #[error("{}; this route judges {}", found_resource(.found), route.resource)]
+    Resource {
+        found: Option<(String, String)>,
+        route: Expected,
+    },
+    #[error("request.{field}.metadata.namespace {own:?} is not request.namespace {request:?}")]
+    Namespace {
+        field: &'static str,
+        own: String,
+        request: String,
+    },
+}
+
+fn found_kind(found: &Option<(String, String)>) -> String {
+    match found {
+        Some((kind, group)) => format!("request.kind is {kind:?} of group {group:?}"),
+        None => "request.kind is missing".into(),
+    }
+}
+
+fn found_resource(found: &Option<(String, String)>) -> String {
+    match found {
+        Some((resource, group)) => format!("request.resource is {resource:?} of group {group:?}"),
+        None => "request.resource is missing".into(),
+    }
+}
+
+impl Expected {
+    /// `core/Pod`, `resource.k8s.io/ResourceClaim`.
+    fn kind_name(&self) -> String {
+        match self.group {
+            "" => format!("core/{}", self.kind),
+            group => format!("{group}/{}", self.kind),
+        }
+    }
+}
 
 /// The operations the API server sends, spelled as it spells them.
 const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
@@ -156,63 +206,40 @@ impl Review {
     /// operation the API server does not spell so, no namespace, or a kind or resource
     /// that is not the route's. The API server never sends these; a caller that does
     /// gets 400 naming the mismatch, and no namespace is charged for it.
-    pub fn expect(&self, route: Expected) -> Result<(), String> {
+    pub fn expect(&self, route: Expected) -> Result<(), Mismatch> {
         let request = &self.request;
         if !OPERATIONS.contains(&request.operation.as_str()) {
-            return Err(format!(
-                "request.operation {:?} is not one of {}",
-                request.operation,
-                OPERATIONS.join(", ")
-            ));
+            return Err(Mismatch::Operation(request.operation.clone()));
         }
         if request.namespace.as_deref().unwrap_or_default().is_empty() {
-            return Err(format!(
-                "request.namespace is missing; {} are namespaced",
-                route.resource
-            ));
+            return Err(Mismatch::NoNamespace(route));
         }
-        let want = |group: &str| match group {
-            "" => format!("core/{}", route.kind),
-            group => format!("{group}/{}", route.kind),
-        };
         match request.kind.as_ref() {
             Some(kind) if kind.group == route.group && kind.kind == route.kind => {}
-            Some(kind) => {
-                return Err(format!(
-                    "request.kind is {:?} of group {:?}; this route judges {}",
-                    kind.kind,
-                    kind.group,
-                    want(route.group)
-                ));
-            }
-            None => {
-                return Err(format!(
-                    "request.kind is missing; this route judges {}",
-                    want(route.group)
-                ));
+            kind => {
+                let found = kind.map(|k| (k.kind.clone(), k.group.clone()));
+                return Err(Mismatch::Kind { found, route });
             }
         }
         match request.resource.as_ref() {
             Some(r) if r.group == route.group && r.resource == route.resource => Ok(()),
-            Some(r) => Err(format!(
-                "request.resource is {:?} of group {:?}; this route judges {}",
-                r.resource, r.group, route.resource
-            )),
-            None => Err(format!(
-                "request.resource is missing; this route judges {}",
-                route.resource
-            )),
+            resource => {
+                let found = resource.map(|r| (r.resource.clone(), r.group.clone()));
+                Err(Mismatch::Resource { found, route })
+            }
         }
     }
 
     /// An object's own namespace must be the request's (the API server sets it so
     /// before admission), or absent; anything else is a forged review.
-    pub fn check_namespace(&self, field: &str, own: Option<&str>) -> Result<(), String> {
+    pub fn check_namespace(&self, field: &'static str, own: Option<&str>) -> Result<(), Mismatch> {
         let request = self.request.namespace.as_deref().unwrap_or_default();
         match own {
-            Some(own) if !own.is_empty() && own != request => Err(format!(
-                "request.{field}.metadata.namespace {own:?} is not request.namespace {request:?}"
-            )),
+            Some(own) if !own.is_empty() && own != request => Err(Mismatch::Namespace {
+                field,
+                own: own.to_string(),
+                request: request.to_string(),
+            }),
             _ => Ok(()),
         }
     }
@@ -636,7 +663,10 @@ mod tests {
         let honest = json!({"uid": "u", "operation": "CREATE", "namespace": "ns",
             "kind": pod_kind, "resource": pods, "object": {}});
         assert_eq!(review(honest.clone()).expect(PODS), Ok(()));
-        let claims = review(honest.clone()).expect(RESOURCE_CLAIMS).unwrap_err();
+        let claims = review(honest.clone())
+            .expect(RESOURCE_CLAIMS)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             claims,
             r#"request.kind is "Pod" of group ""; this route judges resource.k8s.io/ResourceClaim"#
@@ -644,7 +674,7 @@ mod tests {
         let altered = |key: &str, value: Value| {
             let mut request = honest.clone();
             request[key] = value;
-            review(request).expect(PODS).unwrap_err()
+            review(request).expect(PODS).unwrap_err().to_string()
         };
         assert_eq!(
             altered("operation", json!("Create")),
@@ -676,12 +706,12 @@ mod tests {
         assert_eq!(review.check_namespace("object", Some("ns")), Ok(()));
         assert_eq!(review.check_namespace("object", None), Ok(()));
         assert_eq!(review.check_namespace("object", Some("")), Ok(()));
+        let forged = review
+            .check_namespace("oldObject", Some("other"))
+            .unwrap_err();
         assert_eq!(
-            review.check_namespace("oldObject", Some("other")),
-            Err(
-                r#"request.oldObject.metadata.namespace "other" is not request.namespace "ns""#
-                    .into()
-            )
+            forged.to_string(),
+            r#"request.oldObject.metadata.namespace "other" is not request.namespace "ns""#
         );
     }
 

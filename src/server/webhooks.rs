@@ -23,12 +23,14 @@ type Created = (Review, Option<(String, Box<Pod>)>);
 
 fn created_pod(body: &[u8]) -> Result<Created, String> {
     let mut review = Review::decode(body)?;
-    review.expect(PODS)?;
+    review.expect(PODS).map_err(|e| e.to_string())?;
     if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
     let mut pod = review.take_pod(false)?;
-    review.check_namespace("object", pod.metadata.namespace.as_deref())?;
+    review
+        .check_namespace("object", pod.metadata.namespace.as_deref())
+        .map_err(|e| e.to_string())?;
     let request = &review.request;
     let namespace = request.namespace.clone().unwrap_or_default();
     if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
@@ -62,8 +64,12 @@ fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
     }
     let new = review.take_pod(false)?;
     let old = review.take_pod(true)?;
-    review.check_namespace("object", new.metadata.namespace.as_deref())?;
-    review.check_namespace("oldObject", old.metadata.namespace.as_deref())?;
+    review
+        .check_namespace("object", new.metadata.namespace.as_deref())
+        .map_err(|e| e.to_string())?;
+    review
+        .check_namespace("oldObject", old.metadata.namespace.as_deref())
+        .map_err(|e| e.to_string())?;
     Ok((review, Reviewed::Update { old, new }))
 }
 
@@ -168,12 +174,14 @@ type ClaimReview = (Review, Option<(String, Box<ResourceClaim>)>);
 
 fn created_claim(body: &[u8]) -> Result<ClaimReview, String> {
     let review = Review::from_json(body)?;
-    review.expect(RESOURCE_CLAIMS)?;
+    review.expect(RESOURCE_CLAIMS).map_err(|e| e.to_string())?;
     if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
     let mut claim = review.claim()?;
-    review.check_namespace("object", claim.metadata.namespace.as_deref())?;
+    review
+        .check_namespace("object", claim.metadata.namespace.as_deref())
+        .map_err(|e| e.to_string())?;
     let namespace = review.request.namespace.clone().unwrap_or_default();
     if claim
         .metadata

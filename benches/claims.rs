@@ -25,9 +25,8 @@ use gpu_admission::dra::slices::{ResourceSlice, gpu_devices};
 use gpu_admission::quota::GPUQuota;
 use gpu_admission::server::tls::{ConnectionLimits, serve_tls, server_config};
 use gpu_admission::server::{AppState, webhook_router};
-use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
-use support::connect;
+use support::{Sender, connect, send};
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 200;
@@ -120,26 +119,6 @@ fn hostile_claim() -> Value {
         .collect();
     json!({"metadata": {"name": "hostile", "namespace": NAMESPACE},
         "spec": {"devices": {"requests": requests}}})
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn send(sender: &mut Sender, path: &str, body: Option<Bytes>) -> (u16, Bytes) {
-    let builder = axum::http::Request::builder().header("host", "localhost");
-    let request = match body {
-        None => builder.method("GET").uri(path).body(Full::default()),
-        Some(body) => builder
-            .method("POST")
-            .uri(path)
-            .header("content-type", "application/json")
-            .body(Full::new(body)),
-    }
-    .unwrap();
-    sender.ready().await.unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, body)
 }
 
 fn peak_rss_kib() -> u64 {

@@ -30,10 +30,9 @@ use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
 use gpu_admission::server::tls::{ConnectionLimits, serve_tls, server_config};
 use gpu_admission::server::{AppState, webhook_router};
-use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use support::connect;
+use support::{Sender, connect, send};
 use tokio_util::sync::CancellationToken;
 
 const CONNECTIONS: usize = 64;
@@ -231,28 +230,6 @@ fn review(uid: &str, pod: &Value) -> Bytes {
 
 fn uid(connection: usize, slot: usize) -> String {
     format!("7e1d2c3b-{connection:04x}-4000-8000-{slot:012x}")
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn send(sender: &mut Sender, path: &str, body: Option<Bytes>) -> (u16, Bytes) {
-    let builder = axum::http::Request::builder().header("host", "localhost");
-    let request = match body {
-        None => builder.method("GET").uri(path).body(Full::default()),
-        Some(body) => builder
-            .method("POST")
-            .uri(path)
-            .header("content-type", "application/json")
-            .body(Full::new(body)),
-    }
-    .unwrap();
-    sender.ready().await.unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    let status = response.status().as_u16();
-    (
-        status,
-        response.into_body().collect().await.unwrap().to_bytes(),
-    )
 }
 
 fn response_of(answer: &[u8]) -> Value {

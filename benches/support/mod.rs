@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -36,4 +38,29 @@ where
         .unwrap();
     tokio::spawn(conn);
     sender
+}
+
+/// A client connection for [`send`].
+#[allow(dead_code)] // benches/filter.rs includes this module and posts its own way
+pub type Sender = SendRequest<Full<Bytes>>;
+
+/// One request on `sender`: `GET path` without a body, `POST path` (JSON) with one.
+/// Returns the status and the whole response body.
+#[allow(dead_code)] // benches/filter.rs includes this module and posts its own way
+pub async fn send(sender: &mut Sender, path: &str, body: Option<Bytes>) -> (u16, Bytes) {
+    let builder = axum::http::Request::builder().header("host", "localhost");
+    let request = match body {
+        None => builder.method("GET").uri(path).body(Full::default()),
+        Some(body) => builder
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Full::new(body)),
+    }
+    .unwrap();
+    sender.ready().await.unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, body)
 }

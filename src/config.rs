@@ -18,8 +18,7 @@ pub enum ConfigError {
     Invalid { path: String, message: String },
 }
 
-/// The scheduler a pod with an empty `schedulerName` gets.
-pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+pub use crate::quota::ledger::{DEFAULT_SCHEDULER, UntypedPods};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -27,13 +26,6 @@ pub enum SchedulerNamePolicy {
     IfDefault,
     Always,
     Never,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UntypedPods {
-    Allow,
-    Deny,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -107,6 +99,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The admission rules that are configuration, as the quota arithmetic takes them.
+    pub fn admit_rules(&self) -> crate::quota::ledger::AdmitRules {
+        crate::quota::ledger::AdmitRules {
+            untyped: self.untyped_pods,
+            quota_required: self.quota_required,
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),

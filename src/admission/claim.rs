@@ -14,7 +14,7 @@ use crate::dra::cel::Budget;
 use crate::dra::{Catalog, ClaimAsks, DeviceAsk, Dra, ExactRequest, Resolved, ResourceClaim};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Costs, Denial, admit};
+use crate::quota::ledger::{Costs, Denial, admit};
 use crate::quota::reserve;
 
 use super::validate::{ValidateError, Verdict, created_or_now, offline_views, reserved};
@@ -75,7 +75,7 @@ pub async fn validate_claim(
     let ask = reserve::Ask {
         wanted,
         costs,
-        rules: AdmitRules::of(config),
+        rules: config.admit_rules(),
         created: created_or_now(&claim.metadata),
         dry_run,
     };

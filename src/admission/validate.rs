@@ -53,7 +53,7 @@ pub async fn validate(
         Ok(None) => return Ok(Verdict::Allow),
         Err(error) => return Ok(Verdict::Deny(format!("invalid GPU request: {error}"))),
     };
-    let rules = AdmitRules::of(config);
+    let rules = config.admit_rules();
     match cache.ledger() {
         None => Ok(offline(
             cache, config, namespace, pod, &request, rules, dry_run,

@@ -17,7 +17,7 @@ use crate::placement::learn::LearningPlacer;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::{Assignment, GpuRequest, Misfit, Outcome, Placer};
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Costs, ModelAmounts};
+use crate::quota::ledger::{Costs, ModelAmounts};
 use crate::quota::reserve::{Ask, Reserved};
 
 use super::eligible::{self, Charged, Eligibility};
@@ -282,7 +282,7 @@ pub(super) async fn charge_ledger(
             charge.node_model.clone().unwrap_or_default(),
             charge.charge.clone(),
         ),
-        rules: AdmitRules::of(config),
+        rules: config.admit_rules(),
         created: charge.created,
         dry_run: false,
     };

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::config::{DEFAULT_SCHEDULER, UntypedPods};
 use crate::placement::mig::{self, MigResources};
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
@@ -378,13 +377,16 @@ pub struct AdmitRules {
     pub quota_required: bool,
 }
 
-impl AdmitRules {
-    pub fn of(config: &crate::config::Config) -> Self {
-        AdmitRules {
-            untyped: config.untyped_pods,
-            quota_required: config.quota_required,
-        }
-    }
+/// The scheduler a pod with an empty `schedulerName` gets.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// What becomes of a GPU pod that names no model in a namespace whose quota has no
+/// default model (`untypedPods` in the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UntypedPods {
+    Allow,
+    Deny,
 }
 
 /// Decide how a GPU pod in `namespace` is charged, given the namespace's quotas with

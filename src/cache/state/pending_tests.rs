@@ -14,7 +14,7 @@ use crate::extender::eligible::{self, Charged, Eligibility};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::testing::node;
 use crate::placement::{Misfit, NodeGpus};
-use crate::quota::ledger::{AdmitRules, Charge, Denial, admit};
+use crate::quota::ledger::{Charge, Denial, admit};
 
 const MODEL: &str = "A100-SXM4-40GB";
 const SLICES: &str = "A100-SXM4-40GB-MIG-1g.5gb";
@@ -78,7 +78,7 @@ fn admit_pod(state: &mut ClusterState, pod: &Pod) -> Result<Charge, Denial> {
     let limits = state.namespace_limits("team-a").clone();
     let costs = state.admission_costs(&cached.request, &wanted().models, pod_second(), &limits);
     let views = state.quota_views("team-a").unwrap();
-    let rules = AdmitRules::of(&Config::default());
+    let rules = Config::default().admit_rules();
     let decision = admit("team-a", &views, &wanted(), &costs, rules)?;
     state.apply_pod(pod_key(pod), cached);
     Ok(decision)

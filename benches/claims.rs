@@ -17,6 +17,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use gpu_admission::backend::Backend;
 use gpu_admission::cache::{ClusterCache, Projection};
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
@@ -176,7 +177,7 @@ async fn main() {
     tokio::spawn(serve_tls(
         listener,
         server_config(resolver),
-        webhook_router(AppState::new(cache, config)),
+        webhook_router(AppState::new(Backend::offline(cache), config)),
         shutdown.clone(),
         Duration::from_secs(1),
         ConnectionLimits::default(),

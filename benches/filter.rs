@@ -10,6 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
+use gpu_admission::backend::Backend;
 use gpu_admission::cache::{ClusterCache, Projection, pod_key};
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
@@ -147,7 +148,7 @@ async fn main() {
     .unwrap();
     let resolver = CertResolver::load(&files.cert, &files.key).unwrap();
     let shutdown = CancellationToken::new();
-    let state = AppState::new(cache.clone(), config);
+    let state = AppState::new(Backend::offline(cache.clone()), config);
     // The two doors, as `serve` runs them: the extender's and the webhooks'.
     let mut doors = Vec::new();
     for router in [extender_router(state.clone()), webhook_router(state)] {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use base64::Engine as _;
+use gpu_admission::backend::Backend;
 use gpu_admission::cache::{CachedPod, ClusterCache, Projection, pod_key};
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
@@ -372,7 +373,7 @@ async fn main() {
     tokio::spawn(serve_tls(
         listener,
         server_config(resolver),
-        webhook_router(AppState::new(cache.clone(), config)),
+        webhook_router(AppState::new(Backend::offline(cache.clone()), config)),
         shutdown.clone(),
         Duration::from_secs(1),
         ConnectionLimits::default(),

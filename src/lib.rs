@@ -6,6 +6,7 @@
 //! and `server` are thin HTTP adapters; `certs` bootstraps TLS.
 
 pub mod admission;
+pub mod backend;
 pub mod cache;
 pub mod certs;
 pub mod cli;

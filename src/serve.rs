@@ -1,7 +1,7 @@
 //! `gpu-admission serve`: assemble config, cache, TLS and the listeners — one per door:
 //! webhooks, extender, admin, and the optional plain extender port — and run until
 //! SIGTERM/SIGINT. Whether the server runs against the API or a file is decided here,
-//! once, by which cache it builds.
+//! once, by which backend it builds.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +11,8 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{ClusterCache, Projection};
+use crate::backend::Backend;
+use crate::cache::Projection;
 use crate::certs::{self, CertFiles};
 use crate::cli::ConnectionLimits;
 use crate::cli::ServeArgs;
@@ -25,8 +26,6 @@ use crate::server::{
 const DEV_CERT_DIR: &str = "webhook-certs";
 /// Connection cap of the admin listener (probes and metrics scrapes).
 const ADMIN_CONNECTIONS: usize = 64;
-/// How often GPUQuota status is recomputed from the pods even when nothing left.
-const QUOTA_RESYNC: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
@@ -55,24 +54,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         CertResolver::load(&cert, &key).with_context(|| "loading the serving certificate")?;
     let shutdown = CancellationToken::new();
     let projection = Projection::from_config(&config);
-    let cache = match &cluster {
-        Some(path) => ClusterCache::from_file(path, projection)?,
+    // The run mode is decided here, once: everything after talks to the backend.
+    let backend = match &cluster {
+        Some(path) => Backend::from_file(path, projection)?,
         None => {
             let client = kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
-            let (cache, watches) =
-                ClusterCache::from_api(client.clone(), projection, shutdown.clone());
-            tokio::spawn(watches);
-            tokio::spawn(crate::quota::reconcile::run(
-                cache.clone(),
-                client,
-                QUOTA_RESYNC,
-                cache.released(),
-                shutdown.clone(),
-            ));
-            cache
+            let (backend, run) = Backend::from_api(client, projection, shutdown.clone());
+            tokio::spawn(run);
+            backend
         }
     };
-    let mut state = AppState::new(cache, config);
+    let mode = backend.mode_name();
+    let mut state = AppState::new(backend, config);
     state.body_timeout = limits.request_timeout;
     state
         .metrics
@@ -98,7 +91,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         client_auth = client_ca.is_some(),
         admin_address = local(&admin_listener),
         insecure_extender_address = insecure_listener.as_ref().map(local),
-        mode = if cluster.is_some() { "offline" } else { "api" },
+        mode,
         policy = %state.config.placement.policy,
         "serving"
     );

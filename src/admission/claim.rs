@@ -7,17 +7,17 @@
 
 use serde_json::{Value, json};
 
-use crate::cache::ClusterCache;
+use crate::backend::{Ask, Backend};
 use crate::cache::state::claims::{CachedClaim, claim_key, extended_owner};
+use crate::cache::{ClusterCache, ClusterState};
 use crate::config::{Config, UntypedPods};
 use crate::dra::cel::Budget;
 use crate::dra::{Catalog, ClaimAsks, DeviceAsk, Dra, ExactRequest, Resolved, ResourceClaim};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{Costs, Denial, admit};
-use crate::quota::reserve;
+use crate::quota::ledger::{Costs, Denial};
 
-use super::validate::{ValidateError, Verdict, created_or_now, offline_views, reserved};
+use super::validate::{ValidateError, Verdict, created_or_now, verdict};
 
 /// What the cluster state says about a claim, read under the lock; its selectors are
 /// evaluated after.
@@ -44,21 +44,23 @@ fn seen(cache: &ClusterCache, namespace: &str, claim: &ResourceClaim) -> Seen {
 
 /// Judge the creation of `claim` in `namespace`. `dry_run` evaluates without charging.
 pub async fn validate_claim(
-    cache: &ClusterCache,
+    backend: &Backend,
     config: &Config,
     namespace: &str,
     claim: &ResourceClaim,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
-    let seen = seen(cache, namespace, claim);
+    let seen = seen(backend.cache(), namespace, claim);
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let joining = CachedClaim::from_claim(claim, &config.dra);
+    let join = |state: &mut ClusterState| {
+        if let Some(joining) = joining {
+            state.apply_claim(claim_key(namespace, name), joining);
+        }
+    };
     if seen.serves_pod {
-        if cache.ledger().is_none()
-            && !dry_run
-            && let Some(joining) = joining
-        {
-            cache.with_state(|s| s.apply_claim(claim_key(namespace, name), joining));
+        if !dry_run {
+            backend.admitted(join);
         }
         return Ok(Verdict::Allow);
     }
@@ -72,29 +74,17 @@ pub async fn validate_claim(
         Ok(None) => return Ok(Verdict::Allow),
         Err(message) => return Ok(Verdict::Deny(message)),
     };
-    let ask = reserve::Ask {
+    let ask = Ask {
         wanted,
         costs,
         rules: config.admit_rules(),
         created: created_or_now(&claim.metadata),
         dry_run,
     };
-    if let Some(ledger) = cache.ledger() {
-        return reserved(ledger, cache, namespace, ask).await;
-    }
-    // Offline: decide and join the cluster under one lock.
-    cache.with_state(|state| {
-        let views = offline_views(state, namespace)?;
-        match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {
-            Err(denial) => Ok(Verdict::Deny(denial.to_string())),
-            Ok(_) => {
-                if !dry_run && let Some(joining) = joining {
-                    state.apply_claim(claim_key(namespace, name), joining);
-                }
-                Ok(Verdict::Allow)
-            }
-        }
-    })
+    let outcome = backend
+        .charge(namespace, ask, |state, _| join(state))
+        .await?;
+    verdict(outcome)
 }
 
 /// The model a claim is charged under and its cost, `None` when nothing is charged (the

@@ -1,19 +1,19 @@
-//! The validating webhook: charge a new GPU pod to its namespace's quota, or deny it.
-//! Offline, the in-memory cluster is the ledger and an admitted pod joins it; in API
-//! mode the reservation is written to `GPUQuota.status` with optimistic concurrency.
+//! The validating webhook: charge a new GPU pod to its namespace's quota, or deny it;
+//! and judge updates of the annotations a tenant may not change. How a charge is made
+//! stick (the GPUQuota ledger, or the in-memory cluster offline) is the backend's.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::admission::review::UserInfo;
-use crate::cache::{AnnotationKeys, CachedPod, ClusterCache, ClusterState, pod_key};
+use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
+use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{AdmitRules, Charge, Denial, QuotaView, Route, admit, models_for_route};
-use crate::quota::reserve::{self, Reserved};
+use crate::quota::ledger::{Charge, Denial, Route, models_for_route};
 
 /// What the webhook answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,88 +24,68 @@ pub enum Verdict {
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
 #[derive(Debug, thiserror::Error)]
-pub enum ValidateError {
-    #[error("cannot judge the pod: GPUQuota in namespace {namespace} is unreadable: {reason}")]
-    BadQuota { namespace: String, reason: String },
-    #[error(transparent)]
-    Api(#[from] reserve::ReserveError),
-}
+#[error("cannot judge the object: {0}")]
+pub struct ValidateError(#[from] ChargeError);
 
 impl ValidateError {
     pub const fn kind(&self) -> &'static str {
-        match self {
-            ValidateError::BadQuota { .. } => "bad_quota",
-            ValidateError::Api(_) => "api",
-        }
+        self.0.kind()
     }
 }
 
-/// Judge the creation of `pod` in `namespace`. `dry_run` evaluates without reserving.
+/// Judge the creation of `pod` in `namespace`. `dry_run` evaluates without charging.
+/// The charge is decided and made by the backend: written to the GPUQuota ledger in
+/// API mode, or offline decided and joined to the cluster under one lock, so that
+/// concurrent creates never over-admit.
 pub async fn validate(
-    cache: &ClusterCache,
+    backend: &Backend,
     config: &Config,
     namespace: &str,
     pod: &Pod,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
+    let cache = backend.cache();
     let request = match GpuRequest::from_pod(pod, &cache.projection().names) {
         Ok(Some(request)) => request,
         Ok(None) => return Ok(Verdict::Allow),
         Err(error) => return Ok(Verdict::Deny(format!("invalid GPU request: {error}"))),
     };
-    let rules = config.admit_rules();
-    match cache.ledger() {
-        None => Ok(offline(
-            cache, config, namespace, pod, &request, rules, dry_run,
-        )?),
-        Some(ledger) => {
-            let created = created_or_now(&pod.metadata);
-            let decided: Result<_, Denial> = cache.with_state(|state| {
-                let limits = NamespaceLimits::of(state.namespace_quotas(namespace), namespace);
-                let wanted = wanted_on_route(state, config, &limits, namespace, pod, &request)?;
-                let costs = state.admission_costs(&request, &wanted.models, created, &limits);
-                Ok((wanted, costs))
-            });
-            let (wanted, costs) = match decided {
-                Ok(decided) => decided,
-                Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
-            };
-            let ask = reserve::Ask {
-                costs,
-                wanted,
-                rules,
-                created,
-                dry_run,
-            };
-            reserved(ledger, cache, namespace, ask).await
+    let created = created_or_now(&pod.metadata);
+    let decided: Result<_, Denial> = cache.with_state(|state| {
+        let limits = state.namespace_limits(namespace);
+        let wanted = wanted_on_route(state, config, limits, namespace, pod, &request)?;
+        let costs = state.admission_costs(&request, &wanted.models, created, limits);
+        Ok((wanted, costs))
+    });
+    let (wanted, costs) = match decided {
+        Ok(decided) => decided,
+        Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
+    };
+    let ask = Ask {
+        costs,
+        wanted,
+        rules: config.admit_rules(),
+        created,
+        dry_run,
+    };
+    // Offline, the admitted pod joins the cluster, charged to the model it was.
+    let join = |state: &mut ClusterState, charge: &Charge| {
+        if let Ok(mut cached) = CachedPod::from_pod(pod, cache.projection()) {
+            if let Charge::Model { model, .. } = charge {
+                cached.models = vec![model.clone()];
+            }
+            state.apply_pod(pod_key(pod), cached);
         }
-    }
+    };
+    verdict(backend.charge(namespace, ask, join).await?)
 }
 
-/// API mode: decide and write `ask` in the GPUQuota ledger.
-pub(super) async fn reserved(
-    ledger: &std::sync::Arc<reserve::Ledger>,
-    cache: &ClusterCache,
-    namespace: &str,
-    ask: reserve::Ask,
-) -> Result<Verdict, ValidateError> {
-    Ok(match ledger.reserve(cache, namespace, ask).await? {
-        Reserved::Yes => Verdict::Allow,
-        Reserved::Denied(denial) => Verdict::Deny(denial.to_string()),
+/// The verdict on a charge the backend decided.
+pub(super) fn verdict(outcome: ChargeOutcome) -> Result<Verdict, ValidateError> {
+    Ok(match outcome {
+        ChargeOutcome::Charged => Verdict::Allow,
+        ChargeOutcome::Denied(denial) => Verdict::Deny(denial.to_string()),
     })
-}
-
-/// Offline: the namespace's quotas with their usage counted from the cluster in memory.
-pub(super) fn offline_views(
-    state: &ClusterState,
-    namespace: &str,
-) -> Result<Vec<QuotaView>, ValidateError> {
-    state
-        .quota_views(namespace)
-        .map_err(|reason| ValidateError::BadQuota {
-            namespace: namespace.to_string(),
-            reason,
-        })
 }
 
 /// The second the object (pod or claim) was created in: the API server stamps
@@ -117,45 +97,6 @@ pub(super) fn created_or_now(meta: &ObjectMeta) -> i64 {
         Some(time) => time.0.as_second(),
         None => crate::quota::pending::now_second(),
     }
-}
-
-/// Offline: check and record under one lock, so concurrent creates never over-admit.
-/// What joins the cluster if admitted is projected before the lock is taken.
-fn offline(
-    cache: &ClusterCache,
-    config: &Config,
-    namespace: &str,
-    pod: &Pod,
-    request: &GpuRequest,
-    rules: AdmitRules,
-    dry_run: bool,
-) -> Result<Verdict, ValidateError> {
-    let joining = match dry_run {
-        true => None,
-        false => CachedPod::from_pod(pod, cache.projection()).ok(),
-    };
-    cache.with_state(|state| {
-        let views = offline_views(state, namespace)?;
-        let limits = state.namespace_limits(namespace);
-        let decision =
-            wanted_on_route(state, config, limits, namespace, pod, request).and_then(|wanted| {
-                let created = created_or_now(&pod.metadata);
-                let costs = state.admission_costs(request, &wanted.models, created, limits);
-                admit(namespace, &views, &wanted, &costs, rules)
-            });
-        match decision {
-            Err(denial) => Ok(Verdict::Deny(denial.to_string())),
-            Ok(charge) => {
-                if let Some(mut cached) = joining {
-                    if let Charge::Model { model, .. } = charge {
-                        cached.models = vec![model];
-                    }
-                    state.apply_pod(pod_key(pod), cached);
-                }
-                Ok(Verdict::Allow)
-            }
-        }
-    })
 }
 
 /// The models `pod` may be charged to at admission, by how it will reach a node: the

@@ -1,6 +1,7 @@
-//! The cluster cache: one compact, lock-protected view of nodes, GPU pods and quotas,
-//! fed by either of two sources behind the same interface — kube watchers (API mode)
-//! or a YAML file (offline mode) — and the one place where placements are reserved.
+//! The cluster cache: one compact, lock-protected view of nodes, GPU pods, claims and
+//! quotas, fed by kube watchers (API mode) or a YAML file (offline mode). Synchronous
+//! state: it holds no client and writes nothing to the cluster — that is the
+//! backend's (`crate::backend`), the one place that knows the run mode.
 
 mod offline;
 pub mod pod;
@@ -9,12 +10,9 @@ mod reserve_tests;
 pub mod state;
 mod watch;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
 use parking_lot::Mutex;
 
 use crate::config::Config;
@@ -36,24 +34,6 @@ pub enum CacheError {
         document: usize,
         message: String,
     },
-}
-
-/// Recording a placement on the pod failed; the reservation is rolled back.
-#[derive(Debug, thiserror::Error)]
-#[error("recording the GPU choice on pod {pod} failed: {source}")]
-pub struct WriteError {
-    pod: String,
-    source: kube::Error,
-}
-
-impl WriteError {
-    /// The API server's status code, when it answered.
-    pub fn api_code(&self) -> Option<u16> {
-        match &self.source {
-            kube::Error::Api(status) => Some(status.code),
-            _ => None,
-        }
-    }
 }
 
 /// What the cache needs to project objects: resource names, labels, annotation keys.
@@ -80,15 +60,6 @@ impl Projection {
     }
 }
 
-/// Where placement annotations go.
-#[derive(Clone)]
-enum PodWriter {
-    /// PATCH the pod through the API server.
-    Api(kube::Client),
-    /// Offline mode: the in-memory state is the cluster; nothing else to write.
-    Memory,
-}
-
 #[derive(Clone)]
 pub struct ClusterCache {
     inner: Arc<Inner>,
@@ -98,19 +69,12 @@ struct Inner {
     state: Mutex<ClusterState>,
     ready: AtomicBool,
     projection: Projection,
-    writer: PodWriter,
     /// Woken when objects leave the cluster (a pod finished or was deleted).
     released: Arc<tokio::sync::Notify>,
-    /// API mode: the GPUQuota ledger writer (offline, the cached pods are the ledger).
-    ledger: Option<Arc<crate::quota::reserve::Ledger>>,
 }
 
 impl ClusterCache {
-    fn new(projection: Projection, writer: PodWriter, ready: bool) -> Self {
-        let ledger = match &writer {
-            PodWriter::Api(client) => Some(crate::quota::reserve::Ledger::new(client.clone())),
-            PodWriter::Memory => None,
-        };
+    fn new(projection: Projection, ready: bool) -> Self {
         let mut state = ClusterState::default();
         state.set_mig(projection.names.mig.clone());
         state.set_dra(projection.dra.clone());
@@ -120,16 +84,14 @@ impl ClusterCache {
                 state: Mutex::new(state),
                 ready: AtomicBool::new(ready),
                 projection,
-                writer,
                 released: Arc::new(tokio::sync::Notify::new()),
-                ledger,
             }),
         }
     }
 
     /// Offline mode: the YAML file is the cluster. Ready at once.
     pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
-        let cache = Self::new(projection, PodWriter::Memory, true);
+        let cache = Self::new(projection, true);
         let objects = offline::load(path, &cache.inner.projection)?;
         cache.with_state(|state| objects.apply(state));
         Ok(cache)
@@ -137,7 +99,7 @@ impl ClusterCache {
 
     /// An empty offline cache (tests and benchmarks fill it through `with_state`).
     pub fn in_memory(projection: Projection) -> Self {
-        Self::new(projection, PodWriter::Memory, true)
+        Self::new(projection, true)
     }
 
     /// API mode: returns the cache (not ready until every watch has listed once) and the
@@ -147,7 +109,7 @@ impl ClusterCache {
         projection: Projection,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()>) {
-        let cache = Self::new(projection, PodWriter::Api(client.clone()), false);
+        let cache = Self::new(projection, false);
         let run = watch::run(cache.clone(), client, shutdown);
         (cache, run)
     }
@@ -166,19 +128,6 @@ impl ClusterCache {
         self.inner.released.clone()
     }
 
-    /// The API client in API mode; `None` offline.
-    pub fn client(&self) -> Option<kube::Client> {
-        match &self.inner.writer {
-            PodWriter::Api(client) => Some(client.clone()),
-            PodWriter::Memory => None,
-        }
-    }
-
-    /// API mode: the GPUQuota ledger; `None` offline.
-    pub fn ledger(&self) -> Option<&Arc<crate::quota::reserve::Ledger>> {
-        self.inner.ledger.as_ref()
-    }
-
     pub fn projection(&self) -> &Projection {
         &self.inner.projection
     }
@@ -186,94 +135,5 @@ impl ClusterCache {
     /// Run `f` with the state locked. Never hold this across an await: `f` is sync.
     pub fn with_state<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
         f(&mut self.inner.state.lock())
-    }
-
-    /// Write the placement annotations onto the pod (one merge patch). The pod's uid
-    /// rides along as a precondition: uid is immutable, so the patch fails on a pod
-    /// that was deleted and created again under the same name. Offline, the
-    /// reservation already is the record.
-    pub async fn record(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        annotations: BTreeMap<String, String>,
-    ) -> Result<(), WriteError> {
-        let PodWriter::Api(client) = &self.inner.writer else {
-            return Ok(());
-        };
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let patch = serde_json::json!({"metadata": {"uid": uid, "annotations": annotations}});
-        pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
-            .map_err(|source| WriteError {
-                pod: format!("{namespace}/{name}"),
-                source,
-            })
-    }
-
-    /// API mode: make sure the cache holds pod `key` before a filter or bind call looks
-    /// for it. kube-scheduler can see a new pod before this process's watch does; rather
-    /// than refuse it (the scheduler would back off a second), read the cluster's copy.
-    pub async fn ensure_pod(&self, key: &PodKey) {
-        let PodWriter::Api(client) = &self.inner.writer else {
-            return;
-        };
-        if self.with_state(|state| state.pod(key).is_some()) {
-            return;
-        }
-        let Some((namespace, name)) = key.split_once('/') else {
-            return;
-        };
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let Ok(Some(pod)) = pods.get_opt(name).await else {
-            return;
-        };
-        let Ok(cached) = CachedPod::from_pod(&pod, &self.inner.projection) else {
-            return;
-        };
-        self.with_state(|state| {
-            if state.pod(key).is_none() {
-                state.apply_pod(key.clone(), cached);
-            }
-        });
-    }
-
-    /// Bind the pod to `node` and write the placement annotations in one call: the
-    /// binding subresource copies a Binding's annotations onto the pod as it sets
-    /// `spec.nodeName`, and refuses a pod whose uid differs. So gpu-manager, which reads
-    /// the annotations once the pod is on its node, always finds them. Offline, the
-    /// cache is the record.
-    pub async fn bind(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        node: &str,
-        annotations: BTreeMap<String, String>,
-    ) -> Result<(), WriteError> {
-        let PodWriter::Api(client) = &self.inner.writer else {
-            return Ok(());
-        };
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let binding = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        });
-        pods.create_subresource::<_, serde_json::Value>(
-            "binding",
-            name,
-            &Default::default(),
-            &binding,
-        )
-        .await
-        .map(drop)
-        .map_err(|source| WriteError {
-            pod: format!("{namespace}/{name}"),
-            source,
-        })
     }
 }

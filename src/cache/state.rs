@@ -15,9 +15,11 @@ use crate::placement::{
     Assignment, GpuRequest, Misfit, NodeGpus, Outcome, PlacementMemo, Placer, Stamp, fit,
     place_versioned,
 };
+use crate::quota::eligible::Charged;
 use crate::quota::ledger::{
     ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
 };
+use crate::quota::status::{StatusError, quota_name};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
@@ -251,6 +253,30 @@ impl ClusterState {
                 crate::quota::ledger::Costs::single(only.clone(), charge)
             }
             _ => crate::quota::ledger::Costs::of(request, wanted, mig),
+        }
+    }
+
+    /// What a pod of a namespace limited by `limits` that wants `wanted` and asks
+    /// `request` was charged, for placement to respect ([`Charged`]): nothing without a
+    /// quota, its cost by its [`pending_label`](Self::pending_label) when it wants one
+    /// model, at placement when it accepts several. `created`: its creation second.
+    pub fn charged(
+        &self,
+        limits: &NamespaceLimits,
+        wanted: &WantedModels,
+        request: &crate::placement::GpuRequest,
+        created: i64,
+    ) -> Charged {
+        if !limits.has_quota {
+            return Charged::Free;
+        }
+        match wanted.models.as_slice() {
+            [only] => {
+                let label = self.pending_label(request, only, created, limits);
+                Charged::Admitted(charge_on(request, label, self.ledger.mig()))
+            }
+            [] => Charged::Free,
+            _ => Charged::AtPlacement,
         }
     }
 
@@ -625,10 +651,16 @@ impl ClusterState {
 
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
     /// (offline mode's ledger; API mode's reconciler).
-    pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, String> {
+    pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
+        let view = |quota: &GPUQuota| {
+            QuotaView::from_crd(quota).map_err(|reason| StatusError {
+                quota: quota_name(quota),
+                reason,
+            })
+        };
         let mut views = self
             .namespace_quotas(namespace)
-            .map(QuotaView::from_crd)
+            .map(view)
             .collect::<Result<Vec<_>, _>>()?;
         let used = self.usage(namespace);
         for view in &mut views {

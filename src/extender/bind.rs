@@ -4,12 +4,13 @@
 //! annotations and `spec.nodeName` in one Binding — so the scheduler's serial cycle
 //! waits on no API write of ours (docs/design.md, "Filter and bind").
 
-use crate::cache::{ClusterCache, PodKey, Subject};
+use crate::backend::{Backend, WriteError};
+use crate::cache::{PodKey, Subject};
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
 
 use super::api::{ExtenderBindingArgs, ExtenderBindingResult};
-use super::filter::{annotations, charge_ledger, plan};
+use super::plan::plan;
 
 /// How a bind call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,13 +40,14 @@ impl BindOutcome {
 /// one — the hold expired, or this replica restarted — the pod is placed again on that
 /// node alone, with every check the filter makes.
 pub async fn bind(
-    cache: &ClusterCache,
+    backend: &Backend,
     config: &Config,
     placer: &LearningPlacer,
     args: &ExtenderBindingArgs,
 ) -> (ExtenderBindingResult, BindOutcome) {
+    let cache = backend.cache();
     let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
-    cache.ensure_pod(&key).await;
+    backend.ensure_pod(&key).await;
     let bound_here = cache.with_state(|state| {
         let pod = state.pod(&key)?;
         Some(pod.bound && *pod.uid == *args.pod_uid && pod.node.as_deref() == Some(&*args.node))
@@ -56,24 +58,15 @@ pub async fn bind(
     let subject = Subject::Known {
         uid: args.pod_uid.as_str().into(),
     };
-    let (plan, decision) = match plan(cache, placer, key.clone(), subject, &[&args.node]) {
+    let (plan, decision) = match plan(backend, placer, key.clone(), subject, &[&args.node]) {
         Ok(planned) => planned,
-        Err(error) => return failed(error, BindOutcome::Error),
+        Err(error) => return failed(error.to_string(), BindOutcome::Error),
     };
     let Some(reservation) = decision.reservation else {
         let dra = cache.with_state(|state| state.dra_nodes(&key, &[&args.node]));
         if !dra.is_empty() {
             // DRA allocated its GPUs (kube-scheduler's claim): only the binding is ours.
-            let bound = cache
-                .bind(
-                    &args.pod_namespace,
-                    &args.pod_name,
-                    &plan.uid,
-                    &args.node,
-                    Default::default(),
-                )
-                .await;
-            return match bound {
+            return match plan.bind(backend, &args.node, None).await {
                 Ok(()) => (ExtenderBindingResult::default(), BindOutcome::Bound),
                 Err(error) => failed(error.to_string(), BindOutcome::Error),
             };
@@ -83,39 +76,21 @@ pub async fn bind(
         let error = format!("pod {key} cannot go to node {}: {reason}", args.node);
         return failed(error, BindOutcome::Unfit);
     };
-    if let Some(charge) = &plan.charge_at_placement
-        && let Err(refusal) = charge_ledger(cache, config, &args.pod_namespace, charge).await
-    {
+    if let Err(refusal) = plan.charge(backend, config).await {
         cache.with_state(|state| state.release_hold(&key));
         return failed(refusal.reason, BindOutcome::Unfit);
     }
-    let keys = &cache.projection().keys;
-    let written = annotations(keys, &reservation.node, &reservation.assignment);
-    let result = cache
-        .bind(
-            &args.pod_namespace,
-            &args.pod_name,
-            &plan.uid,
-            &args.node,
-            written,
-        )
+    let bound = plan
+        .bind(backend, &args.node, Some(&reservation.assignment))
         .await;
-    if let Err(error) = result {
+    if let Err(error) = bound {
         if is_conflict(&error) {
             // Already bound (a retry after our first binding went through), or the pod
             // was replaced: the watch brings the truth; nothing held is released blindly.
             return failed(error.to_string(), BindOutcome::Error);
         }
         tracing::warn!(pod = %key, node = %args.node, %error, "binding failed; placement released");
-        cache.with_state(|state| state.release_hold(&key));
-        if let (Some(charge), Some(ledger)) = (&plan.charge_at_placement, cache.ledger()) {
-            let released = ledger
-                .release(cache, &args.pod_namespace, &charge.charge, charge.created)
-                .await;
-            if let Err(error) = released {
-                tracing::warn!(pod = %key, %error, "could not release the quota charge; the reconciler will");
-            }
-        }
+        plan.undo(backend).await;
         return failed(error.to_string(), BindOutcome::Error);
     }
     cache.with_state(|state| state.mark_bound(&key));
@@ -123,7 +98,7 @@ pub async fn bind(
     (ExtenderBindingResult::default(), BindOutcome::Bound)
 }
 
-fn is_conflict(error: &crate::cache::WriteError) -> bool {
+fn is_conflict(error: &WriteError) -> bool {
     matches!(error.api_code(), Some(409))
 }
 

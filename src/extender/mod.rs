@@ -1,10 +1,11 @@
-//! The kube-scheduler extender (docs/design.md): wire types, the filter verb and
-//! Volcano's predicate. The HTTP routes live in `server`.
+//! The kube-scheduler extender (docs/design.md): the filter and bind verbs and Volcano's
+//! predicate, each around the one placement transaction (`plan`). The HTTP routes live
+//! in `server`.
 
 pub mod api;
 pub mod bind;
-pub mod eligible;
 pub mod filter;
+pub mod plan;
 pub mod volcano;
 
 pub use api::{ExtenderArgs, ExtenderFilterResult};

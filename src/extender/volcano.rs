@@ -15,14 +15,15 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::cache::{ClusterCache, pod_key};
+use crate::backend::Backend;
+use crate::cache::pod_key;
 use crate::config::Config;
 use crate::placement::{GpuRequest, fit};
 use crate::quota::NamespaceLimits;
 
 use crate::wire::{self, decode_raw, object_parts};
 
-use super::eligible::{self, Eligibility};
+use super::plan::eligibility;
 
 /// Volcano's `PredicateResponse`: an empty status passes.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -100,7 +101,8 @@ fn holding_pods(tasks: &RawValue) -> Result<Vec<Pod>, String> {
     Ok(pods)
 }
 
-pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> PredicateResponse {
+pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> PredicateResponse {
+    let cache = backend.cache();
     let projection = cache.projection();
     let request = match GpuRequest::from_pod(&args.pod, &projection.names) {
         Ok(Some(request)) => request,
@@ -150,11 +152,9 @@ pub fn predicate(cache: &ClusterCache, config: &Config, args: PredicateArgs) -> 
             Some(pod) => pod.created,
             None => created_second(&args.pod),
         };
-        let charged = eligible::charged(state, &limits, &wanted, &request, created);
-        let views = eligible::needs_views(&charged)
-            .then(|| eligible::ledger_views(state, namespace, cache.client().is_some()));
         let mig = &projection.names.mig;
-        let eligibility = Eligibility::new(&limits, wanted, charged, mig, views.as_ref());
+        let scope = (namespace, &limits);
+        let eligibility = eligibility(backend, state, scope, wanted, (&request, created), mig);
         let verdict = eligibility
             .admits(node, &request)
             .and_then(|()| fit(node, &request).map(drop));
@@ -183,7 +183,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::cache::{CachedPod, Projection};
+    use crate::cache::{CachedPod, ClusterCache, Projection};
     use crate::placement::testing::node;
 
     /// A pod as Volcano's TaskInfo carries it: `core` vcuda-core and 4 vcuda-memory.
@@ -236,7 +236,8 @@ mod tests {
     }
 
     fn judge(cache: &ClusterCache, config: &Config, body: &[u8]) -> PredicateResponse {
-        predicate(cache, config, PredicateArgs::from_json(body).unwrap())
+        let backend = Backend::offline(cache.clone());
+        predicate(&backend, config, PredicateArgs::from_json(body).unwrap())
     }
 
     #[test]

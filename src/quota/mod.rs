@@ -172,6 +172,7 @@ impl NamespaceLimits {
     }
 }
 
+pub mod eligible;
 pub mod ledger;
 #[cfg(test)]
 mod ledger_tests;
@@ -179,5 +180,4 @@ pub mod legacy;
 #[cfg(test)]
 mod mig_tests;
 pub mod pending;
-pub mod reconcile;
-pub mod reserve;
+pub mod status;

@@ -10,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use super::AppState;
+use crate::backend::Backend;
 use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::quantity::Milli;
@@ -18,7 +19,7 @@ use crate::quota::ledger::ModelAmounts;
 /// (labels, hard, used) in GPUs for every model of every GPUQuota, and for models no
 /// quota of the namespace lists that pods use anyway (hard 0). Used is the status (the
 /// ledger) in API mode, and counted from the pods offline.
-fn quota_rows(state: &ClusterState, api_mode: bool) -> Vec<(QuotaLabels, f64, f64)> {
+fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<(QuotaLabels, f64, f64)> {
     let gpus = |m: Milli| m.0 as f64 / 1000.0;
     let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
         Milli::parse(&q.0).unwrap_or_default()
@@ -26,12 +27,7 @@ fn quota_rows(state: &ClusterState, api_mode: bool) -> Vec<(QuotaLabels, f64, f6
     let mut rows = Vec::new();
     for quota in state.quotas() {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
-        let used: ModelAmounts = if api_mode {
-            let status = quota.status.iter().flat_map(|s| &s.used);
-            status.map(|(model, q)| (model.clone(), parse(q))).collect()
-        } else {
-            state.quota_usage(quota)
-        };
+        let used: ModelAmounts = backend.quota_used(state, quota);
         let unlisted = used.keys().filter(|m| !quota.spec.hard.contains_key(*m));
         let models = quota.spec.hard.keys().chain(unlisted);
         for model in models {
@@ -94,13 +90,12 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str)
 }
 
 fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let api_mode = state.cache.client().is_some();
     let mix = state.placer.learned_mix();
     let (nodes, pods, quotas, fragmentation) = state.cache.with_state(|s| {
         (
             s.node_count(),
             s.pod_count(),
-            quota_rows(s, api_mode),
+            quota_rows(&state.backend, s),
             mix.cluster_fragmentation(s.nodes()),
         )
     });

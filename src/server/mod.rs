@@ -19,6 +19,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::backend::Backend;
 use crate::cache::ClusterCache;
 use crate::config::Config;
 use crate::extender::api::ExtenderBindingArgs;
@@ -42,6 +43,9 @@ const DECODE_INLINE_MAX: usize = 64 << 10;
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
+    /// The run mode's seam: every charge, record and bind goes through it.
+    pub backend: Backend,
+    /// The backend's cache, for reads.
     pub cache: ClusterCache,
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
@@ -54,13 +58,15 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(cache: ClusterCache, config: Config) -> Self {
+    pub fn new(backend: Backend, config: Config) -> Self {
         let placement = &config.placement;
+        let cache = backend.cache().clone();
         AppState {
             placer: Arc::new(LearningPlacer::new(
                 placement.policy,
                 placement.gpu_manager_compat,
             )),
+            backend,
             cache,
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
@@ -333,7 +339,7 @@ const VPREDICATES: Route<PredicateArgs> = Route {
 
 async fn predicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &PREDICATES, &headers, body, async |args| {
-        let (result, outcome) = filter(&state.cache, &state.config, &state.placer, &args).await;
+        let (result, outcome) = filter(&state.backend, &state.config, &state.placer, &args).await;
         (outcome.label(), result.into_response())
     })
     .await
@@ -348,7 +354,7 @@ const BIND: Route<ExtenderBindingArgs> = Route {
 
 async fn bind_route(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &BIND, &headers, body, async |args| {
-        let (result, outcome) = bind(&state.cache, &state.config, &state.placer, &args).await;
+        let (result, outcome) = bind(&state.backend, &state.config, &state.placer, &args).await;
         (outcome.label(), axum::Json(result).into_response())
     })
     .await
@@ -356,7 +362,7 @@ async fn bind_route(State(state): State<AppState>, headers: HeaderMap, body: Bod
 
 async fn vpredicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &VPREDICATES, &headers, body, async |args| {
-        let response = predicate(&state.cache, &state.config, args);
+        let response = predicate(&state.backend, &state.config, args);
         let decision = if response.code == 0 { "fits" } else { "unfit" };
         (decision, axum::Json(response).into_response())
     })

@@ -107,7 +107,7 @@ pub async fn validate_route(
             Reviewed::Other => return reply("allow", review.allow()),
         };
         let dry_run = review.request.dry_run.unwrap_or(false);
-        let verdict = validate(&state.cache, &state.config, &namespace, &pod, dry_run).await;
+        let verdict = validate(&state.backend, &state.config, &namespace, &pod, dry_run).await;
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         judged(&review, "pod", &namespace, name, verdict)
     })
@@ -225,7 +225,7 @@ pub async fn validate_claim_route(
             };
             let dry_run = review.request.dry_run.unwrap_or(false);
             let verdict =
-                validate_claim(&state.cache, &state.config, &namespace, &claim, dry_run).await;
+                validate_claim(&state.backend, &state.config, &namespace, &claim, dry_run).await;
             let name = claim.metadata.name.as_deref().unwrap_or_default();
             judged(&review, "claim", &namespace, name, verdict)
         },

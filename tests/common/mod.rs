@@ -5,7 +5,8 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use gpu_admission::cache::{ClusterCache, Projection};
+use gpu_admission::backend::Backend;
+use gpu_admission::cache::Projection;
 use gpu_admission::config::Config;
 use gpu_admission::server::{AppState, extender_router, webhook_router};
 use serde_json::{Value, json};
@@ -18,8 +19,8 @@ pub fn app(cluster_yaml: &str, config: Config) -> (AppState, Router) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, cluster_yaml).unwrap();
-    let cache = ClusterCache::from_file(&path, Projection::from_config(&config)).unwrap();
-    let state = AppState::new(cache, config);
+    let backend = Backend::from_file(&path, Projection::from_config(&config)).unwrap();
+    let state = AppState::new(backend, config);
     let router = webhook_router(state.clone()).fallback_service(extender_router(state.clone()));
     (state, router)
 }

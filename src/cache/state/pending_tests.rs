@@ -10,10 +10,10 @@ use super::ClusterState;
 use crate::cache::pod::created_second;
 use crate::cache::{CachedPod, Projection, pod_key};
 use crate::config::Config;
-use crate::extender::eligible::{self, Charged, Eligibility};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::testing::node;
 use crate::placement::{Misfit, NodeGpus};
+use crate::quota::eligible::{self, Charged, Eligibility};
 use crate::quota::ledger::{Charge, Denial, admit};
 
 const MODEL: &str = "A100-SXM4-40GB";
@@ -89,10 +89,9 @@ fn admit_pod(state: &mut ClusterState, pod: &Pod) -> Result<Charge, Denial> {
 fn admits(state: &ClusterState, name: &str, node: &NodeGpus) -> Result<(), Misfit> {
     let pod = state.pod(&format!("team-a/{name}")).unwrap();
     let limits = state.namespace_limits("team-a");
-    let charged = eligible::charged(state, limits, &wanted(), &pod.request, pod.created);
-    let views =
-        eligible::needs_views(&charged).then(|| eligible::ledger_views(state, "team-a", false));
-    let eligibility = Eligibility::new(limits, wanted(), charged, state.mig(), views.as_ref());
+    let charged = state.charged(limits, &wanted(), &pod.request, pod.created);
+    let views = eligible::needs_views(&charged).then(|| state.quota_views("team-a"));
+    let eligibility = Eligibility::new(limits, wanted(), charged, state.mig(), views);
     eligibility.admits(node, &pod.request)
 }
 
@@ -154,7 +153,7 @@ fn a_dearer_node_is_taken_only_with_room_for_the_difference() {
     let placed = state.pod("team-a/p0").unwrap();
     let (request, created) = (&placed.request, placed.created);
     let limits = state.namespace_limits("team-a");
-    let charged = eligible::charged(&state, limits, &wanted(), request, created);
+    let charged = state.charged(limits, &wanted(), request, created);
     let eligibility = Eligibility::new(limits, wanted(), charged, state.mig(), None);
     let beyond = eligibility.placement_charge(MODEL, request).unwrap();
     assert_eq!(beyond.get(MODEL).map(|m| m.0), Some(858));
@@ -184,7 +183,7 @@ fn a_pod_charged_whole_reads_no_quota_at_placement() {
     admit_pod(&mut state, &pod("p0")).unwrap();
     let pod = state.pod("team-a/p0").unwrap();
     let limits = state.namespace_limits("team-a");
-    let charged = eligible::charged(&state, limits, &wanted(), &pod.request, pod.created);
+    let charged = state.charged(limits, &wanted(), &pod.request, pod.created);
     assert!(matches!(charged, Charged::Admitted(_)));
     assert!(!eligible::needs_views(&charged), "the filter's hot path");
 }

@@ -1,16 +1,15 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::config::UntypedPods;
-use crate::placement::models::ModelSource;
+use crate::quota::ledger::ModelAmounts;
 use crate::quota::{GpuQuotaSpec, PendingCharges};
 
-const T: CreatedSecond = 1_790_000_000;
+pub(crate) const T: CreatedSecond = 1_790_000_000;
 
 fn at(second: CreatedSecond) -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp(second).unwrap()
 }
 
-fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQuota {
+pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQuota {
     let mut quota = GPUQuota::new(
         "default",
         GpuQuotaSpec {
@@ -146,75 +145,4 @@ fn a_charge_for_a_model_the_quota_does_not_list_leaves_it_alone() {
             s
         })
     );
-}
-
-fn ask(amount: u64, dry_run: bool) -> Ask {
-    Ask {
-        wanted: WantedModels {
-            models: vec!["T4".into()],
-            source: ModelSource::Annotation,
-        },
-        costs: Costs::from_charges(vec![("T4".into(), [("T4".into(), Milli(amount))].into())]),
-        rules: AdmitRules {
-            untyped: UntypedPods::Allow,
-            quota_required: false,
-        },
-        created: T,
-        dry_run,
-    }
-}
-
-fn waiting(amount: u64, dry_run: bool) -> (Waiting, oneshot::Receiver<Answer>) {
-    let (reply, answer) = oneshot::channel();
-    (
-        Waiting {
-            ask: ask(amount, dry_run),
-            reply,
-        },
-        answer,
-    )
-}
-
-fn answered(receiver: &mut oneshot::Receiver<Answer>) -> Option<Reserved> {
-    receiver.try_recv().ok().map(|a| a.unwrap())
-}
-
-#[test]
-fn a_round_decides_in_arrival_order_each_seeing_the_ones_before() {
-    // 4 GPUs, 3 used: of three 1-GPU pods the first gets the room, the others are over.
-    let (a, mut a_answer) = waiting(1000, false);
-    let (b, mut b_answer) = waiting(1000, false);
-    let (c, mut c_answer) = waiting(1000, false);
-    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
-    let (decided, retry) = decide_round("team-a", &mut views, vec![a, b, c], true);
-    assert_eq!(decided.len(), 1);
-    assert!(retry.is_empty());
-    assert_eq!(answered(&mut a_answer), None, "answered once written");
-    for answer in [&mut b_answer, &mut c_answer] {
-        let denial = answered(answer).unwrap();
-        assert!(
-            matches!(denial, Reserved::Denied(Denial::Exceeded(_))),
-            "{denial:?}"
-        );
-    }
-}
-
-#[test]
-fn a_denial_on_a_copy_that_may_be_stale_is_tried_again_fresh() {
-    let (a, mut a_answer) = waiting(2000, false);
-    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
-    let (decided, retry) = decide_round("team-a", &mut views, vec![a], false);
-    assert!(decided.is_empty());
-    assert_eq!(retry.len(), 1);
-    assert_eq!(answered(&mut a_answer), None);
-}
-
-#[test]
-fn a_dry_run_is_answered_without_a_write_and_takes_no_room() {
-    let (dry, mut dry_answer) = waiting(1000, true);
-    let (real, _real_answer) = waiting(1000, false);
-    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
-    let (decided, _) = decide_round("team-a", &mut views, vec![dry, real], true);
-    assert_eq!(answered(&mut dry_answer), Some(Reserved::Yes));
-    assert_eq!(decided.len(), 1, "the real one still fits");
 }

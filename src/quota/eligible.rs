@@ -1,18 +1,22 @@
-//! Whether a node may take a pod: one chain of rules — model, pool, MIG profile caps,
-//! quota room — asked by the filter verb, the bind verb and Volcano's predicate alike
-//! (each then fits the pod's GPUs on the node). Written once so that the three cannot
-//! drift apart (a Volcano predicate that skipped the profile cap did).
+//! Whether a namespace's quota lets a pod use a node: one chain of rules — model, pool,
+//! MIG profile caps, quota room — asked by the filter verb, the bind verb and Volcano's
+//! predicate alike (each then fits the pod's GPUs on the node). Written once so that
+//! the three cannot drift apart (a Volcano predicate that skipped the profile cap did).
+//! Pure: the caller reads the usage (`Views`) from wherever the run mode keeps it.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::cache::ClusterState;
 use crate::placement::mig::{self, MigResources};
 use crate::placement::models::{WantedModels, pool_admits};
 use crate::placement::{GpuRequest, Misfit, NodeGpus};
-use crate::quota::ledger::{ModelAmounts, QuotaView, charge_on, excess, room};
-use crate::quota::reserve::views_with_status;
-use crate::quota::{GPUQuota, NamespaceLimits};
+
+use super::NamespaceLimits;
+use super::ledger::{ModelAmounts, QuotaView, charge_on, excess, room};
+use super::status::StatusError;
+
+/// The namespace's quotas with their usage, when placement read them.
+pub type Views = Result<Vec<QuotaView>, StatusError>;
 
 /// The rules a node must pass for one pod of a namespace.
 pub struct Eligibility<'a> {
@@ -42,7 +46,7 @@ impl<'a> Eligibility<'a> {
         wanted: WantedModels,
         charged: Charged,
         mig: &'a MigResources,
-        views: Option<&'a Result<Vec<QuotaView>, String>>,
+        views: Option<Views>,
     ) -> Self {
         Eligibility {
             limits,
@@ -87,32 +91,10 @@ impl<'a> Eligibility<'a> {
     }
 }
 
-/// What a pod of `namespace` that wants `wanted` and asks `request` was charged, for
-/// placement to respect ([`Charged`]). `created`: the pod's creation second.
-pub fn charged(
-    state: &ClusterState,
-    limits: &NamespaceLimits,
-    wanted: &WantedModels,
-    request: &GpuRequest,
-    created: i64,
-) -> Charged {
-    if !limits.has_quota {
-        return Charged::Free;
-    }
-    match wanted.models.as_slice() {
-        [only] => {
-            let label = state.pending_label(request, only, created, limits);
-            Charged::Admitted(charge_on(request, label, state.mig()))
-        }
-        [] => Charged::Free,
-        _ => Charged::AtPlacement,
-    }
-}
-
 /// A pod charged at admission for a model, not for a MIG profile, may not take a
 /// single-strategy slice of a profile its namespace caps: the cap would not see it
 /// (a pod that names the profile's node label is charged for it at admission).
-pub(super) fn profile_admits(
+pub fn profile_admits(
     limits: &NamespaceLimits,
     wanted: &WantedModels,
     node: &NodeGpus,
@@ -151,21 +133,6 @@ pub fn needs_views(charged: &Charged) -> bool {
     }
 }
 
-/// The namespace's quotas as the ledger sees them: API mode, `status.used`
-/// (reservations included); offline, counted from the pods.
-pub fn ledger_views(
-    state: &ClusterState,
-    namespace: &str,
-    api_mode: bool,
-) -> Result<Vec<QuotaView>, String> {
-    if api_mode {
-        let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
-        views_with_status(&quotas).map_err(|e| e.to_string())
-    } else {
-        state.quota_views(namespace)
-    }
-}
-
 /// The quota rule of placement: the node's cost must fit what the pod was charged
 /// plus the namespace's room.
 struct PlacementQuota<'a> {
@@ -175,7 +142,7 @@ struct PlacementQuota<'a> {
     checks: bool,
     charged: Charged,
     mig: &'a MigResources,
-    views: Option<&'a Result<Vec<QuotaView>, String>>,
+    views: Option<Views>,
     /// The answer for each model label asked about in this call: thousands of
     /// candidates share a handful of labels.
     by_label: RefCell<Vec<LabelRoom>>,
@@ -220,9 +187,13 @@ impl PlacementQuota<'_> {
         };
         // Not read (`needs_views` said no node could cost more): refuse rather than
         // take a node unchecked.
-        let unread = Err("the namespace's quota usage was not read".to_string());
-        let views = self.views.unwrap_or(&unread);
-        let views = views.as_ref().map_err(|e| full(label, e.clone()))?;
+        let Some(views) = &self.views else {
+            return Err(full(
+                label,
+                "the namespace's quota usage was not read".into(),
+            ));
+        };
+        let views = views.as_ref().map_err(|e| full(label, e.to_string()))?;
         room(views, label, &beyond).map_err(|e| {
             full(
                 &e.model,

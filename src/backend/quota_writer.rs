@@ -1,4 +1,4 @@
-//! API mode: the GPUQuota ledger. A pod's charge is written into `GPUQuota.status`
+//! API mode: the GPUQuota quota writer. A pod's charge is written into `GPUQuota.status`
 //! before it is admitted, with optimistic concurrency — the decision is made on the
 //! watch's copy of the quota and written with its resourceVersion; a conflict means
 //! another writer went first, so read fresh and decide again — which is how Kubernetes'
@@ -9,12 +9,10 @@
 //! write carries all of them. The status keeps running totals of pending charges
 //! (`quota::pending`), so a write costs the same however many pods are being created.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
@@ -23,32 +21,42 @@ use tokio::sync::oneshot;
 use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
-
-use super::ledger::{AdmitRules, Charge, Costs, Denial, ModelAmounts, QuotaView, admit};
-use super::pending::{CreatedSecond, Pending};
-use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
+use crate::quota::GPUQuota;
+use crate::quota::ledger::{AdmitRules, Charge, Costs, Denial, ModelAmounts, QuotaView, admit};
+use crate::quota::pending::CreatedSecond;
+use crate::quota::status::{Direction, StatusError, views_with_status, with_charges};
 
 /// How long one charge may keep losing write races before it is answered with an error
 /// (then the API server's failure policy decides). Webhook calls time out at 10 s.
 const COMMIT_DEADLINE: Duration = Duration::from_secs(8);
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReserveError {
+pub enum ChargeError {
     #[error("GPUQuota API call failed: {0}")]
     Api(#[from] kube::Error),
     #[error("GPUQuotas in namespace {0} kept changing; gave up after {secs} s", secs = COMMIT_DEADLINE.as_secs())]
     Contended(String),
-    #[error("GPUQuota {quota}: {reason}")]
-    Invalid { quota: String, reason: String },
+    #[error(transparent)]
+    Invalid(#[from] StatusError),
     #[error("writing GPUQuota charges failed: {0}")]
     Write(String),
-    #[error("the quota ledger stopped before answering")]
+    #[error("the quota writer stopped before answering")]
     Abandoned,
 }
 
+impl ChargeError {
+    /// A bounded label for metrics: the quota itself is unreadable, or the API failed.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            ChargeError::Invalid(_) => "bad_quota",
+            _ => "api",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reserved {
-    Yes,
+pub enum ChargeOutcome {
+    Charged,
     Denied(Denial),
 }
 
@@ -65,7 +73,7 @@ pub struct Ask {
     pub dry_run: bool,
 }
 
-type Answer = Result<Reserved, ReserveError>;
+type Answer = Result<ChargeOutcome, ChargeError>;
 
 struct Waiting {
     ask: Ask,
@@ -84,16 +92,16 @@ struct Lane {
     draining: bool,
 }
 
-/// The ledger writer of one gpu-admission process: one lane of queued charges per
+/// The quota writer of one gpu-admission process: one lane of queued charges per
 /// namespace, drained by one task at a time.
-pub struct Ledger {
+pub struct QuotaWriter {
     client: Client,
     lanes: Mutex<HashMap<String, Lane>>,
 }
 
-impl Ledger {
+impl QuotaWriter {
     pub fn new(client: Client) -> Arc<Self> {
-        Arc::new(Ledger {
+        Arc::new(QuotaWriter {
             client,
             lanes: Mutex::new(HashMap::default()),
         })
@@ -101,7 +109,7 @@ impl Ledger {
 
     /// Decide `ask` for a pod in `namespace` and, when it is charged to one model, write
     /// the charge into every quota that lists the model before answering.
-    pub async fn reserve(
+    pub async fn charge(
         self: &Arc<Self>,
         cache: &ClusterCache,
         namespace: &str,
@@ -117,10 +125,10 @@ impl Ledger {
         if start {
             // A task of its own: the caller's request may be cancelled mid-write, the
             // charges of the others it carries must not be.
-            let (ledger, cache, namespace) = (self.clone(), cache.clone(), namespace.to_string());
-            tokio::spawn(async move { ledger.drain(&cache, &namespace).await });
+            let (writer, cache, namespace) = (self.clone(), cache.clone(), namespace.to_string());
+            tokio::spawn(async move { writer.drain(&cache, &namespace).await });
         }
-        answer.await.unwrap_or(Err(ReserveError::Abandoned))
+        answer.await.unwrap_or(Err(ChargeError::Abandoned))
     }
 
     async fn drain(&self, cache: &ClusterCache, namespace: &str) {
@@ -141,7 +149,7 @@ impl Ledger {
         }
     }
 
-    /// Take back a charge (per quota key) this ledger wrote for a pod whose placement
+    /// Take back a charge (per quota key) this writer wrote for a pod whose placement
     /// then failed.
     pub async fn release(
         &self,
@@ -149,7 +157,7 @@ impl Ledger {
         namespace: &str,
         charge: &ModelAmounts,
         created: CreatedSecond,
-    ) -> Result<(), ReserveError> {
+    ) -> Result<(), ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let listing: Vec<String> = cache.with_state(|state| {
             state
@@ -184,7 +192,7 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
     while !waiting.is_empty() {
         if Instant::now() >= deadline {
             for w in waiting {
-                w.answer(Err(ReserveError::Contended(namespace.to_string())));
+                w.answer(Err(ChargeError::Contended(namespace.to_string())));
             }
             return;
         }
@@ -194,7 +202,7 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
         };
         let mut views = match views_with_status(&quotas) {
             Ok(views) => views,
-            Err(error) => return answer_all(waiting, &error),
+            Err(error) => return answer_all(waiting, &error.into()),
         };
         let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh);
         waiting = retry;
@@ -213,7 +221,7 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
                     "quota charges written"
                 );
                 for d in decided {
-                    d.waiting.answer(Ok(Reserved::Yes));
+                    d.waiting.answer(Ok(ChargeOutcome::Charged));
                 }
             }
             // Someone else wrote first: decide these again on fresh data.
@@ -221,7 +229,7 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
             Err(error) => {
                 let error = error.to_string();
                 for d in decided {
-                    d.waiting.answer(Err(ReserveError::Write(error.clone())));
+                    d.waiting.answer(Err(ChargeError::Write(error.clone())));
                 }
             }
         }
@@ -229,10 +237,10 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
     }
 }
 
-fn answer_all(waiting: Vec<Waiting>, error: &ReserveError) {
+fn answer_all(waiting: Vec<Waiting>, error: &ChargeError) {
     let reason = error.to_string();
     for w in waiting {
-        w.answer(Err(ReserveError::Write(reason.clone())));
+        w.answer(Err(ChargeError::Write(reason.clone())));
     }
 }
 
@@ -243,7 +251,7 @@ async fn read_quotas(
     cache: &ClusterCache,
     namespace: &str,
     fresh: bool,
-) -> Result<Vec<GPUQuota>, ReserveError> {
+) -> Result<Vec<GPUQuota>, ChargeError> {
     if !fresh {
         return Ok(cache.with_state(|state| state.namespace_quotas(namespace).cloned().collect()));
     }
@@ -266,15 +274,17 @@ fn decide_round(
         let ask = &w.ask;
         match admit(namespace, views, &ask.wanted, &ask.costs, ask.rules) {
             Err(_) if !fresh => retry.push(w),
-            Err(denial) => w.answer(Ok(Reserved::Denied(denial))),
-            Ok(Charge::Model { .. }) if ask.dry_run => w.answer(Ok(Reserved::Yes)),
+            Err(denial) => w.answer(Ok(ChargeOutcome::Denied(denial))),
+            Ok(Charge::Model { .. }) if ask.dry_run => w.answer(Ok(ChargeOutcome::Charged)),
             Ok(Charge::Model { charge, .. }) => {
                 for (key, amount) in &charge {
                     add_used(views, key, *amount);
                 }
                 decided.push(Decided { waiting: w, charge });
             }
-            Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => w.answer(Ok(Reserved::Yes)),
+            Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => {
+                w.answer(Ok(ChargeOutcome::Charged))
+            }
         }
     }
     (decided, retry)
@@ -295,7 +305,7 @@ async fn write_round(
     cache: &ClusterCache,
     quotas: &[GPUQuota],
     decided: &[Decided],
-) -> Result<bool, ReserveError> {
+) -> Result<bool, ChargeError> {
     let charges: Vec<(&str, Milli, CreatedSecond)> = decided
         .iter()
         .flat_map(|d| {
@@ -336,54 +346,6 @@ async fn write_round(
     Ok(true)
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    Add,
-    Remove,
-}
-
-/// `quota` with `charges` (model, amount, pod's creation second) added to (or taken
-/// from) `used` and the pending totals, for the models it lists.
-fn with_charges(
-    quota: &GPUQuota,
-    charges: &[(&str, Milli, CreatedSecond)],
-    direction: Direction,
-) -> Result<GPUQuota, ReserveError> {
-    let mut updated = quota.clone();
-    // Left out, the API server keeps them as they are: less to send and to decode.
-    updated.metadata.managed_fields = None;
-    let status = updated.status.get_or_insert_with(GpuQuotaStatus::default);
-    let mut pending = Pending::from_status(&status.pending).map_err(|e| ReserveError::Invalid {
-        quota: quota_name(quota),
-        reason: e.to_string(),
-    })?;
-    for &(model, amount, created) in charges {
-        if !quota.spec.hard.contains_key(model) {
-            continue;
-        }
-        let used = status
-            .used
-            .get(model)
-            .and_then(|q| Milli::parse(&q.0).ok())
-            .unwrap_or_default();
-        let used = match direction {
-            Direction::Add => {
-                pending.add(created, model, amount, 1);
-                used.0.saturating_add(amount.0)
-            }
-            Direction::Remove => {
-                pending.remove(created, model, amount);
-                used.0.saturating_sub(amount.0)
-            }
-        };
-        status
-            .used
-            .insert(model.to_string(), Quantity(Milli(used).to_string()));
-    }
-    status.pending = pending.to_status();
-    Ok(updated)
-}
-
 /// Write `quota.status` with the resourceVersion it was read at (409 when stale).
 pub async fn replace_status(
     api: &Api<GPUQuota>,
@@ -400,7 +362,7 @@ async fn release_one(
     cache: &ClusterCache,
     name: &str,
     charges: &[(&str, Milli, CreatedSecond)],
-) -> Result<(), ReserveError> {
+) -> Result<(), ChargeError> {
     let deadline = Instant::now() + COMMIT_DEADLINE;
     while Instant::now() < deadline {
         let quota = api.get(name).await?;
@@ -415,89 +377,9 @@ async fn release_one(
             Err(error) => return Err(error.into()),
         }
     }
-    Err(ReserveError::Contended(name.to_string()))
-}
-
-fn quota_name(quota: &GPUQuota) -> String {
-    format!(
-        "{}/{}",
-        quota.metadata.namespace.as_deref().unwrap_or_default(),
-        quota.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
-/// Quota views whose `used` is what the status says (pending charges included).
-pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, ReserveError> {
-    quotas
-        .iter()
-        .map(|quota| {
-            let invalid = |reason: String| ReserveError::Invalid {
-                quota: quota_name(quota),
-                reason,
-            };
-            let mut view = QuotaView::from_crd(quota).map_err(invalid)?;
-            for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
-                let amount = Milli::parse(&quantity.0)
-                    .map_err(|e| invalid(format!("status.used.{model}: {e}")))?;
-                view.used.insert(model.clone(), amount);
-            }
-            Ok(view)
-        })
-        .collect()
-}
-
-/// The status the reconciler wants: usage from the pods it sees (`pod_usage`, what this
-/// quota reports of its namespace's usage), plus what the pending totals hold beyond
-/// the pods seen created in their second (`seen`, per second and model: see
-/// `quota::pending`), plus reservations of earlier versions for pods not seen yet that
-/// have not expired (`seen_pod(name, uid)`).
-pub fn reconciled_status(
-    quota: &GPUQuota,
-    pod_usage: &ModelAmounts,
-    seen: impl Fn(CreatedSecond, &str) -> Milli,
-    seen_pod: impl Fn(&str, &str) -> bool,
-    now: time::OffsetDateTime,
-) -> Result<GpuQuotaStatus, ReserveError> {
-    let current = quota.status.clone().unwrap_or_default();
-    let pending = Pending::from_status(&current.pending).map_err(|e| ReserveError::Invalid {
-        quota: quota_name(quota),
-        reason: e.to_string(),
-    })?;
-    let (in_flight, kept) =
-        pending.settle(|key| seen(key.created, key.model), now.unix_timestamp());
-    let legacy: Vec<QuotaReservation> = current
-        .reservations
-        .into_iter()
-        .filter(|r| !seen_pod(&r.pod, &r.uid))
-        .filter(|r| {
-            time::OffsetDateTime::parse(&r.expires, &time::format_description::well_known::Rfc3339)
-                .is_ok_and(|expires| expires > now)
-        })
-        .collect();
-    let mut used: BTreeMap<String, Milli> = pod_usage.clone();
-    for model in quota.spec.hard.keys() {
-        used.entry(model.clone()).or_default();
-    }
-    let legacy_amounts = legacy.iter().map(|r| {
-        (
-            r.model.clone(),
-            Milli::parse(&r.amount.0).unwrap_or_default(),
-        )
-    });
-    for (model, amount) in in_flight.into_iter().chain(legacy_amounts) {
-        let entry = used.entry(model).or_default();
-        entry.0 = entry.0.saturating_add(amount.0);
-    }
-    Ok(GpuQuotaStatus {
-        used: used
-            .into_iter()
-            .map(|(m, a)| (m, Quantity(a.to_string())))
-            .collect(),
-        pending: kept.to_status(),
-        reservations: legacy,
-    })
+    Err(ChargeError::Contended(name.to_string()))
 }
 
 #[cfg(test)]
-#[path = "reserve_tests.rs"]
+#[path = "quota_writer_tests.rs"]
 mod tests;

@@ -13,10 +13,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::ClusterCache;
+use crate::quota::GPUQuota;
+use crate::quota::pending::PENDING_TTL;
+use crate::quota::status::reconciled_status;
 
-use super::GPUQuota;
-use super::pending::PENDING_TTL;
-use super::reserve::{reconciled_status, replace_status};
+use super::quota_writer::replace_status;
 
 pub async fn run(
     cache: ClusterCache,

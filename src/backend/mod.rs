@@ -1,0 +1,330 @@
+//! The backend: the one place that knows the run mode, decided once at start-up.
+//!
+//! - **API mode**: the cluster cache is fed by watches; a quota charge is written into
+//!   `GPUQuota.status` by the [`QuotaWriter`] before it is answered, placements are
+//!   written onto pods (a merge patch, or a Binding), the reconciler keeps the status
+//!   true, and a pod the watch has not brought yet is read from the API server.
+//! - **Offline mode** (`--cluster FILE`): the in-memory cache *is* the cluster. A charge
+//!   is decided against usage counted from the cached pods and the admitted object joins
+//!   the cache under the same lock, so concurrent creates never over-admit; a placement
+//!   is recorded by holding it.
+//!
+//! Everything above (webhooks, extender, metrics) calls one method per act — charge,
+//! release, record, bind, read a pod not cached yet — and never asks which mode it is
+//! in. The cache below is synchronous state with no client and no writer
+//! (docs/design.md, "Layers").
+
+pub mod quota_writer;
+pub mod reconcile;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{
+    CacheError, CachedPod, ClusterCache, ClusterState, PodKey, Projection, Subject,
+};
+use crate::placement::quantity::Milli;
+use crate::quota::GPUQuota;
+use crate::quota::ledger::{Charge, ModelAmounts, QuotaView, admit};
+use crate::quota::pending::CreatedSecond;
+use crate::quota::status::{StatusError, views_with_status};
+
+pub use quota_writer::{Ask, ChargeError, ChargeOutcome, QuotaWriter};
+
+/// How often GPUQuota status is recomputed from the pods even when nothing left.
+const QUOTA_RESYNC: Duration = Duration::from_secs(15);
+
+/// Recording a placement on the pod failed; the hold is rolled back.
+#[derive(Debug, thiserror::Error)]
+#[error("recording the GPU choice on pod {pod} failed: {source}")]
+pub struct WriteError {
+    pod: String,
+    source: kube::Error,
+}
+
+impl WriteError {
+    /// The API server's status code, when it answered.
+    pub fn api_code(&self) -> Option<u16> {
+        match &self.source {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Backend {
+    cache: ClusterCache,
+    mode: Mode,
+}
+
+#[derive(Clone)]
+enum Mode {
+    Api {
+        client: kube::Client,
+        quotas: Arc<QuotaWriter>,
+    },
+    Offline,
+}
+
+impl Backend {
+    /// Offline mode over `cache` (tests and benchmarks fill it through `with_state`).
+    pub fn offline(cache: ClusterCache) -> Self {
+        Backend {
+            cache,
+            mode: Mode::Offline,
+        }
+    }
+
+    /// Offline mode: the YAML file is the cluster.
+    pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
+        Ok(Self::offline(ClusterCache::from_file(path, projection)?))
+    }
+
+    /// API mode: the backend (its cache not ready until every watch has listed once) and
+    /// the future that runs the watches and the quota reconciler until `shutdown`.
+    pub fn from_api(
+        client: kube::Client,
+        projection: Projection,
+        shutdown: CancellationToken,
+    ) -> (Self, impl std::future::Future<Output = ()>) {
+        let (cache, watches) = ClusterCache::from_api(client.clone(), projection, shutdown.clone());
+        let reconciler = reconcile::run(
+            cache.clone(),
+            client.clone(),
+            QUOTA_RESYNC,
+            cache.released(),
+            shutdown,
+        );
+        let backend = Backend {
+            cache,
+            mode: Mode::Api {
+                quotas: QuotaWriter::new(client.clone()),
+                client,
+            },
+        };
+        let run = async move {
+            tokio::join!(watches, reconciler);
+        };
+        (backend, run)
+    }
+
+    pub fn cache(&self) -> &ClusterCache {
+        &self.cache
+    }
+
+    /// For logs: `api` or `offline`.
+    pub fn mode_name(&self) -> &'static str {
+        match self.mode {
+            Mode::Api { .. } => "api",
+            Mode::Offline => "offline",
+        }
+    }
+
+    /// Which copy of a pod a placement call places: in API mode the cluster's (the
+    /// caller's copy names it by uid only), offline the one offered.
+    pub fn subject(&self, offered: CachedPod) -> Subject {
+        match self.mode {
+            Mode::Api { .. } => Subject::Known { uid: offered.uid },
+            Mode::Offline => Subject::Offered(Box::new(offered)),
+        }
+    }
+
+    /// The namespace's quotas with their usage: in API mode as `GPUQuota.status` says
+    /// (what every replica charges against), offline counted from the cached pods.
+    pub fn quota_views(
+        &self,
+        state: &ClusterState,
+        namespace: &str,
+    ) -> Result<Vec<QuotaView>, StatusError> {
+        match self.mode {
+            Mode::Api { .. } => {
+                let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
+                views_with_status(&quotas)
+            }
+            Mode::Offline => state.quota_views(namespace),
+        }
+    }
+
+    /// What `quota` reports as used (its metrics): its status in API mode, the cached
+    /// pods' usage offline.
+    pub fn quota_used(&self, state: &ClusterState, quota: &GPUQuota) -> ModelAmounts {
+        match self.mode {
+            Mode::Api { .. } => {
+                let status = quota.status.iter().flat_map(|s| &s.used);
+                let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+                    Milli::parse(&q.0).unwrap_or_default()
+                };
+                status.map(|(model, q)| (model.clone(), parse(q))).collect()
+            }
+            Mode::Offline => state.quota_usage(quota),
+        }
+    }
+
+    /// Decide `ask` for an object in `namespace` and, when it is charged, make the
+    /// charge stick before answering: in API mode written to the GPUQuota ledger;
+    /// offline, `join` adds the object to the cluster under the lock the decision was
+    /// made under (not called for a dry run or a denial).
+    pub async fn charge(
+        &self,
+        namespace: &str,
+        ask: Ask,
+        join: impl FnOnce(&mut ClusterState, &Charge),
+    ) -> Result<ChargeOutcome, ChargeError> {
+        match &self.mode {
+            Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
+            Mode::Offline => self.cache.with_state(|state| {
+                let views = state.quota_views(namespace)?;
+                Ok(
+                    match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {
+                        Err(denial) => ChargeOutcome::Denied(denial),
+                        Ok(charge) => {
+                            if !ask.dry_run {
+                                join(state, &charge);
+                            }
+                            ChargeOutcome::Charged
+                        }
+                    },
+                )
+            }),
+        }
+    }
+
+    /// Charge what a placement adds to a pod's admission charge (all of it for a pod
+    /// that accepts several models). In API mode it is written to the GPUQuota ledger
+    /// like any charge; offline the usage is counted from the cached pods, the held one
+    /// among them, so the hold is the charge.
+    pub async fn charge_at_placement(
+        &self,
+        namespace: &str,
+        ask: Ask,
+    ) -> Result<ChargeOutcome, ChargeError> {
+        match &self.mode {
+            Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
+            Mode::Offline => Ok(ChargeOutcome::Charged),
+        }
+    }
+
+    /// An object admitted without a charge joins the cluster: offline it is added to the
+    /// cache now; in API mode the watch brings it.
+    pub fn admitted(&self, join: impl FnOnce(&mut ClusterState)) {
+        if let Mode::Offline = self.mode {
+            self.cache.with_state(join);
+        }
+    }
+
+    /// Take back a charge (per quota key) written for a pod whose placement then failed.
+    /// Offline nothing was written: the released hold is the release.
+    pub async fn release(
+        &self,
+        namespace: &str,
+        charge: &ModelAmounts,
+        created: CreatedSecond,
+    ) -> Result<(), ChargeError> {
+        match &self.mode {
+            Mode::Api { quotas, .. } => {
+                quotas
+                    .release(&self.cache, namespace, charge, created)
+                    .await
+            }
+            Mode::Offline => Ok(()),
+        }
+    }
+
+    /// Write the placement annotations onto the pod (one merge patch). The pod's uid
+    /// rides along as a precondition: uid is immutable, so the patch fails on a pod
+    /// that was deleted and created again under the same name. Offline, the hold in
+    /// the cache already is the record.
+    pub async fn record(
+        &self,
+        key: &PodKey,
+        uid: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> Result<(), WriteError> {
+        let Mode::Api { client, .. } = &self.mode else {
+            return Ok(());
+        };
+        let (namespace, name) = split(key);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let patch = serde_json::json!({"metadata": {"uid": uid, "annotations": annotations}});
+        pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|source| WriteError {
+                pod: key.to_string(),
+                source,
+            })
+    }
+
+    /// Bind the pod to `node` and write the placement annotations in one call: the
+    /// binding subresource copies a Binding's annotations onto the pod as it sets
+    /// `spec.nodeName`, and refuses a pod whose uid differs. So gpu-manager, which reads
+    /// the annotations once the pod is on its node, always finds them. Offline, the
+    /// cache is the record.
+    pub async fn bind(
+        &self,
+        key: &PodKey,
+        uid: &str,
+        node: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> Result<(), WriteError> {
+        let Mode::Api { client, .. } = &self.mode else {
+            return Ok(());
+        };
+        let (namespace, name) = split(key);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let binding = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        });
+        pods.create_subresource::<_, serde_json::Value>(
+            "binding",
+            name,
+            &Default::default(),
+            &binding,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| WriteError {
+            pod: key.to_string(),
+            source,
+        })
+    }
+
+    /// API mode: make sure the cache holds pod `key` before a filter or bind call looks
+    /// for it. kube-scheduler can see a new pod before this process's watch does; rather
+    /// than refuse it (the scheduler would back off a second), read the cluster's copy.
+    pub async fn ensure_pod(&self, key: &PodKey) {
+        let Mode::Api { client, .. } = &self.mode else {
+            return;
+        };
+        if self.cache.with_state(|state| state.pod(key).is_some()) {
+            return;
+        }
+        let (namespace, name) = split(key);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let Ok(Some(pod)) = pods.get_opt(name).await else {
+            return;
+        };
+        let Ok(cached) = CachedPod::from_pod(&pod, self.cache.projection()) else {
+            return;
+        };
+        self.cache.with_state(|state| {
+            if state.pod(key).is_none() {
+                state.apply_pod(key.clone(), cached);
+            }
+        });
+    }
+}
+
+/// `namespace/name` into its halves (a key without a slash is in `default`).
+fn split(key: &PodKey) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("default", key))
+}

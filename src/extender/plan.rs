@@ -1,0 +1,253 @@
+//! The placement transaction, in one place: **plan** (under the cache lock: which copy
+//! of the pod is placed, which nodes its quota lets it use, the policy's choice among
+//! them, and a hold on the chosen GPUs), **record** (the quota charge a placement
+//! adds, then the annotations gpu-manager reads — or, with the bind verb, one Binding),
+//! and **undo** (release the hold, and a charge written for a placement that failed).
+//! The filter verb, the bind verb and Volcano's predicate call it; the backend makes
+//! each write stick the run mode's way.
+
+use std::collections::BTreeMap;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::backend::{Ask, Backend, ChargeOutcome, WriteError};
+use crate::cache::{
+    AnnotationKeys, CachedPod, Candidates, ClusterState, FilterDecision, PlanError, PodKey,
+    Reservation, Subject,
+};
+use crate::config::Config;
+use crate::placement::learn::LearningPlacer;
+use crate::placement::mig::MigResources;
+use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::{Assignment, GpuRequest, Outcome, Placer};
+use crate::quota::NamespaceLimits;
+use crate::quota::eligible::{Eligibility, needs_views};
+use crate::quota::ledger::{Costs, ModelAmounts};
+
+/// What the record step needs to know of the plan.
+pub(super) struct Plan {
+    pub key: PodKey,
+    pub uid: String,
+    /// The GPU request of the pod placed: the cluster's copy in API mode.
+    pub request: GpuRequest,
+    /// What the quota ledger is charged at placement: all of it for a pod that
+    /// accepts several models, what a dearer node costs beyond its admission charge
+    /// otherwise (`None`: nothing).
+    pub charge_at_placement: Option<PlacementCharge>,
+}
+
+pub(super) struct PlacementCharge {
+    /// Per quota key, on the node's model.
+    pub charge: ModelAmounts,
+    pub node_model: Option<String>,
+    /// The pod's creation second (the ledger's pending total it joins).
+    pub created: i64,
+}
+
+/// Why a placement could not be recorded: the text goes to the node's reason.
+pub(super) struct Refusal {
+    pub reason: String,
+    /// The quota had no room (the scheduler may try elsewhere), not a failure of ours.
+    pub unfit: bool,
+}
+
+/// The rules a node must pass for a pod of `namespace` wanting `wanted`: its quota's
+/// chain (model, pool, profile caps, room), with the usage read from the backend only
+/// when some node's cost may call for it (most pods: never, the hot path).
+pub(super) fn eligibility<'a>(
+    backend: &Backend,
+    state: &ClusterState,
+    (namespace, limits): (&str, &'a NamespaceLimits),
+    wanted: WantedModels,
+    (request, created): (&GpuRequest, i64),
+    mig: &'a MigResources,
+) -> Eligibility<'a> {
+    let charged = state.charged(limits, &wanted, request, created);
+    let views = needs_views(&charged).then(|| backend.quota_views(state, namespace));
+    Eligibility::new(limits, wanted, charged, mig, views)
+}
+
+/// Choose and hold a placement for the pod `subject` names among the nodes `names`,
+/// under the cache lock: the first half of both the filter and the bind verb.
+pub(super) fn plan(
+    backend: &Backend,
+    placer: &LearningPlacer,
+    key: PodKey,
+    subject: Subject,
+    names: &[&str],
+) -> Result<(Plan, FilterDecision), PlanError> {
+    let namespace = key.split_once('/').map_or("default", |(ns, _)| ns);
+    let namespace = namespace.to_string();
+    let placer = placer.placer();
+    let cache = backend.cache();
+    let mig = &cache.projection().names.mig;
+    cache.with_state(|state| {
+        let limits = NamespaceLimits::of(state.quotas(), &namespace);
+        let held = state.take_subject(&key, subject)?;
+        // The pod as the cluster has it decides what it wants and was charged.
+        let pod = state.pod(&key);
+        let uid = pod.map(|p| p.uid.to_string()).unwrap_or_default();
+        let default = limits.default_type.as_deref();
+        let own = pod.map(|p| p.models.as_slice()).unwrap_or_default();
+        let wanted = WantedModels::of_own(own, default, &limits.models);
+        let request = pod.map(|p| p.request.clone()).unwrap_or_default();
+        let created = pod.map_or(0, |p| p.created);
+        let scope = (namespace.as_str(), &limits);
+        let eligibility = eligibility(backend, state, scope, wanted, (&request, created), mig);
+        let choice = Choice {
+            placer: &placer,
+            eligibility: &eligibility,
+        };
+        let decision = state.place_subject(
+            &key,
+            held,
+            names,
+            |cached, candidates| choice.choose(cached, candidates),
+            Instant::now(),
+        );
+        let node = decision.reservation.as_ref().map(|r| &*r.node);
+        let charge_at_placement = node.and_then(|n| {
+            let node_model = state.node(n)?.model.as_deref().map(str::to_string);
+            let label = node_model.as_deref().unwrap_or_default();
+            Some(PlacementCharge {
+                charge: eligibility.placement_charge(label, &request)?,
+                node_model,
+                created,
+            })
+        });
+        let plan = Plan {
+            key,
+            uid,
+            request,
+            charge_at_placement,
+        };
+        Ok((plan, decision))
+    })
+}
+
+/// What the policy chooses with: the rules a node must pass for the pod.
+struct Choice<'a> {
+    placer: &'a Placer,
+    eligibility: &'a Eligibility<'a>,
+}
+
+impl Choice<'_> {
+    /// The policy's choice among `candidates` for the cluster's copy of the pod.
+    fn choose(&self, pod: &CachedPod, candidates: &mut Candidates<'_>) -> Outcome {
+        candidates.place(self.placer, &pod.request, |node| {
+            self.eligibility.admits(node, &pod.request)
+        })
+    }
+}
+
+impl Plan {
+    fn namespace(&self) -> &str {
+        self.key.split_once('/').map_or("default", |(ns, _)| ns)
+    }
+
+    /// The filter's record step (no bind verb): the charge the placement adds, then
+    /// the annotations, with the pod's uid as a precondition. On a refusal the caller
+    /// rolls the hold back.
+    pub async fn record(
+        &self,
+        backend: &Backend,
+        config: &Config,
+        reservation: &Reservation,
+    ) -> Result<(), Refusal> {
+        self.charge(backend, config).await?;
+        let keys = &backend.cache().projection().keys;
+        let annotations = annotations(keys, &reservation.node, &reservation.assignment);
+        let recorded = backend.record(&self.key, &self.uid, annotations).await;
+        recorded.map_err(|error| Refusal {
+            reason: error.to_string(),
+            unfit: false,
+        })
+    }
+
+    /// Charge the quota what this placement adds (written to the GPUQuota ledger in API
+    /// mode, the one the validating webhook charges in, so no replica can admit past
+    /// `hard` meanwhile; offline the hold itself is counted).
+    pub async fn charge(&self, backend: &Backend, config: &Config) -> Result<(), Refusal> {
+        let Some(charge) = &self.charge_at_placement else {
+            return Ok(());
+        };
+        let model = charge.node_model.clone().unwrap_or_default();
+        let ask = Ask {
+            wanted: WantedModels {
+                models: vec![model.clone()],
+                source: ModelSource::Annotation,
+            },
+            costs: Costs::single(model, charge.charge.clone()),
+            rules: config.admit_rules(),
+            created: charge.created,
+            dry_run: false,
+        };
+        match backend.charge_at_placement(self.namespace(), ask).await {
+            Ok(ChargeOutcome::Charged) => Ok(()),
+            Ok(ChargeOutcome::Denied(denial)) => Err(Refusal {
+                reason: denial.to_string(),
+                unfit: true,
+            }),
+            Err(error) => Err(Refusal {
+                reason: error.to_string(),
+                unfit: false,
+            }),
+        }
+    }
+
+    /// The bind verb's record step: annotations and `spec.nodeName` in one Binding.
+    pub async fn bind(
+        &self,
+        backend: &Backend,
+        node: &str,
+        assignment: Option<&Assignment>,
+    ) -> Result<(), WriteError> {
+        let keys = &backend.cache().projection().keys;
+        let written = match assignment {
+            Some(assignment) => annotations(keys, node, assignment),
+            None => BTreeMap::new(), // DRA allocated the GPUs: only the binding is ours
+        };
+        backend.bind(&self.key, &self.uid, node, written).await
+    }
+
+    /// Undo a placement whose write failed: release the hold and the charge it added.
+    pub async fn undo(&self, backend: &Backend) {
+        backend
+            .cache()
+            .with_state(|state| state.release_hold(&self.key));
+        let Some(charge) = &self.charge_at_placement else {
+            return;
+        };
+        let released = backend
+            .release(self.namespace(), &charge.charge, charge.created)
+            .await;
+        if let Err(error) = released {
+            tracing::warn!(pod = %self.key, %error, "could not release the quota charge; the reconciler will");
+        }
+    }
+}
+
+/// The gpu-manager annotations for a placement (docs/design.md), written in one patch.
+pub fn annotations(
+    keys: &AnnotationKeys,
+    node: &str,
+    assignment: &Assignment,
+) -> BTreeMap<String, String> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut annotations: BTreeMap<String, String> = assignment
+        .choices
+        .iter()
+        .map(|choice| {
+            (
+                keys.gpu_idx(choice.container),
+                Assignment::indices_text(choice),
+            )
+        })
+        .collect();
+    annotations.insert(keys.node.clone(), node.to_string());
+    annotations.insert(keys.assigned.clone(), "false".into());
+    annotations.insert(keys.time.clone(), nanos.to_string());
+    annotations
+}

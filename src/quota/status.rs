@@ -1,0 +1,153 @@
+//! The GPUQuota status as arithmetic: charges added to or taken from `used` and the
+//! pending totals, the views the admission rule reads, and the status the reconciler
+//! wants. Pure: the writer that sends these to the API server is `backend::quota_writer`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::placement::quantity::Milli;
+
+use super::ledger::{ModelAmounts, QuotaView};
+use super::pending::{CreatedSecond, Pending};
+use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
+
+/// A GPUQuota whose spec or status cannot be read as amounts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPUQuota {quota}: {reason}")]
+pub struct StatusError {
+    pub quota: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Add,
+    Remove,
+}
+
+/// `quota` with `charges` (model, amount, pod's creation second) added to (or taken
+/// from) `used` and the pending totals, for the models it lists.
+pub fn with_charges(
+    quota: &GPUQuota,
+    charges: &[(&str, Milli, CreatedSecond)],
+    direction: Direction,
+) -> Result<GPUQuota, StatusError> {
+    let mut updated = quota.clone();
+    // Left out, the API server keeps them as they are: less to send and to decode.
+    updated.metadata.managed_fields = None;
+    let status = updated.status.get_or_insert_with(GpuQuotaStatus::default);
+    let mut pending = Pending::from_status(&status.pending).map_err(|e| StatusError {
+        quota: quota_name(quota),
+        reason: e.to_string(),
+    })?;
+    for &(model, amount, created) in charges {
+        if !quota.spec.hard.contains_key(model) {
+            continue;
+        }
+        let used = status
+            .used
+            .get(model)
+            .and_then(|q| Milli::parse(&q.0).ok())
+            .unwrap_or_default();
+        let used = match direction {
+            Direction::Add => {
+                pending.add(created, model, amount, 1);
+                used.0.saturating_add(amount.0)
+            }
+            Direction::Remove => {
+                pending.remove(created, model, amount);
+                used.0.saturating_sub(amount.0)
+            }
+        };
+        status
+            .used
+            .insert(model.to_string(), Quantity(Milli(used).to_string()));
+    }
+    status.pending = pending.to_status();
+    Ok(updated)
+}
+
+pub fn quota_name(quota: &GPUQuota) -> String {
+    format!(
+        "{}/{}",
+        quota.metadata.namespace.as_deref().unwrap_or_default(),
+        quota.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Quota views whose `used` is what the status says (pending charges included).
+pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusError> {
+    quotas
+        .iter()
+        .map(|quota| {
+            let invalid = |reason: String| StatusError {
+                quota: quota_name(quota),
+                reason,
+            };
+            let mut view = QuotaView::from_crd(quota).map_err(invalid)?;
+            for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
+                let amount = Milli::parse(&quantity.0)
+                    .map_err(|e| invalid(format!("status.used.{model}: {e}")))?;
+                view.used.insert(model.clone(), amount);
+            }
+            Ok(view)
+        })
+        .collect()
+}
+
+/// The status the reconciler wants: usage from the pods it sees (`pod_usage`, what this
+/// quota reports of its namespace's usage), plus what the pending totals hold beyond
+/// the pods seen created in their second (`seen`, per second and model: see
+/// `quota::pending`), plus reservations of earlier versions for pods not seen yet that
+/// have not expired (`seen_pod(name, uid)`).
+pub fn reconciled_status(
+    quota: &GPUQuota,
+    pod_usage: &ModelAmounts,
+    seen: impl Fn(CreatedSecond, &str) -> Milli,
+    seen_pod: impl Fn(&str, &str) -> bool,
+    now: time::OffsetDateTime,
+) -> Result<GpuQuotaStatus, StatusError> {
+    let current = quota.status.clone().unwrap_or_default();
+    let pending = Pending::from_status(&current.pending).map_err(|e| StatusError {
+        quota: quota_name(quota),
+        reason: e.to_string(),
+    })?;
+    let (in_flight, kept) =
+        pending.settle(|key| seen(key.created, key.model), now.unix_timestamp());
+    let legacy: Vec<QuotaReservation> = current
+        .reservations
+        .into_iter()
+        .filter(|r| !seen_pod(&r.pod, &r.uid))
+        .filter(|r| {
+            time::OffsetDateTime::parse(&r.expires, &time::format_description::well_known::Rfc3339)
+                .is_ok_and(|expires| expires > now)
+        })
+        .collect();
+    let mut used: BTreeMap<String, Milli> = pod_usage.clone();
+    for model in quota.spec.hard.keys() {
+        used.entry(model.clone()).or_default();
+    }
+    let legacy_amounts = legacy.iter().map(|r| {
+        (
+            r.model.clone(),
+            Milli::parse(&r.amount.0).unwrap_or_default(),
+        )
+    });
+    for (model, amount) in in_flight.into_iter().chain(legacy_amounts) {
+        let entry = used.entry(model).or_default();
+        entry.0 = entry.0.saturating_add(amount.0);
+    }
+    Ok(GpuQuotaStatus {
+        used: used
+            .into_iter()
+            .map(|(m, a)| (m, Quantity(a.to_string())))
+            .collect(),
+        pending: kept.to_status(),
+        reservations: legacy,
+    })
+}
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+pub(crate) mod tests;

@@ -281,7 +281,7 @@ impl ClusterState {
         self.remember_departed(namespace, claim.created, |state| {
             Some(state.claim_charge(namespace, &claim))
         });
-        self.ledger.discharge(key, namespace);
+        self.tally.discharge(key, namespace);
     }
 
     pub fn replace_claims(&mut self, claims: Vec<(PodKey, CachedClaim)>) {
@@ -337,7 +337,7 @@ impl ClusterState {
         if self.serves_pod(namespace, &claim.requests, claim.extended_for.as_ref()) {
             return ModelAmounts::new();
         }
-        let mig = self.ledger.mig();
+        let mig = self.tally.mig();
         let devices: Option<Vec<&GpuDevice>> = claim
             .allocated
             .iter()
@@ -365,7 +365,7 @@ impl ClusterState {
             .claims
             .get(key)
             .map(|c| self.claim_charge(namespace, c));
-        self.ledger.set_charge(key, namespace, charge);
+        self.tally.set_charge(key, namespace, charge);
     }
 
     fn recharge_allocated(&mut self) {

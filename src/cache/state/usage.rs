@@ -5,7 +5,7 @@
 //!
 //! What a pod is charged depends on the pod (its models, request, node, whether it is
 //! terminating), on its namespace's quotas (default model, listed models) and on its
-//! node's model; `ClusterState` calls [`Ledger::recharge`] for every pod whose inputs
+//! node's model; `ClusterState` calls [`Tally::recharge`] for every pod whose inputs
 //! change, and the ledger keeps what it added for each pod, so it subtracts exactly
 //! that when the pod changes or leaves.
 
@@ -38,7 +38,7 @@ struct Total {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Ledger {
+pub(super) struct Tally {
     /// The limits of every namespace that has a GPUQuota (others have none).
     limits: HashMap<Box<str>, NamespaceLimits>,
     /// What each charged pod adds, by pod key.
@@ -57,7 +57,7 @@ static NO_LIMITS: NamespaceLimits = NamespaceLimits {
     pools: Vec::new(),
 };
 
-impl Ledger {
+impl Tally {
     /// The namespace's limits, as [`NamespaceLimits::of`] its quotas.
     pub(super) fn limits(&self, namespace: &str) -> &NamespaceLimits {
         self.limits.get(namespace).unwrap_or(&NO_LIMITS)

@@ -1,0 +1,327 @@
+//! Quotas and the usage they limit: what a pod is charged (and by which node label
+//! while it is pending), the namespaces' usage kept current as pods, nodes and quotas
+//! change (`usage`), the views admission decides on, and the recently departed pods
+//! the quota reconciler still counts as seen.
+
+use foldhash::HashMap;
+
+use crate::cache::pod::{CachedPod, PodKey};
+use crate::placement::models::WantedModels;
+use crate::placement::quantity::Milli;
+use crate::quota::eligible::Charged;
+use crate::quota::ledger::{
+    ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
+};
+use crate::quota::status::{StatusError, quota_name};
+use crate::quota::{GPUQuota, NamespaceLimits};
+
+use super::{ClusterState, Departed, namespace_of, node_model};
+
+impl ClusterState {
+    /// What a pod that wants only `model` is charged before it is bound: its cost on
+    /// the dearest label of that model among the nodes that existed when it was created
+    /// (`quota::ledger::pending_label`; a node added later does not lower it, and
+    /// placement refuses a node that costs more than this plus the namespace's room).
+    pub fn pending_label<'a>(
+        &'a self,
+        request: &crate::placement::GpuRequest,
+        model: &'a str,
+        created: i64,
+        limits: &NamespaceLimits,
+    ) -> &'a str {
+        let labels = self.labels_born_by(created);
+        crate::quota::ledger::pending_label(request, model, labels, limits, self.tally.mig())
+    }
+
+    /// What a pod created at `created` (unix seconds) costs on each model it wants, as
+    /// admission charges it: a pod that wants one model, by its
+    /// [`pending_label`](Self::pending_label); one that accepts several is charged at
+    /// placement, on its node's label.
+    pub fn admission_costs(
+        &self,
+        request: &crate::placement::GpuRequest,
+        wanted: &[String],
+        created: i64,
+        limits: &NamespaceLimits,
+    ) -> crate::quota::ledger::Costs {
+        let mig = self.tally.mig();
+        match wanted {
+            [only] => {
+                let label = self.pending_label(request, only, created, limits);
+                let charge = charge_on(request, label, mig);
+                crate::quota::ledger::Costs::single(only.clone(), charge)
+            }
+            _ => crate::quota::ledger::Costs::of(request, wanted, mig),
+        }
+    }
+
+    /// What a pod of a namespace limited by `limits` that wants `wanted` and asks
+    /// `request` was charged, for placement to respect ([`Charged`]): nothing without a
+    /// quota, its cost by its [`pending_label`](Self::pending_label) when it wants one
+    /// model, at placement when it accepts several. `created`: its creation second.
+    pub fn charged(
+        &self,
+        limits: &NamespaceLimits,
+        wanted: &WantedModels,
+        request: &crate::placement::GpuRequest,
+        created: i64,
+    ) -> Charged {
+        if !limits.has_quota {
+            return Charged::Free;
+        }
+        match wanted.models.as_slice() {
+            [only] => {
+                let label = self.pending_label(request, only, created, limits);
+                Charged::Admitted(charge_on(request, label, self.tally.mig()))
+            }
+            [] => Charged::Free,
+            _ => Charged::AtPlacement,
+        }
+    }
+
+    /// Bring the ledger's charge of pod `key` up to date.
+    pub(super) fn recharge(&mut self, key: &PodKey) {
+        let pod = self.pods.get(key);
+        let model = pod.and_then(|p| self.charge_label(namespace_of(key), p));
+        let pod = self.pods.get(key);
+        self.tally
+            .recharge(key, namespace_of(key), pod, model.as_deref());
+    }
+
+    /// The node label `pod` is charged by now: its node's, else, for a pod that wants
+    /// one model, the [`pending_label`](Self::pending_label) it was admitted by.
+    pub(super) fn charge_label(&self, namespace: &str, pod: &CachedPod) -> Option<String> {
+        if let Some(model) = node_model(&self.nodes, pod) {
+            return Some(model.to_string());
+        }
+        let limits = self.namespace_limits(namespace);
+        let wanted =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        match wanted {
+            [only] => Some(
+                self.pending_label(&pod.request, only, pod.created, limits)
+                    .to_string(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Recharge the pods on node `name` (its model changed, or it left).
+    pub(super) fn recharge_node(&mut self, name: &str) {
+        let Some(entry) = self.nodes.get(name) else {
+            return;
+        };
+        let keys: Vec<PodKey> = entry.pods.to_vec();
+        for key in &keys {
+            self.recharge(key);
+        }
+    }
+
+    /// Recharge the pods of `namespace` after its quotas changed.
+    pub(super) fn recharge_namespace(&mut self, namespace: &str) {
+        let limits = NamespaceLimits::of(self.namespace_quotas(namespace), namespace);
+        self.tally.set_limits(namespace, limits);
+        let keys: Vec<PodKey> = self
+            .by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for key in &keys {
+            self.recharge(key);
+        }
+        let claims: Vec<PodKey> = self
+            .namespace_claims(namespace)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in claims {
+            self.recharge_claim(&key);
+        }
+    }
+
+    // === quotas ===
+
+    /// Insert or update a quota. The ledger's own writes land here as soon as the API
+    /// server answers them, so the next admission decides on them without waiting for
+    /// the watch; a watch event older than what the cache holds is then ignored.
+    pub fn apply_quota(&mut self, quota: GPUQuota) {
+        let key = quota_key(&quota);
+        let held = self.quotas.get(&key).and_then(resource_version);
+        if held.is_some_and(|held| resource_version(&quota).is_some_and(|new| new < held)) {
+            return;
+        }
+        let namespace = key.0.clone();
+        self.quotas.insert(key, quota);
+        self.recharge_namespace(&namespace);
+    }
+
+    pub fn delete_quota(&mut self, quota: &GPUQuota) {
+        let key = quota_key(quota);
+        self.quotas.remove(&key);
+        self.recharge_namespace(&key.0);
+    }
+
+    pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
+        let fresh = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+        let old = std::mem::replace(&mut self.quotas, fresh);
+        let namespaces: std::collections::BTreeSet<String> = (old.into_keys())
+            .chain(self.quotas.keys().cloned())
+            .map(|(namespace, _)| namespace)
+            .collect();
+        for namespace in namespaces {
+            self.recharge_namespace(&namespace);
+        }
+    }
+
+    /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
+    /// (offline mode's ledger; API mode's reconciler).
+    pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
+        let view = |quota: &GPUQuota| {
+            QuotaView::from_crd(quota).map_err(|reason| StatusError {
+                quota: quota_name(quota),
+                reason,
+            })
+        };
+        let mut views = self
+            .namespace_quotas(namespace)
+            .map(view)
+            .collect::<Result<Vec<_>, _>>()?;
+        let used = self.usage(namespace);
+        for view in &mut views {
+            view.used = used
+                .iter()
+                .filter(|(m, _)| view.hard.contains_key(*m))
+                .map(|(m, a)| (m.clone(), *a))
+                .collect();
+        }
+        Ok(views)
+    }
+
+    /// The part of its namespace's usage `quota` reports in its status and metrics
+    /// (see [`reported_usage`]).
+    pub fn quota_usage(&self, quota: &GPUQuota) -> ModelAmounts {
+        let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
+        let listed = &self.namespace_limits(namespace).models;
+        let lists = |model: &str| quota.spec.hard.contains_key(model);
+        reported_usage(&self.usage(namespace), lists, listed)
+    }
+
+    /// GPUs per model that the namespace's live pods are charged (kept up to date as
+    /// pods, nodes and quotas change: one entry per model, not a walk over the pods).
+    pub fn usage(&self, namespace: &str) -> ModelAmounts {
+        self.tally.usage(namespace)
+    }
+
+    /// What a pod was surely charged at admission or binding, per quota key: a pod
+    /// that wants one model, or a bound one (a merely annotated multi-model pod may
+    /// not have been charged yet).
+    pub(super) fn ledger_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
+        let limits = self.namespace_limits(namespace);
+        let wanted =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
+            return None;
+        }
+        let mig = self.tally.mig();
+        let node = node_model(&self.nodes, pod);
+        match wanted {
+            // Admission charged it by the nodes that existed when it was created, and
+            // placement what a dearer node costs beyond that (`ledger::excess`).
+            [only] => {
+                let label = self.pending_label(&pod.request, only, pod.created, limits);
+                let mut charge = charge_on(&pod.request, label, mig);
+                if let Some(node) = node.filter(|n| *n != label) {
+                    let beyond = excess(&charge_on(&pod.request, node, mig), &charge);
+                    add_charge(&mut charge, &beyond);
+                }
+                Some(charge)
+            }
+            _ => Some(charge_on(&pod.request, admitted_model(wanted, node)?, mig)),
+        }
+    }
+
+    /// How MIG slices are charged (`resources.mig`); set once, before any pod arrives.
+    pub fn set_mig(&mut self, mig: crate::placement::MigResources) {
+        self.tally.set_mig(mig);
+    }
+
+    /// What the pods seen created in each recent second account for, per (second,
+    /// model): the namespace's live pods created at or after `since` (unix seconds) and
+    /// those that have left since. The quota reconciler settles pending charges with it.
+    pub fn seen_charges(&self, namespace: &str, since: i64) -> HashMap<(i64, String), Milli> {
+        let mut seen: HashMap<(i64, String), Milli> = HashMap::default();
+        let mut add = |created: i64, model: String, amount: Milli| {
+            let entry = seen.entry((created, model)).or_default();
+            entry.0 = entry.0.saturating_add(amount.0);
+        };
+        let keys = self.by_namespace.get(namespace).into_iter().flatten();
+        for pod in keys.filter_map(|key| self.pods.get(key)) {
+            if pod.created < since {
+                continue;
+            }
+            for (key, amount) in self.ledger_charge(namespace, pod).into_iter().flatten() {
+                add(pod.created, key, amount);
+            }
+        }
+        for (_, claim) in self.namespace_claims(namespace) {
+            if claim.created >= since {
+                for (key, amount) in self.claim_charge(namespace, claim) {
+                    add(claim.created, key, amount);
+                }
+            }
+        }
+        let departed = self.departed.iter().filter(|d| &*d.namespace == namespace);
+        for d in departed.filter(|d| d.created >= since) {
+            for (key, amount) in &d.charge {
+                add(d.created, key.clone(), *amount);
+            }
+        }
+        seen
+    }
+
+    /// Keep what a leaving pod that was created recently was charged: until its pending
+    /// total is settled it must still count as seen, or its charge would count again.
+    pub(super) fn remember_departure(&mut self, namespace: &str, key: &str) {
+        let created = self.pods.get(key).map_or(0, |p| p.created);
+        self.remember_departed(namespace, created, |state| {
+            state.ledger_charge(namespace, state.pods.get(key)?)
+        });
+    }
+
+    /// Keep `charge` (what a leaving pod or claim created at `created` was counted with)
+    /// while its pending total may still be settled; forget the older ones.
+    pub(super) fn remember_departed(
+        &mut self,
+        namespace: &str,
+        created: i64,
+        charge: impl FnOnce(&Self) -> Option<ModelAmounts>,
+    ) {
+        let horizon = crate::quota::pending::now_second()
+            - crate::quota::pending::PENDING_TTL.as_secs() as i64;
+        self.departed.retain(|d| d.created >= horizon);
+        if created < horizon || !self.namespace_limits(namespace).has_quota {
+            return;
+        }
+        if let Some(charge) = charge(self) {
+            self.departed.push(Departed {
+                namespace: namespace.into(),
+                created,
+                charge,
+            });
+        }
+    }
+}
+
+/// A resourceVersion as a number: the API server's are etcd revisions, which only
+/// grow. `None` for any other form (then the newest event wins, as before).
+pub(super) fn resource_version(quota: &GPUQuota) -> Option<u64> {
+    quota.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+pub(super) fn quota_key(quota: &GPUQuota) -> (String, String) {
+    (
+        quota.metadata.namespace.clone().unwrap_or_default(),
+        quota.metadata.name.clone().unwrap_or_default(),
+    )
+}

@@ -18,7 +18,7 @@ pub enum ConfigError {
     Invalid { path: String, message: String },
 }
 
-pub use crate::quota::ledger::{DEFAULT_SCHEDULER, UntypedPods};
+pub use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -100,8 +100,8 @@ impl Default for Config {
 
 impl Config {
     /// The admission rules that are configuration, as the quota arithmetic takes them.
-    pub fn admit_rules(&self) -> crate::quota::ledger::AdmitRules {
-        crate::quota::ledger::AdmitRules {
+    pub fn admit_rules(&self) -> crate::quota::AdmitRules {
+        crate::quota::AdmitRules {
             untyped: self.untyped_pods,
             quota_required: self.quota_required,
         }

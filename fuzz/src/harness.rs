@@ -266,7 +266,7 @@ fn kubernetes_rule(pod: &Pod) -> (u64, std::collections::BTreeMap<String, u64>) 
 /// the model is charged by.
 fn charges(request: &GpuRequest) {
     use gpu_admission::quota::NamespaceLimits;
-    use gpu_admission::quota::ledger::{charge_on, pending_label};
+    use gpu_admission::quota::{charge_on, pending_label};
     let mig = &names().mig;
     let model = "A100-SXM4-40GB";
     if request.mig.is_empty() {

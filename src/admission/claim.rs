@@ -15,7 +15,7 @@ use crate::dra::cel::Budget;
 use crate::dra::{Catalog, ClaimAsks, DeviceAsk, Dra, ExactRequest, Resolved, ResourceClaim};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{Costs, Denial};
+use crate::quota::{Costs, Denial};
 
 use super::validate::{ValidateError, Verdict, created_or_now, verdict};
 

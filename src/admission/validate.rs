@@ -13,7 +13,7 @@ use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{Charge, Denial, Route, models_for_route};
+use crate::quota::{Arrival, Charge, Denial, models_for_arrival};
 
 /// What the webhook answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,20 +123,20 @@ fn wanted_on_route(
         .and_then(|s| s.scheduler_name.as_deref())
         .unwrap_or_default();
     let route = match node {
-        Some(node) => Route::Bound {
+        Some(node) => Arrival::Bound {
             node,
             gpus: state.node(node),
         },
         None if scheduler == config.scheduler_name && request.has_gpu_demand() => {
-            Route::GpuScheduler
+            Arrival::GpuScheduler
         }
-        None => Route::OtherScheduler {
+        None => Arrival::OtherScheduler {
             name: scheduler,
             gpu_scheduler: &config.scheduler_name,
             type_annotation: &config.type_annotation,
         },
     };
-    models_for_route(namespace, limits, limits.wanted_models(pod, config), route)
+    models_for_arrival(namespace, limits, limits.wanted_models(pod, config), route)
 }
 
 /// Judge an update of a pod. Two kinds of annotation are fixed for the tenant:

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::placement::models::ModelSource;
-use crate::quota::ledger::UntypedPods;
+use crate::quota::UntypedPods;
 use crate::quota::status::tests::{T, quota};
 use crate::quota::status::views_with_status;
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::placement::{NodeGpus, PlacementMemo, Stamp};
-use crate::quota::ledger::ModelAmounts;
+use crate::quota::ModelAmounts;
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};

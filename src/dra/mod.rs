@@ -62,7 +62,7 @@ use serde::Deserialize;
 
 use crate::placement::mig::{self, MigResources};
 use crate::placement::{GpuDemand, GpuRequest, MigDemand};
-use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
+use crate::quota::{ModelAmounts, add_charge, charge_on};
 
 pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
 

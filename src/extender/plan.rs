@@ -21,7 +21,7 @@ use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::{Assignment, GpuRequest, Outcome, Placer};
 use crate::quota::NamespaceLimits;
 use crate::quota::eligible::{Eligibility, needs_views};
-use crate::quota::ledger::{Costs, ModelAmounts};
+use crate::quota::{Costs, ModelAmounts};
 
 /// What the record step needs to know of the plan.
 pub(super) struct Plan {

@@ -29,7 +29,7 @@ pub struct NodeGpus {
     /// Their use is kube-scheduler's to count (they are ordinary extended resources).
     pub mig_slices: Vec<(Box<str>, u32)>,
     /// `creationTimestamp`, unix seconds (0: unknown). A pending pod is charged by the
-    /// nodes that existed when it was created (`quota::ledger::pending_label`).
+    /// nodes that existed when it was created (`quota::pending_label`).
     pub created: i64,
 }
 

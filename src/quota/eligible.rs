@@ -12,8 +12,8 @@ use crate::placement::models::{WantedModels, pool_admits};
 use crate::placement::{GpuRequest, Misfit, NodeGpus};
 
 use super::NamespaceLimits;
-use super::ledger::{ModelAmounts, QuotaView, charge_on, excess, room};
 use super::status::StatusError;
+use super::{ModelAmounts, QuotaView, charge_on, excess, room};
 
 /// The namespace's quotas with their usage, when placement read them.
 pub type Views = Result<Vec<QuotaView>, StatusError>;

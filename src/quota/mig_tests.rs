@@ -2,7 +2,7 @@
 //! device plugin's strategies, and profile caps at admission and placement.
 #![allow(clippy::unwrap_used)]
 
-use super::ledger::*;
+use super::*;
 use crate::config::UntypedPods;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;

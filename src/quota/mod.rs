@@ -172,12 +172,22 @@ impl NamespaceLimits {
     }
 }
 
-pub mod eligible;
-pub mod ledger;
+pub mod admit;
 #[cfg(test)]
-mod ledger_tests;
+mod admit_tests;
+pub mod charge;
+pub mod eligible;
 pub mod legacy;
 #[cfg(test)]
 mod mig_tests;
 pub mod pending;
 pub mod status;
+
+pub use admit::{
+    AdmitRules, Arrival, Charge, DEFAULT_SCHEDULER, Denial, Exceeded, NodeProblem, QuotaView,
+    UntypedPods, admit, listed_models, models_for_arrival, room,
+};
+pub use charge::{
+    Costs, ModelAmounts, PodCharge, add_charge, admitted_model, charge_on, charged_model, excess,
+    pending_label, reported_usage, usage,
+};

@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::placement::quantity::Milli;
 
+use super::ModelAmounts;
 use super::PendingCharges;
-use super::ledger::ModelAmounts;
 
 /// A total older than this is dropped even if not all its pods were seen: by then every
 /// pod admitted in that second has been created (and is counted) or never will be.

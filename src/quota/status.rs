@@ -8,9 +8,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::placement::quantity::Milli;
 
-use super::ledger::{ModelAmounts, QuotaView};
 use super::pending::{CreatedSecond, Pending};
 use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
+use super::{ModelAmounts, QuotaView};
 
 /// A GPUQuota whose spec or status cannot be read as amounts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

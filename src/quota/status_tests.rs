@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::quota::ledger::ModelAmounts;
+use crate::quota::ModelAmounts;
 use crate::quota::{GpuQuotaSpec, PendingCharges};
 
 pub(crate) const T: CreatedSecond = 1_790_000_000;

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::quantity::Milli;
-use crate::quota::ledger::ModelAmounts;
+use crate::quota::ModelAmounts;
 
 /// (labels, hard, used) in GPUs for every model of every GPUQuota, and for models no
 /// quota of the namespace lists that pods use anyway (hard 0). Used is the status (the

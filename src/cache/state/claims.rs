@@ -12,7 +12,7 @@ use crate::dra::slices::{GpuDevice, SliceDevices};
 use crate::dra::{self, Catalog, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
 use crate::placement::GpuDemand;
 use crate::placement::models::WantedModels;
-use crate::quota::ledger::{ModelAmounts, add_charge, charge_on};
+use crate::quota::{ModelAmounts, add_charge, charge_on};
 
 use super::super::pod::PodKey;
 use super::{ClusterState, namespace_of};

@@ -14,7 +14,7 @@ use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::testing::node;
 use crate::placement::{Misfit, NodeGpus};
 use crate::quota::eligible::{self, Charged, Eligibility};
-use crate::quota::ledger::{Charge, Denial, admit};
+use crate::quota::{Charge, Denial, admit};
 
 const MODEL: &str = "A100-SXM4-40GB";
 const SLICES: &str = "A100-SXM4-40GB-MIG-1g.5gb";

@@ -9,18 +9,18 @@ use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::eligible::Charged;
-use crate::quota::ledger::{
-    ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
-};
 use crate::quota::status::{StatusError, quota_name};
 use crate::quota::{GPUQuota, NamespaceLimits};
+use crate::quota::{
+    ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
+};
 
 use super::{ClusterState, Departed, namespace_of, node_model};
 
 impl ClusterState {
     /// What a pod that wants only `model` is charged before it is bound: its cost on
     /// the dearest label of that model among the nodes that existed when it was created
-    /// (`quota::ledger::pending_label`; a node added later does not lower it, and
+    /// (`quota::pending_label`; a node added later does not lower it, and
     /// placement refuses a node that costs more than this plus the namespace's room).
     pub fn pending_label<'a>(
         &'a self,
@@ -30,7 +30,7 @@ impl ClusterState {
         limits: &NamespaceLimits,
     ) -> &'a str {
         let labels = self.labels_born_by(created);
-        crate::quota::ledger::pending_label(request, model, labels, limits, self.tally.mig())
+        crate::quota::pending_label(request, model, labels, limits, self.tally.mig())
     }
 
     /// What a pod created at `created` (unix seconds) costs on each model it wants, as
@@ -43,15 +43,15 @@ impl ClusterState {
         wanted: &[String],
         created: i64,
         limits: &NamespaceLimits,
-    ) -> crate::quota::ledger::Costs {
+    ) -> crate::quota::Costs {
         let mig = self.tally.mig();
         match wanted {
             [only] => {
                 let label = self.pending_label(request, only, created, limits);
                 let charge = charge_on(request, label, mig);
-                crate::quota::ledger::Costs::single(only.clone(), charge)
+                crate::quota::Costs::single(only.clone(), charge)
             }
-            _ => crate::quota::ledger::Costs::of(request, wanted, mig),
+            _ => crate::quota::Costs::of(request, wanted, mig),
         }
     }
 
@@ -79,7 +79,7 @@ impl ClusterState {
         }
     }
 
-    /// Bring the ledger's charge of pod `key` up to date.
+    /// Bring the usage tally's charge of pod `key` up to date.
     pub(super) fn recharge(&mut self, key: &PodKey) {
         let pod = self.pods.get(key);
         let model = pod.and_then(|p| self.charge_label(namespace_of(key), p));
@@ -216,7 +216,7 @@ impl ClusterState {
     /// What a pod was surely charged at admission or binding, per quota key: a pod
     /// that wants one model, or a bound one (a merely annotated multi-model pod may
     /// not have been charged yet).
-    pub(super) fn ledger_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
+    pub(super) fn admitted_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
@@ -227,7 +227,7 @@ impl ClusterState {
         let node = node_model(&self.nodes, pod);
         match wanted {
             // Admission charged it by the nodes that existed when it was created, and
-            // placement what a dearer node costs beyond that (`ledger::excess`).
+            // placement what a dearer node costs beyond that (`quota::excess`).
             [only] => {
                 let label = self.pending_label(&pod.request, only, pod.created, limits);
                 let mut charge = charge_on(&pod.request, label, mig);
@@ -260,7 +260,7 @@ impl ClusterState {
             if pod.created < since {
                 continue;
             }
-            for (key, amount) in self.ledger_charge(namespace, pod).into_iter().flatten() {
+            for (key, amount) in self.admitted_charge(namespace, pod).into_iter().flatten() {
                 add(pod.created, key, amount);
             }
         }
@@ -285,7 +285,7 @@ impl ClusterState {
     pub(super) fn remember_departure(&mut self, namespace: &str, key: &str) {
         let created = self.pods.get(key).map_or(0, |p| p.created);
         self.remember_departed(namespace, created, |state| {
-            state.ledger_charge(namespace, state.pods.get(key)?)
+            state.admitted_charge(namespace, state.pods.get(key)?)
         });
     }
 

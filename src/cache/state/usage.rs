@@ -6,7 +6,7 @@
 //! What a pod is charged depends on the pod (its models, request, node, whether it is
 //! terminating), on its namespace's quotas (default model, listed models) and on its
 //! node's model; `ClusterState` calls [`Tally::recharge`] for every pod whose inputs
-//! change, and the ledger keeps what it added for each pod, so it subtracts exactly
+//! change, and the tally keeps what it added for each pod, so it subtracts exactly
 //! that when the pod changes or leaves.
 
 use std::collections::BTreeMap;
@@ -18,7 +18,7 @@ use crate::placement::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::NamespaceLimits;
-use crate::quota::ledger::{ModelAmounts, charge_on, charged_model};
+use crate::quota::{ModelAmounts, charge_on, charged_model};
 
 use super::super::pod::{CachedPod, PodKey};
 

@@ -16,8 +16,8 @@ use crate::config::Config;
 use crate::placement::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::testing::node;
-use crate::quota::ledger::{ModelAmounts, PodCharge, charge_on, charged_model, usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
+use crate::quota::{ModelAmounts, PodCharge, charge_on, charged_model, usage};
 
 const NAMESPACES: [&str; 3] = ["team-a", "team-b", "team-c"];
 const NODES: [&str; 4] = ["n0", "n1", "n2", "n3"];

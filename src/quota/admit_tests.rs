@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used)]
-use super::ledger::*;
+use super::*;
 use crate::config::UntypedPods;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
@@ -387,12 +387,12 @@ fn a_pod_created_on_a_node_is_charged_to_that_nodes_model() {
     // Three pods accepting T4 or A100, created on an A100 node (no scheduler, so no
     // placement to charge them): each is charged to A100 at admission.
     let a100 = gpu_node(Some("A100"), None);
-    let route = Route::Bound {
+    let route = Arrival::Bound {
         node: "n1",
         gpus: Some(&a100),
     };
     let either = wants(&["Tesla-T4", "A100"]);
-    let wanted = models_for_route("team-a", &limits(&[]), either.clone(), route).unwrap();
+    let wanted = models_for_arrival("team-a", &limits(&[]), either.clone(), route).unwrap();
     assert_eq!(wanted.models, vec!["A100".to_string()]);
     let mut quotas = [quota("default", &[("Tesla-T4", "4"), ("A100", "1")], &[])];
     let mut verdicts = Vec::new();
@@ -425,11 +425,11 @@ fn a_pod_created_on_a_node_is_charged_to_that_nodes_model() {
 #[test]
 fn a_pod_created_on_a_node_it_cannot_be_charged_to_is_denied() {
     let refused = |wanted: &[&str], pools: &[&str], node: Option<&NodeGpus>| {
-        let route = Route::Bound {
+        let route = Arrival::Bound {
             node: "n1",
             gpus: node,
         };
-        models_for_route("team-a", &limits(pools), wants(wanted), route)
+        models_for_arrival("team-a", &limits(pools), wants(wanted), route)
             .unwrap_err()
             .to_string()
     };
@@ -452,20 +452,20 @@ fn a_pod_created_on_a_node_it_cannot_be_charged_to_is_denied() {
     );
     // Without a quota nothing is charged, so nothing about the node matters.
     let free = NamespaceLimits::default();
-    let route = Route::Bound {
+    let route = Arrival::Bound {
         node: "n1",
         gpus: None,
     };
     let either = wants(&["Tesla-T4", "A100"]);
     assert_eq!(
-        models_for_route("free", &free, either.clone(), route),
+        models_for_arrival("free", &free, either.clone(), route),
         Ok(either)
     );
 }
 
 #[test]
 fn a_multi_model_pod_must_be_placed_by_the_gpu_scheduler() {
-    let other = |name| Route::OtherScheduler {
+    let other = |name| Arrival::OtherScheduler {
         name,
         gpu_scheduler: "gpu-scheduler",
         type_annotation: "gpu-admission.io/gpu-type",
@@ -473,7 +473,7 @@ fn a_multi_model_pod_must_be_placed_by_the_gpu_scheduler() {
     let either = wants(&["Tesla-T4", "A100"]);
     for name in ["", "default-scheduler"] {
         let denial =
-            models_for_route("team-a", &limits(&[]), either.clone(), other(name)).unwrap_err();
+            models_for_arrival("team-a", &limits(&[]), either.clone(), other(name)).unwrap_err();
         assert_eq!(
             denial.to_string(),
             r#"the pod accepts several GPU models (Tesla-T4,A100) and is scheduled by "default-scheduler", so the GPU quota of namespace "team-a" cannot charge it to the model it lands on; name one model in the gpu-admission.io/gpu-type annotation, or use schedulerName "gpu-scheduler""#
@@ -481,16 +481,21 @@ fn a_multi_model_pod_must_be_placed_by_the_gpu_scheduler() {
     }
     let one = wants(&["A100"]);
     assert_eq!(
-        models_for_route("team-a", &limits(&[]), one.clone(), other("volcano")),
+        models_for_arrival("team-a", &limits(&[]), one.clone(), other("volcano")),
         Ok(one)
     );
     assert_eq!(
-        models_for_route("team-a", &limits(&[]), either.clone(), Route::GpuScheduler),
+        models_for_arrival(
+            "team-a",
+            &limits(&[]),
+            either.clone(),
+            Arrival::GpuScheduler
+        ),
         Ok(either.clone())
     );
     let free = NamespaceLimits::default();
     assert_eq!(
-        models_for_route("free", &free, either.clone(), other("")),
+        models_for_arrival("free", &free, either.clone(), other("")),
         Ok(either)
     );
 }

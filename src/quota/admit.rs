@@ -1,141 +1,16 @@
-//! Quota arithmetic (docs/design.md), pure: what a pod would be charged, whether the
-//! namespace's quotas have room, and the denial a person reads when they do not.
+//! Whether a namespace's quotas admit a charge (docs/design.md, "Quota"), pure: the
+//! quotas as arithmetic sees them, the admission rule, the models a pod may be charged
+//! to by how it reaches a node, and the denial a person reads when there is no room.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::placement::mig::{self, MigResources};
+use crate::placement::NodeGpus;
+use crate::placement::mig::{self};
 use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
-use crate::placement::{GpuRequest, NodeGpus};
 
+use super::charge::{Costs, ModelAmounts};
 use super::{GPUQuota, NamespaceLimits};
-
-/// GPUs per model, in thousandths of a GPU.
-pub type ModelAmounts = BTreeMap<String, Milli>;
-
-/// What a pod on (or wanting) a node labelled `label` is charged, per quota key: its
-/// GPUs (the effective request) to the label's GPU model, and MIG slices at their
-/// fraction of a GPU to the model and one each to the profile's key
-/// (`<model>/<profile>`, docs/devices.md). On a single-strategy MIG node
-/// (`<model>-MIG-<profile>`) every whole GPU the pod asks for is one slice.
-pub fn charge_on(request: &GpuRequest, label: &str, mig: &MigResources) -> ModelAmounts {
-    let (model, single) = mig::split_product(label);
-    let mut charge = ModelAmounts::new();
-    let mut add = |key: &str, amount: u64| {
-        if amount > 0 {
-            let entry = charge.entry(key.to_string()).or_default();
-            entry.0 = entry.0.saturating_add(amount);
-        }
-    };
-    // 100 vcuda-core = 1 GPU = 1000 milli.
-    let units = request.core_units();
-    match single.and_then(|p| Some((p, mig::compute_slices(p).ok()?))) {
-        Some((profile, compute)) => {
-            let slices = units / 100;
-            let each = mig.slice_fraction(model, compute).0;
-            add(model, each.saturating_mul(slices) + units % 100 * 10);
-            add(
-                &mig::profile_key(model, profile),
-                slices.saturating_mul(1000),
-            );
-        }
-        None => add(model, units.saturating_mul(10)),
-    }
-    for demand in &request.mig {
-        let count = u64::from(demand.count);
-        let each = mig.slice_fraction(model, demand.compute).0;
-        add(model, each.saturating_mul(count));
-        add(&mig::profile_key(model, &demand.profile), count * 1000);
-    }
-    charge
-}
-
-/// The node label a pod that wants only `model` is charged by until it is bound (and
-/// what admission charges it): of `labels` (the model labels of the nodes that existed
-/// when it was created), those of `model` that could take it, the one it costs most on
-/// ([`charge_on`]). Whole GPUs (`model` itself) cost the most, and are the charge when
-/// a whole-GPU node of the model is among them or no node of it is; on a cluster whose
-/// GPUs of the model are all cut into slices (single strategy, `<model>-MIG-<profile>`),
-/// the dearest slice. A slice label whose profile the namespace caps takes only pods
-/// that name it, so it does not count here. Placement refuses a node that costs more
-/// than this plus the namespace's room ([`excess`]).
-pub fn pending_label<'a>(
-    request: &GpuRequest,
-    model: &'a str,
-    labels: impl IntoIterator<Item = &'a str>,
-    limits: &NamespaceLimits,
-    mig: &MigResources,
-) -> &'a str {
-    if mig::split_product(model).1.is_some() {
-        return model; // it names a slice label: charged by it
-    }
-    let mut dearest: Option<(&str, u64)> = None;
-    for label in labels {
-        if label == model {
-            return model;
-        }
-        let (of, Some(profile)) = mig::split_product(label) else {
-            continue;
-        };
-        let capped = || limits.profile_caps.contains(&mig::profile_key(of, profile));
-        if of != model || capped() {
-            continue;
-        }
-        let cost = charge_on(request, label, mig).get(model).map_or(0, |m| m.0);
-        if dearest.is_none_or(|(_, most)| cost > most) {
-            dearest = Some((label, cost));
-        }
-    }
-    dearest.map_or(model, |(label, _)| label)
-}
-
-/// What `cost` (a pod's charge on a node) asks beyond `charged` (what it was charged
-/// at admission), per quota key: the keys where it costs more, by how much.
-pub fn excess(cost: &ModelAmounts, charged: &ModelAmounts) -> ModelAmounts {
-    let more = cost.iter().filter_map(|(key, amount)| {
-        let before = charged.get(key).map_or(0, |m| m.0);
-        (amount.0 > before).then(|| (key.clone(), Milli(amount.0 - before)))
-    });
-    more.collect()
-}
-
-/// Add `charge` to `total`, key by key.
-pub fn add_charge(total: &mut ModelAmounts, charge: &ModelAmounts) {
-    for (key, amount) in charge {
-        let entry = total.entry(key.clone()).or_default();
-        entry.0 = entry.0.saturating_add(amount.0);
-    }
-}
-
-/// What a pod would be charged on each model (node label) it accepts.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Costs(Vec<(String, ModelAmounts)>);
-
-impl Costs {
-    pub fn of(request: &GpuRequest, labels: &[String], mig: &MigResources) -> Self {
-        let each = labels
-            .iter()
-            .map(|l| (l.clone(), charge_on(request, l, mig)));
-        Costs(each.collect())
-    }
-
-    /// Costs given per label (tests, and callers that computed them).
-    pub fn from_charges(charges: Vec<(String, ModelAmounts)>) -> Self {
-        Costs(charges)
-    }
-
-    /// The cost of a pod already placed on a node labelled `label`.
-    pub fn single(label: String, charge: ModelAmounts) -> Self {
-        Costs(vec![(label, charge)])
-    }
-
-    /// The charge on `label` (empty for a label the costs were not computed for).
-    pub fn on(&self, label: &str) -> ModelAmounts {
-        let found = self.0.iter().find(|(l, _)| l == label);
-        found.map(|(_, charge)| charge.clone()).unwrap_or_default()
-    }
-}
 
 /// One GPUQuota as arithmetic sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -454,7 +329,7 @@ pub fn admit(
 /// How a pod reaches its node, which decides when a pod accepting several models can
 /// be charged: the extender charges it at placement only if it is the one placing it.
 #[derive(Debug, Clone, Copy)]
-pub enum Route<'a> {
+pub enum Arrival<'a> {
     /// Placed by the GPU scheduler (whose extender charges it at placement).
     GpuScheduler,
     /// Placed by another scheduler (`name`; an empty schedulerName is
@@ -477,19 +352,19 @@ pub enum Route<'a> {
 /// (which it must accept, in an allowed pool), and a pod accepting several models must
 /// go through the GPU scheduler. Namespaces without a quota charge nothing: `wanted`
 /// is returned as it is.
-pub fn models_for_route(
+pub fn models_for_arrival(
     namespace: &str,
     limits: &NamespaceLimits,
     wanted: WantedModels,
-    route: Route<'_>,
+    route: Arrival<'_>,
 ) -> Result<WantedModels, Denial> {
     if !limits.has_quota {
         return Ok(wanted);
     }
     match route {
-        Route::GpuScheduler => Ok(wanted),
-        Route::OtherScheduler { .. } if wanted.models.len() < 2 => Ok(wanted),
-        Route::OtherScheduler {
+        Arrival::GpuScheduler => Ok(wanted),
+        Arrival::OtherScheduler { .. } if wanted.models.len() < 2 => Ok(wanted),
+        Arrival::OtherScheduler {
             name,
             gpu_scheduler,
             type_annotation,
@@ -504,7 +379,7 @@ pub fn models_for_route(
             gpu_scheduler: gpu_scheduler.into(),
             type_annotation: type_annotation.into(),
         }),
-        Route::Bound { node, gpus } => {
+        Arrival::Bound { node, gpus } => {
             let refuse = |problem| Denial::BoundNode {
                 namespace: namespace.into(),
                 node: node.into(),
@@ -585,69 +460,4 @@ pub fn listed_models(quotas: &[QuotaView]) -> Vec<String> {
     models.sort();
     models.dedup();
     models
-}
-
-/// A pod as usage counting sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodCharge<'a> {
-    pub namespace: &'a str,
-    /// What it is charged per quota key (empty: nothing, or not yet).
-    pub charge: ModelAmounts,
-    /// Finished or being deleted pods are not charged.
-    pub live: bool,
-}
-
-/// Usage per model of one namespace, from its pods.
-pub fn usage<'a>(namespace: &str, pods: impl IntoIterator<Item = PodCharge<'a>>) -> ModelAmounts {
-    let mut used = ModelAmounts::new();
-    for pod in pods
-        .into_iter()
-        .filter(|p| p.live && p.namespace == namespace)
-    {
-        for (key, amount) in pod.charge {
-            let entry = used.entry(key).or_default();
-            entry.0 = entry.0.saturating_add(amount.0);
-        }
-    }
-    used
-}
-
-/// The part of a namespace's `usage` one quota reports (status, metrics): the models it
-/// lists (`lists`) and those no quota of the namespace lists (`listed` holds every
-/// model some quota lists). A pod charged to an unlisted model got around admission
-/// (created before the quota, or while the webhook was down); its use is shown against
-/// a quota of zero in every quota of the namespace rather than hidden.
-pub fn reported_usage(
-    usage: &ModelAmounts,
-    lists: impl Fn(&str) -> bool,
-    listed: &[String],
-) -> ModelAmounts {
-    usage
-        .iter()
-        .filter(|(key, _)| lists(key) || !(listed.contains(*key) || mig::is_profile_key(key)))
-        .map(|(model, amount)| (model.clone(), *amount))
-        .collect()
-}
-
-/// The node label a pod is charged by ([`charge_on`]): its only wanted model, else
-/// (several accepted) the label of the node it was placed on, once placed; a pod that
-/// wants a model and is on a single-strategy MIG node of it (`<model>-MIG-<profile>`)
-/// is charged the node's slices. `None`: not charged (yet). A node of a model the pod
-/// does not accept (reachable only around admission, e.g. a node relabelled since)
-/// still charges its model: usage is what pods use.
-pub fn charged_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
-    match (wanted, node_model) {
-        ([only], Some(node)) if node != only && mig::model_of(node) == only => Some(node),
-        _ => admitted_model(wanted, node_model),
-    }
-}
-
-/// The node label a pod was charged by when it was admitted (a pod wanting one model)
-/// or placed (several): what its pending total in the ledger holds, even once it costs
-/// a MIG slice ([`charged_model`]).
-pub fn admitted_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
-    match wanted {
-        [only] => Some(only),
-        _ => node_model,
-    }
 }

@@ -14,8 +14,25 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    #[error("config file {path}: {message}")]
-    Invalid { path: String, message: String },
+    #[error("config file {path}: {problem}")]
+    Invalid {
+        path: String,
+        problem: ConfigProblem,
+    },
+}
+
+/// What is wrong with the configuration's text: each names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigProblem {
+    /// Not YAML, an unknown key, or a bad value (serde names the key and its line).
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("{key}: must not be empty")]
+    Empty { key: &'static str },
+    #[error("resources.mig: compute slices per GPU must be between 1 and 64")]
+    ComputeSlices,
+    #[error("placementWriters: a user name must not be empty")]
+    EmptyWriter,
 }
 
 pub use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
@@ -112,23 +129,23 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&text).map_err(|message| ConfigError::Invalid {
+        Self::parse(&text).map_err(|problem| ConfigError::Invalid {
             path: path.display().to_string(),
-            message,
+            problem,
         })
     }
 
     /// Parse YAML text; the error names the key (and its line) that is wrong.
-    pub fn parse(text: &str) -> Result<Config, String> {
+    pub fn parse(text: &str) -> Result<Config, ConfigProblem> {
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
-        let config: Config = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let config: Config = serde_yaml::from_str(text)?;
         config.validate()?;
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ConfigProblem> {
         let required = [
             ("schedulerName", &self.scheduler_name),
             ("modelLabel", &self.model_label),
@@ -151,13 +168,13 @@ impl Config {
             .values()
             .chain([&mig.default_compute_slices]);
         if slices.into_iter().any(|n| !(1..=64).contains(n)) {
-            return Err("resources.mig: compute slices per GPU must be between 1 and 64".into());
+            return Err(ConfigProblem::ComputeSlices);
         }
         if self.placement_writers.iter().any(|w| w.trim().is_empty()) {
-            return Err("placementWriters: a user name must not be empty".into());
+            return Err(ConfigProblem::EmptyWriter);
         }
         match required.iter().find(|(_, value)| value.trim().is_empty()) {
-            Some((key, _)) => Err(format!("{key}: must not be empty")),
+            Some((key, _)) => Err(ConfigProblem::Empty { key }),
             None => Ok(()),
         }
     }
@@ -198,13 +215,19 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let err = Config::parse("schedulerNmae: x\n").unwrap_err();
+        let err = Config::parse("schedulerNmae: x\n").unwrap_err().to_string();
         assert!(err.contains("unknown field `schedulerNmae`"), "{err}");
-        let err = Config::parse("placement:\n  polcy: fgd\n").unwrap_err();
+        let err = Config::parse("placement:\n  polcy: fgd\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("placement") && err.contains("polcy"), "{err}");
-        let err = Config::parse("placement: {policy: fastest}\n").unwrap_err();
+        let err = Config::parse("placement: {policy: fastest}\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("fastest"), "{err}");
-        let err = Config::parse("schedulerName: ''\n").unwrap_err();
+        let err = Config::parse("schedulerName: ''\n")
+            .unwrap_err()
+            .to_string();
         assert_eq!(err, "schedulerName: must not be empty");
     }
 }

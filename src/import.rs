@@ -19,7 +19,7 @@ pub async fn run(args: QuotaImportArgs) -> anyhow::Result<()> {
         (None, Some(reference)) => read_configmap(&args, reference).await?,
         (None, None) => bail!("give --configmap NAMESPACE/NAME or --file PATH"),
     };
-    let quotas = quotas_from_legacy(&json).map_err(anyhow::Error::msg)?;
+    let quotas = quotas_from_legacy(&json)?;
     if args.dry_run {
         for quota in &quotas {
             print!("---\n{}", serde_yaml::to_string(quota)?);

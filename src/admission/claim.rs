@@ -12,7 +12,7 @@ use crate::cache::state::claims::{CachedClaim, claim_key, extended_owner};
 use crate::cache::{ClusterCache, ClusterState};
 use crate::config::{Config, UntypedPods};
 use crate::dra::cel::Budget;
-use crate::dra::{Catalog, ClaimAsks, DeviceAsk, Dra, ExactRequest, Resolved, ResourceClaim};
+use crate::dra::{Catalog, ClaimAsks, DeviceAsk, ExactRequest, Resolved, ResourceClaim};
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
@@ -72,7 +72,7 @@ pub async fn validate_claim(
     let (wanted, costs) = match charged(config, namespace, &seen, &asks) {
         Ok(Some(charged)) => charged,
         Ok(None) => return Ok(Verdict::Allow),
-        Err(message) => return Ok(Verdict::Deny(message)),
+        Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
     };
     let ask = Ask {
         wanted,
@@ -95,7 +95,7 @@ fn charged(
     namespace: &str,
     seen: &Seen,
     asks: &ClaimAsks,
-) -> Result<Option<(WantedModels, Costs)>, String> {
+) -> Result<Option<(WantedModels, Costs)>, ClaimDenial> {
     let limits = &seen.limits;
     let default = limits.default_type.as_deref();
     let mut models = Vec::new();
@@ -120,20 +120,35 @@ fn charged(
             }
             _ => return Ok(None),
         };
-        return Err(denial.to_string());
+        return Err(ClaimDenial::Quota(denial));
     }
+    let attribute = || {
+        (
+            config.dra.driver.clone(),
+            config.dra.model_attribute.clone(),
+        )
+    };
     if let Some((request, labels)) = ambiguous.first() {
-        return Err(ambiguous_message(&config.dra, namespace, request, labels));
+        return Err(ClaimDenial::Ambiguous {
+            namespace: namespace.into(),
+            request: request.to_string(),
+            labels: labels.clone(),
+            attribute: attribute(),
+        });
     }
     if !untyped.is_empty() {
-        return Err(untyped_message(&config.dra, namespace, &untyped));
+        return Err(ClaimDenial::Untyped {
+            namespace: namespace.into(),
+            requests: untyped.iter().map(|r| r.to_string()).collect(),
+            attribute: attribute(),
+        });
     }
     if let Some((ask, label)) = models.iter().find(|(ask, _)| ask.pinned.is_none()) {
-        let pin = seen.catalog.pin(label);
-        return Err(format!(
-            "ResourceClaim request {} is not pinned to the model it is charged for ({label}): gpu-admission's mutating webhook adds the CEL selector {pin}; was it removed by another webhook?",
-            ask.request
-        ));
+        return Err(ClaimDenial::Unpinned {
+            request: ask.request.clone(),
+            label: label.clone(),
+            pin: seen.catalog.pin(label),
+        });
     }
     let charge = asks.charge(default, &config.resources.mig);
     let label = models.first().map(|(_, l)| l.clone()).unwrap_or_default();
@@ -144,22 +159,39 @@ fn charged(
     Ok(Some((wanted, Costs::single(label, charge))))
 }
 
-fn untyped_message(dra: &Dra, namespace: &str, untyped: &[&str]) -> String {
-    format!(
-        "ResourceClaim request {} names no GPU model and namespace {namespace:?} has no default model (defaultType in a GPUQuota); select one with a CEL selector on device.attributes[{:?}].{}",
-        untyped.join(", "),
-        dra.driver,
-        dra.model_attribute
-    )
-}
-
-fn ambiguous_message(dra: &Dra, namespace: &str, request: &str, labels: &[String]) -> String {
-    format!(
+/// Why a claim is refused (a denial, a value: its text is what `kubectl` prints).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ClaimDenial {
+    #[error("{0}")]
+    Quota(Denial),
+    /// `attribute`: the driver and the model attribute a CEL selector names.
+    #[error(
         "ResourceClaim request {request} can be allocated GPUs of several models ({}), none of them namespace {namespace:?}'s default model; name one with a CEL selector on device.attributes[{:?}].{}",
-        labels.join(", "),
-        dra.driver,
-        dra.model_attribute
-    )
+        labels.join(", "), attribute.0, attribute.1
+    )]
+    Ambiguous {
+        namespace: String,
+        request: String,
+        labels: Vec<String>,
+        attribute: (String, String),
+    },
+    #[error(
+        "ResourceClaim request {} names no GPU model and namespace {namespace:?} has no default model (defaultType in a GPUQuota); select one with a CEL selector on device.attributes[{:?}].{}",
+        requests.join(", "), attribute.0, attribute.1
+    )]
+    Untyped {
+        namespace: String,
+        requests: Vec<String>,
+        attribute: (String, String),
+    },
+    #[error(
+        "ResourceClaim request {request} is not pinned to the model it is charged for ({label}): gpu-admission's mutating webhook adds the CEL selector {pin}; was it removed by another webhook?"
+    )]
+    Unpinned {
+        request: String,
+        label: String,
+        pin: String,
+    },
 }
 
 /// The JSON Patch that adds, to every GPU request of `claim` and every alternative, the
@@ -234,6 +266,7 @@ pub fn mutate_claim(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::dra::Dra;
     use crate::dra::classes::DeviceClasses;
     use crate::dra::slices::DeviceIndex;
 
@@ -337,7 +370,9 @@ mod tests {
             "selectors": [{"cel": {"expression": T4}}]}}]),
         );
         let asks = ClaimAsks::of(&claim, &catalog()).unwrap();
-        let error = charged(&Config::default(), "team-a", &seen(None), &asks).unwrap_err();
+        let error = charged(&Config::default(), "team-a", &seen(None), &asks)
+            .unwrap_err()
+            .to_string();
         assert!(
             error.starts_with(
                 "ResourceClaim request gpu is not pinned to the model it is charged for (Tesla-T4)"
@@ -353,7 +388,9 @@ mod tests {
             "selectors": [{"cel": {"expression": "device.attributes[\"gpu.nvidia.com\"].productName == \"H100\""}}]}}]),
         );
         let asks = ClaimAsks::of(&claim, &catalog()).unwrap();
-        let error = charged(&Config::default(), "team-a", &seen(None), &asks).unwrap_err();
+        let error = charged(&Config::default(), "team-a", &seen(None), &asks)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             error,
             r#"ResourceClaim request gpu names no GPU model and namespace "team-a" has no default model (defaultType in a GPUQuota); select one with a CEL selector on device.attributes["gpu.nvidia.com"].productName"#
@@ -371,7 +408,9 @@ mod tests {
         let claim =
             claim(json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]));
         let asks = ClaimAsks::of(&claim, &catalog()).unwrap();
-        let error = charged(&Config::default(), "team-a", &seen(None), &asks).unwrap_err();
+        let error = charged(&Config::default(), "team-a", &seen(None), &asks)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             error,
             r#"ResourceClaim request gpu can be allocated GPUs of several models (A100-SXM4-80GB, Tesla-T4), none of them namespace "team-a"'s default model; name one with a CEL selector on device.attributes["gpu.nvidia.com"].productName"#

@@ -58,7 +58,7 @@ pub fn desired_pod(
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
-) -> Result<Pod, String> {
+) -> Result<Pod, SelectorConflict> {
     let steered = steer(pod, config, keys, limits, nodes)?;
     let mut desired = pod.clone();
     steered.apply(&mut desired);
@@ -78,7 +78,7 @@ pub fn mutation(
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
-) -> Result<Patch, String> {
+) -> Result<Patch, SelectorConflict> {
     let after = steer(pod, config, keys, limits, nodes)?;
     let mut patch = Patch::default();
     // In the order a diff of the whole pods lists them: by key, depth first.
@@ -114,7 +114,7 @@ fn steer(
     keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
-) -> Result<Steered, String> {
+) -> Result<Steered, SelectorConflict> {
     let wanted = limits.wanted_models(pod, config);
     check_node_selector(pod, &config.model_label, &wanted.models, "GPU model")?;
     check_node_selector(pod, &config.pool_label, &limits.pools, "node pool")?;
@@ -229,23 +229,39 @@ fn set_scheduler_name(scheduler_name: &mut Option<String>, config: &Config) {
     }
 }
 
+/// Why a pod cannot be admitted as it is (a denial, not an error of ours): its
+/// nodeSelector names a GPU model or node pool the namespace may not use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the pod's nodeSelector {label}={value} conflicts with the {what} it may use ({})",
+    allowed.join(", ")
+)]
+pub struct SelectorConflict {
+    label: String,
+    value: String,
+    what: &'static str,
+    allowed: Vec<String>,
+}
+
 /// A nodeSelector on `label` must name one of `allowed` (when anything is required).
 fn check_node_selector(
     pod: &Pod,
     label: &str,
     allowed: &[String],
-    what: &str,
-) -> Result<(), String> {
+    what: &'static str,
+) -> Result<(), SelectorConflict> {
     let selected = pod
         .spec
         .as_ref()
         .and_then(|s| s.node_selector.as_ref())
         .and_then(|s| s.get(label));
     match selected {
-        Some(value) if !allowed.is_empty() && !allowed.contains(value) => Err(format!(
-            "the pod's nodeSelector {label}={value} conflicts with the {what} it may use ({})",
-            allowed.join(", ")
-        )),
+        Some(value) if !allowed.is_empty() && !allowed.contains(value) => Err(SelectorConflict {
+            label: label.to_string(),
+            value: value.clone(),
+            what,
+            allowed: allowed.to_vec(),
+        }),
         _ => Ok(()),
     }
 }

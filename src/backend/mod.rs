@@ -30,8 +30,9 @@ use crate::cache::{
 };
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
+use crate::quota::StatusError;
 use crate::quota::pending::CreatedSecond;
-use crate::quota::status::{StatusError, views_with_status};
+use crate::quota::status::views_with_status;
 use crate::quota::{Charge, ModelAmounts, QuotaView, admit};
 
 pub use quota_writer::{Ask, ChargeError, ChargeOutcome, QuotaWriter};

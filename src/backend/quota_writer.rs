@@ -22,8 +22,9 @@ use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
+use crate::quota::StatusError;
 use crate::quota::pending::CreatedSecond;
-use crate::quota::status::{Direction, StatusError, views_with_status, with_charges};
+use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, ModelAmounts, QuotaView, admit};
 
 /// How long one charge may keep losing write races before it is answered with an error

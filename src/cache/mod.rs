@@ -3,7 +3,7 @@
 //! state: it holds no client and writes nothing to the cluster — that is the
 //! backend's (`crate::backend`), the one place that knows the run mode.
 
-mod offline;
+pub mod offline;
 pub mod pod;
 #[cfg(test)]
 mod reserve_tests;
@@ -28,11 +28,11 @@ pub enum CacheError {
         path: String,
         source: std::io::Error,
     },
-    #[error("cluster file {path}, document {document}: {message}")]
+    #[error("cluster file {path}, document {document}: {problem}")]
     Document {
         path: String,
         document: usize,
-        message: String,
+        problem: Box<offline::DocumentError>,
     },
 }
 

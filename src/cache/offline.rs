@@ -45,15 +45,15 @@ pub fn load(path: &Path, projection: &Projection) -> Result<Objects, CacheError>
         path: path.display().to_string(),
         source,
     })?;
-    let error = |document: usize, message: String| CacheError::Document {
+    let error = |document: usize, problem: DocumentError| CacheError::Document {
         path: path.display().to_string(),
         document,
-        message,
+        problem: Box::new(problem),
     };
     let mut objects = Objects::default();
     for (index, document) in serde_yaml::Deserializer::from_str(&text).enumerate() {
         let value = serde_yaml::Value::deserialize(document)
-            .map_err(|e| error(index + 1, e.to_string()))?;
+            .map_err(|e| error(index + 1, DocumentError::Yaml(e)))?;
         if value.is_null() {
             continue;
         }
@@ -62,17 +62,43 @@ pub fn load(path: &Path, projection: &Projection) -> Result<Objects, CacheError>
     Ok(objects)
 }
 
+/// What is wrong with one YAML document of the cluster file.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error(transparent)]
+    Yaml(serde_yaml::Error),
+    #[error("{kind}: {source}")]
+    Object {
+        kind: String,
+        source: serde_yaml::Error,
+    },
+    #[error("Pod {pod}: {source}")]
+    Pod {
+        pod: String,
+        source: crate::placement::request::RequestError,
+    },
+    #[error("object has no kind")]
+    NoKind,
+    #[error(
+        "kind {0} is not one of Node, Pod, GPUQuota, ResourceClaim, ResourceSlice, DeviceClass, List"
+    )]
+    UnknownKind(String),
+}
+
 fn add(
     value: serde_yaml::Value,
     projection: &Projection,
     objects: &mut Objects,
-) -> Result<(), String> {
+) -> Result<(), DocumentError> {
     let kind = value
         .get("kind")
         .and_then(|k| k.as_str())
         .unwrap_or_default()
         .to_string();
-    let named = |e: serde_yaml::Error| format!("{kind}: {e}");
+    let named = |source: serde_yaml::Error| DocumentError::Object {
+        kind: kind.clone(),
+        source,
+    };
     match kind.as_str() {
         "List" | "NodeList" | "PodList" | "GPUQuotaList" | "ResourceClaimList"
         | "ResourceSliceList" | "DeviceClassList" => {
@@ -97,8 +123,9 @@ fn add(
             let pod: Pod = serde_yaml::from_value(value).map_err(named)?;
             match CachedPod::from_pod(&pod, projection) {
                 Ok(cached) => objects.pods.push((pod_key(&pod), cached)),
-                Err(SkipReason::BadRequest(e)) => {
-                    return Err(format!("Pod {}: {e}", pod_key(&pod)));
+                Err(SkipReason::BadRequest(source)) => {
+                    let pod = pod_key(&pod).to_string();
+                    return Err(DocumentError::Pod { pod, source });
                 }
                 Err(SkipReason::NoGpu | SkipReason::Terminal) => {}
             }
@@ -127,12 +154,8 @@ fn add(
             let name = class.metadata.name.clone().unwrap_or_default();
             objects.classes.push((name, ClassInfo::of(&class)));
         }
-        "" => return Err("object has no kind".into()),
-        other => {
-            return Err(format!(
-                "kind {other} is not one of Node, Pod, GPUQuota, ResourceClaim, ResourceSlice, DeviceClass, List"
-            ));
-        }
+        "" => return Err(DocumentError::NoKind),
+        other => return Err(DocumentError::UnknownKind(other.to_string())),
     }
     Ok(())
 }

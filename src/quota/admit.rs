@@ -10,7 +10,7 @@ use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 
 use super::charge::{Costs, ModelAmounts};
-use super::{GPUQuota, NamespaceLimits};
+use super::{GPUQuota, NamespaceLimits, StatusError, quota_name};
 
 /// One GPUQuota as arithmetic sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,11 +23,13 @@ pub struct QuotaView {
 
 impl QuotaView {
     /// `used` is left empty: usage is counted by the caller, from pods and reservations.
-    pub fn from_crd(quota: &GPUQuota) -> Result<Self, String> {
+    pub fn from_crd(quota: &GPUQuota) -> Result<Self, StatusError> {
         let mut hard = ModelAmounts::new();
         for (model, quantity) in &quota.spec.hard {
-            let amount =
-                Milli::parse(&quantity.0).map_err(|e| format!("spec.hard.{model}: {e}"))?;
+            let amount = Milli::parse(&quantity.0).map_err(|e| StatusError {
+                quota: quota_name(quota),
+                reason: format!("spec.hard.{model}: {e}"),
+            })?;
             hard.insert(model.clone(), amount);
         }
         Ok(QuotaView {

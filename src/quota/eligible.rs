@@ -12,7 +12,7 @@ use crate::placement::models::{WantedModels, pool_admits};
 use crate::placement::{GpuRequest, Misfit, NodeGpus};
 
 use super::NamespaceLimits;
-use super::status::StatusError;
+use super::StatusError;
 use super::{ModelAmounts, QuotaView, charge_on, excess, room};
 
 /// The namespace's quotas with their usage, when placement read them.

@@ -24,17 +24,33 @@ struct LegacyNamespace {
     pool: Vec<String>,
 }
 
+/// Why the legacy JSON cannot be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum LegacyError {
+    #[error("legacy quota JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("namespace {namespace:?}, model {model:?}: {source}")]
+    Amount {
+        namespace: String,
+        model: String,
+        source: crate::placement::quantity::QuantityError,
+    },
+}
+
 /// Parse the legacy JSON; errors name the namespace and model at fault.
-pub fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, String> {
-    let namespaces: BTreeMap<String, LegacyNamespace> =
-        serde_json::from_str(json).map_err(|e| format!("legacy quota JSON: {e}"))?;
+pub fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, LegacyError> {
+    let namespaces: BTreeMap<String, LegacyNamespace> = serde_json::from_str(json)?;
     namespaces
         .into_iter()
         .map(|(namespace, legacy)| {
             let mut hard = BTreeMap::new();
             for (model, number) in legacy.quota {
-                let amount = Milli::parse(&number.to_string())
-                    .map_err(|e| format!("namespace {namespace:?}, model {model:?}: {e}"))?;
+                let amount =
+                    Milli::parse(&number.to_string()).map_err(|source| LegacyError::Amount {
+                        namespace: namespace.clone(),
+                        model: model.clone(),
+                        source,
+                    })?;
                 hard.insert(model, Quantity(amount.to_string()));
             }
             let mut quota = GPUQuota::new(
@@ -74,15 +90,20 @@ mod tests {
     #[test]
     fn bad_legacy_data_is_named() {
         let err = quotas_from_legacy(r#"{"team-a": {"quota": {"T4": -1}}}"#).unwrap_err();
-        assert_eq!(err, r#"namespace "team-a", model "T4": "-1" is negative"#);
+        assert_eq!(
+            err.to_string(),
+            r#"namespace "team-a", model "T4": "-1" is negative"#
+        );
         assert!(
             quotas_from_legacy(r#"{"team-a": {"quotas": {}}}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("unknown field `quotas`")
         );
         assert!(
             quotas_from_legacy("[]")
                 .unwrap_err()
+                .to_string()
                 .starts_with("legacy quota JSON")
         );
     }

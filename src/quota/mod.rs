@@ -172,6 +172,23 @@ impl NamespaceLimits {
     }
 }
 
+/// A GPUQuota whose spec or status cannot be read as amounts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPUQuota {quota}: {reason}")]
+pub struct StatusError {
+    pub quota: String,
+    pub reason: String,
+}
+
+/// `namespace/name` of a quota, for messages.
+pub fn quota_name(quota: &GPUQuota) -> String {
+    format!(
+        "{}/{}",
+        quota.metadata.namespace.as_deref().unwrap_or_default(),
+        quota.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 pub mod admit;
 #[cfg(test)]
 mod admit_tests;

@@ -55,7 +55,7 @@ impl Pending {
         let mut pending = Pending::default();
         for (index, entry) in entries.iter().enumerate() {
             let error = |reason: String| PendingError { index, reason };
-            let created = parse_second(&entry.created).map_err(error)?;
+            let created = parse_second(&entry.created).map_err(|e| error(e.to_string()))?;
             let amount = Milli::parse(&entry.amount.0).map_err(|e| error(e.to_string()))?;
             pending.add(created, &entry.model, amount, entry.pods);
         }
@@ -131,11 +131,22 @@ impl Pending {
     }
 }
 
+/// A time that is not RFC 3339.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an RFC 3339 time: {source}")]
+pub struct BadTime {
+    text: String,
+    source: time::error::Parse,
+}
+
 /// Unix seconds of an RFC 3339 time (a `creationTimestamp`).
-pub fn parse_second(text: &str) -> Result<CreatedSecond, String> {
+pub fn parse_second(text: &str) -> Result<CreatedSecond, BadTime> {
     time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
         .map(|t| t.unix_timestamp())
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
+        .map_err(|source| BadTime {
+            text: text.to_string(),
+            source,
+        })
 }
 
 pub fn format_second(second: CreatedSecond) -> String {

@@ -9,16 +9,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::placement::quantity::Milli;
 
 use super::pending::{CreatedSecond, Pending};
-use super::{GPUQuota, GpuQuotaStatus, QuotaReservation};
+use super::{GPUQuota, GpuQuotaStatus, QuotaReservation, StatusError, quota_name};
 use super::{ModelAmounts, QuotaView};
-
-/// A GPUQuota whose spec or status cannot be read as amounts.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("GPUQuota {quota}: {reason}")]
-pub struct StatusError {
-    pub quota: String,
-    pub reason: String,
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -68,14 +60,6 @@ pub fn with_charges(
     Ok(updated)
 }
 
-pub fn quota_name(quota: &GPUQuota) -> String {
-    format!(
-        "{}/{}",
-        quota.metadata.namespace.as_deref().unwrap_or_default(),
-        quota.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 /// Quota views whose `used` is what the status says (pending charges included).
 pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusError> {
     quotas
@@ -85,7 +69,7 @@ pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusEr
                 quota: quota_name(quota),
                 reason,
             };
-            let mut view = QuotaView::from_crd(quota).map_err(invalid)?;
+            let mut view = QuotaView::from_crd(quota)?;
             for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
                 let amount = Milli::parse(&quantity.0)
                     .map_err(|e| invalid(format!("status.used.{model}: {e}")))?;

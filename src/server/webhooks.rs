@@ -163,7 +163,7 @@ pub async fn mutate_route(
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))
             }
-            Err(message) => reply("deny", review.deny(&message)),
+            Err(conflict) => reply("deny", review.deny(&conflict.to_string())),
         }
     })
     .await

@@ -62,17 +62,26 @@ pub enum Format {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seeds(pub Vec<u64>);
 
-fn parse_seeds(text: &str) -> Result<Seeds, String> {
+/// Why `--seeds` cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SeedsError {
+    #[error("{0:?} is not a seed (a whole number)")]
+    NotANumber(String),
+    #[error("empty seed range {0}")]
+    EmptyRange(String),
+}
+
+fn parse_seeds(text: &str) -> Result<Seeds, SeedsError> {
     let number = |s: &str| {
         s.trim()
             .parse::<u64>()
-            .map_err(|_| format!("{s:?} is not a seed (a whole number)"))
+            .map_err(|_| SeedsError::NotANumber(s.to_string()))
     };
     let seeds = match text.split_once('-') {
         Some((from, to)) => {
             let (from, to) = (number(from)?, number(to)?);
             if from > to {
-                return Err(format!("empty seed range {text}"));
+                return Err(SeedsError::EmptyRange(text.to_string()));
             }
             (from..=to).collect()
         }

@@ -8,8 +8,8 @@ use foldhash::HashMap;
 use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
+use crate::quota::StatusError;
 use crate::quota::eligible::Charged;
-use crate::quota::status::{StatusError, quota_name};
 use crate::quota::{GPUQuota, NamespaceLimits};
 use crate::quota::{
     ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
@@ -177,15 +177,9 @@ impl ClusterState {
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
     /// (offline mode's ledger; API mode's reconciler).
     pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
-        let view = |quota: &GPUQuota| {
-            QuotaView::from_crd(quota).map_err(|reason| StatusError {
-                quota: quota_name(quota),
-                reason,
-            })
-        };
         let mut views = self
             .namespace_quotas(namespace)
-            .map(view)
+            .map(QuotaView::from_crd)
             .collect::<Result<Vec<_>, _>>()?;
         let used = self.usage(namespace);
         for view in &mut views {

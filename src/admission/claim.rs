@@ -17,7 +17,8 @@ use crate::placement::models::{ModelSource, WantedModels};
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
 
-use super::validate::{ValidateError, Verdict, created_or_now, verdict};
+use super::validate::{ValidateError, created_or_now, verdict};
+use super::verdict::{Reason, Verdict};
 
 /// What the cluster state says about a claim, read under the lock; its selectors are
 /// evaluated after.
@@ -67,12 +68,12 @@ pub async fn validate_claim(
     let asks = match ClaimAsks::of(claim, &seen.catalog) {
         Ok(asks) if asks.is_empty() => return Ok(Verdict::Allow),
         Ok(asks) => asks,
-        Err(error) => return Ok(Verdict::Deny(error.to_string())),
+        Err(error) => return Ok(Verdict::Deny(Reason::ClaimRequest(error))),
     };
     let (wanted, costs) = match charged(config, namespace, &seen, &asks) {
         Ok(Some(charged)) => charged,
         Ok(None) => return Ok(Verdict::Allow),
-        Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
+        Err(denial) => return Ok(Verdict::Deny(Reason::Claim(denial))),
     };
     let ask = Ask {
         wanted,
@@ -161,7 +162,7 @@ fn charged(
 
 /// Why a claim is refused (a denial, a value: its text is what `kubectl` prints).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-enum ClaimDenial {
+pub enum ClaimDenial {
     #[error("{0}")]
     Quota(Denial),
     /// `attribute`: the driver and the model attribute a CEL selector names.

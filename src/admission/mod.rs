@@ -7,3 +7,4 @@ pub mod claim;
 pub mod mutate;
 pub mod review;
 pub mod validate;
+pub mod verdict;

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::admission::review::UserInfo;
+pub use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
 use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};
 use crate::config::Config;
@@ -14,13 +15,6 @@ use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Arrival, Charge, Denial, models_for_arrival};
-
-/// What the webhook answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    Allow,
-    Deny(String),
-}
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +42,7 @@ pub async fn validate(
     let request = match GpuRequest::from_pod(pod, &cache.projection().names) {
         Ok(Some(request)) => request,
         Ok(None) => return Ok(Verdict::Allow),
-        Err(error) => return Ok(Verdict::Deny(format!("invalid GPU request: {error}"))),
+        Err(error) => return Ok(Verdict::Deny(Reason::Request(error))),
     };
     let created = created_or_now(&pod.metadata);
     let decided: Result<_, Denial> = cache.with_state(|state| {
@@ -59,7 +53,7 @@ pub async fn validate(
     });
     let (wanted, costs) = match decided {
         Ok(decided) => decided,
-        Err(denial) => return Ok(Verdict::Deny(denial.to_string())),
+        Err(denial) => return Ok(Verdict::Deny(Reason::Quota(denial))),
     };
     let ask = Ask {
         costs,
@@ -84,7 +78,7 @@ pub async fn validate(
 pub(super) fn verdict(outcome: ChargeOutcome) -> Result<Verdict, ValidateError> {
     Ok(match outcome {
         ChargeOutcome::Charged => Verdict::Allow,
-        ChargeOutcome::Denied(denial) => Verdict::Deny(denial.to_string()),
+        ChargeOutcome::Denied(denial) => Verdict::Deny(Reason::Quota(denial)),
     })
 }
 
@@ -159,19 +153,17 @@ pub fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -
     let names = &config.resources;
     let gpu = asks_for_gpu(old, names) || asks_for_gpu(new, names);
     if gpu && annotation(old, key) != annotation(new, key) {
-        return Verdict::Deny(format!(
-            "the GPU model annotation {key} of a pod is fixed at creation (it decides the quota charge); delete and recreate the pod to change it"
-        ));
+        return Verdict::Deny(Reason::ModelAnnotationFixed { key: key.clone() });
     }
     if config.placement_writers.contains(&user.username) {
         return Verdict::Allow;
     }
     let keys = AnnotationKeys::new(&names.annotation_prefix);
     match changed_placement(old, new, &keys) {
-        Some(changed) => Verdict::Deny(format!(
-            "annotation {changed} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user {:?} may not change it",
-            user.username
-        )),
+        Some(annotation) => Verdict::Deny(Reason::PlacementAnnotation {
+            annotation,
+            user: user.username.clone(),
+        }),
         None => Verdict::Allow,
     }
 }

@@ -101,7 +101,7 @@ pub async fn validate_route(
                 let user = &review.request.user_info;
                 return match validate_update(&old, &new, &state.config, user) {
                     Verdict::Allow => reply("allow", review.allow()),
-                    Verdict::Deny(message) => reply("deny", review.deny(&message)),
+                    Verdict::Deny(reason) => reply("deny", review.deny(&reason.to_string())),
                 };
             }
             Reviewed::Other => return reply("allow", review.allow()),
@@ -125,8 +125,9 @@ fn judged(
 ) -> (&'static str, Response) {
     match verdict {
         Ok(Verdict::Allow) => reply("allow", review.allow()),
-        Ok(Verdict::Deny(message)) => {
-            tracing::info!(kind, namespace, name, %message, "denied");
+        Ok(Verdict::Deny(reason)) => {
+            let message = reason.to_string();
+            tracing::info!(kind, namespace, name, reason = reason.kind(), %message, "denied");
             reply("deny", review.deny(&message))
         }
         Err(error) => {

@@ -1,0 +1,126 @@
+//! What a validating webhook answers: allow, or deny with a typed reason. A denial is a
+//! value, never an error (an error of ours is a 5xx: the API server's failure policy
+//! decides); its text is what `kubectl` prints after "denied the request:".
+
+use crate::dra::AskError;
+use crate::placement::RequestError;
+use crate::quota::Denial;
+
+use super::claim::ClaimDenial;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    Deny(Reason),
+}
+
+/// Why an object is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Reason {
+    /// The namespace's quotas do not admit the charge (the quota arithmetic's own).
+    #[error("{0}")]
+    Quota(Denial),
+    #[error("invalid GPU request: {0}")]
+    Request(RequestError),
+    /// A ResourceClaim's requests cannot be read as GPU asks.
+    #[error("{0}")]
+    ClaimRequest(AskError),
+    #[error("{0}")]
+    Claim(ClaimDenial),
+    #[error(
+        "the GPU model annotation {key} of a pod is fixed at creation (it decides the quota charge); delete and recreate the pod to change it"
+    )]
+    ModelAnnotationFixed { key: String },
+    #[error(
+        "annotation {annotation} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user {user:?} may not change it"
+    )]
+    PlacementAnnotation { annotation: String, user: String },
+}
+
+impl Reason {
+    /// A bounded label for metrics and logs.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Reason::Quota(_) => "quota",
+            Reason::Request(_) => "request",
+            Reason::ClaimRequest(_) | Reason::Claim(_) => "claim",
+            Reason::ModelAnnotationFixed { .. } => "model_annotation",
+            Reason::PlacementAnnotation { .. } => "placement_annotation",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use crate::admission::validate::validate;
+    use crate::backend::Backend;
+    use crate::cache::{ClusterCache, Projection};
+    use crate::config::Config;
+    use crate::placement::testing::{node, pod_with};
+    use crate::quota::{GPUQuota, GpuQuotaSpec};
+
+    /// A namespace whose quota allows one T4, on a cluster of one T4 node.
+    fn backend(config: &Config) -> Backend {
+        let cache = ClusterCache::in_memory(Projection::from_config(config));
+        let mut quota = GPUQuota::new(
+            "q",
+            GpuQuotaSpec {
+                hard: [("T4".to_string(), Quantity("1".into()))].into(),
+                pools: vec![],
+                default_type: Some("T4".into()),
+            },
+        );
+        quota.metadata.namespace = Some("team".into());
+        cache.with_state(|state| {
+            let mut t4 = node("n", 4, 16);
+            t4.model = Some("T4".into());
+            state.apply_node(t4);
+            state.apply_quota(quota);
+        });
+        Backend::offline(cache)
+    }
+
+    fn gpu_pod(name: &str, gpus: &str) -> k8s_openapi::api::core::v1::Pod {
+        let mut pod = pod_with(&[&[("nvidia.com/gpu", gpus)]]);
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some("team".into());
+        pod.metadata.uid = Some(format!("uid-{name}"));
+        pod
+    }
+
+    #[tokio::test]
+    async fn a_quota_denial_reaches_the_verdict_as_the_quota_said_it() {
+        let config = Config::default();
+        let backend = backend(&config);
+        let first = validate(&backend, &config, "team", &gpu_pod("a", "1"), false).await;
+        assert_eq!(first.unwrap(), Verdict::Allow);
+        let second = validate(&backend, &config, "team", &gpu_pod("b", "1"), false).await;
+        let Verdict::Deny(reason) = second.unwrap() else {
+            panic!("the second GPU is over the quota of one");
+        };
+        assert!(
+            matches!(&reason, Reason::Quota(Denial::Exceeded(e)) if e.model == "T4"),
+            "{reason:?}"
+        );
+        assert_eq!(reason.kind(), "quota");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_gpu_request_is_a_request_denial() {
+        let config = Config::default();
+        let (backend, pod) = (backend(&config), gpu_pod("c", "x"));
+        let verdict = validate(&backend, &config, "team", &pod, false).await;
+        let Verdict::Deny(reason) = verdict.unwrap() else {
+            panic!("nvidia.com/gpu: x is not a number");
+        };
+        assert!(matches!(reason, Reason::Request(_)), "{reason:?}");
+        assert!(
+            reason.to_string().starts_with("invalid GPU request: "),
+            "{reason}"
+        );
+    }
+}

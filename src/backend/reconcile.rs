@@ -11,6 +11,7 @@ use kube::Api;
 use kube::Client;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cache::ClusterCache;
 use crate::quota::GPUQuota;
@@ -34,7 +35,8 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
         }
         if cache.is_ready() {
-            reconcile_once(&cache, &client).await;
+            let pass = tracing::debug_span!("reconcile");
+            reconcile_once(&cache, &client).instrument(pass).await;
         }
     }
 }

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::dra::ResourceClaim;
 use crate::dra::classes::{ClassInfo, DeviceClass};
@@ -108,7 +109,25 @@ trait Kind<K>: Send {
     fn replace(&self, state: &mut ClusterState, items: Vec<Self::Item>);
 }
 
+/// Follow one kind's watch, inside a `watch` span that names the kind (every log line
+/// of the watch carries it).
 async fn watch<K, W>(
+    api: Api<K>,
+    config: watcher::Config,
+    cache: ClusterCache,
+    listed: Arc<Listed>,
+    kind: W,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    W: Kind<K>,
+{
+    let span = tracing::info_span!("watch", kind = W::NAME);
+    follow(api, config, cache, listed, kind)
+        .instrument(span)
+        .await
+}
+
+async fn follow<K, W>(
     api: Api<K>,
     config: watcher::Config,
     cache: ClusterCache,
@@ -126,19 +145,19 @@ async fn watch<K, W>(
             Ok(Some(event)) => event,
             Ok(None) => return,
             Err(error) => {
-                tracing::warn!(kind = W::NAME, %error, "watch failed; retrying");
+                tracing::warn!(%error, "watch failed; retrying");
                 continue;
             }
         };
-        let projection = cache.projection().clone();
+        let projection = cache.projection();
         match event {
             watcher::Event::Init => buffer.clear(),
-            watcher::Event::InitApply(object) => buffer.extend(kind.project(&object, &projection)),
+            watcher::Event::InitApply(object) => buffer.extend(kind.project(&object, projection)),
             watcher::Event::InitDone => {
                 let items = std::mem::take(&mut buffer);
                 let count = items.len();
                 cache.with_state(|state| kind.replace(state, items));
-                tracing::info!(kind = W::NAME, count, "listed");
+                tracing::info!(count, "listed");
                 if std::mem::take(&mut first_list)
                     && listed.count.fetch_add(1, Ordering::AcqRel) + 1 == listed.kinds
                 {
@@ -146,7 +165,7 @@ async fn watch<K, W>(
                     tracing::info!("cache ready");
                 }
             }
-            watcher::Event::Apply(object) => match kind.project(&object, &projection) {
+            watcher::Event::Apply(object) => match kind.project(&object, projection) {
                 Some(item) => cache.with_state(|state| kind.apply(state, item)),
                 None => {
                     cache.with_state(|state| kind.delete(state, &object));

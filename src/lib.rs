@@ -1,9 +1,12 @@
 //! gpu-admission: per-namespace GPU-model quota webhooks and a fragment-aware
 //! kube-scheduler extender for tkestack gpu-manager clusters.
 //!
-//! Layering (the one rule worth enforcing): `placement` is the pure core (no HTTP,
-//! no API calls); `cache` feeds it from the API server or a YAML file; `extender`
-//! and `server` are thin HTTP adapters; `certs` bootstraps TLS.
+//! Layers, top to bottom (docs/design.md draws them): `serve` and the CLI; `server`
+//! (HTTP doors) with `wire` (every request decoder); the verbs in `admission` and
+//! `extender` (the placement transaction is `extender::plan`); `backend`, the only
+//! module that knows the run mode (API or a file); `cache`, synchronous state fed by
+//! watches or the file; and the pure core — `quota`, `dra`, `placement` — with no
+//! HTTP, no API calls and no async. `certs` bootstraps TLS.
 
 pub mod admission;
 pub mod backend;

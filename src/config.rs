@@ -179,6 +179,22 @@ impl Config {
         }
     }
 
+    /// The models `pod` may use in a namespace limited by `limits` (first match wins;
+    /// docs/design.md): the configured annotation and model label, then the quota's.
+    pub fn wanted_models(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        limits: &crate::quota::NamespaceLimits,
+    ) -> crate::placement::models::WantedModels {
+        crate::placement::models::WantedModels::of_pod(
+            pod,
+            &self.type_annotation,
+            &self.model_label,
+            limits.default_type.as_deref(),
+            &limits.models,
+        )
+    }
+
     pub fn node_labels(&self) -> NodeLabels {
         NodeLabels {
             model: self.model_label.clone(),

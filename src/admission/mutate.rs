@@ -115,7 +115,7 @@ fn steer(
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Steered, SelectorConflict> {
-    let wanted = limits.wanted_models(pod, config);
+    let wanted = config.wanted_models(pod, limits);
     check_node_selector(pod, &config.model_label, &wanted.models, "GPU model")?;
     check_node_selector(pod, &config.pool_label, &limits.pools, "node pool")?;
     let mut steered = Steered::of(pod);

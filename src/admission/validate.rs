@@ -130,7 +130,7 @@ fn wanted_on_route(
             type_annotation: &config.type_annotation,
         },
     };
-    models_for_arrival(namespace, limits, limits.wanted_models(pod, config), route)
+    models_for_arrival(namespace, limits, config.wanted_models(pod, limits), route)
 }
 
 /// Judge an update of a pod. Two kinds of annotation are fixed for the tenant:

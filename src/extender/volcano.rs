@@ -124,7 +124,7 @@ pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> Pre
         .collect();
     cache.with_state(|state| {
         let limits = NamespaceLimits::of(state.quotas(), namespace);
-        let wanted = limits.wanted_models(&args.pod, config);
+        let wanted = config.wanted_models(&args.pod, &limits);
         let Some(cached) = state.node(&args.node_name) else {
             return respond(
                 UNSCHEDULABLE,

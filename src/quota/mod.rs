@@ -122,21 +122,6 @@ pub struct NamespaceLimits {
 }
 
 impl NamespaceLimits {
-    /// The models `pod` may use in this namespace (first match wins; docs/design.md).
-    pub fn wanted_models(
-        &self,
-        pod: &k8s_openapi::api::core::v1::Pod,
-        config: &crate::config::Config,
-    ) -> crate::placement::models::WantedModels {
-        crate::placement::models::WantedModels::of_pod(
-            pod,
-            &config.type_annotation,
-            &config.model_label,
-            self.default_type.as_deref(),
-            &self.models,
-        )
-    }
-
     pub fn of<'a>(quotas: impl IntoIterator<Item = &'a GPUQuota>, namespace: &str) -> Self {
         let mut limits = NamespaceLimits::default();
         let mut pools: Option<Vec<String>> = None;

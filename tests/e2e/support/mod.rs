@@ -1,4 +1,4 @@
-//! Helpers of the end-to-end tests (tests/e2e.rs): connecting to the test cluster, one
+//! Helpers of the end-to-end tests (tests/e2e/): connecting to the test cluster, one
 //! namespace per scenario, fake GPU nodes, GPU pods, bounded waits, webhook registration,
 //! stopping/starting gpu-admission, reading its admin port, and calling its doors
 //! directly (`https`).
@@ -7,7 +7,6 @@
 pub mod devices;
 pub mod https;
 pub mod shapes;
-pub mod volcano;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;

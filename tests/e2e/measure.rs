@@ -214,3 +214,11 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
     );
     cluster.delete_nodes().await;
 }
+
+/// p-th percentile (0..=100, nearest rank) of `samples`, in milliseconds.
+fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
+}

@@ -26,7 +26,7 @@
 //!
 //! Progress goes to stderr, results to stdout.
 
-#[path = "../tests/e2e_support/shapes.rs"]
+#[path = "../tests/e2e/support/shapes.rs"]
 mod shapes;
 
 use std::collections::{BTreeMap, HashMap};

@@ -21,7 +21,7 @@
 #    source) and starts Volcano's vc-scheduler (built from the Go module proxy by
 #    hack/e2e/build-volcano.sh), scheduler name `volcano`, whose `extender` plugin calls
 #    replica a's extender door (`/scheduler/vpredicates`) over TLS;
-# 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e.rs) against it;
+# 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e/) against it;
 # 7. tears everything down; logs stay in the temporary directory (printed at the end,
 #    with their last lines when something failed). Last line: `N passed, M failed`.
 #
@@ -70,12 +70,12 @@ cp_volcano_binaries
 # ---------------------------------------------------------------- 1b. gpu-admission and the tests
 # Built before any component starts, so a compile error fails fast and the test phase
 # below measures the tests, not the compiler.
-say "building gpu-admission and tests/e2e.rs (cargo, debug profile, target dir $CARGO_TARGET_DIR)"
+say "building gpu-admission and tests/e2e/ (cargo, debug profile, target dir $CARGO_TARGET_DIR)"
 {
   nice -n 19 cargo build --locked --bin gpu-admission --example print_crd &&
     nice -n 19 cargo test --locked --test e2e --no-run
 } >"$logs/cargo-build.log" 2>&1 ||
-  { tail -n 60 "$logs/cargo-build.log" >&2; die "cargo build of gpu-admission or of tests/e2e.rs failed (log: $logs/cargo-build.log)"; }
+  { tail -n 60 "$logs/cargo-build.log" >&2; die "cargo build of gpu-admission or of tests/e2e/ failed (log: $logs/cargo-build.log)"; }
 
 # Runs copies of the build (see cp_snapshot): the target directory may be shared.
 cp_cargo_build=(nice -n 19 cargo build --locked --bin gpu-admission --example print_crd)
@@ -182,7 +182,7 @@ cp_start_volcano "$work/volcano-scheduler.conf" "$work/extender-certs/ca.crt" --
 chart_render="$work/chart-rendered.yaml"
 "$(bash "$repo/hack/helm.sh")" template gpu-admission "$repo/charts/gpu-admission" \
   --namespace gpu-admission >"$chart_render" 2>"$logs/helm.log" || die "helm template failed: $(tail -5 "$logs/helm.log")"
-say "running cargo test --test e2e (tests/e2e.rs)"
+say "running cargo test --test e2e (tests/e2e/)"
 set +e
 GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_CHART_RENDER="$chart_render" \

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod repo;
-#[path = "e2e_support/shapes.rs"]
+#[path = "e2e/support/shapes.rs"]
 #[allow(dead_code)]
 mod shapes;
 

@@ -1,4 +1,4 @@
-//! The objects both the end-to-end tests (tests/e2e.rs, through `e2e_support`) and the
+//! The objects both the end-to-end tests (tests/e2e/, through `support`) and the
 //! cluster-scale benchmark (examples/scale.rs, which `#[path]`-includes this file) create:
 //! the names gpu-admission reads, a fake GPU node's resources and Ready status, one
 //! gpu-admission webhook of a webhook configuration. Plain JSON, no cluster access, no

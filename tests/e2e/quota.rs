@@ -1,0 +1,359 @@
+//! The GPUQuota ledger: admit, refuse and free again; dry runs; two replicas under
+//! parallel creates; the legacy quota import; a multi-model pod charged before it is bound.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::support::*;
+
+/// A. Quota lifecycle (docs/design.md): with `Tesla-T4: 2`, two 1-GPU pods are admitted, the
+/// third is refused by the API server (403 Forbidden, the webhook's quota message);
+/// deleting a pod, or moving one to Succeeded, makes room again; `status.used` (the
+/// `Used` column of `kubectl get gq`) follows the live pods.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn quota_lifecycle_admit_refuse_and_free_on_delete_and_on_success() {
+    let Some(cluster) = setup("lifecycle").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "2"}), Some(model))
+        .await;
+    register_webhooks(&cluster).await;
+
+    for name in ["one", "two"] {
+        let pod = unscheduled_gpu_pod(name, None, 1);
+        cluster
+            .try_create(&pod)
+            .await
+            .unwrap_or_else(|e| panic!("pod {name} is within quota and must be admitted: {e}"));
+    }
+    let message = forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("three", None, 1))
+            .await,
+        "the third 1-GPU pod",
+    );
+    println!("three: {message}");
+    let expected = format!(
+        "admission webhook \"validate.gpu-admission.io\" denied the request: GPU quota exceeded \
+         in namespace \"{}\" for {model}: requested 1, used 2 of 2 (GPUQuota {}/default)",
+        cluster.ns, cluster.ns
+    );
+    assert_eq!(message, expected);
+    let status = cluster.wait_used("default", model, 2000).await;
+    println!("after two pods: used {:?}", status.used);
+
+    // Deleting a pod frees its GPU (the reconciler runs on pod deletion and every 15 s).
+    cluster
+        .pods()
+        .delete("one", &DeleteParams::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    cluster
+        .create_when_admitted(&unscheduled_gpu_pod("three", None, 1), QUOTA_TIMEOUT)
+        .await;
+    println!("three admitted {:?} after deleting one", started.elapsed());
+    forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("four", None, 1))
+            .await,
+        "a pod over the quota again",
+    );
+
+    // A pod that finished (phase Succeeded, written through the status subresource)
+    // no longer counts.
+    cluster
+        .pods()
+        .patch_status(
+            "two",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    cluster
+        .create_when_admitted(&unscheduled_gpu_pod("four", None, 1), QUOTA_TIMEOUT)
+        .await;
+    println!("four admitted {:?} after two succeeded", started.elapsed());
+
+    let status = cluster.wait_used("default", model, 2000).await;
+    assert_eq!(
+        cluster.live_pod_gpus().await,
+        2000,
+        "three and four are live"
+    );
+    println!(
+        "kubectl get gq: Hard {{\"{model}\":\"2\"}} Used {:?}",
+        status.used
+    );
+    unregister_webhooks(&cluster).await;
+}
+
+/// B. A server-side dry-run create of a GPU pod is evaluated (refused when over quota)
+/// but reserves nothing: `status.used` and `status.pending` stay as they were.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn dry_run_is_judged_but_reserves_nothing() {
+    let Some(cluster) = setup("dryrun").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "1"}), Some(model))
+        .await;
+    register_webhooks(&cluster).await;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+
+    let before = cluster.wait_used("default", model, 0).await;
+    cluster
+        .pods()
+        .create(&dry_run, &unscheduled_gpu_pod("dry", None, 1))
+        .await
+        .unwrap_or_else(|e| panic!("a dry-run within quota must be allowed: {e}"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_charges_unchanged(&cluster.quota_status("default").await, &before, model);
+    assert!(
+        cluster.pods().get_opt("dry").await.unwrap().is_none(),
+        "a dry-run creates nothing"
+    );
+
+    cluster
+        .try_create(&unscheduled_gpu_pod("real", None, 1))
+        .await
+        .unwrap();
+    let before = cluster.wait_used("default", model, 1000).await;
+    let message = forbidden_message(
+        cluster
+            .pods()
+            .create(&dry_run, &unscheduled_gpu_pod("dry-over", None, 1))
+            .await,
+        "a dry-run over the quota",
+    );
+    println!("dry-over: {message}");
+    assert!(message.contains("GPU quota exceeded"), "{message}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_charges_unchanged(&cluster.quota_status("default").await, &before, model);
+    unregister_webhooks(&cluster).await;
+}
+
+/// `used[model]` and the pending charges are what they were. (A status the reconciler
+/// has not written yet lacks the model's key; its first write adds it as 0.)
+fn assert_charges_unchanged(
+    now: &gpu_admission::quota::GpuQuotaStatus,
+    before: &gpu_admission::quota::GpuQuotaStatus,
+    model: &str,
+) {
+    let used = |s: &gpu_admission::quota::GpuQuotaStatus| {
+        s.used.get(model).map_or(0, |q| milli_gpus(&q.0))
+    };
+    assert_eq!(
+        used(now),
+        used(before),
+        "used {model}: {now:?} vs {before:?}"
+    );
+    assert_eq!(
+        now.pending, before.pending,
+        "pending: {now:?} vs {before:?}"
+    );
+}
+
+/// C. Two gpu-admission replicas validate concurrently against one GPUQuota (one webhook
+/// per replica, each for the pods labelled `replica: a` / `replica: b`): a burst of 500
+/// parallel 1-GPU creates against a quota of 250 admits exactly 250, refuses the other
+/// 250 for quota and answers no create with an error, and `status.used` ends at 250.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
+    let Some(cluster) = setup("replicas").await else {
+        return;
+    };
+    let model = "Tesla-M60";
+    const QUOTA: u32 = 250;
+    const CREATES: u32 = 500;
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: QUOTA.to_string()}), None)
+        .await;
+    let hook = |replica: &str, server: &str| Hook {
+        name: format!("validate-{replica}.gpu-admission.io"),
+        url: format!("{server}/validate"),
+        object_selector: Some(json!({"matchLabels": {"replica": replica}})),
+        rules: None,
+    };
+    register_hooks(
+        &cluster,
+        vec![],
+        vec![hook("a", &server_url()), hook("b", &server_url_b())],
+    )
+    .await;
+    // Both replicas must have seen the quota.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut creates = tokio::task::JoinSet::new();
+    let started = std::time::Instant::now();
+    for i in 0..CREATES {
+        let replica = if i % 2 == 0 { "a" } else { "b" };
+        let pod = with_labels(
+            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
+            json!({"replica": replica}),
+        );
+        let pods = cluster.pods();
+        creates.spawn(async move {
+            let result = pods.create(&PostParams::default(), &pod).await;
+            (replica, result)
+        });
+    }
+    let mut admitted: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
+    while let Some(joined) = creates.join_next().await {
+        let (replica, result) = joined.unwrap();
+        match result {
+            Ok(_) => *admitted.entry(replica).or_default() += 1,
+            Err(e) => {
+                let text = e.to_string();
+                let kind = if text.contains("GPU quota exceeded") {
+                    "quota exceeded (403)".to_string()
+                } else {
+                    text
+                };
+                *refusals.entry(kind).or_default() += 1;
+            }
+        }
+    }
+    println!(
+        "{CREATES} creates in {:.2} s: admitted per replica: {admitted:?}; refusals: {refusals:?}",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        admitted.values().sum::<u32>(),
+        QUOTA,
+        "exactly the quota must be admitted; admitted per replica {admitted:?}, refusals {refusals:?}"
+    );
+    assert_eq!(
+        refusals.get("quota exceeded (403)"),
+        Some(&(CREATES - QUOTA)),
+        "every other create is refused for quota, none fails; refusals {refusals:?}"
+    );
+    let gpus = u64::from(QUOTA) * 1000;
+    let status = cluster.wait_used("default", model, gpus).await;
+    assert_eq!(cluster.live_pod_gpus().await, gpus);
+    println!("status.used {:?}", status.used);
+    unregister_webhooks(&cluster).await;
+}
+
+/// F. `gpu-admission quota import --file` turns the legacy tkestack quota JSON into a
+/// GPUQuota that the webhook then enforces.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn legacy_quota_import_creates_an_enforced_gpuquota() {
+    let Some(cluster) = setup("import").await else {
+        return;
+    };
+    let model = "Tesla-K40";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpu_quota.json");
+    std::fs::write(
+        &file,
+        json!({cluster.ns.as_str(): {"quota": {model: 1}}}).to_string(),
+    )
+    .unwrap();
+    let kubeconfig = std::env::var(KUBECONFIG_ENV).unwrap();
+    let out = std::process::Command::new(gpu_admission_bin())
+        .args(["quota", "import", "--kubeconfig", &kubeconfig])
+        .arg("--file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    println!(
+        "quota import: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "gpu-admission quota import failed: {out:?}"
+    );
+    let quota = cluster.quotas().get("default").await.unwrap();
+    assert_eq!(
+        quota.spec.hard.get(model).map(|q| milli_gpus(&q.0)),
+        Some(1000),
+        "imported spec: {:?}",
+        quota.spec
+    );
+
+    cluster.label_for_webhooks().await;
+    register_webhooks(&cluster).await;
+    cluster
+        .try_create(&unscheduled_gpu_pod("first", Some(model), 1))
+        .await
+        .unwrap_or_else(|e| panic!("within the imported quota: {e}"));
+    let message = forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("second", Some(model), 1))
+            .await,
+        "a pod over the imported quota",
+    );
+    println!("second: {message}");
+    assert!(
+        message.contains(&format!(
+            "for {model}: requested 1, used 1 of 1 (GPUQuota {}/default)",
+            cluster.ns
+        )),
+        "{message}"
+    );
+    unregister_webhooks(&cluster).await;
+}
+
+/// A pod that accepts several models is charged when it is placed, for its node's model,
+/// in the same ledger the validating webhook reserves in (`GPUQuota.status`), before the
+/// extender answers the scheduler: a single-model pod created right after it is bound is
+/// refused at once, not admitted until the reconciler's next pass (every 15 s).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_multi_model_pod_is_charged_in_the_ledger_before_it_is_bound() {
+    let Some(cluster) = setup("ledger").await else {
+        return;
+    };
+    let (a, b) = ("E2E-Ledger-A", "E2E-Ledger-B");
+    cluster.create_gpu_node("e2e-ledger-a", a, 1).await;
+    cluster.create_gpu_node("e2e-ledger-b", b, 1).await;
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({a: "1", b: "1"}), None)
+        .await;
+    register_webhooks(&cluster).await;
+    cluster
+        .create_gpu_pod("either", &format!("{a},{b}"), Gpu::Whole(1))
+        .await;
+    let pod = cluster.wait_bound("either").await;
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let model = if node == "e2e-ledger-a" { a } else { b };
+    let status = cluster.quota_status("default").await;
+    println!("bound to {node}; quota status right away: {status:?}");
+    assert_eq!(
+        status.used.get(model).map(|q| milli_gpus(&q.0)),
+        Some(1000),
+        "the placement's charge must be in the ledger when the pod is bound"
+    );
+    let message = forbidden_message(
+        cluster
+            .try_create(&unscheduled_gpu_pod("same-model", Some(model), 1))
+            .await,
+        "a 1-GPU pod of the model the multi-model pod took",
+    );
+    assert!(message.contains(&format!("for {model}")), "{message}");
+    unregister_webhooks(&cluster).await;
+    cluster.delete_nodes().await;
+}

@@ -1,0 +1,182 @@
+//! The gpu-admission replicas under test, as hack/e2e.sh describes them in the
+//! environment: stopping and starting them, their binary, their doors' URLs and the TLS
+//! identities to call them with, the extender's verbs called directly, and the admin
+//! port's metrics.
+
+use std::path::PathBuf;
+
+use super::{CTL_ENV, https};
+
+/// Runs the `GPU_ADMISSION_E2E_CTL` script with `action` (`stop` or `start`) for
+/// gpu-admission replica `a` (the extender, and the webhooks' usual backend).
+pub fn ctl(action: &str) {
+    ctl_replica(action, "a");
+}
+
+/// Runs the `GPU_ADMISSION_E2E_CTL` script with `action` for `replica` (`a` or `b`).
+pub fn ctl_replica(action: &str, replica: &str) {
+    let script = std::env::var_os(CTL_ENV).unwrap_or_else(|| {
+        panic!("{CTL_ENV} is not set: this scenario needs a script to stop/start gpu-admission")
+    });
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(action)
+        .arg(replica)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "`{script:?} {action} {replica}` failed: {status}"
+    );
+}
+
+/// Restarts gpu-admission when dropped, so a failing assertion does not leave the
+/// extender down for the scenarios that follow.
+pub struct RestartOnDrop(pub bool);
+
+impl Drop for RestartOnDrop {
+    fn drop(&mut self) {
+        if self.0 {
+            ctl("start");
+        }
+    }
+}
+
+fn env(name: &str, what: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} ({what}) is not set"))
+}
+
+/// The gpu-admission binary of the run (`GPU_ADMISSION_E2E_BIN`, a copy hack/e2e.sh took
+/// of this checkout's build: cargo's own output may be replaced by another checkout's build
+/// when the target directory is shared); cargo's when the variable is not set.
+pub fn gpu_admission_bin() -> PathBuf {
+    std::env::var_os("GPU_ADMISSION_E2E_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpu-admission")))
+}
+
+/// https URL of the webhook door of gpu-admission replica `a`
+/// (`GPU_ADMISSION_E2E_SERVER_URL`).
+pub fn server_url() -> String {
+    env("GPU_ADMISSION_E2E_SERVER_URL", "gpu-admission's https URL")
+}
+
+/// https URL of the webhook door of the second replica `b`
+/// (`GPU_ADMISSION_E2E_SERVER_URL_B`).
+pub fn server_url_b() -> String {
+    env("GPU_ADMISSION_E2E_SERVER_URL_B", "replica b's https URL")
+}
+
+/// https URL of replica `a`'s extender door (`GPU_ADMISSION_E2E_EXTENDER_URL`), the
+/// kube-scheduler's `urlPrefix` without `/scheduler`.
+pub fn extender_url() -> String {
+    env(
+        "GPU_ADMISSION_E2E_EXTENDER_URL",
+        "gpu-admission's extender https URL",
+    )
+}
+
+/// gpu-admission's serving CA (`GPU_ADMISSION_E2E_CA_FILE`).
+pub fn serving_ca() -> PathBuf {
+    env("GPU_ADMISSION_E2E_CA_FILE", "gpu-admission's CA").into()
+}
+
+/// The client certificate and key kube-apiserver presents to the webhooks
+/// (`GPU_ADMISSION_E2E_CLIENT_CERT`, `GPU_ADMISSION_E2E_CLIENT_KEY`), signed by the CA
+/// gpu-admission gets as `--client-ca` (`GPU_ADMISSION_E2E_CLIENT_CA`).
+pub fn apiserver_client_identity() -> (PathBuf, PathBuf) {
+    (
+        env(
+            "GPU_ADMISSION_E2E_CLIENT_CERT",
+            "kube-apiserver's webhook client certificate",
+        )
+        .into(),
+        env(
+            "GPU_ADMISSION_E2E_CLIENT_KEY",
+            "kube-apiserver's webhook client key",
+        )
+        .into(),
+    )
+}
+
+/// A TLS client trusting gpu-admission's serving CA, presenting no certificate.
+pub fn anonymous_tls() -> std::sync::Arc<rustls::ClientConfig> {
+    https::client_config(&serving_ca(), None)
+}
+
+/// A TLS client trusting gpu-admission's serving CA, presenting kube-apiserver's webhook
+/// client certificate.
+pub fn apiserver_tls() -> std::sync::Arc<rustls::ClientConfig> {
+    let (cert, key) = apiserver_client_identity();
+    https::client_config(&serving_ca(), Some((&cert, &key)))
+}
+
+/// POSTs an `ExtenderArgs` to replica `a`'s extender door at `/scheduler/predicates`
+/// (no client certificate, as the scheduler calls it); asserts HTTP 200 and returns the
+/// `ExtenderFilterResult`.
+pub async fn extender_filter(args: &serde_json::Value) -> serde_json::Value {
+    let url = extender_url();
+    let (status, body) = https::post(
+        &url,
+        "/scheduler/predicates",
+        args.to_string(),
+        anonymous_tls(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("POST {url}/scheduler/predicates: {}", https::chain(&*e)));
+    assert_eq!(
+        status, 200,
+        "POST {url}/scheduler/predicates answered {status}: {body}"
+    );
+    serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"))
+}
+
+/// POSTs `args` (ExtenderBindingArgs) to replica a's `/scheduler/bind`, as kube-scheduler
+/// does, and returns the answer's `Error` (empty: bound).
+pub async fn extender_bind(args: &serde_json::Value) -> String {
+    let url = extender_url();
+    let (status, body) = https::post(&url, "/scheduler/bind", args.to_string(), anonymous_tls())
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}/scheduler/bind: {}", https::chain(&*e)));
+    assert_eq!(
+        status, 200,
+        "POST {url}/scheduler/bind answered {status}: {body}"
+    );
+    let answer: serde_json::Value = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"));
+    answer["Error"].as_str().unwrap_or_default().to_string()
+}
+
+/// gpu-admission's metrics (Prometheus text) from its admin port
+/// (`GPU_ADMISSION_E2E_ADMIN_URL`).
+pub fn admin_metrics() -> String {
+    let admin = env("GPU_ADMISSION_E2E_ADMIN_URL", "gpu-admission's admin URL");
+    let out = std::process::Command::new("curl")
+        .args(["-fsS", &format!("{admin}/metrics")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl {admin}/metrics failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The value of `metric` (the line starting `metric `, labels included) on
+/// gpu-admission's admin port; 0 when absent.
+pub fn admin_metric(metric: &str) -> f64 {
+    sum_metric(&admin_metrics(), metric, "")
+}
+
+/// The sum of every sample of `text` whose series starts with `name` and contains
+/// `fragment` (e.g. `route="validate"`); 0 when there is none.
+pub fn sum_metric(text: &str, name: &str, fragment: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(series, _)| series.starts_with(name) && series.contains(fragment))
+        .filter(|(series, _)| {
+            // `name` itself, or `name{...}`, not a longer metric name.
+            matches!(series.as_bytes().get(name.len()), None | Some(b'{'))
+        })
+        .map(|(_, value)| value.parse::<f64>().unwrap_or(0.0))
+        .sum()
+}

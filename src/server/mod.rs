@@ -4,6 +4,7 @@
 //! and count.
 
 pub mod admin;
+pub mod listener;
 pub mod slots;
 pub mod tls;
 mod webhooks;

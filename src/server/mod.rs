@@ -1,7 +1,7 @@
 //! HTTP serving: one router per door — the webhooks (what the API server calls), the
 //! extender (what the scheduler next to us calls), the optional plain extender port,
 //! and the admin port. Handlers only decode, call the core through the cache, encode
-//! and count; each routed request runs in a `request` tracing span ([`trace`]).
+//! and count; each routed request runs in a `request` tracing span (`trace.rs`).
 
 pub mod admin;
 pub mod listener;

@@ -29,8 +29,8 @@
 //!
 //! FGD places a pod where the fragmentation grows least (see `policy.rs`).
 //!
-//! The module is cut by concept: [`shape`] (what a task asks for), [`mix`] (fixed and
-//! learnt request mixes), [`measure`] (fragmentation and its growth) and [`fit`]
+//! The module is cut by concept: `shape` (what a task asks for), `mix` (fixed and
+//! learnt request mixes), `measure` (fragmentation and its growth) and `fit`
 //! (fragment-aware fitting).
 
 mod fit;

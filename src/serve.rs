@@ -18,6 +18,7 @@ use crate::cli::ConnectionLimits;
 use crate::cli::ServeArgs;
 use crate::config::Config;
 use crate::metrics::ResultLabels;
+use crate::server::listener;
 use crate::server::tls::{self, CertResolver, ReloadResult};
 use crate::server::{
     AppState, admin::admin_router, extender_router, insecure_extender_router, webhook_router,
@@ -103,7 +104,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     tokio::spawn(stop_on_signal(state.clone(), shutdown.clone()));
 
-    let webhooks = tls::serve_tls(
+    let webhooks = listener::serve_tls(
         tls_listener,
         webhook_tls,
         webhook_router(state.clone()),
@@ -111,7 +112,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace,
         limits,
     );
-    let extender = tls::serve_tls(
+    let extender = listener::serve_tls(
         extender_listener,
         tls::server_config(resolver),
         extender_router(state.clone()),
@@ -125,7 +126,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: limits.max_connections.min(ADMIN_CONNECTIONS),
         ..limits
     };
-    let admin = tls::serve_plain(
+    let admin = listener::serve_plain(
         admin_listener,
         admin_router(state.clone()),
         shutdown.clone(),
@@ -135,7 +136,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let insecure = async {
         match insecure_listener {
             Some(listener) => {
-                tls::serve_plain(
+                listener::serve_plain(
                     listener,
                     insecure_extender_router(state.clone()),
                     shutdown.clone(),

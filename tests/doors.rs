@@ -21,9 +21,8 @@ use futures::StreamExt;
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::server::admin::admin_router;
-use gpu_admission::server::tls::{
-    CertResolver, ConnectionLimits, mutual_server_config, serve_plain, serve_tls, server_config,
-};
+use gpu_admission::server::listener::{ConnectionLimits, serve_plain, serve_tls};
+use gpu_admission::server::tls::{CertResolver, mutual_server_config, server_config};
 use gpu_admission::server::{extender_router, webhook_router};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};

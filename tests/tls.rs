@@ -11,8 +11,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use gpu_admission::certs::{self, CertFiles, Outcome};
+use gpu_admission::server::listener::{ConnectionLimits, serve_tls};
 use gpu_admission::server::tls::{
-    CertResolver, ConnectionLimits, ReloadResult, TlsError, reload_loop, serve_tls, server_config,
+    CertResolver, ReloadResult, TlsError, reload_loop, server_config,
 };
 use time::OffsetDateTime;
 use tokio::sync::{Notify, mpsc};
@@ -243,7 +244,7 @@ async fn serve_plain_answers_http1_and_stops() {
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let router = Router::new().route("/livez", get(|| async { "ok" }));
-    let server = tokio::spawn(gpu_admission::server::tls::serve_plain(
+    let server = tokio::spawn(gpu_admission::server::listener::serve_plain(
         listener,
         router,
         shutdown.clone(),

@@ -27,7 +27,7 @@ pub enum Policy {
     Spread,
     /// Fragmentation gradient descent: the placement that least increases the
     /// fragmentation of the node's free GPU capacity under the request mix
-    /// (`fragment.rs`); ties go to binpack's order.
+    /// (`fragment/`); ties go to binpack's order.
     Fgd,
 }
 

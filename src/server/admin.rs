@@ -48,14 +48,14 @@ pub fn admin_router(state: AppState) -> Router {
     // One render at a time: a flood of scrapes costs each extra caller an immediate
     // 503, not a worker thread, so the probes next to it keep answering.
     let rendering = Arc::new(parking_lot::Mutex::new(()));
-    Router::new()
+    let routes = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route(
             "/metrics",
             get(move |state: State<AppState>| metrics_once(state, rendering.clone())),
-        )
-        .with_state(state)
+        );
+    super::trace::trace_requests(routes).with_state(state)
 }
 
 async fn metrics_once(

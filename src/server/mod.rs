@@ -1,11 +1,13 @@
 //! HTTP serving: one router per door — the webhooks (what the API server calls), the
 //! extender (what the scheduler next to us calls), the optional plain extender port,
 //! and the admin port. Handlers only decode, call the core through the cache, encode
-//! and count.
+//! and count; each routed request runs in a `request` tracing span (`trace.rs`).
 
 pub mod admin;
+pub mod listener;
 pub mod slots;
 pub mod tls;
+mod trace;
 mod webhooks;
 
 use std::sync::Arc;
@@ -78,7 +80,7 @@ impl AppState {
 
 /// The webhook door (`--address`): what the API server calls, and nothing else.
 pub fn webhook_router(state: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/version", get(version))
         .route("/validate", post(webhooks::validate_route))
         .route("/mutate", post(webhooks::mutate_route))
@@ -86,24 +88,23 @@ pub fn webhook_router(state: AppState) -> Router {
             "/validate/resourceclaims",
             post(webhooks::validate_claim_route),
         )
-        .route("/mutate/resourceclaims", post(webhooks::mutate_claim_route))
-        .with_state(state)
+        .route("/mutate/resourceclaims", post(webhooks::mutate_claim_route));
+    trace::trace_requests(routes).with_state(state)
 }
 
 /// The extender door (`--extender-address`, loopback by default): what the scheduler
 /// next to this process calls, and nothing else.
 pub fn extender_router(state: AppState) -> Router {
-    extender_routes()
-        .route("/version", get(version))
-        .with_state(state)
+    let routes = extender_routes().route("/version", get(version));
+    trace::trace_requests(routes).with_state(state)
 }
 
 /// Routes of the optional plain-HTTP extender port: the extender and the probes.
 pub fn insecure_extender_router(state: AppState) -> Router {
-    extender_routes()
+    let routes = extender_routes()
         .route("/livez", get(admin::livez))
-        .route("/readyz", get(admin::readyz))
-        .with_state(state)
+        .route("/readyz", get(admin::readyz));
+    trace::trace_requests(routes).with_state(state)
 }
 
 fn extender_routes() -> Router<AppState> {
@@ -302,7 +303,7 @@ async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Byte
 
 /// The shape of every POST handler: read and decode the body (400 on bad input, 413
 /// over the limit, 503 while not ready), judge it, count the request by route and
-/// decision.
+/// decision, and record the decision on the request span.
 pub async fn answer<T, Judged>(
     state: &AppState,
     route: &impl Decoder<T>,
@@ -319,6 +320,7 @@ where
         Ok(parsed) => judge(parsed).await,
         Err(rejection) => (rejection.label(), rejection.into_response()),
     };
+    trace::record_decision(decision);
     state
         .metrics
         .observe(route.name(), decision, started.elapsed().as_secs_f64());
@@ -339,6 +341,7 @@ const VPREDICATES: Route<PredicateArgs> = Route {
 
 async fn predicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &PREDICATES, &headers, body, async |args| {
+        trace::record_pod(&args.pod);
         let (result, outcome) = filter(&state.backend, &state.config, &state.placer, &args).await;
         (outcome.label(), result.into_response())
     })
@@ -354,6 +357,7 @@ const BIND: Route<ExtenderBindingArgs> = Route {
 
 async fn bind_route(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &BIND, &headers, body, async |args| {
+        trace::record_object("pod", &args.pod_namespace, &args.pod_name);
         let (result, outcome) = bind(&state.backend, &state.config, &state.placer, &args).await;
         (outcome.label(), axum::Json(result).into_response())
     })
@@ -362,6 +366,7 @@ async fn bind_route(State(state): State<AppState>, headers: HeaderMap, body: Bod
 
 async fn vpredicates(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     answer(&state, &VPREDICATES, &headers, body, async |args| {
+        trace::record_pod(&args.pod);
         let response = predicate(&state.backend, &state.config, args);
         let decision = if response.code == 0 { "fits" } else { "unfit" };
         (decision, axum::Json(response).into_response())

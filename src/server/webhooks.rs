@@ -1,5 +1,6 @@
-//! `POST /validate` and `POST /mutate`: AdmissionReview in, AdmissionReview out.
-//! Undecodable reviews get 400; our own failures 5xx (never a denial).
+//! `POST /validate` and `POST /mutate` (pods and ResourceClaims): AdmissionReview in,
+//! AdmissionReview out. Undecodable reviews get 400; our own failures 5xx (never a
+//! denial). The object under review is recorded on the request span once decoded.
 
 use axum::Json;
 use axum::body::Body;
@@ -16,7 +17,7 @@ use crate::admission::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
 
-use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer};
+use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer, trace};
 
 /// A review and, for a CREATE, its pod with namespace and name (even under generateName).
 type Created = (Review, Option<(String, Box<Pod>)>);
@@ -73,6 +74,14 @@ fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
     Ok((review, Reviewed::Update { old, new }))
 }
 
+/// The object under review, on the request span: the review's namespace and name, or
+/// `created`, the name given to an object created under `generateName`.
+fn record_review(review: &Review, kind: &'static str, created: Option<&str>) {
+    let request = &review.request;
+    let name = created.or(request.name.as_deref()).unwrap_or_default();
+    trace::record_object(kind, request.namespace.as_deref().unwrap_or_default(), name);
+}
+
 fn reply(decision: &'static str, answer: Answer) -> (&'static str, Response) {
     (decision, Json(answer).into_response())
 }
@@ -95,6 +104,11 @@ pub async fn validate_route(
     body: Body,
 ) -> Response {
     answer(&state, &VALIDATE, &headers, body, async |(review, pod)| {
+        let created = match &pod {
+            Reviewed::Create { pod, .. } => pod.metadata.name.as_deref(),
+            _ => None,
+        };
+        record_review(&review, "pod", created);
         let (namespace, pod) = match pod {
             Reviewed::Create { namespace, pod } => (namespace, pod),
             Reviewed::Update { old, new } => {
@@ -127,10 +141,13 @@ fn judged(
         Ok(Verdict::Allow) => reply("allow", review.allow()),
         Ok(Verdict::Deny(reason)) => {
             let message = reason.to_string();
+            // Recorded before the log line, so that the line carries it too.
+            trace::record_decision("deny");
             tracing::info!(kind, namespace, name, reason = reason.kind(), %message, "denied");
             reply("deny", review.deny(&message))
         }
         Err(error) => {
+            trace::record_decision(error.kind());
             tracing::error!(kind, namespace, %error, "cannot judge");
             (
                 error.kind(),
@@ -146,6 +163,10 @@ pub async fn mutate_route(
     body: Body,
 ) -> Response {
     answer(&state, &MUTATE, &headers, body, async |(review, pod)| {
+        let created = pod
+            .as_ref()
+            .and_then(|(_, pod)| pod.metadata.name.as_deref());
+        record_review(&review, "pod", created);
         let Some((namespace, pod)) =
             pod.filter(|(_, pod)| asks_for_gpu(pod, &state.config.resources))
         else {
@@ -221,6 +242,8 @@ pub async fn validate_claim_route(
         &headers,
         body,
         async |(review, claim)| {
+            let created = claim.as_ref().and_then(|(_, c)| c.metadata.name.as_deref());
+            record_review(&review, "claim", created);
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
@@ -245,6 +268,8 @@ pub async fn mutate_claim_route(
         &headers,
         body,
         async |(review, claim)| {
+            let created = claim.as_ref().and_then(|(_, c)| c.metadata.name.as_deref());
+            record_review(&review, "claim", created);
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };

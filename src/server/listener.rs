@@ -1,0 +1,324 @@
+//! The listeners: accept loops serving an axum router over TLS ([`serve_tls`], with a
+//! config from [`super::tls`]) or plain HTTP ([`serve_plain`]).
+//!
+//! hyper-util's auto builder (HTTP/1.1 and h2) with graceful shutdown, a cap on open
+//! connections shared fairly between peers ([`super::slots`]), handshake, idle and
+//! request timeouts, and h2 limits ([`ConnectionLimits`]). A connection whose slot a
+//! newcomer took gets a short grace to finish what it was sending.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use super::slots::{Activity, Slot, Slots};
+pub use crate::cli::ConnectionLimits;
+
+/// How long a connection whose slot a newcomer took may finish what it was sending
+/// (an h2 GOAWAY, a response being written) before it is dropped.
+const EVICTED_GRACE: Duration = Duration::from_secs(1);
+/// Pause after an accept error that is not about one connection (e.g. EMFILE),
+/// so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then
+/// stops accepting and gives open connections `grace` to finish.
+///
+/// The handshake runs inside each connection's task (bounded by
+/// `limits.handshake_timeout`), so a slow or failing client never holds up the accept
+/// loop. Accept errors are logged and retried, so this returns `Ok` once shut down;
+/// the `io::Result` leaves room for setup errors.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    shutdown: CancellationToken,
+    grace: Duration,
+    limits: ConnectionLimits,
+) -> io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    accept_loop(listener, shutdown, grace, limits, move |stream, conn| {
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        async move {
+            let activity = conn.slot.activity().clone();
+            let handshake = tokio::time::timeout_at(conn.opening_deadline, acceptor.accept(stream));
+            let result = tokio::select! {
+                r = handshake => r,
+                () = activity.evicted() => {
+                    tracing::debug!(peer = %conn.peer, "TLS handshake cut: a newcomer took its slot");
+                    return;
+                }
+                () = conn.hard_stop.cancelled() => return,
+            };
+            match result {
+                Ok(Ok(tls_stream)) => serve_connection(tls_stream, app, conn).await,
+                Ok(Err(err)) => {
+                    tracing::debug!(peer = %conn.peer, error = %err, "TLS handshake failed");
+                }
+                Err(_) => tracing::debug!(peer = %conn.peer, "TLS handshake timed out"),
+            }
+        }
+    })
+    .await
+}
+
+/// Serves `app` over plain HTTP/1.1 and h2c (prior knowledge) on `listener`;
+/// same shutdown behaviour and limits as [`serve_tls`]. For the admin and the
+/// insecure extender ports.
+pub async fn serve_plain(
+    listener: TcpListener,
+    app: axum::Router,
+    shutdown: CancellationToken,
+    grace: Duration,
+    limits: ConnectionLimits,
+) -> io::Result<()> {
+    accept_loop(listener, shutdown, grace, limits, move |stream, conn| {
+        serve_connection(stream, app.clone(), conn)
+    })
+    .await
+}
+
+/// What a connection task gets besides its socket.
+struct Conn {
+    peer: std::net::SocketAddr,
+    limits: ConnectionLimits,
+    /// By then the TLS handshake must be over and the first request begun.
+    opening_deadline: tokio::time::Instant,
+    /// Cancelled when shutdown begins: finish what is in flight, then close.
+    draining: CancellationToken,
+    /// Cancelled when the grace period is over: drop the connection.
+    hard_stop: CancellationToken,
+    /// Held for the connection's lifetime (unless a newcomer takes it): the
+    /// listener's connection cap, and what the connection is doing.
+    slot: Slot,
+}
+
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    grace: Duration,
+    limits: ConnectionLimits,
+    handle: F,
+) -> io::Result<()>
+where
+    F: Fn(TcpStream, Conn) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let connections = tokio_util::task::TaskTracker::new();
+    let slots = Slots::new(limits.max_connections);
+    let hard_stop = CancellationToken::new();
+    loop {
+        let Some((stream, peer)) = accept(&listener, &shutdown).await else {
+            break;
+        };
+        let opening_deadline = tokio::time::Instant::now() + limits.handshake_timeout;
+        // At the cap a connection doing nothing gives way at once; while every one has
+        // a request in flight, stop accepting: further clients wait in the kernel's
+        // backlog until a request ends.
+        let slot = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            slot = slots.admit(peer.ip().to_canonical()) => slot,
+        };
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %err, "cannot set TCP_NODELAY");
+        }
+        let conn = Conn {
+            peer,
+            limits,
+            opening_deadline,
+            draining: shutdown.clone(),
+            hard_stop: hard_stop.clone(),
+            slot,
+        };
+        connections.spawn(handle(stream, conn));
+    }
+    drop(listener);
+    connections.close();
+    let open = connections.len();
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open,
+            ?grace,
+            "grace period over; closing remaining connections"
+        );
+        hard_stop.cancel();
+        connections.wait().await;
+    }
+    Ok(())
+}
+
+/// The next connection, or `None` once `shutdown` is cancelled. Errors about
+/// a single connection are skipped; others (fd exhaustion) back off briefly.
+async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+) -> Option<(TcpStream, std::net::SocketAddr)> {
+    loop {
+        let result = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return None,
+            r = listener.accept() => r,
+        };
+        match result {
+            Ok(conn) => return Some(conn),
+            Err(err) if is_connection_error(&err) => continue,
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed; backing off");
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => {}
+                }
+            }
+        }
+    }
+}
+
+fn is_connection_error(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// HTTP/1.1 and h2 settings that bound what one client can make the server hold:
+/// header size and read time, concurrent streams, flow-control windows (unread body
+/// bytes buffered per stream and per connection), and dead-peer pings.
+fn http_builder(
+    limits: &ConnectionLimits,
+) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.request_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .adaptive_window(false)
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .max_send_buf_size(H2_STREAM_WINDOW as usize)
+        .max_pending_accept_reset_streams(limits.max_streams as usize)
+        .keep_alive_interval(H2_PING_EVERY)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
+    builder
+}
+
+/// Most header bytes (HTTP/1.1 head, h2 header list) a request may carry.
+const MAX_HEADER_BYTES: usize = 64 << 10;
+/// h2 flow-control windows: unread request body a client may push ahead.
+const H2_STREAM_WINDOW: u32 = 256 << 10;
+const H2_CONNECTION_WINDOW: u32 = 512 << 10;
+const H2_PING_EVERY: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one connection (HTTP/1.1 or h2, detected from the preface) until it
+/// closes, sits idle for `idle_timeout`, makes no request before its opening deadline,
+/// gives its slot to a newcomer, shutdown drains it, or the grace period ends. Every
+/// request is bounded by twice `request_timeout` (reading its body has its own
+/// `request_timeout`, answered 408).
+async fn serve_connection<I>(io: I, app: axum::Router, conn: Conn)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::TokioIo;
+    let activity = conn.slot.activity().clone();
+    let service = tracked(app, activity.clone(), conn.limits.request_timeout * 2);
+    let builder = http_builder(&conn.limits);
+    let connection = builder.serve_connection(
+        TokioIo::new(io),
+        hyper_util::service::TowerToHyperService::new(service),
+    );
+    tokio::pin!(connection);
+    let mut closing = false;
+    // Once a newcomer took the slot: the moment the connection is dropped regardless.
+    let mut evicted_until: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            r = connection.as_mut() => {
+                if let Err(err) = r {
+                    tracing::debug!(peer = %conn.peer, error = %err, "connection error");
+                }
+                return;
+            }
+            () = conn.draining.cancelled(), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = activity.idle_for(conn.limits.idle_timeout), if !closing => {
+                tracing::debug!(peer = %conn.peer, "closing idle connection");
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = tokio::time::sleep_until(conn.opening_deadline), if !activity.has_requested() => {
+                if !activity.has_requested() {
+                    tracing::debug!(peer = %conn.peer, "no request in time; closing");
+                    return;
+                }
+            }
+            () = activity.evicted(), if evicted_until.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+                evicted_until = Some(tokio::time::Instant::now() + EVICTED_GRACE);
+            }
+            () = sleep_until_some(evicted_until) => return,
+            () = conn.hard_stop.cancelled() => return,
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `app`, counting requests in flight and answering 503 to any that takes longer
+/// than `deadline` (a backstop: handlers bound their own waits).
+fn tracked(
+    app: axum::Router,
+    activity: Arc<Activity>,
+    deadline: Duration,
+) -> impl tower::Service<
+    axum::http::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    use axum::response::IntoResponse;
+    use tower::ServiceExt;
+    tower::service_fn(move |request: axum::http::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        let in_flight = activity.begin();
+        async move {
+            let response = match tokio::time::timeout(deadline, app.oneshot(request)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "request not answered in time",
+                )
+                    .into_response(),
+            };
+            drop(in_flight);
+            Ok(response)
+        }
+    })
+}

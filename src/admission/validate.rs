@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::admission::review::UserInfo;
+use crate::wire::review::UserInfo;
 pub use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
 use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};

@@ -9,7 +9,7 @@ use crate::cache::{PodKey, Subject};
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
 
-use super::api::{ExtenderBindingArgs, ExtenderBindingResult};
+use crate::wire::binding::{ExtenderBindingArgs, ExtenderBindingResult};
 use super::plan::plan;
 
 /// How a bind call ended, for metrics and logs (a bounded set).

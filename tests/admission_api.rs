@@ -279,6 +279,41 @@ async fn reviews_echo_version_and_bad_reviews_get_400() {
     }
 }
 
+/// A refused review is counted under the kind of its fault, a bounded word, never
+/// under its text.
+#[tokio::test]
+async fn refused_reviews_are_counted_by_the_kind_of_their_fault() {
+    let (state, router) = app("", config_with_policy("original"));
+    let pod = whole_gpu_pod("team-b", "p", 1);
+    let bodies = [
+        ("{".to_string(), "malformed_json"),
+        ("[1]".to_string(), "wrong_type"),
+        (
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string(),
+            "missing_field",
+        ),
+        (
+            forged(&pod, |r| r["operation"] = json!("PATCH")),
+            "bad_operation",
+        ),
+        (
+            forged(&pod, |r| r["namespace"] = json!("team-a")),
+            "namespace_mismatch",
+        ),
+    ];
+    for (body, _) in &bodies {
+        let (status, _) = post(&router, "/validate", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    let metrics = state.metrics.encode();
+    for (_, kind) in bodies {
+        let line =
+            format!(r#"gpu_admission_requests_total{{route="validate",decision="{kind}"}} 1"#);
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
+    assert!(!metrics.contains("bad_request"), "{metrics}");
+}
+
 /// A review as the API server sends it, altered by `forge`.
 fn forged(pod: &Value, forge: impl Fn(&mut Value)) -> String {
     let mut review: Value = serde_json::from_str(&review(pod, false)).unwrap();

@@ -9,18 +9,18 @@
 
 use std::sync::OnceLock;
 
-use gpu_admission::admission::review::Review;
 use gpu_admission::cache::{CachedPod, Projection};
 use gpu_admission::config::Config;
 use gpu_admission::dra::cel::{Budget, CLAIM_BUDGET, CelDevice, Selector};
 use gpu_admission::dra::classes::DeviceClasses;
 use gpu_admission::dra::slices::{DeviceIndex, ResourceSlice, gpu_devices};
 use gpu_admission::dra::{Catalog, ClaimAsks, Dra, ResourceClaim};
-use gpu_admission::extender::ExtenderArgs;
-use gpu_admission::extender::volcano::PredicateArgs;
 use gpu_admission::placement::models::WantedModels;
 use gpu_admission::placement::quantity::Milli;
 use gpu_admission::placement::{GpuRequest, ResourceNames};
+use gpu_admission::wire::extender::ExtenderArgs;
+use gpu_admission::wire::review::Review;
+use gpu_admission::wire::volcano::PredicateArgs;
 use k8s_openapi::api::core::v1::Pod;
 
 /// The targets, by name (the directory names under `fuzz/seeds` and `fuzz/regressions`).

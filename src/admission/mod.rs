@@ -5,6 +5,5 @@
 
 pub mod claim;
 pub mod mutate;
-pub mod review;
 pub mod validate;
 pub mod verdict;

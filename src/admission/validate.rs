@@ -5,7 +5,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::admission::review::UserInfo;
 pub use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
 use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};
@@ -15,6 +14,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Arrival, Charge, Denial, models_for_arrival};
+use crate::wire::review::UserInfo;
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
 #[derive(Debug, thiserror::Error)]

@@ -372,7 +372,9 @@ fn oversized_or_hostile_claims_are_refused() {
         .map(|i| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "gpu.nvidia.com"}}))
         .collect();
     let body = json!({"spec": {"devices": {"requests": requests}}}).to_string();
-    let error = ResourceClaim::decode("request.object", &body).unwrap_err();
+    let error = crate::wire::claim::decode("request.object", &body).unwrap_err();
+    assert_eq!(error.kind(), "over_limit");
+    let error = error.to_string();
     assert!(error.contains("more than 64 items"), "{error}");
     let nested = "[1,2].all(x, [1,2].all(y, x == y))";
     let error = ClaimAsks::of(&claim(gpu_request(nested)), &cluster()).unwrap_err();

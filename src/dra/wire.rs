@@ -1,5 +1,6 @@
 //! The parts of `resource.k8s.io/v1` ResourceClaims gpu-admission reads (webhook bodies
-//! and the watch), decoded with bounded lists.
+//! and the watch), decoded with bounded lists. A webhook body's claim is decoded by
+//! `crate::wire::claim`, under the value budget of every body part.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -144,12 +145,6 @@ impl ResourceClaim {
         status
             .and_then(|a| a.devices.as_ref())
             .map_or(&[], |d| d.results.as_slice())
-    }
-
-    /// Decode a claim from a webhook body part, refusing one too large to read.
-    pub fn decode(what: &str, raw: &str) -> Result<Self, String> {
-        crate::wire::check_budget(what, raw.as_bytes(), crate::wire::MAX_POD_VALUES)?;
-        crate::wire::decode_raw(what, raw)
     }
 }
 

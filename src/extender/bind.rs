@@ -8,8 +8,8 @@ use crate::backend::{Backend, WriteError};
 use crate::cache::{PodKey, Subject};
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
+use crate::wire::binding::{ExtenderBindingArgs, ExtenderBindingResult};
 
-use super::api::{ExtenderBindingArgs, ExtenderBindingResult};
 use super::plan::plan;
 
 /// How a bind call ended, for metrics and logs (a bounded set).

@@ -11,8 +11,9 @@ use crate::cache::{CachedPod, pod_key};
 use crate::config::Config;
 use crate::placement::Misfit;
 use crate::placement::learn::LearningPlacer;
+use crate::wire::extender::ExtenderArgs;
+use crate::wire::filter_result::{ExtenderFilterResult, NodeReasons};
 
-use super::api::{ExtenderArgs, ExtenderFilterResult, NodeReasons};
 use super::plan::plan;
 
 /// How a filter call ended, for metrics and logs (a bounded set).

@@ -9,11 +9,7 @@
 //! node before the fit. They can only take GPUs away, never add any: what the caller
 //! sends can make the answer stricter, not looser.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::Pod;
-use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::backend::Backend;
 use crate::cache::pod_key;
@@ -21,85 +17,14 @@ use crate::config::Config;
 use crate::placement::{GpuRequest, fit};
 use crate::quota::NamespaceLimits;
 
-use crate::wire::{self, decode_raw, object_parts};
+use crate::wire::volcano::{PredicateArgs, PredicateResponse};
 
 use super::plan::eligibility;
-
-/// Volcano's `PredicateResponse`: an empty status passes.
-#[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct PredicateResponse {
-    pub status: String,
-    pub code: i32,
-}
 
 const SUCCESS: i32 = 0;
 const ERROR: i32 = 1;
 const UNSCHEDULABLE: i32 = 2;
 const UNRESOLVABLE: i32 = 3;
-
-/// Volcano's `TaskStatus` bits of the tasks that hold their node's resources:
-/// Allocated (placed in this session, not bound yet), Binding, Bound, Running and
-/// Releasing; not Pending, Pipelined (waiting for others to leave), Succeeded, Failed
-/// or Unknown.
-const HOLDING: u32 = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6);
-
-/// Most tasks one request may list on its node (a kubelet runs at most a few hundred
-/// pods).
-pub const MAX_NODE_TASKS: usize = 10_000;
-
-/// The pod, node name and the pods of the node's holding tasks of a predicate request
-/// (`{"task": TaskInfo, "node": NodeInfo}`, Go field names). The rest of the node
-/// object Volcano sends along is not read: the cluster's view of the node decides; its
-/// task list only adds what the cluster does not show yet.
-pub struct PredicateArgs {
-    pub pod: Pod,
-    pub node_name: String,
-    /// The pods of `node.Tasks` whose status holds the node ([`HOLDING`]).
-    pub node_pods: Vec<Pod>,
-}
-
-impl PredicateArgs {
-    pub fn from_json(body: &[u8]) -> Result<Self, String> {
-        let [task, node] = object_parts("request", wire::text(body)?, ["task", "node"])
-            .map_err(|e| e.replace("a JSON object", "a JSON object with task and node"))?;
-        let [pod] = object_parts("task", task.ok_or("request has no task")?.get(), ["Pod"])?;
-        let pod = wire::pod::decode("task.Pod", pod.ok_or("task has no Pod")?.get())?;
-        let node = node.ok_or("request has no node")?.get();
-        let [name, tasks] = object_parts("node", node, ["Name", "Tasks"])?;
-        let node_name = decode_raw("node.Name", name.ok_or("node has no Name")?.get())?;
-        let node_pods = tasks.map_or(Ok(Vec::new()), holding_pods)?;
-        Ok(PredicateArgs {
-            pod,
-            node_name,
-            node_pods,
-        })
-    }
-}
-
-/// The pods of the tasks in `node.Tasks` (a map from task id to TaskInfo) that hold
-/// the node.
-fn holding_pods(tasks: &RawValue) -> Result<Vec<Pod>, String> {
-    let tasks: BTreeMap<String, &RawValue> = decode_raw("node.Tasks", tasks.get())?;
-    if tasks.len() > MAX_NODE_TASKS {
-        return Err(format!(
-            "node.Tasks lists more than {MAX_NODE_TASKS} tasks; refusing to decode it"
-        ));
-    }
-    let mut pods = Vec::new();
-    for (id, task) in tasks {
-        let what = format!("node.Tasks[{id:?}]");
-        let [status, pod] = object_parts(&what, task.get(), ["Status", "Pod"])?;
-        let status: u32 =
-            status.map_or(Ok(0), |s| decode_raw(&format!("{what}.Status"), s.get()))?;
-        if status & HOLDING == 0 {
-            continue;
-        }
-        if let Some(pod) = pod {
-            pods.push(wire::pod::decode(&format!("{what}.Pod"), pod.get())?);
-        }
-    }
-    Ok(pods)
-}
 
 pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> PredicateResponse {
     let cache = backend.cache();
@@ -238,46 +163,6 @@ mod tests {
     fn judge(cache: &ClusterCache, config: &Config, body: &[u8]) -> PredicateResponse {
         let backend = Backend::offline(cache.clone());
         predicate(&backend, config, PredicateArgs::from_json(body).unwrap())
-    }
-
-    #[test]
-    fn reads_the_pods_of_the_tasks_that_hold_the_node() {
-        let statuses = [
-            ("pending", 1),
-            ("allocated", 2),
-            ("pipelined", 4),
-            ("binding", 8),
-            ("bound", 16),
-            ("running", 32),
-            ("releasing", 64),
-            ("succeeded", 128),
-        ];
-        let tasks: Vec<Value> = statuses
-            .iter()
-            .map(|&(name, status)| task(&pod(name, 10, Some("n")), status))
-            .collect();
-        let args = PredicateArgs::from_json(&request(&pod("p", 60, None), &tasks)).unwrap();
-        let mut names: Vec<_> = args
-            .node_pods
-            .iter()
-            .map(|p| p.metadata.name.clone().unwrap())
-            .collect();
-        names.sort();
-        assert_eq!(
-            names,
-            ["allocated", "binding", "bound", "releasing", "running"]
-        );
-
-        for node in [json!({"Name": "n"}), json!({"Name": "n", "Tasks": null})] {
-            let body = json!({"task": {"Pod": pod("p", 60, None)}, "node": node});
-            let args = PredicateArgs::from_json(body.to_string().as_bytes()).unwrap();
-            assert!(args.node_pods.is_empty());
-        }
-        let body = json!({"task": {"Pod": pod("p", 60, None)}, "node": {"Name": "n", "Tasks": []}});
-        let error = PredicateArgs::from_json(body.to_string().as_bytes())
-            .err()
-            .unwrap();
-        assert!(error.contains("node.Tasks"), "{error}");
     }
 
     /// A gang of three 60% tasks: Volcano's own accounting lets all three onto a

@@ -24,11 +24,14 @@ use axum::routing::{get, post};
 use crate::backend::Backend;
 use crate::cache::ClusterCache;
 use crate::config::Config;
-use crate::extender::api::ExtenderBindingArgs;
-use crate::extender::volcano::{PredicateArgs, predicate};
-use crate::extender::{ExtenderArgs, bind, filter};
+use crate::extender::volcano::predicate;
+use crate::extender::{bind, filter};
 use crate::metrics::Metrics;
 use crate::placement::learn::LearningPlacer;
+use crate::wire::DecodeError;
+use crate::wire::binding::ExtenderBindingArgs;
+use crate::wire::extender::ExtenderArgs;
+use crate::wire::volcano::PredicateArgs;
 
 /// Largest AdmissionReview accepted. The API server refuses objects over 3 MiB, and
 /// the only reviews sent with two objects (an UPDATE's object and oldObject) are of
@@ -122,21 +125,24 @@ async fn version() -> impl IntoResponse {
     }))
 }
 
-/// Why a request was not judged: bad input (400, the text names the problem), a body
-/// over the route's limit (413), a body too slow to arrive (408), or our own state not
-/// ready (503, so the caller's failure policy decides).
+/// Why a request was not judged: a body that does not decode (400, the text names the
+/// problem, counted by its kind) or cannot be read (400), a body over the route's
+/// limit (413), a body too slow to arrive (408), or our own state not ready (503, so
+/// the caller's failure policy decides).
 #[derive(Debug)]
 pub enum Rejection {
-    BadRequest(String),
+    Undecodable(DecodeError),
+    Unreadable(String),
     TooLarge { limit: usize },
     TooSlow,
     NotReady,
 }
 
 impl Rejection {
-    pub const fn label(&self) -> &'static str {
+    pub fn label(&self) -> &'static str {
         match self {
-            Rejection::BadRequest(_) => "bad_request",
+            Rejection::Undecodable(error) => error.kind(),
+            Rejection::Unreadable(_) => "bad_request",
             Rejection::TooLarge { .. } => "too_large",
             Rejection::TooSlow => "too_slow",
             Rejection::NotReady => "not_ready",
@@ -147,7 +153,10 @@ impl Rejection {
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
         match self {
-            Rejection::BadRequest(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+            Rejection::Undecodable(error) => {
+                (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+            }
+            Rejection::Unreadable(message) => (StatusCode::BAD_REQUEST, message).into_response(),
             Rejection::TooLarge { limit } => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
@@ -186,7 +195,7 @@ fn byte_size(bytes: usize) -> String {
 pub struct Route<T> {
     pub name: &'static str,
     pub limit: usize,
-    pub parse: fn(&[u8]) -> Result<T, String>,
+    pub parse: fn(&[u8]) -> Result<T, DecodeError>,
 }
 
 /// A route whose decoder takes the body itself, shared, not copied: the filter answers
@@ -194,14 +203,14 @@ pub struct Route<T> {
 pub struct BodyRoute<T> {
     pub name: &'static str,
     pub limit: usize,
-    pub parse: fn(Bytes) -> Result<T, String>,
+    pub parse: fn(Bytes) -> Result<T, DecodeError>,
 }
 
 /// What [`accept`] and [`answer`] need of a route.
 pub trait Decoder<T> {
     fn name(&self) -> &'static str;
     fn limit(&self) -> usize;
-    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, String> + Send + 'static;
+    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, DecodeError> + Send + 'static;
 }
 
 impl<T: 'static> Decoder<T> for Route<T> {
@@ -211,7 +220,7 @@ impl<T: 'static> Decoder<T> for Route<T> {
     fn limit(&self) -> usize {
         self.limit
     }
-    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, String> + Send + 'static {
+    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, DecodeError> + Send + 'static {
         let parse = self.parse;
         move |bytes: Bytes| parse(&bytes)
     }
@@ -224,7 +233,7 @@ impl<T: 'static> Decoder<T> for BodyRoute<T> {
     fn limit(&self) -> usize {
         self.limit
     }
-    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, String> + Send + 'static {
+    fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, DecodeError> + Send + 'static {
         self.parse
     }
 }
@@ -261,9 +270,9 @@ pub async fn accept<T: Send + 'static>(
     } else {
         tokio::task::spawn_blocking(move || parse(bytes))
             .await
-            .unwrap_or_else(|error| Err(format!("decoding the request failed: {error}")))
+            .unwrap_or_else(|error| Err(DecodeError::Aborted(error.to_string())))
     };
-    let parsed = parsed.map_err(Rejection::BadRequest)?;
+    let parsed = parsed.map_err(Rejection::Undecodable)?;
     if !state.cache.is_ready() {
         return Err(Rejection::NotReady);
     }
@@ -283,7 +292,7 @@ async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Byte
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
         let frame =
-            frame.map_err(|e| Rejection::BadRequest(format!("cannot read request body: {e}")))?;
+            frame.map_err(|e| Rejection::Unreadable(format!("cannot read request body: {e}")))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };

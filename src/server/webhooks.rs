@@ -13,25 +13,24 @@ use crate::dra::ResourceClaim;
 
 use crate::admission::claim::{mutate_claim, validate_claim};
 use crate::admission::mutate::{GpuNodes, mutation};
-use crate::admission::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
 use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::placement::request::asks_for_gpu;
+use crate::wire::DecodeError;
+use crate::wire::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
 
 use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer, trace};
 
 /// A review and, for a CREATE, its pod with namespace and name (even under generateName).
 type Created = (Review, Option<(String, Box<Pod>)>);
 
-fn created_pod(body: &[u8]) -> Result<Created, String> {
+fn created_pod(body: &[u8]) -> Result<Created, DecodeError> {
     let mut review = Review::decode(body)?;
-    review.expect(PODS).map_err(|e| e.to_string())?;
+    review.expect(PODS)?;
     if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
     let mut pod = review.take_pod(false)?;
-    review
-        .check_namespace("object", pod.metadata.namespace.as_deref())
-        .map_err(|e| e.to_string())?;
+    review.check_namespace("object", pod.metadata.namespace.as_deref())?;
     let request = &review.request;
     let namespace = request.namespace.clone().unwrap_or_default();
     if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
@@ -55,7 +54,7 @@ enum Reviewed {
     Other,
 }
 
-fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
+fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), DecodeError> {
     let (mut review, created) = created_pod(body)?;
     if let Some((namespace, pod)) = created {
         return Ok((review, Reviewed::Create { namespace, pod }));
@@ -65,12 +64,8 @@ fn reviewed_pod(body: &[u8]) -> Result<(Review, Reviewed), String> {
     }
     let new = review.take_pod(false)?;
     let old = review.take_pod(true)?;
-    review
-        .check_namespace("object", new.metadata.namespace.as_deref())
-        .map_err(|e| e.to_string())?;
-    review
-        .check_namespace("oldObject", old.metadata.namespace.as_deref())
-        .map_err(|e| e.to_string())?;
+    review.check_namespace("object", new.metadata.namespace.as_deref())?;
+    review.check_namespace("oldObject", old.metadata.namespace.as_deref())?;
     Ok((review, Reviewed::Update { old, new }))
 }
 
@@ -194,16 +189,14 @@ pub async fn mutate_route(
 /// A ResourceClaim review: the claim being created, with its namespace.
 type ClaimReview = (Review, Option<(String, Box<ResourceClaim>)>);
 
-fn created_claim(body: &[u8]) -> Result<ClaimReview, String> {
+fn created_claim(body: &[u8]) -> Result<ClaimReview, DecodeError> {
     let review = Review::from_json(body)?;
-    review.expect(RESOURCE_CLAIMS).map_err(|e| e.to_string())?;
+    review.expect(RESOURCE_CLAIMS)?;
     if review.request.operation != "CREATE" {
         return Ok((review, None));
     }
     let mut claim = review.claim()?;
-    review
-        .check_namespace("object", claim.metadata.namespace.as_deref())
-        .map_err(|e| e.to_string())?;
+    review.check_namespace("object", claim.metadata.namespace.as_deref())?;
     let namespace = review.request.namespace.clone().unwrap_or_default();
     if claim
         .metadata

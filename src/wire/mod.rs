@@ -1,9 +1,16 @@
-//! Decoding hostile request bodies with bounded memory.
+//! Request decoding: every body a route receives is read here, and only here, into
+//! the types the routes judge — AdmissionReviews ([`review`]), the scheduler
+//! extender's filter and bind requests ([`extender`], [`binding`]), Volcano's
+//! predicate request ([`volcano`]) and the pods and ResourceClaims they carry
+//! ([`pod`], [`claim`]) — together with the answers written back in the same
+//! dialects. A body that cannot be read is refused with one [`DecodeError`], whose
+//! text is the 400 a caller reads and whose kind is the metric label. What a route
+//! does with a decoded request is not here (`admission`, `extender`).
 //!
 //! Every body that reaches a route is untrusted (docs/security.md). Decoding into full
 //! Kubernetes types can cost hundreds of times the body's size (`[{},{},...]` of
-//! `Volume`s is three bytes per element and kilobytes per decoded struct), so requests
-//! are decoded here, and only here, under three rules:
+//! `Volume`s is three bytes per element and kilobytes per decoded struct), so bodies
+//! are decoded under three rules:
 //! - a cheap scan counts the JSON values of a part before any of it is decoded, and
 //!   refuses a part with more than its budget ([`check_budget`]);
 //! - pods are decoded into the few fields gpu-admission reads ([`pod::decode`]), never
@@ -12,7 +19,16 @@
 //!
 //! With those, the memory a request takes is a small multiple of its body.
 
+pub mod binding;
+pub mod claim;
+pub mod error;
+pub mod extender;
+pub mod filter_result;
 pub mod pod;
+pub mod review;
+pub mod volcano;
+
+pub use error::{DecodeError, Fault};
 
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -32,11 +48,12 @@ pub const MAX_NODES: usize = 15_000;
 /// Refuse `raw` when it holds more than `max` JSON values. An upper bound is enough:
 /// every value but the first follows a `[`, `{`, `,` or `:` outside a string, and a
 /// `:` always follows a key that was counted after its `{` or `,`.
-pub fn check_budget(what: &str, raw: &[u8], max: usize) -> Result<(), String> {
+pub fn check_budget(what: &str, raw: &[u8], max: usize) -> Result<(), DecodeError> {
     if !within_budget(raw, max) {
-        return Err(format!(
-            "{what} has more than {max} JSON values; refusing to decode it"
-        ));
+        return Err(DecodeError::OverBudget {
+            what: what.to_string(),
+            max,
+        });
     }
     Ok(())
 }
@@ -90,21 +107,20 @@ fn count_values(raw: &[u8], max: usize) -> usize {
 /// the content is wrong, the path inside it. Decodes untracked first (tracking the
 /// path costs a third of decoding 5,000 node names); only a part that fails is decoded
 /// again with its path, for the message.
-pub fn decode_raw<'a, T: Deserialize<'a>>(what: &str, raw: &'a str) -> Result<T, String> {
+pub fn decode_raw<'a, T: Deserialize<'a>>(what: &str, raw: &'a str) -> Result<T, DecodeError> {
     serde_json::from_str(raw).or_else(|_| {
         let mut deserializer = serde_json::Deserializer::from_str(raw);
         serde_path_to_error::deserialize(&mut deserializer).map_err(|e| located(what, e))
     })
 }
 
-fn located<E: fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> String {
-    let path = e.path().to_string();
-    let at = if path == "." {
-        String::new()
-    } else {
-        format!(" at {path}")
-    };
-    format!("{what}{at}: {}", e.inner())
+fn located(what: &str, e: serde_path_to_error::Error<serde_json::Error>) -> DecodeError {
+    DecodeError::Content {
+        what: what.to_string(),
+        path: e.path().to_string(),
+        fault: Fault::of(e.inner()),
+        detail: e.inner().to_string(),
+    }
 }
 
 /// A JSON array of at most `MAX` elements, refused while decoding (before the rest of
@@ -146,24 +162,30 @@ pub fn object_parts<'a, const N: usize>(
     what: &str,
     raw: &'a str,
     keys: [&'static str; N],
-) -> Result<[Option<&'a RawValue>; N], String> {
+) -> Result<[Option<&'a RawValue>; N], DecodeError> {
     let mut deserializer = serde_json::Deserializer::from_str(raw);
     let parts = deserializer
         .deserialize_map(Parts { keys: &keys })
         .and_then(|parts| deserializer.end().map(|()| parts))
         .map_err(|e| {
             if e.is_data() {
-                format!("{what} must be a JSON object")
+                DecodeError::NotAnObject {
+                    what: what.to_string(),
+                    expected: "a JSON object",
+                }
             } else {
-                format!("{what} is not valid JSON: {e}")
+                DecodeError::syntax(what, &e)
             }
         })?;
     Ok(parts)
 }
 
 /// `raw` as text: JSON bodies must be UTF-8.
-pub fn text(raw: &[u8]) -> Result<&str, String> {
-    std::str::from_utf8(raw).map_err(|e| format!("request is not valid JSON: not UTF-8 ({e})"))
+pub fn text(raw: &[u8]) -> Result<&str, DecodeError> {
+    std::str::from_utf8(raw).map_err(|e| DecodeError::Malformed {
+        what: "request".into(),
+        detail: format!("not UTF-8 ({e})"),
+    })
 }
 
 struct Parts<'k, const N: usize> {
@@ -225,9 +247,10 @@ mod tests {
         assert!(check_budget("x", br#"{"a": [1, 2, 3]}"#, 5).is_ok());
         let err = check_budget("Pod", br#"{"a": [1, 2, 3, 4, 5]}"#, 5).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "Pod has more than 5 JSON values; refusing to decode it"
         );
+        assert_eq!(err.kind(), "over_limit");
         // Brackets and commas inside strings (escaped quotes too) are text, not values.
         assert!(check_budget("x", br#"{"a": "[[[,,,{{{\"[[[,,,"}"#, 2).is_ok());
         let million_empty_objects = format!("[{}]", vec!["{}"; 1_000_000].join(","));
@@ -270,14 +293,48 @@ mod tests {
         assert_eq!(pod.unwrap().get(), r#"{"a": 1}"#);
         assert_eq!(names.unwrap().get(), r#"["n"]"#);
         assert!(nodes.is_none());
-        assert_eq!(
-            object_parts("request", "[1]", ["Pod"]).unwrap_err(),
-            "request must be a JSON object"
-        );
+        let not_object = object_parts("request", "[1]", ["Pod"]).unwrap_err();
+        assert_eq!(not_object.to_string(), "request must be a JSON object");
+        assert_eq!(not_object.kind(), "wrong_type");
+        let cut_short = object_parts("request", "{", ["Pod"]).unwrap_err();
         assert!(
-            object_parts("request", "{", ["Pod"])
-                .unwrap_err()
+            cut_short
+                .to_string()
                 .starts_with("request is not valid JSON")
+        );
+        assert_eq!(cut_short.kind(), "malformed_json");
+    }
+
+    /// The kind of a failure is read from serde_json's error; its text is kept whole.
+    #[test]
+    fn decode_failures_are_counted_by_kind() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let err = decode_raw::<serde_json::Value>("part", &deep).unwrap_err();
+        assert_eq!(err.kind(), "too_deep");
+        assert!(
+            err.to_string().starts_with("part at [0][0]")
+                && err.to_string().contains(": recursion limit exceeded"),
+            "{err}"
+        );
+        let err = decode_raw::<Bounded<u8, 1>>("list", "[1, 2]").unwrap_err();
+        assert_eq!(err.kind(), "over_limit");
+        assert!(
+            err.to_string().starts_with("list: more than 1 elements"),
+            "{err}"
+        );
+        let err = decode_raw::<Vec<u8>>("list", "[1, 300]").unwrap_err();
+        assert_eq!(err.kind(), "invalid_value");
+        assert!(
+            err.to_string().starts_with("list at [1]: invalid value"),
+            "{err}"
+        );
+        let err = decode_raw::<Vec<u8>>("list", "[1, 2").unwrap_err();
+        assert_eq!(err.kind(), "malformed_json");
+        let err = text(b"\xff").unwrap_err();
+        assert_eq!(err.kind(), "malformed_json");
+        assert!(
+            err.to_string()
+                .starts_with("request is not valid JSON: not UTF-8")
         );
     }
 

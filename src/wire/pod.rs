@@ -16,10 +16,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
 
-use super::{MAX_POD_VALUES, check_budget, decode_raw};
+use super::{DecodeError, MAX_POD_VALUES, check_budget, decode_raw};
 
 /// Decode the pod in `raw` (its JSON text); `what` names the part in errors.
-pub fn decode(what: &str, raw: &str) -> Result<Pod, String> {
+pub fn decode(what: &str, raw: &str) -> Result<Pod, DecodeError> {
     check_budget(what, raw.as_bytes(), MAX_POD_VALUES)?;
     let lite: PodLite = decode_raw(what, raw)?;
     Ok(lite.into())
@@ -204,6 +204,8 @@ mod tests {
     #[test]
     fn errors_name_the_part_and_the_path() {
         let err = decode("Pod", r#"{"spec": {"containers": 5}}"#).unwrap_err();
+        assert_eq!(err.kind(), "wrong_type");
+        let err = err.to_string();
         assert!(
             err.starts_with("Pod at spec.containers: invalid type"),
             "{err}"
@@ -212,7 +214,7 @@ mod tests {
             r#"{{"spec": {{"volumes": [{}]}}}}"#,
             vec!["{}"; 200_000].join(",")
         );
-        let err = decode("task.Pod", &huge).unwrap_err();
+        let err = decode("task.Pod", &huge).unwrap_err().to_string();
         assert!(err.contains("more than 100000 JSON values"), "{err}");
     }
 }

@@ -24,6 +24,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+use x509_parser::error::X509Error;
 
 /// Why a certificate/key pair could not be loaded.
 #[derive(thiserror::Error, Debug)]
@@ -300,16 +301,19 @@ fn parse_pair(
 }
 
 /// `(not_before, not_after)` in unix seconds.
-fn validity(der: &CertificateDer<'_>) -> Result<(i64, i64), String> {
-    let (_, x509) = x509_parser::parse_x509_certificate(der).map_err(|e| e.to_string())?;
+fn validity(der: &CertificateDer<'_>) -> Result<(i64, i64), X509Error> {
+    let (_, x509) = x509_parser::parse_x509_certificate(der).map_err(|e| match e {
+        x509_parser::nom::Err::Error(e) | x509_parser::nom::Err::Failure(e) => e,
+        x509_parser::nom::Err::Incomplete(_) => X509Error::InvalidCertificate,
+    })?;
     let v = x509.validity();
     Ok((v.not_before.timestamp(), v.not_after.timestamp()))
 }
 
 fn check_valid_now(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsError> {
-    let (not_before, not_after) = validity(leaf).map_err(|reason| TlsError::BadCertificate {
+    let (not_before, not_after) = validity(leaf).map_err(|error| TlsError::BadCertificate {
         path: path.to_path_buf(),
-        reason,
+        reason: error.to_string(),
     })?;
     let now = i64::try_from(UnixTime::now().as_secs()).unwrap_or(i64::MAX);
     if now < not_before {

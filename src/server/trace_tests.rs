@@ -223,7 +223,7 @@ async fn every_door_traces_its_routes_with_what_is_known() {
     assert!(spans[0].contains_key("decision"), "{:?}", spans[0]);
     assert_eq!(
         spans[1],
-        fields(&[("route", "/validate"), ("decision", "bad_request")])
+        fields(&[("route", "/validate"), ("decision", "malformed_json")])
     );
     assert_eq!(spans[2]["namespace"], "team-c");
     assert_eq!(spans[2]["pod"], "p");

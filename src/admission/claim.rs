@@ -18,7 +18,7 @@ use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
 
 use super::validate::{ValidateError, created_or_now, verdict};
-use super::verdict::{Reason, Verdict};
+use super::verdict::{ClaimDenial, Reason, Verdict};
 
 /// What the cluster state says about a claim, read under the lock; its selectors are
 /// evaluated after.
@@ -158,41 +158,6 @@ fn charged(
         source: ModelSource::Annotation,
     };
     Ok(Some((wanted, Costs::single(label, charge))))
-}
-
-/// Why a claim is refused (a denial, a value: its text is what `kubectl` prints).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClaimDenial {
-    #[error("{0}")]
-    Quota(Denial),
-    /// `attribute`: the driver and the model attribute a CEL selector names.
-    #[error(
-        "ResourceClaim request {request} can be allocated GPUs of several models ({}), none of them namespace {namespace:?}'s default model; name one with a CEL selector on device.attributes[{:?}].{}",
-        labels.join(", "), attribute.0, attribute.1
-    )]
-    Ambiguous {
-        namespace: String,
-        request: String,
-        labels: Vec<String>,
-        attribute: (String, String),
-    },
-    #[error(
-        "ResourceClaim request {} names no GPU model and namespace {namespace:?} has no default model (defaultType in a GPUQuota); select one with a CEL selector on device.attributes[{:?}].{}",
-        requests.join(", "), attribute.0, attribute.1
-    )]
-    Untyped {
-        namespace: String,
-        requests: Vec<String>,
-        attribute: (String, String),
-    },
-    #[error(
-        "ResourceClaim request {request} is not pinned to the model it is charged for ({label}): gpu-admission's mutating webhook adds the CEL selector {pin}; was it removed by another webhook?"
-    )]
-    Unpinned {
-        request: String,
-        label: String,
-        pin: String,
-    },
 }
 
 /// The JSON Patch that adds, to every GPU request of `claim` and every alternative, the

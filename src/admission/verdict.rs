@@ -6,8 +6,6 @@ use crate::dra::AskError;
 use crate::placement::RequestError;
 use crate::quota::Denial;
 
-use super::claim::ClaimDenial;
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Allow,
@@ -48,6 +46,41 @@ impl Reason {
             Reason::PlacementAnnotation { .. } => "placement_annotation",
         }
     }
+}
+
+/// Why a claim is refused (a denial, a value: its text is what `kubectl` prints).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimDenial {
+    #[error("{0}")]
+    Quota(Denial),
+    /// `attribute`: the driver and the model attribute a CEL selector names.
+    #[error(
+        "ResourceClaim request {request} can be allocated GPUs of several models ({}), none of them namespace {namespace:?}'s default model; name one with a CEL selector on device.attributes[{:?}].{}",
+        labels.join(", "), attribute.0, attribute.1
+    )]
+    Ambiguous {
+        namespace: String,
+        request: String,
+        labels: Vec<String>,
+        attribute: (String, String),
+    },
+    #[error(
+        "ResourceClaim request {} names no GPU model and namespace {namespace:?} has no default model (defaultType in a GPUQuota); select one with a CEL selector on device.attributes[{:?}].{}",
+        requests.join(", "), attribute.0, attribute.1
+    )]
+    Untyped {
+        namespace: String,
+        requests: Vec<String>,
+        attribute: (String, String),
+    },
+    #[error(
+        "ResourceClaim request {request} is not pinned to the model it is charged for ({label}): gpu-admission's mutating webhook adds the CEL selector {pin}; was it removed by another webhook?"
+    )]
+    Unpinned {
+        request: String,
+        label: String,
+        pin: String,
+    },
 }
 
 #[cfg(test)]

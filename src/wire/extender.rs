@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::filter_result::NodeItems;
+use super::filter_result::{NodeItems, RequestBody};
 use super::{self as wire, Bounded, DecodeError, MAX_NODES, decode_raw, object_parts};
 
 /// `ExtenderArgs`: the pod and the candidate nodes, as objects or as names.
@@ -35,16 +35,6 @@ pub struct ExtenderArgs {
 pub struct GivenNode {
     pub name: String,
     pub(super) span: Range<usize>,
-}
-
-/// A request's body, shared by the answer that echoes parts of it.
-#[derive(Clone, Default)]
-pub(super) struct RequestBody(pub(super) Bytes);
-
-impl fmt::Debug for RequestBody {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "<{} bytes>", self.0.len())
-    }
 }
 
 impl ExtenderArgs {

@@ -3,6 +3,7 @@
 //! back as the request's own bytes.
 
 use std::convert::Infallible;
+use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -12,7 +13,15 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::extender::RequestBody;
+/// A request's body, shared by the answer that echoes parts of it.
+#[derive(Clone, Default)]
+pub(super) struct RequestBody(pub(super) Bytes);
+
+impl fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<{} bytes>", self.0.len())
+    }
+}
 
 /// `ExtenderFilterResult`.
 #[derive(Debug, Clone, Default, Serialize)]

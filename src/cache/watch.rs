@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::dra::ResourceClaim;
 use crate::dra::classes::{ClassInfo, DeviceClass};
@@ -111,23 +110,8 @@ trait Kind<K>: Send {
 
 /// Follow one kind's watch, inside a `watch` span that names the kind (every log line
 /// of the watch carries it).
+#[tracing::instrument(name = "watch", skip_all, fields(kind = W::NAME))]
 async fn watch<K, W>(
-    api: Api<K>,
-    config: watcher::Config,
-    cache: ClusterCache,
-    listed: Arc<Listed>,
-    kind: W,
-) where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    W: Kind<K>,
-{
-    let span = tracing::info_span!("watch", kind = W::NAME);
-    follow(api, config, cache, listed, kind)
-        .instrument(span)
-        .await
-}
-
-async fn follow<K, W>(
     api: Api<K>,
     config: watcher::Config,
     cache: ClusterCache,

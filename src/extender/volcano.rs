@@ -110,39 +110,7 @@ mod tests {
     use super::*;
     use crate::cache::{CachedPod, ClusterCache, Projection};
     use crate::placement::testing::node;
-
-    /// A pod as Volcano's TaskInfo carries it: `core` vcuda-core and 4 vcuda-memory.
-    fn pod(name: &str, core: u32, node_name: Option<&str>) -> Value {
-        json!({
-            "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}")},
-            "spec": {
-                "nodeName": node_name,
-                "containers": [{"name": "c", "resources": {"limits": {
-                    "tencent.com/vcuda-core": core.to_string(),
-                    "tencent.com/vcuda-memory": "4",
-                }}}],
-            },
-        })
-    }
-
-    /// A TaskInfo as Volcano marshals it (the fields around `Pod` abridged).
-    fn task(pod: &Value, status: u32) -> Value {
-        json!({
-            "UID": pod["metadata"]["uid"], "Name": pod["metadata"]["name"],
-            "Namespace": "team", "Status": status, "Pod": pod,
-            "Resreq": {"MilliCPU": 0, "ScalarResources": {"tencent.com/vcuda-core": 60000}},
-        })
-    }
-
-    /// `{"task": ..., "node": ...}` for `pod` on node `n`, whose `Tasks` are `tasks`.
-    fn request(pod: &Value, tasks: &[Value]) -> Vec<u8> {
-        let tasks: serde_json::Map<String, Value> = tasks
-            .iter()
-            .map(|t| (format!("team/{}", t["Name"].as_str().unwrap()), t.clone()))
-            .collect();
-        let node = json!({"Name": "n", "Node": {"metadata": {"name": "n"}}, "Tasks": tasks});
-        serde_json::to_vec(&json!({"task": task(pod, 1), "node": node})).unwrap()
-    }
+    use crate::wire::volcano::tests::{pod, request, task};
 
     /// A cache holding node `n` (two GPUs of 16 vcuda-memory) and `bound` pods on it.
     fn cache_with(bound: &[Value]) -> (ClusterCache, Config) {

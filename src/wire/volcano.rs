@@ -94,7 +94,7 @@ fn required<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use serde_json::{Value, json};
@@ -102,7 +102,7 @@ mod tests {
     use super::*;
 
     /// A pod as Volcano's TaskInfo carries it: `core` vcuda-core and 4 vcuda-memory.
-    fn pod(name: &str, core: u32, node_name: Option<&str>) -> Value {
+    pub(crate) fn pod(name: &str, core: u32, node_name: Option<&str>) -> Value {
         json!({
             "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}")},
             "spec": {
@@ -116,7 +116,7 @@ mod tests {
     }
 
     /// A TaskInfo as Volcano marshals it (the fields around `Pod` abridged).
-    fn task(pod: &Value, status: u32) -> Value {
+    pub(crate) fn task(pod: &Value, status: u32) -> Value {
         json!({
             "UID": pod["metadata"]["uid"], "Name": pod["metadata"]["name"],
             "Namespace": "team", "Status": status, "Pod": pod,
@@ -125,7 +125,7 @@ mod tests {
     }
 
     /// `{"task": ..., "node": ...}` for `pod` on node `n`, whose `Tasks` are `tasks`.
-    fn request(pod: &Value, tasks: &[Value]) -> Vec<u8> {
+    pub(crate) fn request(pod: &Value, tasks: &[Value]) -> Vec<u8> {
         let tasks: serde_json::Map<String, Value> = tasks
             .iter()
             .map(|t| (format!("team/{}", t["Name"].as_str().unwrap()), t.clone()))

@@ -122,9 +122,6 @@ async fn post(sender: &mut Sender, path: &str, body: String) -> (u16, axum::body
 /// The heterogeneous cluster (`support/cluster.rs`) with its GPUQuota; resident memory
 /// per cached pod.
 fn fill_mixed(cache: &ClusterCache) -> f64 {
-    let before = resident_bytes();
-    let placed = cluster::fill(cache, NODES, GPUS, PODS, node_name);
-    let per_pod = (resident_bytes().saturating_sub(before)) as f64 / placed as f64;
     let hard: serde_json::Map<String, serde_json::Value> = cluster::MODELS
         .iter()
         .map(|(model, _, _)| (model.to_string(), json!("100000")))
@@ -136,6 +133,12 @@ fn fill_mixed(cache: &ClusterCache) -> f64 {
     }))
     .unwrap();
     cache.with_state(|s| s.apply_quota(quota));
+    cluster::add_nodes(cache, NODES, GPUS, node_name);
+    // The quota first: its namespace's pods are charged as they come (the ledger's
+    // entries count in the memory per pod).
+    let before = resident_bytes();
+    let placed = cluster::fill(cache, NODES, GPUS, PODS, node_name);
+    let per_pod = (resident_bytes().saturating_sub(before)) as f64 / placed as f64;
     let models: Vec<String> = cluster::MODELS
         .iter()
         .map(|(m, memory, _)| {

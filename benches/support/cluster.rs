@@ -99,17 +99,13 @@ pub fn memory_units(share: u32, memory_per_gpu: u32) -> u32 {
     (memory_per_gpu * share).div_ceil(100)
 }
 
-/// `nodes` nodes of the three models (8 GPUs each) and, on each, pods of random shapes
-/// up to a random fill, first fit, until `pods` pods are placed; a quarter of them in
-/// [`QUOTA_NAMESPACE`] (some naming their model), the rest in four other namespaces.
-/// Returns the pods placed.
-pub fn fill(
+/// `nodes` nodes of the three models, `gpus` GPUs each.
+pub fn add_nodes(
     cache: &ClusterCache,
     nodes: usize,
     gpus: usize,
-    pods: usize,
     node_name: impl Fn(usize) -> String,
-) -> usize {
+) {
     cache.with_state(|s| {
         for i in 0..nodes {
             let (model, memory, _) = MODELS[model_of(i)];
@@ -124,6 +120,18 @@ pub fn fill(
             })
         }
     });
+}
+
+/// On the nodes of [`add_nodes`], pods of random shapes on random nodes, first fit,
+/// until `pods` pods are placed; a quarter of them in [`QUOTA_NAMESPACE`] (some naming
+/// their model), the rest in four other namespaces. Returns the pods placed.
+pub fn fill(
+    cache: &ClusterCache,
+    nodes: usize,
+    gpus: usize,
+    pods: usize,
+    node_name: impl Fn(usize) -> String,
+) -> usize {
     let projection = cache.projection().clone();
     let mut random = Random::new(42);
     let mut free: Vec<Vec<(u32, u32)>> = (0..nodes)

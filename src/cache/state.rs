@@ -41,7 +41,9 @@ struct NodeEntry {
 pub struct ClusterState {
     nodes: HashMap<Arc<str>, NodeEntry>,
     /// Changed only by `put_pod` and `delete_pod`, which keep `ledger` up to date.
-    pods: HashMap<PodKey, CachedPod>,
+    /// Boxed: the table keeps room for up to twice its entries, and a pod is some 250
+    /// bytes against a pointer's 8 (docs/benchmarks.md, memory per cached pod).
+    pods: HashMap<PodKey, Box<CachedPod>>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
@@ -159,7 +161,7 @@ impl ClusterState {
     }
 
     pub fn pod(&self, key: &str) -> Option<&CachedPod> {
-        self.pods.get(key)
+        self.pods.get(key).map(|pod| &**pod)
     }
 
     pub fn pod_count(&self) -> usize {
@@ -410,10 +412,18 @@ impl ClusterState {
         }
     }
 
-    fn put_pod(&mut self, key: PodKey, pod: CachedPod) {
+    fn put_pod(&mut self, key: PodKey, mut pod: CachedPod) {
+        // The node's own name, shared by its pods, rather than a copy per pod.
+        if let Some((name, _)) = pod
+            .node
+            .as_deref()
+            .and_then(|n| self.nodes.get_key_value(n))
+        {
+            pod.node = Some(name.clone());
+        }
         let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
         let new_node = pod.node.clone();
-        if self.pods.insert(key.clone(), pod).is_none() {
+        if self.pods.insert(key.clone(), Box::new(pod)).is_none() {
             let namespace = namespace_of(&key);
             self.by_namespace
                 .entry(namespace.into())
@@ -437,7 +447,7 @@ impl ClusterState {
     fn recharge(&mut self, key: &PodKey) {
         let pod = self.pods.get(key);
         let model = pod.and_then(|p| self.charge_label(namespace_of(key), p));
-        let pod = self.pods.get(key);
+        let pod = self.pods.get(key).map(|pod| &**pod);
         self.ledger
             .recharge(key, namespace_of(key), pod, model.as_deref());
     }
@@ -840,7 +850,7 @@ impl ClusterState {
             pod.node = Some(node.clone());
             pod.assignment = Some(assignment.clone());
             pod.reserved = Some(now);
-            self.put_pod(key.clone(), pod);
+            self.put_pod(key.clone(), *pod);
             self.holds.push_back((now, key.clone()));
         }
         FilterDecision {
@@ -897,7 +907,7 @@ impl ClusterState {
         released.assignment = None;
         released.reserved = None;
         let key: PodKey = key.into();
-        self.put_pod(key, released);
+        self.put_pod(key, *released);
     }
 
     /// Undo a reservation whose recording failed.
@@ -946,7 +956,7 @@ impl ClusterState {
             },
         };
         check_unbound(key, held)?;
-        Ok(Some(held.clone()))
+        Ok(Some((**held).clone()))
     }
 
     fn keep_existing(&self, key: &PodKey, candidates: &[&str]) -> Option<FilterDecision> {
@@ -962,7 +972,7 @@ impl ClusterState {
                 node,
                 assignment,
                 kept: true,
-                previous: Some(pod.clone()),
+                previous: Some((**pod).clone()),
             }),
             misfits: Vec::new(),
         })

@@ -1,10 +1,15 @@
 //! Filter latency at scale, over loopback TLS, as kube-scheduler calls it: 5,000 nodes
 //! x 8 GPUs, 40,000 placed GPU pods in the cache, every request naming all 5,000 nodes
-//! (as names, or as whole Node objects), one keep-alive connection. Also: resident
-//! memory per cached pod, and the rate of small requests the server sustains.
+//! (as names, or as whole Node objects), one keep-alive connection. Two clusters: the
+//! heterogeneous one (`support/cluster.rs`: three models, random occupancy, mixed
+//! shapes, a quota namespace), which every row measures unless it says "uniform", and
+//! the uniform one (identical T4 nodes, identical 20% pods), kept as one row. Also:
+//! resident memory per cached pod, and the rate of small requests the server sustains.
 //! Run: `cargo bench --bench filter` (`FILTER_ONLY=1`: the filter only; `ROUNDS`, `NAMES_PER_ROUND`).
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/cluster.rs"]
+mod cluster;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -51,7 +56,7 @@ fn pod_json(namespace: &str, name: &str, core: u32, memory: u32) -> serde_json::
 
 /// 5,000 nodes, then 40,000 running share-mode pods spread over them (20% of a GPU each),
 /// projected from real Pod objects as the watch would deliver them.
-fn fill(cache: &ClusterCache) -> f64 {
+fn fill_uniform(cache: &ClusterCache) -> f64 {
     cache.with_state(|s| {
         for i in 0..NODES {
             s.apply_node(NodeGpus {
@@ -116,41 +121,53 @@ async fn post(sender: &mut Sender, path: &str, body: String) -> (u16, axum::body
     )
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let policy = std::env::var("POLICY").unwrap_or_else(|_| "fgd".into());
-    let config = Config::parse(&format!("placement: {{policy: {policy}}}")).unwrap();
-    println!("policy: {policy}");
-    let cache = ClusterCache::in_memory(Projection::from_config(&config));
-    let started = Instant::now();
-    let per_pod = fill(&cache);
+/// The heterogeneous cluster (`support/cluster.rs`) with its GPUQuota; resident memory
+/// per cached pod.
+fn fill_mixed(cache: &ClusterCache) -> f64 {
+    let hard: serde_json::Map<String, serde_json::Value> = cluster::MODELS
+        .iter()
+        .map(|(model, _, _)| (model.to_string(), json!("100000")))
+        .collect();
     let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
         "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
-        "metadata": {"name": "default", "namespace": "team-q"},
-        "spec": {"hard": {"Tesla-T4": "10000"}, "defaultType": "Tesla-T4"}
+        "metadata": {"name": "default", "namespace": cluster::QUOTA_NAMESPACE},
+        "spec": {"hard": hard}
     }))
     .unwrap();
     cache.with_state(|s| s.apply_quota(quota));
+    cluster::add_nodes(cache, NODES, GPUS, node_name);
+    // The quota first: its namespace's pods are charged as they come (the ledger's
+    // entries count in the memory per pod).
+    let before = resident_bytes();
+    let placed = cluster::fill(cache, NODES, GPUS, PODS, node_name);
+    let per_pod = (resident_bytes().saturating_sub(before)) as f64 / placed as f64;
+    let models: Vec<String> = cluster::MODELS
+        .iter()
+        .map(|(m, memory, _)| {
+            let count = (0..NODES)
+                .filter(|&i| cluster::MODELS[cluster::model_of(i)].0 == *m)
+                .count();
+            format!("{count} {m} ({memory} memory units)")
+        })
+        .collect();
     println!(
-        "cache: {NODES} nodes x {GPUS} GPUs, {PODS} pods loaded in {:.2?}",
-        started.elapsed()
+        "cache, heterogeneous: {NODES} nodes x {GPUS} GPUs: {}; {placed} pods of shapes {:?} (core, % memory), random occupancy; GPUQuota in {} over the three models",
+        models.join(", "),
+        cluster::SHAPES,
+        cluster::QUOTA_NAMESPACE
     );
-    println!("cache: resident memory per cached pod: {per_pod:.0} bytes");
+    per_pod
+}
 
-    let dir = tempfile::tempdir().unwrap();
-    let files = CertFiles::in_dir(dir.path());
-    certs::ensure(
-        &files,
-        &certs::dev_request(),
-        Duration::from_secs(86400),
-        time::OffsetDateTime::now_utc(),
-    )
-    .unwrap();
-    let resolver = CertResolver::load(&files.cert, &files.key).unwrap();
-    let shutdown = CancellationToken::new();
+/// Serve `cache` behind the extender's door and the webhooks' door, as `serve` runs
+/// them; their addresses.
+async fn serve(
+    cache: &ClusterCache,
+    config: Config,
+    resolver: &std::sync::Arc<CertResolver>,
+    shutdown: &CancellationToken,
+) -> (std::net::SocketAddr, std::net::SocketAddr) {
     let state = AppState::new(Backend::offline(cache.clone()), config);
-    // The two doors, as `serve` runs them: the extender's and the webhooks'.
     let mut doors = Vec::new();
     for router in [extender_router(state.clone()), webhook_router(state)] {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -164,11 +181,56 @@ async fn main() {
             ConnectionLimits::default(),
         ));
     }
-    let (addr, webhooks) = (doors[0], doors[1]);
+    (doors[0], doors[1])
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let policy = std::env::var("POLICY").unwrap_or_else(|_| "fgd".into());
+    let config = Config::parse(&format!("placement: {{policy: {policy}}}")).unwrap();
+    println!("policy: {policy}");
+    let mixed = ClusterCache::in_memory(Projection::from_config(&config));
+    let started = Instant::now();
+    let mixed_per_pod = fill_mixed(&mixed);
+    println!("cache, heterogeneous: loaded in {:.2?}", started.elapsed());
+    let uniform = ClusterCache::in_memory(Projection::from_config(&config));
+    let started = Instant::now();
+    let per_pod = fill_uniform(&uniform);
+    let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": "team-q"},
+        "spec": {"hard": {"Tesla-T4": "10000"}, "defaultType": "Tesla-T4"}
+    }))
+    .unwrap();
+    uniform.with_state(|s| s.apply_quota(quota));
+    println!(
+        "cache, uniform: {NODES} nodes x {GPUS} GPUs, {PODS} pods loaded in {:.2?}",
+        started.elapsed()
+    );
+    println!(
+        "cache: resident memory per cached pod: heterogeneous {mixed_per_pod:.0} bytes, uniform {per_pod:.0} bytes"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let files = CertFiles::in_dir(dir.path());
+    certs::ensure(
+        &files,
+        &certs::dev_request(),
+        Duration::from_secs(86400),
+        time::OffsetDateTime::now_utc(),
+    )
+    .unwrap();
+    let resolver = CertResolver::load(&files.cert, &files.key).unwrap();
+    let shutdown = CancellationToken::new();
+    let (addr, webhooks) = serve(&mixed, config.clone(), &resolver, &shutdown).await;
+    let (uniform_addr, _) = serve(&uniform, config, &resolver, &shutdown).await;
 
     let mut sender = connect(addr, &files.ca_cert).await;
-    let placed = interleaved(&mut sender).await;
-    decisions(&cache, placed);
+    let mut uniform_sender = connect(uniform_addr, &files.ca_cert).await;
+    let (placed, uniform_placed) = interleaved(&mut sender, &mut uniform_sender).await;
+    decisions("heterogeneous", &mixed, placed, MIXED_PREFIX);
+    decisions("uniform", &uniform, uniform_placed, UNIFORM_PREFIX);
 
     if std::env::var_os("FILTER_ONLY").is_none() {
         small_request_rate(addr, &files.ca_cert).await;
@@ -541,12 +603,18 @@ fn p50(latencies: &[Duration]) -> Duration {
     percentile(&sorted, 0.50)
 }
 
-/// The four request kinds interleaved on one keep-alive connection, round after round:
-/// a pod without GPUs and a GPU pod with the 5,000 names (`nodeCacheCapable: true`),
-/// ten times (`NAMES_PER_ROUND`), then a GPU pod and a pod without GPUs with the 5,000 Node
-/// objects (`nodeCacheCapable: false`). Prints p50/p99 of each, the two ratios, and
-/// the resident memory around the full-Nodes calls.
-async fn interleaved(sender: &mut Sender) -> usize {
+/// The names of the GPU pods sent to each cluster (then a sequence number).
+const MIXED_PREFIX: &str = "team-q/mixed-";
+const UNIFORM_PREFIX: &str = "team-b/new-";
+
+/// The request kinds interleaved on one keep-alive connection per cluster, round after
+/// round: a pod without GPUs, a GPU pod (heterogeneous cluster) and a GPU pod (uniform
+/// cluster, its own connection) with the 5,000 names (`nodeCacheCapable: true`), ten
+/// times (`NAMES_PER_ROUND`), then a GPU pod and a pod without GPUs with the 5,000 Node
+/// objects (`nodeCacheCapable: false`, heterogeneous cluster). Prints p50/p99 of each,
+/// the ratios, and the resident memory around the full-Nodes calls. Returns how many GPU
+/// pods went to each cluster.
+async fn interleaved(sender: &mut Sender, uniform: &mut Sender) -> (usize, usize) {
     let rounds: usize = std::env::var("ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -583,15 +651,39 @@ async fn interleaved(sender: &mut Sender) -> usize {
             Bytes::from_static(b"}"),
         ]
     };
+    let mut uniform_sequence = 0usize;
+    let mut uniform_pod = || {
+        let (core, memory) = SHAPES[uniform_sequence % SHAPES.len()];
+        uniform_sequence += 1;
+        pod_json(
+            "team-b",
+            &format!("new-{uniform_sequence:06}"),
+            core,
+            memory,
+        )
+    };
+    // The heterogeneous cluster's GPU pods: the four shapes in turn (share pods ask for
+    // the memory share of the smallest GPU), one in five naming a model.
     let mut sequence = 0usize;
     let mut gpu_pod = || {
-        let (core, memory) = SHAPES[sequence % SHAPES.len()];
+        let (core, share) = cluster::SHAPES[sequence % cluster::SHAPES.len()];
+        let model = (sequence % 5 == 4).then(|| cluster::MODELS[sequence / 5 % 3].0);
         sequence += 1;
-        pod_json("team-b", &format!("new-{sequence:06}"), core, memory)
+        let name = format!("{}{sequence:06}", &MIXED_PREFIX["team-q/".len()..]);
+        cluster::gpu_pod(
+            "team-q",
+            &name,
+            core,
+            cluster::memory_units(share, 64),
+            model,
+        )
     };
     // Warm up, and let fgd learn the mix.
     for _ in 0..100 {
         let (status, _) = post_parts(sender, "/scheduler/predicates", body(gpu_pod(), true)).await;
+        assert_eq!(status, 200);
+        let (status, _) =
+            post_parts(uniform, "/scheduler/predicates", body(uniform_pod(), true)).await;
         assert_eq!(status, 200);
     }
 
@@ -600,7 +692,8 @@ async fn interleaved(sender: &mut Sender) -> usize {
         placed: Vec<Duration>,
         unplaced: Vec<Duration>,
     }
-    let (mut plain_names, mut gpu_names, mut gpu_nodes, mut plain_nodes) = (
+    let (mut plain_names, mut gpu_names, mut gpu_nodes, mut plain_nodes, mut uniform_names) = (
+        Kind::default(),
         Kind::default(),
         Kind::default(),
         Kind::default(),
@@ -631,6 +724,18 @@ async fn interleaved(sender: &mut Sender) -> usize {
             match answer.names.map_or(0, |n| n.len()) {
                 0 => gpu_names.unplaced.push(took),
                 _ => gpu_names.placed.push(took),
+            }
+
+            let sent = Instant::now();
+            let (status, answer) =
+                post_parts(uniform, "/scheduler/predicates", body(uniform_pod(), true)).await;
+            let took = sent.elapsed();
+            assert_eq!(status, 200);
+            let answer: Answer = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(answer.error, "");
+            match answer.names.map_or(0, |n| n.len()) {
+                0 => uniform_names.unplaced.push(took),
+                _ => uniform_names.placed.push(took),
             }
         }
 
@@ -680,7 +785,7 @@ async fn interleaved(sender: &mut Sender) -> usize {
     rss.push(resident_bytes());
 
     println!(
-        "filter, {NODES} nodes, {rounds} rounds on one connection, each: {names_per_round} x (pod without GPUs, GPU pod) with names, then a GPU pod and a pod without GPUs with Node objects"
+        "filter, {NODES} nodes, {rounds} rounds on one connection per cluster, each: {names_per_round} x (pod without GPUs, GPU pod, uniform cluster's GPU pod) with names, then a GPU pod and a pod without GPUs with Node objects"
     );
     let show = |what: &str, latencies: &[Duration]| {
         report(
@@ -693,6 +798,14 @@ async fn interleaved(sender: &mut Sender) -> usize {
     show(
         &format!("names, GPU pod unschedulable, {NODES} reasons"),
         &gpu_names.unplaced,
+    );
+    show(
+        "uniform cluster: names, GPU pod placed",
+        &uniform_names.placed,
+    );
+    show(
+        &format!("uniform cluster: names, GPU pod unschedulable, {NODES} reasons"),
+        &uniform_names.unplaced,
     );
     show("Nodes, GPU pod placed", &gpu_nodes.placed);
     show(
@@ -708,9 +821,12 @@ async fn interleaved(sender: &mut Sender) -> usize {
         &floor,
     );
     let ratio = |a: &[Duration], b: &[Duration]| p50(a).as_secs_f64() / p50(b).as_secs_f64();
+    let all = |kind: &Kind| [kind.placed.clone(), kind.unplaced.clone()].concat();
     println!(
-        "ratio (p50) GPU pod placed / pod without GPUs, names: {:.2}",
-        ratio(&gpu_names.placed, &plain_names.placed)
+        "ratio (p50) GPU pod placed / pod without GPUs, names: {:.2} (all GPU pods: {:.2}); uniform cluster {:.2}",
+        ratio(&gpu_names.placed, &plain_names.placed),
+        ratio(&all(&gpu_names), &plain_names.placed),
+        ratio(&uniform_names.placed, &plain_names.placed)
     );
     println!(
         "ratio (p50) GPU pod placed, Nodes / names: {:.2}",
@@ -730,17 +846,17 @@ async fn interleaved(sender: &mut Sender) -> usize {
         mib(after_first.iter().copied().max().unwrap_or(0)),
         mib(vm_kib("VmHWM:") << 10),
     );
-    sequence
+    (sequence, uniform_sequence)
 }
 
 /// Where every GPU pod the run sent ended up (node and GPU indices, or nothing), in
 /// the order sent: a digest to compare two builds' decisions, and the list itself in
 /// the file `DECISIONS` names.
-fn decisions(cache: &ClusterCache, sent: usize) {
+fn decisions(cluster: &str, cache: &ClusterCache, sent: usize, prefix: &str) {
     let lines: Vec<String> = cache.with_state(|s| {
         (1..=sent)
             .map(|i| {
-                let key = format!("team-b/new-{i:06}");
+                let key = format!("{prefix}{i:06}");
                 let placed = s
                     .pod(&key)
                     .and_then(|p| Some((p.node.clone()?, p.assignment.clone()?)));
@@ -763,8 +879,9 @@ fn decisions(cache: &ClusterCache, sent: usize) {
             (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
         });
     let placed = lines.iter().filter(|l| !l.ends_with(" -")).count();
-    println!("decisions: {placed} of {sent} GPU pods placed, digest {digest:016x}");
+    println!("decisions, {cluster}: {placed} of {sent} GPU pods placed, digest {digest:016x}");
     if let Some(path) = std::env::var_os("DECISIONS") {
+        let path = format!("{}.{cluster}", path.to_string_lossy());
         std::fs::write(path, lines.join("\n") + "\n").unwrap();
     }
 }

@@ -10,14 +10,18 @@
 //! service-account token, the default tolerations). `/mutate` gets it as created;
 //! `/validate` gets it as `/mutate` left it (the bench applies the webhook's own patch).
 //! The cache is offline (`/validate` is judged against the in-memory ledger): 1,000 nodes
-//! x 8 GPUs, a quota namespace holding `QUOTA_PODS` placed pods (5,000 by default), and
-//! 10,000 pods of another namespace.
+//! x 8 GPUs of three models (`support/cluster.rs`), a quota namespace over the three
+//! (T4 its default type) holding `QUOTA_PODS` placed pods (5,000 by default), and 10,000
+//! pods of another namespace.
 //!
 //! Run: `cargo bench --bench webhooks`. Environment: `ROUNDS` (2), `ROUND_SECS` (3),
 //! `QUOTA_PODS` (5000), `ROUTES` (e.g. `/mutate`, to profile one route; all three by
 //! default).
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/cluster.rs"]
+#[allow(dead_code)] // benches/filter.rs uses the rest
+mod cluster;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -95,11 +99,12 @@ fn placed_pod(namespace: &str, i: usize) -> Pod {
 fn fill(cache: &ClusterCache, quota_pods: usize) {
     cache.with_state(|s| {
         for i in 0..NODES {
+            let (model, memory, _) = cluster::MODELS[cluster::model_of(i)];
             s.apply_node(NodeGpus {
                 name: node_name(i).into(),
-                model: Some("Tesla-T4".into()),
+                model: Some(model.into()),
                 pool: None,
-                memory_per_gpu: 64,
+                memory_per_gpu: memory,
                 used: vec![GpuUse::default(); GPUS],
                 mig_slices: Vec::new(),
                 created: 0,
@@ -117,7 +122,8 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
     let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
         "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
         "metadata": {"name": "default", "namespace": NAMESPACE},
-        "spec": {"hard": {"Tesla-T4": "100000"}, "defaultType": "Tesla-T4"}
+        "spec": {"hard": {"Tesla-T4": "100000", "Tesla-V100-SXM2-32GB": "100000",
+            "A100-SXM4-40GB": "100000"}, "defaultType": "Tesla-T4"}
     }))
     .unwrap();
     cache.with_state(|s| s.apply_quota(quota));

@@ -41,7 +41,9 @@ struct NodeEntry {
 pub struct ClusterState {
     nodes: HashMap<Arc<str>, NodeEntry>,
     /// Changed only by `put_pod` and `delete_pod`, which keep `tally` up to date.
-    pods: HashMap<PodKey, CachedPod>,
+    /// Boxed: the table keeps room for up to twice its entries, and a pod is some 250
+    /// bytes against a pointer's 8 (docs/benchmarks.md, memory per cached pod).
+    pods: HashMap<PodKey, Box<CachedPod>>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
@@ -90,7 +92,7 @@ impl ClusterState {
     }
 
     pub fn pod(&self, key: &str) -> Option<&CachedPod> {
-        self.pods.get(key)
+        self.pods.get(key).map(|pod| &**pod)
     }
 
     pub fn pod_count(&self) -> usize {

@@ -1,6 +1,7 @@
 //! Fitting a pod's GPU containers onto one node's GPUs, the way gpu-manager will.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::node::{GpuUse, NodeGpus};
 use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
@@ -100,13 +101,14 @@ pub enum Misfit {
         need: u32,
         per_gpu: u32,
     },
+    /// Shared, not copied: a filter call gives thousands of nodes the same reason.
     ModelNotWanted {
-        model: Option<String>,
-        wanted: Vec<String>,
+        model: Option<Arc<str>>,
+        wanted: Arc<[String]>,
     },
     PoolNotAllowed {
-        pool: Option<String>,
-        allowed: Vec<String>,
+        pool: Option<Arc<str>>,
+        allowed: Arc<[String]>,
     },
     NotCached,
     NoShareFit {

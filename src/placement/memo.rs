@@ -287,7 +287,7 @@ mod tests {
         let allowed = |n: &NodeGpus| match n.model.as_deref() {
             Some("V100") => Err(Misfit::ModelNotWanted {
                 model: Some("V100".into()),
-                wanted: vec!["T4".into()],
+                wanted: vec!["T4".to_string()].into(),
             }),
             _ => Ok(()),
         };

@@ -89,9 +89,9 @@ impl WantedModels {
         }
         match node.model.as_deref() {
             Some(label) if self.accepts_label(label) => Ok(()),
-            model => Err(Misfit::ModelNotWanted {
-                model: model.map(str::to_string),
-                wanted: self.models.clone(),
+            _ => Err(Misfit::ModelNotWanted {
+                model: node.model.clone(),
+                wanted: self.models.as_slice().into(),
             }),
         }
     }
@@ -120,9 +120,9 @@ pub fn pool_admits(pools: &[String], node: &NodeGpus) -> Result<(), Misfit> {
     }
     match node.pool.as_deref() {
         Some(pool) if pools.iter().any(|p| p == pool) => Ok(()),
-        pool => Err(Misfit::PoolNotAllowed {
-            pool: pool.map(str::to_string),
-            allowed: pools.to_vec(),
+        _ => Err(Misfit::PoolNotAllowed {
+            pool: node.pool.clone(),
+            allowed: pools.into(),
         }),
     }
 }

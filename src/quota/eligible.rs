@@ -23,7 +23,17 @@ pub struct Eligibility<'a> {
     limits: &'a NamespaceLimits,
     wanted: WantedModels,
     quota: PlacementQuota<'a>,
+    /// The answer for each (model label, pool) asked about: every rule reads only
+    /// these of the node, and thousands of candidates share a handful of them.
+    by_kind: RefCell<Vec<KindAnswer>>,
 }
+
+/// The answer for nodes of one model label and pool.
+type KindAnswer = (Option<Arc<str>>, Option<Arc<str>>, Result<(), Misfit>);
+
+/// Most (model label, pool) answers kept per pod: beyond, each node is asked anew
+/// (a cluster with thousands of labels would make the search the cost).
+const KINDS_KEPT: usize = 64;
 
 /// What a pod is charged, as placement must respect it.
 pub enum Charged {
@@ -58,6 +68,7 @@ impl<'a> Eligibility<'a> {
                 views,
                 by_label: RefCell::default(),
             },
+            by_kind: RefCell::default(),
         }
     }
 
@@ -81,8 +92,29 @@ impl<'a> Eligibility<'a> {
         (!charge.is_empty()).then_some(charge)
     }
 
-    /// Whether `node` may take the pod asking `request`, fit aside.
+    /// Whether `node` may take the pod asking `request`, fit aside. (`request` is the
+    /// pod's, the same in every call: the answers are kept by the node's model label
+    /// and pool.)
     pub fn admits(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+        let known = self
+            .by_kind
+            .borrow()
+            .iter()
+            .find(|(model, pool, _)| *model == node.model && *pool == node.pool)
+            .map(|(_, _, answer)| answer.clone());
+        if let Some(answer) = known {
+            return answer;
+        }
+        let answer = self.rules(node, request);
+        let mut by_kind = self.by_kind.borrow_mut();
+        if by_kind.len() < KINDS_KEPT {
+            by_kind.push((node.model.clone(), node.pool.clone(), answer.clone()));
+        }
+        answer
+    }
+
+    /// [`Eligibility::admits`], every rule asked.
+    fn rules(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
         self.wanted
             .admits(node)
             .and_then(|()| pool_admits(&self.limits.pools, node))
@@ -214,6 +246,61 @@ mod tests {
         WantedModels {
             models: vec![label.into()],
             source: ModelSource::Annotation,
+        }
+    }
+
+    /// An answer kept for a (model label, pool) is the one every rule gives: asked of
+    /// nodes of several labels and pools, in any order, twice, with and without a
+    /// quota to check (a multi-model pod, charged at placement).
+    #[test]
+    fn a_kept_answer_is_the_one_the_rules_give() {
+        let limits = NamespaceLimits {
+            has_quota: true,
+            models: vec!["T4".into(), "A100-SXM4-40GB".into()],
+            profile_caps: vec!["A100-SXM4-40GB/1g.5gb".into()],
+            pools: vec!["train".into()],
+            ..Default::default()
+        };
+        let mig = MigResources::default();
+        let request = GpuRequest::one(crate::placement::GpuDemand::Whole { gpus: 1 });
+        let labels = [
+            None,
+            Some("T4"),
+            Some("V100"),
+            Some("A100-SXM4-40GB"),
+            Some("A100-SXM4-40GB-MIG-1g.5gb"),
+        ];
+        let pools = [None, Some("train"), Some("serve")];
+        let mut nodes = Vec::new();
+        for (i, label) in labels.iter().enumerate() {
+            for (j, pool) in pools.iter().enumerate() {
+                let mut n = node(&format!("n{i}{j}"), 2, 100);
+                n.model = label.map(Into::into);
+                n.pool = pool.map(Into::into);
+                nodes.push(n);
+            }
+        }
+        for (wanted, charged) in [
+            (wants("A100-SXM4-40GB"), Charged::Free),
+            (
+                WantedModels {
+                    models: limits.models.clone(),
+                    source: ModelSource::QuotaList,
+                },
+                Charged::AtPlacement,
+            ),
+        ] {
+            let eligibility =
+                Eligibility::new(&limits, wanted, charged, &mig, Some(Ok(Vec::new())));
+            for n in nodes.iter().chain(nodes.iter().rev()) {
+                assert_eq!(
+                    eligibility.admits(n, &request),
+                    eligibility.rules(n, &request),
+                    "{}",
+                    n.name
+                );
+            }
+            assert_eq!(eligibility.by_kind.borrow().len(), nodes.len());
         }
     }
 

@@ -104,7 +104,7 @@ impl SimNode {
         let model = self.gpus.model.as_deref();
         if !pod.models.is_empty() && !pod.models.iter().any(|m| Some(&**m) == model) {
             return Err(Misfit::ModelNotWanted {
-                model: model.map(str::to_string),
+                model: self.gpus.model.clone(),
                 wanted: pod.models.iter().map(|m| m.to_string()).collect(),
             });
         }

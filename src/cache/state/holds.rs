@@ -167,7 +167,7 @@ impl ClusterState {
             pod.node = Some(node.clone());
             pod.assignment = Some(assignment.clone());
             pod.reserved = Some(now);
-            self.put_pod(key.clone(), pod);
+            self.put_pod(key.clone(), *pod);
             self.holds.push_back((now, key.clone()));
         }
         FilterDecision {
@@ -224,7 +224,7 @@ impl ClusterState {
         released.assignment = None;
         released.reserved = None;
         let key: PodKey = key.into();
-        self.put_pod(key, released);
+        self.put_pod(key, *released);
     }
 
     /// Undo a reservation whose recording failed.
@@ -277,7 +277,7 @@ impl ClusterState {
             },
         };
         check_unbound(key, held)?;
-        Ok(Some(held.clone()))
+        Ok(Some((**held).clone()))
     }
 
     pub(super) fn keep_existing(
@@ -297,7 +297,7 @@ impl ClusterState {
                 node,
                 assignment,
                 kept: true,
-                previous: Some(pod.clone()),
+                previous: Some((**pod).clone()),
             }),
             misfits: Vec::new(),
         })

@@ -168,10 +168,18 @@ impl ClusterState {
         }
     }
 
-    pub(super) fn put_pod(&mut self, key: PodKey, pod: CachedPod) {
+    pub(super) fn put_pod(&mut self, key: PodKey, mut pod: CachedPod) {
+        // The node's own name, shared by its pods, rather than a copy per pod.
+        if let Some((name, _)) = pod
+            .node
+            .as_deref()
+            .and_then(|n| self.nodes.get_key_value(n))
+        {
+            pod.node = Some(name.clone());
+        }
         let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
         let new_node = pod.node.clone();
-        if self.pods.insert(key.clone(), pod).is_none() {
+        if self.pods.insert(key.clone(), Box::new(pod)).is_none() {
             let namespace = namespace_of(&key);
             self.by_namespace
                 .entry(namespace.into())

@@ -83,7 +83,7 @@ impl ClusterState {
     pub(super) fn recharge(&mut self, key: &PodKey) {
         let pod = self.pods.get(key);
         let model = pod.and_then(|p| self.charge_label(namespace_of(key), p));
-        let pod = self.pods.get(key);
+        let pod = self.pods.get(key).map(|pod| &**pod);
         self.tally
             .recharge(key, namespace_of(key), pod, model.as_deref());
     }

@@ -19,6 +19,7 @@ pub mod reconcile;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -62,6 +63,8 @@ impl WriteError {
 pub struct Backend {
     cache: ClusterCache,
     mode: Mode,
+    /// kube-scheduler has called the bind verb: it binds, so the filter only holds.
+    binds_seen: Arc<AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -79,6 +82,7 @@ impl Backend {
         Backend {
             cache,
             mode: Mode::Offline,
+            binds_seen: Arc::default(),
         }
     }
 
@@ -108,6 +112,7 @@ impl Backend {
                 quotas: QuotaWriter::new(client.clone()),
                 client,
             },
+            binds_seen: Arc::default(),
         };
         let run = async move {
             tokio::join!(watches, reconciler);
@@ -124,6 +129,28 @@ impl Backend {
         match self.mode {
             Mode::Api { .. } => "api",
             Mode::Offline => "offline",
+        }
+    }
+
+    /// Whether the filter verb writes its placement (annotations and the charge it
+    /// adds) or only holds it for the bind verb: it writes unless the configuration
+    /// says the scheduler binds (`placement.bindVerb`) or the scheduler was seen to.
+    pub fn filter_records(&self, bind_verb: bool) -> bool {
+        !(bind_verb || self.binds_seen.load(Ordering::Acquire))
+    }
+
+    /// A bind call arrived. With `placement.bindVerb` off the configuration disagrees
+    /// with the scheduler's (whose extender entry has `bindVerb`): the filter then
+    /// stops writing in the scheduling cycle — the bind verb writes, off it — and the
+    /// mismatch is logged once, loudly.
+    pub fn note_bind_call(&self, bind_verb: bool) {
+        let first = !self.binds_seen.swap(true, Ordering::AcqRel);
+        if first && !bind_verb {
+            tracing::error!(
+                "kube-scheduler calls the bind verb but placement.bindVerb is false: the filter \
+                 now only holds placements and bind writes them; set placement.bindVerb: true \
+                 (docs/design.md, \"The extender: filter, then bind\")"
+            );
         }
     }
 
@@ -328,4 +355,29 @@ impl Backend {
 /// `namespace/name` into its halves (a key without a slash is in `default`).
 fn split(key: &PodKey) -> (&str, &str) {
     key.split_once('/').unwrap_or(("default", key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_filter_stops_writing_once_the_scheduler_is_seen_to_bind() {
+        let projection = Projection::from_config(&Config::default());
+        let backend = Backend::offline(ClusterCache::in_memory(projection));
+        assert!(
+            backend.filter_records(false),
+            "tkestack's protocol: the filter writes"
+        );
+        assert!(
+            !backend.filter_records(true),
+            "placement.bindVerb: bind writes"
+        );
+        backend.clone().note_bind_call(false);
+        assert!(
+            !backend.filter_records(false),
+            "a bind call seen (by any clone): the filter only holds"
+        );
+    }
 }

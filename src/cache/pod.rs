@@ -33,6 +33,9 @@ pub struct CachedPod {
     /// Set while the placement is only our own in-memory choice, not yet seen on the
     /// pod object (API mode: the annotation patch has not come back through the watch).
     pub reserved: Option<std::time::Instant>,
+    /// While `reserved`: our filter wrote this placement onto the pod and took the
+    /// quota charge it adds, so the bind verb must not charge it again.
+    pub recorded: bool,
     /// Being deleted: still holds its GPUs until it is gone.
     pub terminating: bool,
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
@@ -118,6 +121,7 @@ impl CachedPod {
             bound: node_name.is_some(),
             assignment,
             reserved: None,
+            recorded: false,
             terminating: pod.metadata.deletion_timestamp.is_some(),
             models: WantedModels::of_pod(
                 pod,

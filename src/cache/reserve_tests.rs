@@ -306,3 +306,42 @@ fn seen_charges_count_recent_pods_and_those_that_left() {
     );
     assert_eq!(seen.len(), 1, "the old pod is outside the window: {seen:?}");
 }
+
+#[test]
+fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
+    // The bind verb charges what a placement adds only when the filter did not:
+    // `placement_recorded` is what it asks.
+    let mut state = cluster();
+    let (key, pod) = cached("p", "uid-1", None);
+    state.apply_pod(key.clone(), pod.clone());
+    let known = || Subject::Known {
+        uid: "uid-1".into(),
+    };
+    assert_eq!(reserve(&mut state, &key, known()), Ok(true));
+    assert!(!state.placement_recorded(&key), "held in memory only");
+
+    state.mark_recorded(&key);
+    assert!(state.placement_recorded(&key));
+    // The watch shows the pod before the annotation patch comes back: still ours, and
+    // still recorded.
+    state.apply_pod(key.clone(), pod.clone());
+    assert!(state.placement_recorded(&key));
+    assert_eq!(reserve(&mut state, &key, known()), Ok(true), "kept");
+    assert!(
+        state.placement_recorded(&key),
+        "a kept placement stays recorded"
+    );
+
+    state.release_hold(&key);
+    assert!(!state.placement_recorded(&key), "let go: nothing placed");
+    assert_eq!(reserve(&mut state, &key, known()), Ok(true));
+    assert!(
+        !state.placement_recorded(&key),
+        "a new hold is not recorded"
+    );
+
+    // A placement the pod object itself shows (annotations back through the watch).
+    let (_, shown) = cached("p", "uid-1", Some("n1"));
+    state.apply_pod(key.clone(), shown);
+    assert!(state.placement_recorded(&key));
+}

@@ -46,6 +46,7 @@ pub async fn bind(
     args: &ExtenderBindingArgs,
 ) -> (ExtenderBindingResult, BindOutcome) {
     let cache = backend.cache();
+    backend.note_bind_call(config.placement.bind_verb);
     let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
     backend.ensure_pod(&key).await;
     let bound_here = cache.with_state(|state| {

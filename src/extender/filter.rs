@@ -87,9 +87,9 @@ pub async fn filter(
         return (with_passed(result, Some(&node), args), FilterOutcome::Kept);
     }
     // With the bind verb, the choice stays held in memory until the scheduler binds.
-    let recorded = match config.placement.bind_verb {
-        true => Ok(()),
-        false => plan.record(backend, config, &reservation).await,
+    let recorded = match backend.filter_records(config.placement.bind_verb) {
+        true => plan.record(backend, config, &reservation).await,
+        false => Ok(()),
     };
     if let Err(refusal) = recorded {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");

@@ -33,6 +33,9 @@ pub(super) struct Plan {
     /// accepts several models, what a dearer node costs beyond its admission charge
     /// otherwise (`None`: nothing).
     pub charge_at_placement: Option<PlacementCharge>,
+    /// The placement kept is one already written with its charge (by the filter, or
+    /// seen on the pod): the bind verb must not charge it again.
+    pub recorded: bool,
 }
 
 pub(super) struct PlacementCharge {
@@ -114,11 +117,14 @@ pub(super) fn plan(
                 created,
             })
         });
+        let kept = decision.reservation.as_ref().is_some_and(|r| r.kept);
+        let recorded = kept && state.placement_recorded(&key);
         let plan = Plan {
             key,
             uid,
             request,
             charge_at_placement,
+            recorded,
         };
         Ok((plan, decision))
     })
@@ -160,14 +166,17 @@ impl Plan {
         recorded.map_err(|error| Refusal {
             reason: error.to_string(),
             unfit: false,
-        })
+        })?;
+        let cache = backend.cache();
+        cache.with_state(|state| state.mark_recorded(&self.key));
+        Ok(())
     }
 
     /// Charge the quota what this placement adds (written to the GPUQuota ledger in API
     /// mode, the one the validating webhook charges in, so no replica can admit past
     /// `hard` meanwhile; offline the hold itself is counted).
     pub async fn charge(&self, backend: &Backend, config: &Config) -> Result<(), Refusal> {
-        let Some(charge) = &self.charge_at_placement else {
+        let Some(charge) = self.charge_at_placement.as_ref().filter(|_| !self.recorded) else {
             return Ok(());
         };
         let model = charge.node_model.clone().unwrap_or_default();
@@ -214,7 +223,7 @@ impl Plan {
         backend
             .cache()
             .with_state(|state| state.release_hold(&self.key));
-        let Some(charge) = &self.charge_at_placement else {
+        let Some(charge) = self.charge_at_placement.as_ref().filter(|_| !self.recorded) else {
             return;
         };
         let released = backend

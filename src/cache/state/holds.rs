@@ -123,6 +123,7 @@ impl ClusterState {
             released.node = None;
             released.assignment = None;
             released.reserved = None;
+            released.recorded = false;
             self.put_pod(key.clone(), released);
         }
         let mut misfits = Vec::new();
@@ -167,6 +168,7 @@ impl ClusterState {
             pod.node = Some(node.clone());
             pod.assignment = Some(assignment.clone());
             pod.reserved = Some(now);
+            pod.recorded = false;
             self.put_pod(key.clone(), *pod);
             self.holds.push_back((now, key.clone()));
         }
@@ -209,6 +211,21 @@ impl ClusterState {
         }
     }
 
+    /// The filter wrote the placement held for pod `key` onto the pod, and took the
+    /// quota charge it adds (see [`CachedPod::recorded`]).
+    pub fn mark_recorded(&mut self, key: &str) {
+        if let Some(pod) = self.pods.get_mut(key).filter(|p| p.reserved.is_some()) {
+            pod.recorded = true;
+        }
+    }
+
+    /// Whether the placement pod `key` holds was written to the cluster with its
+    /// charge: by our filter, or seen on the pod object itself.
+    pub fn placement_recorded(&self, key: &str) -> bool {
+        self.pod(key)
+            .is_some_and(|p| p.node.is_some() && (p.recorded || p.reserved.is_none()))
+    }
+
     /// Let go of the placement held in memory for a pod (its bind failed). A placement
     /// the cluster shows (annotations, or a binding) is not ours to drop.
     pub fn release_hold(&mut self, key: &str) {
@@ -223,6 +240,7 @@ impl ClusterState {
         released.node = None;
         released.assignment = None;
         released.reserved = None;
+        released.recorded = false;
         let key: PodKey = key.into();
         self.put_pod(key, *released);
     }

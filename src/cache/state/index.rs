@@ -112,6 +112,7 @@ impl ClusterState {
                 pod.node = old.node.clone();
                 pod.assignment = old.assignment.clone();
                 pod.reserved = old.reserved;
+                pod.recorded = old.recorded;
                 pod.bound = old.bound;
             }
             let settled = old.bound && old.assignment.is_some() && old.uid == pod.uid;

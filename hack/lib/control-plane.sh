@@ -291,7 +291,8 @@ cp_gpu_admission_certs() { # cp_gpu_admission_certs GPU_ADMISSION
 
 # cp_write_ctl GPU_ADMISSION CONFIG LOG_LEVEL: writes $ctl, which starts and stops
 # gpu-admission replica `a` (the scheduler's extender and the webhooks' usual backend) or
-# `b` (a second server on other ports against the same cluster). Each has two TLS doors:
+# `b` (a second server on other ports against the same cluster); GPU_ADMISSION_CONFIG in
+# its environment starts one with another config file. Each has two TLS doors:
 # the webhook door (`--address`, `/mutate` and `/validate`, mutual TLS: `--client-ca` is
 # the CA of kube-apiserver's webhook client certificate) and the extender door
 # (`--extender-address`, `/scheduler/*`, no client certificate asked). Both serve the same
@@ -320,7 +321,7 @@ case "\${1:-}" in
       --admin-address 127.0.0.1:\$admin --client-ca "$pki/webhook-client-ca.crt" \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\
       --tls-reload-interval 1s \\
-      --config "$config" --log-level $log_level \\
+      --config "\${GPU_ADMISSION_CONFIG:-$config}" --log-level $log_level \\
       </dev/null >>"\$log" 2>&1 &
     echo \$! >"\$pidfile"
     for _ in \$(seq 1 $((ready_timeout * 2))); do

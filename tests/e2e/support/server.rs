@@ -30,6 +30,27 @@ pub fn ctl_replica(action: &str, replica: &str) {
     );
 }
 
+/// Starts gpu-admission replica `a` with the config file `config` instead of the run's.
+pub fn start_with_config(config: &std::path::Path) {
+    let script = std::env::var_os(CTL_ENV).unwrap_or_else(|| panic!("{CTL_ENV} is not set"));
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .args(["start", "a"])
+        .env("GPU_ADMISSION_CONFIG", config)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "starting gpu-admission with {config:?}: {status}"
+    );
+}
+
+/// The run's gpu-admission config file (`GPU_ADMISSION_E2E_CONFIG`).
+pub fn run_config() -> String {
+    let path = env("GPU_ADMISSION_E2E_CONFIG", "gpu-admission's config file");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// Restarts gpu-admission when dropped, so a failing assertion does not leave the
 /// extender down for the scenarios that follow.
 pub struct RestartOnDrop(pub bool);

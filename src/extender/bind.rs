@@ -1,8 +1,11 @@
 //! The bind verb (`bindVerb: bind`, with `placement.bindVerb: true`): the filter chose
 //! node and GPUs and holds them in memory; here, in kube-scheduler's parallel binding
-//! cycle, the choice is charged (a pod that accepts several models) and written —
-//! annotations and `spec.nodeName` in one Binding — so the scheduler's serial cycle
-//! waits on no API write of ours (docs/design.md, "Filter and bind").
+//! cycle, the choice is charged (what the placement adds, unless the filter already
+//! wrote it with its charge) and written — annotations and `spec.nodeName` in one
+//! Binding — so the scheduler's serial cycle waits on no API write of ours
+//! (docs/design.md, "The extender: filter, then bind"). A bind call under
+//! `placement.bindVerb: false` switches the filter to holding only
+//! (`Backend::note_bind_call`).
 
 use crate::backend::{Backend, WriteError};
 use crate::cache::{PodKey, Subject};

@@ -1,6 +1,6 @@
 //! HTTP serving: one router per door — the webhooks (what the API server calls), the
 //! extender (what the scheduler next to us calls), the optional plain extender port,
-//! and the admin port. Handlers only decode, call the core through the cache, encode
+//! and the admin port. Handlers only decode (`wire`), call the verbs with the backend, encode
 //! and count; each routed request runs in a `request` tracing span (`trace.rs`).
 
 pub mod admin;

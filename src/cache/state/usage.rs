@@ -1,5 +1,5 @@
 //! Per-namespace GPU usage kept up to date as pods, nodes and quotas change, so that
-//! reading a namespace's usage (offline mode's ledger, read by every `/validate`; the
+//! reading a namespace's usage (offline mode's quota usage, read by every `/validate`; the
 //! reconciler's recount) costs one entry per model instead of a walk over the
 //! namespace's pods (docs/design.md, "The ledger").
 //!

@@ -66,7 +66,10 @@ async fn original_policy_places_like_tkestack() {
         assert_eq!(body["NodeNames"], json!([node]), "{body}");
         assert_eq!(body["Error"], "");
         let key = format!("default/{}", pod["metadata"]["name"].as_str().unwrap());
-        assert_eq!(annotations_of(&state.cache, &key), (node.to_string(), gpus));
+        assert_eq!(
+            annotations_of(state.cache(), &key),
+            (node.to_string(), gpus)
+        );
     }
 }
 
@@ -160,7 +163,7 @@ async fn nodes_form_is_answered_with_node_objects_but_the_cluster_decides() {
             .contains("GPU model Tesla-T4"),
         "{body}"
     );
-    state.cache.with_state(|s| {
+    state.cache().with_state(|s| {
         let n1 = s.node("n1").unwrap();
         assert_eq!((n1.model.as_deref(), n1.gpu_count()), (Some("Tesla-T4"), 1));
         assert!(s.node("ghost").is_none(), "a call never adds a node");
@@ -286,7 +289,7 @@ async fn volcano_predicate_answers_feasibility_only() {
         (StatusCode::OK, json!({"status": "", "code": 0}))
     );
     assert!(
-        state.cache.with_state(|s| s.pod("default/p").is_none()),
+        state.cache().with_state(|s| s.pod("default/p").is_none()),
         "vpredicates must not reserve"
     );
     let two = gpu_pod("default", "two", &[(200, 8)]);
@@ -353,12 +356,12 @@ async fn only_placed_pods_teach_the_request_mix_and_unplaced_ones_are_not_cached
         assert_eq!(body["NodeNames"], json!([]), "{body}");
     }
     assert_eq!(state.placer.learned_mix().len(), 0);
-    assert_eq!(state.cache.with_state(|s| s.pod_count()), 0);
+    assert_eq!(state.cache().with_state(|s| s.pod_count()), 0);
     let pod = gpu_pod("default", "real", &[(50, 2)]);
     let (_, body) = post(&router, "/scheduler/predicates", filter_args(&pod, &["n1"])).await;
     assert_eq!(body["NodeNames"], json!(["n1"]));
     assert_eq!(state.placer.learned_mix().len(), 1);
-    assert_eq!(state.cache.with_state(|s| s.pod_count()), 1);
+    assert_eq!(state.cache().with_state(|s| s.pod_count()), 1);
 }
 
 #[tokio::test]
@@ -390,10 +393,10 @@ async fn a_model_no_quota_lists_is_never_where_a_multi_model_pod_lands() {
             "{body}"
         );
     }
-    let used = state.cache.with_state(|s| s.usage("team-a"));
+    let used = state.cache().with_state(|s| s.usage("team-a"));
     assert!(!used.contains_key("A100-SXM4-80GB"), "{used:?}");
     assert_eq!(
-        state.cache.with_state(|s| s
+        state.cache().with_state(|s| s
             .node("a100")
             .unwrap()
             .used
@@ -434,7 +437,7 @@ async fn the_bind_verb_binds_the_held_placement_and_checks_what_it_is_given() {
     let node = body["NodeNames"][0].as_str().unwrap().to_string();
     let bound = |state: &gpu_admission::server::AppState| {
         state
-            .cache
+            .cache()
             .with_state(|s| s.pod("default/held").map(|p| p.bound))
     };
     assert_eq!(bound(&state), Some(false), "held, not bound");
@@ -461,7 +464,7 @@ async fn the_bind_verb_binds_the_held_placement_and_checks_what_it_is_given() {
         );
     }
     assert_eq!(bound(&state), Some(true));
-    assert_eq!(annotations_of(&state.cache, "default/held").0, node);
+    assert_eq!(annotations_of(state.cache(), "default/held").0, node);
 
     // A pod the filter never saw is not in the (offline) cluster: nothing to bind.
     let (_, body) = post(&router, "/scheduler/bind", bind("ghost", "u", "big")).await;

@@ -67,7 +67,7 @@ async fn two_filters_in_a_row_take_different_capacity() {
         "the second pod must not get the same GPU: {body}"
     );
     assert_eq!(
-        assert_no_gpu_overcommitted(&state.cache, &["default/a".into(), "default/b".into()]),
+        assert_no_gpu_overcommitted(state.cache(), &["default/a".into(), "default/b".into()]),
         1
     );
 }
@@ -108,7 +108,7 @@ async fn refiltering_a_pod_keeps_its_choice_and_never_charges_twice() {
     .await;
     assert_eq!(body["NodeNames"], json!([other]));
     let free_on_first = state
-        .cache
+        .cache()
         .with_state(|s| s.node(&first).unwrap().free_whole_gpus());
     assert_eq!(free_on_first, 1, "the earlier choice must be released");
     // And a new whole-GPU pod can now use the first node.
@@ -121,7 +121,7 @@ async fn refiltering_a_pod_keeps_its_choice_and_never_charges_twice() {
     .await;
     assert_eq!(body["NodeNames"], json!([first]));
     assert_eq!(
-        assert_no_gpu_overcommitted(&state.cache, &["default/p".into(), "default/q".into()]),
+        assert_no_gpu_overcommitted(state.cache(), &["default/p".into(), "default/q".into()]),
         2
     );
 }
@@ -141,7 +141,7 @@ async fn refilter_with_preexisting_annotations_does_not_double_charge() {
     assert_eq!(body["NodeNames"], json!(["n"]));
     assert_eq!(
         state
-            .cache
+            .cache()
             .with_state(|s| s.node("n").unwrap().free_whole_gpus()),
         1
     );
@@ -172,10 +172,10 @@ async fn concurrent_filters_never_double_book() {
         answered_with_node += passed;
     }
     let keys: Vec<String> = (0..60).map(|i| format!("default/p{i}")).collect();
-    let placed = assert_no_gpu_overcommitted(&state.cache, &keys);
+    let placed = assert_no_gpu_overcommitted(state.cache(), &keys);
     assert_eq!(placed, answered_with_node);
     assert!(placed < 60, "the cluster cannot hold all 60 pods");
-    let total_core: u32 = state.cache.with_state(|s| {
+    let total_core: u32 = state.cache().with_state(|s| {
         s.nodes()
             .map(|n| n.used.iter().map(|u| u.core).sum::<u32>())
             .sum()

@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::pod::key_parts;
 use crate::cache::{
     CacheError, CachedPod, ClusterCache, ClusterState, PodKey, Projection, Subject,
 };
@@ -50,6 +51,13 @@ pub struct WriteError {
 }
 
 impl WriteError {
+    fn of(key: &PodKey, source: kube::Error) -> Self {
+        WriteError {
+            pod: key.to_string(),
+            source,
+        }
+    }
+
     /// The API server's status code, when it answered.
     pub fn api_code(&self) -> Option<u16> {
         match &self.source {
@@ -274,19 +282,14 @@ impl Backend {
         uid: &str,
         annotations: BTreeMap<String, String>,
     ) -> Result<(), WriteError> {
-        let Mode::Api { client, .. } = &self.mode else {
+        let Some((pods, _, name)) = self.pods_of(key) else {
             return Ok(());
         };
-        let (namespace, name) = split(key);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let patch = serde_json::json!({"metadata": {"uid": uid, "annotations": annotations}});
         pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(drop)
-            .map_err(|source| WriteError {
-                pod: key.to_string(),
-                source,
-            })
+            .map_err(|source| WriteError::of(key, source))
     }
 
     /// Bind the pod to `node` and write the placement annotations in one call: the
@@ -301,11 +304,9 @@ impl Backend {
         node: &str,
         annotations: BTreeMap<String, String>,
     ) -> Result<(), WriteError> {
-        let Mode::Api { client, .. } = &self.mode else {
+        let Some((pods, namespace, name)) = self.pods_of(key) else {
             return Ok(());
         };
-        let (namespace, name) = split(key);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let binding = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Binding",
@@ -320,24 +321,32 @@ impl Backend {
         )
         .await
         .map(drop)
-        .map_err(|source| WriteError {
-            pod: key.to_string(),
-            source,
-        })
+        .map_err(|source| WriteError::of(key, source))
+    }
+
+    /// API mode: the pods API of `key`'s namespace, the namespace and the pod's name;
+    /// `None` offline, where nothing is written to or read from a cluster.
+    fn pods_of<'k>(&self, key: &'k PodKey) -> Option<(Api<Pod>, &'k str, &'k str)> {
+        let Mode::Api { client, .. } = &self.mode else {
+            return None;
+        };
+        let (namespace, name) = key_parts(key);
+        Some((Api::namespaced(client.clone(), namespace), namespace, name))
     }
 
     /// API mode: make sure the cache holds pod `key` before a filter or bind call looks
     /// for it. kube-scheduler can see a new pod before this process's watch does; rather
     /// than refuse it (the scheduler would back off a second), read the cluster's copy.
     pub async fn ensure_pod(&self, key: &PodKey) {
-        let Mode::Api { client, .. } = &self.mode else {
-            return;
-        };
-        if self.cache.with_state(|state| state.pod(key).is_some()) {
+        // The hot path (every filter and bind call): offline, or cached already.
+        if matches!(self.mode, Mode::Offline)
+            || self.cache.with_state(|state| state.pod(key).is_some())
+        {
             return;
         }
-        let (namespace, name) = split(key);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let Some((pods, _, name)) = self.pods_of(key) else {
+            return;
+        };
         let Ok(Some(pod)) = pods.get_opt(name).await else {
             return;
         };
@@ -350,11 +359,6 @@ impl Backend {
             }
         });
     }
-}
-
-/// `namespace/name` into its halves (a key without a slash is in `default`).
-fn split(key: &PodKey) -> (&str, &str) {
-    key.split_once('/').unwrap_or(("default", key))
 }
 
 #[cfg(test)]

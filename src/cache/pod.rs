@@ -19,6 +19,12 @@ pub fn pod_key(pod: &Pod) -> PodKey {
     format!("{ns}/{name}").into()
 }
 
+/// The namespace and name of a [`pod_key`] (a key without a slash: `default`, as
+/// `pod_key` names a pod without a namespace).
+pub fn key_parts(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("default", key))
+}
+
 /// Where a pod's GPUs are: its node and, when its annotations say so, the GPU indices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedPod {

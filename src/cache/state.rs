@@ -159,7 +159,7 @@ fn node_model<'a>(nodes: &'a HashMap<Arc<str>, NodeEntry>, pod: &CachedPod) -> O
 
 /// The namespace part of a `namespace/name` pod key.
 fn namespace_of(key: &str) -> &str {
-    key.split_once('/').map_or("", |(namespace, _)| namespace)
+    super::pod::key_parts(key).0
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::backend::{Ask, Backend, ChargeOutcome, WriteError};
+use crate::cache::pod::key_parts;
 use crate::cache::{
     AnnotationKeys, CachedPod, Candidates, ClusterState, FilterDecision, PlanError, PodKey,
     Reservation, Subject,
@@ -78,13 +79,14 @@ pub(super) fn plan(
     subject: Subject,
     names: &[&str],
 ) -> Result<(Plan, FilterDecision), PlanError> {
-    let namespace = key.split_once('/').map_or("default", |(ns, _)| ns);
-    let namespace = namespace.to_string();
+    let namespace = key_parts(&key).0.to_string();
     let placer = placer.placer();
     let cache = backend.cache();
     let mig = &cache.projection().names.mig;
     cache.with_state(|state| {
-        let limits = NamespaceLimits::of(state.quotas(), &namespace);
+        // Kept current as quotas change (not rebuilt from every quota per call); a copy,
+        // as the state is changed below.
+        let limits = state.namespace_limits(&namespace).clone();
         let held = state.take_subject(&key, subject)?;
         // The pod as the cluster has it decides what it wants and was charged.
         let pod = state.pod(&key);
@@ -147,7 +149,7 @@ impl Choice<'_> {
 
 impl Plan {
     fn namespace(&self) -> &str {
-        self.key.split_once('/').map_or("default", |(ns, _)| ns)
+        key_parts(&self.key).0
     }
 
     /// The filter's record step (no bind verb): the charge the placement adds, then

@@ -15,7 +15,6 @@ use crate::backend::Backend;
 use crate::cache::pod_key;
 use crate::config::Config;
 use crate::placement::{GpuRequest, fit};
-use crate::quota::NamespaceLimits;
 
 use crate::wire::volcano::{PredicateArgs, PredicateResponse};
 
@@ -48,8 +47,8 @@ pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> Pre
         .filter(|(key, _)| *key != own)
         .collect();
     cache.with_state(|state| {
-        let limits = NamespaceLimits::of(state.quotas(), namespace);
-        let wanted = config.wanted_models(&args.pod, &limits);
+        let limits = state.namespace_limits(namespace);
+        let wanted = config.wanted_models(&args.pod, limits);
         let Some(cached) = state.node(&args.node_name) else {
             return respond(
                 UNSCHEDULABLE,
@@ -78,7 +77,7 @@ pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> Pre
             None => created_second(&args.pod),
         };
         let mig = &projection.names.mig;
-        let scope = (namespace, &limits);
+        let scope = (namespace, limits);
         let eligibility = eligibility(backend, state, scope, wanted, (&request, created), mig);
         let verdict = eligibility
             .admits(node, &request)

@@ -82,7 +82,7 @@ pub async fn livez() -> &'static str {
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
     if state.shutting_down.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
-    } else if !state.cache.is_ready() {
+    } else if !state.cache().is_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "cache not synced")
     } else {
         (StatusCode::OK, "ok")
@@ -91,7 +91,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str)
 
 fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mix = state.placer.learned_mix();
-    let (nodes, pods, quotas, fragmentation) = state.cache.with_state(|s| {
+    let (nodes, pods, quotas, fragmentation) = state.cache().with_state(|s| {
         (
             s.node_count(),
             s.pod_count(),

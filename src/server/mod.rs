@@ -50,8 +50,6 @@ const DECODE_INLINE_MAX: usize = 64 << 10;
 pub struct AppState {
     /// The run mode's seam: every charge, record and bind goes through it.
     pub backend: Backend,
-    /// The backend's cache, for reads.
-    pub cache: ClusterCache,
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     /// Set when shutdown begins, so `/readyz` turns away new traffic first.
@@ -65,19 +63,24 @@ pub struct AppState {
 impl AppState {
     pub fn new(backend: Backend, config: Config) -> Self {
         let placement = &config.placement;
-        let cache = backend.cache().clone();
         AppState {
             placer: Arc::new(LearningPlacer::new(
                 placement.policy,
                 placement.gpu_manager_compat,
             )),
             backend,
-            cache,
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
             shutting_down: Arc::new(AtomicBool::new(false)),
             body_timeout: crate::cli::ConnectionLimits::default().request_timeout,
         }
+    }
+}
+
+impl AppState {
+    /// The backend's cluster cache, for reads.
+    pub fn cache(&self) -> &ClusterCache {
+        self.backend.cache()
     }
 }
 
@@ -273,7 +276,7 @@ pub async fn accept<T: Send + 'static>(
             .unwrap_or_else(|error| Err(DecodeError::Aborted(error.to_string())))
     };
     let parsed = parsed.map_err(Rejection::Undecodable)?;
-    if !state.cache.is_ready() {
+    if !state.cache().is_ready() {
         return Err(Rejection::NotReady);
     }
     Ok(parsed)

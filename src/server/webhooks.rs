@@ -167,14 +167,14 @@ pub async fn mutate_route(
         else {
             return reply("allow", review.allow());
         };
-        let (limits, nodes) = state.cache.with_state(|s| {
+        let (limits, nodes) = state.cache().with_state(|s| {
             let nodes = GpuNodes {
                 mig_labels: s.mig_labels().map(str::to_string).collect(),
                 dra_unlabelled: s.classes().values().any(|c| c.extended_resource.is_some()),
             };
             (s.namespace_limits(&namespace).clone(), nodes)
         });
-        let keys = &state.cache.projection().keys;
+        let keys = &state.cache().projection().keys;
         match mutation(&pod, &state.config, keys, &limits, &nodes) {
             Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
@@ -266,7 +266,7 @@ pub async fn mutate_claim_route(
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
-            let patch = mutate_claim(&state.cache, &namespace, &claim);
+            let patch = mutate_claim(state.cache(), &namespace, &claim);
             match patch.0.is_empty() {
                 true => reply("allow", review.allow()),
                 false => reply("patch", review.patch(&patch)),

@@ -80,44 +80,18 @@ pub fn half_open(
     for_at_most: Duration,
     max_opens: u64,
 ) -> Flood {
-    let opened = Arc::new(AtomicU64::new(0));
-    let stop = CancellationToken::new();
-    let deadline = tokio::time::Instant::now() + for_at_most;
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let source = sources[i % sources.len()];
-        let (opened, stop) = (opened.clone(), stop.clone());
-        tasks.spawn(async move {
-            while opened.load(Ordering::Relaxed) < max_opens {
-                let connect = connect_from(source, addr);
-                let mut stream = tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep_until(deadline) => return,
-                    r = connect => match r {
-                        Ok(stream) => stream,
-                        // The backlog is full: try again shortly.
-                        Err(_) => {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    },
-                };
-                opened.fetch_add(1, Ordering::Relaxed);
-                let mut buf = [0u8; 64];
-                // Hold it until the server closes it.
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep_until(deadline) => return,
-                    _ = stream.read(&mut buf) => {}
-                }
-            }
-        });
-    }
-    Flood {
-        opened,
-        stop,
-        tasks,
-    }
+    spawn_flood(sources, total, for_at_most, move |source, opened| async move {
+        while opened.load(Ordering::Relaxed) < max_opens {
+            let Ok(mut stream) = connect_from(source, addr).await else {
+                // The backlog is full: try again shortly.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            opened.fetch_add(1, Ordering::Relaxed);
+            // Hold it until the server closes it.
+            let _ = stream.read(&mut [0u8; 64]).await;
+        }
+    })
 }
 
 /// `total` keep-alive HTTP/1.1 connections to the plain listener at `addr`, spread over
@@ -131,28 +105,37 @@ pub fn scrapes(
     for_at_most: Duration,
     max_opens: u64,
 ) -> Flood {
+    spawn_flood(sources, total, for_at_most, move |source, opened| async move {
+        while opened.load(Ordering::Relaxed) < max_opens {
+            let Ok(stream) = connect_from(source, addr).await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            opened.fetch_add(1, Ordering::Relaxed);
+            let _ = scrape_until_closed(stream, path, &opened, max_opens).await;
+        }
+    })
+}
+
+/// `total` tasks, the i-th running `each(sources[i % len], opened)` until it ends, the
+/// flood is stopped, or `for_at_most` has passed.
+fn spawn_flood<F, Fut>(sources: &[IpAddr], total: usize, for_at_most: Duration, each: F) -> Flood
+where
+    F: Fn(IpAddr, Arc<AtomicU64>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let opened = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
     let deadline = tokio::time::Instant::now() + for_at_most;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..total {
-        let source = sources[i % sources.len()];
-        let (opened, stop) = (opened.clone(), stop.clone());
+        let work = each(sources[i % sources.len()], opened.clone());
+        let stop = stop.clone();
         tasks.spawn(async move {
-            let scrape = async {
-                while opened.load(Ordering::Relaxed) < max_opens {
-                    let Ok(stream) = connect_from(source, addr).await else {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    };
-                    opened.fetch_add(1, Ordering::Relaxed);
-                    let _ = scrape_until_closed(stream, path, &opened, max_opens).await;
-                }
-            };
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = tokio::time::sleep_until(deadline) => {}
-                () = scrape => {}
+                () = work => {}
             }
         });
     }

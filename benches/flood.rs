@@ -109,28 +109,6 @@ fn start(bin: &Path, client_ca: Option<&Path>) -> Server {
     panic!("{} did not report serving", bin.display());
 }
 
-/// A client CA and a client certificate it signed, the CA written to `dir/client-ca.crt`.
-fn client_pki(dir: &Path) -> (PathBuf, CertificateDer<'static>, PrivateKeyDer<'static>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-        KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(vec!["kube-apiserver".to_string()]).unwrap();
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let path = dir.join("client-ca.crt");
-    std::fs::write(&path, ca_cert.pem()).unwrap();
-    let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    (path, cert.der().clone(), key)
-}
-
 /// A client trusting the server's development CA, presenting `identity` if given.
 fn client(
     server: &Server,
@@ -215,7 +193,7 @@ impl Scenario {
 async fn run(bin: &Path, scenario: Scenario, calls: usize) -> (Outcome, Outcome, u64) {
     let pki = tempfile::tempdir().unwrap();
     let mutual = scenario == Scenario::HalfOpenClientCa;
-    let (ca, cert, key) = client_pki(pki.path());
+    let (ca, cert, key) = flood_support::client_pki(pki.path(), "client-ca");
     let server = start(bin, mutual.then_some(ca.as_path()));
     let tls = client(&server, mutual.then_some((cert, key)));
     // Ready before the flood starts (the cache of the offline cluster is loaded).

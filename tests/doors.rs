@@ -530,7 +530,7 @@ const FLOOD_MAX_OPENS: u64 = 2_000_000;
 /// `/validate` calls and `/livez` probes from 127.0.0.1, each on a fresh connection.
 async fn honest_calls_get_through_a_half_open_flood(mutual: bool) {
     let pki = tempfile::tempdir().unwrap();
-    let (client_ca, cert, key) = client_pki(pki.path(), "apiserver-ca");
+    let (client_ca, cert, key) = flood_support::client_pki(pki.path(), "apiserver-ca");
     let door = door(
         false,
         ConnectionLimits::default(),
@@ -613,32 +613,6 @@ async fn probes_answer_while_the_metrics_endpoint_is_flooded() {
     assert!(livez.failures.is_empty(), "{:?}", livez.failures);
 }
 
-/// A new CA and a client certificate it signed (clientAuth): the CA's PEM file in
-/// `dir`, and the certificate with its key.
-fn client_pki(
-    dir: &Path,
-    name: &str,
-) -> (PathBuf, CertificateDer<'static>, PrivateKeyDer<'static>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-        KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(vec!["kube-apiserver".to_string()]).unwrap();
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let ca_path = dir.join(format!("{name}.crt"));
-    std::fs::write(&ca_path, ca_cert.pem()).unwrap();
-    let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    (ca_path, cert.der().clone(), key)
-}
-
 /// A client that trusts the door's CA and presents `cert`.
 fn client_with(
     server_ca: &Path,
@@ -662,8 +636,8 @@ fn client_with(
 #[tokio::test]
 async fn the_webhook_door_can_require_the_api_servers_client_certificate() {
     let pki = tempfile::tempdir().unwrap();
-    let (client_ca, cert, key) = client_pki(pki.path(), "apiserver-ca");
-    let (_, stranger_cert, stranger_key) = client_pki(pki.path(), "other-ca");
+    let (client_ca, cert, key) = flood_support::client_pki(pki.path(), "apiserver-ca");
+    let (_, stranger_cert, stranger_key) = flood_support::client_pki(pki.path(), "other-ca");
     let door = door(false, ConnectionLimits::default(), Some(&client_ca)).await;
     let review = |config| tls_support::get(door.addr, config, "/version");
     // Without a client certificate, or with one another CA signed: refused at the TLS

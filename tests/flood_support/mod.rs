@@ -80,18 +80,23 @@ pub fn half_open(
     for_at_most: Duration,
     max_opens: u64,
 ) -> Flood {
-    spawn_flood(sources, total, for_at_most, move |source, opened| async move {
-        while opened.load(Ordering::Relaxed) < max_opens {
-            let Ok(mut stream) = connect_from(source, addr).await else {
-                // The backlog is full: try again shortly.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            };
-            opened.fetch_add(1, Ordering::Relaxed);
-            // Hold it until the server closes it.
-            let _ = stream.read(&mut [0u8; 64]).await;
-        }
-    })
+    spawn_flood(
+        sources,
+        total,
+        for_at_most,
+        move |source, opened| async move {
+            while opened.load(Ordering::Relaxed) < max_opens {
+                let Ok(mut stream) = connect_from(source, addr).await else {
+                    // The backlog is full: try again shortly.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                opened.fetch_add(1, Ordering::Relaxed);
+                // Hold it until the server closes it.
+                let _ = stream.read(&mut [0u8; 64]).await;
+            }
+        },
+    )
 }
 
 /// `total` keep-alive HTTP/1.1 connections to the plain listener at `addr`, spread over
@@ -105,16 +110,21 @@ pub fn scrapes(
     for_at_most: Duration,
     max_opens: u64,
 ) -> Flood {
-    spawn_flood(sources, total, for_at_most, move |source, opened| async move {
-        while opened.load(Ordering::Relaxed) < max_opens {
-            let Ok(stream) = connect_from(source, addr).await else {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            };
-            opened.fetch_add(1, Ordering::Relaxed);
-            let _ = scrape_until_closed(stream, path, &opened, max_opens).await;
-        }
-    })
+    spawn_flood(
+        sources,
+        total,
+        for_at_most,
+        move |source, opened| async move {
+            while opened.load(Ordering::Relaxed) < max_opens {
+                let Ok(stream) = connect_from(source, addr).await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                opened.fetch_add(1, Ordering::Relaxed);
+                let _ = scrape_until_closed(stream, path, &opened, max_opens).await;
+            }
+        },
+    )
 }
 
 /// `total` tasks, the i-th running `each(sources[i % len], opened)` until it ends, the
@@ -290,4 +300,34 @@ where
         tokio::time::sleep(every).await;
     }
     outcome
+}
+
+/// A new CA and a client certificate it signed (clientAuth): the CA's PEM file in
+/// `dir`, and the certificate with its key.
+pub fn client_pki(
+    dir: &std::path::Path,
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    rustls::pki_types::CertificateDer<'static>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["kube-apiserver".to_string()]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let ca_path = dir.join(format!("{name}.crt"));
+    std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    (ca_path, cert.der().clone(), key)
 }

@@ -14,22 +14,18 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Bytes;
 use gpu_admission::backend::Backend;
 use gpu_admission::cache::{ClusterCache, Projection};
-use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::dra::classes::{ClassInfo, DeviceClass};
 use gpu_admission::dra::slices::{ResourceSlice, gpu_devices};
 use gpu_admission::quota::GPUQuota;
-use gpu_admission::server::listener::{ConnectionLimits, serve_tls};
-use gpu_admission::server::tls::server_config;
-use gpu_admission::server::{AppState, webhook_router};
+use gpu_admission::server::AppState;
 use serde_json::{Value, json};
 use support::{Sender, connect, send};
-use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 200;
 const NAMESPACE: &str = "team-q";
@@ -166,24 +162,8 @@ async fn main() {
     let config = Config::default();
     let cache = ClusterCache::in_memory(Projection::from_config(&config));
     fill(&cache, &config.dra);
-    let dir = tempfile::tempdir().unwrap();
-    let files = CertFiles::in_dir(dir.path());
-    let validity = Duration::from_secs(86400);
-    let now = time::OffsetDateTime::now_utc();
-    certs::ensure(&files, &certs::dev_request(), validity, now).unwrap();
-    let resolver = gpu_admission::server::tls::CertResolver::load(&files.cert, &files.key).unwrap();
-    let shutdown = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_tls(
-        listener,
-        server_config(resolver),
-        webhook_router(AppState::new(Backend::offline(cache), config)),
-        shutdown.clone(),
-        Duration::from_secs(1),
-        ConnectionLimits::default(),
-    ));
-    let mut sender: Sender = connect(addr, &files.ca_cert).await;
+    let door = support::serve_webhooks(AppState::new(Backend::offline(cache), config)).await;
+    let mut sender: Sender = connect(door.addr, &door.ca).await;
     let honest = review("7e1d2c3b-0000-4000-8000-000000000001", &honest_claim());
     let hostile = review("7e1d2c3b-0000-4000-8000-000000000002", &hostile_claim());
     println!(
@@ -209,5 +189,5 @@ async fn main() {
         before,
         peak_rss_kib()
     );
-    shutdown.cancel();
+    door.shutdown.cancel();
 }

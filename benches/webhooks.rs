@@ -30,16 +30,12 @@ use axum::body::Bytes;
 use base64::Engine as _;
 use gpu_admission::backend::Backend;
 use gpu_admission::cache::{CachedPod, ClusterCache, Projection, pod_key};
-use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
-use gpu_admission::server::listener::{ConnectionLimits, serve_tls};
-use gpu_admission::server::tls::server_config;
-use gpu_admission::server::{AppState, webhook_router};
+use gpu_admission::server::AppState;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use support::{Sender, connect, send};
-use tokio_util::sync::CancellationToken;
 
 const CONNECTIONS: usize = 64;
 const NODES: usize = 1_000;
@@ -364,31 +360,12 @@ async fn main() {
         started.elapsed()
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let files = CertFiles::in_dir(dir.path());
-    certs::ensure(
-        &files,
-        &certs::dev_request(),
-        Duration::from_secs(86400),
-        time::OffsetDateTime::now_utc(),
-    )
-    .unwrap();
-    let resolver = gpu_admission::server::tls::CertResolver::load(&files.cert, &files.key).unwrap();
-    let shutdown = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_tls(
-        listener,
-        server_config(resolver),
-        webhook_router(AppState::new(Backend::offline(cache.clone()), config)),
-        shutdown.clone(),
-        Duration::from_secs(1),
-        ConnectionLimits::default(),
-    ));
+    let door =
+        support::serve_webhooks(AppState::new(Backend::offline(cache.clone()), config)).await;
 
     // The pod as created goes to /mutate; /validate gets it as the patch left it.
     let created = typical_pod();
-    let mut sender = connect(addr, &files.ca_cert).await;
+    let mut sender = connect(door.addr, &door.ca).await;
     let (status, answer) = send(&mut sender, "/mutate", Some(review(&uid(999, 0), &created))).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
     let response = response_of(&answer);
@@ -425,7 +402,7 @@ async fn main() {
     );
     let mut senders = Vec::with_capacity(CONNECTIONS);
     for _ in 0..CONNECTIONS {
-        senders.push(connect(addr, &files.ca_cert).await);
+        senders.push(connect(door.addr, &door.ca).await);
     }
     // Warm up every connection and route.
     for route in [Route::Version, Route::Mutate, Route::Validate] {
@@ -477,5 +454,5 @@ async fn main() {
         validate / version,
         validate / mutate
     );
-    shutdown.cancel();
+    door.shutdown.cancel();
 }

@@ -64,3 +64,44 @@ pub async fn send(sender: &mut Sender, path: &str, body: Option<Bytes>) -> (u16,
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, body)
 }
+
+/// A webhook door (TLS, served as `serve` serves it) over an app state, with a
+/// development certificate in a directory of its own.
+#[allow(dead_code)] // benches/filter.rs serves both doors its own way
+pub struct WebhookDoor {
+    pub addr: std::net::SocketAddr,
+    /// The CA to trust (`connect`).
+    pub ca: std::path::PathBuf,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    _certs: tempfile::TempDir,
+}
+
+#[allow(dead_code)] // benches/filter.rs serves both doors its own way
+pub async fn serve_webhooks(state: gpu_admission::server::AppState) -> WebhookDoor {
+    use gpu_admission::certs::{self, CertFiles};
+    use gpu_admission::server::listener::{ConnectionLimits, serve_tls};
+    use gpu_admission::server::tls::{CertResolver, server_config};
+    let dir = tempfile::tempdir().unwrap();
+    let files = CertFiles::in_dir(dir.path());
+    let validity = std::time::Duration::from_secs(86400);
+    let now = time::OffsetDateTime::now_utc();
+    certs::ensure(&files, &certs::dev_request(), validity, now).unwrap();
+    let resolver = CertResolver::load(&files.cert, &files.key).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_tls(
+        listener,
+        server_config(resolver),
+        gpu_admission::server::webhook_router(state),
+        shutdown.clone(),
+        std::time::Duration::from_secs(1),
+        ConnectionLimits::default(),
+    ));
+    WebhookDoor {
+        addr,
+        ca: files.ca_cert,
+        shutdown,
+        _certs: dir,
+    }
+}

@@ -39,8 +39,9 @@ pub struct CachedPod {
     /// Set while the placement is only our own in-memory choice, not yet seen on the
     /// pod object (API mode: the annotation patch has not come back through the watch).
     pub reserved: Option<std::time::Instant>,
-    /// While `reserved`: our filter wrote this placement onto the pod and took the
-    /// quota charge it adds, so the bind verb must not charge it again.
+    /// Our filter wrote this placement onto the pod and took the quota charge it adds
+    /// (kept through the watch's echo of that write), so the bind verb must not charge
+    /// it again.
     pub recorded: bool,
     /// Being deleted: still holds its GPUs until it is gone.
     pub terminating: bool,

@@ -340,8 +340,17 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
         "a new hold is not recorded"
     );
 
-    // A placement the pod object itself shows (annotations back through the watch).
-    let (_, shown) = cached("p", "uid-1", Some("n1"));
-    state.apply_pod(key.clone(), shown);
-    assert!(state.placement_recorded(&key));
+    // The watch's echo of a write of ours (the annotations back, same node): recorded.
+    state.mark_recorded(&key);
+    let (_, echo) = cached("p", "uid-1", Some("n1"));
+    state.apply_pod(key.clone(), echo.clone());
+    assert!(state.placement_recorded(&key), "our own write, seen again");
+    // Placement annotations we did not write (a pod created with them, say) never
+    // spare the bind its charge.
+    let (other, _) = cached("q", "uid-2", None);
+    state.apply_pod(other.clone(), echo);
+    assert!(
+        !state.placement_recorded(&other),
+        "annotations alone are not a record"
+    );
 }

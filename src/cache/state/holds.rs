@@ -219,11 +219,12 @@ impl ClusterState {
         }
     }
 
-    /// Whether the placement pod `key` holds was written to the cluster with its
-    /// charge: by our filter, or seen on the pod object itself.
+    /// Whether the placement pod `key` holds is one our filter wrote with its charge.
+    /// Placement annotations on the pod object alone do not say so: the pod's owner can
+    /// put them there, and the bind must then charge.
     pub fn placement_recorded(&self, key: &str) -> bool {
         self.pod(key)
-            .is_some_and(|p| p.node.is_some() && (p.recorded || p.reserved.is_none()))
+            .is_some_and(|p| p.node.is_some() && p.recorded)
     }
 
     /// Let go of the placement held in memory for a pod (its bind failed). A placement

@@ -115,6 +115,11 @@ impl ClusterState {
                 pod.recorded = old.recorded;
                 pod.bound = old.bound;
             }
+            // The watch's echo of the placement our filter wrote (same pod, same node):
+            // still ours, its charge taken. Annotations we did not write never count.
+            if old.recorded && same_pod && pod.node == old.node {
+                pod.recorded = true;
+            }
             let settled = old.bound && old.assignment.is_some() && old.uid == pod.uid;
             if settled && pod.node == old.node {
                 pod.assignment = old.assignment.clone();

@@ -340,11 +340,25 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
         "a new hold is not recorded"
     );
 
-    // The watch's echo of a write of ours (the annotations back, same node): recorded.
+    // The watch's echo of a write of ours (the annotations back, same node): recorded,
+    // whether it arrives after the write returned or before.
     state.mark_recorded(&key);
     let (_, echo) = cached("p", "uid-1", Some("n1"));
     state.apply_pod(key.clone(), echo.clone());
     assert!(state.placement_recorded(&key), "our own write, seen again");
+    let (early, pending) = cached("r", "uid-3", None);
+    state.apply_pod(early.clone(), pending);
+    let own = Subject::Known {
+        uid: "uid-3".into(),
+    };
+    assert_eq!(reserve(&mut state, &early, own), Ok(true));
+    let (_, early_echo) = cached("r", "uid-3", Some("n1"));
+    state.apply_pod(early.clone(), early_echo);
+    state.mark_recorded(&early);
+    assert!(
+        state.placement_recorded(&early),
+        "the echo came before the write returned"
+    );
     // Placement annotations we did not write (a pod created with them, say) never
     // spare the bind its charge.
     let (other, _) = cached("q", "uid-2", None);

@@ -213,8 +213,10 @@ impl ClusterState {
 
     /// The filter wrote the placement held for pod `key` onto the pod, and took the
     /// quota charge it adds (see [`CachedPod::recorded`]).
+    /// The watch may have brought the write's echo already (the pod then no longer
+    /// `reserved`): the record holds for the placement the pod has either way.
     pub fn mark_recorded(&mut self, key: &str) {
-        if let Some(pod) = self.pods.get_mut(key).filter(|p| p.reserved.is_some()) {
+        if let Some(pod) = self.pods.get_mut(key).filter(|p| p.node.is_some()) {
             pod.recorded = true;
         }
     }

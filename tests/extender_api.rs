@@ -148,8 +148,9 @@ async fn nodes_form_is_answered_with_node_objects_but_the_cluster_decides() {
     );
     assert_eq!(body["NodeNames"], Value::Null);
     assert_eq!(
-        body["FailedAndUnresolvableNodes"]["ghost"],
-        "node is not in gpu-admission's cache"
+        body["FailedAndUnresolvableNodes"],
+        json!({}),
+        "a placed pod's answer names no failed nodes: {body}"
     );
     pod["metadata"]["name"] = json!("wants-a100");
     pod["metadata"]["uid"] = json!("uid-a100");
@@ -162,6 +163,10 @@ async fn nodes_form_is_answered_with_node_objects_but_the_cluster_decides() {
             .unwrap()
             .contains("GPU model Tesla-T4"),
         "{body}"
+    );
+    assert_eq!(
+        body["FailedAndUnresolvableNodes"]["ghost"],
+        "node is not in gpu-admission's cache"
     );
     state.cache().with_state(|s| {
         let n1 = s.node("n1").unwrap();
@@ -205,8 +210,28 @@ async fn wanted_model_limits_nodes() {
     .await;
     assert_eq!(body["NodeNames"], json!(["a100"]));
     assert_eq!(
+        (&body["FailedNodes"], &body["FailedAndUnresolvableNodes"]),
+        (&json!({}), &json!({})),
+        "placed: only the chosen node is answered"
+    );
+    // Nothing fits: every candidate's reason is answered (the scheduler's diagnosis).
+    pod["metadata"]["name"] = json!("q");
+    pod["metadata"]["uid"] = json!("uid-q");
+    pod["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "V100"});
+    let (_, body) = post(
+        &router,
+        "/scheduler/predicates",
+        filter_args(&pod, &["t4", "a100"]),
+    )
+    .await;
+    assert_eq!(body["NodeNames"], json!([]), "{body}");
+    assert_eq!(
         body["FailedAndUnresolvableNodes"]["t4"],
-        "GPU model T4 is not one the pod accepts (A100)"
+        "GPU model T4 is not one the pod accepts (V100)"
+    );
+    assert_eq!(
+        body["FailedAndUnresolvableNodes"]["a100"],
+        "GPU model A100 is not one the pod accepts (V100)"
     );
 }
 

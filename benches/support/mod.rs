@@ -78,6 +78,13 @@ pub struct WebhookDoor {
 
 #[allow(dead_code)] // benches/filter.rs serves both doors its own way
 pub async fn serve_webhooks(state: gpu_admission::server::AppState) -> WebhookDoor {
+    serve_router(gpu_admission::server::webhook_router(state)).await
+}
+
+/// [`serve_webhooks`] for any router (a bench may add routes of its own beside the
+/// webhooks').
+#[allow(dead_code)] // benches/filter.rs serves both doors its own way
+pub async fn serve_router(router: axum::Router) -> WebhookDoor {
     use gpu_admission::certs::{self, CertFiles};
     use gpu_admission::server::listener::{ConnectionLimits, serve_tls};
     use gpu_admission::server::tls::{CertResolver, server_config};
@@ -93,7 +100,7 @@ pub async fn serve_webhooks(state: gpu_admission::server::AppState) -> WebhookDo
     tokio::spawn(serve_tls(
         listener,
         server_config(resolver),
-        gpu_admission::server::webhook_router(state),
+        router,
         shutdown.clone(),
         std::time::Duration::from_secs(1),
         ConnectionLimits::default(),

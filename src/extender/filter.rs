@@ -68,8 +68,8 @@ pub async fn filter(
         Ok(planned) => planned,
         Err(error) => return error_result(error.to_string()),
     };
-    let result = failed_nodes(&decision.misfits);
     let Some(reservation) = decision.reservation else {
+        let result = failed_nodes(&decision.misfits);
         // No GPU of a device plugin fits: nodes whose GPUs only DRA hands out may.
         let dra = cache.with_state(|state| state.dra_nodes(&plan.key, &names));
         if !dra.is_empty() {
@@ -84,7 +84,7 @@ pub async fn filter(
     let node = reservation.node.clone();
     if reservation.kept {
         tracing::info!(pod = %plan.key, %node, "kept its placement");
-        return (with_passed(result, Some(&node), args), FilterOutcome::Kept);
+        return (placed_on(&node, args), FilterOutcome::Kept);
     }
     // With the bind verb, the choice stays held in memory until the scheduler binds.
     let recorded = match backend.filter_records(config.placement.bind_verb) {
@@ -94,7 +94,7 @@ pub async fn filter(
     if let Err(refusal) = recorded {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
         cache.with_state(|state| state.rollback(&plan.key, reservation));
-        let mut result = result;
+        let mut result = failed_nodes(&decision.misfits);
         result.failed_nodes.insert(&*node, refusal.reason);
         let outcome = match refusal.unfit {
             true => FilterOutcome::Unschedulable,
@@ -104,10 +104,15 @@ pub async fn filter(
     }
     placer.observe(&plan.request);
     tracing::info!(pod = %plan.key, %node, "placed");
-    (
-        with_passed(result, Some(&node), args),
-        FilterOutcome::Placed,
-    )
+    (placed_on(&node, args), FilterOutcome::Placed)
+}
+
+/// The answer for a placed pod: the chosen node alone. The other candidates' reasons
+/// are left out: kube-scheduler reads them only when no node is left (its diagnosis
+/// for events and preemption), and answering thousands of them for every placed pod
+/// costs its serial scheduling cycle (docs/design.md, "The filter's answer").
+fn placed_on(node: &str, args: &ExtenderArgs) -> ExtenderFilterResult {
+    with_passed(ExtenderFilterResult::default(), Some(node), args)
 }
 
 fn error_result(error: String) -> (ExtenderFilterResult, FilterOutcome) {

@@ -30,8 +30,9 @@ pub struct Reservation {
     previous: Option<CachedPod>,
 }
 
-/// What one filter call decided: the reservation, if any, and every candidate that
-/// could not take the pod, by name.
+/// What one filter call decided: the reservation, if any; when there is none, every
+/// candidate that could not take the pod, by name (a placed pod's answer names only
+/// its node, so nothing gathers reasons nobody reads).
 #[derive(Debug)]
 pub struct FilterDecision {
     pub reservation: Option<Reservation>,
@@ -150,13 +151,13 @@ impl ClusterState {
         };
         let outcome = choose(pod, &mut known);
         let known = known.nodes;
-        misfits.extend(
-            outcome
-                .misfits
-                .into_iter()
-                .map(|(i, m)| (known[i].name.clone(), m)),
-        );
         let Some((index, assignment)) = outcome.chosen else {
+            misfits.extend(
+                outcome
+                    .misfits
+                    .into_iter()
+                    .map(|(i, m)| (known[i].name.clone(), m)),
+            );
             if previous.is_none() {
                 // Offered and not placed: the cache keeps only what the cluster has.
                 self.delete_pod(key);
@@ -179,7 +180,7 @@ impl ClusterState {
                 kept: false,
                 previous,
             }),
-            misfits,
+            misfits: Vec::new(),
         }
     }
 

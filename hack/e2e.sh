@@ -197,6 +197,7 @@ GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl" \
   GPU_ADMISSION_E2E_CLIENT_CA="$pki/webhook-client-ca.crt" \
   GPU_ADMISSION_E2E_BIN="$gpu_admission" \
   GPU_ADMISSION_E2E_CONFIG="$work/gpu-admission.yaml" \
+  GPU_ADMISSION_E2E_KUBECTL="$k8s_bin/kubectl" \
   GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port" \
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs" \
   nice -n 19 cargo test --locked --test e2e -- ${E2E_FILTER:-} --ignored --test-threads=1 --nocapture 2>&1 | tee "$logs/cargo-test.log"

@@ -35,6 +35,15 @@ pub struct QuotaLabels {
     pub model: String,
 }
 
+/// A namespace with a GPUQuota, a model some quota of it lists (or `unlisted`), and
+/// what the quota did (`deny`, `warn`): bounded by the quotas an operator writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExceededLabels {
+    pub namespace: String,
+    pub model: String,
+    pub action: &'static str,
+}
+
 type QuotaGauge = Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
@@ -49,6 +58,7 @@ pub struct Metrics {
     pub quota_hard: QuotaGauge,
     pub quota_used: QuotaGauge,
     pub gpu_fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub quota_exceeded: Family<ExceededLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -107,8 +117,15 @@ impl Default for Metrics {
             "Share of the cluster's free GPU capacity that the typical request (the mix learnt from filtered pods) could not use",
             gpu_fragmentation.clone(),
         );
+        let quota_exceeded = Family::<ExceededLabels, Counter>::default();
+        registry.register(
+            "quota_exceeded",
+            "Pods a GPUQuota had no room for, by namespace, model and what the quota did (deny, warn)",
+            quota_exceeded.clone(),
+        );
         Metrics {
             registry,
+            quota_exceeded,
             gpu_fragmentation,
             requests,
             duration,

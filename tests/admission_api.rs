@@ -664,3 +664,82 @@ async fn a_multi_model_denial_reads_to_its_end_without_stray_text() {
         );
     }
 }
+
+/// `onExceed: Warn`: past `hard`, the pod is admitted and charged, the answer carries
+/// the denial it would have had as a warning (kubectl prints it), and the metric counts
+/// it; a model no quota lists is counted as `unlisted`, never under the pod's own word.
+#[tokio::test]
+async fn a_warn_quota_admits_past_hard_with_a_warning_and_counts_it() {
+    let (state, router) = app(
+        &quota_yaml(
+            "team-a",
+            "Tesla-T4: \"1\"",
+            "  defaultType: Tesla-T4\n  onExceed: Warn\n",
+        ),
+        config_with_policy("original"),
+    );
+    let (_, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-a", "p1", 1), false),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(
+        answer["response"].get("warnings").is_none(),
+        "within hard: {answer}"
+    );
+    let (_, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-a", "p2", 2), false),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!([
+            "GPU quota exceeded in namespace \"team-a\" for Tesla-T4: requested 2, used 1 of 1 (GPUQuota team-a/default) (onExceed: Warn)"
+        ])
+    );
+    // Charged: the next pod sees 3 of 1 used.
+    let mut odd = whole_gpu_pod("team-a", "p3", 1);
+    odd["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "made-up-model"});
+    let (_, answer) = post(&router, "/validate", review(&odd, false)).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let (_, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-a", "p4", 1), false),
+    )
+    .await;
+    let warning = answer["response"]["warnings"][0].as_str().unwrap();
+    assert!(warning.contains("used 3 of 1"), "{warning}");
+    let metrics = state.metrics.encode();
+    for line in [
+        r#"gpu_admission_quota_exceeded_total{namespace="team-a",model="Tesla-T4",action="warn"} 2"#,
+        r#"gpu_admission_quota_exceeded_total{namespace="team-a",model="unlisted",action="warn"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in {metrics}");
+    }
+    assert!(!metrics.contains("made-up-model"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_deny_quota_counts_its_refusals() {
+    let (state, router) = app(
+        &quota_yaml("team-a", "Tesla-T4: \"1\"", "  defaultType: Tesla-T4\n"),
+        config_with_policy("original"),
+    );
+    let (_, answer) = post(
+        &router,
+        "/validate",
+        review(&whole_gpu_pod("team-a", "big", 2), false),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(answer["response"].get("warnings").is_none(), "{answer}");
+    let line = r#"gpu_admission_quota_exceeded_total{namespace="team-a",model="Tesla-T4",action="deny"} 1"#;
+    let metrics = state.metrics.encode();
+    assert!(metrics.contains(line), "{line} not in {metrics}");
+}

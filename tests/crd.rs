@@ -31,6 +31,14 @@ fn deploy_crd_matches_the_rust_type() {
         have == want,
         "deploy/crd.yaml is out of date: run `UPDATE_CRD=1 cargo test --test crd`"
     );
+    let chart = repo::path("charts/gpu-admission/crds/gpuquotas.yaml");
+    if std::env::var_os("UPDATE_CRD").is_some() {
+        std::fs::write(&chart, &want).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(chart).unwrap_or_default() == want,
+        "the chart's CRD is out of date: run `UPDATE_CRD=1 cargo test --test crd`"
+    );
 }
 
 #[test]
@@ -44,12 +52,15 @@ fn crd_names_and_columns_are_the_contract() {
     assert_eq!(crd.spec.names.short_names, Some(vec!["gq".to_string()]));
     let version = &crd.spec.versions[0];
     assert_eq!(version.name, "v1alpha1");
-    let columns: Vec<String> = version
+    let columns: Vec<(String, i32)> = version
         .additional_printer_columns
         .iter()
         .flatten()
-        .map(|c| c.name.clone())
+        .map(|c| (c.name.clone(), c.priority.unwrap_or(0)))
         .collect();
-    assert_eq!(columns, ["Hard", "Used", "Age"]);
+    // OnExceed only with `-o wide` (priority 1): the default view stays tkestack's.
+    let want = [("Hard", 0), ("Used", 0), ("OnExceed", 1), ("Age", 0)];
+    let want: Vec<(String, i32)> = want.iter().map(|(n, p)| (n.to_string(), *p)).collect();
+    assert_eq!(columns, want);
     assert!(version.subresources.as_ref().unwrap().status.is_some());
 }

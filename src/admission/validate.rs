@@ -77,7 +77,8 @@ pub async fn validate(
 /// The verdict on a charge the backend decided.
 pub(super) fn verdict(outcome: ChargeOutcome) -> Result<Verdict, ValidateError> {
     Ok(match outcome {
-        ChargeOutcome::Charged => Verdict::Allow,
+        ChargeOutcome::Charged { over } if over.is_empty() => Verdict::Allow,
+        ChargeOutcome::Charged { over } => Verdict::Warn(over),
         ChargeOutcome::Denied(denial) => Verdict::Deny(Reason::Quota(denial)),
     })
 }

@@ -4,12 +4,48 @@
 
 use crate::dra::AskError;
 use crate::placement::RequestError;
-use crate::quota::Denial;
+use crate::quota::{Denial, Exceeded};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Allow,
+    /// Allowed past the `Warn` quotas listed: the answer carries a warning for each,
+    /// which `kubectl` prints.
+    Warn(Vec<Exceeded>),
     Deny(Reason),
+}
+
+impl Verdict {
+    /// The warnings the answer carries: the denial each quota would have given, marked
+    /// as not enforced.
+    pub fn warnings(&self) -> Vec<String> {
+        let Verdict::Warn(over) = self else {
+            return Vec::new();
+        };
+        let warning = |e: &Exceeded| format!("{} (onExceed: Warn)", Denial::Exceeded(e.clone()));
+        over.iter().map(warning).collect()
+    }
+
+    /// Every quota that had no room, with what it did: (namespace, model, action).
+    pub fn exceeded(&self) -> Vec<(&str, &str, &'static str)> {
+        fn of<'e>(e: &'e Exceeded, action: &'static str) -> (&'e str, &'e str, &'static str) {
+            let namespace = e.quota.split('/').next().unwrap_or_default();
+            (namespace, e.model.as_str(), action)
+        }
+        match self {
+            Verdict::Warn(over) => over.iter().map(|e| of(e, "warn")).collect(),
+            Verdict::Deny(Reason::Quota(Denial::Exceeded(e)))
+            | Verdict::Deny(Reason::Claim(ClaimDenial::Quota(Denial::Exceeded(e)))) => {
+                vec![of(e, "deny")]
+            }
+            Verdict::Deny(Reason::Quota(Denial::NoModelHasRoom { tried, .. }))
+            | Verdict::Deny(Reason::Claim(ClaimDenial::Quota(Denial::NoModelHasRoom {
+                tried,
+                ..
+            }))) => tried.iter().map(|e| of(e, "deny")).collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Why an object is refused.
@@ -105,6 +141,7 @@ mod tests {
                 hard: [("T4".to_string(), Quantity("1".into()))].into(),
                 pools: vec![],
                 default_type: Some("T4".into()),
+                on_exceed: Default::default(),
             },
         );
         quota.metadata.namespace = Some("team".into());

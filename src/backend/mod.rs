@@ -223,7 +223,9 @@ impl Backend {
                             if !ask.dry_run {
                                 join(state, &charge);
                             }
-                            ChargeOutcome::Charged
+                            ChargeOutcome::Charged {
+                                over: charge.into_over(),
+                            }
                         }
                     },
                 )
@@ -242,7 +244,7 @@ impl Backend {
     ) -> Result<ChargeOutcome, ChargeError> {
         match &self.mode {
             Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
-            Mode::Offline => Ok(ChargeOutcome::Charged),
+            Mode::Offline => Ok(ChargeOutcome::Charged { over: Vec::new() }),
         }
     }
 

@@ -25,7 +25,7 @@ use crate::quota::GPUQuota;
 use crate::quota::StatusError;
 use crate::quota::pending::CreatedSecond;
 use crate::quota::status::{Direction, views_with_status, with_charges};
-use crate::quota::{AdmitRules, Charge, Costs, Denial, ModelAmounts, QuotaView, admit};
+use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
 
 /// How long one charge may keep losing write races before it is answered with an error
 /// (then the API server's failure policy decides). Webhook calls time out at 10 s.
@@ -57,7 +57,10 @@ impl ChargeError {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChargeOutcome {
-    Charged,
+    /// Charged; `over`: the `Warn` quotas the charge went past (reported, not refused).
+    Charged {
+        over: Vec<Exceeded>,
+    },
     Denied(Denial),
 }
 
@@ -183,6 +186,8 @@ struct Decided {
     waiting: Waiting,
     /// Per quota key.
     charge: ModelAmounts,
+    /// The `Warn` quotas it goes past.
+    over: Vec<Exceeded>,
 }
 
 /// Decide and write one batch, retrying on fresh data until every charge is answered.
@@ -222,7 +227,8 @@ async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batc
                     "quota charges written"
                 );
                 for d in decided {
-                    d.waiting.answer(Ok(ChargeOutcome::Charged));
+                    d.waiting
+                        .answer(Ok(ChargeOutcome::Charged { over: d.over }));
                 }
             }
             // Someone else wrote first: decide these again on fresh data.
@@ -276,16 +282,20 @@ fn decide_round(
         match admit(namespace, views, &ask.wanted, &ask.costs, ask.rules) {
             Err(_) if !fresh => retry.push(w),
             Err(denial) => w.answer(Ok(ChargeOutcome::Denied(denial))),
-            Ok(Charge::Model { .. }) if ask.dry_run => w.answer(Ok(ChargeOutcome::Charged)),
-            Ok(Charge::Model { charge, .. }) => {
+            Ok(Charge::Model { charge, over, .. }) if !ask.dry_run => {
                 for (key, amount) in &charge {
                     add_used(views, key, *amount);
                 }
-                decided.push(Decided { waiting: w, charge });
+                decided.push(Decided {
+                    waiting: w,
+                    charge,
+                    over,
+                });
             }
-            Ok(Charge::AtPlacement { .. } | Charge::Unlimited) => {
-                w.answer(Ok(ChargeOutcome::Charged))
-            }
+            // A dry run, or nothing to write now.
+            Ok(charge) => w.answer(Ok(ChargeOutcome::Charged {
+                over: charge.into_over(),
+            })),
         }
     }
     (decided, retry)

@@ -72,6 +72,9 @@ fn a_dry_run_is_answered_without_a_write_and_takes_no_room() {
     let (real, _real_answer) = waiting(1000, false);
     let mut views = views_with_status(&[quota("3", &[])]).unwrap();
     let (decided, _) = decide_round("team-a", &mut views, vec![dry, real], true);
-    assert_eq!(answered(&mut dry_answer), Some(ChargeOutcome::Charged));
+    assert_eq!(
+        answered(&mut dry_answer),
+        Some(ChargeOutcome::Charged { over: vec![] })
+    );
     assert_eq!(decided.len(), 1, "the real one still fits");
 }

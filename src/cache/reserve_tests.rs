@@ -259,6 +259,7 @@ fn a_quota_event_older_than_the_cached_copy_is_ignored() {
                 .into(),
                 pools: vec![],
                 default_type: None,
+                on_exceed: Default::default(),
             },
         );
         q.metadata.namespace = Some("team-a".into());
@@ -288,6 +289,7 @@ fn seen_charges_count_recent_pods_and_those_that_left() {
             .into(),
             pools: vec![],
             default_type: Some("T4".into()),
+            on_exceed: Default::default(),
         },
     );
     quota.metadata.namespace = Some("team-a".into());

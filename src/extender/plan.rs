@@ -193,7 +193,7 @@ impl Plan {
             dry_run: false,
         };
         match backend.charge_at_placement(self.namespace(), ask).await {
-            Ok(ChargeOutcome::Charged) => Ok(()),
+            Ok(ChargeOutcome::Charged { .. }) => Ok(()),
             Ok(ChargeOutcome::Denied(denial)) => Err(Refusal {
                 reason: denial.to_string(),
                 unfit: true,

@@ -10,7 +10,7 @@ use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 
 use super::charge::{Costs, ModelAmounts};
-use super::{GPUQuota, NamespaceLimits, StatusError, quota_name};
+use super::{GPUQuota, NamespaceLimits, OnExceed, StatusError, quota_name};
 
 /// One GPUQuota as arithmetic sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub struct QuotaView {
     pub name: String,
     pub hard: ModelAmounts,
     pub used: ModelAmounts,
+    /// A `Warn` quota never refuses: a charge past its `hard` is admitted and reported
+    /// ([`over_warn_quotas`]).
+    pub on_exceed: OnExceed,
 }
 
 impl QuotaView {
@@ -37,7 +40,13 @@ impl QuotaView {
             name: quota.metadata.name.clone().unwrap_or_default(),
             hard,
             used: ModelAmounts::new(),
+            on_exceed: quota.spec.on_exceed,
         })
+    }
+
+    /// Whether this quota refuses what it has no room for.
+    pub fn enforces(&self) -> bool {
+        self.on_exceed != OnExceed::Warn
     }
 
     fn room_for(&self, model: &str, amount: Milli) -> Result<(), Exceeded> {
@@ -60,13 +69,32 @@ impl QuotaView {
 /// What admission decided about a GPU pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Charge {
-    /// Charge `charge` (per quota key) now, for a pod that goes to nodes labelled `model`.
-    Model { model: String, charge: ModelAmounts },
+    /// Charge `charge` (per quota key) now, for a pod that goes to nodes labelled `model`;
+    /// `over`: the `Warn` quotas it goes past (the admission warns).
+    Model {
+        model: String,
+        charge: ModelAmounts,
+        over: Vec<Exceeded>,
+    },
     /// Several models are acceptable and at least one has room: charged to the model of
-    /// the node the extender places it on.
-    AtPlacement { models: Vec<String> },
+    /// the node the extender places it on; `over`: the `Warn` quotas it would go past on
+    /// some of them.
+    AtPlacement {
+        models: Vec<String>,
+        over: Vec<Exceeded>,
+    },
     /// The namespace has no quota: nothing to charge.
     Unlimited,
+}
+
+impl Charge {
+    /// The `Warn` quotas this charge goes past.
+    pub fn into_over(self) -> Vec<Exceeded> {
+        match self {
+            Charge::Model { over, .. } | Charge::AtPlacement { over, .. } => over,
+            Charge::Unlimited => Vec::new(),
+        }
+    }
 }
 
 /// Why a pod is refused. The message is what `kubectl` prints after "denied the request:".
@@ -290,10 +318,13 @@ pub fn admit(
         return Ok(Charge::Unlimited);
     }
     let allowed: Vec<String> = listed_models(quotas);
+    // Only quotas that enforce refuse a model none of them lists (Warn: audit only).
+    let enforced = quotas.iter().any(QuotaView::enforces);
     let mut tried = Vec::new();
     let mut with_room = Vec::new();
+    let mut over = Vec::new();
     for model in &wanted.models {
-        if !allowed.iter().any(|a| a == mig::model_of(model)) {
+        if enforced && !allowed.iter().any(|a| a == mig::model_of(model)) {
             if wanted.models.len() == 1 {
                 return Err(Denial::ModelNotAllowed {
                     namespace: namespace.into(),
@@ -303,8 +334,12 @@ pub fn admit(
             }
             continue;
         }
-        match room(quotas, model, &costs.on(model)) {
-            Ok(()) => with_room.push(model.clone()),
+        let charge = costs.on(model);
+        match room(quotas, model, &charge) {
+            Ok(()) => {
+                over.extend(over_warn_quotas(quotas, model, &charge));
+                with_room.push(model.clone());
+            }
             Err(exceeded) => tried.push(exceeded),
         }
     }
@@ -312,7 +347,11 @@ pub fn admit(
         (1, 1) => {
             let model = with_room.remove(0);
             let charge = costs.on(&model);
-            Ok(Charge::Model { model, charge })
+            Ok(Charge::Model {
+                model,
+                charge,
+                over,
+            })
         }
         (1, _) => Err(Denial::Exceeded(tried.remove(0))),
         (_, 0) if tried.is_empty() => Err(Denial::ModelNotAllowed {
@@ -324,7 +363,10 @@ pub fn admit(
             namespace: namespace.into(),
             tried,
         }),
-        _ => Ok(Charge::AtPlacement { models: with_room }),
+        _ => Ok(Charge::AtPlacement {
+            models: with_room,
+            over,
+        }),
     }
 }
 
@@ -423,21 +465,53 @@ fn bound_model(
 /// quota lists has a quota of zero once the namespace has any quota; a MIG profile key
 /// no quota lists is not limited beyond its model (admission and placement both ask
 /// here, so the rule is one). Without quotas there is no limit.
+/// `Warn` quotas never refuse (see [`over_warn_quotas`]).
 pub fn room(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Result<(), Exceeded> {
-    let models = charge.keys().filter(|k| !mig::is_profile_key(k));
-    for model in std::iter::once(mig::model_of(label)).chain(models.map(String::as_str)) {
-        if !quotas.is_empty() && !quotas.iter().any(|q| q.hard.contains_key(model)) {
-            let amount = charge.get(model).copied().unwrap_or_default();
-            return Err(unlisted(quotas, model, amount));
-        }
+    let enforcing = quotas.iter().any(QuotaView::enforces);
+    if let Some(exceeded) = unlisted_in(quotas, label, charge).filter(|_| enforcing) {
+        return Err(exceeded);
     }
     for (key, amount) in charge {
-        let listing = quotas.iter().filter(|q| q.hard.contains_key(key));
+        let listing = quotas
+            .iter()
+            .filter(|q| q.enforces() && q.hard.contains_key(key));
         listing
             .into_iter()
             .try_for_each(|q| q.room_for(key, *amount))?;
     }
     Ok(())
+}
+
+/// What [`room`] lets through only because the quotas in the way say `Warn`: every
+/// `Warn` quota that `charge` goes past, and a model no quota lists when none enforces.
+/// The admission reports each (a warning, a metric).
+pub fn over_warn_quotas(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Vec<Exceeded> {
+    if quotas.iter().any(QuotaView::enforces) {
+        // Then an unlisted model is refused, and only the Warn quotas below can be passed.
+    } else if let Some(exceeded) = unlisted_in(quotas, label, charge) {
+        return vec![exceeded];
+    }
+    let mut over = Vec::new();
+    for (key, amount) in charge {
+        let warning = quotas
+            .iter()
+            .filter(|q| !q.enforces() && q.hard.contains_key(key));
+        over.extend(warning.filter_map(|q| q.room_for(key, *amount).err()));
+    }
+    over
+}
+
+/// The first model of a charge to nodes labelled `label` that no quota lists: its quota
+/// is zero once the namespace has any quota.
+fn unlisted_in(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Option<Exceeded> {
+    if quotas.is_empty() {
+        return None;
+    }
+    let models = charge.keys().filter(|k| !mig::is_profile_key(k));
+    let mut models = std::iter::once(mig::model_of(label)).chain(models.map(String::as_str));
+    let model = models.find(|m| !quotas.iter().any(|q| q.hard.contains_key(*m)))?;
+    let amount = charge.get(model).copied().unwrap_or_default();
+    Some(unlisted(quotas, model, amount))
 }
 
 /// The refusal for a model no quota lists: its quota is zero, in all of them.

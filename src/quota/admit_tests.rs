@@ -5,7 +5,7 @@ use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::{ContainerGpu, GpuDemand, GpuRequest};
 use crate::placement::{MigResources, NodeGpus};
-use crate::quota::NamespaceLimits;
+use crate::quota::{NamespaceLimits, OnExceed};
 
 const RULES: AdmitRules = AdmitRules {
     untyped: UntypedPods::Allow,
@@ -43,6 +43,7 @@ fn quota(name: &str, hard: &[(&str, &str)], used: &[(&str, &str)]) -> QuotaView 
         name: name.into(),
         hard: amounts(hard),
         used: amounts(used),
+        on_exceed: OnExceed::Deny,
     }
 }
 
@@ -174,7 +175,8 @@ fn single_model_admission_table() {
                 result,
                 Ok(Charge::Model {
                     model: case.model.into(),
-                    charge: [(case.model.to_string(), gpus(case.amount))].into()
+                    charge: [(case.model.to_string(), gpus(case.amount))].into(),
+                    over: vec![],
                 })
             ),
             Err(message) => assert_eq!(result.unwrap_err().to_string(), message),
@@ -199,7 +201,8 @@ fn multi_model_pods_are_charged_at_placement_to_a_model_with_room() {
     assert_eq!(
         result,
         Ok(Charge::AtPlacement {
-            models: vec!["V100M32".into()]
+            models: vec!["V100M32".into()],
+            over: vec![],
         })
     );
     let full = [quota(
@@ -414,7 +417,8 @@ fn a_pod_created_on_a_node_is_charged_to_that_nodes_model() {
         [
             Ok(Charge::Model {
                 model: "A100".into(),
-                charge: [("A100".to_string(), gpus("1"))].into()
+                charge: [("A100".to_string(), gpus("1"))].into(),
+                over: vec![],
             }),
             Err(r#"GPU quota exceeded in namespace "team-a" for A100: requested 1, used 1 of 1 (GPUQuota team-a/default)"#.into()),
             Err(r#"GPU quota exceeded in namespace "team-a" for A100: requested 1, used 1 of 1 (GPUQuota team-a/default)"#.into()),
@@ -518,5 +522,140 @@ fn a_quota_reports_its_models_and_those_no_quota_lists() {
             ("Tesla-T4".to_string(), gpus("1"))
         ]
         .into()
+    );
+}
+
+fn warn(mut view: QuotaView) -> QuotaView {
+    view.on_exceed = OnExceed::Warn;
+    view
+}
+
+#[test]
+fn a_warn_quota_admits_past_hard_and_says_by_how_much() {
+    let quotas = [warn(quota("audit", &[("A100", "2")], &[("A100", "2")]))];
+    let admitted = admit(
+        "team-a",
+        &quotas,
+        &wants(&["A100"]),
+        &flat(&["A100"], gpus("1")),
+        RULES,
+    );
+    let Ok(Charge::Model { charge, over, .. }) = admitted else {
+        panic!("a Warn quota must admit: {admitted:?}");
+    };
+    assert_eq!(charge, [("A100".to_string(), gpus("1"))].into());
+    assert_eq!(
+        over,
+        [Exceeded {
+            model: "A100".into(),
+            requested: gpus("1"),
+            used: gpus("2"),
+            hard: gpus("2"),
+            quota: "team-a/audit".into(),
+        }]
+    );
+    // Within hard: admitted, nothing to report.
+    let roomy = [warn(quota("audit", &[("A100", "2")], &[]))];
+    let admitted = admit(
+        "team-a",
+        &roomy,
+        &wants(&["A100"]),
+        &flat(&["A100"], gpus("1")),
+        RULES,
+    );
+    assert!(matches!(admitted, Ok(Charge::Model { over, .. }) if over.is_empty()));
+}
+
+#[test]
+fn a_deny_quota_beside_a_warn_quota_still_refuses() {
+    let quotas = [
+        warn(quota("audit", &[("A100", "1")], &[("A100", "1")])),
+        quota("enforced", &[("A100", "4")], &[("A100", "4")]),
+    ];
+    let denial = admit(
+        "team-a",
+        &quotas,
+        &wants(&["A100"]),
+        &flat(&["A100"], gpus("1")),
+        RULES,
+    )
+    .unwrap_err();
+    assert!(
+        denial.to_string().contains("GPUQuota team-a/enforced"),
+        "{denial}"
+    );
+    // The enforced quota with room: admitted, the Warn quota reported.
+    let quotas = [
+        warn(quota("audit", &[("A100", "1")], &[("A100", "1")])),
+        quota("enforced", &[("A100", "4")], &[]),
+    ];
+    let admitted = admit(
+        "team-a",
+        &quotas,
+        &wants(&["A100"]),
+        &flat(&["A100"], gpus("1")),
+        RULES,
+    );
+    let Ok(Charge::Model { over, .. }) = admitted else {
+        panic!("{admitted:?}");
+    };
+    assert_eq!(over.len(), 1);
+    assert_eq!(over[0].quota, "team-a/audit");
+}
+
+#[test]
+fn a_model_no_warn_quota_lists_is_admitted_and_reported_as_unlisted() {
+    let quotas = [warn(quota("audit", &[("T4", "8")], &[]))];
+    let admitted = admit(
+        "team-a",
+        &quotas,
+        &wants(&["A100"]),
+        &flat(&["A100"], gpus("1")),
+        RULES,
+    );
+    let Ok(Charge::Model { model, over, .. }) = admitted else {
+        panic!("all quotas say Warn: nothing is refused, {admitted:?}");
+    };
+    assert_eq!(model, "A100");
+    assert_eq!((over[0].model.as_str(), over[0].hard), ("A100", gpus("0")));
+    // Once one quota enforces, an unlisted model is refused as before.
+    let quotas = [
+        warn(quota("audit", &[("T4", "8")], &[])),
+        quota("enforced", &[("T4", "8")], &[]),
+    ];
+    let denial = admit(
+        "team-a",
+        &quotas,
+        &wants(&["A100"]),
+        &flat(&["A100"], gpus("1")),
+        RULES,
+    )
+    .unwrap_err();
+    assert!(matches!(denial, Denial::ModelNotAllowed { .. }), "{denial}");
+}
+
+#[test]
+fn a_multi_model_pod_under_a_full_warn_quota_goes_to_placement_with_its_warnings() {
+    let quotas = [warn(quota(
+        "audit",
+        &[("T4", "1"), ("A100", "1")],
+        &[("T4", "1"), ("A100", "1")],
+    ))];
+    let admitted = admit(
+        "team-a",
+        &quotas,
+        &wants(&["T4", "A100"]),
+        &flat(&["T4", "A100"], gpus("1")),
+        RULES,
+    );
+    let Ok(Charge::AtPlacement { models, over }) = admitted else {
+        panic!("{admitted:?}");
+    };
+    assert_eq!(models, ["T4", "A100"]);
+    assert_eq!(over.len(), 2);
+    // Placement's room check is the same rule: a Warn quota never takes a node away.
+    assert_eq!(
+        room(&quotas, "A100", &flat(&["A100"], gpus("1")).on("A100")),
+        Ok(())
     );
 }

@@ -59,6 +59,7 @@ pub fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, LegacyError> {
                     hard,
                     pools: legacy.pool,
                     default_type: None,
+                    on_exceed: Default::default(),
                 },
             );
             quota.metadata.namespace = Some(namespace);

@@ -8,6 +8,7 @@ use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::testing::pod_with;
 use crate::placement::{GpuRequest, MigResources, ResourceNames};
+use crate::quota::OnExceed;
 
 const RULES: AdmitRules = AdmitRules {
     untyped: UntypedPods::Allow,
@@ -33,6 +34,7 @@ fn quota(hard: &[(&str, u64)], used: &[(&str, u64)]) -> QuotaView {
         name: "gpus".into(),
         hard: amounts(hard),
         used: amounts(used),
+        on_exceed: OnExceed::Deny,
     }
 }
 

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
     status = "GpuQuotaStatus",
     printcolumn = r#"{"name":"Hard","type":"string","jsonPath":".spec.hard"}"#,
     printcolumn = r#"{"name":"Used","type":"string","jsonPath":".status.used"}"#,
+    printcolumn = r#"{"name":"OnExceed","type":"string","jsonPath":".spec.onExceed","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -32,6 +33,37 @@ pub struct GpuQuotaSpec {
     /// The model a pod that names none is charged to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_type: Option<String>,
+    /// What becomes of a pod this quota has no room for (docs/quota.md).
+    #[serde(default, skip_serializing_if = "OnExceed::is_deny")]
+    pub on_exceed: OnExceed,
+}
+
+/// What becomes of a pod a quota has no room for.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum OnExceed {
+    /// Refused at creation (tkestack's behaviour, the default).
+    #[default]
+    Deny,
+    /// Created behind a scheduling gate and released, charged, when there is room.
+    Queue,
+    /// Admitted and charged past `hard`, with a warning the client prints: an audit mode
+    /// for turning enforcement on in a live cluster.
+    Warn,
+}
+
+impl OnExceed {
+    pub fn is_deny(&self) -> bool {
+        *self == OnExceed::Deny
+    }
+
+    /// A bounded label for metrics.
+    pub const fn label(self) -> &'static str {
+        match self {
+            OnExceed::Deny => "deny",
+            OnExceed::Queue => "queue",
+            OnExceed::Warn => "warn",
+        }
+    }
 }
 
 /// A non-negative quantity, so that the API server itself refuses `-3` or `abc`.

@@ -16,6 +16,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
             hard: [("T4".to_string(), Quantity("4".into()))].into(),
             pools: vec![],
             default_type: None,
+            on_exceed: Default::default(),
         },
     );
     quota.metadata.namespace = Some("team-a".into());

@@ -14,6 +14,7 @@ use crate::dra::ResourceClaim;
 use crate::admission::claim::{mutate_claim, validate_claim};
 use crate::admission::mutate::{GpuNodes, mutation};
 use crate::admission::validate::{Verdict, validate, validate_update};
+use crate::metrics::ExceededLabels;
 use crate::placement::request::asks_for_gpu;
 use crate::wire::DecodeError;
 use crate::wire::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
@@ -109,8 +110,8 @@ pub async fn validate_route(
             Reviewed::Update { old, new } => {
                 let user = &review.request.user_info;
                 return match validate_update(&old, &new, &state.config, user) {
-                    Verdict::Allow => reply("allow", review.allow()),
                     Verdict::Deny(reason) => reply("deny", review.deny(&reason.to_string())),
+                    _ => reply("allow", review.allow()),
                 };
             }
             Reviewed::Other => return reply("allow", review.allow()),
@@ -118,7 +119,7 @@ pub async fn validate_route(
         let dry_run = review.request.dry_run.unwrap_or(false);
         let verdict = validate(&state.backend, &state.config, &namespace, &pod, dry_run).await;
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        judged(&review, "pod", &namespace, name, verdict)
+        judged(&state, &review, ("pod", &namespace, name), verdict)
     })
     .await
 }
@@ -126,14 +127,21 @@ pub async fn validate_route(
 /// The answer to a validating review: allowed, denied (logged with the object), or our
 /// own failure as a 5xx (the API server's failure policy decides).
 fn judged(
+    state: &AppState,
     review: &Review,
-    kind: &str,
-    namespace: &str,
-    name: &str,
+    (kind, namespace, name): (&str, &str, &str),
     verdict: Result<Verdict, crate::admission::validate::ValidateError>,
 ) -> (&'static str, Response) {
+    if let Ok(verdict) = &verdict {
+        count_exceeded(state, verdict);
+    }
     match verdict {
         Ok(Verdict::Allow) => reply("allow", review.allow()),
+        Ok(verdict @ Verdict::Warn(_)) => {
+            let warnings = verdict.warnings();
+            tracing::info!(kind, namespace, name, warnings = ?warnings, "admitted past a Warn quota");
+            reply("warn", review.allow_with(&warnings))
+        }
         Ok(Verdict::Deny(reason)) => {
             let message = reason.to_string();
             // Recorded before the log line, so that the line carries it too.
@@ -149,6 +157,25 @@ fn judged(
                 (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
             )
         }
+    }
+}
+
+/// Count the quotas a verdict found without room (`gpu_admission_quota_exceeded_total`).
+/// A model no quota of the namespace lists is counted as `unlisted`: the pod names it,
+/// and a label must stay bounded by what the operator wrote.
+fn count_exceeded(state: &AppState, verdict: &Verdict) {
+    for (namespace, model, action) in verdict.exceeded() {
+        let listed = state.backend.cache().with_state(|s| {
+            let limits = s.namespace_limits(namespace);
+            limits.models.iter().any(|m| m == model)
+                || limits.profile_caps.iter().any(|m| m == model)
+        });
+        let labels = ExceededLabels {
+            namespace: namespace.to_string(),
+            model: if listed { model } else { "unlisted" }.to_string(),
+            action,
+        };
+        state.metrics.quota_exceeded.get_or_create(&labels).inc();
     }
 }
 
@@ -244,7 +271,7 @@ pub async fn validate_claim_route(
             let verdict =
                 validate_claim(&state.backend, &state.config, &namespace, &claim, dry_run).await;
             let name = claim.metadata.name.as_deref().unwrap_or_default();
-            judged(&review, "claim", &namespace, name, verdict)
+            judged(&state, &review, ("claim", &namespace, name), verdict)
         },
     )
     .await

@@ -336,11 +336,21 @@ impl Review {
             patch_type: None,
             status: None,
             uid: &self.request.uid,
+            warnings: &[],
         }
     }
 
     pub fn allow(&self) -> Answer<'_> {
         self.respond(self.response(true))
+    }
+
+    /// Allowed, with warnings the client shows (`kubectl` prints each as
+    /// `Warning: ...`); plain [`Review::allow`] when there are none.
+    pub fn allow_with<'a>(&'a self, warnings: &'a [String]) -> Answer<'a> {
+        self.respond(Response {
+            warnings,
+            ..self.response(true)
+        })
     }
 
     /// A denial: code 403, reason Forbidden, the message a person reads.
@@ -390,6 +400,8 @@ struct Response<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<Status<'a>>,
     uid: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
 }
 
 #[derive(Debug, Serialize)]

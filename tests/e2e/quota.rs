@@ -421,3 +421,56 @@ impl Drop for RunConfigOnDrop {
         ctl("start");
     }
 }
+
+/// `onExceed: Warn` through the real API server and kubectl: past `hard` the pod is
+/// created, kubectl prints the quota's message as a warning, the ledger charges it
+/// (`used` passes `hard`), and `kubectl get gq -o wide` shows the mode.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_warn_quota_admits_past_hard_and_kubectl_prints_the_warning() {
+    let Some(cluster) = setup("warn").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    cluster.label_for_webhooks().await;
+    let spec = json!({"hard": {model: "1"}, "defaultType": model, "onExceed": "Warn"});
+    cluster.create_quota_spec("audit", spec).await;
+    register_webhooks(&cluster).await;
+
+    let ns = cluster.ns.clone();
+    let create = |name: &str| {
+        let pod = serde_json::to_string(&unscheduled_gpu_pod(name, None, 1)).unwrap();
+        kubectl(&["create", "-n", &ns, "-f", "-"], &pod)
+    };
+    let (created, _, stderr) = create("first");
+    assert!(created, "within hard: {stderr}");
+    assert!(
+        !stderr.contains("Warning"),
+        "within hard, no warning: {stderr}"
+    );
+    // The first pod's charge must be in the ledger before the second is judged.
+    cluster.wait_used("audit", model, 1000).await;
+    let (created, stdout, stderr) = create("second");
+    println!("kubectl create second: {stdout}{stderr}");
+    assert!(created, "a Warn quota admits past hard: {stderr}");
+    let expected = format!(
+        "Warning: GPU quota exceeded in namespace \"{ns}\" for {model}: requested 1, used 1 of 1 \
+         (GPUQuota {ns}/audit) (onExceed: Warn)"
+    );
+    assert!(
+        stderr.contains(&expected),
+        "kubectl must print {expected:?}; got {stderr:?}"
+    );
+    let status = cluster.wait_used("audit", model, 2000).await;
+    println!("used past hard: {:?}", status.used);
+    let (listed, table, stderr) = kubectl(&["get", "gq", "-n", &ns, "-o", "wide"], "");
+    println!("kubectl get gq -o wide:\n{table}");
+    assert!(listed, "{stderr}");
+    let header = table.lines().next().unwrap_or_default();
+    assert!(header.contains("ONEXCEED"), "{table}");
+    assert!(
+        table.lines().nth(1).unwrap_or_default().contains("Warn"),
+        "{table}"
+    );
+    unregister_webhooks(&cluster).await;
+}

@@ -174,6 +174,11 @@ impl Cluster {
         if let Some(model) = default_type {
             spec["defaultType"] = json!(model);
         }
+        self.create_quota_spec(name, spec).await;
+    }
+
+    /// Create GPUQuota `name` with `spec` as it is.
+    pub async fn create_quota_spec(&self, name: &str, spec: serde_json::Value) {
         let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
             "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
             "metadata": {"name": name, "namespace": self.ns},

@@ -381,3 +381,30 @@ pub fn forbidden_message(result: Result<Pod, kube::Error>, what: &str) -> String
         Err(other) => panic!("{what}: expected an API error, got {other}"),
     }
 }
+
+/// Run the cluster's own `kubectl` (`GPU_ADMISSION_E2E_KUBECTL`, the build the control
+/// plane came from) as the admin, with `stdin`: its exit status, stdout and stderr.
+pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write as _;
+    let binary = std::env::var("GPU_ADMISSION_E2E_KUBECTL")
+        .expect("GPU_ADMISSION_E2E_KUBECTL names kubectl (hack/e2e.sh sets it)");
+    let kubeconfig = std::env::var(KUBECONFIG_ENV).unwrap();
+    let mut child = std::process::Command::new(binary)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (out.status.success(), text(out.stdout), text(out.stderr))
+}

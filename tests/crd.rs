@@ -64,3 +64,15 @@ fn crd_names_and_columns_are_the_contract() {
     assert_eq!(columns, want);
     assert!(version.subresources.as_ref().unwrap().status.is_some());
 }
+
+/// `onExceed` takes only the modes gpu-admission carries out: the API server itself
+/// refuses any other word, so a quota never says one thing and does another.
+#[test]
+fn on_exceed_accepts_only_the_modes_that_are_built() {
+    let crd = serde_json::to_value(GPUQuota::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        spec["properties"]["onExceed"]["enum"],
+        serde_json::json!(["Deny", "Warn"])
+    );
+}

@@ -4,7 +4,7 @@
 
 use crate::dra::AskError;
 use crate::placement::RequestError;
-use crate::quota::{Denial, Exceeded};
+use crate::quota::{Denial, Exceeded, OnExceed};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -33,16 +33,19 @@ impl Verdict {
             (namespace, e.model.as_str(), action)
         }
         match self {
-            Verdict::Warn(over) => over.iter().map(|e| of(e, "warn")).collect(),
+            Verdict::Warn(over) => over.iter().map(|e| of(e, OnExceed::Warn.label())).collect(),
             Verdict::Deny(Reason::Quota(Denial::Exceeded(e)))
             | Verdict::Deny(Reason::Claim(ClaimDenial::Quota(Denial::Exceeded(e)))) => {
-                vec![of(e, "deny")]
+                vec![of(e, OnExceed::Deny.label())]
             }
             Verdict::Deny(Reason::Quota(Denial::NoModelHasRoom { tried, .. }))
             | Verdict::Deny(Reason::Claim(ClaimDenial::Quota(Denial::NoModelHasRoom {
                 tried,
                 ..
-            }))) => tried.iter().map(|e| of(e, "deny")).collect(),
+            }))) => tried
+                .iter()
+                .map(|e| of(e, OnExceed::Deny.label()))
+                .collect(),
             _ => Vec::new(),
         }
     }

@@ -44,8 +44,6 @@ pub enum OnExceed {
     /// Refused at creation (tkestack's behaviour, the default).
     #[default]
     Deny,
-    /// Created behind a scheduling gate and released, charged, when there is room.
-    Queue,
     /// Admitted and charged past `hard`, with a warning the client prints: an audit mode
     /// for turning enforcement on in a live cluster.
     Warn,
@@ -60,7 +58,6 @@ impl OnExceed {
     pub const fn label(self) -> &'static str {
         match self {
             OnExceed::Deny => "deny",
-            OnExceed::Queue => "queue",
             OnExceed::Warn => "warn",
         }
     }

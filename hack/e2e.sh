@@ -144,6 +144,7 @@ extenders:
   - {name: nvidia.com/gpu, ignoredByScheduler: true}
 EOF
 cp_start_scheduler "$work/kube-scheduler.yaml" --v=2
+cp_start_controller_manager --v=1
 
 # ---------------------------------------------------------------- 6b. Volcano's vc-scheduler
 # Pods with `schedulerName: volcano` and a PodGroup (the tests create one per pod; no

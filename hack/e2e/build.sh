@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the end-to-end tests run against — kube-apiserver,
-# kube-scheduler, kubectl and etcd, at the versions hack/e2e/go.mod pins — into
+# kube-scheduler, kube-controller-manager, kubectl and etcd, at the versions
+# hack/e2e/go.mod pins — into
 #   ${GPU_ADMISSION_CACHE:-~/.cache/gpu-admission}/k8s-<version>/bin/
 # and reuses them when they are already there (the cache is keyed by the Kubernetes
 # version, and a checksum of go.mod/go.sum: editing the pins rebuilds).
@@ -28,10 +29,11 @@ stamp="${bin}/.built-from"
 RECIPE=2
 want_stamp="recipe ${RECIPE} k8s ${K8S_VERSION} etcd ${ETCD_VERSION} $(cat go.mod go.sum | sha256sum | cut -c1-16)"
 
-binaries=(kube-apiserver kube-scheduler kubectl etcd)
+binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd)
 declare -A pkg=(
   [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+  [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
   [etcd]=go.etcd.io/etcd/server/v3
 )
@@ -50,6 +52,10 @@ if ! command -v go >/dev/null; then
 fi
 
 mkdir -p "$bin"
+# Same recipe and pins: only the binaries missing from the cache are built (a binary added
+# to the list does not rebuild the others).
+same_recipe=0
+[[ -f "$stamp" && "$(cat "$stamp")" == "$want_stamp" ]] && same_recipe=1
 rm -f "$stamp"
 staging="$(mktemp -d "${bin}/.build.XXXXXX")"
 trap 'rm -rf "$staging"' EXIT
@@ -65,6 +71,9 @@ k8s_ldflags="-s -w -X $v.gitVersion=${K8S_VERSION} -X $v.gitMajor=1 -X $v.gitMin
 start=$SECONDS
 echo "build.sh: building ${binaries[*]} (Kubernetes ${K8S_VERSION}, etcd ${ETCD_VERSION}) with $(go version | cut -d' ' -f3) into $bin; a fresh build takes several minutes" >&2
 for b in "${binaries[@]}"; do
+  if [[ $same_recipe == 1 && -x "$bin/$b" ]]; then
+    continue
+  fi
   t=$SECONDS
   ldflags="-s -w"
   [[ $b == etcd ]] || ldflags="$k8s_ldflags"

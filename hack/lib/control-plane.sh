@@ -25,6 +25,7 @@
 #   cp_write_ctl BIN CONFIG LOG_LEVEL
 #                           $ctl: a script `start|stop [a|b]` for the two gpu-admission replicas
 #   cp_start_scheduler CONFIG ARGS...   kube-scheduler (+ARGS), waits for /readyz
+#   cp_start_controller_manager ARGS... kube-controller-manager (+ARGS), waits for /healthz
 #   cp_volcano_binaries     hack/e2e/build-volcano.sh: $volcano_dir (bin/vc-scheduler, crd/),
 #                           $volcano_version
 #   cp_install_volcano_crds the CRDs vc-scheduler watches (PodGroup, Queue, ...), Established
@@ -150,6 +151,7 @@ cp_ports() {
   free_port etcd_peer_port
   free_port api_port
   free_port sched_port
+  free_port kcm_port
   free_port webhook_port
   free_port extender_port
   free_port admin_port
@@ -354,6 +356,25 @@ cp_start_scheduler() { # cp_start_scheduler CONFIG EXTRA_ARGS... (e.g. --v=2)
   pids+=($!)
   wait_ready kube-scheduler "$!" "$logs/kube-scheduler.log" \
     curl -fsSk "https://127.0.0.1:$sched_port/readyz"
+}
+
+# kube-controller-manager from the same build, so Jobs, ReplicaSets, StatefulSets, the
+# garbage collector, namespaces and ResourceClaimTemplates work as in a cluster. Two
+# controllers stay off: the node lifecycle controller (the nodes are API objects without a
+# kubelet: it would taint them unreachable and evict their pods) and the pod garbage
+# collector (it deletes pods bound to nodes a test has removed or never made).
+cp_start_controller_manager() { # cp_start_controller_manager EXTRA_ARGS...
+  "$k8s_bin/kube-controller-manager" \
+    --kubeconfig="$kubeconfig" \
+    --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$work/kcm-certs" \
+    --leader-elect=false --use-service-account-credentials=false \
+    --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
+    --controllers='*,-node-lifecycle-controller,-pod-garbage-collector-controller' \
+    "$@" >"$logs/kube-controller-manager.log" 2>&1 &
+  pids+=($!)
+  wait_ready kube-controller-manager "$!" "$logs/kube-controller-manager.log" \
+    curl -fsSk "https://127.0.0.1:$kcm_port/healthz"
 }
 
 cp_volcano_binaries() {

@@ -36,14 +36,17 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
         json!({"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "100000"}}}),
     )
     .unwrap();
-    let mut quota = quotas.create(&PostParams::default(), &quota).await.unwrap();
-    // No controller-manager here: give the status the controller would.
-    quota.status =
-        serde_json::from_value(json!({"hard": {"pods": "100000"}, "used": {"pods": "0"}})).unwrap();
-    quotas
-        .replace_status("pods", &PostParams::default(), &quota)
-        .await
-        .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // kube-controller-manager's resource quota controller fills in the status; until it
+    // has, the admission plugin refuses every create in the namespace.
+    wait_for("the core ResourceQuota's status", QUOTA_TIMEOUT, || {
+        let quotas = quotas.clone();
+        async move {
+            let status = quotas.get("pods").await.ok()?.status?;
+            status.used.filter(|u| u.contains_key("pods")).map(drop)
+        }
+    })
+    .await;
 
     const CREATES: usize = 200;
     let server_before = admin_metrics();

@@ -486,9 +486,9 @@ pub fn room(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Result<
 /// `Warn` quota that `charge` goes past, and a model no quota lists when none enforces.
 /// The admission reports each (a warning, a metric).
 pub fn over_warn_quotas(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Vec<Exceeded> {
-    if quotas.iter().any(QuotaView::enforces) {
-        // Then an unlisted model is refused, and only the Warn quotas below can be passed.
-    } else if let Some(exceeded) = unlisted_in(quotas, label, charge) {
+    // With a quota that enforces, an unlisted model is refused, never let through.
+    let enforcing = quotas.iter().any(QuotaView::enforces);
+    if let Some(exceeded) = unlisted_in(quotas, label, charge).filter(|_| !enforcing) {
         return vec![exceeded];
     }
     let mut over = Vec::new();

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use serde_json::json;
 
+use crate::support::devices::allocated;
 use crate::support::*;
 
 /// D. Dynamic Resource Allocation on the real scheduler: a fake driver's ResourceSlice
@@ -72,26 +73,7 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
             "device.attributes[\"gpu.nvidia.com\"].productName in [\"NVIDIA A100-SXM4-80GB\"]"}}]),
         "the mutating webhook pins the default model with the products the slices publish"
     );
-    let user: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "uses-any"},
-        "spec": {"schedulerName": scheduler_name(),
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "any"}],
-            "containers": [{"name": "cuda", "image": "registry.invalid/never-pulled:e2e",
-                "resources": {"claims": [{"name": "gpu"}]}}]},
-    }))
-    .unwrap();
-    cluster.try_create(&user).await.unwrap();
-    cluster.wait_bound("uses-any").await;
-    let claims = cluster.dra("ResourceClaim");
-    let allocated = wait_for("claim `any` to be allocated", BIND_TIMEOUT, || {
-        let claims = claims.clone();
-        async move {
-            let claim = claims.get("any").await.ok()?;
-            let results = claim.data["status"]["allocation"]["devices"]["results"].clone();
-            results.as_array().filter(|r| !r.is_empty()).cloned()
-        }
-    })
-    .await;
+    let allocated = cluster.run_pod_on_claim("uses-any", "any").await;
     let device = allocated[0]["device"].as_str().unwrap().to_string();
     assert!(
         device == "gpu-1" || device == "gpu-2",
@@ -126,7 +108,8 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
     );
     cluster.wait_used("gpus", "A100-SXM4-80GB", 2000).await;
     // Deleting a claim frees its device's quota.
-    claims
+    cluster
+        .dra("ResourceClaim")
         .delete("second", &DeleteParams::default())
         .await
         .unwrap();
@@ -206,26 +189,7 @@ async fn claim_selectors_are_pinned_to_an_allowed_model_in_a_found_gpu_class() {
         "pinned to the T4 the slices publish: {selectors}"
     );
     cluster.wait_used("gpus", "Tesla-T4", 1000).await;
-    let user: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "uses-sneaky"},
-        "spec": {"schedulerName": scheduler_name(),
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "sneaky"}],
-            "containers": [{"name": "cuda", "image": "registry.invalid/never-pulled:e2e",
-                "resources": {"claims": [{"name": "gpu"}]}}]},
-    }))
-    .unwrap();
-    cluster.try_create(&user).await.unwrap();
-    cluster.wait_bound("uses-sneaky").await;
-    let claims = cluster.dra("ResourceClaim");
-    let allocated = wait_for("claim `sneaky` to be allocated", BIND_TIMEOUT, || {
-        let claims = claims.clone();
-        async move {
-            let claim = claims.get("sneaky").await.ok()?;
-            let results = claim.data["status"]["allocation"]["devices"]["results"].clone();
-            results.as_array().filter(|r| !r.is_empty()).cloned()
-        }
-    })
-    .await;
+    let allocated = cluster.run_pod_on_claim("uses-sneaky", "sneaky").await;
     assert_eq!(
         allocated[0]["device"], "gpu-0",
         "only a T4 (gpu-0 on every test node) can be allocated: {allocated:?}"
@@ -336,8 +300,7 @@ async fn extended_resource_pods_on_dra_nodes_are_bound_and_charged_once() {
                             == Some("true")
                     })
                 })?;
-                let results = claim.data["status"]["allocation"]["devices"]["results"].clone();
-                results.as_array().filter(|r| !r.is_empty()).cloned()
+                allocated(&claim)
             }
         },
     )

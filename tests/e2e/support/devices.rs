@@ -63,6 +63,28 @@ impl Cluster {
         }
     }
 
+    /// Creates pod `pod` (the GPU scheduler's) using claim `claim`, waits for it to be
+    /// bound and for the claim to be allocated, and returns the allocation's results.
+    pub async fn run_pod_on_claim(&self, pod: &str, claim: &str) -> Vec<Value> {
+        let user: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod},
+            "spec": {"schedulerName": super::scheduler_name(),
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [{"name": "cuda", "image": "registry.invalid/never-pulled:e2e",
+                    "resources": {"claims": [{"name": "gpu"}]}}]},
+        }))
+        .unwrap();
+        self.try_create(&user).await.unwrap();
+        self.wait_bound(pod).await;
+        let claims = self.dra("ResourceClaim");
+        let what = format!("claim `{claim}` to be allocated");
+        super::wait_for(&what, super::BIND_TIMEOUT, || {
+            let claims = claims.clone();
+            async move { allocated(&claims.get(claim).await.ok()?) }
+        })
+        .await
+    }
+
     /// Creates a `resource.k8s.io/v1` object (replacing a cluster-scoped one left over).
     pub async fn create_dra(
         &self,
@@ -80,6 +102,12 @@ impl Cluster {
         let object: DynamicObject = serde_json::from_value(object).unwrap();
         api.create(&PostParams::default(), &object).await
     }
+}
+
+/// The devices allocated to `claim`, once there are any.
+pub fn allocated(claim: &DynamicObject) -> Option<Vec<Value>> {
+    let results = &claim.data["status"]["allocation"]["devices"]["results"];
+    results.as_array().filter(|r| !r.is_empty()).cloned()
 }
 
 /// A claim `name` for `count` devices of DeviceClass `class`, with CEL `selectors`.

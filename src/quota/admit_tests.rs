@@ -530,16 +530,21 @@ fn warn(mut view: QuotaView) -> QuotaView {
     view
 }
 
+/// [`admit`] of a pod wanting one GPU and accepting `models`.
+fn one_gpu(quotas: &[QuotaView], models: &[&str]) -> Result<Charge, Denial> {
+    admit(
+        "team-a",
+        quotas,
+        &wants(models),
+        &flat(models, gpus("1")),
+        RULES,
+    )
+}
+
 #[test]
 fn a_warn_quota_admits_past_hard_and_says_by_how_much() {
     let quotas = [warn(quota("audit", &[("A100", "2")], &[("A100", "2")]))];
-    let admitted = admit(
-        "team-a",
-        &quotas,
-        &wants(&["A100"]),
-        &flat(&["A100"], gpus("1")),
-        RULES,
-    );
+    let admitted = one_gpu(&quotas, &["A100"]);
     let Ok(Charge::Model { charge, over, .. }) = admitted else {
         panic!("a Warn quota must admit: {admitted:?}");
     };
@@ -556,13 +561,7 @@ fn a_warn_quota_admits_past_hard_and_says_by_how_much() {
     );
     // Within hard: admitted, nothing to report.
     let roomy = [warn(quota("audit", &[("A100", "2")], &[]))];
-    let admitted = admit(
-        "team-a",
-        &roomy,
-        &wants(&["A100"]),
-        &flat(&["A100"], gpus("1")),
-        RULES,
-    );
+    let admitted = one_gpu(&roomy, &["A100"]);
     assert!(matches!(admitted, Ok(Charge::Model { over, .. }) if over.is_empty()));
 }
 
@@ -572,14 +571,7 @@ fn a_deny_quota_beside_a_warn_quota_still_refuses() {
         warn(quota("audit", &[("A100", "1")], &[("A100", "1")])),
         quota("enforced", &[("A100", "4")], &[("A100", "4")]),
     ];
-    let denial = admit(
-        "team-a",
-        &quotas,
-        &wants(&["A100"]),
-        &flat(&["A100"], gpus("1")),
-        RULES,
-    )
-    .unwrap_err();
+    let denial = one_gpu(&quotas, &["A100"]).unwrap_err();
     assert!(
         denial.to_string().contains("GPUQuota team-a/enforced"),
         "{denial}"
@@ -589,15 +581,8 @@ fn a_deny_quota_beside_a_warn_quota_still_refuses() {
         warn(quota("audit", &[("A100", "1")], &[("A100", "1")])),
         quota("enforced", &[("A100", "4")], &[]),
     ];
-    let admitted = admit(
-        "team-a",
-        &quotas,
-        &wants(&["A100"]),
-        &flat(&["A100"], gpus("1")),
-        RULES,
-    );
-    let Ok(Charge::Model { over, .. }) = admitted else {
-        panic!("{admitted:?}");
+    let Ok(Charge::Model { over, .. }) = one_gpu(&quotas, &["A100"]) else {
+        panic!("the enforced quota has room");
     };
     assert_eq!(over.len(), 1);
     assert_eq!(over[0].quota, "team-a/audit");
@@ -606,13 +591,7 @@ fn a_deny_quota_beside_a_warn_quota_still_refuses() {
 #[test]
 fn a_model_no_warn_quota_lists_is_admitted_and_reported_as_unlisted() {
     let quotas = [warn(quota("audit", &[("T4", "8")], &[]))];
-    let admitted = admit(
-        "team-a",
-        &quotas,
-        &wants(&["A100"]),
-        &flat(&["A100"], gpus("1")),
-        RULES,
-    );
+    let admitted = one_gpu(&quotas, &["A100"]);
     let Ok(Charge::Model { model, over, .. }) = admitted else {
         panic!("all quotas say Warn: nothing is refused, {admitted:?}");
     };
@@ -623,14 +602,7 @@ fn a_model_no_warn_quota_lists_is_admitted_and_reported_as_unlisted() {
         warn(quota("audit", &[("T4", "8")], &[])),
         quota("enforced", &[("T4", "8")], &[]),
     ];
-    let denial = admit(
-        "team-a",
-        &quotas,
-        &wants(&["A100"]),
-        &flat(&["A100"], gpus("1")),
-        RULES,
-    )
-    .unwrap_err();
+    let denial = one_gpu(&quotas, &["A100"]).unwrap_err();
     assert!(matches!(denial, Denial::ModelNotAllowed { .. }), "{denial}");
 }
 
@@ -641,15 +613,8 @@ fn a_multi_model_pod_under_a_full_warn_quota_goes_to_placement_with_its_warnings
         &[("T4", "1"), ("A100", "1")],
         &[("T4", "1"), ("A100", "1")],
     ))];
-    let admitted = admit(
-        "team-a",
-        &quotas,
-        &wants(&["T4", "A100"]),
-        &flat(&["T4", "A100"], gpus("1")),
-        RULES,
-    );
-    let Ok(Charge::AtPlacement { models, over }) = admitted else {
-        panic!("{admitted:?}");
+    let Ok(Charge::AtPlacement { models, over }) = one_gpu(&quotas, &["T4", "A100"]) else {
+        panic!("a Warn quota refuses no model");
     };
     assert_eq!(models, ["T4", "A100"]);
     assert_eq!(over.len(), 2);
@@ -658,4 +623,39 @@ fn a_multi_model_pod_under_a_full_warn_quota_goes_to_placement_with_its_warnings
         room(&quotas, "A100", &flat(&["A100"], gpus("1")).on("A100")),
         Ok(())
     );
+}
+
+/// Mixed modes per model: the T4 quota enforces and is full, the A100 quota only warns.
+/// A pod accepting both may go only to A100 nodes, with the warning; a T4-only pod is
+/// refused; MIG profile caps in a Warn quota do not refuse either.
+#[test]
+fn each_quota_keeps_its_own_mode_for_a_pod_that_accepts_several_models() {
+    let quotas = [
+        quota("t4", &[("T4", "1")], &[("T4", "1")]),
+        warn(quota(
+            "a100",
+            &[("A100", "1"), ("A100/1g.10gb", "0")],
+            &[("A100", "1")],
+        )),
+    ];
+    let Ok(Charge::AtPlacement { models, over }) = one_gpu(&quotas, &["T4", "A100"]) else {
+        panic!("the A100 quota only warns");
+    };
+    assert_eq!(models, ["A100"], "the full T4 quota enforces");
+    assert_eq!((over.len(), over[0].quota.as_str()), (1, "team-a/a100"));
+    assert!(one_gpu(&quotas, &["T4"]).is_err());
+    let t4 = flat(&["T4"], gpus("1")).on("T4");
+    assert!(
+        room(&quotas, "T4", &t4).is_err(),
+        "placement refuses T4 nodes"
+    );
+    let slice: ModelAmounts = [
+        ("A100".to_string(), gpus("0.125")),
+        ("A100/1g.10gb".to_string(), gpus("1")),
+    ]
+    .into();
+    assert_eq!(room(&quotas, "A100", &slice), Ok(()), "a Warn profile cap");
+    let warned = super::admit::over_warn_quotas(&quotas, "A100", &slice);
+    let keys: Vec<&str> = warned.iter().map(|e| e.model.as_str()).collect();
+    assert_eq!(keys, ["A100", "A100/1g.10gb"]);
 }

@@ -26,11 +26,18 @@ impl Verdict {
         over.iter().map(warning).collect()
     }
 
-    /// Every quota that had no room, with what it did: (namespace, model, action).
+    /// Every quota that had no room, with what it did: (namespace, model, action). A
+    /// model no quota lists is the pod's own word: it is given as `unlisted`, so what
+    /// is counted by it stays bounded by what the operator wrote.
     pub fn exceeded(&self) -> Vec<(&str, &str, &'static str)> {
         fn of<'e>(e: &'e Exceeded, action: &'static str) -> (&'e str, &'e str, &'static str) {
             let namespace = e.quota.split('/').next().unwrap_or_default();
-            (namespace, e.model.as_str(), action)
+            let model = if e.listed {
+                e.model.as_str()
+            } else {
+                "unlisted"
+            };
+            (namespace, model, action)
         }
         match self {
             Verdict::Warn(over) => over.iter().map(|e| of(e, OnExceed::Warn.label())).collect(),

@@ -61,6 +61,7 @@ impl QuotaView {
                 used,
                 hard,
                 quota: format!("{}/{}", self.namespace, self.name),
+                listed: true,
             })
         }
     }
@@ -152,11 +153,15 @@ pub enum NodeProblem {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exceeded {
+    /// A quota key: a model or a MIG profile key (`<model>/<profile>`).
     pub model: String,
     pub requested: Milli,
     pub used: Milli,
     pub hard: Milli,
+    /// `<namespace>/<name>` of the quota, or of every quota when none lists `model`.
     pub quota: String,
+    /// Whether some quota lists `model`; when none does, `model` is the pod's own word.
+    pub listed: bool,
 }
 
 impl Exceeded {
@@ -526,6 +531,7 @@ fn unlisted(quotas: &[QuotaView], model: &str, amount: Milli) -> Exceeded {
         used: Milli::default(),
         hard: Milli::default(),
         quota: names.join(", "),
+        listed: false,
     }
 }
 

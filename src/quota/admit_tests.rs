@@ -557,6 +557,7 @@ fn a_warn_quota_admits_past_hard_and_says_by_how_much() {
             used: gpus("2"),
             hard: gpus("2"),
             quota: "team-a/audit".into(),
+            listed: true,
         }]
     );
     // Within hard: admitted, nothing to report.
@@ -596,7 +597,10 @@ fn a_model_no_warn_quota_lists_is_admitted_and_reported_as_unlisted() {
         panic!("all quotas say Warn: nothing is refused, {admitted:?}");
     };
     assert_eq!(model, "A100");
-    assert_eq!((over[0].model.as_str(), over[0].hard), ("A100", gpus("0")));
+    assert_eq!(
+        (over[0].model.as_str(), over[0].hard, over[0].listed),
+        ("A100", gpus("0"), false)
+    );
     // Once one quota enforces, an unlisted model is refused as before.
     let quotas = [
         warn(quota("audit", &[("T4", "8")], &[])),

@@ -161,18 +161,11 @@ fn judged(
 }
 
 /// Count the quotas a verdict found without room (`gpu_admission_quota_exceeded_total`).
-/// A model no quota of the namespace lists is counted as `unlisted`: the pod names it,
-/// and a label must stay bounded by what the operator wrote.
 fn count_exceeded(state: &AppState, verdict: &Verdict) {
     for (namespace, model, action) in verdict.exceeded() {
-        let listed = state.backend.cache().with_state(|s| {
-            let limits = s.namespace_limits(namespace);
-            limits.models.iter().any(|m| m == model)
-                || limits.profile_caps.iter().any(|m| m == model)
-        });
         let labels = ExceededLabels {
             namespace: namespace.to_string(),
-            model: if listed { model } else { "unlisted" }.to_string(),
+            model: model.to_string(),
             action,
         };
         state.metrics.quota_exceeded.get_or_create(&labels).inc();

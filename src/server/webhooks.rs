@@ -109,10 +109,10 @@ pub async fn validate_route(
             Reviewed::Create { namespace, pod } => (namespace, pod),
             Reviewed::Update { old, new } => {
                 let user = &review.request.user_info;
-                return match validate_update(&old, &new, &state.config, user) {
-                    Verdict::Deny(reason) => reply("deny", review.deny(&reason.to_string())),
-                    _ => reply("allow", review.allow()),
-                };
+                let verdict = validate_update(&old, &new, &state.config, user);
+                let namespace = review.request.namespace.as_deref().unwrap_or_default();
+                let name = review.request.name.as_deref().unwrap_or_default();
+                return judged(&state, &review, ("pod", namespace, name), Ok(verdict));
             }
             Reviewed::Other => return reply("allow", review.allow()),
         };

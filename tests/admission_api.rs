@@ -743,3 +743,56 @@ async fn a_deny_quota_counts_its_refusals() {
     let metrics = state.metrics.encode();
     assert!(metrics.contains(line), "{line} not in {metrics}");
 }
+
+/// The whole way of a pod under a `Warn`-only namespace on a cluster of two models: a
+/// tenant naming a model no quota lists (A100, with its init container asking a GPU too)
+/// is steered, admitted with a warning, and placed on a node of that model; a pod over
+/// the T4 quota is placed on a T4 node (a Warn quota takes no node away).
+#[tokio::test]
+async fn under_warn_quotas_pods_are_steered_admitted_and_placed_on_their_model() {
+    let cluster = format!(
+        "{}{}{}",
+        quota_yaml(
+            "team-a",
+            "Tesla-T4: \"1\"",
+            "  defaultType: Tesla-T4\n  onExceed: Warn\n"
+        ),
+        vcuda_node("t4", 400, 64, "Tesla-T4"),
+        vcuda_node("a100", 400, 160, "A100")
+    );
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let mut a100 = whole_gpu_pod("team-a", "a100-pod", 1);
+    a100["metadata"]["annotations"] = json!({"gpu-admission.io/gpu-type": "A100"});
+    a100["spec"]["initContainers"] = json!([{"name": "warm", "image": "busybox",
+        "resources": {"limits": {"tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "8"}}}]);
+    let t4s = [
+        whole_gpu_pod("team-a", "t4-1", 1),
+        whole_gpu_pod("team-a", "t4-2", 1),
+    ];
+    for (pod, warned) in [(&a100, true), (&t4s[0], false), (&t4s[1], true)] {
+        let (_, answer) = post(&router, "/mutate", review(pod, false)).await;
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        let mutated = patched(pod, &answer);
+        let (_, answer) = post(&router, "/validate", review(&mutated, false)).await;
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        let warnings = &answer["response"]["warnings"];
+        assert_eq!(
+            warnings.is_array(),
+            warned,
+            "{}: {answer}",
+            pod["metadata"]["name"]
+        );
+        let (_, placed) = post(
+            &router,
+            "/scheduler/predicates",
+            filter_args(&mutated, &["t4", "a100"]),
+        )
+        .await;
+        let model_node = if pod["metadata"]["name"] == "a100-pod" {
+            "a100"
+        } else {
+            "t4"
+        };
+        assert_eq!(placed["NodeNames"], json!([model_node]), "{placed}");
+    }
+}

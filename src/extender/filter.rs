@@ -94,7 +94,9 @@ pub async fn filter(
     if let Err(refusal) = recorded {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
         cache.with_state(|state| state.rollback(&plan.key, reservation));
-        let mut result = failed_nodes(&decision.misfits);
+        // A placed decision gathered no other reasons (`FilterDecision`): the chosen
+        // node's is the one that counts.
+        let mut result = ExtenderFilterResult::default();
         result.failed_nodes.insert(&*node, refusal.reason);
         let outcome = match refusal.unfit {
             true => FilterOutcome::Unschedulable,

@@ -13,7 +13,7 @@ use crate::cache::{ClusterCache, ClusterState};
 use crate::config::{Config, UntypedPods};
 use crate::dra::cel::Budget;
 use crate::dra::{Catalog, ClaimAsks, DeviceAsk, ExactRequest, Resolved, ResourceClaim};
-use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
 
@@ -153,10 +153,7 @@ fn charged(
     }
     let charge = asks.charge(default, &config.resources.mig);
     let label = models.first().map(|(_, l)| l.clone()).unwrap_or_default();
-    let wanted = WantedModels {
-        models: vec![label.clone()],
-        source: ModelSource::Annotation,
-    };
+    let wanted = WantedModels::one(label.clone());
     Ok(Some((wanted, Costs::single(label, charge))))
 }
 

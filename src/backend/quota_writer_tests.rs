@@ -1,16 +1,12 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::placement::models::ModelSource;
 use crate::quota::UntypedPods;
 use crate::quota::status::tests::{T, quota};
 use crate::quota::status::views_with_status;
 
 fn ask(amount: u64, dry_run: bool) -> Ask {
     Ask {
-        wanted: WantedModels {
-            models: vec!["T4".into()],
-            source: ModelSource::Annotation,
-        },
+        wanted: WantedModels::one("T4"),
         costs: Costs::from_charges(vec![("T4".into(), [("T4".into(), Milli(amount))].into())]),
         rules: AdmitRules {
             untyped: UntypedPods::Allow,

@@ -18,7 +18,7 @@ use crate::cache::{
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
 use crate::placement::mig::MigResources;
-use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, GpuRequest, Outcome, Placer};
 use crate::quota::NamespaceLimits;
 use crate::quota::eligible::{Eligibility, needs_views};
@@ -183,10 +183,7 @@ impl Plan {
         };
         let model = charge.node_model.clone().unwrap_or_default();
         let ask = Ask {
-            wanted: WantedModels {
-                models: vec![model.clone()],
-                source: ModelSource::Annotation,
-            },
+            wanted: WantedModels::one(model.clone()),
             costs: Costs::single(model, charge.charge.clone()),
             rules: config.admit_rules(),
             created: charge.created,

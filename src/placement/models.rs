@@ -26,6 +26,15 @@ pub struct WantedModels {
 }
 
 impl WantedModels {
+    /// Exactly `model`, as if the pod named it: a charge fixed to one model (a node's
+    /// model at placement, a claim's pinned model).
+    pub fn one(model: impl Into<String>) -> Self {
+        WantedModels {
+            models: vec![model.into()],
+            source: ModelSource::Annotation,
+        }
+    }
+
     pub fn of_pod(
         pod: &Pod,
         type_annotation: &str,
@@ -235,10 +244,7 @@ mod tests {
         let mut t4 = node("n", 1, 4);
         t4.model = Some("T4".into());
         t4.pool = Some("public".into());
-        let wanted = WantedModels {
-            models: vec!["V100".into()],
-            source: ModelSource::Annotation,
-        };
+        let wanted = WantedModels::one("V100");
         assert_eq!(
             wanted.admits(&t4).unwrap_err().to_string(),
             "GPU model T4 is not one the pod accepts (V100)"

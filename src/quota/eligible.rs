@@ -242,13 +242,6 @@ mod tests {
     use crate::placement::models::ModelSource;
     use crate::placement::testing::node;
 
-    fn wants(label: &str) -> WantedModels {
-        WantedModels {
-            models: vec![label.into()],
-            source: ModelSource::Annotation,
-        }
-    }
-
     /// An answer kept for a (model label, pool) is the one every rule gives: asked of
     /// nodes of several labels and pools, in any order, twice, with and without a
     /// quota to check (a multi-model pod, charged at placement).
@@ -281,7 +274,7 @@ mod tests {
             }
         }
         for (wanted, charged) in [
-            (wants("A100-SXM4-40GB"), Charged::Free),
+            (WantedModels::one("A100-SXM4-40GB"), Charged::Free),
             (
                 WantedModels {
                     models: limits.models.clone(),
@@ -314,16 +307,24 @@ mod tests {
             profile_caps: vec!["A100-SXM4-40GB/1g.5gb".into()],
             ..Default::default()
         };
-        let refused = profile_admits(&capped, &wants("A100-SXM4-40GB"), &slices).unwrap_err();
+        let refused =
+            profile_admits(&capped, &WantedModels::one("A100-SXM4-40GB"), &slices).unwrap_err();
         assert_eq!(
             refused.to_string(),
             "namespace GPU quota for A100-SXM4-40GB/1g.5gb has no room (the namespace caps MIG profile A100-SXM4-40GB/1g.5gb; a pod using it names the node label A100-SXM4-40GB-MIG-1g.5gb as its GPU model)"
         );
-        assert!(profile_admits(&capped, &wants("A100-SXM4-40GB-MIG-1g.5gb"), &slices).is_ok());
+        assert!(
+            profile_admits(
+                &capped,
+                &WantedModels::one("A100-SXM4-40GB-MIG-1g.5gb"),
+                &slices
+            )
+            .is_ok()
+        );
         let uncapped = NamespaceLimits {
             profile_caps: Vec::new(),
             ..capped
         };
-        assert!(profile_admits(&uncapped, &wants("A100-SXM4-40GB"), &slices).is_ok());
+        assert!(profile_admits(&uncapped, &WantedModels::one("A100-SXM4-40GB"), &slices).is_ok());
     }
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::config::UntypedPods;
-use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::placement::testing::pod_with;
 use crate::placement::{GpuRequest, MigResources, ResourceNames};
@@ -35,13 +35,6 @@ fn quota(hard: &[(&str, u64)], used: &[(&str, u64)]) -> QuotaView {
         hard: amounts(hard),
         used: amounts(used),
         on_exceed: OnExceed::Deny,
-    }
-}
-
-fn wants(label: &str) -> WantedModels {
-    WantedModels {
-        models: vec![label.into()],
-        source: ModelSource::Annotation,
     }
 }
 
@@ -94,7 +87,8 @@ fn seven_slices_fit_a_quota_of_one_gpu_and_a_profile_cap_holds() {
     // Quota of one GPU, no profile cap: seven 1g slices are admitted, the eighth is not.
     let mut gpu = [quota(&[("A100-SXM4-40GB", 1000)], &[])];
     let mut admitted = 0;
-    while let Ok(Charge::Model { charge, .. }) = admit("team-a", &gpu, &wants(label), &costs, RULES)
+    while let Ok(Charge::Model { charge, .. }) =
+        admit("team-a", &gpu, &WantedModels::one(label), &costs, RULES)
     {
         for (key, amount) in charge {
             let used = gpu[0].used.entry(key).or_default();
@@ -108,7 +102,7 @@ fn seven_slices_fit_a_quota_of_one_gpu_and_a_profile_cap_holds() {
         &[("A100-SXM4-40GB", 4000), ("A100-SXM4-40GB/1g.5gb", 2000)],
         &[("A100-SXM4-40GB", 284), ("A100-SXM4-40GB/1g.5gb", 2000)],
     )];
-    let denial = admit("team-a", &capped, &wants(label), &costs, RULES).unwrap_err();
+    let denial = admit("team-a", &capped, &WantedModels::one(label), &costs, RULES).unwrap_err();
     assert_eq!(
         denial.to_string(),
         r#"GPU quota exceeded in namespace "team-a" for A100-SXM4-40GB/1g.5gb: requested 1, used 2 of 2 (GPUQuota team-a/gpus)"#
@@ -122,7 +116,14 @@ fn a_profile_key_alone_does_not_allow_a_model() {
     let label = "H100-80GB-HBM3";
     let costs = Costs::of(&slice, &[label.to_string()], &mig);
     let only_profile = [quota(&[("H100-80GB-HBM3/1g.10gb", 4000)], &[])];
-    let denial = admit("team-a", &only_profile, &wants(label), &costs, RULES).unwrap_err();
+    let denial = admit(
+        "team-a",
+        &only_profile,
+        &WantedModels::one(label),
+        &costs,
+        RULES,
+    )
+    .unwrap_err();
     assert!(
         denial
             .to_string()
@@ -134,7 +135,7 @@ fn a_profile_key_alone_does_not_allow_a_model() {
         &[],
     )];
     assert!(matches!(
-        admit("team-a", &both, &wants(label), &costs, RULES),
+        admit("team-a", &both, &WantedModels::one(label), &costs, RULES),
         Ok(Charge::Model { .. })
     ));
 }

@@ -10,7 +10,7 @@ use super::ClusterState;
 use crate::cache::pod::created_second;
 use crate::cache::{CachedPod, Projection, pod_key};
 use crate::config::Config;
-use crate::placement::models::{ModelSource, WantedModels};
+use crate::placement::models::WantedModels;
 use crate::placement::testing::node;
 use crate::placement::{Misfit, NodeGpus};
 use crate::quota::eligible::{self, Charged, Eligibility};
@@ -65,10 +65,7 @@ fn cached(pod: &Pod) -> CachedPod {
 }
 
 fn wanted() -> WantedModels {
-    WantedModels {
-        models: vec![MODEL.into()],
-        source: ModelSource::Annotation,
-    }
+    WantedModels::one(MODEL)
 }
 
 /// Admit `pod` as the offline webhook does (admission's costs, the quotas with the

@@ -25,11 +25,12 @@ async fn a_job_past_a_deny_quota_gets_failed_creates_and_finishes_by_retrying() 
         return;
     };
     let model = "Tesla-T4";
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({model: "8"}), Some(model))
+        .quota_under_webhooks(
+            "default",
+            json!({"hard": {model: "8"}, "defaultType": model}),
+        )
         .await;
-    register_webhooks(&cluster).await;
 
     let template = unscheduled_gpu_pod("unused", None, 1);
     let mut spec = serde_json::to_value(&template.spec).unwrap();

@@ -153,11 +153,9 @@ async fn native_sidecar_gpus_are_charged_and_held_on_the_node() {
     };
     let model = "E2E-Sidecar";
     cluster.create_gpu_node("e2e-sidecar-1", model, 4).await;
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("gpus", json!({model: "2"}), None)
+        .quota_under_webhooks("gpus", json!({"hard": {model: "2"}}))
         .await;
-    register_webhooks(&cluster).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let pod = |name: &str| -> Pod {

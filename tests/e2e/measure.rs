@@ -20,11 +20,12 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
         return;
     };
     let model = "Tesla-A10";
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({model: "1000"}), Some(model))
+        .quota_under_webhooks(
+            "default",
+            json!({"hard": {model: "1000"}, "defaultType": model}),
+        )
         .await;
-    register_webhooks(&cluster).await;
     let plain_ns = cluster.create_namespace("plain").await;
     let plain: Api<Pod> = Api::namespaced(cluster.client.clone(), &plain_ns);
     // The platform's own floor for an exact quota: a namespace with a core ResourceQuota,

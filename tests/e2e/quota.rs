@@ -20,11 +20,12 @@ async fn quota_lifecycle_admit_refuse_and_free_on_delete_and_on_success() {
         return;
     };
     let model = "Tesla-T4";
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({model: "2"}), Some(model))
+        .quota_under_webhooks(
+            "default",
+            json!({"hard": {model: "2"}, "defaultType": model}),
+        )
         .await;
-    register_webhooks(&cluster).await;
 
     for name in ["one", "two"] {
         let pod = unscheduled_gpu_pod(name, None, 1);
@@ -106,11 +107,12 @@ async fn dry_run_is_judged_but_reserves_nothing() {
         return;
     };
     let model = "Tesla-T4";
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({model: "1"}), Some(model))
+        .quota_under_webhooks(
+            "default",
+            json!({"hard": {model: "1"}, "defaultType": model}),
+        )
         .await;
-    register_webhooks(&cluster).await;
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -329,11 +331,9 @@ async fn a_multi_model_pod_is_charged_in_the_ledger_before_it_is_bound() {
     let (a, b) = ("E2E-Ledger-A", "E2E-Ledger-B");
     cluster.create_gpu_node("e2e-ledger-a", a, 1).await;
     cluster.create_gpu_node("e2e-ledger-b", b, 1).await;
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({a: "1", b: "1"}), None)
+        .quota_under_webhooks("default", json!({"hard": {a: "1", b: "1"}}))
         .await;
-    register_webhooks(&cluster).await;
     cluster
         .create_gpu_pod("either", &format!("{a},{b}"), Gpu::Whole(1))
         .await;
@@ -432,10 +432,8 @@ async fn a_warn_quota_admits_past_hard_and_kubectl_prints_the_warning() {
         return;
     };
     let model = "Tesla-T4";
-    cluster.label_for_webhooks().await;
     let spec = json!({"hard": {model: "1"}, "defaultType": model, "onExceed": "Warn"});
-    cluster.create_quota_spec("audit", spec).await;
-    register_webhooks(&cluster).await;
+    cluster.quota_under_webhooks("audit", spec).await;
 
     let ns = cluster.ns.clone();
     let create = |name: &str| {

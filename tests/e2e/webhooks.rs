@@ -124,11 +124,12 @@ async fn the_gpu_model_and_placement_annotations_cannot_be_edited_by_tenants() {
         return;
     };
     let model = "Tesla-T4";
-    cluster.label_for_webhooks().await;
     cluster
-        .create_quota("default", json!({model: "1"}), Some(model))
+        .quota_under_webhooks(
+            "default",
+            json!({"hard": {model: "1"}, "defaultType": model}),
+        )
         .await;
-    register_webhooks(&cluster).await;
     cluster
         .try_create(&unscheduled_gpu_pod("p", None, 1))
         .await

@@ -177,6 +177,14 @@ impl Cluster {
         self.create_quota_spec(name, spec).await;
     }
 
+    /// The usual opening of a quota scenario: the namespace selected by the webhooks,
+    /// GPUQuota `name` with `spec`, then gpu-admission's webhooks registered.
+    pub async fn quota_under_webhooks(&self, name: &str, spec: serde_json::Value) {
+        self.label_for_webhooks().await;
+        self.create_quota_spec(name, spec).await;
+        register_webhooks(self).await;
+    }
+
     /// Create GPUQuota `name` with `spec` as it is.
     pub async fn create_quota_spec(&self, name: &str, spec: serde_json::Value) {
         let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({

@@ -343,15 +343,14 @@ pub fn admit(
         match room(quotas, model, &charge) {
             Ok(()) => {
                 over.extend(over_warn_quotas(quotas, model, &charge));
-                with_room.push(model.clone());
+                with_room.push((model.clone(), charge));
             }
             Err(exceeded) => tried.push(exceeded),
         }
     }
     match (wanted.models.len(), with_room.len()) {
         (1, 1) => {
-            let model = with_room.remove(0);
-            let charge = costs.on(&model);
+            let (model, charge) = with_room.remove(0);
             Ok(Charge::Model {
                 model,
                 charge,
@@ -369,7 +368,7 @@ pub fn admit(
             tried,
         }),
         _ => Ok(Charge::AtPlacement {
-            models: with_room,
+            models: with_room.into_iter().map(|(model, _)| model).collect(),
             over,
         }),
     }

@@ -164,7 +164,28 @@ pub struct Exceeded {
     pub listed: bool,
 }
 
+/// The refusal of one quota, as `kubectl` prints it (a `Warn` quota's warning too).
+impl fmt::Display for Exceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "GPU quota exceeded in namespace {:?} for {}: requested {}, used {} of {} (GPUQuota {})",
+            self.namespace(),
+            self.model,
+            self.requested,
+            self.used,
+            self.hard,
+            self.quota
+        )
+    }
+}
+
 impl Exceeded {
+    /// The namespace of the quota (or quotas) that had no room.
+    pub fn namespace(&self) -> &str {
+        self.quota.split('/').next().unwrap_or_default()
+    }
+
     fn short(&self) -> String {
         format!("{}: used {} of {}", self.model, self.used, self.hard)
     }
@@ -173,14 +194,7 @@ impl Exceeded {
 impl fmt::Display for Denial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Denial::Exceeded(e) => {
-                let namespace = e.quota.split('/').next().unwrap_or_default();
-                write!(
-                    f,
-                    "GPU quota exceeded in namespace {namespace:?} for {}: requested {}, used {} of {} (GPUQuota {})",
-                    e.model, e.requested, e.used, e.hard, e.quota
-                )
-            }
+            Denial::Exceeded(e) => write!(f, "{e}"),
             Denial::NoModelHasRoom { namespace, tried } => {
                 let tried: Vec<String> = tried.iter().map(Exceeded::short).collect();
                 let requested = tried_requested(self);

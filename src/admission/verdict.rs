@@ -22,8 +22,9 @@ impl Verdict {
         let Verdict::Warn(over) = self else {
             return Vec::new();
         };
-        let warning = |e: &Exceeded| format!("{} (onExceed: Warn)", Denial::Exceeded(e.clone()));
-        over.iter().map(warning).collect()
+        over.iter()
+            .map(|e| format!("{e} (onExceed: Warn)"))
+            .collect()
     }
 
     /// Every quota that had no room, with what it did: (namespace, model, action). A
@@ -31,13 +32,12 @@ impl Verdict {
     /// is counted by it stays bounded by what the operator wrote.
     pub fn exceeded(&self) -> Vec<(&str, &str, &'static str)> {
         fn of<'e>(e: &'e Exceeded, action: &'static str) -> (&'e str, &'e str, &'static str) {
-            let namespace = e.quota.split('/').next().unwrap_or_default();
             let model = if e.listed {
                 e.model.as_str()
             } else {
                 "unlisted"
             };
-            (namespace, model, action)
+            (e.namespace(), model, action)
         }
         match self {
             Verdict::Warn(over) => over.iter().map(|e| of(e, OnExceed::Warn.label())).collect(),

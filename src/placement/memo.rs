@@ -132,7 +132,9 @@ impl PlacementMemo {
 }
 
 /// [`place`] (no CPU or memory tracked) over `nodes`, `stamps[i]` being `nodes[i]`'s,
-/// reusing the evaluations `memo` kept from earlier calls.
+/// reusing the evaluations `memo` kept from earlier calls. The misfits are gathered only
+/// when no node is chosen (a placed pod's answer names its node alone, and most pods
+/// are placed): a second walk over `nodes`, reading the evaluations the first one left.
 pub fn place_versioned(
     placer: &Placer,
     request: &GpuRequest,
@@ -148,10 +150,8 @@ pub fn place_versioned(
         .unwrap_or(0);
     let table = memo.table(placer, request, slots);
     let mut best: Option<(usize, &NodeGpus, [f64; 2])> = None;
-    let mut misfits = Vec::new();
     for (index, (&node, stamp)) in nodes.iter().zip(stamps).enumerate() {
-        if let Err(misfit) = allowed(node) {
-            misfits.push((index, misfit));
+        if allowed(node).is_err() {
             continue;
         }
         let Some((version, eval)) = table.evals.get_mut(stamp.slot as usize) else {
@@ -161,13 +161,10 @@ pub fn place_versioned(
             *eval = evaluate(placer, request, node);
             *version = stamp.version;
         }
-        let score = match eval {
-            Ok(score) => *score,
-            Err(misfit) => {
-                misfits.push((index, misfit.clone()));
-                continue;
-            }
+        let Ok(score) = eval else {
+            continue;
         };
+        let score = *score;
         let better = match &best {
             None => true,
             Some((_, held, held_score)) => match compare(&score, held_score) {
@@ -181,15 +178,29 @@ pub fn place_versioned(
         }
     }
     let Some((index, node, _)) = best else {
+        let misfits = nodes
+            .iter()
+            .zip(stamps)
+            .enumerate()
+            .filter_map(|(i, (&node, stamp))| {
+                let evaluated = || match table.evals.get(stamp.slot as usize) {
+                    Some((_, Err(misfit))) => Err(misfit.clone()),
+                    _ => Ok(()),
+                };
+                allowed(node)
+                    .and_then(|()| evaluated())
+                    .err()
+                    .map(|m| (i, m))
+            });
         return Outcome {
             chosen: None,
-            misfits,
+            misfits: misfits.collect(),
         };
     };
     match placer.assign(node, request, None) {
         Ok(assignment) => Outcome {
             chosen: Some((index, assignment)),
-            misfits,
+            misfits: Vec::new(),
         },
         Err(_) => {
             // A version was reused for another state: never by ClusterState. Forget
@@ -295,7 +306,7 @@ mod tests {
             let placer = &placers[call % placers.len()];
             let request = &requests[random.below(requests.len() as u64) as usize];
             let refs: Vec<&NodeGpus> = nodes.iter().collect();
-            let expected = place(placer, request, refs.iter().copied(), allowed);
+            let expected = place(placer, request, refs.iter().copied(), allowed).as_versioned();
             let got = place_versioned(placer, request, &refs, &stamps, allowed, &mut memo);
             assert_eq!(got, expected, "call {call}");
             // Charge the choice (as the cluster does), or free a random GPU.

@@ -206,8 +206,20 @@ impl Candidate for NodeGpus {
 pub struct Outcome {
     /// The index of the chosen node in the candidate list, and its GPUs.
     pub chosen: Option<(usize, Assignment)>,
-    /// Every node that could not take the pod, by index, with the reason.
+    /// Every node that could not take the pod, by index, with the reason
+    /// ([`super::place_versioned`]: only when no node is chosen).
     pub misfits: Vec<(usize, Misfit)>,
+}
+
+#[cfg(test)]
+impl Outcome {
+    /// This outcome as [`super::place_versioned`] answers it: a chosen node, no reasons.
+    pub fn as_versioned(mut self) -> Self {
+        if self.chosen.is_some() {
+            self.misfits.clear();
+        }
+        self
+    }
 }
 
 /// Place `request` on the best of `nodes` under `placer`. `allowed` rejects nodes the

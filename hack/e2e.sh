@@ -3,8 +3,8 @@
 #
 #   bash hack/e2e.sh
 #
-# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh)
-#    and Volcano's vc-scheduler (hack/e2e/build-volcano.sh), then gpu-admission and the e2e
+# 1. builds (or reuses) kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and
+#    etcd (hack/e2e/build.sh) and Volcano's vc-scheduler (hack/e2e/build-volcano.sh), then gpu-admission and the e2e
 #    test binary (cargo, debug profile);
 # 2. creates a temporary directory with fresh certificates, a service-account key pair and
 #    an admin kubeconfig (client certificate in group system:masters), plus a second CA and
@@ -16,7 +16,8 @@
 #    `--client-ca`: only the API server's certificate gets in) and an extender door
 #    (`--extender-address`) — and waits for their /readyz;
 # 5. starts kube-scheduler with a `gpu-scheduler` profile that calls replica a's extender
-#    door as its extender over TLS;
+#    door as its extender over TLS, and kube-controller-manager (Jobs, ReplicaSets, the
+#    garbage collector...; node lifecycle and pod GC off: no kubelets);
 # 5b. installs Volcano's scheduling CRDs (PodGroup, Queue, ... from the Volcano module
 #    source) and starts Volcano's vc-scheduler (built from the Go module proxy by
 #    hack/e2e/build-volcano.sh), scheduler name `volcano`, whose `extender` plugin calls

@@ -3,7 +3,8 @@
 #
 #   bash hack/scale.sh
 #
-# 1. builds (or reuses) kube-apiserver, kube-scheduler, kubectl and etcd (hack/e2e/build.sh),
+# 1. builds (or reuses) the control-plane binaries (hack/e2e/build.sh; kube-controller-manager
+#    is built but not started here),
 #    then gpu-admission and the driver examples/scale.rs (cargo, release profile);
 # 2. starts etcd, kube-apiserver (TaintNodesByCondition off: no node lifecycle controller
 #    would lift its not-ready taint), two `gpu-admission serve` replicas (a: the extender

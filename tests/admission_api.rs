@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod repo;
 
 use axum::http::StatusCode;
 use base64::Engine as _;
@@ -795,4 +796,34 @@ async fn under_warn_quotas_pods_are_steered_admitted_and_placed_on_their_model()
         };
         assert_eq!(placed["NodeNames"], json!([model_node]), "{placed}");
     }
+}
+
+/// A ResourceClaim is charged like a pod, so under a `Warn` quota it is admitted past
+/// `hard` with the same warning: the bundled cluster's team-c holds one A100 through a
+/// claim, its quota allows two, and a claim for two more comes in.
+#[tokio::test]
+async fn a_claim_past_a_warn_quota_is_admitted_with_the_warning() {
+    let read = |rel: &str| std::fs::read_to_string(repo::path(rel)).unwrap();
+    let enforced = "  hard: {A100-SXM4-40GB: \"2\"}\n  defaultType: A100-SXM4-40GB\n";
+    let cluster = read("examples/cluster.yaml");
+    assert!(
+        cluster.contains(enforced),
+        "examples/cluster.yaml changed its team-c quota"
+    );
+    let review = read("examples/review-claim.json");
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    let (_, answer) = post(&router, "/validate/resourceclaims", review.clone()).await;
+    assert_eq!(answer["response"]["allowed"], false, "Deny first: {answer}");
+    let audit = cluster.replace(enforced, &format!("{enforced}  onExceed: Warn\n"));
+    let (state, router) = app(&audit, config_with_policy("original"));
+    let (_, answer) = post(&router, "/validate/resourceclaims", review).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!([
+            "GPU quota exceeded in namespace \"team-c\" for A100-SXM4-40GB: requested 2, used 1 of 2 (GPUQuota team-c/default) (onExceed: Warn)"
+        ])
+    );
+    let line = r#"gpu_admission_quota_exceeded_total{namespace="team-c",model="A100-SXM4-40GB",action="warn"} 1"#;
+    assert!(state.metrics.encode().contains(line), "{line}");
 }

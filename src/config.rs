@@ -33,6 +33,8 @@ pub enum ConfigProblem {
     ComputeSlices,
     #[error("placementWriters: a user name must not be empty")]
     EmptyWriter,
+    #[error("queue.releasers: a user name must not be empty")]
+    EmptyReleaser,
 }
 
 pub use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
@@ -87,6 +89,37 @@ pub struct Config {
     /// placement annotations (`<annotationPrefix>/predicate-*`, `gpu-assigned`) once it
     /// exists: by protocol, the GPU scheduler's extender and gpu-manager on the nodes.
     pub placement_writers: Vec<String>,
+    /// The quota queue (`onExceed: Queue`).
+    pub queue: QueueConfig,
+}
+
+/// The quota queue (docs/quota.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// The users (as the API server authenticates them) that may let a pod out of the
+    /// quota queue: remove the `gpu-admission.io/quota` gate and write the
+    /// `gpu-admission.io/quota-released` annotation. gpu-admission's own identities.
+    pub releasers: Vec<String>,
+    /// How long a pod that does not fit may be passed over by pods behind it; after
+    /// that it goes to the front and holds its model until it fits.
+    pub max_pass_over_seconds: u32,
+}
+
+/// gpu-admission's ServiceAccounts in deploy/: the webhook servers and the GPU
+/// scheduler's sidecar, each of which runs the releaser.
+pub const DEFAULT_QUEUE_RELEASERS: [&str; 2] = [
+    "system:serviceaccount:gpu-admission:gpu-admission",
+    "system:serviceaccount:gpu-admission:gpu-scheduler",
+];
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            releasers: DEFAULT_QUEUE_RELEASERS.map(String::from).to_vec(),
+            max_pass_over_seconds: 300,
+        }
+    }
 }
 
 /// The GPU scheduler's ServiceAccount in deploy/ (its gpu-admission sidecar writes the
@@ -111,11 +144,20 @@ impl Default for Config {
             placement: Placement::default(),
             dra: crate::dra::Dra::default(),
             placement_writers: DEFAULT_PLACEMENT_WRITERS.map(String::from).to_vec(),
+            queue: QueueConfig::default(),
         }
     }
 }
 
 impl Config {
+    /// The quota queue's order rules (`quota::queue`).
+    pub fn queue_rules(&self) -> crate::quota::queue::QueueRules {
+        crate::quota::queue::QueueRules {
+            max_pass_over: i64::from(self.queue.max_pass_over_seconds),
+            admit: self.admit_rules(),
+        }
+    }
+
     /// The admission rules that are configuration, as the quota arithmetic takes them.
     pub fn admit_rules(&self) -> crate::quota::AdmitRules {
         crate::quota::AdmitRules {
@@ -172,6 +214,9 @@ impl Config {
         }
         if self.placement_writers.iter().any(|w| w.trim().is_empty()) {
             return Err(ConfigProblem::EmptyWriter);
+        }
+        if self.queue.releasers.iter().any(|w| w.trim().is_empty()) {
+            return Err(ConfigProblem::EmptyReleaser);
         }
         match required.iter().find(|(_, value)| value.trim().is_empty()) {
             Some((key, _)) => Err(ConfigProblem::Empty { key }),

@@ -8,6 +8,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
+    PodSchedulingGate,
 };
 use serde_json::Value;
 
@@ -15,6 +16,7 @@ use crate::cache::AnnotationKeys;
 use crate::config::{Config, DEFAULT_SCHEDULER, SchedulerNamePolicy};
 use crate::placement::models::ModelSource;
 use crate::quota::NamespaceLimits;
+use crate::quota::queue::QUOTA_GATE;
 
 /// The fields of a pod the mutation sets, and nothing else: the annotations and, when
 /// the pod has a spec, its affinity and scheduler name.
@@ -28,6 +30,7 @@ struct Steered {
 struct SpecPart {
     affinity: Option<Affinity>,
     scheduler_name: Option<String>,
+    scheduling_gates: Option<Vec<PodSchedulingGate>>,
 }
 
 impl Steered {
@@ -37,6 +40,7 @@ impl Steered {
             spec: pod.spec.as_ref().map(|spec| SpecPart {
                 affinity: spec.affinity.clone(),
                 scheduler_name: spec.scheduler_name.clone(),
+                scheduling_gates: spec.scheduling_gates.clone(),
             }),
         }
     }
@@ -46,6 +50,7 @@ impl Steered {
         if let (Some(spec), Some(part)) = (pod.spec.as_mut(), self.spec) {
             spec.affinity = part.affinity;
             spec.scheduler_name = part.scheduler_name;
+            spec.scheduling_gates = part.scheduling_gates;
         }
     }
 }
@@ -95,6 +100,11 @@ pub fn mutation(
             after.scheduler_name.as_ref(),
         );
         diff_field(["spec", "schedulerName"], b, a, &mut patch);
+        let (b, a) = (
+            before.scheduling_gates.as_ref(),
+            after.scheduling_gates.as_ref(),
+        );
+        diff_field(["spec", "schedulingGates"], b, a, &mut patch);
     }
     debug_assert_eq!(
         Ok(&patch),
@@ -139,8 +149,28 @@ fn steer(
         if nodes.dra_unlabelled {
             allow_unlabelled(&mut spec.affinity, &config.model_label);
         }
+        if let [model] = wanted.models.as_slice()
+            && limits.queues(model)
+            && pod.spec.as_ref().is_none_or(|s| s.node_name.is_none())
+        {
+            gate(&mut spec.scheduling_gates);
+        }
     }
     Ok(steered)
+}
+
+/// A pod that wants one model a `Queue` quota lists waits in the quota queue: it is
+/// created with the gate [`QUOTA_GATE`], which only gpu-admission removes, once it has
+/// charged the pod (docs/quota.md). A pod created on a node (`spec.nodeName`) cannot be
+/// gated, and one that accepts several models is charged when it is placed: both are
+/// judged at creation as under `Deny`.
+fn gate(gates: &mut Option<Vec<PodSchedulingGate>>) {
+    let gates = gates.get_or_insert_with(Vec::new);
+    if !gates.iter().any(|g| g.name == QUOTA_GATE) {
+        gates.push(PodSchedulingGate {
+            name: QUOTA_GATE.to_string(),
+        });
+    }
 }
 
 /// What the cluster's GPU nodes say about steering: the single-strategy MIG labels they
@@ -400,6 +430,8 @@ mod tests {
             json!({"metadata": {"name": "other-scheduler", "annotations": {}},
                 "spec": {"containers": gpu, "schedulerName": "volcano", "affinity": {"podAffinity": {}}}}),
             json!({"metadata": {"name": "no-spec"}}),
+            json!({"metadata": {"name": "gated"}, "spec": {"containers": gpu,
+                "schedulingGates": [{"name": "example.com/mine"}]}}),
         ]
     }
 
@@ -412,8 +444,61 @@ mod tests {
                 models: vec!["Tesla-T4".into(), "A100".into()],
                 profile_caps: Vec::new(),
                 pools: vec!["pool-a".into()],
+                queued_models: Vec::new(),
             },
         }
+    }
+
+    /// The namespace of `limits(true)` whose T4 quota says `onExceed: Queue`.
+    fn queueing() -> NamespaceLimits {
+        NamespaceLimits {
+            queued_models: vec!["Tesla-T4".into()],
+            ..limits(true)
+        }
+    }
+
+    fn gates(pod: &Pod) -> Vec<&str> {
+        let gates = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_deref());
+        gates
+            .unwrap_or_default()
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_of_a_queued_model_is_created_behind_the_quota_gate() {
+        let config = Config::default();
+        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
+        let nodes = GpuNodes::default();
+        let desired = |pod: Value| {
+            let pod: Pod = serde_json::from_value(pod).unwrap();
+            desired_pod(&pod, &config, &keys, &queueing(), &nodes).unwrap()
+        };
+        let gpu = json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
+        // The namespace's default model (T4) is queued; its own gates are kept.
+        let pod = desired(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": gpu,
+            "schedulingGates": [{"name": "example.com/mine"}]}}),
+        );
+        assert_eq!(gates(&pod), ["example.com/mine", "gpu-admission.io/quota"]);
+        let again = desired_pod(&pod, &config, &keys, &queueing(), &nodes).unwrap();
+        assert_eq!(gates(&again), gates(&pod), "added once");
+        // A100 is not queued (its quota says Deny).
+        let a100 = desired(json!({"metadata": {"name": "p",
+            "annotations": {"gpu-admission.io/gpu-type": "A100"}}, "spec": {"containers": gpu}}));
+        assert!(gates(&a100).is_empty());
+        // A pod accepting both is charged at placement, and one created on a node cannot
+        // be gated: neither waits.
+        let both = desired(json!({"metadata": {"name": "p",
+            "annotations": {"gpu-admission.io/gpu-type": "A100,Tesla-T4"}}, "spec": {"containers": gpu}}));
+        assert!(gates(&both).is_empty());
+        let bound = desired(json!({"metadata": {"name": "p"},
+            "spec": {"containers": gpu, "nodeName": "n1"}}));
+        assert!(gates(&bound).is_empty());
     }
 
     #[test]
@@ -427,23 +512,23 @@ mod tests {
                     mig_labels: Vec::new(),
                     dra_unlabelled: true,
                 };
-                for (quota, nodes) in [
-                    (false, GpuNodes::default()),
-                    (true, GpuNodes::default()),
-                    (true, dra),
+                for (quota, limits, nodes) in [
+                    (false, limits(false), GpuNodes::default()),
+                    (true, limits(true), GpuNodes::default()),
+                    (true, limits(true), dra.clone()),
+                    (true, queueing(), GpuNodes::default()),
                 ] {
-                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits(quota), &nodes)
-                    else {
+                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits, &nodes) else {
                         continue;
                     };
-                    let patch = mutation(&pod, &config, &keys, &limits(quota), &nodes).unwrap();
+                    let patch = mutation(&pod, &config, &keys, &limits, &nodes).unwrap();
                     assert_eq!(patch, diff(&pod, &desired), "{pod:?}");
                     assert_eq!(
                         patch.0.is_empty(),
                         pod == desired,
                         "{policy} {quota} {pod:?}"
                     );
-                    let again = desired_pod(&desired, &config, &keys, &limits(quota), &nodes);
+                    let again = desired_pod(&desired, &config, &keys, &limits, &nodes);
                     assert_eq!(again.as_ref(), Ok(&desired), "idempotent: {nodes:?}");
                 }
             }

@@ -48,9 +48,15 @@ pub struct CachedPod {
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
     /// empty when it names none and its namespace's quota decides.
     pub models: Vec<String>,
-    /// `creationTimestamp` in unix seconds (0 when absent): which pending quota total
-    /// its admission charge went to (`quota::pending`).
+    /// The second its admission charge was made, in unix seconds (0 when absent): which
+    /// pending quota total it went to (`quota::pending`). `creationTimestamp`, or for a
+    /// pod let out of the quota queue the second its release annotation names.
     pub created: i64,
+    /// Waiting in the quota queue (the `gpu-admission.io/quota` gate): charged nothing,
+    /// and not the scheduler's to place yet.
+    pub gated: bool,
+    /// `spec.priority` (0 when absent): its place in the quota queue.
+    pub priority: i32,
     /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
     /// changes, the scheduler has given the pod up: a hold the filter made is released.
     pub unscheduled: u64,
@@ -138,7 +144,13 @@ impl CachedPod {
                 &[],
             )
             .models,
-            created: created_second(pod),
+            created: charged_second(pod),
+            gated: is_gated(pod),
+            priority: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.priority)
+                .unwrap_or_default(),
             unscheduled: unscheduled_fingerprint(pod),
             claim_names: claim_names(pod),
         })
@@ -152,6 +164,29 @@ fn claim_names(pod: &Pod) -> Box<[Box<str>]> {
     names
         .filter_map(|c| c.resource_claim_name.as_deref().map(Box::from))
         .collect()
+}
+
+/// Whether the quota queue holds `pod` (its scheduling gates include
+/// [`QUOTA_GATE`](crate::quota::queue::QUOTA_GATE)).
+pub fn is_gated(pod: &Pod) -> bool {
+    let gates = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_deref());
+    let gates = gates.unwrap_or_default();
+    gates
+        .iter()
+        .any(|g| g.name == crate::quota::queue::QUOTA_GATE)
+}
+
+/// The second the pod's admission charge was made: the one its release annotation
+/// names when it was let out of the quota queue (only gpu-admission writes it: the
+/// validating webhook refuses it from anyone else), else its `creationTimestamp`.
+fn charged_second(pod: &Pod) -> i64 {
+    let annotations = pod.metadata.annotations.as_ref();
+    let released = annotations.and_then(|a| a.get(crate::quota::queue::RELEASED_ANNOTATION));
+    let released = released.and_then(|text| crate::quota::pending::parse_second(text).ok());
+    released.unwrap_or_else(|| created_second(pod))
 }
 
 /// `creationTimestamp` in unix seconds; 0 when absent.

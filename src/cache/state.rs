@@ -47,6 +47,8 @@ pub struct ClusterState {
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), GPUQuota>,
+    /// The pods waiting in the quota queue, by namespace.
+    waiting: queue::WaitingIndex,
     /// Placements held in memory only (the bind verb writes them), oldest first, so
     /// those the scheduler never bound are let go (`HOLD_TTL`).
     holds: std::collections::VecDeque<(Instant, PodKey)>,
@@ -171,6 +173,9 @@ mod holds;
 mod index;
 #[cfg(test)]
 mod pending_tests;
+mod queue;
+#[cfg(test)]
+mod queue_tests;
 mod quotas;
 #[cfg(test)]
 mod stamp_tests;

@@ -370,6 +370,7 @@ fn limits(pools: &[&str]) -> NamespaceLimits {
         models: vec!["Tesla-T4".into(), "A100".into()],
         profile_caps: Vec::new(),
         pools: pools.iter().map(|p| p.to_string()).collect(),
+        queued_models: Vec::new(),
     }
 }
 

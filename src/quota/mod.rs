@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
     status = "GpuQuotaStatus",
     printcolumn = r#"{"name":"Hard","type":"string","jsonPath":".spec.hard"}"#,
     printcolumn = r#"{"name":"Used","type":"string","jsonPath":".status.used"}"#,
+    printcolumn = r#"{"name":"Queued","type":"string","jsonPath":".status.queued"}"#,
     printcolumn = r#"{"name":"OnExceed","type":"string","jsonPath":".spec.onExceed","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -47,6 +48,9 @@ pub enum OnExceed {
     /// Admitted and charged past `hard`, with a warning the client prints: an audit mode
     /// for turning enforcement on in a live cluster.
     Warn,
+    /// Created held by the scheduling gate `gpu-admission.io/quota`, charged and let go
+    /// in priority-then-age order as room appears (docs/quota.md).
+    Queue,
 }
 
 impl OnExceed {
@@ -59,6 +63,7 @@ impl OnExceed {
         match self {
             OnExceed::Deny => "deny",
             OnExceed::Warn => "warn",
+            OnExceed::Queue => "queue",
         }
     }
 }
@@ -104,6 +109,11 @@ pub struct GpuQuotaStatus {
     /// upgrade releases nothing in flight, never written any more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<QuotaReservation>,
+    /// GPUs per model of the pods waiting in the quota queue (`onExceed: Queue`): not
+    /// part of `used` until they are let go.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "gpu_amounts")]
+    pub queued: BTreeMap<String, Quantity>,
 }
 
 /// The charges of the pods created in one second, for one model (see `quota::pending`).
@@ -148,6 +158,18 @@ pub struct NamespaceLimits {
     pub profile_caps: Vec<String>,
     /// Pools every quota that names pools allows (each limit must hold); empty = any.
     pub pools: Vec<String>,
+    /// The models some `onExceed: Queue` quota lists: a pod wanting one of them waits in
+    /// the quota queue (created gated, `quota::queue`).
+    pub queued_models: Vec<String>,
+}
+
+impl NamespaceLimits {
+    /// Whether a pod that wants only `model` (a model or a MIG slice label) is created
+    /// gated, to wait in the quota queue.
+    pub fn queues(&self, model: &str) -> bool {
+        let model = crate::placement::mig::model_of(model);
+        self.queued_models.iter().any(|m| m == model)
+    }
 }
 
 impl NamespaceLimits {
@@ -163,6 +185,13 @@ impl NamespaceLimits {
                 limits.default_type = quota.spec.default_type.clone();
             }
             for model in quota.spec.hard.keys() {
+                // A MIG profile key (`<model>/<profile>`) queues its model's pods.
+                let queued = model.split('/').next().unwrap_or(model);
+                if quota.spec.on_exceed == OnExceed::Queue
+                    && !limits.queued_models.iter().any(|m| m == queued)
+                {
+                    limits.queued_models.push(queued.to_string());
+                }
                 if crate::placement::mig::is_profile_key(model) {
                     if !limits.profile_caps.contains(model) {
                         limits.profile_caps.push(model.clone());
@@ -212,6 +241,9 @@ pub mod legacy;
 #[cfg(test)]
 mod mig_tests;
 pub mod pending;
+pub mod queue;
+#[cfg(test)]
+mod queue_tests;
 pub mod status;
 
 pub use admit::{

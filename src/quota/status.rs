@@ -129,6 +129,7 @@ pub fn reconciled_status(
             .collect(),
         pending: kept.to_status(),
         reservations: legacy,
+        queued: current.queued,
     })
 }
 

@@ -32,6 +32,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
             })
             .collect(),
         reservations: vec![],
+        queued: Default::default(),
     });
     quota
 }

@@ -1,6 +1,6 @@
 //! A pod as requests carry it, decoded into only the fields gpu-admission reads:
 //! identity, annotations, GPU resources of (init) containers, where it may and does
-//! run, and its phase. Everything else in the body is skipped without being stored.
+//! run, its scheduling gates, and its phase. Everything else in the body is skipped without being stored.
 //!
 //! The result is a `k8s_openapi` `Pod` with just those fields set, so the core keeps
 //! one pod type. The mutating webhook's JSON Patch is a diff of two such pods, which is
@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, NodeAffinity, Pod, PodSpec, PodStatus, ResourceRequirements,
+    Affinity, Container, NodeAffinity, Pod, PodSchedulingGate, PodSpec, PodStatus,
+    ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -67,6 +68,8 @@ struct SpecLite {
     node_selector: Option<BTreeMap<String, String>>,
     affinity: Option<AffinityLite>,
     scheduler_name: Option<String>,
+    /// Whether the quota queue holds the pod (`gpu-admission.io/quota`).
+    scheduling_gates: Option<Vec<PodSchedulingGate>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -136,6 +139,7 @@ impl From<PodLite> for Pod {
                     .map(|c| c.into_iter().map(Container::from).collect()),
                 node_name: s.node_name,
                 node_selector: s.node_selector,
+                scheduling_gates: s.scheduling_gates,
                 affinity: s.affinity.map(|a| Affinity {
                     node_affinity: a.node_affinity,
                     ..Default::default()

@@ -139,6 +139,7 @@ impl ClusterState {
             return;
         };
         self.tally.discharge(key, namespace);
+        self.waiting.remove(key);
         if let Some(keys) = self.by_namespace.get_mut(namespace) {
             keys.remove(key);
             if keys.is_empty() {
@@ -185,6 +186,7 @@ impl ClusterState {
         }
         let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
         let new_node = pod.node.clone();
+        self.waiting.set(&key, pod.gated);
         if self.pods.insert(key.clone(), Box::new(pod)).is_none() {
             let namespace = namespace_of(&key);
             self.by_namespace

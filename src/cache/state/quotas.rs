@@ -214,7 +214,7 @@ impl ClusterState {
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        if !(wanted.len() == 1 || pod.bound) || pod.created == 0 {
+        if !(wanted.len() == 1 || pod.bound) || pod.created == 0 || pod.gated {
             return None;
         }
         let mig = self.tally.mig();

@@ -55,6 +55,7 @@ static NO_LIMITS: NamespaceLimits = NamespaceLimits {
     models: Vec::new(),
     profile_caps: Vec::new(),
     pools: Vec::new(),
+    queued_models: Vec::new(),
 };
 
 impl Tally {
@@ -103,12 +104,18 @@ impl Tally {
         node_model: Option<&str>,
     ) {
         let limits = self.limits.get(namespace).unwrap_or(&NO_LIMITS);
-        let now = pod.filter(|pod| !pod.terminating).and_then(|pod| {
-            let wanted =
-                WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-            let label = charged_model(wanted, node_model)?;
-            Some(charge_on(&pod.request, label, &self.mig))
-        });
+        // A pod waiting in the quota queue is charged when it is let go, not before.
+        let now = pod
+            .filter(|pod| !pod.terminating && !pod.gated)
+            .and_then(|pod| {
+                let wanted = WantedModels::resolve(
+                    &pod.models,
+                    limits.default_type.as_ref(),
+                    &limits.models,
+                );
+                let label = charged_model(wanted, node_model)?;
+                Some(charge_on(&pod.request, label, &self.mig))
+            });
         self.set_charge(key, namespace, now);
     }
 

@@ -1,0 +1,149 @@
+//! The quota queue (`onExceed: Queue`, docs/quota.md), pure: in which order pods that
+//! wait for quota are let go, and which of them the quotas have room for now.
+//!
+//! A waiting pod was created with the scheduling gate [`QUOTA_GATE`] and charged nothing.
+//! The releaser (`backend::release`) asks [`plan`] which pods to let go, charges each
+//! through the same exact ledger as admission, and only then removes the gate.
+//!
+//! **The order.** Higher `spec.priority` first, then older `creationTimestamp`, then
+//! name. A pod that does not fit is passed over: the smaller pods behind it are let go
+//! (no head-of-line blocking). But a pod may be passed over only for
+//! `queue.maxPassOverSeconds` after it was created: from then on it is *overdue*. Overdue
+//! pods go to the front of the line, oldest first, whatever their priority, and no pod
+//! behind an overdue pod that wants one of its models is let go before it is. Room that
+//! frees up then accumulates for it, so no pod waits forever behind younger ones.
+
+use std::collections::BTreeSet;
+
+use crate::placement::models::WantedModels;
+
+use super::admit::{AdmitRules, Charge, Denial, QuotaView, admit};
+use super::charge::Costs;
+
+/// The scheduling gate a pod waiting in the quota queue is created with.
+pub const QUOTA_GATE: &str = "gpu-admission.io/quota";
+
+/// Set by gpu-admission when it lets a pod go from the queue: the second (RFC 3339)
+/// whose pending total its charge went to (`quota::pending`). Only gpu-admission writes it.
+pub const RELEASED_ANNOTATION: &str = "gpu-admission.io/quota-released";
+
+/// A pod waiting in its namespace's quota queue, as the order sees it.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    /// `namespace/name`: the last tie-break, and how the caller finds the pod again.
+    pub key: String,
+    pub priority: i32,
+    /// `creationTimestamp`, unix seconds: when it started waiting.
+    pub created: i64,
+    pub wanted: WantedModels,
+    pub costs: Costs,
+}
+
+/// What the queue says about one waiting pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    /// Let it go now, with this charge (made before the gate is removed).
+    Release(Charge),
+    /// It keeps waiting: `place` in its namespace's line (1 = next), and why.
+    Wait { place: usize, why: WaitReason },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitReason {
+    /// The quotas have no room for it (or no longer allow its model).
+    NoRoom(Denial),
+    /// An overdue pod ahead of it wants the same model: `ahead` is its key.
+    Behind { ahead: String },
+}
+
+/// How long a pod may be passed over, in seconds (`queue.maxPassOverSeconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueRules {
+    pub max_pass_over: i64,
+    pub admit: AdmitRules,
+}
+
+/// Decide, for every pod waiting in `namespace`, whether it is let go now (and with what
+/// charge) or keeps waiting, given the namespace's quotas with their usage. The turns are
+/// in line order. Each pod let go is charged before the next is decided, so together
+/// they never go past a quota.
+pub fn plan(
+    namespace: &str,
+    quotas: &[QuotaView],
+    mut waiting: Vec<Waiting>,
+    now: i64,
+    rules: QueueRules,
+) -> Vec<(Waiting, Turn)> {
+    line_up(&mut waiting, now, rules.max_pass_over);
+    let mut views = quotas.to_vec();
+    // Models an overdue pod that did not fit holds for itself, and the first such pod.
+    let mut held: BTreeSet<String> = BTreeSet::new();
+    let mut holder: Option<String> = None;
+    let mut place = 0;
+    let mut turns = Vec::with_capacity(waiting.len());
+    for pod in waiting {
+        let overdue = is_overdue(&pod, now, rules.max_pass_over);
+        let turn = if let Some(ahead) = holder
+            .as_ref()
+            .filter(|_| pod.wanted.models.iter().any(|m| held.contains(m)))
+        {
+            WaitReason::Behind {
+                ahead: ahead.clone(),
+            }
+        } else {
+            match admit(namespace, &views, &pod.wanted, &pod.costs, rules.admit) {
+                Ok(charge) => {
+                    add_used(&mut views, &charge);
+                    turns.push((pod, Turn::Release(charge)));
+                    continue;
+                }
+                Err(denial) => WaitReason::NoRoom(denial),
+            }
+        };
+        if overdue {
+            held.extend(pod.wanted.models.iter().cloned());
+            holder.get_or_insert_with(|| pod.key.clone());
+        }
+        place += 1;
+        turns.push((pod, Turn::Wait { place, why: turn }));
+    }
+    turns
+}
+
+fn is_overdue(pod: &Waiting, now: i64, max_pass_over: i64) -> bool {
+    now.saturating_sub(pod.created) >= max_pass_over
+}
+
+/// Sort into line order: overdue pods first, oldest first; then by priority (higher
+/// first), age (older first) and key.
+pub fn line_up(waiting: &mut [Waiting], now: i64, max_pass_over: i64) {
+    waiting.sort_by(|a, b| {
+        let (a_due, b_due) = (
+            is_overdue(a, now, max_pass_over),
+            is_overdue(b, now, max_pass_over),
+        );
+        b_due
+            .cmp(&a_due)
+            .then_with(|| match a_due {
+                true => std::cmp::Ordering::Equal,
+                false => b.priority.cmp(&a.priority),
+            })
+            .then_with(|| a.created.cmp(&b.created))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+}
+
+/// Count a charge just decided in the views' usage, so the next decision sees it.
+fn add_used(views: &mut [QuotaView], charge: &Charge) {
+    let Charge::Model { charge, .. } = charge else {
+        return; // charged at placement, or no quota: nothing to count now
+    };
+    for view in views.iter_mut() {
+        for (key, amount) in charge {
+            if view.hard.contains_key(key) {
+                let used = view.used.entry(key.clone()).or_default();
+                used.0 = used.0.saturating_add(amount.0);
+            }
+        }
+    }
+}

@@ -827,3 +827,93 @@ async fn a_claim_past_a_warn_quota_is_admitted_with_the_warning() {
     let line = r#"gpu_admission_quota_exceeded_total{namespace="team-c",model="A100-SXM4-40GB",action="warn"} 1"#;
     assert!(state.metrics.encode().contains(line), "{line}");
 }
+
+/// `onExceed: Queue` at the doors: the mutation gates a pod of the queued model; the
+/// validation charges a gated pod nothing (more pods than the quota are admitted to
+/// wait), refuses one that could never fit, and refuses the queue's marks to anyone but
+/// gpu-admission.
+#[tokio::test]
+async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
+    let (state, router) = app(
+        &quota_yaml(
+            "team-a",
+            "Tesla-T4: \"2\"",
+            "  defaultType: Tesla-T4\n  onExceed: Queue\n",
+        ),
+        config_with_policy("original"),
+    );
+    let mut gated = Vec::new();
+    for name in ["p1", "p2", "p3"] {
+        let pod = whole_gpu_pod("team-a", name, 1);
+        let (_, answer) = post(&router, "/mutate", review(&pod, false)).await;
+        let pod = patched(&pod, &answer);
+        assert_eq!(
+            pod["spec"]["schedulingGates"],
+            json!([{"name": "gpu-admission.io/quota"}]),
+            "{answer}"
+        );
+        assert_eq!(verdict(&router, review(&pod, false)).await, (true, String::new()));
+        gated.push(pod);
+    }
+    let used = state
+        .cache()
+        .with_state(|s| s.usage("team-a").get("Tesla-T4").copied());
+    assert_eq!(used, None, "waiting pods are charged nothing");
+    assert_eq!(state.cache().with_state(|s| s.waiting_count()), 3);
+    // Three GPUs can never fit a quota of two: refused now, not left to wait forever.
+    let big = patched(
+        &whole_gpu_pod("team-a", "big", 3),
+        &post(&router, "/mutate", review(&whole_gpu_pod("team-a", "big", 3), false))
+            .await
+            .1,
+    );
+    let (allowed, message) = verdict(&router, review(&big, false)).await;
+    assert!(!allowed);
+    assert!(message.contains("requested 3, used 0 of 2"), "{message}");
+    // The release annotation is gpu-admission's: not at creation, not by a tenant.
+    let mut copied = whole_gpu_pod("team-a", "copied", 1);
+    copied["metadata"]["annotations"] =
+        json!({"gpu-admission.io/quota-released": "2026-11-25T10:00:00Z"});
+    let (allowed, message) = verdict(&router, review(&copied, false)).await;
+    assert!(!allowed);
+    assert!(message.starts_with("annotation gpu-admission.io/quota-released is written only by gpu-admission"), "{message}");
+    let as_user = |body: String, user: &str| {
+        let mut review: Value = serde_json::from_str(&body).unwrap();
+        review["request"]["userInfo"] = json!({"username": user});
+        review.to_string()
+    };
+    let tenant = "system:serviceaccount:team-a:default";
+    let mut ungated = gated[0].clone();
+    ungated["spec"]["schedulingGates"] = json!([]);
+    let (allowed, message) =
+        verdict(&router, as_user(update_review(&gated[0], &ungated), tenant)).await;
+    assert!(!allowed);
+    assert_eq!(
+        message,
+        format!(
+            "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue and is removed only by gpu-admission (queue.releasers), once the pod is charged; user \"{tenant}\" may not remove it"
+        )
+    );
+    let mut released = ungated.clone();
+    released["metadata"]["annotations"]["gpu-admission.io/quota-released"] =
+        json!("2026-11-25T10:00:00Z");
+    for releaser in gpu_admission::config::DEFAULT_QUEUE_RELEASERS {
+        let body = as_user(update_review(&gated[0], &released), releaser);
+        assert_eq!(verdict(&router, body).await, (true, String::new()), "{releaser}");
+    }
+    let mut moved = released.clone();
+    moved["metadata"]["annotations"]["gpu-admission.io/quota-released"] =
+        json!("2026-11-25T09:00:00Z");
+    let (allowed, message) =
+        verdict(&router, as_user(update_review(&released, &moved), tenant)).await;
+    assert!(!allowed, "a tenant may not move its charge's second");
+    assert!(message.contains("may not set or change it"), "{message}");
+    // Other gates stay the tenant's own.
+    let mut own = gated[1].clone();
+    own["spec"]["schedulingGates"] =
+        json!([{"name": "example.com/mine"}, {"name": "gpu-admission.io/quota"}]);
+    let mut fewer = own.clone();
+    fewer["spec"]["schedulingGates"] = json!([{"name": "gpu-admission.io/quota"}]);
+    let body = as_user(update_review(&own, &fewer), tenant);
+    assert_eq!(verdict(&router, body).await, (true, String::new()));
+}

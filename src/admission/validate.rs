@@ -7,13 +7,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
+use crate::cache::pod::is_gated;
 use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::{Arrival, Charge, Denial, models_for_arrival};
+use crate::quota::queue::RELEASED_ANNOTATION;
+use crate::quota::{Arrival, Charge, Denial, admit, models_for_arrival};
 use crate::wire::review::UserInfo;
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
@@ -44,6 +46,9 @@ pub async fn validate(
         Ok(None) => return Ok(Verdict::Allow),
         Err(error) => return Ok(Verdict::Deny(Reason::Request(error))),
     };
+    if released(pod).is_some() {
+        return Ok(Verdict::Deny(Reason::ReleasedAtCreation));
+    }
     let created = created_or_now(&pod.metadata);
     let decided: Result<_, Denial> = cache.with_state(|state| {
         let limits = state.namespace_limits(namespace);
@@ -55,6 +60,24 @@ pub async fn validate(
         Ok(decided) => decided,
         Err(denial) => return Ok(Verdict::Deny(Reason::Quota(denial))),
     };
+    if is_gated(pod) {
+        // It waits in the quota queue, charged nothing until it is let go; but a pod
+        // no quota could ever take, or that its quotas refuse for another reason than
+        // room, is refused now rather than left to wait forever.
+        let views = cache.with_state(|state| backend.quota_views(state, namespace));
+        let mut views = views.map_err(ChargeError::from)?;
+        views.iter_mut().for_each(|view| view.used.clear());
+        let admitted = admit(namespace, &views, &wanted, &costs, config.admit_rules());
+        backend.admitted(|state| {
+            if let Ok(cached) = CachedPod::from_pod(pod, cache.projection()) {
+                state.apply_pod(pod_key(pod), cached);
+            }
+        });
+        return Ok(match admitted {
+            Ok(_) => Verdict::Allow,
+            Err(denial) => Verdict::Deny(Reason::Quota(denial)),
+        });
+    }
     let ask = Ask {
         costs,
         wanted,
@@ -144,6 +167,10 @@ fn wanted_on_route(
 ///   GPUs the pod holds, to gpu-manager and to a restarted gpu-admission, so only the
 ///   identities that write them by protocol (`placementWriters`) may change them.
 ///
+/// And the quota queue's marks are gpu-admission's alone (`queue.releasers`): its gate,
+/// which it removes once it has charged the pod, and the release annotation, which says
+/// in which second that charge was made.
+///
 /// Every other update is allowed and reserves nothing.
 pub fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -> Verdict {
     let key = &config.type_annotation;
@@ -156,6 +183,15 @@ pub fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -
     if gpu && annotation(old, key) != annotation(new, key) {
         return Verdict::Deny(Reason::ModelAnnotationFixed { key: key.clone() });
     }
+    let releaser = config.queue.releasers.contains(&user.username);
+    if is_gated(old) && !is_gated(new) && !releaser {
+        let user = user.username.clone();
+        return Verdict::Deny(Reason::QuotaGate { user });
+    }
+    if released(old) != released(new) && !releaser {
+        let user = user.username.clone();
+        return Verdict::Deny(Reason::ReleaseAnnotation { user });
+    }
     if config.placement_writers.contains(&user.username) {
         return Verdict::Allow;
     }
@@ -167,6 +203,12 @@ pub fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -
         }),
         None => Verdict::Allow,
     }
+}
+
+/// The release annotation of the quota queue, if the pod carries one.
+fn released(pod: &Pod) -> Option<&String> {
+    let annotations = pod.metadata.annotations.as_ref();
+    annotations.and_then(|a| a.get(RELEASED_ANNOTATION))
 }
 
 /// The first placement annotation (in key order) that `new` adds, changes or removes.

@@ -79,6 +79,18 @@ pub enum Reason {
         "annotation {annotation} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user {user:?} may not change it"
     )]
     PlacementAnnotation { annotation: String, user: String },
+    #[error(
+        "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue and is removed only by gpu-admission (queue.releasers), once the pod is charged; user {user:?} may not remove it"
+    )]
+    QuotaGate { user: String },
+    #[error(
+        "annotation gpu-admission.io/quota-released says when the quota queue let the pod go (the second its charge was made) and is written only by gpu-admission (queue.releasers); user {user:?} may not set or change it"
+    )]
+    ReleaseAnnotation { user: String },
+    #[error(
+        "annotation gpu-admission.io/quota-released is written only by gpu-admission, when the quota queue lets a pod go; a pod cannot be created with it (copied from another pod? remove it)"
+    )]
+    ReleasedAtCreation,
 }
 
 impl Reason {
@@ -90,6 +102,8 @@ impl Reason {
             Reason::ClaimRequest(_) | Reason::Claim(_) => "claim",
             Reason::ModelAnnotationFixed { .. } => "model_annotation",
             Reason::PlacementAnnotation { .. } => "placement_annotation",
+            Reason::QuotaGate { .. } => "quota_gate",
+            Reason::ReleaseAnnotation { .. } | Reason::ReleasedAtCreation => "release_annotation",
         }
     }
 }

@@ -55,7 +55,8 @@ teardown() {
     tail_logs
   fi
   if [[ "${E2E_KEEP:-0}" != 1 ]]; then
-    rm -rf "$work/etcd-data"
+    # The data and the copied binaries (half a GB a run); the logs stay.
+    rm -rf "$work/etcd-data" "$work/bin"
   fi
   echo "e2e: Kubernetes: kube-apiserver ${k8s_version}; logs in $logs" >&2
   echo "$summary"
@@ -101,13 +102,16 @@ cp_kubeconfig
 # ---------------------------------------------------------------- 5. gpu-admission
 cp_install_crd "$print_crd"
 cp_gpu_admission_certs "$gpu_admission"
-# placementWriters: the identity gpu-admission runs as here (the admin certificate's
-# user) writes placement annotations, as the GPU scheduler's ServiceAccount does in deploy/.
+# placementWriters, queue.releasers: the identity gpu-admission runs as here (the admin
+# certificate's user) writes placement annotations and lets pods out of the quota queue,
+# as the GPU scheduler's ServiceAccount does in deploy/.
 cat >"$work/gpu-admission.yaml" <<EOF
 placement:
   policy: original
   bindVerb: true
 placementWriters: [$cp_name-admin]
+queue:
+  releasers: [$cp_name-admin]
 EOF
 
 # The tests stop and restart gpu-admission through $ctl (extender and webhook outage).

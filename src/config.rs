@@ -106,12 +106,10 @@ pub struct QueueConfig {
     pub max_pass_over_seconds: u32,
 }
 
-/// gpu-admission's ServiceAccounts in deploy/: the webhook servers and the GPU
-/// scheduler's sidecar, each of which runs the releaser.
-pub const DEFAULT_QUEUE_RELEASERS: [&str; 2] = [
-    "system:serviceaccount:gpu-admission:gpu-admission",
-    "system:serviceaccount:gpu-admission:gpu-scheduler",
-];
+/// The GPU scheduler's ServiceAccount in deploy/: its gpu-admission sidecar runs the
+/// releaser (`--release-queue`); the webhook servers' identity may not write pods.
+pub const DEFAULT_QUEUE_RELEASERS: [&str; 1] =
+    ["system:serviceaccount:gpu-admission:gpu-scheduler"];
 
 impl Default for QueueConfig {
     fn default() -> Self {

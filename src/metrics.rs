@@ -44,6 +44,16 @@ pub struct ExceededLabels {
     pub action: &'static str,
 }
 
+/// A namespace with pods in the quota queue and the model they wait for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub namespace: String,
+    pub model: String,
+}
+
+/// How long pods waited in the quota queue: `gpu_admission_quota_queue_wait_seconds`.
+pub type WaitHistogram = Family<QueueLabels, Histogram, fn() -> Histogram>;
+
 type QuotaGauge = Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
@@ -59,6 +69,14 @@ pub struct Metrics {
     pub quota_used: QuotaGauge,
     pub gpu_fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub quota_exceeded: Family<ExceededLabels, Counter>,
+    pub quota_queued_gpus: QuotaGauge,
+    pub quota_queued_pods: QuotaGauge,
+    pub quota_queue_wait: WaitHistogram,
+}
+
+fn wait_histogram() -> Histogram {
+    // 1 s .. ~9 h
+    Histogram::new(exponential_buckets(1.0, 2.0, 16))
 }
 
 fn latency_histogram() -> Histogram {
@@ -123,8 +141,29 @@ impl Default for Metrics {
             "Pods a GPUQuota had no room for, by namespace, model and what the quota did (deny, warn)",
             quota_exceeded.clone(),
         );
+        let quota_queued_gpus = QuotaGauge::default();
+        let quota_queued_pods = QuotaGauge::default();
+        registry.register(
+            "quota_queued_gpus",
+            "GPUs of the pods waiting in the quota queue (onExceed: Queue), per namespace and model",
+            quota_queued_gpus.clone(),
+        );
+        registry.register(
+            "quota_queued_pods",
+            "Pods waiting in the quota queue (onExceed: Queue), per namespace and model",
+            quota_queued_pods.clone(),
+        );
+        let quota_queue_wait: WaitHistogram = Family::new_with_constructor(wait_histogram);
+        registry.register(
+            "quota_queue_wait_seconds",
+            "How long pods waited in the quota queue before this replica let them go, per namespace and model",
+            quota_queue_wait.clone(),
+        );
         Metrics {
             registry,
+            quota_queued_gpus,
+            quota_queued_pods,
+            quota_queue_wait,
             quota_exceeded,
             gpu_fragmentation,
             requests,

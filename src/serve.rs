@@ -44,6 +44,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         config,
         cluster,
         shutdown_grace,
+        release_queue,
         log: _,
     } = args;
     let config = match config {
@@ -66,8 +67,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let mode = backend.mode_name();
+    let rules = config.queue_rules();
     let mut state = AppState::new(backend, config);
     state.body_timeout = limits.request_timeout;
+    let waits = state.metrics.quota_queue_wait.clone();
+    let releaser = state.backend.queue_releaser(rules, waits);
+    if let Some(releaser) = releaser.filter(|_| release_queue) {
+        tokio::spawn(releaser.run(state.cache().queue_moved(), shutdown.clone()));
+    }
     state
         .metrics
         .tls_not_after

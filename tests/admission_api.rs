@@ -852,7 +852,10 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
             json!([{"name": "gpu-admission.io/quota"}]),
             "{answer}"
         );
-        assert_eq!(verdict(&router, review(&pod, false)).await, (true, String::new()));
+        assert_eq!(
+            verdict(&router, review(&pod, false)).await,
+            (true, String::new())
+        );
         gated.push(pod);
     }
     let used = state
@@ -863,9 +866,13 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     // Three GPUs can never fit a quota of two: refused now, not left to wait forever.
     let big = patched(
         &whole_gpu_pod("team-a", "big", 3),
-        &post(&router, "/mutate", review(&whole_gpu_pod("team-a", "big", 3), false))
-            .await
-            .1,
+        &post(
+            &router,
+            "/mutate",
+            review(&whole_gpu_pod("team-a", "big", 3), false),
+        )
+        .await
+        .1,
     );
     let (allowed, message) = verdict(&router, review(&big, false)).await;
     assert!(!allowed);
@@ -876,7 +883,12 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
         json!({"gpu-admission.io/quota-released": "2026-11-25T10:00:00Z"});
     let (allowed, message) = verdict(&router, review(&copied, false)).await;
     assert!(!allowed);
-    assert!(message.starts_with("annotation gpu-admission.io/quota-released is written only by gpu-admission"), "{message}");
+    assert!(
+        message.starts_with(
+            "annotation gpu-admission.io/quota-released is written only by gpu-admission"
+        ),
+        "{message}"
+    );
     let as_user = |body: String, user: &str| {
         let mut review: Value = serde_json::from_str(&body).unwrap();
         review["request"]["userInfo"] = json!({"username": user});
@@ -899,7 +911,11 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
         json!("2026-11-25T10:00:00Z");
     for releaser in gpu_admission::config::DEFAULT_QUEUE_RELEASERS {
         let body = as_user(update_review(&gated[0], &released), releaser);
-        assert_eq!(verdict(&router, body).await, (true, String::new()), "{releaser}");
+        assert_eq!(
+            verdict(&router, body).await,
+            (true, String::new()),
+            "{releaser}"
+        );
     }
     let mut moved = released.clone();
     moved["metadata"]["annotations"]["gpu-admission.io/quota-released"] =

@@ -58,8 +58,15 @@ fn crd_names_and_columns_are_the_contract() {
         .flatten()
         .map(|c| (c.name.clone(), c.priority.unwrap_or(0)))
         .collect();
-    // OnExceed only with `-o wide` (priority 1): the default view stays tkestack's.
-    let want = [("Hard", 0), ("Used", 0), ("OnExceed", 1), ("Age", 0)];
+    // OnExceed only with `-o wide` (priority 1); Queued is empty (so blank) unless pods
+    // wait in the quota queue.
+    let want = [
+        ("Hard", 0),
+        ("Used", 0),
+        ("Queued", 0),
+        ("OnExceed", 1),
+        ("Age", 0),
+    ];
     let want: Vec<(String, i32)> = want.iter().map(|(n, p)| (n.to_string(), *p)).collect();
     assert_eq!(columns, want);
     assert!(version.subresources.as_ref().unwrap().status.is_some());
@@ -73,6 +80,6 @@ fn on_exceed_accepts_only_the_modes_that_are_built() {
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(
         spec["properties"]["onExceed"]["enum"],
-        serde_json::json!(["Deny", "Warn"])
+        serde_json::json!(["Deny", "Warn", "Queue"])
     );
 }

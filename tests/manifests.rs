@@ -396,9 +396,19 @@ fn the_validating_webhook_sees_gpu_type_changes_and_the_mutating_one_only_create
             "system:serviceaccount:kube-system:gpu-manager"
         ]
     );
+    let releasers: Vec<&str> = config["queue"]["releasers"]
+        .as_sequence()
+        .expect("deploy/20-config.yaml lists queue.releasers")
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        releasers,
+        ["system:serviceaccount:gpu-admission:gpu-scheduler"]
+    );
     assert_eq!(
         *change,
-        shapes::guarded_annotation_change("tencent.com", &writers)
+        shapes::guarded_annotation_change("tencent.com", &writers, &releasers)
     );
 
     let mutating = &object(&docs, "MutatingWebhookConfiguration", "gpu-admission")["webhooks"][0];

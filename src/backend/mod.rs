@@ -16,6 +16,7 @@
 
 pub mod quota_writer;
 pub mod reconcile;
+pub mod release;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -130,6 +131,25 @@ impl Backend {
 
     pub fn cache(&self) -> &ClusterCache {
         &self.cache
+    }
+
+    /// API mode: the quota queue's releaser (run it until shutdown with
+    /// [`release::Releaser::run`]). Offline there is none: nothing schedules the file's
+    /// pods, so a gated pod simply stays gated (docs/quota.md).
+    pub fn queue_releaser(
+        &self,
+        rules: crate::quota::queue::QueueRules,
+        waits: crate::metrics::WaitHistogram,
+    ) -> Option<release::Releaser> {
+        match &self.mode {
+            Mode::Api { client, .. } => Some(release::Releaser::new(
+                self.clone(),
+                client.clone(),
+                rules,
+                waits,
+            )),
+            Mode::Offline => None,
+        }
     }
 
     /// For logs: `api` or `offline`.

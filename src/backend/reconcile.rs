@@ -61,6 +61,7 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
             match replace_status(&api, &updated).await {
                 Ok(stored) => {
                     cache.with_state(|state| state.apply_quota(stored));
+                    cache.queue_moved().notify_one();
                     written += 1;
                     break;
                 }
@@ -99,13 +100,14 @@ fn reconciled(
                 .pod(&format!("{namespace}/{name}"))
                 .is_some_and(|pod| uid.is_empty() || &*pod.uid == uid)
         };
-        let status = match reconciled_status(quota, &usage, seen, seen_pod, now) {
+        let mut status = match reconciled_status(quota, &usage, seen, seen_pod, now) {
             Ok(status) => status,
             Err(error) => {
                 tracing::warn!(%namespace, %error, "cannot reconcile GPUQuota status");
                 return None;
             }
         };
+        status.queued = queued_status(quota, &state.queued_usage(namespace, now.unix_timestamp()));
         (quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
             updated.metadata.managed_fields = None; // kept as they are by the API server
@@ -113,4 +115,21 @@ fn reconciled(
             updated
         })
     })
+}
+
+/// `status.queued`: the part of what waits in the quota queue that `quota` lists.
+fn queued_status(
+    quota: &GPUQuota,
+    queued: &crate::quota::ModelAmounts,
+) -> std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+    let listed = queued
+        .iter()
+        .filter(|(key, _)| quota.spec.hard.contains_key(*key));
+    listed
+        .map(|(key, amount)| {
+            let quantity =
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(amount.to_string());
+            (key.clone(), quantity)
+        })
+        .collect()
 }

@@ -71,6 +71,8 @@ struct Inner {
     projection: Projection,
     /// Woken when objects leave the cluster (a pod finished or was deleted).
     released: Arc<tokio::sync::Notify>,
+    /// Woken when anything changes while pods wait in the quota queue.
+    queue_moved: Arc<tokio::sync::Notify>,
 }
 
 impl ClusterCache {
@@ -85,6 +87,7 @@ impl ClusterCache {
                 ready: AtomicBool::new(ready),
                 projection,
                 released: Arc::new(tokio::sync::Notify::new()),
+                queue_moved: Arc::new(tokio::sync::Notify::new()),
             }),
         }
     }
@@ -126,6 +129,12 @@ impl ClusterCache {
     /// Notified whenever the watch removes an object (the quota reconciler listens).
     pub fn released(&self) -> Arc<tokio::sync::Notify> {
         self.inner.released.clone()
+    }
+
+    /// Notified when the watch brings any change while pods wait in the quota queue,
+    /// and when the reconciler rewrites a quota's usage (the releaser listens).
+    pub fn queue_moved(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.queue_moved.clone()
     }
 
     pub fn projection(&self) -> &Projection {

@@ -161,6 +161,9 @@ async fn watch<K, W>(
                 cache.released().notify_one();
             }
         }
+        if cache.with_state(|state| state.waiting_count() > 0) {
+            cache.queue_moved().notify_one();
+        }
     }
 }
 

@@ -32,6 +32,7 @@ pub const RELEASED_ANNOTATION: &str = "gpu-admission.io/quota-released";
 pub struct Waiting {
     /// `namespace/name`: the last tie-break, and how the caller finds the pod again.
     pub key: String,
+    pub uid: String,
     pub priority: i32,
     /// `creationTimestamp`, unix seconds: when it started waiting.
     pub created: i64,

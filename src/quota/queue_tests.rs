@@ -31,6 +31,7 @@ fn quota(model: &str, hard: u64, used: u64) -> QuotaView {
 fn pod(name: &str, model: &str, gpus: u64, priority: i32, age: i64) -> Waiting {
     Waiting {
         key: format!("team/{name}"),
+        uid: name.into(),
         priority,
         created: NOW - age,
         wanted: WantedModels::one(model),

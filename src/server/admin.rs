@@ -16,18 +16,30 @@ use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::quantity::Milli;
 use crate::quota::ModelAmounts;
 
-/// (labels, hard, used) in GPUs for every model of every GPUQuota, and for models no
-/// quota of the namespace lists that pods use anyway (hard 0). Used is the status (the
-/// ledger) in API mode, and counted from the pods offline.
-fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<(QuotaLabels, f64, f64)> {
+/// One row of the quota metrics, in GPUs (pods for `queued_pods`).
+struct QuotaRow {
+    labels: QuotaLabels,
+    hard: f64,
+    used: f64,
+    queued: f64,
+    queued_pods: f64,
+}
+
+/// A row for every model of every GPUQuota, and for models no quota of the namespace
+/// lists that pods use anyway (hard 0). Used is the status (the ledger) in API mode, and
+/// counted from the pods offline; queued is what waits in the quota queue.
+fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
     let gpus = |m: Milli| m.0 as f64 / 1000.0;
     let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
         Milli::parse(&q.0).unwrap_or_default()
     };
     let mut rows = Vec::new();
+    let now = crate::quota::pending::now_second();
     for quota in state.quotas() {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
         let used: ModelAmounts = backend.quota_used(state, quota);
+        let queued = state.queued_usage(&namespace, now);
+        let queued_pods = state.queued_pods(&namespace);
         let unlisted = used.keys().filter(|m| !quota.spec.hard.contains_key(*m));
         let models = quota.spec.hard.keys().chain(unlisted);
         for model in models {
@@ -37,8 +49,14 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<(QuotaLabels, f64,
                 quota: quota.metadata.name.clone().unwrap_or_default(),
                 model: model.clone(),
             };
-            let used = used.get(model).copied().unwrap_or_default();
-            rows.push((labels, gpus(hard), gpus(used)));
+            let amount = |of: &ModelAmounts| gpus(of.get(model).copied().unwrap_or_default());
+            rows.push(QuotaRow {
+                labels,
+                hard: gpus(hard),
+                used: amount(&used),
+                queued: amount(&queued),
+                queued_pods: f64::from(queued_pods.get(model).copied().unwrap_or_default()),
+            });
         }
     }
     rows
@@ -100,11 +118,24 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         )
     });
     state.metrics.gpu_fragmentation.set(fragmentation);
-    state.metrics.quota_hard.clear();
-    state.metrics.quota_used.clear();
-    for (labels, hard, used) in quotas {
-        state.metrics.quota_hard.get_or_create(&labels).set(hard);
-        state.metrics.quota_used.get_or_create(&labels).set(used);
+    let m = &state.metrics;
+    for family in [
+        &m.quota_hard,
+        &m.quota_used,
+        &m.quota_queued_gpus,
+        &m.quota_queued_pods,
+    ] {
+        family.clear();
+    }
+    for row in quotas {
+        m.quota_hard.get_or_create(&row.labels).set(row.hard);
+        m.quota_used.get_or_create(&row.labels).set(row.used);
+        m.quota_queued_gpus
+            .get_or_create(&row.labels)
+            .set(row.queued);
+        m.quota_queued_pods
+            .get_or_create(&row.labels)
+            .set(row.queued_pods);
     }
     let gauge = |kind| {
         state

@@ -55,6 +55,12 @@ GPU scheduler's ServiceAccount, then .Values.placementWriters (gpu-manager's). J
 {{- toJson $writers -}}
 {{- end -}}
 
+{{/* The users that may let a pod out of the quota queue (config queue.releasers): the
+GPU scheduler's ServiceAccount, whose sidecar runs the releaser. JSON. */}}
+{{- define "gpu-admission.queueReleasers" -}}
+{{- toJson (list (printf "system:serviceaccount:%s:gpu-scheduler" .Release.Namespace)) -}}
+{{- end -}}
+
 {{/* Of the UPDATEs, those the validating webhook judges: a changed type annotation, or
 placement annotations (<prefix>/predicate-*, <prefix>/gpu-assigned) changed by anyone
 but their writers. */}}
@@ -65,7 +71,10 @@ but their writers. */}}
 {{- $added := printf "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, %s && !(has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))" $placement -}}
 {{- $removed := printf "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, %s && !(has(object.metadata.annotations) && k in object.metadata.annotations)))" $placement -}}
 {{- $writers := include "gpu-admission.placementWriters" . -}}
-{{- printf "request.operation == 'CREATE' || %s != %s || (!(request.userInfo.username in %s) && (%s || %s))" (printf $get "object" .Values.typeAnnotation) (printf $get "oldObject" .Values.typeAnnotation) $writers $added $removed -}}
+{{- $gated := "(has(%[1]s.spec.schedulingGates) && %[1]s.spec.schedulingGates.exists(g, g.name == 'gpu-admission.io/quota'))" -}}
+{{- $released := "(has(%[1]s.metadata.annotations) && 'gpu-admission.io/quota-released' in %[1]s.metadata.annotations ? %[1]s.metadata.annotations['gpu-admission.io/quota-released'] : '')" -}}
+{{- $releasers := include "gpu-admission.queueReleasers" . -}}
+{{- printf "request.operation == 'CREATE' || %s != %s || (!(request.userInfo.username in %s) && (%s || %s)) || (!(request.userInfo.username in %s) && ((%s && !%s) || %s != %s))" (printf $get "object" .Values.typeAnnotation) (printf $get "oldObject" .Values.typeAnnotation) $writers $added $removed $releasers (printf $gated "oldObject") (printf $gated "object") (printf $released "object") (printf $released "oldObject") -}}
 {{- end -}}
 
 {{/* Pod labels: the Service gpu-admission-metrics selects every pod with this label. */}}

@@ -59,6 +59,7 @@ impl ClusterState {
             let costs = self.admission_costs(&pod.request, &wanted.models, now, limits);
             Waiting {
                 key: key.to_string(),
+                uid: pod.uid.to_string(),
                 priority: pod.priority,
                 created: pod.created,
                 wanted,
@@ -78,5 +79,20 @@ impl ClusterState {
             }
         }
         total
+    }
+
+    /// How many pods wait in `namespace`, by the (first) model each wants.
+    pub fn queued_pods(&self, namespace: &str) -> BTreeMap<String, u32> {
+        let mut pods = BTreeMap::new();
+        let keys = self.waiting.0.get(namespace).into_iter().flatten();
+        let limits = self.namespace_limits(namespace);
+        for pod in keys.filter_map(|key| self.pod(key)) {
+            let default = limits.default_type.as_ref();
+            let wanted = WantedModels::resolve(&pod.models, default, &limits.models);
+            if let Some(model) = wanted.first() {
+                *pods.entry(model.clone()).or_default() += 1;
+            }
+        }
+        pods
     }
 }

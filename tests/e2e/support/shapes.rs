@@ -44,14 +44,16 @@ pub fn ready_node_status(resources: &Value, message: &str) -> Value {
 }
 
 /// The users gpu-admission runs as under hack/e2e.sh and hack/scale.sh (their admin
-/// certificate's common name), its placementWriters there.
+/// certificate's common name), its placementWriters and queue releasers there.
 pub const HARNESS_WRITERS: [&str; 2] = ["e2e-admin", "scale-admin"];
 
 /// The validating webhook's match condition on pods, as deploy/ and the chart write it:
 /// every CREATE; of the UPDATEs, those that change the GPU model annotation, or a
 /// placement annotation (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`) by a user
-/// who is not one of `writers`. tests/manifests.rs holds deploy/ to this text.
-pub fn guarded_annotation_change(prefix: &str, writers: &[&str]) -> String {
+/// who is not one of `writers`; and the quota queue's gate removed, or its release
+/// annotation changed, by a user who is not one of `releasers`. tests/manifests.rs holds
+/// deploy/ to this text.
+pub fn guarded_annotation_change(prefix: &str, writers: &[&str], releasers: &[&str]) -> String {
     let model_of = |object: &str| {
         format!(
             "(has({object}.metadata.annotations) && '{TYPE_ANNOTATION}' in {object}.metadata.annotations ? {object}.metadata.annotations['{TYPE_ANNOTATION}'] : '')"
@@ -66,10 +68,25 @@ pub fn guarded_annotation_change(prefix: &str, writers: &[&str]) -> String {
         "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, {placement} && !(has(object.metadata.annotations) && k in object.metadata.annotations)))"
     );
     let writers = serde_json::to_string(writers).unwrap_or_default();
+    let gated = |object: &str| {
+        format!(
+            "(has({object}.spec.schedulingGates) && {object}.spec.schedulingGates.exists(g, g.name == 'gpu-admission.io/quota'))"
+        )
+    };
+    let released = |object: &str| {
+        format!(
+            "(has({object}.metadata.annotations) && 'gpu-admission.io/quota-released' in {object}.metadata.annotations ? {object}.metadata.annotations['gpu-admission.io/quota-released'] : '')"
+        )
+    };
+    let releasers = serde_json::to_string(releasers).unwrap_or_default();
     format!(
-        "request.operation == 'CREATE' || {} != {} || (!(request.userInfo.username in {writers}) && ({added} || {removed}))",
+        "request.operation == 'CREATE' || {} != {} || (!(request.userInfo.username in {writers}) && ({added} || {removed})) || (!(request.userInfo.username in {releasers}) && (({} && !{}) || {} != {}))",
         model_of("object"),
-        model_of("oldObject")
+        model_of("oldObject"),
+        gated("oldObject"),
+        gated("object"),
+        released("object"),
+        released("oldObject"),
     )
 }
 
@@ -97,7 +114,7 @@ pub fn webhook(
         "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
                    "resources": ["pods"]}],
         "matchConditions": [{"name": "create-or-guarded-annotation-change",
-            "expression": guarded_annotation_change("tencent.com", &HARNESS_WRITERS)}],
+            "expression": guarded_annotation_change("tencent.com", &HARNESS_WRITERS, &HARNESS_WRITERS)}],
         "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: selector}},
         "failurePolicy": "Fail",
         "sideEffects": "NoneOnDryRun",

@@ -1,0 +1,344 @@
+//! API mode: the releaser of the quota queue (`onExceed: Queue`, docs/quota.md). It
+//! lets waiting pods go in the order `quota::queue::plan` gives: for each, it charges
+//! the GPUQuota ledger (the same exact, optimistic write as admission) and only then
+//! removes the pod's gate, with a JSON Patch whose `test` operations make the removal
+//! happen once: if the pod changed, went away or another replica let it go first, the
+//! patch fails and the charge is given back. So any number of replicas may release at
+//! once and the quota is never passed; at worst a pod is charged twice for the
+//! milliseconds between a losing replica's charge and its give-back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::pod::key_parts;
+use crate::metrics::{QueueLabels, WaitHistogram};
+use crate::quota::pending::{CreatedSecond, format_second, now_second};
+use crate::quota::queue::{
+    QUOTA_GATE, QueueRules, RELEASED_ANNOTATION, Turn, WaitReason, Waiting, plan,
+};
+use crate::quota::{Charge, ModelAmounts};
+
+use super::quota_writer::{Ask, ChargeOutcome};
+use super::{Backend, ChargeError};
+
+/// A pass runs at least this often, for what no watch event announces (time passing
+/// makes a pod overdue).
+const TICK: Duration = Duration::from_secs(2);
+/// A pod this replica let go is left out of its plans until the watch shows it ungated,
+/// or this long: its charge is in the ledger already.
+const RECENT: Duration = Duration::from_secs(10);
+/// Releases written at once in one pass.
+const IN_FLIGHT: usize = 32;
+
+/// Why letting a pod go did not happen (logged; the pod keeps waiting).
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error(transparent)]
+    Charge(#[from] ChargeError),
+    #[error("reading the pod failed: {0}")]
+    Read(kube::Error),
+    #[error("removing the gate failed: {0}")]
+    Ungate(kube::Error),
+}
+
+pub struct Releaser {
+    backend: Backend,
+    client: kube::Client,
+    rules: QueueRules,
+    recorder: Recorder,
+    waits: WaitHistogram,
+    /// Pods this replica let go, and when.
+    recent: Mutex<HashMap<String, Instant>>,
+    /// Pods told (an Event) why they wait, while they wait.
+    told: Mutex<foldhash::HashSet<String>>,
+}
+
+impl Releaser {
+    pub fn new(
+        backend: Backend,
+        client: kube::Client,
+        rules: QueueRules,
+        waits: WaitHistogram,
+    ) -> Self {
+        let instance = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok();
+        let reporter = Reporter {
+            controller: "gpu-admission".into(),
+            instance,
+        };
+        Releaser {
+            recorder: Recorder::new(client.clone(), reporter),
+            backend,
+            client,
+            rules,
+            waits,
+            recent: Mutex::default(),
+            told: Mutex::default(),
+        }
+    }
+
+    /// Pass after pass until `shutdown`: when `wake` says something changed while pods
+    /// wait, and every [`TICK`].
+    pub async fn run(self, wake: Arc<Notify>, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = wake.notified() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            if self.backend.cache().is_ready() {
+                self.pass().await;
+            }
+        }
+    }
+
+    /// One pass over every namespace where pods wait; returns how many were let go.
+    pub async fn pass(&self) -> usize {
+        let cache = self.backend.cache();
+        let namespaces = cache.with_state(|state| state.waiting_namespaces());
+        let mut released = 0;
+        for namespace in namespaces {
+            released += self.pass_namespace(&namespace).await;
+        }
+        released
+    }
+
+    async fn pass_namespace(&self, namespace: &str) -> usize {
+        let now = now_second();
+        let recent = self.recent_keys();
+        let planned = self.backend.cache().with_state(|state| {
+            let views = self.backend.quota_views(state, namespace)?;
+            let mut waiting = state.waiting(namespace, now);
+            waiting.retain(|w| !recent.contains(&w.key));
+            Ok::<_, crate::quota::StatusError>(plan(namespace, &views, waiting, now, self.rules))
+        });
+        let turns = match planned {
+            Ok(turns) => turns,
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "cannot plan the quota queue");
+                return 0;
+            }
+        };
+        let mut releases = Vec::new();
+        let mut told = false;
+        for (pod, turn) in turns {
+            match turn {
+                Turn::Release(charge) => releases.push((pod, charge)),
+                Turn::Wait { place, why } => told |= self.tell(pod, place, why),
+            }
+        }
+        let released = futures::stream::iter(releases)
+            .map(|(pod, charge)| self.release(namespace, pod, charge, now))
+            .buffer_unordered(IN_FLIGHT)
+            .filter(|released| std::future::ready(*released))
+            .count()
+            .await;
+        if released > 0 || told {
+            // The quota's status (`queued`, `used`) has moved: have it rewritten soon.
+            self.backend.cache().released().notify_one();
+        }
+        released
+    }
+
+    /// The pods this replica let go that the watch still shows waiting; and forget
+    /// those told why they wait that wait no more.
+    fn recent_keys(&self) -> Vec<String> {
+        let cache = self.backend.cache();
+        let waits = |key: &str| cache.with_state(|s| s.pod(key).is_some_and(|p| p.gated));
+        self.told.lock().retain(|key| waits(key));
+        let mut recent = self.recent.lock();
+        recent.retain(|key, at| at.elapsed() < RECENT && waits(key));
+        recent.keys().cloned().collect()
+    }
+
+    /// Let `pod` go: charge, then ungate; give the charge back if the gate stays.
+    async fn release(&self, namespace: &str, pod: Waiting, charge: Charge, now: i64) -> bool {
+        let result = self.charge_and_ungate(namespace, &pod, &charge, now).await;
+        match result {
+            Ok(true) => {
+                self.recent.lock().insert(pod.key.clone(), Instant::now());
+                let model = pod.wanted.models.first().cloned().unwrap_or_default();
+                let labels = QueueLabels {
+                    namespace: namespace.to_string(),
+                    model,
+                };
+                let waited = now.saturating_sub(pod.created).max(0) as f64;
+                self.waits.get_or_create(&labels).observe(waited);
+                tracing::info!(pod = %pod.key, waited, "let out of the quota queue");
+                true
+            }
+            Ok(false) => false,
+            Err(error) => {
+                tracing::warn!(pod = %pod.key, %error, "cannot let the pod out of the quota queue");
+                false
+            }
+        }
+    }
+
+    /// `Ok(false)`: the ledger had no room after all, or the gate was no longer there.
+    async fn charge_and_ungate(
+        &self,
+        namespace: &str,
+        pod: &Waiting,
+        charge: &Charge,
+        now: CreatedSecond,
+    ) -> Result<bool, ReleaseError> {
+        let charged: Option<&ModelAmounts> = match charge {
+            Charge::Model { charge, .. } => Some(charge),
+            Charge::AtPlacement { .. } | Charge::Unlimited => None,
+        };
+        if charged.is_some() {
+            let ask = Ask {
+                costs: pod.costs.clone(),
+                wanted: pod.wanted.clone(),
+                rules: self.rules.admit,
+                created: now,
+                dry_run: false,
+            };
+            match self.backend.charge(namespace, ask, |_, _| {}).await? {
+                ChargeOutcome::Charged { .. } => {}
+                ChargeOutcome::Denied(_) => return Ok(false),
+            }
+        }
+        let ungated = self.ungate(&pod.key, now).await;
+        if !matches!(ungated, Ok(true))
+            && let Some(charge) = charged
+        {
+            self.backend.release(namespace, charge, now).await?;
+        }
+        ungated
+    }
+
+    /// Remove the gate and write the release annotation in one JSON Patch that tests the
+    /// gate is where the fresh copy has it: `Ok(false)` when it is not there any more.
+    async fn ungate(&self, key: &str, now: CreatedSecond) -> Result<bool, ReleaseError> {
+        let (namespace, name) = key_parts(key);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let Some(fresh) = pods.get_opt(name).await.map_err(ReleaseError::Read)? else {
+            return Ok(false);
+        };
+        let Some(patch) = ungate_patch(&fresh, &format_second(now)) else {
+            return Ok(false);
+        };
+        match pods
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            // A failed test (the pod changed under us) or a pod that went away.
+            Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => Ok(false),
+            Err(error) => Err(ReleaseError::Ungate(error)),
+        }
+    }
+
+    /// Tell a waiting pod's owner why it waits: an Event on the pod when it starts
+    /// waiting (its place then, the model and the usage), published off the pass; the
+    /// queue as it is now is `status.queued` and the metrics. True when told now.
+    fn tell(&self, pod: Waiting, place: usize, why: WaitReason) -> bool {
+        if !self.told.lock().insert(pod.key.clone()) {
+            return false;
+        }
+        let note = match why {
+            WaitReason::NoRoom(denial) => format!("place {place} in the GPU quota queue: {denial}"),
+            WaitReason::Behind { ahead } => format!(
+                "place {place} in the GPU quota queue, behind {ahead}, which has waited past queue.maxPassOverSeconds and goes first"
+            ),
+        };
+        let (namespace, name) = key_parts(&pod.key);
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "QuotaQueued".into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Queue".into(),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::debug!(%error, "cannot publish the quota queue event");
+            }
+        });
+        true
+    }
+}
+
+/// The JSON Patch that lets `pod` go, if it carries the gate: the uid and the gate at
+/// its index are tested, the gate removed, the release second written.
+fn ungate_patch(pod: &Pod, second: &str) -> Option<json_patch::Patch> {
+    let gates = pod.spec.as_ref()?.scheduling_gates.as_deref()?;
+    let index = gates.iter().position(|g| g.name == QUOTA_GATE)?;
+    let gate = format!("/spec/schedulingGates/{index}");
+    let annotation = format!(
+        "/metadata/annotations/{}",
+        RELEASED_ANNOTATION.replace('/', "~1")
+    );
+    let mut ops = vec![
+        serde_json::json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+        serde_json::json!({"op": "test", "path": gate, "value": {"name": QUOTA_GATE}}),
+        serde_json::json!({"op": "remove", "path": gate}),
+    ];
+    if pod.metadata.annotations.is_none() {
+        ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+    }
+    ops.push(serde_json::json!({"op": "add", "path": annotation, "value": second}));
+    serde_json::from_value(serde_json::Value::Array(ops)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_patch_tests_the_gate_where_the_fresh_copy_has_it() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u1"},
+            "spec": {"containers": [], "schedulingGates": [
+                {"name": "example.com/mine"}, {"name": "gpu-admission.io/quota"}]}
+        }))
+        .unwrap();
+        let patch = ungate_patch(&pod, "2026-11-25T10:00:00Z").unwrap();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            serde_json::json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/spec/schedulingGates/1", "value": {"name": "gpu-admission.io/quota"}},
+                {"op": "remove", "path": "/spec/schedulingGates/1"},
+                {"op": "add", "path": "/metadata/annotations", "value": {}},
+                {"op": "add", "path": "/metadata/annotations/gpu-admission.io~1quota-released",
+                    "value": "2026-11-25T10:00:00Z"}
+            ])
+        );
+        let mut applied = serde_json::to_value(&pod).unwrap();
+        json_patch::patch(&mut applied, &patch).unwrap();
+        assert_eq!(
+            applied["spec"]["schedulingGates"],
+            serde_json::json!([{"name": "example.com/mine"}])
+        );
+        // Applied twice (another replica went first), the test fails: nothing changes.
+        let before = applied.clone();
+        assert!(json_patch::patch(&mut applied, &patch).is_err());
+        assert_eq!(applied, before);
+        let ungated: Pod = serde_json::from_value(before).unwrap();
+        assert!(ungate_patch(&ungated, "x").is_none(), "no gate, no patch");
+    }
+}

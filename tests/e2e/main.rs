@@ -46,6 +46,7 @@ mod manifests;
 mod measure;
 mod outages;
 mod placement;
+mod queue;
 mod quota;
 mod volcano;
 mod webhooks;

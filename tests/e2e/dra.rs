@@ -331,3 +331,91 @@ async fn extended_resource_pods_on_dra_nodes_are_bound_and_charged_once() {
         .await;
     cluster.delete_nodes().await;
 }
+
+/// A pod that asks for its GPU through a ResourceClaimTemplate: kube-controller-manager's
+/// resource-claim controller creates the pod's claim, and that claim is what the quota
+/// charges (the pod itself asks for no GPU resource). With a quota of one A100, the first
+/// pod's claim is charged; the second pod's claim is refused with the quota's message, so
+/// that pod cannot start.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_pod_from_a_claim_template_is_charged_through_the_claim_the_controller_creates() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::api::{Api, ListParams};
+    let Some(cluster) = setup("claim-template").await else {
+        return;
+    };
+    cluster
+        .create_dra(
+            "DeviceClass",
+            json!({"metadata": {"name": "gpu.nvidia.com"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.nvidia.com\""}}]}}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating the DeviceClass: {e}"));
+    cluster.label_for_webhooks().await;
+    let model = "A100-SXM4-80GB";
+    cluster
+        .create_quota("gpus", json!({model: "1"}), Some(model))
+        .await;
+    let url = server_url();
+    let (mutating, validating) = (Hook::claims("mutate", &url), Hook::claims("validate", &url));
+    register_hooks(&cluster, vec![mutating], vec![validating]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let template = json!({"metadata": {"name": "one-gpu"}, "spec": {"spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}});
+    cluster
+        .create_dra("ResourceClaimTemplate", template)
+        .await
+        .unwrap_or_else(|e| panic!("creating the ResourceClaimTemplate: {e}"));
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"schedulerName": NO_SCHEDULER,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                "containers": [{"name": "cuda", "image": "registry.invalid/never-pulled:e2e",
+                    "resources": {"claims": [{"name": "gpu"}]}}]},
+        }))
+        .unwrap()
+    };
+    cluster.try_create(&pod("first")).await.unwrap();
+    let claims = cluster.dra("ResourceClaim");
+    let made = wait_for(
+        "the controller's claim for the first pod",
+        QUOTA_TIMEOUT,
+        || async {
+            let list = claims.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().next()
+        },
+    )
+    .await;
+    let owner = &made.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Pod", "first"));
+    let selectors = made.data["spec"]["devices"]["requests"][0]["exactly"]["selectors"].to_string();
+    assert!(
+        selectors.contains("productName"),
+        "pinned to the default model: {selectors}"
+    );
+    cluster.wait_used("gpus", model, 1000).await;
+
+    cluster.try_create(&pod("second")).await.unwrap();
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let refusal = wait_for("the second pod's claim refused", QUOTA_TIMEOUT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find_map(|e| {
+            let message = e.message.unwrap_or_default();
+            (e.involved_object.name.as_deref() == Some("second")
+                && message.contains("GPU quota exceeded"))
+            .then_some(message)
+        })
+    })
+    .await;
+    println!("the second pod's claim: {refusal}");
+    assert!(
+        refusal.contains(&format!("for {model}: requested 1, used 1 of 1")),
+        "{refusal}"
+    );
+    let list = claims.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(list.len(), 1, "only the first pod's claim exists");
+    unregister_webhooks(&cluster).await;
+}

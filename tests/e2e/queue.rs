@@ -419,3 +419,187 @@ async fn two_replicas_release_exactly_the_quota_from_a_queue_of_500() {
     );
     unregister_webhooks(&cluster).await;
 }
+
+/// Play the kubelet for controllers that wait for readiness: every pod that is let go
+/// (no quota gate) and not finished becomes Running and Ready. Returns how many run.
+async fn run_and_ready(cluster: &Cluster) -> usize {
+    let pods = cluster
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let ready = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]}});
+    let mut running = 0;
+    for pod in pods.iter().filter(|p| !gated(p) && !finished(p)) {
+        running += 1;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if phase != Some("Running") {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let _ = cluster
+                .pods()
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
+                .await;
+        }
+    }
+    running
+}
+
+/// A Deployment scaled past its `Queue` quota: the extra replica waits gated, and starts
+/// (its gate lifted) as soon as another pod of the namespace finishes; how soon is printed.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_deployment_past_a_queue_quota_waits_for_room_and_starts_when_a_pod_finishes() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let Some(cluster) = setup("deploy-queue").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    let spec = json!({"hard": {model: "3"}, "defaultType": model, "onExceed": "Queue"});
+    cluster.quota_under_webhooks("default", spec).await;
+    let batch = cluster
+        .try_create(&unscheduled_gpu_pod("batch", None, 1))
+        .await
+        .unwrap();
+    assert!(gated(&batch));
+    wait_for("the batch pod let go", QUOTA_TIMEOUT, || async {
+        (!gated(&cluster.pods().get("batch").await.ok()?)).then_some(())
+    })
+    .await;
+    let template = unscheduled_gpu_pod("unused", None, 1);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "serve"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "serve"}},
+            "template": {"metadata": {"labels": {"app": "serve"}}, "spec": template.spec}},
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let serve_pods = || async {
+        let list = cluster
+            .pods()
+            .list(&ListParams::default().labels("app=serve"))
+            .await
+            .unwrap();
+        list.items
+    };
+    let waiting = wait_for("3 replicas: 2 let go, 1 waiting", QUOTA_TIMEOUT, || async {
+        let pods = serve_pods().await;
+        let waiting: Vec<_> = pods.iter().filter(|p| gated(p)).collect();
+        (pods.len() == 3 && waiting.len() == 1).then(|| waiting[0].metadata.name.clone().unwrap())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        gated(&cluster.pods().get(&waiting).await.unwrap()),
+        "no room: it still waits"
+    );
+    let done = json!({"status": {"phase": "Succeeded"}});
+    let finished_at = Instant::now();
+    cluster
+        .pods()
+        .patch_status("batch", &PatchParams::default(), &Patch::Merge(&done))
+        .await
+        .unwrap();
+    wait_for("the waiting replica let go", QUOTA_TIMEOUT, || async {
+        (!gated(&cluster.pods().get(&waiting).await.ok()?)).then_some(())
+    })
+    .await;
+    let took = finished_at.elapsed();
+    println!(
+        "Deployment of 3 past a Queue quota of 3 with one other pod running: the third replica waited gated, and was let go {took:.2?} after the other pod finished"
+    );
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let failed = events.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        !failed
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("FailedCreate"))
+    );
+    assert!(took < QUOTA_TIMEOUT);
+    unregister_webhooks(&cluster).await;
+}
+
+/// A StatefulSet (`OrderedReady`) of 3 one-GPU pods against a quota of 2, in `Queue` and in
+/// `Deny`, with the test playing the kubelet (a pod that runs becomes Ready): with
+/// `Queue`, ordinal 2 is created and waits gated; with `Deny`, its creation is refused
+/// and the controller retries. Either way, raising the quota to 3 lets the set complete;
+/// how long each took is printed (docs/quota.md).
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_statefulset_past_its_quota_waits_in_queue_and_retries_in_deny() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    for mode in ["Queue", "Deny"] {
+        let Some(cluster) = setup(if mode == "Queue" {
+            "sts-queue"
+        } else {
+            "sts-deny"
+        })
+        .await
+        else {
+            return;
+        };
+        let model = "Tesla-T4";
+        let spec = json!({"hard": {model: "2"}, "defaultType": model, "onExceed": mode});
+        cluster.quota_under_webhooks("default", spec).await;
+        let template = unscheduled_gpu_pod("unused", None, 1);
+        let set: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "db"},
+            "spec": {"replicas": 3, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                "template": {"metadata": {"labels": {"app": "db"}}, "spec": template.spec}},
+        }))
+        .unwrap();
+        let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+        sets.create(&PostParams::default(), &set).await.unwrap();
+        // Two ordinals run; the third waits (Queue) or is refused (Deny).
+        wait_for("two ordinals running", QUOTA_TIMEOUT, || async {
+            (run_and_ready(&cluster).await == 2).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        run_and_ready(&cluster).await;
+        let third = cluster.pods().get_opt("db-2").await.unwrap();
+        let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        let failed = list
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+            .count();
+        match mode {
+            "Queue" => {
+                assert!(
+                    third.as_ref().is_some_and(gated),
+                    "db-2 waits gated: {third:?}"
+                );
+                assert_eq!(failed, 0);
+            }
+            _ => {
+                assert!(third.is_none(), "db-2 is refused");
+                assert!(failed >= 1, "the refusal is a FailedCreate event");
+            }
+        }
+        let raised = json!({"spec": {"hard": {model: "3"}}});
+        let started = Instant::now();
+        cluster
+            .quotas()
+            .patch("default", &PatchParams::default(), &Patch::Merge(&raised))
+            .await
+            .unwrap();
+        wait_for("db-2 running", Duration::from_secs(120), || async {
+            run_and_ready(&cluster).await;
+            let pod = cluster.pods().get_opt("db-2").await.ok()??;
+            (!gated(&pod)).then_some(())
+        })
+        .await;
+        println!(
+            "StatefulSet of 3 past a {mode} quota of 2: {failed} FailedCreate events while it \
+             waited; db-2 let go {:.2?} after the quota was raised to 3",
+            started.elapsed()
+        );
+        unregister_webhooks(&cluster).await;
+    }
+}

@@ -58,7 +58,9 @@ impl Cluster {
         };
         let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
         match kind {
-            "ResourceClaim" => Api::namespaced_with(self.client.clone(), &self.ns, &resource),
+            "ResourceClaim" | "ResourceClaimTemplate" => {
+                Api::namespaced_with(self.client.clone(), &self.ns, &resource)
+            }
             _ => Api::all_with(self.client.clone(), &resource),
         }
     }
@@ -96,7 +98,7 @@ impl Cluster {
         object["kind"] = json!(kind);
         let name = object["metadata"]["name"].as_str().unwrap().to_string();
         let api = self.dra(kind);
-        if kind != "ResourceClaim" {
+        if !kind.starts_with("ResourceClaim") {
             let _ = api.delete(&name, &DeleteParams::default()).await;
         }
         let object: DynamicObject = serde_json::from_value(object).unwrap();

@@ -159,6 +159,64 @@ fn fill_mixed(cache: &ClusterCache) -> f64 {
     per_pod
 }
 
+/// Pods waiting in a quota queue (`onExceed: Queue`): the resident memory each adds, and
+/// what the releaser's plan over a 1,000-pod line costs (`quota::queue::plan`).
+fn queue(cache: &ClusterCache, config: &Config) {
+    const WAITING: usize = 20_000;
+    let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": "team-line"},
+        "spec": {"hard": {"Tesla-T4": "10"}, "defaultType": "Tesla-T4", "onExceed": "Queue"}
+    }))
+    .unwrap();
+    cache.with_state(|s| s.apply_quota(quota));
+    let waiting = |i: usize| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("wait-{i:06}"), "namespace": "team-line",
+                "uid": format!("w{i}"), "creationTimestamp": "2026-11-25T10:00:00Z",
+                "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+            "spec": {"priority": (i % 3) as i32, "schedulingGates": [{"name": "gpu-admission.io/quota"}],
+                "containers": [{"name": "c", "resources": {"limits": {"tencent.com/vcuda-core": "100",
+                    "tencent.com/vcuda-memory": "8"}}}]}
+        }))
+        .unwrap()
+    };
+    let projection = Projection::from_config(config);
+    let pods: Vec<Pod> = (0..WAITING).map(waiting).collect();
+    let before = resident_bytes();
+    for pod in &pods {
+        let cached = gpu_admission::cache::CachedPod::from_pod(pod, &projection).unwrap();
+        cache.with_state(|s| s.apply_pod(pod_key(pod), cached));
+    }
+    let per_pod = resident_bytes().saturating_sub(before) as f64 / WAITING as f64;
+    drop(pods);
+    // The plan over the first 1,000 of the line (the releaser plans one namespace at a
+    // time; a line this long in one namespace is the heavy case).
+    let line: Vec<_> = cache.with_state(|s| s.waiting("team-line", 1_795_600_900));
+    let line: Vec<_> = line.into_iter().take(1_000).collect();
+    let views = cache.with_state(|s| s.quota_views("team-line").unwrap());
+    let rules = config.queue_rules();
+    let rounds = 200;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        let turns = gpu_admission::quota::queue::plan(
+            "team-line",
+            &views,
+            line.clone(),
+            1_795_600_900,
+            rules,
+        );
+        std::hint::black_box(turns);
+    }
+    let plan = started.elapsed() / rounds;
+    let started = Instant::now();
+    let read = cache.with_state(|s| s.waiting("team-line", 1_795_600_900).len());
+    let read_time = started.elapsed();
+    println!(
+        "queue: resident memory per waiting pod {per_pod:.0} bytes ({WAITING} pods); the line read from the cache ({read} pods) in {read_time:.2?}; plan over 1,000 waiting pods {plan:.2?}"
+    );
+}
+
 /// Serve `cache` behind the extender's door and the webhooks' door, as `serve` runs
 /// them; their addresses.
 async fn serve(
@@ -211,6 +269,7 @@ async fn main() {
     println!(
         "cache: resident memory per cached pod: heterogeneous {mixed_per_pod:.0} bytes, uniform {per_pod:.0} bytes"
     );
+    queue(&uniform, &config);
 
     let dir = tempfile::tempdir().unwrap();
     let files = CertFiles::in_dir(dir.path());

@@ -21,8 +21,11 @@
 //! 3. pod-create latency with and without the webhooks: registers gpu-admission's
 //!    `/mutate` and `/validate` (replica a, mutual TLS) for one namespace with a GPUQuota,
 //!    then `--creates` sequential creates there, alternating with the same pod in a
-//!    namespace the webhooks do not select;
-//! 4. prints a summary block (or writes it to `--summary-file`, for hack/scale.sh to print).
+//!    namespace the webhooks do not select, one with a core ResourceQuota, and one whose
+//!    GPUQuota says `onExceed: Queue` (created gated, charged when let go);
+//! 4. the quota queue (`examples/scale/queue.rs`): `--queue` pods waiting behind a full
+//!    `Queue` quota, and the time from room appearing to the next pod let go;
+//! 5. prints a summary block (or writes it to `--summary-file`, for hack/scale.sh to print).
 //!
 //! Progress goes to stderr, results to stdout.
 
@@ -65,6 +68,9 @@ const NO_HOOKS_NS: &str = "scale-nohooks";
 /// Without webhooks, but with a core ResourceQuota: the platform's own exact quota, whose
 /// admission plugin also writes a quota status on every create (the floor to compare with).
 const CORE_QUOTA_NS: &str = "scale-corequota";
+/// With the webhooks and a GPUQuota that says `onExceed: Queue`: pods are created gated,
+/// charged nothing, and charged by the releaser when it lets them go.
+const QUEUE_NS: &str = "scale-queue";
 /// The value of [`WEBHOOK_LABEL`] the benchmark's webhooks select.
 const WEBHOOK_SELECTOR: &str = "scale";
 const WEBHOOK_CONFIG: &str = "gpu-admission-scale";
@@ -90,6 +96,12 @@ struct Args {
     /// Sequential creates per side for the create-latency part (0 skips it).
     #[arg(long, default_value_t = 1000)]
     creates: usize,
+    /// Pods waiting in the quota queue while releases are timed (0 skips that part).
+    #[arg(long, default_value_t = 1000)]
+    queue: usize,
+    /// Releases timed, one at a time, with the queue behind them.
+    #[arg(long, default_value_t = 100)]
+    releases: usize,
     /// kube-scheduler's /metrics URL (its secure port).
     #[arg(long)]
     scheduler_metrics: String,
@@ -129,6 +141,10 @@ macro_rules! say {
     };
 }
 
+// After `say!`, which it uses.
+#[path = "scale/queue.rs"]
+mod queue;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -142,7 +158,13 @@ async fn main() -> Result<()> {
     let client = connect(&args.kubeconfig).await?;
     let mut summary = String::new();
 
-    for ns in [THROUGHPUT_NS, HOOKS_NS, NO_HOOKS_NS, CORE_QUOTA_NS] {
+    for ns in [
+        THROUGHPUT_NS,
+        HOOKS_NS,
+        NO_HOOKS_NS,
+        CORE_QUOTA_NS,
+        QUEUE_NS,
+    ] {
         create_namespace(&client, ns).await?;
     }
 
@@ -172,6 +194,9 @@ async fn main() -> Result<()> {
     }
     if args.creates > 0 {
         create_latency(&args, &client, &start, &mut summary).await?;
+    }
+    if args.queue > 0 && args.releases > 0 {
+        queue::release_latency(&args, &client, &start, &mut summary).await?;
     }
 
     match &args.summary_file {
@@ -1048,28 +1073,13 @@ async fn create_latency(
     summary: &mut String,
 ) -> Result<()> {
     println!(
-        "\n== pod-create latency: {} sequential creates with webhooks, alternating with the same pod without",
+        "\n== pod-create latency: {} sequential creates with webhooks (Deny, Queue), alternating with the same pod without (no quota, core ResourceQuota)",
         args.creates
     );
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            HOOKS_NS,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {WEBHOOK_LABEL: WEBHOOK_SELECTOR}}})),
-        )
-        .await
-        .with_context(|| format!("labelling namespace {HOOKS_NS}"))?;
-    let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), HOOKS_NS);
-    let quota: GPUQuota = serde_json::from_value(json!({
-        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
-        "metadata": {"name": "default", "namespace": HOOKS_NS},
-        "spec": {"hard": {MODELS[0]: "100000", MODELS[1]: "100000"}, "defaultType": MODELS[0]},
-    }))?;
-    match quotas.create(&PostParams::default(), &quota).await {
-        Ok(_) => {}
-        Err(e) if is_status(&e, 409) => {}
-        Err(e) => return Err(e).context(format!("creating GPUQuota {HOOKS_NS}/default")),
+    for (namespace, on_exceed) in [(HOOKS_NS, "Deny"), (QUEUE_NS, "Queue")] {
+        quota_namespace(client, namespace, on_exceed).await?;
     }
+    let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), HOOKS_NS);
     register_webhooks(args, client).await?;
     wait_webhooks_effective(client, start).await?;
 
@@ -1077,12 +1087,14 @@ async fn create_latency(
     let hooks: Api<Pod> = Api::namespaced(client.clone(), HOOKS_NS);
     let plain: Api<Pod> = Api::namespaced(client.clone(), NO_HOOKS_NS);
     let core: Api<Pod> = Api::namespaced(client.clone(), CORE_QUOTA_NS);
+    let queued: Api<Pod> = Api::namespaced(client.clone(), QUEUE_NS);
     let mut core_quota = Vec::new();
+    let mut queue_quota = Vec::new();
     let before = read_metrics(args)?;
     let (mut with_hooks, mut without) = (Vec::new(), Vec::new());
     say!(
         start,
-        "creating {} pods in each of {HOOKS_NS} and {NO_HOOKS_NS}",
+        "creating {} pods in each of {HOOKS_NS}, {NO_HOOKS_NS}, {CORE_QUOTA_NS} and {QUEUE_NS}",
         args.creates
     );
     // The ledger as the creates pile up: the GPUQuota read every 10 creates (its entries:
@@ -1106,23 +1118,22 @@ async fn create_latency(
         ledger_at.push(reading.0);
         let name = format!("lat-{i:05}");
         let pod = Profile::Gpu.pod(args, &name, 0)?;
-        let t = Instant::now();
-        hooks
-            .create(&PostParams::default(), &pod)
-            .await
-            .with_context(|| format!("creating pod {HOOKS_NS}/{name} (through the webhooks)"))?;
-        with_hooks.push(t.elapsed());
-        let t = Instant::now();
-        plain
-            .create(&PostParams::default(), &pod)
-            .await
-            .with_context(|| format!("creating pod {NO_HOOKS_NS}/{name}"))?;
-        without.push(t.elapsed());
-        let t = Instant::now();
-        core.create(&PostParams::default(), &pod)
-            .await
-            .with_context(|| format!("creating pod {CORE_QUOTA_NS}/{name}"))?;
-        core_quota.push(t.elapsed());
+        // The four sides in turn, the first one moving by one each round.
+        let sides = [
+            (&hooks, HOOKS_NS, &mut with_hooks),
+            (&plain, NO_HOOKS_NS, &mut without),
+            (&core, CORE_QUOTA_NS, &mut core_quota),
+            (&queued, QUEUE_NS, &mut queue_quota),
+        ];
+        let mut sides: Vec<_> = sides.into_iter().collect();
+        sides.rotate_left(i % 4);
+        for (api, namespace, samples) in sides {
+            let t = Instant::now();
+            api.create(&PostParams::default(), &pod)
+                .await
+                .with_context(|| format!("creating pod {namespace}/{name}"))?;
+            samples.push(t.elapsed());
+        }
         if (i + 1) % 250 == 0 {
             say!(start, "{} creates each", i + 1);
         }
@@ -1146,6 +1157,7 @@ async fn create_latency(
     let with_sorted = sorted(&with_hooks);
     let without_sorted = sorted(&without);
     let core_sorted = sorted(&core_quota);
+    let queue_sorted = sorted(&queue_quota);
     let p = |s: &[Duration], q: f64| percentile_ms(s, q);
     let route = |samples: &(Samples, Samples), route: &str| {
         samples.1.histogram(
@@ -1176,9 +1188,16 @@ async fn create_latency(
             p(&core_sorted, 99.0)
         ),
         format!(
-            "  ratio of p50s with/without: {:.2} (+{:.1} ms); core ResourceQuota/without: {:.2}",
+            "  with webhooks, in a namespace whose GPUQuota says onExceed: Queue (created gated, no quota write): p50 {:.1} ms, p99 {:.1} ms",
+            p(&queue_sorted, 50.0),
+            p(&queue_sorted, 99.0)
+        ),
+        format!(
+            "  ratio of p50s to without webhooks: Deny {:.2} (+{:.1} ms), Queue {:.2} (+{:.1} ms), core ResourceQuota {:.2}",
             p(&with_sorted, 50.0) / p(&without_sorted, 50.0),
             p(&with_sorted, 50.0) - p(&without_sorted, 50.0),
+            p(&queue_sorted, 50.0) / p(&without_sorted, 50.0),
+            p(&queue_sorted, 50.0) - p(&without_sorted, 50.0),
             p(&core_sorted, 50.0) / p(&without_sorted, 50.0)
         ),
         format!(
@@ -1209,6 +1228,31 @@ async fn create_latency(
         writeln!(summary, "{line}")?;
     }
     Ok(())
+}
+
+/// Label `namespace` for the webhooks and give it a GPUQuota of 100,000 GPUs of each
+/// model (`onExceed`: `Deny` or `Queue`).
+async fn quota_namespace(client: &Client, namespace: &str, on_exceed: &str) -> Result<()> {
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {WEBHOOK_LABEL: WEBHOOK_SELECTOR}}})),
+        )
+        .await
+        .with_context(|| format!("labelling namespace {namespace}"))?;
+    let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
+    let quota: GPUQuota = serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": namespace},
+        "spec": {"hard": {MODELS[0]: "100000", MODELS[1]: "100000"}, "defaultType": MODELS[0],
+                 "onExceed": on_exceed},
+    }))?;
+    match quotas.create(&PostParams::default(), &quota).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(e) => Err(e).context(format!("creating GPUQuota {namespace}/default")),
+    }
 }
 
 /// A ResourceQuota on the pod count in [`CORE_QUOTA_NS`], with the status the quota

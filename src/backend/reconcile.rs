@@ -107,7 +107,7 @@ fn reconciled(
                 return None;
             }
         };
-        status.queued = queued_status(quota, &state.queued_usage(namespace, now.unix_timestamp()));
+        status.queued = queued_status(quota, &state.queued_usage(namespace));
         (quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
             updated.metadata.managed_fields = None; // kept as they are by the API server

@@ -36,6 +36,9 @@ const TICK: Duration = Duration::from_secs(2);
 /// A pod this replica let go is left out of its plans until the watch shows it ungated,
 /// or this long: its charge is in the ledger already.
 const RECENT: Duration = Duration::from_secs(10);
+/// How much of a namespace's line one pass reads (under the cache lock) and plans: pods
+/// further back wait for a later pass.
+const LINE_HEAD: usize = 1_000;
 /// Releases written at once in one pass.
 const IN_FLIGHT: usize = 32;
 
@@ -119,7 +122,8 @@ impl Releaser {
         let recent = self.recent_keys();
         let planned = self.backend.cache().with_state(|state| {
             let views = self.backend.quota_views(state, namespace)?;
-            let mut waiting = state.waiting(namespace, now);
+            let max_pass_over = self.rules.max_pass_over;
+            let mut waiting = state.waiting_line(namespace, now, max_pass_over, LINE_HEAD);
             waiting.retain(|w| !recent.contains(&w.key));
             Ok::<_, crate::quota::StatusError>(plan(namespace, &views, waiting, now, self.rules))
         });

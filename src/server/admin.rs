@@ -34,11 +34,10 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
         Milli::parse(&q.0).unwrap_or_default()
     };
     let mut rows = Vec::new();
-    let now = crate::quota::pending::now_second();
     for quota in state.quotas() {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
         let used: ModelAmounts = backend.quota_used(state, quota);
-        let queued = state.queued_usage(&namespace, now);
+        let queued = state.queued_usage(&namespace);
         let queued_pods = state.queued_pods(&namespace);
         let unlisted = used.keys().filter(|m| !quota.spec.hard.contains_key(*m));
         let models = quota.spec.hard.keys().chain(unlisted);
@@ -55,7 +54,7 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
                 hard: gpus(hard),
                 used: amount(&used),
                 queued: amount(&queued),
-                queued_pods: f64::from(queued_pods.get(model).copied().unwrap_or_default()),
+                queued_pods: queued_pods.get(model).copied().unwrap_or_default() as f64,
             });
         }
     }

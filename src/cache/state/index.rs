@@ -186,7 +186,6 @@ impl ClusterState {
         }
         let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
         let new_node = pod.node.clone();
-        self.waiting.set(&key, pod.gated);
         if self.pods.insert(key.clone(), Box::new(pod)).is_none() {
             let namespace = namespace_of(&key);
             self.by_namespace

@@ -1,38 +1,124 @@
 //! The pods waiting in the quota queue (`onExceed: Queue`, docs/quota.md), by namespace,
-//! as the releaser and the status read them: who waits, and what each would cost.
+//! kept in line order as they come and go, with what they would be charged in total: the
+//! releaser reads the head of a line (never the whole of a long one, under the lock) and
+//! the status and metrics read the totals.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use foldhash::HashMap;
 
 use crate::placement::models::WantedModels;
+use crate::placement::quantity::Milli;
+use crate::quota::ModelAmounts;
 use crate::quota::queue::Waiting;
-use crate::quota::{ModelAmounts, add_charge};
 
-use super::super::pod::PodKey;
+use super::super::pod::{CachedPod, PodKey};
 use super::{ClusterState, namespace_of};
 
-/// The keys of the gated pods, by namespace (kept by `put_pod` and `delete_pod`).
+/// A waiting pod's place: what orders it, and what it adds to its line's `totals`
+/// (milli-GPUs per quota key, the keys shared with `totals`').
+#[derive(Debug)]
+struct Place {
+    priority: i32,
+    created: i64,
+    charge: Box<[(Arc<str>, u64)]>,
+}
+
+/// One namespace's line.
 #[derive(Debug, Default)]
-pub(super) struct WaitingIndex(BTreeMap<Box<str>, BTreeSet<PodKey>>);
+struct Line {
+    pods: HashMap<PodKey, Place>,
+    /// The line without overdue pods: higher priority first, then older, then key.
+    by_priority: BTreeSet<(Reverse<i32>, i64, PodKey)>,
+    /// Oldest first: overdue pods are a prefix of it.
+    by_age: BTreeSet<(i64, PodKey)>,
+    /// GPUs per quota key the waiting pods would be charged, and how many pods.
+    totals: BTreeMap<Arc<str>, (u128, usize)>,
+}
+
+/// The waiting pods of every namespace (kept by `put_pod`, `recharge` and `delete_pod`).
+#[derive(Debug, Default)]
+pub(super) struct WaitingIndex(BTreeMap<Box<str>, Line>);
 
 impl WaitingIndex {
-    /// Record whether pod `key` waits.
-    pub(super) fn set(&mut self, key: &PodKey, waits: bool) {
-        if waits {
-            let keys = self.0.entry(namespace_of(key).into()).or_default();
-            keys.insert(key.clone());
-        } else {
-            self.remove(key);
+    /// Record pod `key` as it is now: waiting (with what it would be charged) or not.
+    pub(super) fn set(&mut self, key: &PodKey, pod: &CachedPod, charge: Option<ModelAmounts>) {
+        self.remove(key);
+        if !pod.gated || pod.terminating {
+            return;
         }
+        let line = self.0.entry(namespace_of(key).into()).or_default();
+        let mut shares = Vec::new();
+        for (model, amount) in charge.unwrap_or_default() {
+            let model: Arc<str> = match line.totals.get_key_value(model.as_str()) {
+                Some((shared, _)) => shared.clone(),
+                None => Arc::from(model),
+            };
+            let total = line.totals.entry(model.clone()).or_default();
+            total.0 += u128::from(amount.0);
+            total.1 += 1;
+            shares.push((model, amount.0));
+        }
+        let (priority, created) = (pod.priority, pod.created);
+        line.by_priority
+            .insert((Reverse(priority), created, key.clone()));
+        line.by_age.insert((created, key.clone()));
+        let charge = shares.into_boxed_slice();
+        let place = Place {
+            priority,
+            created,
+            charge,
+        };
+        line.pods.insert(key.clone(), place);
     }
 
     pub(super) fn remove(&mut self, key: &str) {
         let namespace = namespace_of(key);
-        if let Some(keys) = self.0.get_mut(namespace) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.0.remove(namespace);
+        let Some(line) = self.0.get_mut(namespace) else {
+            return;
+        };
+        let Some((key, place)) = line.pods.remove_entry(key) else {
+            return;
+        };
+        line.by_priority
+            .remove(&(Reverse(place.priority), place.created, key.clone()));
+        line.by_age.remove(&(place.created, key));
+        for (model, amount) in place.charge {
+            if let Some(total) = line.totals.get_mut(&model) {
+                total.0 = total.0.saturating_sub(u128::from(amount));
+                total.1 = total.1.saturating_sub(1);
+                if total.1 == 0 {
+                    line.totals.remove(&model);
+                }
             }
         }
+        if line.pods.is_empty() {
+            self.0.remove(namespace);
+        }
+    }
+
+    /// The first `limit` keys of `namespace`'s line: overdue pods (created at or
+    /// before `overdue_by`) oldest first, then the rest by priority and age.
+    fn head(&self, namespace: &str, overdue_by: i64, limit: usize) -> Vec<PodKey> {
+        let Some(line) = self.0.get(namespace) else {
+            return Vec::new();
+        };
+        let overdue = line
+            .by_age
+            .iter()
+            .take_while(|(created, _)| *created <= overdue_by);
+        let rest = line
+            .by_priority
+            .iter()
+            .filter(|(_, created, _)| *created > overdue_by);
+        let overdue = overdue.map(|(_, key)| key);
+        overdue
+            .chain(rest.map(|(_, _, key)| key))
+            .take(limit)
+            .cloned()
+            .collect()
     }
 }
 
@@ -44,15 +130,24 @@ impl ClusterState {
 
     /// How many pods wait in the quota queue, in every namespace.
     pub fn waiting_count(&self) -> usize {
-        self.waiting.0.values().map(BTreeSet::len).sum()
+        self.waiting.0.values().map(|line| line.pods.len()).sum()
     }
 
-    /// The pods waiting in `namespace`, each with what it would be charged if let go in
-    /// second `now` (the second its charge is then made in), in no particular order.
-    pub fn waiting(&self, namespace: &str, now: i64) -> Vec<Waiting> {
-        let keys = self.waiting.0.get(namespace).into_iter().flatten();
+    /// The head of `namespace`'s line, at most `limit` pods in line order for second
+    /// `now` (a pod created `max_pass_over` seconds before is overdue: see
+    /// `quota::queue`), each with what it would be charged if let go in second `now`.
+    pub fn waiting_line(
+        &self,
+        namespace: &str,
+        now: i64,
+        max_pass_over: i64,
+        limit: usize,
+    ) -> Vec<Waiting> {
+        let keys = self
+            .waiting
+            .head(namespace, now.saturating_sub(max_pass_over), limit);
         let limits = self.namespace_limits(namespace);
-        let pods = keys.filter_map(|key| Some((key, self.pod(key)?)));
+        let pods = keys.iter().filter_map(|key| Some((key, self.pod(key)?)));
         pods.map(|(key, pod)| {
             let default = limits.default_type.as_deref();
             let wanted = WantedModels::of_own(&pod.models, default, &limits.models);
@@ -69,30 +164,26 @@ impl ClusterState {
         .collect()
     }
 
-    /// GPUs per quota key the pods waiting in `namespace` would be charged now: what
-    /// `status.queued` reports. A pod that accepts several models counts on the first.
-    pub fn queued_usage(&self, namespace: &str, now: i64) -> ModelAmounts {
-        let mut total = ModelAmounts::new();
-        for pod in self.waiting(namespace, now) {
-            if let Some(model) = pod.wanted.models.first() {
-                add_charge(&mut total, &pod.costs.on(model));
-            }
-        }
-        total
+    /// GPUs per quota key the pods waiting in `namespace` would be charged (by the node
+    /// label each is charged by while it waits): what `status.queued` reports. A pod that
+    /// accepts several models counts on none.
+    pub fn queued_usage(&self, namespace: &str) -> ModelAmounts {
+        let line = self.waiting.0.get(namespace);
+        let totals = line.into_iter().flat_map(|line| &line.totals);
+        totals
+            .map(|(key, (milli, _))| {
+                let milli = u64::try_from(*milli).unwrap_or(u64::MAX);
+                (key.to_string(), Milli(milli))
+            })
+            .collect()
     }
 
-    /// How many pods wait in `namespace`, by the (first) model each wants.
-    pub fn queued_pods(&self, namespace: &str) -> BTreeMap<String, u32> {
-        let mut pods = BTreeMap::new();
-        let keys = self.waiting.0.get(namespace).into_iter().flatten();
-        let limits = self.namespace_limits(namespace);
-        for pod in keys.filter_map(|key| self.pod(key)) {
-            let default = limits.default_type.as_ref();
-            let wanted = WantedModels::resolve(&pod.models, default, &limits.models);
-            if let Some(model) = wanted.first() {
-                *pods.entry(model.clone()).or_default() += 1;
-            }
-        }
-        pods
+    /// How many pods wait in `namespace`, by the quota key each would be charged to.
+    pub fn queued_pods(&self, namespace: &str) -> BTreeMap<String, usize> {
+        let line = self.waiting.0.get(namespace);
+        let totals = line.into_iter().flat_map(|line| &line.totals);
+        totals
+            .map(|(key, (_, pods))| (key.to_string(), *pods))
+            .collect()
     }
 }

@@ -65,7 +65,7 @@ fn a_waiting_pod_is_charged_nothing_and_listed_with_its_cost() {
         state.seen_charges("team", 0).is_empty(),
         "nor does it settle a pending charge"
     );
-    let line = state.waiting("team", CREATED_SECOND + 60);
+    let line = state.waiting_line("team", CREATED_SECOND + 60, 300, 10);
     assert_eq!(line.len(), 1);
     assert_eq!((line[0].key.as_str(), line[0].priority), ("team/w", 7));
     assert_eq!(
@@ -73,13 +73,16 @@ fn a_waiting_pod_is_charged_nothing_and_listed_with_its_cost() {
         "it waits since its creation"
     );
     assert_eq!(line[0].costs.on("Tesla-T4")["Tesla-T4"], Milli(1000));
-    assert_eq!(
-        state.queued_usage("team", CREATED_SECOND)["Tesla-T4"],
-        Milli(1000)
-    );
+    assert_eq!(state.queued_usage("team")["Tesla-T4"], Milli(1000));
+    assert_eq!(state.queued_pods("team")["Tesla-T4"], 1);
     assert_eq!(state.waiting_namespaces(), ["team"]);
     state.delete_pod(&key);
-    assert!(state.waiting("team", CREATED_SECOND).is_empty());
+    assert!(
+        state
+            .waiting_line("team", CREATED_SECOND, 300, 10)
+            .is_empty()
+    );
+    assert!(state.queued_usage("team").is_empty());
     assert_eq!(state.waiting_count(), 0, "a deleted pod frees its place");
 }
 
@@ -103,4 +106,55 @@ fn a_released_pod_counts_in_the_second_of_its_release() {
         "seen in its release second: {seen:?}"
     );
     assert!(!seen.contains_key(&(CREATED_SECOND, "Tesla-T4".to_string())));
+}
+
+/// The line the cache keeps as pods come and go is the order `quota::queue` defines:
+/// read whole, it is `line_up`'s sort; read in part, a prefix of it; its totals are the
+/// sum of what is in it.
+#[test]
+fn the_kept_line_is_the_queue_order_and_its_head_a_prefix() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let projection = Projection::from_config(&Config::default());
+    for round in 0..50 {
+        let mut state = ClusterState::default();
+        state.apply_quota(quota());
+        for i in 0..rng.random_range(0..40) {
+            let created = CREATED_SECOND + rng.random_range(0..20);
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("p{}", i % 30), "namespace": "team", "uid": format!("u{i}"),
+                    "creationTimestamp": k8s_openapi::jiff::Timestamp::from_second(created).unwrap().to_string(),
+                    "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+                "spec": {"priority": rng.random_range(-1..2),
+                    "schedulingGates": if rng.random_bool(0.8) { json!([{"name": "gpu-admission.io/quota"}]) } else { json!([]) },
+                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+            }))
+            .unwrap();
+            state.apply_pod(
+                pod_key(&pod),
+                CachedPod::from_pod(&pod, &projection).unwrap(),
+            );
+            if rng.random_bool(0.2) {
+                state.delete_pod(&format!("team/p{}", rng.random_range(0..30)));
+            }
+        }
+        let now = CREATED_SECOND + 25;
+        let max_pass_over = rng.random_range(0..30);
+        let whole = state.waiting_line("team", now, max_pass_over, usize::MAX);
+        let mut sorted = whole.clone();
+        crate::quota::queue::line_up(&mut sorted, now, max_pass_over);
+        let keys = |line: &[crate::quota::queue::Waiting]| -> Vec<String> {
+            line.iter().map(|w| w.key.clone()).collect()
+        };
+        assert_eq!(keys(&whole), keys(&sorted), "round {round}");
+        assert_eq!(whole.len(), state.waiting_count());
+        let head = state.waiting_line("team", now, max_pass_over, 5);
+        assert_eq!(keys(&head), keys(&whole)[..whole.len().min(5)]);
+        let total = state
+            .queued_usage("team")
+            .get("Tesla-T4")
+            .copied()
+            .unwrap_or_default();
+        assert_eq!(total, Milli(1000 * whole.len() as u64), "round {round}");
+    }
 }

@@ -86,6 +86,15 @@ impl ClusterState {
         let pod = self.pods.get(key).map(|pod| &**pod);
         self.tally
             .recharge(key, namespace_of(key), pod, model.as_deref());
+        // A waiting pod is in the quota queue's line, with what it would be charged.
+        match pod {
+            Some(pod) => {
+                let mig = self.tally.mig();
+                let queued = model.map(|label| charge_on(&pod.request, &label, mig));
+                self.waiting.set(key, pod, queued);
+            }
+            None => self.waiting.remove(key),
+        }
     }
 
     /// The node label `pod` is charged by now: its node's, else, for a pod that wants

@@ -17,8 +17,11 @@
 #    profiles side by side, order plain gpu gpu plain, SCALE_PODS pods per phase from
 #    SCALE_CLIENTS parallel creators, with kube-scheduler's own latency histograms per
 #    profile and gpu-admission's extender request duration; then SCALE_CREATES sequential
-#    pod creates with gpu-admission's webhooks (a namespace with a GPUQuota) alternating
-#    with the same pod in a namespace they do not select;
+#    pod creates with gpu-admission's webhooks (a namespace with a `Deny` GPUQuota, one
+#    with a `Queue` GPUQuota) alternating with the same pod in a namespace they do not
+#    select and in one with a core ResourceQuota; then the quota queue: SCALE_QUEUE pods
+#    waiting behind a full `Queue` quota, and SCALE_RELEASES times a pod holding the quota
+#    deleted and the next waiting pod's gate removal timed (examples/scale/queue.rs);
 # 4. prints the machine, the versions, the commit and a summary block, and tears everything
 #    down; logs stay in the temporary directory (printed at the end).
 #
@@ -26,7 +29,8 @@
 # deleted with grace period 0).
 # Environment (defaults):
 #   SCALE_NODES (1000), SCALE_PODS (500, per profile per phase), SCALE_CLIENTS (16 parallel
-#   creators), SCALE_CREATES (1000 sequential creates per side);
+#   creators), SCALE_CREATES (1000 sequential creates per side), SCALE_QUEUE (1000 waiting
+#   pods), SCALE_RELEASES (100 timed releases);
 #   SCALE_BIND_VERB (`bind`: the extender binds GPU pods itself, as deploy/ configures it —
 #   `bindVerb: bind` for kube-scheduler, `placement.bindVerb: true` for gpu-admission;
 #   empty: filter only, kube-scheduler binds, as tkestack's configuration does);
@@ -46,10 +50,12 @@ nodes="${SCALE_NODES:-1000}"
 pods="${SCALE_PODS:-500}"
 clients="${SCALE_CLIENTS:-16}"
 creates="${SCALE_CREATES:-1000}"
+queue="${SCALE_QUEUE:-1000}"
+releases="${SCALE_RELEASES:-100}"
 bind_verb="${SCALE_BIND_VERB-bind}"
 scheduler_qps="${SCALE_SCHEDULER_QPS:-1000}"
 policy="${SCALE_POLICY:-}"
-for knob in nodes pods clients creates scheduler_qps; do
+for knob in nodes pods clients creates queue releases scheduler_qps; do
   [[ "${!knob}" =~ ^[0-9]+$ ]] || { echo "scale: SCALE_${knob^^}=${!knob} is not a number" >&2; exit 2; }
 done
 
@@ -109,6 +115,10 @@ cp_gpu_admission_certs "$gpu_admission"
   [[ -n "$policy" ]] && echo "  policy: $policy"
   [[ -n "$bind_verb" ]] && echo "  bindVerb: true"
   echo "  gpuManagerCompat: true" # a no-op default, so the block is never empty
+  # The identity gpu-admission runs as here writes placements and lets pods out of the
+  # quota queue, as the GPU scheduler's ServiceAccount does in deploy/.
+  echo "placementWriters: [$cp_name-admin]"
+  echo "queue: {releasers: [$cp_name-admin]}"
 } >"$work/gpu-admission.yaml"
 cp_write_ctl "$gpu_admission" "$work/gpu-admission.yaml" info
 bash "$ctl" start a || die "gpu-admission (replica a) did not start (see above)"
@@ -148,12 +158,13 @@ EOF
 cp_start_scheduler "$work/kube-scheduler.yaml" --v=1
 
 # ---------------------------------------------------------------- 3. the driver
-say "running examples/scale.rs: $nodes nodes, $pods pods per phase, $clients clients, $creates creates"
+say "running examples/scale.rs: $nodes nodes, $pods pods per phase, $clients clients, $creates creates, $queue waiting, $releases releases"
 driver_started=$SECONDS
 load_driver="$(cut -d' ' -f1-3 /proc/loadavg)"
 set +e
 "$driver" --kubeconfig "$kubeconfig" \
   --nodes "$nodes" --pods "$pods" --clients "$clients" --creates "$creates" \
+  --queue "$queue" --releases "$releases" \
   --scheduler-metrics "https://127.0.0.1:$sched_port/metrics" \
   --client-cert "$pki/admin.crt" --client-key "$pki/admin.key" \
   --admin-url "http://127.0.0.1:$admin_port" \
@@ -173,7 +184,7 @@ commit:      $commit
 machine:     $(nproc) CPUs (${cpu:-unknown}), $(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load average at start $load_start, when measuring began $load_driver, at end $(cut -d' ' -f1-3 /proc/loadavg)
 Kubernetes:  kube-apiserver/kube-scheduler ${k8s_version}, etcd v${etcd_version} (--unsafe-no-fsync)
 gpu-admission: release build, two replicas, placement policy ${policy:-default}; extender verbs: filter${bind_verb:+ + $bind_verb}
-knobs:       SCALE_NODES=$nodes SCALE_PODS=$pods SCALE_CLIENTS=$clients SCALE_CREATES=$creates SCALE_SCHEDULER_QPS=$scheduler_qps SCALE_BIND_VERB=${bind_verb:-}
+knobs:       SCALE_NODES=$nodes SCALE_PODS=$pods SCALE_CLIENTS=$clients SCALE_CREATES=$creates SCALE_QUEUE=$queue SCALE_RELEASES=$releases SCALE_SCHEDULER_QPS=$scheduler_qps SCALE_BIND_VERB=${bind_verb:-}
 time:        ${driver_took}s measuring, $((SECONDS - started))s in all (${built_at}s of it building)
 $(cat "$work/summary.txt")
 logs:        $logs

@@ -236,6 +236,7 @@ pub mod admit;
 #[cfg(test)]
 mod admit_tests;
 pub mod charge;
+pub mod cohort;
 pub mod eligible;
 pub mod legacy;
 #[cfg(test)]

@@ -1,0 +1,194 @@
+//! Cohorts (docs/quota.md, "Cohorts"), pure: GPUQuotas with the same `cohort` lend each
+//! other what they leave unused, one GPU model at a time.
+//!
+//! The arithmetic is a shared pool, as Kueue's cohorts have it. Of its `hard`, a member
+//! *guarantees* itself `hard - lendingLimit` (all of `hard` may be lent when no limit is
+//! set); the rest is *lendable* and goes into the cohort's pool. A member that uses more
+//! than its guaranteed part draws the excess from the pool, and the pool is never
+//! overdrawn. From that one rule follow:
+//!
+//! - the cohort never uses more than its members own (the guaranteed parts plus the pool);
+//! - what the borrowers use past their `hard` is at most what the others leave unused of
+//!   their lendable parts, so no member lends more than its `lendingLimit`;
+//! - a member's guaranteed part is always its own.
+//!
+//! A member taking back what it lent (using its lendable part while others borrow it) is
+//! [`Reclaim`]: with `Evict` it gets it at once and the borrowers' pods are evicted until
+//! the pool is whole again ([`reclaim`]); with `Never` it waits for them to finish.
+
+use crate::placement::quantity::Milli;
+
+/// How a member takes back what it lent.
+#[derive(
+    serde::Deserialize,
+    serde::Serialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    schemars::JsonSchema,
+)]
+pub enum Reclaim {
+    /// Its pod is admitted (or let go) at once, and borrowing pods are evicted.
+    #[default]
+    Evict,
+    /// Its pod waits (`Queue`) or is refused (`Deny`) until the borrowers finish.
+    Never,
+}
+
+impl Reclaim {
+    pub fn is_evict(&self) -> bool {
+        *self == Reclaim::Evict
+    }
+}
+
+/// One member's standing in its cohort, for one model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Share {
+    pub hard: Milli,
+    pub used: Milli,
+    /// How far past `hard` it may go; `None`: as far as the pool allows.
+    pub borrowing_limit: Option<Milli>,
+    /// How much of its `hard` it lends at most; `None`: all of it.
+    pub lending_limit: Option<Milli>,
+}
+
+impl Share {
+    /// What no other member can ever use.
+    pub fn guaranteed(&self) -> Milli {
+        Milli(self.hard.0 - self.lendable().0)
+    }
+
+    /// What this member puts in the cohort's pool.
+    pub fn lendable(&self) -> Milli {
+        Milli(self.lending_limit.unwrap_or(self.hard).0.min(self.hard.0))
+    }
+
+    /// What it draws from the pool: its use past its guaranteed part.
+    pub fn from_pool(&self) -> Milli {
+        Milli(self.used.0.saturating_sub(self.guaranteed().0))
+    }
+
+    /// Its use past its own `hard`.
+    pub fn borrowed(&self) -> Milli {
+        Milli(self.used.0.saturating_sub(self.hard.0))
+    }
+
+    /// What it leaves for others to borrow: its lendable part less what it uses of it.
+    pub fn lends(&self) -> Milli {
+        Milli(self.lendable().0.saturating_sub(self.from_pool().0))
+    }
+}
+
+/// A cohort's pool, for one model: what its members lend, and what is drawn from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pool {
+    pub size: u128,
+    pub drawn: u128,
+}
+
+impl Pool {
+    pub fn of<'a>(shares: impl IntoIterator<Item = &'a Share>) -> Pool {
+        shares.into_iter().fold(Pool::default(), |pool, share| Pool {
+            size: pool.size + u128::from(share.lendable().0),
+            drawn: pool.drawn + u128::from(share.from_pool().0),
+        })
+    }
+
+    /// What may still be drawn.
+    pub fn free(&self) -> u128 {
+        self.size.saturating_sub(self.drawn)
+    }
+
+    /// How far it is overdrawn (a member took back what it lent, `reclaim: Evict`).
+    pub fn overdrawn(&self) -> u128 {
+        self.drawn.saturating_sub(self.size)
+    }
+}
+
+/// How a charge fits a member of a cohort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fits {
+    /// Within its own `hard`.
+    Own,
+    /// Past its own `hard`: this much of the charge is borrowed.
+    Borrowing(Milli),
+}
+
+/// Why a cohort has no room for a member's charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Short {
+    /// Past `hard` by more than its `borrowingLimit`.
+    BorrowingLimit { limit: Milli },
+    /// Past `hard`, and the others lend less than that.
+    NothingToBorrow { free: Milli },
+    /// Within `hard`, but others borrow what it lent (`reclaim: Never`).
+    Lent { free: Milli },
+}
+
+/// Whether `share` may be charged `amount` more, in a cohort whose pool is `pool` (which
+/// counts `share` among its members).
+pub fn fits(share: &Share, pool: &Pool, amount: Milli, reclaim: Reclaim) -> Result<Fits, Short> {
+    let after = share.used.0.saturating_add(amount.0);
+    let guaranteed = share.guaranteed().0;
+    let drawn = after.saturating_sub(guaranteed) - share.from_pool().0;
+    let free = pool.free();
+    let free_milli = Milli(u64::try_from(free).unwrap_or(u64::MAX));
+    if after <= share.hard.0 {
+        return if reclaim.is_evict() || u128::from(drawn) <= free {
+            Ok(Fits::Own)
+        } else {
+            Err(Short::Lent { free: free_milli })
+        };
+    }
+    let past = after - share.hard.0;
+    if let Some(limit) = share.borrowing_limit.filter(|limit| past > limit.0) {
+        return Err(Short::BorrowingLimit { limit });
+    }
+    if u128::from(drawn) > free {
+        return Err(Short::NothingToBorrow { free: free_milli });
+    }
+    Ok(Fits::Borrowing(Milli(past - share.borrowed().0)))
+}
+
+/// A pod that borrows, as reclaim chooses among them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Borrower<K> {
+    pub key: K,
+    /// Index of its member in the shares given to [`reclaim`].
+    pub member: usize,
+    pub priority: i32,
+    /// When it was admitted (or let go), in seconds: the most recent goes first.
+    pub admitted: i64,
+    pub amount: Milli,
+}
+
+/// The pods to evict so the pool is no longer overdrawn: lowest priority first, then the
+/// most recently admitted, each only while its member still borrows. Fewer than needed
+/// when the candidates do not suffice.
+pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'a Borrower<K>> {
+    let mut shares = shares.to_vec();
+    let mut order: Vec<&Borrower<K>> = candidates.iter().collect();
+    order.sort_by_key(|b| (b.priority, std::cmp::Reverse(b.admitted)));
+    let mut chosen = Vec::new();
+    for pod in order {
+        if Pool::of(&shares).overdrawn() == 0 {
+            break;
+        }
+        let Some(share) = shares.get_mut(pod.member) else {
+            continue;
+        };
+        if share.borrowed().0 == 0 {
+            continue;
+        }
+        share.used = Milli(share.used.0.saturating_sub(pod.amount.0));
+        chosen.push(pod);
+    }
+    chosen
+}
+
+#[cfg(test)]
+#[path = "cohort_tests.rs"]
+mod tests;

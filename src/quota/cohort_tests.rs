@@ -1,0 +1,239 @@
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+fn gpus(n: u64) -> Milli {
+    Milli::from_units(n)
+}
+
+fn share(hard: u64, used: u64) -> Share {
+    Share {
+        hard: gpus(hard),
+        used: gpus(used),
+        ..Share::default()
+    }
+}
+
+/// B borrows A's idle GPUs: the unused part of A's `hard` is in the pool.
+#[test]
+fn a_member_past_its_hard_borrows_what_the_others_leave_unused() {
+    let a = share(8, 2);
+    let b = share(4, 4);
+    let pool = Pool::of(&[a, b]);
+    assert_eq!(fits(&b, &pool, gpus(6), Reclaim::Evict), Ok(Fits::Borrowing(gpus(6))));
+    assert_eq!(
+        fits(&b, &pool, gpus(7), Reclaim::Evict),
+        Err(Short::NothingToBorrow { free: gpus(6) }),
+        "A uses 2 of its 8: 6 are free, not 7"
+    );
+    let b = share(4, 3);
+    assert_eq!(
+        fits(&b, &Pool::of(&[a, b]), gpus(2), Reclaim::Evict),
+        Ok(Fits::Borrowing(gpus(1))),
+        "one of the two GPUs is B's own"
+    );
+}
+
+#[test]
+fn the_borrowing_limit_caps_how_far_past_hard_a_member_goes() {
+    let a = share(8, 0);
+    let b = Share {
+        borrowing_limit: Some(gpus(2)),
+        ..share(4, 5)
+    };
+    let pool = Pool::of(&[a, b]);
+    assert_eq!(fits(&b, &pool, gpus(1), Reclaim::Evict), Ok(Fits::Borrowing(gpus(1))));
+    assert_eq!(
+        fits(&b, &pool, gpus(2), Reclaim::Evict),
+        Err(Short::BorrowingLimit { limit: gpus(2) })
+    );
+}
+
+#[test]
+fn the_lending_limit_keeps_the_rest_of_hard_for_its_member() {
+    let a = Share {
+        lending_limit: Some(gpus(2)),
+        ..share(8, 0)
+    };
+    let b = share(4, 4);
+    let pool = Pool::of(&[a, b]);
+    assert_eq!(a.guaranteed(), gpus(6));
+    assert_eq!(fits(&b, &pool, gpus(2), Reclaim::Evict), Ok(Fits::Borrowing(gpus(2))));
+    assert_eq!(
+        fits(&b, &pool, gpus(3), Reclaim::Evict),
+        Err(Short::NothingToBorrow { free: gpus(2) }),
+        "A lends 2 of its 8 idle GPUs, no more"
+    );
+    // A using 7 of its 8 leaves one of its lendable two.
+    let a = Share {
+        used: gpus(7),
+        ..a
+    };
+    assert_eq!(a.lends(), gpus(1));
+    assert_eq!(
+        fits(&b, &Pool::of(&[a, b]), gpus(2), Reclaim::Evict),
+        Err(Short::NothingToBorrow { free: gpus(1) })
+    );
+}
+
+/// A lender's pod within its own hard: at once with `Evict` (the pool is then overdrawn,
+/// and reclaim evicts), refused or kept waiting with `Never`.
+#[test]
+fn a_lender_takes_back_at_once_with_evict_and_waits_with_never() {
+    let a = share(8, 2);
+    let b = share(4, 10); // borrows 6: all of A's idle GPUs
+    let pool = Pool::of(&[a, b]);
+    assert_eq!(pool.free(), 0);
+    assert_eq!(fits(&a, &pool, gpus(3), Reclaim::Evict), Ok(Fits::Own));
+    assert_eq!(
+        fits(&a, &pool, gpus(3), Reclaim::Never),
+        Err(Short::Lent { free: Milli(0) })
+    );
+    // A's 3 more GPUs overdraw the pool by 3: B's newest borrowing pods of the lowest
+    // priority go first, until it is whole.
+    let a = share(8, 5);
+    let pods: Vec<Borrower<&str>> = [("b1", 0, 10), ("b2", 0, 30), ("b3", 5, 40), ("b4", 0, 20)]
+        .into_iter()
+        .map(|(key, priority, admitted)| Borrower {
+            key,
+            member: 1,
+            priority,
+            admitted,
+            amount: gpus(2),
+        })
+        .collect();
+    let evicted: Vec<&str> = reclaim(&[a, b], &pods).iter().map(|p| p.key).collect();
+    assert_eq!(evicted, ["b2", "b4"], "priority 0 first, the most recent of them first");
+}
+
+/// A member past its `hard` only because of MIG-slice fractions borrows fractions.
+#[test]
+fn fractions_borrow_exactly() {
+    let a = share(1, 0);
+    let b = Share {
+        used: Milli(2_857), // 20 one-seventh slices
+        ..share(3, 0)
+    };
+    let pool = Pool::of(&[a, b]);
+    assert_eq!(fits(&b, &pool, Milli(143), Reclaim::Evict), Ok(Fits::Own));
+    assert_eq!(
+        fits(&b, &pool, Milli(286), Reclaim::Evict),
+        Ok(Fits::Borrowing(Milli(143)))
+    );
+}
+
+#[test]
+fn reclaim_passes_over_pods_of_a_member_that_no_longer_borrows() {
+    let a = share(4, 4);
+    let b = share(2, 4); // borrows 2
+    let c = share(2, 2); // within its own
+    let pool = Pool::of(&[a, b, c]);
+    assert_eq!(pool.overdrawn(), 2_000, "milli-GPUs");
+    let pod = |key, member, admitted| Borrower {
+        key,
+        member,
+        priority: 0,
+        admitted,
+        amount: gpus(1),
+    };
+    let pods = [pod("c-old-borrow", 2, 99), pod("b1", 1, 1), pod("b2", 1, 2)];
+    let evicted: Vec<&str> = reclaim(&[a, b, c], &pods).iter().map(|p| p.key).collect();
+    assert_eq!(evicted, ["b2", "b1"]);
+}
+
+/// Random cohorts and random charges by random members, each admitted only when
+/// [`fits`] says so, with reclaim run after every admission: the cohort never uses more
+/// than its members own once reclaim is done, no member goes past its borrowing limit,
+/// no member lends more than its lending limit, a charge within a member's guaranteed
+/// part is never refused, and with `Evict` a charge within `hard` never is.
+#[test]
+fn random_charges_keep_the_cohort_within_what_it_owns() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    let (mut borrowings, mut evictions, mut refusals) = (0, 0, 0);
+    for round in 0..300 {
+        let reclaim_mode = if rng.random_bool(0.5) {
+            Reclaim::Evict
+        } else {
+            Reclaim::Never
+        };
+        let members = rng.random_range(1..5);
+        let mut shares: Vec<Share> = (0..members)
+            .map(|_| {
+                let hard = rng.random_range(0..8u64);
+                Share {
+                    hard: gpus(hard),
+                    used: Milli(0),
+                    borrowing_limit: rng.random_bool(0.4).then(|| gpus(rng.random_range(0..6))),
+                    lending_limit: rng.random_bool(0.4).then(|| gpus(rng.random_range(0..10))),
+                }
+            })
+            .collect();
+        let owned: u64 = shares.iter().map(|s| s.hard.0).sum();
+        let mut pods: Vec<Borrower<usize>> = Vec::new();
+        for step in 0..60 {
+            let who = rng.random_range(0..members);
+            if rng.random_bool(0.25) {
+                // A pod of `who` finishes.
+                if let Some(i) = pods.iter().position(|p| p.member == who) {
+                    let pod = pods.remove(i);
+                    shares[who].used.0 -= pod.amount.0;
+                }
+                continue;
+            }
+            let amount = Milli(rng.random_range(1..4) * 500);
+            let before = shares[who];
+            let pool = Pool::of(&shares);
+            let fit = fits(&before, &pool, amount, reclaim_mode);
+            let within = before.used.0 + amount.0;
+            if within <= before.guaranteed().0 {
+                assert_eq!(fit, Ok(Fits::Own), "round {round} step {step}: guaranteed refused");
+            }
+            if reclaim_mode.is_evict() && within <= before.hard.0 {
+                assert_eq!(fit, Ok(Fits::Own), "round {round} step {step}: own hard refused");
+            }
+            match fit {
+                Err(_) => {
+                    refusals += 1;
+                    continue;
+                }
+                Ok(Fits::Borrowing(_)) => borrowings += 1,
+                Ok(Fits::Own) => {}
+            }
+            shares[who].used.0 += amount.0;
+            pods.push(Borrower {
+                key: step,
+                member: who,
+                priority: rng.random_range(0..3),
+                admitted: step as i64,
+                amount,
+            });
+            let evicted: Vec<usize> = reclaim(&shares, &pods).iter().map(|p| p.key).collect();
+            for key in evicted {
+                let i = pods.iter().position(|p| p.key == key).unwrap();
+                let pod = pods.remove(i);
+                assert!(shares[pod.member].borrowed().0 > 0, "evicted a non-borrower");
+                evictions += 1;
+                shares[pod.member].used.0 -= pod.amount.0;
+            }
+            let pool = Pool::of(&shares);
+            assert_eq!(pool.overdrawn(), 0, "round {round} step {step}: {shares:?}");
+            let used: u64 = shares.iter().map(|s| s.used.0).sum();
+            assert!(used <= owned, "round {round} step {step}: {used} > {owned}");
+            for share in &shares {
+                if let Some(limit) = share.borrowing_limit {
+                    assert!(share.borrowed() <= limit, "round {round}: {share:?}");
+                }
+            }
+            // Borrowed in all is at most what the non-borrowers lend of their idle quota.
+            let borrowed: u64 = shares.iter().map(|s| s.borrowed().0).sum();
+            let lent: u64 = shares
+                .iter()
+                .filter(|s| s.borrowed().0 == 0)
+                .map(|s| s.lendable().0.min(s.hard.0 - s.used.0))
+                .sum();
+            assert!(borrowed <= lent, "round {round} step {step}: {shares:?}");
+        }
+    }
+    // The rounds tried every path.
+    assert!(borrowings > 200 && evictions > 50 && refusals > 200, "{borrowings} {evictions} {refusals}");
+}

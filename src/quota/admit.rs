@@ -2,6 +2,7 @@
 //! quotas as arithmetic sees them, the admission rule, the models a pod may be charged
 //! to by how it reaches a node, and the denial a person reads when there is no room.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::placement::NodeGpus;
@@ -10,6 +11,7 @@ use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 
 use super::charge::{Costs, ModelAmounts};
+use super::cohort::{self, Pool, Reclaim, Share, Short};
 use super::{GPUQuota, NamespaceLimits, OnExceed, StatusError, quota_name};
 
 /// One GPUQuota as arithmetic sees it.
@@ -22,6 +24,33 @@ pub struct QuotaView {
     /// A `Warn` quota never refuses: a charge past its `hard` is admitted and reported
     /// ([`over_warn_quotas`]).
     pub on_exceed: OnExceed,
+    /// Its cohort's terms, when it lends and borrows (`None`: `hard` is a wall).
+    pub cohort: Option<CohortTerms>,
+}
+
+/// A quota's place in its cohort (`quota::cohort`): its limits and the cohort's pools.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CohortTerms {
+    pub name: String,
+    /// Per model, how far past `hard` it may go; a model not listed: no limit.
+    pub borrowing_limit: ModelAmounts,
+    /// Per model, how much of its `hard` it lends; a model not listed: all of it.
+    pub lending_limit: ModelAmounts,
+    pub reclaim: Reclaim,
+    /// Per model, the cohort's pool, this quota's own part included.
+    pub pools: BTreeMap<String, Pool>,
+}
+
+impl CohortTerms {
+    /// This quota's standing for `model` (a model: MIG profile keys are not lent).
+    fn share(&self, model: &str, hard: Milli, used: Milli) -> Share {
+        Share {
+            hard,
+            used,
+            borrowing_limit: self.borrowing_limit.get(model).copied(),
+            lending_limit: self.lending_limit.get(model).copied(),
+        }
+    }
 }
 
 impl QuotaView {
@@ -41,6 +70,7 @@ impl QuotaView {
             hard,
             used: ModelAmounts::new(),
             on_exceed: quota.spec.on_exceed,
+            cohort: None,
         })
     }
 
@@ -52,18 +82,44 @@ impl QuotaView {
     fn room_for(&self, model: &str, amount: Milli) -> Result<(), Exceeded> {
         let hard = self.hard.get(model).copied().unwrap_or_default();
         let used = self.used.get(model).copied().unwrap_or_default();
-        if used.0.saturating_add(amount.0) <= hard.0 {
-            Ok(())
-        } else {
-            Err(Exceeded {
-                model: model.to_string(),
-                requested: amount,
-                used,
-                hard,
-                quota: format!("{}/{}", self.namespace, self.name),
-                listed: true,
-            })
+        let exceeded = |cohort| Exceeded {
+            model: model.to_string(),
+            requested: amount,
+            used,
+            hard,
+            quota: format!("{}/{}", self.namespace, self.name),
+            listed: true,
+            cohort,
+        };
+        match self.cohort.as_ref().filter(|_| !mig::is_profile_key(model)) {
+            Some(terms) => {
+                let share = terms.share(model, hard, used);
+                let pool = terms
+                    .pools
+                    .get(model)
+                    .copied()
+                    .unwrap_or(Pool::of([&share]));
+                cohort::fits(&share, &pool, amount, terms.reclaim)
+                    .map(drop)
+                    .map_err(|short| exceeded(Some(Box::new((terms.name.clone(), short)))))
+            }
+            None if used.0.saturating_add(amount.0) <= hard.0 => Ok(()),
+            None => Err(exceeded(None)),
         }
+    }
+
+    /// Count `amount` more of `key` as used (and drawn from its cohort's pool).
+    pub fn add_used(&mut self, key: &str, amount: Milli) {
+        let hard = self.hard.get(key).copied().unwrap_or_default();
+        let used = self.used.entry(key.to_string()).or_default();
+        if let Some(terms) = self.cohort.as_mut() {
+            let before = terms.share(key, hard, *used);
+            let after = terms.share(key, hard, Milli(used.0.saturating_add(amount.0)));
+            if let Some(pool) = terms.pools.get_mut(key) {
+                pool.drawn += u128::from(after.from_pool().0 - before.from_pool().0);
+            }
+        }
+        used.0 = used.0.saturating_add(amount.0);
     }
 }
 
@@ -162,6 +218,9 @@ pub struct Exceeded {
     pub quota: String,
     /// Whether some quota lists `model`; when none does, `model` is the pod's own word.
     pub listed: bool,
+    /// The quota's cohort, and why it lends no more (boxed: rare, and a denial is
+    /// passed by value).
+    pub cohort: Option<Box<(String, Short)>>,
 }
 
 /// The refusal of one quota, as `kubectl` prints it (a `Warn` quota's warning too).
@@ -176,7 +235,11 @@ impl fmt::Display for Exceeded {
             self.used,
             self.hard,
             self.quota
-        )
+        )?;
+        match self.cohort.as_deref() {
+            Some((cohort, short)) => write!(f, "; cohort {cohort}: {short}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -545,6 +608,7 @@ fn unlisted(quotas: &[QuotaView], model: &str, amount: Milli) -> Exceeded {
         hard: Milli::default(),
         quota: names.join(", "),
         listed: false,
+        cohort: None,
     }
 }
 

@@ -44,6 +44,7 @@ fn quota(name: &str, hard: &[(&str, &str)], used: &[(&str, &str)]) -> QuotaView 
         hard: amounts(hard),
         used: amounts(used),
         on_exceed: OnExceed::Deny,
+        cohort: None,
     }
 }
 
@@ -559,6 +560,7 @@ fn a_warn_quota_admits_past_hard_and_says_by_how_much() {
             hard: gpus("2"),
             quota: "team-a/audit".into(),
             listed: true,
+            cohort: None,
         }]
     );
     // Within hard: admitted, nothing to report.

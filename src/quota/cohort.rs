@@ -91,10 +91,12 @@ pub struct Pool {
 
 impl Pool {
     pub fn of<'a>(shares: impl IntoIterator<Item = &'a Share>) -> Pool {
-        shares.into_iter().fold(Pool::default(), |pool, share| Pool {
-            size: pool.size + u128::from(share.lendable().0),
-            drawn: pool.drawn + u128::from(share.from_pool().0),
-        })
+        shares
+            .into_iter()
+            .fold(Pool::default(), |pool, share| Pool {
+                size: pool.size + u128::from(share.lendable().0),
+                drawn: pool.drawn + u128::from(share.from_pool().0),
+            })
     }
 
     /// What may still be drawn.
@@ -126,6 +128,20 @@ pub enum Short {
     NothingToBorrow { free: Milli },
     /// Within `hard`, but others borrow what it lent (`reclaim: Never`).
     Lent { free: Milli },
+}
+
+/// What a person reads after the quota's own refusal.
+impl std::fmt::Display for Short {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Short::BorrowingLimit { limit } => write!(f, "borrowing limit {limit} reached"),
+            Short::NothingToBorrow { free } => write!(f, "the other members lend {free} more"),
+            Short::Lent { free } => write!(
+                f,
+                "its own quota is lent to other members (reclaim: Never; {free} free to lend)"
+            ),
+        }
+    }
 }
 
 /// Whether `share` may be charged `amount` more, in a cohort whose pool is `pool` (which

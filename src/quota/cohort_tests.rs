@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)]
+
 use rand::{Rng, SeedableRng};
 
 use super::*;
@@ -20,7 +22,10 @@ fn a_member_past_its_hard_borrows_what_the_others_leave_unused() {
     let a = share(8, 2);
     let b = share(4, 4);
     let pool = Pool::of(&[a, b]);
-    assert_eq!(fits(&b, &pool, gpus(6), Reclaim::Evict), Ok(Fits::Borrowing(gpus(6))));
+    assert_eq!(
+        fits(&b, &pool, gpus(6), Reclaim::Evict),
+        Ok(Fits::Borrowing(gpus(6)))
+    );
     assert_eq!(
         fits(&b, &pool, gpus(7), Reclaim::Evict),
         Err(Short::NothingToBorrow { free: gpus(6) }),
@@ -42,7 +47,10 @@ fn the_borrowing_limit_caps_how_far_past_hard_a_member_goes() {
         ..share(4, 5)
     };
     let pool = Pool::of(&[a, b]);
-    assert_eq!(fits(&b, &pool, gpus(1), Reclaim::Evict), Ok(Fits::Borrowing(gpus(1))));
+    assert_eq!(
+        fits(&b, &pool, gpus(1), Reclaim::Evict),
+        Ok(Fits::Borrowing(gpus(1)))
+    );
     assert_eq!(
         fits(&b, &pool, gpus(2), Reclaim::Evict),
         Err(Short::BorrowingLimit { limit: gpus(2) })
@@ -58,17 +66,17 @@ fn the_lending_limit_keeps_the_rest_of_hard_for_its_member() {
     let b = share(4, 4);
     let pool = Pool::of(&[a, b]);
     assert_eq!(a.guaranteed(), gpus(6));
-    assert_eq!(fits(&b, &pool, gpus(2), Reclaim::Evict), Ok(Fits::Borrowing(gpus(2))));
+    assert_eq!(
+        fits(&b, &pool, gpus(2), Reclaim::Evict),
+        Ok(Fits::Borrowing(gpus(2)))
+    );
     assert_eq!(
         fits(&b, &pool, gpus(3), Reclaim::Evict),
         Err(Short::NothingToBorrow { free: gpus(2) }),
         "A lends 2 of its 8 idle GPUs, no more"
     );
     // A using 7 of its 8 leaves one of its lendable two.
-    let a = Share {
-        used: gpus(7),
-        ..a
-    };
+    let a = Share { used: gpus(7), ..a };
     assert_eq!(a.lends(), gpus(1));
     assert_eq!(
         fits(&b, &Pool::of(&[a, b]), gpus(2), Reclaim::Evict),
@@ -103,7 +111,11 @@ fn a_lender_takes_back_at_once_with_evict_and_waits_with_never() {
         })
         .collect();
     let evicted: Vec<&str> = reclaim(&[a, b], &pods).iter().map(|p| p.key).collect();
-    assert_eq!(evicted, ["b2", "b4"], "priority 0 first, the most recent of them first");
+    assert_eq!(
+        evicted,
+        ["b2", "b4"],
+        "priority 0 first, the most recent of them first"
+    );
 }
 
 /// A member past its `hard` only because of MIG-slice fractions borrows fractions.
@@ -186,10 +198,18 @@ fn random_charges_keep_the_cohort_within_what_it_owns() {
             let fit = fits(&before, &pool, amount, reclaim_mode);
             let within = before.used.0 + amount.0;
             if within <= before.guaranteed().0 {
-                assert_eq!(fit, Ok(Fits::Own), "round {round} step {step}: guaranteed refused");
+                assert_eq!(
+                    fit,
+                    Ok(Fits::Own),
+                    "round {round} step {step}: guaranteed refused"
+                );
             }
             if reclaim_mode.is_evict() && within <= before.hard.0 {
-                assert_eq!(fit, Ok(Fits::Own), "round {round} step {step}: own hard refused");
+                assert_eq!(
+                    fit,
+                    Ok(Fits::Own),
+                    "round {round} step {step}: own hard refused"
+                );
             }
             match fit {
                 Err(_) => {
@@ -211,7 +231,10 @@ fn random_charges_keep_the_cohort_within_what_it_owns() {
             for key in evicted {
                 let i = pods.iter().position(|p| p.key == key).unwrap();
                 let pod = pods.remove(i);
-                assert!(shares[pod.member].borrowed().0 > 0, "evicted a non-borrower");
+                assert!(
+                    shares[pod.member].borrowed().0 > 0,
+                    "evicted a non-borrower"
+                );
                 evictions += 1;
                 shares[pod.member].used.0 -= pod.amount.0;
             }
@@ -235,5 +258,53 @@ fn random_charges_keep_the_cohort_within_what_it_owns() {
         }
     }
     // The rounds tried every path.
-    assert!(borrowings > 200 && evictions > 50 && refusals > 200, "{borrowings} {evictions} {refusals}");
+    assert!(
+        borrowings > 200 && evictions > 50 && refusals > 200,
+        "{borrowings} {evictions} {refusals}"
+    );
+}
+
+/// Through the quota views admission reads: a quota in a cohort admits a pod past its
+/// own `hard` while the pool has room, and its refusal says why the cohort could not lend.
+#[test]
+fn admission_borrows_through_the_cohort_and_says_why_not() {
+    use crate::placement::models::{ModelSource, WantedModels};
+    use crate::quota::admit::{AdmitRules, CohortTerms, QuotaView, UntypedPods, admit};
+    use crate::quota::{Costs, OnExceed};
+    let view = |used: u64, drawn: u128| QuotaView {
+        namespace: "team-b".into(),
+        name: "default".into(),
+        hard: [("A100".to_string(), gpus(4))].into(),
+        used: [("A100".to_string(), gpus(used))].into(),
+        on_exceed: OnExceed::Deny,
+        cohort: Some(CohortTerms {
+            name: "research".into(),
+            pools: [(
+                "A100".to_string(),
+                Pool {
+                    size: 12_000,
+                    drawn,
+                },
+            )]
+            .into(),
+            ..CohortTerms::default()
+        }),
+    };
+    let wanted = WantedModels {
+        models: vec!["A100".into()],
+        source: ModelSource::Annotation,
+    };
+    let costs = Costs::single("A100".into(), [("A100".to_string(), gpus(2))].into());
+    let rules = AdmitRules {
+        untyped: UntypedPods::Allow,
+        quota_required: false,
+    };
+    // B uses its 4; the other members (8 GPUs) use 4 of theirs: 4 free to borrow.
+    assert!(admit("team-b", &[view(4, 8_000)], &wanted, &costs, rules).is_ok());
+    let denial = admit("team-b", &[view(4, 11_000)], &wanted, &costs, rules).unwrap_err();
+    assert_eq!(
+        denial.to_string(),
+        "GPU quota exceeded in namespace \"team-b\" for A100: requested 2, used 4 of 4 \
+         (GPUQuota team-b/default); cohort research: the other members lend 1 more"
+    );
 }

@@ -35,6 +35,7 @@ fn quota(hard: &[(&str, u64)], used: &[(&str, u64)]) -> QuotaView {
         hard: amounts(hard),
         used: amounts(used),
         on_exceed: OnExceed::Deny,
+        cohort: None,
     }
 }
 

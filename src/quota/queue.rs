@@ -142,8 +142,7 @@ fn add_used(views: &mut [QuotaView], charge: &Charge) {
     for view in views.iter_mut() {
         for (key, amount) in charge {
             if view.hard.contains_key(key) {
-                let used = view.used.entry(key.clone()).or_default();
-                used.0 = used.0.saturating_add(amount.0);
+                view.add_used(key, *amount);
             }
         }
     }

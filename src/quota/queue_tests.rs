@@ -24,6 +24,7 @@ fn quota(model: &str, hard: u64, used: u64) -> QuotaView {
         hard: [(model.to_string(), Milli(hard * 1000))].into(),
         used: [(model.to_string(), Milli(used * 1000))].into(),
         on_exceed: OnExceed::Queue,
+        cohort: None,
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod plot;
 pub mod replay;
+pub mod timeline;
 pub mod trace;
 pub mod workload;
 
@@ -50,6 +51,27 @@ pub struct SimulateArgs {
     /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Instead of the placement protocol, replay the trace over time through namespaces
+    /// with GPU quotas (pods arrive at `creation_time` and run as long as they ran) and
+    /// compare quota modes: `--namespaces`, `--quota-scale`, `--modes`; the first
+    /// `--policy` places, `--seed` deals the pods to namespaces.
+    #[arg(long)]
+    pub timeline: bool,
+    /// `--timeline`: the namespaces the pods are dealt to (weights 1, 1/2, 1/3, ...).
+    #[arg(long, default_value_t = 8)]
+    pub namespaces: usize,
+    /// `--timeline`: the namespaces' quotas together, as a multiple of the trace's peak
+    /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs).
+    #[arg(long, default_value_t = 1.0)]
+    pub quota_scale: f64,
+    /// `--timeline`: the quota modes to compare.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "deny,queue,cohort"
+    )]
+    pub modes: Vec<timeline::QuotaMode>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -105,10 +127,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         .iter()
         .map(SimNode::of)
         .collect();
-    let pods: Vec<SimPod> = trace::read_pods(&args.pods)?
-        .iter()
-        .map(SimPod::of)
-        .collect();
+    let rows = trace::read_pods(&args.pods)?;
+    if args.timeline {
+        return run_timeline(&args, &nodes, &rows);
+    }
+    let pods: Vec<SimPod> = rows.iter().map(SimPod::of).collect();
     let seeds = args
         .seeds
         .clone()
@@ -126,6 +149,49 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.plot {
         plot::write(path, &reports)
             .with_context(|| format!("writing the plot {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--timeline`: one report per quota mode.
+fn run_timeline(
+    args: &SimulateArgs,
+    nodes: &[SimNode],
+    rows: &[trace::PodRow],
+) -> anyhow::Result<()> {
+    if args.namespaces == 0 || !(args.quota_scale > 0.0 && args.quota_scale.is_finite()) {
+        anyhow::bail!("--namespaces and --quota-scale must be above 0");
+    }
+    let pods: Vec<timeline::TimedPod> = rows
+        .iter()
+        .filter(|row| row.gpu_demand_milli() > 0)
+        .filter_map(|row| {
+            let life = row.life?;
+            Some(timeline::TimedPod {
+                pod: SimPod::of(row),
+                arrival: life.arrival,
+                runtime: life.runtime,
+            })
+        })
+        .collect();
+    if pods.is_empty() {
+        anyhow::bail!(
+            "{}: no GPU pod has creation_time and deletion_time, which --timeline replays",
+            args.pods.display()
+        );
+    }
+    let policy = args.policy.first().copied().unwrap_or(DEFAULT_POLICY);
+    let shapes: Vec<SimPod> = pods.iter().map(|p| p.pod.clone()).collect();
+    let placer = Placer::new(policy)
+        .with_mix(Arc::new(replay::known_mix(&shapes)))
+        .with_gpu_manager_compat(args.gpu_manager_compat);
+    let tenancy = timeline::tenancy(&pods, nodes, args.namespaces, args.quota_scale, args.seed);
+    if args.format == Format::Text {
+        println!("{}", timeline::describe(&pods, &tenancy, policy, args));
+    }
+    for &mode in &args.modes {
+        let result = timeline::run(mode, &placer, nodes, &pods, &tenancy);
+        println!("{}", timeline::render(mode, &result, args.format));
     }
     Ok(())
 }

@@ -108,6 +108,23 @@ impl SimNode {
                 wanted: pod.models.iter().map(|m| m.to_string()).collect(),
             });
         }
+        self.host_admits(pod)
+    }
+
+    /// [`admits`](Self::admits), with the models the pod may go to (those its quota has
+    /// room on) in place of the pod's own.
+    pub fn admits_models(&self, pod: &SimPod, models: &[String]) -> Result<(), Misfit> {
+        let model = self.gpus.model.as_deref();
+        if !models.iter().any(|m| Some(m.as_str()) == model) {
+            return Err(Misfit::ModelNotWanted {
+                model: self.gpus.model.clone(),
+                wanted: models.into(),
+            });
+        }
+        self.host_admits(pod)
+    }
+
+    fn host_admits(&self, pod: &SimPod) -> Result<(), Misfit> {
         let short = |resource, need, free| Misfit::HostShort {
             resource,
             need,

@@ -27,6 +27,18 @@ pub struct PodRow {
     pub gpu_milli: u32,
     /// Allowed GPU models (`gpu_spec` split on `|`); empty = any.
     pub models: Vec<String>,
+    /// When it arrived and how long it ran, in seconds, when the trace says
+    /// (`creation_time`, `deletion_time`, `scheduled_time`): what `--timeline` replays.
+    pub life: Option<Life>,
+}
+
+/// A pod's life in the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Life {
+    /// `creation_time`.
+    pub arrival: u64,
+    /// `deletion_time` less `scheduled_time` (less `creation_time` if it never ran).
+    pub runtime: u64,
 }
 
 impl PodRow {
@@ -83,8 +95,12 @@ pub fn parse_pods(file: &str, text: &str) -> anyhow::Result<Vec<PodRow>> {
         "num_gpu",
         "gpu_milli",
         "gpu_spec",
+        "creation_time",
+        "deletion_time",
+        "scheduled_time",
     ];
-    // `gpu_spec` is optional: some trace variants (multigpu30) leave it out.
+    // `gpu_spec` is optional: some trace variants (multigpu30) leave it out; so are the
+    // times, which only `--timeline` needs.
     let table = Table::new(file, text, &columns, 5)?;
     table.rows().map(|row| pod_row(&row)).collect()
 }
@@ -112,7 +128,24 @@ fn pod_row(row: &Row<'_>) -> anyhow::Result<PodRow> {
         num_gpu,
         gpu_milli,
         models,
+        life: life(row)?,
     })
+}
+
+/// The pod's arrival and run time; `None` when the trace has no creation or deletion time.
+fn life(row: &Row<'_>) -> anyhow::Result<Option<Life>> {
+    let (created, deleted) = (row.optional(6)?, row.optional(7)?);
+    let (Some(arrival), Some(deleted)) = (created, deleted) else {
+        return Ok(None);
+    };
+    let started = row.optional(8)?.unwrap_or(arrival);
+    if deleted < started || started < arrival {
+        return Err(row.error(7, "must not come before scheduled_time or creation_time"));
+    }
+    Ok(Some(Life {
+        arrival,
+        runtime: deleted - started,
+    }))
 }
 
 /// A CSV text with the positions of the wanted columns. No quoting: the traces have none.
@@ -199,6 +232,14 @@ impl Row<'_> {
             .map_err(|_| self.error(column, &format!("expected a whole number, found {cell:?}")))
     }
 
+    /// A whole number, or `None` for an empty cell.
+    fn optional(&self, column: usize) -> anyhow::Result<Option<u64>> {
+        match self.text(column) {
+            "" => Ok(None),
+            _ => self.number(column).map(Some),
+        }
+    }
+
     fn error(&self, column: usize, problem: &str) -> anyhow::Error {
         anyhow::anyhow!(
             "{} line {}, column `{}`: {problem}",
@@ -257,6 +298,27 @@ mod tests {
             err,
             "nodes.csv line 2, column `gpu`: expected a whole number, found \"-2\""
         );
+    }
+
+    #[test]
+    fn times_give_arrival_and_run_time_when_present() {
+        let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time,scheduled_time\n\
+            a,1,1,1,500,,100,400,160\n\
+            b,1,1,1,500,,100,400,\n\
+            c,1,1,1,500,,,,\n";
+        let pods = parse_pods("p.csv", text).unwrap();
+        let lives: Vec<Option<Life>> = pods.iter().map(|p| p.life).collect();
+        let life = |arrival, runtime| Some(Life { arrival, runtime });
+        assert_eq!(lives, [life(100, 240), life(100, 300), None]);
+        let err = parse_pods("p.csv", &text.replace("100,400,160", "100,150,160"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "p.csv line 2, column `deletion_time`: must not come before scheduled_time or creation_time"
+        );
+        // The placement protocol needs no times.
+        assert!(parse_pods("p.csv", PODS).unwrap()[0].life.is_none());
     }
 
     #[test]

@@ -25,6 +25,14 @@ impl HostRoom {
             memory_mib: self.memory_mib.saturating_sub(need.memory_mib),
         }
     }
+
+    /// The room after `freed` is given back.
+    pub fn plus(&self, freed: &HostRoom) -> HostRoom {
+        HostRoom {
+            cpu_milli: self.cpu_milli.saturating_add(freed.cpu_milli),
+            memory_mib: self.memory_mib.saturating_add(freed.memory_mib),
+        }
+    }
 }
 
 /// The GPU part of a task shape.

@@ -106,6 +106,9 @@ pub struct QueueConfig {
     pub max_pass_over_seconds: u32,
 }
 
+/// `queue.maxPassOverSeconds` when the configuration does not say.
+pub const DEFAULT_MAX_PASS_OVER_SECONDS: u32 = 300;
+
 /// The GPU scheduler's ServiceAccount in deploy/: its gpu-admission sidecar runs the
 /// releaser (`--release-queue`); the webhook servers' identity may not write pods.
 pub const DEFAULT_QUEUE_RELEASERS: [&str; 1] =
@@ -115,7 +118,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
             releasers: DEFAULT_QUEUE_RELEASERS.map(String::from).to_vec(),
-            max_pass_over_seconds: 300,
+            max_pass_over_seconds: DEFAULT_MAX_PASS_OVER_SECONDS,
         }
     }
 }

@@ -64,6 +64,10 @@ pub struct SimulateArgs {
     /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs).
     #[arg(long, default_value_t = 1.0)]
     pub quota_scale: f64,
+    /// `--timeline`: `queue.maxPassOverSeconds`, how long a waiting pod that does not fit
+    /// may be passed over before it holds its model.
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_PASS_OVER_SECONDS)]
+    pub max_pass_over: u32,
     /// `--timeline`: the quota modes to compare.
     #[arg(
         long,
@@ -190,7 +194,8 @@ fn run_timeline(
         println!("{}", timeline::describe(&pods, &tenancy, policy, args));
     }
     for &mode in &args.modes {
-        let result = timeline::run(mode, &placer, nodes, &pods, &tenancy);
+        let max_pass_over = i64::from(args.max_pass_over);
+        let result = timeline::run(mode, &placer, nodes, &pods, &tenancy, max_pass_over);
         println!("{}", timeline::render(mode, &result, args.format));
     }
     Ok(())

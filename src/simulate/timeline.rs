@@ -47,9 +47,6 @@ const MAX_BACKOFF: u64 = 60;
 /// counted but not played one by one, until room appears (see `Replay::unpark`).
 const PARKED: u32 = 6;
 
-/// How long a pod may be passed over in the line (the default `queue.maxPassOverSeconds`).
-const MAX_PASS_OVER: i64 = 300;
-
 /// A trace GPU pod with its arrival and run time.
 #[derive(Debug, Clone)]
 pub struct TimedPod {
@@ -209,6 +206,8 @@ enum Attempt {
 
 struct Replay<'a> {
     mode: QuotaMode,
+    /// `queue.maxPassOverSeconds`.
+    max_pass_over: i64,
     placer: &'a Placer,
     nodes: Vec<SimNode>,
     pods: &'a [TimedPod],
@@ -244,6 +243,7 @@ pub fn run(
     nodes: &[SimNode],
     pods: &[TimedPod],
     tenancy: &Tenancy,
+    max_pass_over: i64,
 ) -> TimelineResult {
     let started = std::time::Instant::now();
     let wanted = pods
@@ -253,6 +253,7 @@ pub fn run(
         .collect();
     let mut replay = Replay {
         mode,
+        max_pass_over,
         placer,
         nodes: nodes.to_vec(),
         pods,
@@ -547,7 +548,7 @@ impl Replay<'_> {
             })
             .collect();
         let rules = QueueRules {
-            max_pass_over: MAX_PASS_OVER,
+            max_pass_over: self.max_pass_over,
             admit: RULES,
         };
         let turns = plan("", &self.views(k), waiting, self.now as i64, rules);
@@ -685,11 +686,12 @@ pub fn describe(
     }
     let mut text = format!(
         "timeline: {} GPU pods over {:.1} days, peak concurrent demand {} GPUs; quota scale {}, \
-         policy {policy}, seed {}",
+         maxPassOverSeconds {}, policy {policy}, seed {}",
         pods.len(),
         (last - first) as f64 / 86_400.0,
         Milli(tenancy.peak_milli),
         args.quota_scale,
+        args.max_pass_over,
         args.seed,
     );
     for (k, hard) in tenancy.hard.iter().enumerate() {

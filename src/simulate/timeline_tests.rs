@@ -49,7 +49,7 @@ fn two_teams(namespace_of: Vec<usize>) -> Tenancy {
 
 fn replay(mode: QuotaMode, pods: &[TimedPod], tenancy: &Tenancy) -> TimelineResult {
     let placer = Placer::new(Policy::Binpack);
-    run(mode, &placer, &nodes(2, 4), pods, tenancy)
+    run(mode, &placer, &nodes(2, 4), pods, tenancy, 300)
 }
 
 /// Team 0 starts four one-GPU pods of 100 s at once against its quota of two, team 1

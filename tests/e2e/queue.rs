@@ -41,8 +41,10 @@ struct QueueLog {
     most_running: usize,
     /// Pods let go while an older pod (by creation second) still waited.
     out_of_order: Vec<String>,
-    /// The most GPUs `status.used` ever reported.
+    /// The most GPUs `status.used` ever reported, and the status that reported it with
+    /// the pods running then (what to look at when it passed the quota).
     most_used: u64,
+    most_used_at: String,
     /// The most GPUs `status.queued` ever reported.
     most_queued: u64,
 }
@@ -95,7 +97,10 @@ impl QueueLog {
             String,
             k8s_openapi::apimachinery::pkg::api::resource::Quantity,
         >| { of.get(model).map_or(0, |q| milli_gpus(&q.0)) };
-        self.most_used = self.most_used.max(milli(&status.used));
+        if milli(&status.used) > self.most_used {
+            self.most_used = milli(&status.used);
+            self.most_used_at = format!("{running} running, status {status:?}");
+        }
         self.most_queued = self.most_queued.max(milli(&status.queued));
     }
 }
@@ -414,8 +419,9 @@ async fn two_replicas_release_exactly_the_quota_from_a_queue_of_500() {
     );
     assert!(
         log.most_used <= QUOTA as u64 * 1000,
-        "the ledger: {}m",
-        log.most_used
+        "the ledger: {}m with {}",
+        log.most_used,
+        log.most_used_at
     );
     unregister_webhooks(&cluster).await;
 }

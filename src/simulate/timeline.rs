@@ -69,8 +69,9 @@ pub struct Tenancy {
 }
 
 /// `namespaces` tenants of unequal size — pods are dealt at random (seeded) with weights
-/// 1, 1/2, 1/3, ... — each with a default model (the `k`-th largest model of the cluster,
-/// round robin) that its pods naming no model are charged to. A namespace's quota on a
+/// 1, 1/2, 1/3, ... — each with a default model that its pods naming no model are
+/// charged to, the namespaces spread over the models as the cluster's GPUs are (half the
+/// GPUs of one model: half the namespaces default to it). A namespace's quota on a
 /// model is `quota_scale` × its own peak concurrent demand there, and never less than
 /// its largest pod there (so every pod can run in every mode, and the modes differ only
 /// in how long pods wait).
@@ -89,11 +90,18 @@ pub fn tenancy(
     }
     let mut largest: Vec<(&String, &u64)> = capacity.iter().collect();
     largest.sort_by_key(|(model, cap)| (Reverse(**cap), (*model).clone()));
+    let total: u64 = capacity.values().sum();
     let default_model: Vec<String> = (0..namespaces)
         .map(|k| {
-            largest
-                .get(k % largest.len().max(1))
-                .map_or_else(String::new, |m| m.0.clone())
+            // The model under the point (k + 1/2) / namespaces of the cluster's GPUs, the
+            // largest model first: namespaces spread over the models as the GPUs are.
+            let mut point = (2 * k as u64 + 1) * total / (2 * namespaces as u64);
+            let model = largest.iter().find(|(_, cap)| {
+                let here = point < **cap;
+                point = point.saturating_sub(**cap);
+                here
+            });
+            model.or(largest.last()).map_or_else(String::new, |m| m.0.clone())
         })
         .collect();
     let weights: Vec<f64> = (1..=namespaces).map(|k| 1.0 / k as f64).collect();

@@ -149,8 +149,11 @@ fn tenancy_sizes_each_quota_on_its_own_peak_and_largest_pod() {
         Milli(2000),
         "its largest pod, not half of it"
     );
-    // Two namespaces: every pod dealt to one of them, the second defaulting to V100.
+    // Every pod dealt to one of the namespaces, spread over the models as the GPUs are
+    // (T4 has two thirds of them).
     let two = tenancy(&pods, &cluster, 2, 1.0, 7);
     assert!(two.namespace_of.iter().all(|&k| k < 2));
     assert_eq!(two.default_model, ["T4", "V100"]);
+    let six = tenancy(&pods, &cluster, 6, 1.0, 7);
+    assert_eq!(six.default_model, ["T4", "T4", "T4", "T4", "V100", "V100"]);
 }

@@ -101,7 +101,9 @@ pub fn tenancy(
                 point = point.saturating_sub(**cap);
                 here
             });
-            model.or(largest.last()).map_or_else(String::new, |m| m.0.clone())
+            model
+                .or(largest.last())
+                .map_or_else(String::new, |m| m.0.clone())
         })
         .collect();
     let weights: Vec<f64> = (1..=namespaces).map(|k| 1.0 / k as f64).collect();
@@ -361,7 +363,11 @@ impl Replay<'_> {
         }
         match self.attempt(pod) {
             Attempt::Started => {}
-            Attempt::NoNode => self.no_node.push(pod),
+            Attempt::NoNode => {
+                // Past the quota now: waiting for a node is not waiting on quota.
+                self.set_over_quota(pod, false);
+                self.no_node.push(pod);
+            }
             Attempt::OverQuota => {
                 self.set_over_quota(pod, true);
                 if attempt >= PARKED {

@@ -157,3 +157,33 @@ fn tenancy_sizes_each_quota_on_its_own_peak_and_largest_pod() {
     let six = tenancy(&pods, &cluster, 6, 1.0, 7);
     assert_eq!(six.default_model, ["T4", "T4", "T4", "T4", "V100", "V100"]);
 }
+
+/// A pod the quota lets through but no node can take waits for a node, not on quota: it
+/// strands nothing, even after it was refused for quota before.
+#[test]
+fn waiting_for_a_node_is_not_waiting_on_quota() {
+    let mut huge = pod(5, 10);
+    huge.pod = SimPod::of(&PodRow {
+        name: "huge".into(),
+        cpu_milli: 1_000_000, // more CPU than any node has
+        memory_mib: 1024,
+        num_gpu: 1,
+        gpu_milli: 1000,
+        models: vec!["T4".into(), "V100".into()],
+        life: None,
+    });
+    let mut pods: Vec<TimedPod> = (0..2).map(|_| pod(0, 100)).collect();
+    pods.push(huge);
+    pods.push(pod(1000, 10)); // time goes on
+    let tenancy = two_teams(vec![0, 0, 0, 1]);
+    for mode in [QuotaMode::Deny, QuotaMode::Queue, QuotaMode::Cohort] {
+        let result = replay(mode, &pods, &tenancy);
+        assert_eq!((result.started, result.no_node), (3, 1), "{mode:?}");
+        // Refused for quota from t=5 until the first retry after t=100 at most.
+        assert!(
+            result.stranded_gpu_hours <= 160.0 / 3600.0,
+            "{mode:?}: {}",
+            result.stranded_gpu_hours
+        );
+    }
+}

@@ -2,7 +2,6 @@
 //! quotas as arithmetic sees them, the admission rule, the models a pod may be charged
 //! to by how it reaches a node, and the denial a person reads when there is no room.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::placement::NodeGpus;
@@ -11,7 +10,7 @@ use crate::placement::models::{ModelSource, WantedModels, pool_admits};
 use crate::placement::quantity::Milli;
 
 use super::charge::{Costs, ModelAmounts};
-use super::cohort::{self, Pool, Reclaim, Share, Short};
+use super::cohort::{self, CohortTerms, Pool, Short};
 use super::{GPUQuota, NamespaceLimits, OnExceed, StatusError, quota_name};
 
 /// One GPUQuota as arithmetic sees it.
@@ -26,31 +25,6 @@ pub struct QuotaView {
     pub on_exceed: OnExceed,
     /// Its cohort's terms, when it lends and borrows (`None`: `hard` is a wall).
     pub cohort: Option<CohortTerms>,
-}
-
-/// A quota's place in its cohort (`quota::cohort`): its limits and the cohort's pools.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CohortTerms {
-    pub name: String,
-    /// Per model, how far past `hard` it may go; a model not listed: no limit.
-    pub borrowing_limit: ModelAmounts,
-    /// Per model, how much of its `hard` it lends; a model not listed: all of it.
-    pub lending_limit: ModelAmounts,
-    pub reclaim: Reclaim,
-    /// Per model, the cohort's pool, this quota's own part included.
-    pub pools: BTreeMap<String, Pool>,
-}
-
-impl CohortTerms {
-    /// This quota's standing for `model` (a model: MIG profile keys are not lent).
-    fn share(&self, model: &str, hard: Milli, used: Milli) -> Share {
-        Share {
-            hard,
-            used,
-            borrowing_limit: self.borrowing_limit.get(model).copied(),
-            lending_limit: self.lending_limit.get(model).copied(),
-        }
-    }
 }
 
 impl QuotaView {

@@ -16,7 +16,11 @@
 //! [`Reclaim`]: with `Evict` it gets it at once and the borrowers' pods are evicted until
 //! the pool is whole again ([`reclaim`]); with `Never` it waits for them to finish.
 
+use std::collections::BTreeMap;
+
 use crate::placement::quantity::Milli;
+
+use super::ModelAmounts;
 
 /// How a member takes back what it lent.
 #[derive(
@@ -203,6 +207,31 @@ pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'
         chosen.push(pod);
     }
     chosen
+}
+
+/// A quota's place in its cohort (`quota::cohort`): its limits and the cohort's pools.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CohortTerms {
+    pub name: String,
+    /// Per model, how far past `hard` it may go; a model not listed: no limit.
+    pub borrowing_limit: ModelAmounts,
+    /// Per model, how much of its `hard` it lends; a model not listed: all of it.
+    pub lending_limit: ModelAmounts,
+    pub reclaim: Reclaim,
+    /// Per model, the cohort's pool, this quota's own part included.
+    pub pools: BTreeMap<String, Pool>,
+}
+
+impl CohortTerms {
+    /// This quota's standing for `model` (a model: MIG profile keys are not lent).
+    pub(super) fn share(&self, model: &str, hard: Milli, used: Milli) -> Share {
+        Share {
+            hard,
+            used,
+            borrowing_limit: self.borrowing_limit.get(model).copied(),
+            lending_limit: self.lending_limit.get(model).copied(),
+        }
+    }
 }
 
 #[cfg(test)]

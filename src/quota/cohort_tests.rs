@@ -269,7 +269,7 @@ fn random_charges_keep_the_cohort_within_what_it_owns() {
 #[test]
 fn admission_borrows_through_the_cohort_and_says_why_not() {
     use crate::placement::models::{ModelSource, WantedModels};
-    use crate::quota::admit::{AdmitRules, CohortTerms, QuotaView, UntypedPods, admit};
+    use crate::quota::admit::{AdmitRules, QuotaView, UntypedPods, admit};
     use crate::quota::{Costs, OnExceed};
     let view = |used: u64, drawn: u128| QuotaView {
         namespace: "team-b".into(),

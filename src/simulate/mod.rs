@@ -4,6 +4,7 @@
 
 pub mod plot;
 pub mod replay;
+pub mod tenancy;
 pub mod timeline;
 pub mod trace;
 pub mod workload;
@@ -191,14 +192,57 @@ fn run_timeline(
         .with_gpu_manager_compat(args.gpu_manager_compat);
     let tenancy = timeline::tenancy(&pods, nodes, args.namespaces, args.quota_scale, args.seed);
     if args.format == Format::Text {
-        println!("{}", timeline::describe(&pods, &tenancy, policy, args));
+        println!("{}", tenancy::describe(&pods, &tenancy, policy, args));
     }
     for &mode in &args.modes {
         let max_pass_over = i64::from(args.max_pass_over);
         let result = timeline::run(mode, &placer, nodes, &pods, &tenancy, max_pass_over);
-        println!("{}", timeline::render(mode, &result, args.format));
+        println!("{}", render_timeline(mode, &result, args.format));
     }
     Ok(())
+}
+
+/// One mode's line (text) or object (JSON).
+fn render_timeline(
+    mode: timeline::QuotaMode,
+    result: &timeline::TimelineResult,
+    format: Format,
+) -> String {
+    if format == Format::Json {
+        let mut object = serde_json::json!(result);
+        object["mode"] = serde_json::json!(mode);
+        return object.to_string();
+    }
+    format!(
+        "{mode:?}: {started} of {pods} GPU pods started ({too_big} larger than any quota, \
+         {never} never started, {no_node} of them for want of a node); {waited} waited on quota: p50 {p50}, p99 {p99}, max {max}; \
+         stranded {stranded:.1} GPU-hours; {evictions} evictions ({lost:.1} GPU-hours of work \
+         lost); {retries} creates made again after a refusal; replayed in {secs:.2} s",
+        started = result.started,
+        pods = result.pods,
+        too_big = result.too_big,
+        never = result.never_started,
+        no_node = result.no_node,
+        waited = result.waited,
+        p50 = span(result.wait_p50_s),
+        p99 = span(result.wait_p99_s),
+        max = span(result.wait_max_s),
+        stranded = result.stranded_gpu_hours,
+        evictions = result.evictions,
+        lost = result.evicted_gpu_hours,
+        retries = result.retries,
+        secs = result.seconds,
+    )
+}
+
+/// `45 s`, `12 min`, `3.5 h`, `2.1 d`.
+fn span(seconds: u64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7_200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{:.1} h", s as f64 / 3_600.0),
+        s => format!("{:.1} d", s as f64 / 86_400.0),
+    }
 }
 
 fn simulate_policy(

@@ -10,19 +10,18 @@
 //! controller's retries) is in [`tenancy`] and docs/simulate.md.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
-
-use rand::{Rng, SeedableRng};
+use std::collections::BinaryHeap;
 
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, Placer, place_with_host};
-use crate::quota::admit::{AdmitRules, CohortTerms, QuotaView, UntypedPods};
-use crate::quota::cohort::{self, Borrower, Pool, Reclaim, Share};
+use crate::quota::admit::{AdmitRules, QuotaView, UntypedPods};
+use crate::quota::cohort::{self, Borrower, CohortTerms, Pool, Reclaim, Share};
 use crate::quota::queue::{QueueRules, Turn, Waiting, plan};
 use crate::quota::{Charge, Costs, ModelAmounts, OnExceed, admit};
 
 use super::replay::{SimNode, SimPod};
+pub use super::tenancy::{Tenancy, TimedPod, tenancy};
 
 /// How the namespaces' quotas treat a pod past them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -46,122 +45,6 @@ const MAX_BACKOFF: u64 = 60;
 /// From this attempt on the back-off is [`MAX_BACKOFF`]: the pod is *parked*, its retries
 /// counted but not played one by one, until room appears (see `Replay::unpark`).
 const PARKED: u32 = 6;
-
-/// A trace GPU pod with its arrival and run time.
-#[derive(Debug, Clone)]
-pub struct TimedPod {
-    pub pod: SimPod,
-    pub arrival: u64,
-    pub runtime: u64,
-}
-
-/// The tenants the trace does not have: which namespace each pod belongs to, and each
-/// namespace's quota and default model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tenancy {
-    pub namespace_of: Vec<usize>,
-    /// Per namespace: the model a pod that names none is charged to.
-    pub default_model: Vec<String>,
-    /// Per namespace: `hard` per model (the models its pods want).
-    pub hard: Vec<ModelAmounts>,
-    /// The trace's peak concurrent GPU demand, milli-GPUs.
-    pub peak_milli: u64,
-}
-
-/// `namespaces` tenants of unequal size — pods are dealt at random (seeded) with weights
-/// 1, 1/2, 1/3, ... — each with a default model that its pods naming no model are
-/// charged to, the namespaces spread over the models as the cluster's GPUs are (half the
-/// GPUs of one model: half the namespaces default to it). A namespace's quota on a
-/// model is `quota_scale` × its own peak concurrent demand there, and never less than
-/// its largest pod there (so every pod can run in every mode, and the modes differ only
-/// in how long pods wait).
-pub fn tenancy(
-    pods: &[TimedPod],
-    nodes: &[SimNode],
-    namespaces: usize,
-    quota_scale: f64,
-    seed: u64,
-) -> Tenancy {
-    let namespaces = namespaces.max(1);
-    let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
-    for node in nodes {
-        let model = node.gpus.model.as_deref().unwrap_or_default().to_string();
-        *capacity.entry(model).or_default() += node.gpus.gpu_count() as u64 * 1000;
-    }
-    let mut largest: Vec<(&String, &u64)> = capacity.iter().collect();
-    largest.sort_by_key(|(model, cap)| (Reverse(**cap), (*model).clone()));
-    let total: u64 = capacity.values().sum();
-    let default_model: Vec<String> = (0..namespaces)
-        .map(|k| {
-            // The model under the point (k + 1/2) / namespaces of the cluster's GPUs, the
-            // largest model first: namespaces spread over the models as the GPUs are.
-            let mut point = (2 * k as u64 + 1) * total / (2 * namespaces as u64);
-            let model = largest.iter().find(|(_, cap)| {
-                let here = point < **cap;
-                point = point.saturating_sub(**cap);
-                here
-            });
-            model
-                .or(largest.last())
-                .map_or_else(String::new, |m| m.0.clone())
-        })
-        .collect();
-    let weights: Vec<f64> = (1..=namespaces).map(|k| 1.0 / k as f64).collect();
-    let sum: f64 = weights.iter().sum();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let namespace_of: Vec<usize> = pods
-        .iter()
-        .map(|_| {
-            let mut draw = rng.random_range(0.0..sum);
-            weights
-                .iter()
-                .position(|w| {
-                    draw -= w;
-                    draw < 0.0
-                })
-                .unwrap_or(namespaces - 1)
-        })
-        .collect();
-    // Each namespace's pods by the model they are sized on: the first they accept.
-    let mut groups: BTreeMap<(usize, String), Vec<&TimedPod>> = BTreeMap::new();
-    for (pod, &k) in pods.iter().zip(&namespace_of) {
-        let model = pod
-            .pod
-            .models
-            .first()
-            .map_or(default_model[k].as_str(), |m| &**m);
-        groups.entry((k, model.to_string())).or_default().push(pod);
-    }
-    let mut hard = vec![ModelAmounts::new(); namespaces];
-    for ((k, model), group) in groups {
-        let largest = group.iter().map(|p| p.pod.demand_milli).max().unwrap_or(0);
-        let scaled = (quota_scale * peak_demand(group.iter().copied()) as f64) as u64;
-        hard[k].insert(model, Milli(scaled.max(largest)));
-    }
-    Tenancy {
-        namespace_of,
-        default_model,
-        hard,
-        peak_milli: peak_demand(pods),
-    }
-}
-
-/// The most GPU (milli) the pods hold at once.
-fn peak_demand<'a>(pods: impl IntoIterator<Item = &'a TimedPod>) -> u64 {
-    let mut changes: Vec<(u64, i64)> = Vec::new();
-    for p in pods {
-        let demand = p.pod.demand_milli as i64;
-        changes.push((p.arrival, demand));
-        changes.push((p.arrival + p.runtime, -demand));
-    }
-    changes.sort_unstable_by_key(|&(t, change)| (t, change)); // departures first
-    let (mut now, mut peak) = (0i64, 0i64);
-    for (_, change) in changes {
-        now += change;
-        peak = peak.max(now);
-    }
-    peak.max(0) as u64
-}
 
 /// What one mode's replay measured.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -678,84 +561,6 @@ impl Replay<'_> {
         result.stranded_gpu_hours = self.stranded_milli_seconds as f64 / 3_600_000.0;
         result.seconds = seconds;
         self.result
-    }
-}
-
-/// The run's setting, for the text report: the trace, then one line per namespace.
-pub fn describe(
-    pods: &[TimedPod],
-    tenancy: &Tenancy,
-    policy: crate::placement::Policy,
-    args: &super::SimulateArgs,
-) -> String {
-    let first = pods.iter().map(|p| p.arrival).min().unwrap_or(0);
-    let last = pods
-        .iter()
-        .map(|p| p.arrival + p.runtime)
-        .max()
-        .unwrap_or(0);
-    let mut per_namespace = vec![0usize; tenancy.hard.len()];
-    for &k in &tenancy.namespace_of {
-        per_namespace[k] += 1;
-    }
-    let mut text = format!(
-        "timeline: {} GPU pods over {:.1} days, peak concurrent demand {} GPUs; quota scale {}, \
-         maxPassOverSeconds {}, policy {policy}, seed {}",
-        pods.len(),
-        (last - first) as f64 / 86_400.0,
-        Milli(tenancy.peak_milli),
-        args.quota_scale,
-        args.max_pass_over,
-        args.seed,
-    );
-    for (k, hard) in tenancy.hard.iter().enumerate() {
-        let quota: Vec<String> = hard.iter().map(|(m, h)| format!("{m}: {h}")).collect();
-        text.push_str(&format!(
-            "\n  ns-{k}: {} pods, default model {}, hard {{{}}}",
-            per_namespace[k],
-            tenancy.default_model[k],
-            quota.join(", ")
-        ));
-    }
-    text
-}
-
-/// One mode's line (text) or object (JSON).
-pub fn render(mode: QuotaMode, result: &TimelineResult, format: super::Format) -> String {
-    if format == super::Format::Json {
-        let mut object = serde_json::json!(result);
-        object["mode"] = serde_json::json!(mode);
-        return object.to_string();
-    }
-    format!(
-        "{mode:?}: {started} of {pods} GPU pods started ({too_big} larger than any quota, \
-         {never} never started, {no_node} of them for want of a node); {waited} waited on quota: p50 {p50}, p99 {p99}, max {max}; \
-         stranded {stranded:.1} GPU-hours; {evictions} evictions ({lost:.1} GPU-hours of work \
-         lost); {retries} creates made again after a refusal; replayed in {secs:.2} s",
-        started = result.started,
-        pods = result.pods,
-        too_big = result.too_big,
-        never = result.never_started,
-        no_node = result.no_node,
-        waited = result.waited,
-        p50 = span(result.wait_p50_s),
-        p99 = span(result.wait_p99_s),
-        max = span(result.wait_max_s),
-        stranded = result.stranded_gpu_hours,
-        evictions = result.evictions,
-        lost = result.evicted_gpu_hours,
-        retries = result.retries,
-        secs = result.seconds,
-    )
-}
-
-/// `45 s`, `12 min`, `3.5 h`, `2.1 d`.
-fn span(seconds: u64) -> String {
-    match seconds {
-        s if s < 120 => format!("{s} s"),
-        s if s < 7_200 => format!("{} min", s / 60),
-        s if s < 172_800 => format!("{:.1} h", s as f64 / 3_600.0),
-        s => format!("{:.1} d", s as f64 / 86_400.0),
     }
 }
 

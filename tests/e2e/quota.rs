@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use gpu_admission::quota::GPUQuota;
+use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -471,4 +473,115 @@ async fn a_warn_quota_admits_past_hard_and_kubectl_prints_the_warning() {
         "{table}"
     );
     unregister_webhooks(&cluster).await;
+}
+
+/// Tenants read their GPUQuota as they read a ResourceQuota, and never write it: deploy/'s
+/// `gpu-admission-gpuquota-reader`, aggregated by kube-controller-manager into the
+/// built-in `view`, `edit` and `admin` roles, lets a namespace's viewer and its admin get,
+/// list and watch its GPUQuotas, and neither may create, change or delete one, nor write
+/// its status; a namespace they were given nothing in stays closed.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_tenant_reads_its_gpuquota_and_cannot_write_it() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+    let Some(cluster) = setup("tenant-read").await else {
+        return;
+    };
+    let role: ClusterRole = deploy_object("deploy/10-rbac.yaml", "gpu-admission-gpuquota-reader");
+    let roles: Api<ClusterRole> = Api::all(cluster.client.clone());
+    let apply = PatchParams::apply("gpu-admission-e2e").force();
+    let name = "gpu-admission-gpuquota-reader";
+    roles
+        .patch(name, &apply, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    cluster
+        .create_quota("default", json!({"Tesla-T4": "1"}), Some("Tesla-T4"))
+        .await;
+    for (user, built_in) in [("tenant-viewer", "view"), ("tenant-admin", "admin")] {
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": built_in},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}))
+        .unwrap();
+        Api::<RoleBinding>::namespaced(cluster.client.clone(), &cluster.ns)
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    for user in ["tenant-viewer", "tenant-admin"] {
+        let client = cluster.impersonate(user).await;
+        let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), &cluster.ns);
+        // The aggregation controller merges the rules into the built-in roles.
+        let listed = wait_for(
+            &format!("{user} reading GPUQuotas"),
+            QUOTA_TIMEOUT,
+            || async { quotas.list(&Default::default()).await.ok() },
+        )
+        .await;
+        assert_eq!(
+            listed.items.len(),
+            1,
+            "{user} lists the namespace's GPUQuota"
+        );
+        let mut quota = quotas.get("default").await.unwrap();
+        assert_eq!(quota.spec.hard["Tesla-T4"].0, "1");
+
+        let refused = |what: &str, result: Result<GPUQuota, kube::Error>| match result {
+            Err(kube::Error::Api(status)) if status.code == 403 => {}
+            other => panic!("{user} {what}: must be forbidden, got {other:?}"),
+        };
+        let more = Patch::Merge(json!({"spec": {"hard": {"Tesla-T4": "100"}}}));
+        refused(
+            "raising hard",
+            quotas
+                .patch("default", &PatchParams::default(), &more)
+                .await,
+        );
+        let none = Patch::Merge(json!({"status": {"used": {"Tesla-T4": "0"}}}));
+        let status = quotas
+            .patch_status("default", &PatchParams::default(), &none)
+            .await;
+        refused("zeroing status.used", status);
+        quota.metadata.managed_fields = None;
+        let replaced = quotas
+            .replace_status("default", &PostParams::default(), &quota)
+            .await;
+        refused("replacing the status", replaced);
+        quota.metadata.name = Some("mine".into());
+        quota.metadata.resource_version = None;
+        refused(
+            "creating a GPUQuota",
+            quotas.create(&PostParams::default(), &quota).await,
+        );
+        let deleted = quotas.delete("default", &DeleteParams::default()).await;
+        assert!(
+            matches!(&deleted, Err(kube::Error::Api(status)) if status.code == 403),
+            "{user} deleting the GPUQuota must be forbidden: {deleted:?}"
+        );
+        let elsewhere: Api<GPUQuota> = Api::namespaced(client, "default");
+        let other = elsewhere.list(&Default::default()).await;
+        assert!(
+            matches!(&other, Err(kube::Error::Api(status)) if status.code == 403),
+            "{user} has nothing in namespace default: {other:?}"
+        );
+    }
+    let quota = cluster.quotas().get("default").await.unwrap();
+    assert_eq!(
+        quota.spec.hard["Tesla-T4"].0, "1",
+        "the GPUQuota is as the admin made it"
+    );
+    roles.delete(name, &DeleteParams::default()).await.unwrap();
+}
+
+/// The object `name` in the multi-document YAML file `path` (from the repository root).
+fn deploy_object<T: serde::de::DeserializeOwned>(path: &str, name: &str) -> T {
+    let text = std::fs::read_to_string(crate::repo::path(path)).unwrap();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = <serde_yaml::Value as serde::Deserialize>::deserialize(document).unwrap();
+        if value["metadata"]["name"].as_str() == Some(name) && value["kind"] == "ClusterRole" {
+            return serde_yaml::from_value(value).unwrap();
+        }
+    }
+    panic!("{path} has no ClusterRole {name}");
 }

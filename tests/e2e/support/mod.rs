@@ -111,9 +111,9 @@ impl Cluster {
     }
 
     /// A client that acts as `user` (impersonated by the admin), after granting that
-    /// user what a namespace admin may do with pods in the scenario's namespace. (The
-    /// built-in `admin` role is aggregated by kube-controller-manager, which this suite
-    /// does not run, so the rules are spelled out.)
+    /// user what a namespace admin may do with pods in the scenario's namespace, and
+    /// nothing else (spelled out rather than the built-in `admin` role, so a scenario
+    /// proves what exactly it needs).
     pub async fn namespace_admin(&self, user: &str) -> Client {
         let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "pod-admin"},
@@ -134,6 +134,12 @@ impl Cluster {
             .create(&PostParams::default(), &binding)
             .await
             .unwrap();
+        self.impersonate(user).await
+    }
+
+    /// A client that acts as `user` (impersonated by the admin), with whatever that user
+    /// is granted.
+    pub async fn impersonate(&self, user: &str) -> Client {
         let path = PathBuf::from(std::env::var_os(KUBECONFIG_ENV).unwrap());
         let kubeconfig = Kubeconfig::read_from(&path).unwrap();
         let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())

@@ -1076,8 +1076,11 @@ async fn create_latency(
         "\n== pod-create latency: {} sequential creates with webhooks (Deny, Queue), alternating with the same pod without (no quota, core ResourceQuota)",
         args.creates
     );
+    // 100,000 GPUs of each model: the creates measure the path, never a refusal.
     for (namespace, on_exceed) in [(HOOKS_NS, "Deny"), (QUEUE_NS, "Queue")] {
-        quota_namespace(client, namespace, on_exceed).await?;
+        let spec = json!({"hard": {MODELS[0]: "100000", MODELS[1]: "100000"},
+                          "defaultType": MODELS[0], "onExceed": on_exceed});
+        quota_namespace(client, namespace, spec).await?;
     }
     let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), HOOKS_NS);
     register_webhooks(args, client).await?;
@@ -1230,9 +1233,9 @@ async fn create_latency(
     Ok(())
 }
 
-/// Label `namespace` for the webhooks and give it a GPUQuota of 100,000 GPUs of each
-/// model (`onExceed`: `Deny` or `Queue`).
-async fn quota_namespace(client: &Client, namespace: &str, on_exceed: &str) -> Result<()> {
+/// Label `namespace` for the webhooks and give it the GPUQuota `default` with `spec`
+/// (kept if it exists).
+async fn quota_namespace(client: &Client, namespace: &str, spec: serde_json::Value) -> Result<()> {
     Api::<Namespace>::all(client.clone())
         .patch(
             namespace,
@@ -1245,8 +1248,7 @@ async fn quota_namespace(client: &Client, namespace: &str, on_exceed: &str) -> R
     let quota: GPUQuota = serde_json::from_value(json!({
         "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
         "metadata": {"name": "default", "namespace": namespace},
-        "spec": {"hard": {MODELS[0]: "100000", MODELS[1]: "100000"}, "defaultType": MODELS[0],
-                 "onExceed": on_exceed},
+        "spec": spec,
     }))?;
     match quotas.create(&PostParams::default(), &quota).await {
         Ok(_) => Ok(()),

@@ -133,24 +133,10 @@ pub async fn release_latency(
         args.releases, args.queue
     );
     create_namespace(client, LINE_NS).await?;
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            LINE_NS,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {WEBHOOK_LABEL: WEBHOOK_SELECTOR}}})),
-        )
-        .await
-        .with_context(|| format!("labelling namespace {LINE_NS}"))?;
+    let spec = json!({"hard": {MODELS[0]: ROOM.to_string()}, "defaultType": MODELS[0],
+                      "onExceed": "Queue"});
+    quota_namespace(client, LINE_NS, spec).await?;
     let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), LINE_NS);
-    let quota: GPUQuota = serde_json::from_value(json!({
-        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
-        "metadata": {"name": "default", "namespace": LINE_NS},
-        "spec": {"hard": {MODELS[0]: ROOM.to_string()}, "defaultType": MODELS[0], "onExceed": "Queue"},
-    }))?;
-    quotas
-        .create(&PostParams::default(), &quota)
-        .await
-        .with_context(|| format!("creating GPUQuota {LINE_NS}/default"))?;
     // gpu-admission must know the quota before the first pod, or that pod is not gated.
     tokio::time::sleep(Duration::from_secs(2)).await;
 

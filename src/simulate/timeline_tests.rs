@@ -20,20 +20,24 @@ fn nodes(count: usize, gpus: u32) -> Vec<SimNode> {
 
 /// A one-GPU pod arriving at `arrival` that runs `runtime` seconds.
 fn pod(arrival: u64, runtime: u64) -> TimedPod {
-    let row = PodRow {
-        name: format!("p{arrival}"),
-        cpu_milli: 1000,
-        memory_mib: 1024,
-        num_gpu: 1,
-        gpu_milli: 1000,
-        models: Vec::new(),
-        life: None,
-    };
     TimedPod {
-        pod: SimPod::of(&row),
+        pod: shaped(1, &[], 1000),
         arrival,
         runtime,
     }
+}
+
+/// A pod of `gpus` whole GPUs of `models` (any when empty) that needs `cpu_milli`.
+fn shaped(gpus: u32, models: &[&str], cpu_milli: u64) -> SimPod {
+    SimPod::of(&PodRow {
+        name: "p".into(),
+        cpu_milli,
+        memory_mib: 1024,
+        num_gpu: gpus,
+        gpu_milli: 1000,
+        models: models.iter().map(|m| m.to_string()).collect(),
+        life: None,
+    })
 }
 
 /// Two namespaces with 2 T4s of quota each; `namespace_of` deals the pods.
@@ -105,15 +109,7 @@ fn a_lender_takes_its_quota_back_by_evicting_the_newest_borrower() {
 #[test]
 fn a_pod_no_quota_can_take_is_refused_at_once_but_a_cohort_may_take_it() {
     let mut big = pod(0, 10);
-    big.pod = SimPod::of(&PodRow {
-        name: "big".into(),
-        cpu_milli: 1000,
-        memory_mib: 1024,
-        num_gpu: 3,
-        gpu_milli: 1000,
-        models: Vec::new(),
-        life: None,
-    });
+    big.pod = shaped(3, &[], 1000);
     let tenancy = two_teams(vec![0]);
     let deny = replay(QuotaMode::Deny, std::slice::from_ref(&big), &tenancy);
     assert_eq!((deny.too_big, deny.started, deny.retries), (1, 0, 0));
@@ -128,15 +124,7 @@ fn tenancy_sizes_each_quota_on_its_own_peak_and_largest_pod() {
     // Peak: three one-GPU pods overlap at t=5; the fourth comes after.
     let mut pods = vec![pod(0, 10), pod(2, 10), pod(5, 10), pod(20, 5)];
     let mut v100 = pod(0, 10);
-    v100.pod = SimPod::of(&PodRow {
-        name: "v".into(),
-        cpu_milli: 1000,
-        memory_mib: 1024,
-        num_gpu: 2,
-        gpu_milli: 1000,
-        models: vec!["V100".into()],
-        life: None,
-    });
+    v100.pod = shaped(2, &["V100"], 1000);
     pods.push(v100);
     let mut cluster = nodes(3, 4);
     cluster[2].gpus.model = Some("V100".into());
@@ -163,15 +151,7 @@ fn tenancy_sizes_each_quota_on_its_own_peak_and_largest_pod() {
 #[test]
 fn waiting_for_a_node_is_not_waiting_on_quota() {
     let mut huge = pod(5, 10);
-    huge.pod = SimPod::of(&PodRow {
-        name: "huge".into(),
-        cpu_milli: 1_000_000, // more CPU than any node has
-        memory_mib: 1024,
-        num_gpu: 1,
-        gpu_milli: 1000,
-        models: vec!["T4".into(), "V100".into()],
-        life: None,
-    });
+    huge.pod = shaped(1, &["T4", "V100"], 1_000_000); // more CPU than any node has
     let mut pods: Vec<TimedPod> = (0..2).map(|_| pod(0, 100)).collect();
     pods.push(huge);
     pods.push(pod(1000, 10)); // time goes on

@@ -462,6 +462,39 @@ mod tests {
         assert!(json["allocated_pct_at_100_std"].is_null());
     }
 
+    /// `--timeline --format json`: one object per mode, every measured field, the mode
+    /// named; the text line reads waits in the largest unit that fits.
+    #[test]
+    fn timeline_reports_as_json_and_as_text() {
+        let result = timeline::TimelineResult {
+            pods: 10,
+            started: 9,
+            no_node: 1,
+            never_started: 1,
+            waited: 4,
+            wait_p50_s: 90,
+            wait_p99_s: 7_200,
+            wait_max_s: 200_000,
+            stranded_gpu_hours: 1.5,
+            ..Default::default()
+        };
+        let json: serde_json::Value = serde_json::from_str(&render_timeline(
+            timeline::QuotaMode::Cohort,
+            &result,
+            Format::Json,
+        ))
+        .unwrap();
+        assert_eq!(json["mode"], "cohort");
+        assert_eq!(json["started"], 9);
+        assert_eq!(json["wait_p99_s"], 7200);
+        assert_eq!(json["stranded_gpu_hours"], 1.5);
+        let text = render_timeline(timeline::QuotaMode::Queue, &result, Format::Text);
+        assert!(
+            text.starts_with("Queue: 9 of 10 GPU pods started (0 larger than any quota, 1 never started, 1 of them for want of a node); 4 waited on quota: p50 90 s, p99 2.0 h, max 2.3 d;"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn seeds_parse_as_range_or_list() {
         assert_eq!(parse_seeds("42-45").unwrap(), Seeds(vec![42, 43, 44, 45]));

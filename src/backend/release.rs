@@ -25,7 +25,7 @@ use crate::quota::pending::{CreatedSecond, format_second, now_second};
 use crate::quota::queue::{
     QUOTA_GATE, QueueRules, RELEASED_ANNOTATION, Turn, WaitReason, Waiting, plan,
 };
-use crate::quota::{Charge, ModelAmounts};
+use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
 use super::quota_writer::{Ask, ChargeOutcome};
 use super::{Backend, ChargeError};
@@ -134,6 +134,11 @@ impl Releaser {
                 return 0;
             }
         };
+        let uncharged =
+            |(_, turn): &(Waiting, Turn)| matches!(turn, Turn::Release(Charge::Unlimited));
+        if turns.iter().any(uncharged) && !self.no_quota_covers(namespace).await {
+            return 0; // planned again, with the quotas the API server has, next pass
+        }
         let mut releases = Vec::new();
         let mut told = false;
         for (pod, turn) in turns {
@@ -153,6 +158,27 @@ impl Releaser {
             self.backend.cache().released().notify_one();
         }
         released
+    }
+
+    /// Whether `namespace` really has no GPUQuota, as the API server says, before pods
+    /// are let go uncharged: this replica's quota watch may not have delivered a quota
+    /// its pod watch already shows pods gated by (so "no quota covers them any more" is
+    /// never concluded from a lagging cache). Quotas found go into the cache.
+    async fn no_quota_covers(&self, namespace: &str) -> bool {
+        let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
+        match api.list(&Default::default()).await {
+            Ok(list) if list.items.is_empty() => true,
+            Ok(list) => {
+                let cache = self.backend.cache();
+                cache.with_state(|state| list.items.into_iter().for_each(|q| state.apply_quota(q)));
+                tracing::info!(%namespace, "the quota queue's plan missed quotas the API server has; planning again");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "cannot confirm that no GPUQuota covers the waiting pods");
+                false
+            }
+        }
     }
 
     /// The pods this replica let go that the watch still shows waiting; and forget

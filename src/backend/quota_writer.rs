@@ -23,6 +23,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
+use crate::quota::admit::count_charge;
 use crate::quota::pending::CreatedSecond;
 use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
@@ -253,7 +254,7 @@ fn answer_all(waiting: Vec<Waiting>, error: &ChargeError) {
 
 /// The namespace's quotas: the cache's copies (the watch's, or our own last writes), or
 /// read from the API server when `fresh` (and then put in the cache).
-async fn read_quotas(
+pub(super) async fn read_quotas(
     api: &Api<GPUQuota>,
     cache: &ClusterCache,
     namespace: &str,
@@ -283,9 +284,7 @@ fn decide_round(
             Err(_) if !fresh => retry.push(w),
             Err(denial) => w.answer(Ok(ChargeOutcome::Denied(denial))),
             Ok(Charge::Model { charge, over, .. }) if !ask.dry_run => {
-                for (key, amount) in &charge {
-                    add_used(views, key, *amount);
-                }
+                count_charge(views, &charge);
                 decided.push(Decided {
                     waiting: w,
                     charge,
@@ -299,13 +298,6 @@ fn decide_round(
         }
     }
     (decided, retry)
-}
-
-fn add_used(views: &mut [QuotaView], model: &str, amount: Milli) {
-    for view in views.iter_mut().filter(|v| v.hard.contains_key(model)) {
-        let used = view.used.entry(model.to_string()).or_default();
-        used.0 = used.0.saturating_add(amount.0);
-    }
 }
 
 /// Write the round's charges into each quota listing one of their models, in name order,

@@ -27,7 +27,7 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
-use super::quota_writer::{Ask, ChargeOutcome};
+use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
 use super::{Backend, ChargeError};
 
 /// A pass runs at least this often, for what no watch event announces (time passing
@@ -166,11 +166,9 @@ impl Releaser {
     /// never concluded from a lagging cache). Quotas found go into the cache.
     async fn no_quota_covers(&self, namespace: &str) -> bool {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
-        match api.list(&Default::default()).await {
-            Ok(list) if list.items.is_empty() => true,
-            Ok(list) => {
-                let cache = self.backend.cache();
-                cache.with_state(|state| list.items.into_iter().for_each(|q| state.apply_quota(q)));
+        match read_quotas(&api, self.backend.cache(), namespace, true).await {
+            Ok(quotas) if quotas.is_empty() => true,
+            Ok(_) => {
                 tracing::info!(%namespace, "the quota queue's plan missed quotas the API server has; planning again");
                 false
             }

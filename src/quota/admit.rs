@@ -97,6 +97,18 @@ impl QuotaView {
     }
 }
 
+/// Count `charge` (per quota key) as used in every view that lists its key, so the
+/// next decision on these views sees it (a batch of admissions, the queue's plan).
+pub fn count_charge(views: &mut [QuotaView], charge: &ModelAmounts) {
+    for view in views.iter_mut() {
+        for (key, amount) in charge {
+            if view.hard.contains_key(key) {
+                view.add_used(key, *amount);
+            }
+        }
+    }
+}
+
 /// What admission decided about a GPU pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Charge {

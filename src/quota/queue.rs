@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 
 use crate::placement::models::WantedModels;
 
-use super::admit::{AdmitRules, Charge, Denial, QuotaView, admit};
+use super::admit::{AdmitRules, Charge, Denial, QuotaView, admit, count_charge};
 use super::charge::Costs;
 
 /// The scheduling gate a pod waiting in the quota queue is created with.
@@ -94,7 +94,9 @@ pub fn plan(
         } else {
             match admit(namespace, &views, &pod.wanted, &pod.costs, rules.admit) {
                 Ok(charge) => {
-                    add_used(&mut views, &charge);
+                    if let Charge::Model { charge, .. } = &charge {
+                        count_charge(&mut views, charge); // at placement: counted then
+                    }
                     turns.push((pod, Turn::Release(charge)));
                     continue;
                 }
@@ -132,18 +134,4 @@ pub fn line_up(waiting: &mut [Waiting], now: i64, max_pass_over: i64) {
             .then_with(|| a.created.cmp(&b.created))
             .then_with(|| a.key.cmp(&b.key))
     });
-}
-
-/// Count a charge just decided in the views' usage, so the next decision sees it.
-fn add_used(views: &mut [QuotaView], charge: &Charge) {
-    let Charge::Model { charge, .. } = charge else {
-        return; // charged at placement, or no quota: nothing to count now
-    };
-    for view in views.iter_mut() {
-        for (key, amount) in charge {
-            if view.hard.contains_key(key) {
-                view.add_used(key, *amount);
-            }
-        }
-    }
 }

@@ -43,12 +43,9 @@ struct Line {
 pub(super) struct WaitingIndex(BTreeMap<Box<str>, Line>);
 
 impl WaitingIndex {
-    /// Record pod `key` as it is now: waiting (with what it would be charged) or not.
+    /// Record waiting pod `key` as it is now, with what it would be charged.
     pub(super) fn set(&mut self, key: &PodKey, pod: &CachedPod, charge: Option<ModelAmounts>) {
         self.remove(key);
-        if !pod.gated || pod.terminating {
-            return;
-        }
         let line = self.0.entry(namespace_of(key).into()).or_default();
         let mut shares = Vec::new();
         for (model, amount) in charge.unwrap_or_default() {

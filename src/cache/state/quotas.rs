@@ -86,14 +86,15 @@ impl ClusterState {
         let pod = self.pods.get(key).map(|pod| &**pod);
         self.tally
             .recharge(key, namespace_of(key), pod, model.as_deref());
-        // A waiting pod is in the quota queue's line, with what it would be charged.
+        // A waiting pod is in the quota queue's line, with what it would be charged;
+        // the charge is priced for waiting pods only (this runs for every pod change).
         match pod {
-            Some(pod) => {
+            Some(pod) if pod.gated && !pod.terminating => {
                 let mig = self.tally.mig();
                 let queued = model.map(|label| charge_on(&pod.request, &label, mig));
                 self.waiting.set(key, pod, queued);
             }
-            None => self.waiting.remove(key),
+            _ => self.waiting.remove(key),
         }
     }
 

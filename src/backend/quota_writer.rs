@@ -23,7 +23,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
-use crate::quota::admit::count_charge;
+use crate::quota::cohort::count_charge;
 use crate::quota::pending::CreatedSecond;
 use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};

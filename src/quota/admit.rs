@@ -81,32 +81,6 @@ impl QuotaView {
             None => Err(exceeded(None)),
         }
     }
-
-    /// Count `amount` more of `key` as used (and drawn from its cohort's pool).
-    pub fn add_used(&mut self, key: &str, amount: Milli) {
-        let hard = self.hard.get(key).copied().unwrap_or_default();
-        let used = self.used.entry(key.to_string()).or_default();
-        if let Some(terms) = self.cohort.as_mut() {
-            let before = terms.share(key, hard, *used);
-            let after = terms.share(key, hard, Milli(used.0.saturating_add(amount.0)));
-            if let Some(pool) = terms.pools.get_mut(key) {
-                pool.drawn += u128::from(after.from_pool().0 - before.from_pool().0);
-            }
-        }
-        used.0 = used.0.saturating_add(amount.0);
-    }
-}
-
-/// Count `charge` (per quota key) as used in every view that lists its key, so the
-/// next decision on these views sees it (a batch of admissions, the queue's plan).
-pub fn count_charge(views: &mut [QuotaView], charge: &ModelAmounts) {
-    for view in views.iter_mut() {
-        for (key, amount) in charge {
-            if view.hard.contains_key(key) {
-                view.add_used(key, *amount);
-            }
-        }
-    }
 }
 
 /// What admission decided about a GPU pod.

@@ -17,8 +17,9 @@ use std::collections::BTreeSet;
 
 use crate::placement::models::WantedModels;
 
-use super::admit::{AdmitRules, Charge, Denial, QuotaView, admit, count_charge};
+use super::admit::{AdmitRules, Charge, Denial, QuotaView, admit};
 use super::charge::Costs;
+use super::cohort::count_charge;
 
 /// The scheduling gate a pod waiting in the quota queue is created with.
 pub const QUOTA_GATE: &str = "gpu-admission.io/quota";

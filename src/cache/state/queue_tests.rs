@@ -118,16 +118,41 @@ fn the_kept_line_is_the_queue_order_and_its_head_a_prefix() {
     let projection = Projection::from_config(&Config::default());
     for round in 0..50 {
         let mut state = ClusterState::default();
-        state.apply_quota(quota());
+        // Two models, whole GPUs and gpu-manager shares, in init and app containers;
+        // pods replaced under the same name (re-keyed) and deleted while they wait.
+        let mut two_models = quota();
+        two_models.spec.hard.insert(
+            "A100".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("4".into()),
+        );
+        state.apply_quota(two_models);
         for i in 0..rng.random_range(0..40) {
             let created = CREATED_SECOND + rng.random_range(0..20);
+            let model = if rng.random_bool(0.5) {
+                "Tesla-T4"
+            } else {
+                "A100"
+            };
+            let limits = match rng.random_range(0..3) {
+                0 => json!({"nvidia.com/gpu": rng.random_range(1..3).to_string()}),
+                1 => {
+                    json!({"tencent.com/vcuda-core": (10 * rng.random_range(1..10)).to_string(), "tencent.com/vcuda-memory": "2"})
+                }
+                _ => json!({"nvidia.com/gpu": "1"}),
+            };
+            let init = if rng.random_bool(0.3) {
+                json!([{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "2"}}}])
+            } else {
+                json!([])
+            };
             let pod: Pod = serde_json::from_value(json!({
                 "metadata": {"name": format!("p{}", i % 30), "namespace": "team", "uid": format!("u{i}"),
                     "creationTimestamp": k8s_openapi::jiff::Timestamp::from_second(created).unwrap().to_string(),
-                    "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+                    "annotations": {"gpu-admission.io/gpu-type": model}},
                 "spec": {"priority": rng.random_range(-1..2),
                     "schedulingGates": if rng.random_bool(0.8) { json!([{"name": "gpu-admission.io/quota"}]) } else { json!([]) },
-                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+                    "initContainers": init,
+                    "containers": [{"name": "c", "resources": {"limits": limits}}]}
             }))
             .unwrap();
             state.apply_pod(
@@ -150,11 +175,12 @@ fn the_kept_line_is_the_queue_order_and_its_head_a_prefix() {
         assert_eq!(whole.len(), state.waiting_count());
         let head = state.waiting_line("team", now, max_pass_over, 5);
         assert_eq!(keys(&head), keys(&whole)[..whole.len().min(5)]);
-        let total = state
-            .queued_usage("team")
-            .get("Tesla-T4")
-            .copied()
-            .unwrap_or_default();
-        assert_eq!(total, Milli(1000 * whole.len() as u64), "round {round}");
+        // The kept totals are what the waiting pods would be charged, model by model.
+        let mut want = crate::quota::ModelAmounts::new();
+        for w in &whole {
+            let model = &w.wanted.models[0];
+            crate::quota::add_charge(&mut want, &w.costs.on(model));
+        }
+        assert_eq!(state.queued_usage("team"), want, "round {round}");
     }
 }

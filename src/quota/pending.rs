@@ -19,12 +19,12 @@ use crate::placement::quantity::Milli;
 use super::ModelAmounts;
 use super::PendingCharges;
 
-/// A total older than this is dropped even if not all its pods were seen: by then every
-/// pod admitted in that second has been created (and is counted) or never will be.
+/// A total is dropped once this old, and not before, even when all its pods were seen:
+/// by then every pod admitted in that second has been created (and is counted) or never
+/// will be. Kept that long because another replica's reconciler may write from a pod view
+/// that lags: while the total is there, pods it has not seen yet count through the total,
+/// never through nothing (docs/design.md, "The ledger").
 pub const PENDING_TTL: Duration = Duration::from_secs(120);
-/// A total whose pods were all seen is dropped once this old (not at once: a pod that
-/// skipped admission in the same second could otherwise hide one still in flight).
-pub const SETTLE_AFTER: Duration = Duration::from_secs(5);
 
 /// Which second a pod was created in: unix seconds of its `creationTimestamp`.
 pub type CreatedSecond = i64;
@@ -117,9 +117,6 @@ impl Pending {
                 model,
             });
             let unseen = Milli(amount.0.saturating_sub(seen.0));
-            if unseen.0 == 0 && age >= SETTLE_AFTER.as_secs() as i64 {
-                continue;
-            }
             if unseen.0 > 0 {
                 let entry = in_flight.entry(model.clone()).or_default();
                 entry.0 = entry.0.saturating_add(unseen.0);
@@ -207,14 +204,19 @@ mod tests {
     }
 
     #[test]
-    fn a_settled_total_is_kept_a_while_then_dropped() {
+    fn a_total_whose_pods_were_all_seen_is_kept_for_a_reconciler_that_has_not_seen_them() {
         let mut pending = Pending::default();
         pending.add(T, "T4", Milli(1000), 1);
         let seen = [(T, "T4", 1000)];
-        let (in_flight, kept) = pending.settle(seen_from(&seen), T + 1);
+        let ttl = PENDING_TTL.as_secs() as i64;
+        // Seen: nothing in flight, but the total stays until it expires...
+        let (in_flight, kept) = pending.settle(seen_from(&seen), T + ttl - 1);
         assert!(in_flight.is_empty());
-        assert!(!kept.is_empty(), "kept while young");
-        let (_, kept) = pending.settle(seen_from(&seen), T + SETTLE_AFTER.as_secs() as i64);
+        assert_eq!(kept, pending);
+        // ...so a replica whose pod watch lags (the pod not seen yet) still counts it.
+        let (in_flight, _) = kept.settle(seen_from(&[]), T + ttl - 1);
+        assert_eq!(in_flight["T4"], Milli(1000));
+        let (_, kept) = pending.settle(seen_from(&seen), T + ttl);
         assert!(kept.is_empty());
     }
 

@@ -56,6 +56,27 @@ fn reconciled_used_is_pods_plus_charges_not_yet_seen() {
 }
 
 #[test]
+fn a_lagging_reconciler_counts_the_pods_it_has_not_seen_through_their_total() {
+    // Three pods admitted in second T. Replica A sees all three a minute later and writes;
+    // replica B's pod watch lags (it sees none of them) and writes next, on A's status.
+    let admitted = quota("3", &[(T, "3", 3)]);
+    let three: ModelAmounts = [("T4".to_string(), Milli(3000))].into();
+    let all_seen = |created, _: &str| if created == T { Milli(3000) } else { Milli(0) };
+    let a = reconciled_status(&admitted, &three, all_seen, |_, _| false, at(T + 60)).unwrap();
+    assert_eq!(used_of(&a, "T4"), "3");
+    let mut after_a = admitted.clone();
+    after_a.status = Some(a);
+    let none_seen = |_, _: &str| Milli(0);
+    let empty = ModelAmounts::new();
+    let b = reconciled_status(&after_a, &empty, none_seen, |_, _| false, at(T + 61)).unwrap();
+    assert_eq!(
+        used_of(&b, "T4"),
+        "3",
+        "the lagging replica counts the pods it has not seen through their total"
+    );
+}
+
+#[test]
 fn reconciled_status_releases_a_charge_whose_pod_never_came() {
     let quota = quota("2", &[(T, "2", 2)]);
     let none = |_, _: &str| Milli(0);

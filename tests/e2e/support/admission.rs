@@ -209,9 +209,9 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    /// Waits until GPUQuota `name` reports `used[model]` = `gpus` (milli-GPUs) with no
-    /// pending charge left (every admitted pod seen by the reconciler and its pending
-    /// total settled); returns the status.
+    /// Waits until GPUQuota `name` reports `used[model]` = `gpus` (milli-GPUs) and no
+    /// reservation of earlier versions; returns the status. (Pending totals stay for
+    /// their whole TTL, counted or not: `used` is what admission decides on.)
     pub async fn wait_used(
         &self,
         name: &str,
@@ -223,8 +223,7 @@ impl Cluster {
         let found = wait_for_or_none(QUOTA_TIMEOUT, || async move {
             let status = self.quota_status(name).await;
             let used = status.used.get(model).map(|q| milli_gpus(&q.0));
-            let settled = status.pending.is_empty() && status.reservations.is_empty();
-            let done = used.unwrap_or(0) == milli && settled;
+            let done = used.unwrap_or(0) == milli && status.reservations.is_empty();
             *last_ref.lock().unwrap() = Some(status.clone());
             done.then_some(status)
         })
@@ -232,7 +231,7 @@ impl Cluster {
         found.unwrap_or_else(|| {
             panic!(
                 "timed out after {QUOTA_TIMEOUT:?} waiting for GPUQuota {}/{name} to show \
-                 used {model} = {milli}m and no pending charge; last status: {:?}",
+                 used {model} = {milli}m; last status: {:?}",
                 self.ns,
                 last.lock().unwrap()
             )

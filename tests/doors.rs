@@ -448,6 +448,42 @@ async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers
     assert_eq!(response.status(), StatusCode::OK);
 }
 
+/// The API server, given a burst of reviews, dials many connections at once from one
+/// address: past the cap, none of its handshakes is cut for another of its own; they
+/// wait for a slot and every request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_connections_from_one_client_past_the_cap_is_served_whole() {
+    const CAP: usize = 8;
+    const BURST: usize = 5 * CAP;
+    let limits = ConnectionLimits {
+        max_connections: CAP,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let config = tls_support::client_config(&door.ca);
+    let calls = (0..BURST).map(|_| {
+        let config = config.clone();
+        async move {
+            tokio::time::timeout(PATIENCE, tls_support::get(door.addr, config, "/version")).await
+        }
+    });
+    let replies = futures::future::join_all(calls).await;
+    let failed: Vec<String> = replies
+        .iter()
+        .filter_map(|reply| match reply {
+            Ok(Ok(reply)) if reply.status == StatusCode::OK => None,
+            Ok(Ok(reply)) => Some(format!("status {}", reply.status)),
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some("timed out".to_string()),
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {BURST} failed: {failed:?}",
+        failed.len()
+    );
+}
+
 #[tokio::test]
 async fn a_request_in_flight_is_never_cut_to_make_room() {
     let limits = ConnectionLimits {

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::slots::{Activity, Slot, Slots};
+use super::slots::{Activity, Full, Slot, Slots};
 pub use crate::cli::ConnectionLimits;
 
 /// How long a connection whose slot a newcomer took may finish what it was sending
@@ -106,37 +107,67 @@ async fn accept_loop<F, Fut>(
     handle: F,
 ) -> io::Result<()>
 where
-    F: Fn(TcpStream, Conn) -> Fut,
+    F: Fn(TcpStream, Conn) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let connections = tokio_util::task::TaskTracker::new();
     let slots = Slots::new(limits.max_connections);
+    // Newcomers waiting, each in its own task, for one of their own peer's handshakes
+    // to finish or grow old (`Full::OwnHandshakes`): at most as many as there are slots.
+    let waiting_room = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let hard_stop = CancellationToken::new();
+    let handle = Arc::new(handle);
     loop {
         let Some((stream, peer)) = accept(&listener, &shutdown).await else {
             break;
         };
         let opening_deadline = tokio::time::Instant::now() + limits.handshake_timeout;
-        // At the cap a connection doing nothing gives way at once; while every one has
-        // a request in flight, stop accepting: further clients wait in the kernel's
-        // backlog until a request ends.
-        let slot = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => break,
-            slot = slots.admit(peer.ip().to_canonical()) => slot,
-        };
-        if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(%peer, error = %err, "cannot set TCP_NODELAY");
-        }
-        let conn = Conn {
+        let conn = move |slot, draining: &CancellationToken, hard_stop: &CancellationToken| Conn {
             peer,
             limits,
             opening_deadline,
-            draining: shutdown.clone(),
+            draining: draining.clone(),
             hard_stop: hard_stop.clone(),
             slot,
         };
-        connections.spawn(handle(stream, conn));
+        let ip = peer.ip().to_canonical();
+        let slot = match slots.try_admit(ip) {
+            Ok(slot) => slot,
+            Err(Full::OwnHandshakes) => {
+                // A full waiting room (as many newcomers waiting as there are slots)
+                // stops accepting until one of them is in.
+                let seat = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    seat = waiting_room.clone().acquire_owned() => seat,
+                };
+                let Ok(seat) = seat else { break };
+                let (slots, handle, hard_stop) = (slots.clone(), handle.clone(), hard_stop.clone());
+                let draining = shutdown.clone();
+                connections.spawn(async move {
+                    let wait = tokio::time::timeout_at(opening_deadline, slots.admit(ip));
+                    let slot = tokio::select! {
+                        r = wait => r,
+                        () = draining.cancelled() => return,
+                    };
+                    drop(seat);
+                    let Ok(slot) = slot else {
+                        tracing::debug!(%peer, "no slot before the opening deadline; closing");
+                        return;
+                    };
+                    start(&*handle, stream, conn(slot, &draining, &hard_stop)).await;
+                });
+                continue;
+            }
+            // While every connection has a request in flight, stop accepting: further
+            // clients wait in the kernel's backlog until a request ends.
+            Err(Full::EveryRequestInFlight) => tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                slot = slots.admit(ip) => slot,
+            },
+        };
+        connections.spawn(start(&*handle, stream, conn(slot, &shutdown, &hard_stop)));
     }
     drop(listener);
     connections.close();
@@ -154,6 +185,17 @@ where
         connections.wait().await;
     }
     Ok(())
+}
+
+/// The connection's task, once it holds a slot.
+fn start<F, Fut>(handle: &F, stream: TcpStream, conn: Conn) -> Fut
+where
+    F: Fn(TcpStream, Conn) -> Fut,
+{
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::debug!(peer = %conn.peer, error = %err, "cannot set TCP_NODELAY");
+    }
+    handle(stream, conn)
 }
 
 /// The next connection, or `None` once `shutdown` is cancelled. Errors about

@@ -8,13 +8,19 @@
 //!
 //! - only connections with no request in flight can be chosen: a request being
 //!   answered is never cut (an admission review cut short is a pod not created);
-//! - the peer (IP address) holding the most such connections gives one up, so a client
-//!   holding many idle slots pays before one holding a few (the API server reuses a
-//!   few connections, a kubelet probe opens one), whatever the number of slots;
-//! - of that peer's connections, one that has not made a request yet (still in its
-//!   TLS handshake, or silent since) goes before one that has, and the oldest first:
-//!   an honest newcomer finishes its handshake in milliseconds and is never the
-//!   oldest.
+//! - a newcomer never takes the slot of a *young* handshake of its own peer (one
+//!   opened less than [`YOUNG`] ago): the API server, given a burst of reviews, dials
+//!   many connections at once, and cutting one of them for another of its own gains
+//!   it nothing and fails a review. Such a newcomer waits for a slot instead, in its
+//!   own task, so other peers are still accepted meanwhile;
+//! - the peer (IP address) holding the most connections that may give way gives one
+//!   up, so a client holding many idle slots pays before one holding a few (the API
+//!   server reuses a few connections, a kubelet probe opens one), whatever the number
+//!   of slots;
+//! - of that peer's connections: first one that has made no request for [`YOUNG`] or
+//!   more (a silent socket: a flooder's), then one idle between requests, then a young
+//!   handshake; the oldest first within each. An honest newcomer finishes its handshake
+//!   in milliseconds and is never the oldest.
 //!
 //! When every slot has a request in flight, the newcomer waits (in the kernel's
 //! backlog) until one ends: requests are bounded by the request timeout.
@@ -44,30 +50,73 @@ pub enum Phase {
     Busy,
 }
 
-/// One slot holder, as [`victim`] sees it. `age`: lower is older.
+/// How long a connection that has made no request yet counts as a handshake under way
+/// rather than a silent socket (an honest TLS handshake takes milliseconds; the
+/// opening deadline, `--handshake-timeout`, is 3 s).
+pub const YOUNG: Duration = Duration::from_secs(1);
+
+/// How often a newcomer waiting for a slot looks again (besides when a slot frees or a
+/// request ends): a young handshake grows old without telling anyone.
+const RECHECK: Duration = Duration::from_millis(50);
+
+/// One slot holder, as [`victim`] sees it. `age`: lower is older; `young`: opened
+/// less than [`YOUNG`] ago.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub age: u64,
     pub peer: IpAddr,
     pub phase: Phase,
+    pub young: bool,
 }
 
-/// The connection that gives up its slot to a newcomer, or `None` when every holder
-/// has a request in flight. The peer holding the most connections without a request
-/// in flight gives one up: its oldest that has not made a request, else its oldest.
-pub fn victim(holders: &[Holder]) -> Option<u64> {
-    let mut idle_per_peer: HashMap<IpAddr, usize> = HashMap::new();
-    for holder in holders.iter().filter(|h| h.phase != Phase::Busy) {
-        *idle_per_peer.entry(holder.peer).or_default() += 1;
+impl Holder {
+    /// Whether a newcomer from `newcomer` may take this slot.
+    fn may_give_way_to(&self, newcomer: IpAddr) -> bool {
+        match self.phase {
+            Phase::Busy => false,
+            Phase::Opening => !(self.young && self.peer == newcomer),
+            Phase::Idle => true,
+        }
     }
-    holders
-        .iter()
-        .filter(|h| h.phase != Phase::Busy)
+
+    /// Order of giving way within a peer: silent sockets, then idle connections, then
+    /// handshakes under way.
+    fn rank(&self) -> u8 {
+        match (self.phase, self.young) {
+            (Phase::Opening, false) => 0,
+            (Phase::Idle, _) => 1,
+            (Phase::Opening, true) => 2,
+            (Phase::Busy, _) => 3,
+        }
+    }
+}
+
+/// The connection that gives up its slot to a newcomer from `newcomer`, or `None` when
+/// none may (every holder has a request in flight, or the rest are the newcomer's own
+/// young handshakes). Of the holders that may give way, the peer holding the most
+/// gives one up, by [`Holder::rank`], then the oldest.
+pub fn victim(holders: &[Holder], newcomer: IpAddr) -> Option<u64> {
+    let candidates = || holders.iter().filter(|h| h.may_give_way_to(newcomer));
+    let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+    for holder in candidates() {
+        *per_peer.entry(holder.peer).or_default() += 1;
+    }
+    candidates()
         .min_by_key(|h| {
-            let held = idle_per_peer.get(&h.peer).copied().unwrap_or_default();
-            (std::cmp::Reverse(held), h.phase, h.age)
+            let held = per_peer.get(&h.peer).copied().unwrap_or_default();
+            (std::cmp::Reverse(held), h.rank(), h.age)
         })
         .map(|h| h.age)
+}
+
+/// Why a newcomer cannot have a slot at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Full {
+    /// Every holder has a request in flight: stop accepting until one ends.
+    EveryRequestInFlight,
+    /// The only holders that could give way are the newcomer's own young handshakes:
+    /// it waits for one of them to finish or grow old, without holding up other peers.
+    OwnHandshakes,
 }
 
 /// The slot table of one listener.
@@ -91,30 +140,32 @@ impl Slots {
     }
 
     /// A slot for a connection from `peer`, taking one from [`victim`] at the cap and
-    /// waiting while every holder has a request in flight.
+    /// waiting while none may give way.
     pub async fn admit(self: &Arc<Self>, peer: IpAddr) -> Slot {
         loop {
-            if let Some(slot) = self.try_admit(peer) {
+            if let Ok(slot) = self.try_admit(peer) {
                 return slot;
             }
             // `notify_one` keeps a permit when nobody waits, so a release between the
-            // attempt above and this wait is not missed.
-            self.freed.notified().await;
+            // attempt above and this wait is not missed; several waiters share the
+            // permits, so each also looks again now and then.
+            let _ = tokio::time::timeout(RECHECK, self.freed.notified()).await;
         }
     }
 
-    fn try_admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
+    /// A slot for a connection from `peer` now, taking one from [`victim`] at the cap.
+    pub fn try_admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Full> {
         let mut table = self.table.lock();
         if table.len() >= self.cap {
-            let holders: Vec<Holder> = table
-                .iter()
-                .map(|(&age, a)| Holder {
-                    age,
-                    peer: a.peer,
-                    phase: a.phase(),
-                })
-                .collect();
-            let age = victim(&holders)?;
+            let holders: Vec<Holder> = table.iter().map(|(&age, a)| a.holder(age)).collect();
+            let Some(age) = victim(&holders, peer) else {
+                let waits_for_itself = holders.iter().any(|h| h.phase != Phase::Busy);
+                return Err(if waits_for_itself {
+                    Full::OwnHandshakes
+                } else {
+                    Full::EveryRequestInFlight
+                });
+            };
             if let Some(evicted) = table.remove(&age) {
                 tracing::debug!(
                     peer = %evicted.peer,
@@ -128,7 +179,7 @@ impl Slots {
         let age = self.next.fetch_add(1, Ordering::Relaxed);
         let activity = Arc::new(Activity::new(peer, self.freed.clone()));
         table.insert(age, activity.clone());
-        Some(Slot {
+        Ok(Slot {
             slots: self.clone(),
             age,
             activity,
@@ -188,6 +239,15 @@ impl Activity {
             last_done: AtomicU64::new(0),
             evicted: CancellationToken::new(),
             freed,
+        }
+    }
+
+    fn holder(&self, age: u64) -> Holder {
+        Holder {
+            age,
+            peer: self.peer,
+            phase: self.phase(),
+            young: self.started.elapsed() < YOUNG,
         }
     }
 
@@ -263,8 +323,19 @@ mod tests {
             age,
             peer: ip(peer),
             phase,
+            young: false,
         }
     }
+
+    fn young(age: u64, peer: u8) -> Holder {
+        Holder {
+            young: true,
+            ..holder(age, peer, Phase::Opening)
+        }
+    }
+
+    /// A newcomer from an address that holds nothing.
+    const STRANGER: u8 = 200;
 
     #[test]
     fn the_peer_holding_the_most_gives_up_its_oldest_silent_connection() {
@@ -275,13 +346,13 @@ mod tests {
             holder(3, 9, Phase::Opening),
             holder(4, 2, Phase::Opening), // a kubelet probe, just connected
         ];
-        assert_eq!(victim(&holders), Some(2));
+        assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
     }
 
     #[test]
     fn requests_in_flight_are_never_cut() {
         let holders = [holder(0, 9, Phase::Busy), holder(1, 9, Phase::Busy)];
-        assert_eq!(victim(&holders), None);
+        assert_eq!(victim(&holders, ip(STRANGER)), None);
         // The flooder's busy connections stay; of the silent ones, one from each peer,
         // the oldest goes.
         let holders = [
@@ -290,7 +361,7 @@ mod tests {
             holder(2, 9, Phase::Opening),
             holder(3, 1, Phase::Opening),
         ];
-        assert_eq!(victim(&holders), Some(2));
+        assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
     }
 
     #[test]
@@ -305,7 +376,7 @@ mod tests {
             holder(4, 9, Phase::Opening),
             holder(5, 1, Phase::Opening),
         ];
-        assert_eq!(victim(&holders), Some(3));
+        assert_eq!(victim(&holders, ip(STRANGER)), Some(3));
     }
 
     #[test]
@@ -315,10 +386,104 @@ mod tests {
             holder(1, 2, Phase::Opening),
             holder(2, 3, Phase::Opening),
         ];
-        assert_eq!(victim(&holders), Some(1));
+        assert_eq!(victim(&holders, ip(STRANGER)), Some(1));
         // Everyone has made requests: the oldest idle one.
         let holders = [holder(5, 1, Phase::Idle), holder(7, 2, Phase::Idle)];
-        assert_eq!(victim(&holders), Some(5));
+        assert_eq!(victim(&holders, ip(STRANGER)), Some(5));
+    }
+
+    #[test]
+    fn a_newcomer_never_cuts_a_young_handshake_of_its_own_peer() {
+        // The API server (peer 1) dials many connections at once in a burst.
+        let holders = [holder(0, 1, Phase::Busy), young(1, 1), young(2, 1)];
+        assert_eq!(victim(&holders, ip(1)), None, "its own handshakes are kept");
+        assert_eq!(
+            victim(&holders, ip(2)),
+            Some(1),
+            "another peer may take one"
+        );
+        // Grown old without a request, a connection is a silent socket: its own peer's
+        // newcomer takes it (a flood from one address still pays with its own).
+        let holders = [holder(0, 1, Phase::Opening), young(1, 1)];
+        assert_eq!(victim(&holders, ip(1)), Some(0));
+    }
+
+    #[test]
+    fn of_one_peer_silent_sockets_go_first_then_idle_connections_then_handshakes() {
+        let holders = [
+            young(0, 1),
+            holder(1, 1, Phase::Idle),
+            holder(2, 1, Phase::Opening),
+        ];
+        assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
+        assert_eq!(victim(&holders[..2], ip(STRANGER)), Some(1));
+        assert_eq!(victim(&holders[..1], ip(STRANGER)), Some(0));
+        // The peer's own newcomer gives up its idle connection, not its handshake.
+        assert_eq!(victim(&holders[..2], ip(1)), Some(1));
+    }
+
+    #[test]
+    fn the_peer_holding_the_most_is_counted_among_those_that_may_give_way() {
+        // Peer 1 holds three young handshakes and one idle connection; peer 9 holds two
+        // silent sockets. To peer 1's newcomer only the idle one of its own may give
+        // way, so peer 9, holding more of those, gives one up.
+        let holders = [
+            young(0, 1),
+            young(1, 1),
+            young(2, 1),
+            holder(3, 1, Phase::Idle),
+            holder(4, 9, Phase::Opening),
+            holder(5, 9, Phase::Opening),
+        ];
+        assert_eq!(victim(&holders, ip(1)), Some(4));
+        assert_eq!(
+            victim(&holders, ip(STRANGER)),
+            Some(3),
+            "peer 1 holds the most"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_newcomer_waits_for_its_own_handshakes_and_others_do_not() {
+        let slots = Slots::new(2);
+        let api_a = slots.admit(ip(1)).await;
+        let api_b = slots.admit(ip(1)).await;
+        assert!(matches!(slots.try_admit(ip(1)), Err(Full::OwnHandshakes)));
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.admit(ip(1)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        // One handshake ends in a request, answered: that idle connection gives way.
+        drop(api_b.activity().begin());
+        let newcomer = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("admitted once its own connection was idle")
+            .expect("no panic");
+        assert!(api_b.activity().evicted.is_cancelled());
+        assert!(!api_a.activity().evicted.is_cancelled());
+        // A stranger is not made to wait: it takes the oldest handshake.
+        let Ok(_stranger) = slots.try_admit(ip(STRANGER)) else {
+            panic!("a stranger is admitted at once");
+        };
+        assert!(api_a.activity().evicted.is_cancelled());
+        drop(newcomer);
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_with_every_request_in_flight_nobody_may_give_way() {
+        let slots = Slots::new(1);
+        let busy = slots.admit(ip(1)).await;
+        let _request = busy.activity().begin();
+        assert!(matches!(
+            slots.try_admit(ip(1)),
+            Err(Full::EveryRequestInFlight)
+        ));
+        assert!(matches!(
+            slots.try_admit(ip(2)),
+            Err(Full::EveryRequestInFlight)
+        ));
     }
 
     #[tokio::test]

@@ -11,12 +11,13 @@
 #    the client certificate kube-apiserver presents to the webhooks (mutual TLS);
 # 3. starts etcd and kube-apiserver on 127.0.0.1 (free ports; an AdmissionConfiguration
 #    gives the webhook plugins that client certificate), waits for /readyz;
-# 4. installs the GPUQuota CRD (generated from the Rust type), starts two replicas of
-#    `gpu-admission serve` against the cluster — each with a webhook door (`--address`,
+# 4. installs the GPUQuota CRD (generated from the Rust type) and deploy/'s namespace and
+#    RBAC as shipped, starts two replicas of `gpu-admission serve` against the cluster as
+#    the GPU scheduler's ServiceAccount (a token) — each with a webhook door (`--address`,
 #    `--client-ca`: only the API server's certificate gets in) and an extender door
 #    (`--extender-address`) — and waits for their /readyz;
-# 5. starts kube-scheduler with a `gpu-scheduler` profile that calls replica a's extender
-#    door as its extender over TLS, and kube-controller-manager (Jobs, ReplicaSets, the
+# 5. starts kube-scheduler (as the same ServiceAccount) with a `gpu-scheduler` profile that
+#    calls replica a's extender door as its extender over TLS, and kube-controller-manager (Jobs, ReplicaSets, the
 #    garbage collector...; node lifecycle and pod GC off: no kubelets);
 # 5b. installs Volcano's scheduling CRDs (PodGroup, Queue, ... from the Volcano module
 #    source) and starts Volcano's vc-scheduler (built from the Go module proxy by
@@ -102,16 +103,20 @@ cp_kubeconfig
 # ---------------------------------------------------------------- 5. gpu-admission
 cp_install_crd "$print_crd"
 cp_gpu_admission_certs "$gpu_admission"
-# placementWriters, queue.releasers: the identity gpu-admission runs as here (the admin
-# certificate's user) writes placement annotations and lets pods out of the quota queue,
-# as the GPU scheduler's ServiceAccount does in deploy/.
+# gpu-admission and kube-scheduler run as the GPU scheduler's ServiceAccount, with the
+# roles deploy/10-rbac.yaml ships (its extender sidecar's role covers everything both
+# replicas do here: webhooks, extender, quota queue releaser), so a verb missing there
+# fails these tests. placementWriters, queue.releasers: that identity, as in deploy/, and
+# the admin certificate's user, which the tests use to stand in for gpu-manager.
+cp_shipped_identity gpu-scheduler
+sa_kubeconfig="$work/gpu-scheduler.kubeconfig"
 cat >"$work/gpu-admission.yaml" <<EOF
 placement:
   policy: original
   bindVerb: true
-placementWriters: [$cp_name-admin]
+placementWriters: [system:serviceaccount:gpu-admission:gpu-scheduler, $cp_name-admin]
 queue:
-  releasers: [$cp_name-admin]
+  releasers: [system:serviceaccount:gpu-admission:gpu-scheduler, $cp_name-admin]
 EOF
 
 # The tests stop and restart gpu-admission through $ctl (extender and webhook outage).
@@ -119,17 +124,35 @@ EOF
 # a second webhook server on other ports against the same cluster, for the two-replica
 # quota scenario (their doors: see cp_write_ctl). Both re-read their certificate files
 # every second, for the certificate rotation scenario.
-cp_write_ctl "$gpu_admission" "$work/gpu-admission.yaml" info,gpu_admission=debug
+cp_write_ctl "$gpu_admission" "$work/gpu-admission.yaml" info,gpu_admission=debug "$sa_kubeconfig"
 bash "$ctl" start a || die "gpu-admission (replica a) did not start (see above)"
 bash "$ctl" start b || die "gpu-admission (replica b) did not start (see above)"
 say "gpu-admission is ready: replica a webhooks https://127.0.0.1:$webhook_port (mutual TLS), extender https://127.0.0.1:$extender_port, admin http://127.0.0.1:$admin_port; replica b webhooks https://127.0.0.1:$webhook_port_b, extender https://127.0.0.1:$extender_port_b, admin http://127.0.0.1:$admin_port_b"
+
+# The webhook servers' own identity in deploy/ (ServiceAccount gpu-admission, which may not
+# write pods): a webhook-only server as shipped (`--release-queue=false`) must become ready,
+# i.e. its role lets it list and watch everything it reads (a missing verb keeps /readyz
+# failing and names the resource in its log).
+cp_shipped_identity gpu-admission
+free_port webhook_only_port
+free_port webhook_only_admin
+NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$work/gpu-admission.kubeconfig" --release-queue=false \
+  --address "127.0.0.1:$webhook_only_port" --admin-address "127.0.0.1:$webhook_only_admin" \
+  --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \
+  --config "$work/gpu-admission.yaml" </dev/null >"$logs/gpu-admission-webhook-only.log" 2>&1 &
+webhook_only_pid=$!
+pids+=("$webhook_only_pid")
+wait_ready "gpu-admission as ServiceAccount gpu-admission (webhook-only, as deploy/ runs it)" \
+  "$webhook_only_pid" "$logs/gpu-admission-webhook-only.log" \
+  curl -fsS "http://127.0.0.1:$webhook_only_admin/readyz"
+kill -TERM "$webhook_only_pid"
 
 # ---------------------------------------------------------------- 6. kube-scheduler
 cat >"$work/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
-  kubeconfig: $kubeconfig
+  kubeconfig: $sa_kubeconfig
 leaderElection:
   leaderElect: false
 profiles:

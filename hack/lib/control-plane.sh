@@ -22,7 +22,9 @@
 #   cp_kubeconfig           $kubeconfig (admin), $kubectl (array)
 #   cp_install_crd PRINT_CRD     the GPUQuota CRD, waits for Established
 #   cp_gpu_admission_certs BIN   gpu-admission's serving certificate in $work/extender-certs
-#   cp_write_ctl BIN CONFIG LOG_LEVEL
+#   cp_shipped_identity SA  applies deploy/'s namespace and RBAC as shipped; writes
+#                           $work/SA.kubeconfig, a token of ServiceAccount gpu-admission/SA
+#   cp_write_ctl BIN CONFIG LOG_LEVEL [KUBECONFIG]
 #                           $ctl: a script `start|stop [a|b]` for the two gpu-admission replicas
 #   cp_start_scheduler CONFIG ARGS...   kube-scheduler (+ARGS), waits for /readyz
 #   cp_start_controller_manager ARGS... kube-controller-manager (+ARGS), waits for /healthz
@@ -275,6 +277,35 @@ EOF
   kubectl=("$k8s_bin/kubectl" --kubeconfig "$kubeconfig")
 }
 
+# The identity an install from deploy/ gives a component: deploy/'s namespace and RBAC are
+# applied exactly as shipped, and a kubeconfig carries a token of ServiceAccount
+# gpu-admission/$1 (TokenRequest, valid for two days), so a verb missing from the shipped
+# roles fails here as it would in a customer's cluster.
+cp_shipped_identity() { # cp_shipped_identity SERVICE_ACCOUNT -> $work/SERVICE_ACCOUNT.kubeconfig
+  local sa=$1 token
+  "${kubectl[@]}" apply -f "$repo/deploy/00-namespace.yaml" -f "$repo/deploy/10-rbac.yaml" \
+    >>"$logs/kubectl.log" 2>&1 || die "applying deploy/10-rbac.yaml failed: $(tail -5 "$logs/kubectl.log")"
+  token=$("${kubectl[@]}" create token "$sa" -n gpu-admission --duration=48h 2>>"$logs/kubectl.log") ||
+    die "no token for ServiceAccount gpu-admission/$sa: $(tail -5 "$logs/kubectl.log")"
+  cat >"$work/$sa.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: $cp_name
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: $pki/ca.crt
+users:
+- name: $sa
+  user:
+    token: $token
+contexts:
+- name: $cp_name
+  context: {cluster: $cp_name, user: $sa}
+current-context: $cp_name
+EOF
+}
+
 cp_install_crd() { # cp_install_crd PRINT_CRD
   "$1" >"$work/gpuquota-crd.yaml"
   "${kubectl[@]}" apply -f "$work/gpuquota-crd.yaml" >"$logs/kubectl.log" 2>&1 ||
@@ -300,7 +331,7 @@ cp_gpu_admission_certs() { # cp_gpu_admission_certs GPU_ADMISSION
 # (`--extender-address`, `/scheduler/*`, no client certificate asked). Both serve the same
 # certificate files and re-read them every second (`--tls-reload-interval 1s`).
 cp_write_ctl() {
-  local gpu_admission=$1 config=$2 log_level=$3
+  local gpu_admission=$1 config=$2 log_level=$3 serve_kubeconfig=${4:-$kubeconfig}
   ctl="$work/gpu-admission-ctl.sh"
   cat >"$ctl" <<EOF
 #!/usr/bin/env bash
@@ -318,7 +349,7 @@ case "\${1:-}" in
       echo "gpu-admission is already running (pid \$(cat "\$pidfile"))" >&2; exit 1
     fi
     echo "=== start \$(date -u +%FT%TZ)" >>"\$log"
-    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$kubeconfig" \\
+    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$serve_kubeconfig" \\
       --address 127.0.0.1:\$port --extender-address 127.0.0.1:\$extender \\
       --admin-address 127.0.0.1:\$admin --client-ca "$pki/webhook-client-ca.crt" \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\

@@ -933,3 +933,43 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     let body = as_user(update_review(&own, &fewer), tenant);
     assert_eq!(verdict(&router, body).await, (true, String::new()));
 }
+
+/// Two namespaces in one cohort: team-b, past its own quota of 1, borrows the 2 GPUs
+/// team-a leaves idle and no more; team-a, whose quota says `reclaim: Never`, then waits
+/// for its own GPUs to come back (refused now), and a borrowing limit caps team-c.
+#[tokio::test]
+async fn a_namespace_past_its_quota_borrows_what_its_cohort_leaves_idle() {
+    let cohort = |reclaim: &str| format!("  defaultType: Tesla-T4\n  cohort: research\n{reclaim}");
+    let cluster = [
+        quota_yaml("team-a", "Tesla-T4: \"2\"", &cohort("  reclaim: Never\n")),
+        quota_yaml("team-b", "Tesla-T4: \"1\"", &cohort("")),
+        quota_yaml(
+            "team-c",
+            "Tesla-T4: \"0\"",
+            &cohort("  borrowingLimit: {Tesla-T4: \"0\"}\n"),
+        ),
+    ]
+    .concat();
+    let (_, router) = app(&cluster, config_with_policy("original"));
+    for name in ["b1", "b2", "b3"] {
+        let (allowed, message) =
+            verdict(&router, review(&whole_gpu_pod("team-b", name, 1), false)).await;
+        assert!(allowed, "{name}: {message}");
+    }
+    let (allowed, message) =
+        verdict(&router, review(&whole_gpu_pod("team-b", "b4", 1), false)).await;
+    assert!(!allowed);
+    assert_eq!(
+        message,
+        "GPU quota exceeded in namespace \"team-b\" for Tesla-T4: requested 1, used 3 of 1 \
+         (GPUQuota team-b/default); cohort research: the other members lend 0 more"
+    );
+    let (allowed, message) =
+        verdict(&router, review(&whole_gpu_pod("team-a", "a1", 1), false)).await;
+    assert!(!allowed, "team-a's GPUs are lent out");
+    assert!(message.contains("its own quota is lent"), "{message}");
+    let (allowed, message) =
+        verdict(&router, review(&whole_gpu_pod("team-c", "c1", 1), false)).await;
+    assert!(!allowed);
+    assert!(message.contains("borrowing limit 0 reached"), "{message}");
+}

@@ -58,13 +58,17 @@ fn crd_names_and_columns_are_the_contract() {
         .flatten()
         .map(|c| (c.name.clone(), c.priority.unwrap_or(0)))
         .collect();
-    // OnExceed only with `-o wide` (priority 1); Queued is empty (so blank) unless pods
-    // wait in the quota queue.
+    // OnExceed and Cohort only with `-o wide` (priority 1); Queued is empty (so blank)
+    // unless pods wait in the quota queue, Borrowed and Lent unless the quota's cohort
+    // lends.
     let want = [
         ("Hard", 0),
         ("Used", 0),
         ("Queued", 0),
+        ("Borrowed", 0),
+        ("Lent", 0),
         ("OnExceed", 1),
+        ("Cohort", 1),
         ("Age", 0),
     ];
     let want: Vec<(String, i32)> = want.iter().map(|(n, p)| (n.to_string(), *p)).collect();

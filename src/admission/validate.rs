@@ -15,7 +15,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
 use crate::quota::queue::RELEASED_ANNOTATION;
-use crate::quota::{Arrival, Charge, Denial, admit, models_for_arrival};
+use crate::quota::{Arrival, Charge, Denial, QuotaView, admit, models_for_arrival};
 use crate::wire::review::UserInfo;
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
@@ -66,7 +66,7 @@ pub async fn validate(
         // room, is refused now rather than left to wait forever.
         let views = cache.with_state(|state| backend.quota_views(state, namespace));
         let mut views = views.map_err(ChargeError::from)?;
-        views.iter_mut().for_each(|view| view.used.clear());
+        views.iter_mut().for_each(QuotaView::forget_use);
         let admitted = admit(namespace, &views, &wanted, &costs, config.admit_rules());
         backend.admitted(|state| {
             if let Ok(cached) = CachedPod::from_pod(pod, cache.projection()) {

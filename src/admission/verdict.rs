@@ -166,6 +166,7 @@ mod tests {
                 pools: vec![],
                 default_type: Some("T4".into()),
                 on_exceed: Default::default(),
+                ..Default::default()
             },
         );
         quota.metadata.namespace = Some("team".into());

@@ -14,6 +14,7 @@
 //! in. The cache below is synchronous state with no client and no writer
 //! (docs/design.md, "Layers").
 
+mod cohort_lease;
 pub mod quota_writer;
 pub mod reconcile;
 pub mod release;
@@ -34,6 +35,7 @@ use crate::cache::{
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
+use crate::quota::cohort;
 use crate::quota::pending::CreatedSecond;
 use crate::quota::status::views_with_status;
 use crate::quota::{Charge, ModelAmounts, QuotaView, admit};
@@ -201,7 +203,13 @@ impl Backend {
         match self.mode {
             Mode::Api { .. } => {
                 let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
-                views_with_status(&quotas)
+                let mut views = views_with_status(&quotas)?;
+                let cohorts = cohort::cohorts_of(&views);
+                if !cohorts.is_empty() {
+                    let members: Vec<GPUQuota> = state.cohort_quotas(&cohorts).cloned().collect();
+                    cohort::attach_pools(&mut views, &views_with_status(&members)?);
+                }
+                Ok(views)
             }
             Mode::Offline => state.quota_views(namespace),
         }

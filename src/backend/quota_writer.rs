@@ -9,6 +9,7 @@
 //! write carries all of them. The status keeps running totals of pending charges
 //! (`quota::pending`), so a write costs the same however many pods are being created.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,12 +19,13 @@ use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use super::cohort_lease::{Agreement, CohortLeases};
 use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
-use crate::quota::cohort::count_charge;
+use crate::quota::cohort::{self, count_charge};
 use crate::quota::pending::CreatedSecond;
 use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
@@ -102,11 +104,13 @@ struct Lane {
 pub struct QuotaWriter {
     client: Client,
     lanes: Mutex<HashMap<String, Lane>>,
+    leases: CohortLeases,
 }
 
 impl QuotaWriter {
     pub fn new(client: Client) -> Arc<Self> {
         Arc::new(QuotaWriter {
+            leases: CohortLeases::new(client.clone()),
             client,
             lanes: Mutex::new(HashMap::default()),
         })
@@ -149,8 +153,7 @@ impl QuotaWriter {
                 }
                 std::mem::take(&mut lane.queue)
             };
-            let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
-            commit(&api, cache, namespace, batch).await;
+            self.commit(cache, namespace, batch).await;
         }
     }
 
@@ -191,58 +194,173 @@ struct Decided {
     over: Vec<Exceeded>,
 }
 
-/// Decide and write one batch, retrying on fresh data until every charge is answered.
-async fn commit(api: &Api<GPUQuota>, cache: &ClusterCache, namespace: &str, batch: Vec<Waiting>) {
-    let deadline = Instant::now() + COMMIT_DEADLINE;
-    let mut waiting = batch;
-    let mut fresh = false;
-    while !waiting.is_empty() {
-        if Instant::now() >= deadline {
-            for w in waiting {
-                w.answer(Err(ChargeError::Contended(namespace.to_string())));
+impl QuotaWriter {
+    /// Decide and write one batch, retrying on fresh data until every charge is
+    /// answered. A round whose charges draw on a cohort's pool is decided again under
+    /// the cohort's agreement (`cohort_lease`) before anything is written.
+    async fn commit(&self, cache: &ClusterCache, namespace: &str, batch: Vec<Waiting>) {
+        let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
+        let deadline = Instant::now() + COMMIT_DEADLINE;
+        let mut waiting = batch;
+        let (mut fresh, mut agreeing) = (false, false);
+        while !waiting.is_empty() {
+            if Instant::now() >= deadline {
+                for w in waiting {
+                    w.answer(Err(ChargeError::Contended(namespace.to_string())));
+                }
+                return;
             }
-            return;
-        }
-        let quotas = match read_quotas(api, cache, namespace, fresh).await {
-            Ok(quotas) => quotas,
-            Err(error) => return answer_all(waiting, &error),
-        };
-        let mut views = match views_with_status(&quotas) {
-            Ok(views) => views,
-            Err(error) => return answer_all(waiting, &error.into()),
-        };
-        let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh);
-        waiting = retry;
-        if decided.is_empty() {
+            let round = match self
+                .read_round(&api, cache, namespace, fresh, agreeing)
+                .await
+            {
+                Ok(round) => round,
+                Err(error) => return answer_all(waiting, &error),
+            };
+            let Round {
+                quotas,
+                mut views,
+                agreement,
+            } = round;
+            let before = views.clone();
+            let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh);
+            waiting = retry;
             fresh = true;
-            continue;
-        }
-        let started = Instant::now();
-        match write_round(api, cache, &quotas, &decided).await {
-            Ok(true) => {
-                tracing::debug!(
-                    namespace,
-                    charges = decided.len(),
-                    fresh,
-                    write_ms = started.elapsed().as_secs_f64() * 1e3,
-                    "quota charges written"
-                );
-                for d in decided {
-                    d.waiting
-                        .answer(Ok(ChargeOutcome::Charged { over: d.over }));
+            if decided.is_empty() {
+                continue;
+            }
+            if agreement.is_none() && cohort::draws_from_pools(&before, &views) {
+                agreeing = true;
+                waiting.extend(decided.into_iter().map(|d| d.waiting));
+                continue;
+            }
+            let started = Instant::now();
+            let written = match write_round(&api, cache, &quotas, &decided).await {
+                Ok(Some(written)) => written,
+                // Someone else wrote first: decide these again on fresh data.
+                Ok(None) => {
+                    waiting.extend(decided.into_iter().map(|d| d.waiting));
+                    continue;
+                }
+                Err(error) => {
+                    let error = error.to_string();
+                    for d in decided {
+                        d.waiting.answer(Err(ChargeError::Write(error.clone())));
+                    }
+                    continue;
+                }
+            };
+            if let Some(agreement) = agreement {
+                match self.agree(&api, cache, agreement, &written, &decided).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        waiting.extend(decided.into_iter().map(|d| d.waiting));
+                        continue;
+                    }
+                    Err(error) => {
+                        answer_all(decided.into_iter().map(|d| d.waiting).collect(), &error);
+                        continue;
+                    }
                 }
             }
-            // Someone else wrote first: decide these again on fresh data.
-            Ok(false) => waiting.extend(decided.into_iter().map(|d| d.waiting)),
-            Err(error) => {
-                let error = error.to_string();
-                for d in decided {
-                    d.waiting.answer(Err(ChargeError::Write(error.clone())));
-                }
+            tracing::debug!(
+                namespace,
+                charges = decided.len(),
+                write_ms = started.elapsed().as_secs_f64() * 1e3,
+                "quota charges written"
+            );
+            for d in decided {
+                d.waiting
+                    .answer(Ok(ChargeOutcome::Charged { over: d.over }));
             }
         }
-        fresh = true;
     }
+
+    /// What a round decides on: the namespace's quotas, their views with their cohorts'
+    /// pools and, when `agreeing`, the cohorts' Leases read before every member's quota
+    /// (all of them read fresh then).
+    async fn read_round(
+        &self,
+        api: &Api<GPUQuota>,
+        cache: &ClusterCache,
+        namespace: &str,
+        fresh: bool,
+        agreeing: bool,
+    ) -> Result<Round, ChargeError> {
+        let cohorts = cache.with_state(|state| {
+            let quotas = state.namespace_quotas(namespace);
+            quotas
+                .filter_map(|q| q.spec.cohort.clone())
+                .collect::<BTreeSet<_>>()
+        });
+        let (quotas, members, agreement) = if agreeing && !cohorts.is_empty() {
+            let agreement = self.leases.read(&cohorts).await?;
+            let every: Api<GPUQuota> = Api::all(self.client.clone());
+            let all = every.list(&Default::default()).await?.items;
+            cache.with_state(|state| all.iter().for_each(|q| state.apply_quota(q.clone())));
+            let in_namespace = |q: &&GPUQuota| q.metadata.namespace.as_deref() == Some(namespace);
+            let quotas: Vec<GPUQuota> = all.iter().filter(in_namespace).cloned().collect();
+            let in_cohorts =
+                |q: &&GPUQuota| q.spec.cohort.as_ref().is_some_and(|c| cohorts.contains(c));
+            let members: Vec<GPUQuota> = all.iter().filter(in_cohorts).cloned().collect();
+            (quotas, members, Some(agreement))
+        } else {
+            let quotas = read_quotas(api, cache, namespace, fresh).await?;
+            let members =
+                cache.with_state(|state| state.cohort_quotas(&cohorts).cloned().collect());
+            (quotas, members, None)
+        };
+        let mut views = views_with_status(&quotas)?;
+        if !members.is_empty() {
+            cohort::attach_pools(&mut views, &views_with_status(&members)?);
+        }
+        Ok(Round {
+            quotas,
+            views,
+            agreement,
+        })
+    }
+
+    /// Agree on a round's draws; when another draw was agreed first, give the round's
+    /// charges back (`Ok(false)`: decide again).
+    async fn agree(
+        &self,
+        api: &Api<GPUQuota>,
+        cache: &ClusterCache,
+        agreement: Agreement,
+        written: &[String],
+        decided: &[Decided],
+    ) -> Result<bool, ChargeError> {
+        if self.leases.agree(agreement).await? {
+            return Ok(true);
+        }
+        let charges = round_charges(decided);
+        for name in written {
+            release_one(api, cache, name, &charges).await?;
+        }
+        Ok(false)
+    }
+}
+
+/// What one round decides on (`QuotaWriter::read_round`).
+struct Round {
+    quotas: Vec<GPUQuota>,
+    views: Vec<QuotaView>,
+    /// The cohorts' Leases, when the round decides under their agreement.
+    agreement: Option<Agreement>,
+}
+
+/// Every charge of a round: (quota key, amount, the pod's creation second).
+fn round_charges(decided: &[Decided]) -> Vec<(&str, Milli, CreatedSecond)> {
+    decided
+        .iter()
+        .flat_map(|d| {
+            let created = d.waiting.ask.created;
+            d.charge
+                .iter()
+                .map(move |(key, amount)| (key.as_str(), *amount, created))
+        })
+        .collect()
 }
 
 fn answer_all(waiting: Vec<Waiting>, error: &ChargeError) {
@@ -301,23 +419,15 @@ fn decide_round(
 }
 
 /// Write the round's charges into each quota listing one of their models, in name order,
-/// each with the resourceVersion it was decided on. `Ok(false)` on a conflict, after the
-/// quotas already written were given their charges back.
+/// each with the resourceVersion it was decided on; returns the quotas written. `Ok(None)`
+/// on a conflict, after the quotas already written were given their charges back.
 async fn write_round(
     api: &Api<GPUQuota>,
     cache: &ClusterCache,
     quotas: &[GPUQuota],
     decided: &[Decided],
-) -> Result<bool, ChargeError> {
-    let charges: Vec<(&str, Milli, CreatedSecond)> = decided
-        .iter()
-        .flat_map(|d| {
-            let created = d.waiting.ask.created;
-            d.charge
-                .iter()
-                .map(move |(key, amount)| (key.as_str(), *amount, created))
-        })
-        .collect();
+) -> Result<Option<Vec<String>>, ChargeError> {
+    let charges = round_charges(decided);
     let mut listing: Vec<&GPUQuota> = quotas
         .iter()
         .filter(|q| charges.iter().any(|(m, ..)| q.spec.hard.contains_key(*m)))
@@ -336,7 +446,7 @@ async fn write_round(
                 for name in &written {
                     release_one(api, cache, name, &charges).await?;
                 }
-                return Ok(false);
+                return Ok(None);
             }
             Err(error) => {
                 for name in &written {
@@ -346,7 +456,7 @@ async fn write_round(
             }
         }
     }
-    Ok(true)
+    Ok(Some(written))
 }
 
 /// Write `quota.status` with the resourceVersion it was read at (409 when stale).

@@ -13,10 +13,16 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::cache::ClusterCache;
-use crate::quota::GPUQuota;
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::cache::{ClusterCache, ClusterState};
+use crate::quota::cohort;
 use crate::quota::pending::PENDING_TTL;
 use crate::quota::status::reconciled_status;
+use crate::quota::status::views_with_status;
+use crate::quota::{GPUQuota, ModelAmounts};
 
 use super::quota_writer::replace_status;
 
@@ -108,6 +114,7 @@ fn reconciled(
             }
         };
         status.queued = queued_status(quota, &state.queued_usage(namespace));
+        status.lent = lent_status(state, quota);
         (quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
             updated.metadata.managed_fields = None; // kept as they are by the API server
@@ -118,18 +125,31 @@ fn reconciled(
 }
 
 /// `status.queued`: the part of what waits in the quota queue that `quota` lists.
-fn queued_status(
-    quota: &GPUQuota,
-    queued: &crate::quota::ModelAmounts,
-) -> std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+fn queued_status(quota: &GPUQuota, queued: &ModelAmounts) -> BTreeMap<String, Quantity> {
     let listed = queued
         .iter()
         .filter(|(key, _)| quota.spec.hard.contains_key(*key));
     listed
-        .map(|(key, amount)| {
-            let quantity =
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity(amount.to_string());
-            (key.clone(), quantity)
-        })
+        .map(|(key, amount)| (key.clone(), Quantity(amount.to_string())))
+        .collect()
+}
+
+/// `status.lent`: what the other members of `quota`'s cohort use of its `hard`, from the
+/// members' statuses as this replica last saw them (`quota::cohort::lent`).
+fn lent_status(state: &ClusterState, quota: &GPUQuota) -> BTreeMap<String, Quantity> {
+    let Some(name) = quota.spec.cohort.clone() else {
+        return BTreeMap::new();
+    };
+    let cohorts = BTreeSet::from([name]);
+    let members: Vec<GPUQuota> = state.cohort_quotas(&cohorts).cloned().collect();
+    let views = views_with_status(&members).ok();
+    let this = views_with_status(std::slice::from_ref(quota)).ok();
+    let (Some(members), Some(this)) = (views, this) else {
+        return BTreeMap::new();
+    };
+    let lent = this.first().map(|view| cohort::lent(view, &members));
+    lent.into_iter()
+        .flatten()
+        .map(|(model, amount)| (model, Quantity(amount.to_string())))
         .collect()
 }

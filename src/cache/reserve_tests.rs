@@ -260,6 +260,7 @@ fn a_quota_event_older_than_the_cached_copy_is_ignored() {
                 pools: vec![],
                 default_type: None,
                 on_exceed: Default::default(),
+                ..Default::default()
             },
         );
         q.metadata.namespace = Some("team-a".into());
@@ -290,6 +291,7 @@ fn seen_charges_count_recent_pods_and_those_that_left() {
             pools: vec![],
             default_type: Some("T4".into()),
             on_exceed: Default::default(),
+            ..Default::default()
         },
     );
     quota.metadata.namespace = Some("team-a".into());

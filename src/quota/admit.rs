@@ -44,7 +44,7 @@ impl QuotaView {
             hard,
             used: ModelAmounts::new(),
             on_exceed: quota.spec.on_exceed,
-            cohort: None,
+            cohort: CohortTerms::from_crd(quota)?,
         })
     }
 
@@ -53,7 +53,7 @@ impl QuotaView {
         self.on_exceed != OnExceed::Warn
     }
 
-    fn room_for(&self, model: &str, amount: Milli) -> Result<(), Exceeded> {
+    pub(super) fn room_for(&self, model: &str, amount: Milli) -> Result<(), Exceeded> {
         let hard = self.hard.get(model).copied().unwrap_or_default();
         let used = self.used.get(model).copied().unwrap_or_default();
         let exceeded = |cohort| Exceeded {

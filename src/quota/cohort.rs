@@ -16,12 +16,14 @@
 //! [`Reclaim`]: with `Evict` it gets it at once and the borrowers' pods are evicted until
 //! the pool is whole again ([`reclaim`]); with `Never` it waits for them to finish.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use crate::placement::mig;
 use crate::placement::quantity::Milli;
 
 use super::ModelAmounts;
 use super::admit::QuotaView;
+use super::{GPUQuota, StatusError, quota_name};
 
 /// How a member takes back what it lent.
 #[derive(
@@ -224,6 +226,33 @@ pub struct CohortTerms {
 }
 
 impl CohortTerms {
+    /// The terms `quota` sets (`None` without a cohort), its pools still empty: see
+    /// [`attach_pools`].
+    pub fn from_crd(quota: &GPUQuota) -> Result<Option<Self>, StatusError> {
+        let Some(name) = quota.spec.cohort.clone() else {
+            return Ok(None);
+        };
+        let limits = |field: &str, amounts: &BTreeMap<String, _>| {
+            let mut parsed = ModelAmounts::new();
+            for (model, quantity) in amounts {
+                let quantity: &k8s_openapi::apimachinery::pkg::api::resource::Quantity = quantity;
+                let amount = Milli::parse(&quantity.0).map_err(|e| StatusError {
+                    quota: quota_name(quota),
+                    reason: format!("spec.{field}.{model}: {e}"),
+                })?;
+                parsed.insert(model.clone(), amount);
+            }
+            Ok::<_, StatusError>(parsed)
+        };
+        Ok(Some(CohortTerms {
+            name,
+            borrowing_limit: limits("borrowingLimit", &quota.spec.borrowing_limit)?,
+            lending_limit: limits("lendingLimit", &quota.spec.lending_limit)?,
+            reclaim: quota.spec.reclaim,
+            pools: BTreeMap::new(),
+        }))
+    }
+
     /// This quota's standing for `model` (a model: MIG profile keys are not lent).
     pub(super) fn share(&self, model: &str, hard: Milli, used: Milli) -> Share {
         Share {
@@ -235,9 +264,113 @@ impl CohortTerms {
     }
 }
 
+/// The cohorts `views` belong to.
+pub fn cohorts_of(views: &[QuotaView]) -> BTreeSet<String> {
+    views
+        .iter()
+        .filter_map(|v| v.cohort.as_ref().map(|t| t.name.clone()))
+        .collect()
+}
+
+/// Each member's standing per model (MIG profile keys are caps, not lent), with its use.
+fn shares(member: &QuotaView) -> impl Iterator<Item = (&String, Share)> {
+    let terms = member.cohort.as_ref();
+    let listed = member
+        .hard
+        .iter()
+        .filter(|(key, _)| !mig::is_profile_key(key));
+    listed.filter_map(move |(model, hard)| {
+        let used = member.used.get(model).copied().unwrap_or_default();
+        Some((model, terms?.share(model, *hard, used)))
+    })
+}
+
+/// A cohort's pools, per model, from its members' views (each with its use).
+pub fn pools_of<'a>(members: impl IntoIterator<Item = &'a QuotaView>) -> BTreeMap<String, Pool> {
+    let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
+    for member in members {
+        for (model, share) in shares(member) {
+            let pool = pools.entry(model.clone()).or_default();
+            pool.size += u128::from(share.lendable().0);
+            pool.drawn += u128::from(share.from_pool().0);
+        }
+    }
+    pools
+}
+
+/// Give each view that belongs to a cohort its cohort's pools, from `members`: every
+/// quota of those cohorts, these included, each with its use.
+pub fn attach_pools(views: &mut [QuotaView], members: &[QuotaView]) {
+    for view in views.iter_mut() {
+        let Some(terms) = view.cohort.as_mut() else {
+            continue;
+        };
+        let name = terms.name.clone();
+        terms.pools = pools_of(
+            members
+                .iter()
+                .filter(|m| m.cohort.as_ref().is_some_and(|t| t.name == name)),
+        );
+    }
+}
+
+/// What `member` lends now, per model: the cohort's borrowing (its members' use past
+/// their `hard`) attributed to the lenders in proportion to what each leaves unused of
+/// its lendable part. `members`: the whole cohort, `member` included.
+pub fn lent(member: &QuotaView, members: &[QuotaView]) -> ModelAmounts {
+    let Some(terms) = member.cohort.as_ref() else {
+        return ModelAmounts::new();
+    };
+    let cohort: Vec<&QuotaView> = members
+        .iter()
+        .filter(|m| m.cohort.as_ref().is_some_and(|t| t.name == terms.name))
+        .collect();
+    let mut lent = ModelAmounts::new();
+    for (model, share) in shares(member) {
+        let (mut borrowed, mut idle) = (0u128, 0u128);
+        for (_, other) in cohort
+            .iter()
+            .flat_map(|m| shares(m))
+            .filter(|(m, _)| *m == model)
+        {
+            borrowed += u128::from(other.borrowed().0);
+            idle += u128::from(other.lends().0);
+        }
+        let own_idle = u128::from(share.lends().0);
+        if borrowed > 0 && own_idle > 0 {
+            let part = (borrowed.min(idle) * own_idle / idle).min(own_idle);
+            lent.insert(
+                model.clone(),
+                Milli(u64::try_from(part).unwrap_or(u64::MAX)),
+            );
+        }
+    }
+    lent
+}
+
+/// Whether counting `charge` changed what views draw from their cohorts' pools: such a
+/// charge needed the cohort's room, so the cohort must agree on it.
+pub fn draws_from_pools(before: &[QuotaView], after: &[QuotaView]) -> bool {
+    let drawn = |view: &QuotaView| {
+        view.cohort
+            .as_ref()
+            .map(|t| t.pools.values().map(|p| p.drawn).sum::<u128>())
+            .unwrap_or_default()
+    };
+    before.iter().zip(after).any(|(b, a)| drawn(a) > drawn(b))
+}
+
 /// Counting use in quota views: a member's use past its guaranteed part is drawn from
 /// its cohort's pool as it is counted.
 impl QuotaView {
+    /// The quota as if nothing used it, nor anything of its cohort's pools: what could
+    /// ever be admitted.
+    pub fn forget_use(&mut self) {
+        self.used.clear();
+        let pools = self.cohort.iter_mut().flat_map(|t| t.pools.values_mut());
+        pools.for_each(|pool| pool.drawn = 0);
+    }
+
     /// Count `amount` more of `key` as used (and drawn from its cohort's pool).
     pub fn add_used(&mut self, key: &str, amount: Milli) {
         let hard = self.hard.get(key).copied().unwrap_or_default();

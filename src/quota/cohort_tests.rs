@@ -308,3 +308,93 @@ fn admission_borrows_through_the_cohort_and_says_why_not() {
          (GPUQuota team-b/default); cohort research: the other members lend 1 more"
     );
 }
+
+fn member(namespace: &str, cohort: &str, hard: u64, used: u64) -> QuotaView {
+    let terms = CohortTerms {
+        name: cohort.to_string(),
+        ..CohortTerms::default()
+    };
+    QuotaView {
+        namespace: namespace.to_string(),
+        name: "default".to_string(),
+        hard: [("T4".to_string(), gpus(hard))].into(),
+        used: [("T4".to_string(), gpus(used))].into(),
+        on_exceed: Default::default(),
+        cohort: Some(terms),
+    }
+}
+
+#[test]
+fn members_of_one_cohort_share_one_pool_per_model() {
+    let a = member("team-a", "research", 8, 2);
+    let b = member("team-b", "research", 4, 4);
+    let other = member("team-x", "elsewhere", 100, 0);
+    let mut views = vec![b.clone()];
+    attach_pools(&mut views, &[a, b, other]);
+    let pools = &views[0].cohort.as_ref().unwrap().pools;
+    assert_eq!(
+        pools["T4"],
+        Pool {
+            size: 12_000,
+            drawn: 6_000
+        }
+    );
+    // So team-b may use 6 more, borrowed, and not 7.
+    assert!(views[0].room_for("T4", gpus(6)).is_ok());
+    assert!(views[0].room_for("T4", gpus(7)).is_err());
+}
+
+#[test]
+fn what_a_cohort_borrows_is_lent_by_its_idle_members_in_proportion() {
+    let a = member("team-a", "research", 8, 2); // leaves 6 idle
+    let d = member("team-d", "research", 4, 1); // leaves 3 idle
+    let b = member("team-b", "research", 4, 7); // borrows 3
+    let members = [a.clone(), d.clone(), b.clone()];
+    assert_eq!(lent(&a, &members)["T4"], gpus(2));
+    assert_eq!(lent(&d, &members)["T4"], gpus(1));
+    assert!(lent(&b, &members).is_empty(), "a borrower lends nothing");
+}
+
+#[test]
+fn a_charge_past_the_guaranteed_part_draws_from_the_pool() {
+    let b = member("team-b", "research", 4, 4);
+    let mut views = vec![b.clone()];
+    attach_pools(&mut views, &[member("team-a", "research", 8, 0), b]);
+    let before = views.clone();
+    count_charge(&mut views, &[("T4".to_string(), gpus(1))].into());
+    assert!(draws_from_pools(&before, &views));
+    // Without a cohort, nothing is drawn.
+    let mut plain = vec![QuotaView {
+        cohort: None,
+        ..member("team-c", "research", 4, 0)
+    }];
+    let before = plain.clone();
+    count_charge(&mut plain, &[("T4".to_string(), gpus(1))].into());
+    assert!(!draws_from_pools(&before, &plain));
+}
+
+#[test]
+fn terms_come_from_the_quota_and_a_bad_limit_is_named() {
+    use crate::quota::{GPUQuota, GpuQuotaSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut quota = GPUQuota::new(
+        "default",
+        GpuQuotaSpec {
+            hard: [("T4".to_string(), Quantity("4".into()))].into(),
+            cohort: Some("research".into()),
+            borrowing_limit: [("T4".to_string(), Quantity("2".into()))].into(),
+            reclaim: Reclaim::Never,
+            ..GpuQuotaSpec::default()
+        },
+    );
+    quota.metadata.namespace = Some("team-a".into());
+    let terms = CohortTerms::from_crd(&quota).unwrap().unwrap();
+    assert_eq!(terms.name, "research");
+    assert_eq!(terms.borrowing_limit["T4"], gpus(2));
+    assert_eq!(terms.reclaim, Reclaim::Never);
+    quota.spec.lending_limit = [("T4".to_string(), Quantity("lots".into()))].into();
+    let error = CohortTerms::from_crd(&quota).unwrap_err();
+    assert!(error.reason.contains("spec.lendingLimit.T4"), "{error:?}");
+    quota.spec.cohort = None;
+    assert_eq!(CohortTerms::from_crd(&quota).unwrap(), None);
+}

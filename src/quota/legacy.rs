@@ -58,8 +58,7 @@ pub fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, LegacyError> {
                 GpuQuotaSpec {
                     hard,
                     pools: legacy.pool,
-                    default_type: None,
-                    on_exceed: Default::default(),
+                    ..Default::default()
                 },
             );
             quota.metadata.namespace = Some(namespace);

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// `spec` of a GPUQuota: GPUs per model, optional node pools and a default model.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "gpu-admission.io",
     version = "v1alpha1",
@@ -20,10 +20,27 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Hard","type":"string","jsonPath":".spec.hard"}"#,
     printcolumn = r#"{"name":"Used","type":"string","jsonPath":".status.used"}"#,
     printcolumn = r#"{"name":"Queued","type":"string","jsonPath":".status.queued"}"#,
+    printcolumn = r#"{"name":"Borrowed","type":"string","jsonPath":".status.borrowed"}"#,
+    printcolumn = r#"{"name":"Lent","type":"string","jsonPath":".status.lent"}"#,
     printcolumn = r#"{"name":"OnExceed","type":"string","jsonPath":".spec.onExceed","priority":1}"#,
+    printcolumn = r#"{"name":"Cohort","type":"string","jsonPath":".spec.cohort","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.borrowingLimit) || self.borrowingLimit.all(m, m in self.hard)",
+        "message": "borrowingLimit may only name models that hard lists"
+    },
+    {
+        "rule": "!has(self.lendingLimit) || self.lendingLimit.all(m, m in self.hard)",
+        "message": "lendingLimit may only name models that hard lists"
+    },
+    {
+        "rule": "has(self.cohort) || (!has(self.borrowingLimit) && !has(self.lendingLimit))",
+        "message": "borrowingLimit and lendingLimit need a cohort"
+    }
+]))]
 pub struct GpuQuotaSpec {
     /// GPUs per model, as Kubernetes quantities (`"4"`, `"1.5"`).
     #[schemars(schema_with = "gpu_amounts")]
@@ -37,6 +54,34 @@ pub struct GpuQuotaSpec {
     /// What becomes of a pod this quota has no room for (docs/quota.md).
     #[serde(default, skip_serializing_if = "OnExceed::is_deny")]
     pub on_exceed: OnExceed,
+    /// GPUQuotas with the same cohort, in any namespaces, lend each other per model what
+    /// they leave unused (docs/quota.md, "Cohorts").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "cohort_name")]
+    pub cohort: Option<String>,
+    /// Per model, how far past `hard` this quota may borrow; a model not listed: as far
+    /// as the cohort lends.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "gpu_amounts")]
+    pub borrowing_limit: BTreeMap<String, Quantity>,
+    /// Per model, how much of `hard` this quota lends at most; a model not listed: all
+    /// that it leaves unused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "gpu_amounts")]
+    pub lending_limit: BTreeMap<String, Quantity>,
+    /// How this quota takes back what it lent: `Evict` (the default) admits its pod at
+    /// once and evicts borrowing pods; `Never` waits for them to finish.
+    #[serde(default, skip_serializing_if = "cohort::Reclaim::is_evict")]
+    pub reclaim: cohort::Reclaim,
+}
+
+fn cohort_name(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "A cohort's name: a DNS label",
+        "type": "string",
+        "maxLength": 63,
+        "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    })
 }
 
 /// What becomes of a pod a quota has no room for.
@@ -114,6 +159,14 @@ pub struct GpuQuotaStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "gpu_amounts")]
     pub queued: BTreeMap<String, Quantity>,
+    /// GPUs per model in use beyond `hard`, lent by other members of the cohort.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "gpu_amounts")]
+    pub borrowed: BTreeMap<String, Quantity>,
+    /// GPUs per model of this quota's `hard` that other members of the cohort use now.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "gpu_amounts")]
+    pub lent: BTreeMap<String, Quantity>,
 }
 
 /// The charges of the pods created in one second, for one model (see `quota::pending`).

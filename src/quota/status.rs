@@ -123,6 +123,7 @@ pub fn reconciled_status(
         entry.0 = entry.0.saturating_add(amount.0);
     }
     Ok(GpuQuotaStatus {
+        borrowed: borrowed(quota, &used),
         used: used
             .into_iter()
             .map(|(m, a)| (m, Quantity(a.to_string())))
@@ -130,7 +131,28 @@ pub fn reconciled_status(
         pending: kept.to_status(),
         reservations: legacy,
         queued: current.queued,
+        lent: current.lent,
     })
+}
+
+/// `status.borrowed`: per model, the use past `hard` of a quota in a cohort.
+fn borrowed(quota: &GPUQuota, used: &ModelAmounts) -> BTreeMap<String, Quantity> {
+    if quota.spec.cohort.is_none() {
+        return BTreeMap::new();
+    }
+    let hard = |model: &str| {
+        let listed = quota.spec.hard.get(model);
+        listed.and_then(|q| Milli::parse(&q.0).ok())
+    };
+    used.iter()
+        .filter_map(|(model, amount)| {
+            if crate::placement::mig::is_profile_key(model) {
+                return None; // a profile cap is not lent
+            }
+            let past = amount.0.saturating_sub(hard(model)?.0);
+            (past > 0).then(|| (model.clone(), Quantity(Milli(past).to_string())))
+        })
+        .collect()
 }
 
 #[cfg(test)]

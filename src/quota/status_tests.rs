@@ -17,6 +17,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
             pools: vec![],
             default_type: None,
             on_exceed: Default::default(),
+            ..Default::default()
         },
     );
     quota.metadata.namespace = Some("team-a".into());
@@ -32,7 +33,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
             })
             .collect(),
         reservations: vec![],
-        queued: Default::default(),
+        ..GpuQuotaStatus::default()
     });
     quota
 }

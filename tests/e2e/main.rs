@@ -38,6 +38,7 @@
 mod repo;
 mod support;
 
+mod cohort;
 mod controllers;
 mod devices;
 mod doors;

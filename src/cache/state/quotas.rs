@@ -3,12 +3,15 @@
 //! change (`usage`), the views admission decides on, and the recently departed pods
 //! the quota reconciler still counts as seen.
 
+use std::collections::BTreeSet;
+
 use foldhash::HashMap;
 
 use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::StatusError;
+use crate::quota::cohort;
 use crate::quota::eligible::Charged;
 use crate::quota::{GPUQuota, NamespaceLimits};
 use crate::quota::{
@@ -185,21 +188,43 @@ impl ClusterState {
     }
 
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
-    /// (offline mode's ledger; API mode's reconciler).
+    /// (offline mode's ledger), with their cohorts' pools counted the same way.
     pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
-        let mut views = self
-            .namespace_quotas(namespace)
-            .map(QuotaView::from_crd)
-            .collect::<Result<Vec<_>, _>>()?;
-        let used = self.usage(namespace);
-        for view in &mut views {
-            view.used = used
-                .iter()
-                .filter(|(m, _)| view.hard.contains_key(*m))
-                .map(|(m, a)| (m.clone(), *a))
-                .collect();
+        let mut views = self.counted_views(self.namespace_quotas(namespace))?;
+        let cohorts = cohort::cohorts_of(&views);
+        if !cohorts.is_empty() {
+            let members = self.counted_views(self.cohort_quotas(&cohorts))?;
+            cohort::attach_pools(&mut views, &members);
         }
         Ok(views)
+    }
+
+    /// Views of `quotas` with `used` counted from the pods this cache holds.
+    fn counted_views<'a>(
+        &self,
+        quotas: impl Iterator<Item = &'a GPUQuota>,
+    ) -> Result<Vec<QuotaView>, StatusError> {
+        quotas
+            .map(|quota| {
+                let mut view = QuotaView::from_crd(quota)?;
+                let used = self.usage(&view.namespace);
+                view.used = used
+                    .iter()
+                    .filter(|(m, _)| view.hard.contains_key(*m))
+                    .map(|(m, a)| (m.clone(), *a))
+                    .collect();
+                Ok(view)
+            })
+            .collect()
+    }
+
+    /// Every GPUQuota, in any namespace, of one of `cohorts`.
+    pub fn cohort_quotas<'a>(
+        &'a self,
+        cohorts: &'a BTreeSet<String>,
+    ) -> impl Iterator<Item = &'a GPUQuota> {
+        let member = |q: &&GPUQuota| q.spec.cohort.as_ref().is_some_and(|c| cohorts.contains(c));
+        self.quotas.values().filter(member)
     }
 
     /// The part of its namespace's usage `quota` reports in its status and metrics

@@ -109,9 +109,10 @@ pub struct ServeArgs {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "GPU_ADMISSION_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
-    /// API mode: let pods out of the quota queue (`onExceed: Queue`), which takes the
-    /// right to patch pods. deploy/ runs it in the GPU scheduler's sidecar and turns it
-    /// off in the webhook servers, whose identity may not write pods.
+    /// API mode: let pods out of the quota queue (`onExceed: Queue`) and evict borrowing
+    /// pods when a cohort's lender takes its GPUs back (`reclaim: Evict`), which take the
+    /// rights to patch and evict pods. deploy/ runs it in the GPU scheduler's sidecar and
+    /// turns it off in the webhook servers, whose identity may not write pods.
     #[arg(long, env = "GPU_ADMISSION_RELEASE_QUEUE", default_value_t = true, action = clap::ArgAction::Set)]
     pub release_queue: bool,
     #[command(flatten)]

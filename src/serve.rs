@@ -74,6 +74,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let releaser = state.backend.queue_releaser(rules, waits);
     if let Some(releaser) = releaser.filter(|_| release_queue) {
         tokio::spawn(releaser.run(state.cache().queue_moved(), shutdown.clone()));
+        // The process that may write pods (the GPU scheduler's sidecar) also evicts for
+        // cohorts' reclaim.
+        if let Some(reclaimer) = state.backend.reclaimer() {
+            tokio::spawn(reclaimer.run(shutdown.clone()));
+        }
     }
     state
         .metrics

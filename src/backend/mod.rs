@@ -16,6 +16,7 @@
 
 mod cohort_lease;
 pub mod quota_writer;
+pub mod reclaim;
 pub mod reconcile;
 pub mod release;
 
@@ -138,6 +139,15 @@ impl Backend {
     /// API mode: the quota queue's releaser (run it until shutdown with
     /// [`release::Releaser::run`]). Offline there is none: nothing schedules the file's
     /// pods, so a gated pod simply stays gated (docs/quota.md).
+    /// The task that evicts borrowing pods when a cohort's lender takes back what it
+    /// lent (API mode only: offline nothing runs).
+    pub fn reclaimer(&self) -> Option<reclaim::Reclaimer> {
+        match &self.mode {
+            Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(self.clone(), client.clone())),
+            Mode::Offline => None,
+        }
+    }
+
     pub fn queue_releaser(
         &self,
         rules: crate::quota::queue::QueueRules,

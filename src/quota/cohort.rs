@@ -212,6 +212,68 @@ pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'
     chosen
 }
 
+/// One pod as [`reclaim_plan`] sees it: its key, priority, creation second and charge.
+pub type MemberPod<K> = (K, i32, i64, Milli);
+
+/// What reclaim does in one cohort for one model: the pods to evict (with their
+/// member's index), and the members taking back what they lent (using their lendable
+/// part within their own `hard`), for the Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimPlan<K> {
+    pub evict: Vec<(K, usize)>,
+    pub by: Vec<usize>,
+}
+
+/// The pods to evict so that `members` (one cohort) are back within what they own of
+/// `model`, each member's use counted from its live pods (`pods[i]`, of member `i`):
+/// see [`reclaim`]. Pods for which `spared` holds count as used but are not chosen (a
+/// budget protects them for now). Counting from pods rather than from the ledger leaves
+/// out what is still being created, so a plan can only evict too few (the next one
+/// evicts the rest), never too many.
+pub fn reclaim_plan<K: Clone>(
+    members: &[QuotaView],
+    model: &str,
+    pods: &[Vec<MemberPod<K>>],
+    spared: impl Fn(&K) -> bool,
+) -> ReclaimPlan<K> {
+    let shares: Vec<Share> = members
+        .iter()
+        .zip(pods)
+        .map(|(member, pods)| {
+            let used = Milli(pods.iter().map(|p| p.3.0).sum());
+            let hard = member.hard.get(model).copied().unwrap_or_default();
+            match member.cohort.as_ref() {
+                Some(terms) => terms.share(model, hard, used),
+                None => Share::default(),
+            }
+        })
+        .collect();
+    let by = (0..shares.len())
+        .filter(|&i| shares[i].used.0 <= shares[i].hard.0 && shares[i].from_pool().0 > 0)
+        .collect();
+    if Pool::of(&shares).overdrawn() == 0 {
+        return ReclaimPlan { evict: vec![], by };
+    }
+    let candidates: Vec<Borrower<K>> = (0..shares.len())
+        .filter(|&i| shares[i].borrowed().0 > 0)
+        .flat_map(|i| {
+            let choosable = pods[i].iter().filter(|pod| !spared(&pod.0));
+            choosable.map(move |(key, priority, created, amount)| Borrower {
+                key: key.clone(),
+                member: i,
+                priority: *priority,
+                admitted: *created,
+                amount: *amount,
+            })
+        })
+        .collect();
+    let evict = reclaim(&shares, &candidates)
+        .into_iter()
+        .map(|b| (b.key.clone(), b.member))
+        .collect();
+    ReclaimPlan { evict, by }
+}
+
 /// A quota's place in its cohort (`quota::cohort`): its limits and the cohort's pools.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CohortTerms {

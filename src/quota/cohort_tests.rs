@@ -398,3 +398,56 @@ fn terms_come_from_the_quota_and_a_bad_limit_is_named() {
     quota.spec.cohort = None;
     assert_eq!(CohortTerms::from_crd(&quota).unwrap(), None);
 }
+
+#[test]
+fn reclaim_plans_evictions_from_the_borrowers_pods_until_the_cohort_is_whole() {
+    // team-a (hard 4) took back all of it; team-b (hard 0) runs three pods of one GPU,
+    // all borrowed: the pool of 4 is drawn 4 + 3 = 7, 3 over.
+    let members = [
+        member("team-a", "research", 4, 0),
+        member("team-b", "research", 0, 0),
+    ];
+    let pod = |key: &'static str, priority, created| (key, priority, created, gpus(1));
+    let pods = vec![
+        vec![
+            pod("a1", 0, 1),
+            pod("a2", 0, 2),
+            pod("a3", 0, 3),
+            pod("a4", 0, 4),
+        ],
+        vec![pod("old", 0, 10), pod("new", 0, 30), pod("mid", 0, 20)],
+    ];
+    let none = |_: &&str| false;
+    let plan = reclaim_plan(&members, "T4", &pods, none);
+    assert_eq!(plan.by, vec![0], "team-a reclaims");
+    let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        evicted,
+        ["new", "mid", "old"],
+        "all of team-b's, newest first"
+    );
+    // With one of team-b's pods gone, two more go; with team-a using only 1, none.
+    let plan = reclaim_plan(
+        &members,
+        "T4",
+        &[pods[0].clone(), pods[1][..2].to_vec()],
+        none,
+    );
+    assert_eq!(plan.evict.len(), 2);
+    let plan = reclaim_plan(
+        &members,
+        "T4",
+        &[pods[0][..1].to_vec(), pods[1].clone()],
+        none,
+    );
+    assert!(
+        plan.evict.is_empty(),
+        "4 of 4 used: the cohort owns what it uses"
+    );
+    // team-a took back 3: two over; the newest is protected but still counts, so the
+    // next two go (not counting it would have evicted one).
+    let took_two = [pods[0][..3].to_vec(), pods[1].clone()];
+    let plan = reclaim_plan(&members, "T4", &took_two, |k: &&str| *k == "new");
+    let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
+    assert_eq!(evicted, ["mid", "old"], "a spared pod still counts as used");
+}

@@ -218,6 +218,22 @@ impl ClusterState {
             .collect()
     }
 
+    /// The live pods of `namespace` charged to `key` (admitted or let go, not
+    /// terminating), with their priority, creation second and charge of it: the pods
+    /// reclaim chooses among.
+    pub fn charged_pods(&self, namespace: &str, key: &str) -> Vec<(PodKey, i32, i64, Milli)> {
+        let keys = self.by_namespace.get(namespace).into_iter().flatten();
+        keys.filter_map(|pod_key| {
+            let pod = self.pods.get(pod_key)?;
+            if pod.terminating {
+                return None;
+            }
+            let amount = *self.admitted_charge(namespace, pod)?.get(key)?;
+            Some((pod_key.clone(), pod.priority, pod.created, amount))
+        })
+        .collect()
+    }
+
     /// Every GPUQuota, in any namespace, of one of `cohorts`.
     pub fn cohort_quotas<'a>(
         &'a self,

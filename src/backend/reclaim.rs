@@ -1,0 +1,225 @@
+//! API mode: reclaim (docs/quota.md, "Cohorts"). When a member of a cohort with
+//! `reclaim: Evict` takes back what it lent, its pods are admitted at once and the
+//! cohort's pool is overdrawn; this task evicts borrowing pods of that model, through the
+//! Eviction API so PodDisruptionBudgets hold, in the order `quota::cohort::reclaim_plan`
+//! gives (lowest priority first, then the most recently created), until the cohort is
+//! back within what its members own. Each evicted pod gets an Event naming the namespace
+//! that took its GPUs back; one a PodDisruptionBudget protects gets a Warning Event, is
+//! left alone for a while, and the next candidate is chosen.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, EvictParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::ClusterState;
+use crate::cache::pod::{PodKey, key_parts};
+use crate::placement::mig;
+use crate::quota::cohort::reclaim_plan;
+use crate::quota::{GPUQuota, QuotaView};
+
+use super::Backend;
+
+/// A pass runs at least this often.
+const TICK: Duration = Duration::from_secs(2);
+/// A pod evicted (or protected by a PodDisruptionBudget) is left out of the plans this
+/// long: its eviction is under way (or it is retried after the others).
+const RECENT: Duration = Duration::from_secs(30);
+
+/// One eviction a pass decided on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Planned {
+    pod: PodKey,
+    uid: String,
+    cohort: String,
+    model: String,
+    /// The namespaces taking back what they lent.
+    by: Vec<String>,
+}
+
+pub struct Reclaimer {
+    backend: Backend,
+    client: kube::Client,
+    recorder: Recorder,
+    /// Pods this replica evicted (`true`) or found protected by a budget (`false`), and
+    /// when.
+    recent: Mutex<HashMap<PodKey, (Instant, bool)>>,
+}
+
+impl Reclaimer {
+    pub fn new(backend: Backend, client: kube::Client) -> Self {
+        let instance = std::env::var("POD_NAME").ok();
+        let reporter = Reporter {
+            controller: "gpu-admission".into(),
+            instance,
+        };
+        Reclaimer {
+            recorder: Recorder::new(client.clone(), reporter),
+            backend,
+            client,
+            recent: Mutex::default(),
+        }
+    }
+
+    /// Pass after pass, every [`TICK`], until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            if self.backend.cache().is_ready() {
+                self.pass().await;
+            }
+        }
+    }
+
+    /// One pass over every cohort; returns how many pods were evicted.
+    pub async fn pass(&self) -> usize {
+        let (leaving, blocked) = self.recent_keys();
+        let planned = self.backend.cache().with_state(|state| {
+            plan(
+                state,
+                |key| leaving.contains(key),
+                |key| blocked.contains(key),
+            )
+        });
+        let mut evicted = 0;
+        for eviction in planned {
+            evicted += usize::from(self.evict(eviction).await);
+        }
+        evicted
+    }
+
+    /// The pods evicted lately (leaving: no longer counted), and those a budget
+    /// protected (still counted, not chosen again for a while).
+    fn recent_keys(&self) -> (foldhash::HashSet<PodKey>, foldhash::HashSet<PodKey>) {
+        let mut recent = self.recent.lock();
+        recent.retain(|_, (at, _)| at.elapsed() < RECENT);
+        let of = |evicted: bool| {
+            let keys = recent.iter().filter(|(_, (_, e))| *e == evicted);
+            keys.map(|(key, _)| key.clone()).collect()
+        };
+        (of(true), of(false))
+    }
+
+    async fn evict(&self, eviction: Planned) -> bool {
+        let (namespace, name) = key_parts(&eviction.pod);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let by = eviction.by.join(", ");
+        let (cohort, model) = (&eviction.cohort, &eviction.model);
+        let (event_type, reason, note) = match pods.evict(name, &EvictParams::default()).await {
+            Ok(_) => {
+                tracing::info!(%namespace, pod = %name, %cohort, %model, %by, "evicted a borrowing pod");
+                let note = format!(
+                    "evicted: cohort {cohort} takes back the {model} GPUs this pod borrowed, for namespace {by}"
+                );
+                (EventType::Normal, "QuotaReclaimed", note)
+            }
+            Err(kube::Error::Api(status)) if status.code == 429 => {
+                tracing::info!(%namespace, pod = %name, %cohort, "a PodDisruptionBudget blocks reclaim");
+                let note = format!(
+                    "cohort {cohort} takes back its {model} GPUs for namespace {by}, but a PodDisruptionBudget blocks evicting this pod; another borrowing pod is chosen, this one retried later"
+                );
+                (EventType::Warning, "QuotaReclaimBlocked", note)
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(error) => {
+                tracing::warn!(%namespace, pod = %name, %error, "cannot evict a borrowing pod");
+                return false;
+            }
+        };
+        let evicted = event_type == EventType::Normal;
+        let at = (Instant::now(), evicted);
+        self.recent.lock().insert(eviction.pod.clone(), at);
+        self.publish(&eviction, event_type, reason, note);
+        evicted
+    }
+
+    fn publish(&self, eviction: &Planned, type_: EventType, reason: &str, note: String) {
+        let (namespace, name) = key_parts(&eviction.pod);
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            uid: Some(eviction.uid.clone()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reclaim".into(),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::debug!(%error, "cannot publish the reclaim event");
+            }
+        });
+    }
+}
+
+/// The evictions every cohort calls for now, from the cache's quotas and pods; `leaving`
+/// pods (evictions under way) are not counted, `blocked` ones (a budget protected them)
+/// are counted but not chosen.
+fn plan(
+    state: &ClusterState,
+    leaving: impl Fn(&PodKey) -> bool,
+    blocked: impl Fn(&PodKey) -> bool,
+) -> Vec<Planned> {
+    let mut cohorts: BTreeMap<&str, Vec<&GPUQuota>> = BTreeMap::new();
+    for quota in state.quotas() {
+        if let Some(cohort) = quota.spec.cohort.as_deref() {
+            cohorts.entry(cohort).or_default().push(quota);
+        }
+    }
+    let mut planned = Vec::new();
+    for (cohort, quotas) in cohorts {
+        let members: Vec<QuotaView> = quotas
+            .into_iter()
+            .filter_map(|q| QuotaView::from_crd(q).ok())
+            .collect();
+        let mut models: Vec<&String> = members.iter().flat_map(|m| m.hard.keys()).collect();
+        models.sort();
+        models.dedup();
+        for model in models.into_iter().filter(|m| !mig::is_profile_key(m)) {
+            let pods: Vec<Vec<_>> = members
+                .iter()
+                .map(|m| {
+                    let mut pods = state.charged_pods(&m.namespace, model);
+                    pods.retain(|(key, ..)| !leaving(key));
+                    pods
+                })
+                .collect();
+            let plan = reclaim_plan(&members, model, &pods, &blocked);
+            let by: Vec<String> = plan
+                .by
+                .iter()
+                .map(|&i| members[i].namespace.clone())
+                .collect();
+            for (pod, _) in plan.evict {
+                let uid = state
+                    .pod(&pod)
+                    .map(|p| p.uid.to_string())
+                    .unwrap_or_default();
+                planned.push(Planned {
+                    pod,
+                    uid,
+                    cohort: cohort.to_string(),
+                    model: model.clone(),
+                    by: by.clone(),
+                });
+            }
+        }
+    }
+    planned
+}

@@ -7,12 +7,12 @@
 //! that took its GPUs back; one a PodDisruptionBudget protects gets a Warning Event, is
 //! left alone for a while, and the next candidate is chosen.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Api, EvictParams};
+use kube::api::{Api, EvictParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::ClusterState;
 use crate::cache::pod::{PodKey, key_parts};
 use crate::placement::mig;
-use crate::quota::cohort::reclaim_plan;
-use crate::quota::{GPUQuota, QuotaView};
+use crate::quota::QuotaView;
+use crate::quota::cohort::{BORROWED_ANNOTATION, borrowing_pods, reclaim_plan};
 
 use super::Backend;
 
@@ -94,7 +94,25 @@ impl Reclaimer {
         for eviction in planned {
             evicted += usize::from(self.evict(eviction).await);
         }
+        let (put, take) = self.backend.cache().with_state(|state| marks(state));
+        let marks = put.into_iter().map(|(pod, model)| (pod, Some(model)));
+        for (pod, model) in marks.chain(take.into_iter().map(|pod| (pod, None))) {
+            self.mark(&pod, model).await;
+        }
         evicted
+    }
+
+    /// Put the borrowed annotation on `pod` (naming `model`), or take it off.
+    async fn mark(&self, pod: &PodKey, model: Option<String>) {
+        let (namespace, name) = key_parts(pod);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({"metadata": {"annotations": {BORROWED_ANNOTATION: model}}});
+        if let Err(error) = pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::debug!(%namespace, pod = %name, %error, "cannot update the borrowed annotation");
+        }
     }
 
     /// The pods evicted lately (leaving: no longer counted), and those a budget
@@ -168,6 +186,27 @@ impl Reclaimer {
     }
 }
 
+/// Every cohort's members, as views (their use left empty: reclaim counts pods).
+fn cohorts(state: &ClusterState) -> BTreeMap<String, Vec<QuotaView>> {
+    let mut cohorts: BTreeMap<String, Vec<QuotaView>> = BTreeMap::new();
+    for quota in state.quotas() {
+        let Some(cohort) = quota.spec.cohort.clone() else {
+            continue;
+        };
+        if let Ok(view) = QuotaView::from_crd(quota) {
+            cohorts.entry(cohort).or_default().push(view);
+        }
+    }
+    cohorts
+}
+
+/// The models a cohort's members list (MIG profile keys are caps, not lent).
+fn models(members: &[QuotaView]) -> Vec<String> {
+    let listed = members.iter().flat_map(|m| m.hard.keys());
+    let models: BTreeSet<&String> = listed.filter(|m| !mig::is_profile_key(m)).collect();
+    models.into_iter().cloned().collect()
+}
+
 /// The evictions every cohort calls for now, from the cache's quotas and pods; `leaving`
 /// pods (evictions under way) are not counted, `blocked` ones (a budget protected them)
 /// are counted but not chosen.
@@ -176,31 +215,18 @@ fn plan(
     leaving: impl Fn(&PodKey) -> bool,
     blocked: impl Fn(&PodKey) -> bool,
 ) -> Vec<Planned> {
-    let mut cohorts: BTreeMap<&str, Vec<&GPUQuota>> = BTreeMap::new();
-    for quota in state.quotas() {
-        if let Some(cohort) = quota.spec.cohort.as_deref() {
-            cohorts.entry(cohort).or_default().push(quota);
-        }
-    }
     let mut planned = Vec::new();
-    for (cohort, quotas) in cohorts {
-        let members: Vec<QuotaView> = quotas
-            .into_iter()
-            .filter_map(|q| QuotaView::from_crd(q).ok())
-            .collect();
-        let mut models: Vec<&String> = members.iter().flat_map(|m| m.hard.keys()).collect();
-        models.sort();
-        models.dedup();
-        for model in models.into_iter().filter(|m| !mig::is_profile_key(m)) {
+    for (cohort, members) in cohorts(state) {
+        for model in models(&members) {
             let pods: Vec<Vec<_>> = members
                 .iter()
                 .map(|m| {
-                    let mut pods = state.charged_pods(&m.namespace, model);
+                    let mut pods = state.charged_pods(&m.namespace, &model);
                     pods.retain(|(key, ..)| !leaving(key));
                     pods
                 })
                 .collect();
-            let plan = reclaim_plan(&members, model, &pods, &blocked);
+            let plan = reclaim_plan(&members, &model, &pods, &blocked);
             let by: Vec<String> = plan
                 .by
                 .iter()
@@ -214,7 +240,7 @@ fn plan(
                 planned.push(Planned {
                     pod,
                     uid,
-                    cohort: cohort.to_string(),
+                    cohort: cohort.clone(),
                     model: model.clone(),
                     by: by.clone(),
                 });
@@ -222,4 +248,28 @@ fn plan(
         }
     }
     planned
+}
+
+/// The borrowed annotations to put on (pod, model) and to take off: on the pods of each
+/// member that `quota::cohort::borrowing_pods` names, off every other pod of a member
+/// that carries one.
+fn marks(state: &ClusterState) -> (Vec<(PodKey, String)>, Vec<PodKey>) {
+    let (mut put, mut take) = (Vec::new(), Vec::new());
+    for members in cohorts(state).values() {
+        for model in models(members) {
+            for member in members {
+                let pods = state.charged_pods(&member.namespace, &model);
+                let borrowing = borrowing_pods(member, &model, &pods);
+                for (key, ..) in pods {
+                    let marked = state.pod(&key).is_some_and(|p| p.marked_borrowed);
+                    match (borrowing.contains(&key), marked) {
+                        (true, false) => put.push((key, model.clone())),
+                        (false, true) => take.push(key),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    (put, take)
 }

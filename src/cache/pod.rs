@@ -57,6 +57,9 @@ pub struct CachedPod {
     pub gated: bool,
     /// `spec.priority` (0 when absent): its place in the quota queue.
     pub priority: i32,
+    /// Carries the borrowed annotation (`quota::cohort::BORROWED_ANNOTATION`), which
+    /// gpu-admission keeps on the pods of a cohort's borrowers. Shown, never charged by.
+    pub marked_borrowed: bool,
     /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
     /// changes, the scheduler has given the pod up: a hold the filter made is released.
     pub unscheduled: u64,
@@ -153,6 +156,7 @@ impl CachedPod {
                 .unwrap_or_default(),
             unscheduled: unscheduled_fingerprint(pod),
             claim_names: claim_names(pod),
+            marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
         })
     }
 }

@@ -25,6 +25,11 @@ use super::ModelAmounts;
 use super::admit::QuotaView;
 use super::{GPUQuota, StatusError, quota_name};
 
+/// The annotation on a pod whose GPUs its namespace borrows from its cohort, naming the
+/// model: the member's pods reclaim would take first, as many as its use past `hard`
+/// (see [`borrowing_pods`]). For people and tools to read; nothing charges by it.
+pub const BORROWED_ANNOTATION: &str = "gpu-admission.io/borrowed";
+
 /// How a member takes back what it lent.
 #[derive(
     serde::Deserialize,
@@ -272,6 +277,26 @@ pub fn reclaim_plan<K: Clone>(
         .map(|b| (b.key.clone(), b.member))
         .collect();
     ReclaimPlan { evict, by }
+}
+
+/// The pods of `member` that borrow `model`: of its pods (`pods`), those reclaim would take
+/// first (lowest priority, then the most recently created), until they cover its use past
+/// its own `hard`.
+pub fn borrowing_pods<K: Clone>(member: &QuotaView, model: &str, pods: &[MemberPod<K>]) -> Vec<K> {
+    let used: u64 = pods.iter().map(|p| p.3.0).sum();
+    let hard = member.hard.get(model).copied().unwrap_or_default().0;
+    let mut past = used.saturating_sub(hard);
+    let mut order: Vec<&MemberPod<K>> = pods.iter().collect();
+    order.sort_by_key(|(_, priority, created, _)| (*priority, std::cmp::Reverse(*created)));
+    let mut borrowing = Vec::new();
+    for (key, _, _, amount) in order {
+        if past == 0 {
+            break;
+        }
+        past = past.saturating_sub(amount.0);
+        borrowing.push(key.clone());
+    }
+    borrowing
 }
 
 /// A quota's place in its cohort (`quota::cohort`): its limits and the cohort's pools.

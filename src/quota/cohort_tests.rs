@@ -451,3 +451,20 @@ fn reclaim_plans_evictions_from_the_borrowers_pods_until_the_cohort_is_whole() {
     let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
     assert_eq!(evicted, ["mid", "old"], "a spared pod still counts as used");
 }
+
+#[test]
+fn the_pods_marked_borrowing_are_the_newest_covering_the_use_past_hard() {
+    let b = member("team-b", "research", 2, 0);
+    let pod = |key: &'static str, priority, created| (key, priority, created, gpus(1));
+    let pods = [
+        pod("old", 0, 1),
+        pod("vip", 5, 9),
+        pod("mid", 0, 2),
+        pod("new", 0, 3),
+    ];
+    assert_eq!(borrowing_pods(&b, "T4", &pods), ["new", "mid"]);
+    assert!(
+        borrowing_pods(&b, "T4", &pods[..2]).is_empty(),
+        "within hard"
+    );
+}

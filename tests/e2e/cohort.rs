@@ -152,6 +152,26 @@ async fn two_namespaces_borrowing_at_once_never_pass_what_the_cohort_owns() {
     })
     .await;
     println!("borrowed {borrowed}m, lent {lent}m");
+    // Every admitted pod of theirs borrows (they own nothing): each says so.
+    let marked = wait_for("the borrowing pods' annotation", QUOTA_TIMEOUT, || async {
+        let mut marked = 0;
+        for namespace in &borrowers {
+            let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+            let listed = pods.list(&Default::default()).await.unwrap().items;
+            marked += listed
+                .iter()
+                .filter(|p| {
+                    annotations(p)
+                        .get("gpu-admission.io/borrowed")
+                        .map(String::as_str)
+                        == Some(model)
+                })
+                .count();
+        }
+        (marked == LENT as usize).then_some(marked)
+    })
+    .await;
+    println!("{marked} pods annotated gpu-admission.io/borrowed: {model}");
 
     // The lender (`reclaim: Never`) waits for its own GPUs...
     let message = forbidden_message(

@@ -29,6 +29,15 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// Reclaim's evictions of borrowing pods, by what became of them (`evicted`, `blocked`
+/// by a PodDisruptionBudget).
+pub type EvictionCounter = Family<ReasonLabels, Counter>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
     pub namespace: String,
     pub quota: String,
@@ -72,6 +81,9 @@ pub struct Metrics {
     pub quota_queued_gpus: QuotaGauge,
     pub quota_queued_pods: QuotaGauge,
     pub quota_queue_wait: WaitHistogram,
+    pub quota_borrowed: QuotaGauge,
+    pub quota_lent: QuotaGauge,
+    pub reclaim_evictions: EvictionCounter,
 }
 
 fn wait_histogram() -> Histogram {
@@ -159,8 +171,29 @@ impl Default for Metrics {
             "How long pods waited in the quota queue before this replica let them go, per namespace and model",
             quota_queue_wait.clone(),
         );
+        let quota_borrowed = QuotaGauge::default();
+        let quota_lent = QuotaGauge::default();
+        registry.register(
+            "quota_borrowed_gpus",
+            "GPUs a GPUQuota uses past its hard, lent by its cohort, per namespace and model",
+            quota_borrowed.clone(),
+        );
+        registry.register(
+            "quota_lent_gpus",
+            "GPUs of a GPUQuota's hard that other members of its cohort use, per namespace and model",
+            quota_lent.clone(),
+        );
+        let reclaim_evictions = EvictionCounter::default();
+        registry.register(
+            "reclaim_evictions",
+            "Borrowing pods this replica tried to evict for a cohort's reclaim, by reason (evicted, blocked by a PodDisruptionBudget)",
+            reclaim_evictions.clone(),
+        );
         Metrics {
             registry,
+            quota_borrowed,
+            quota_lent,
+            reclaim_evictions,
             quota_queued_gpus,
             quota_queued_pods,
             quota_queue_wait,

@@ -76,7 +76,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(releaser.run(state.cache().queue_moved(), shutdown.clone()));
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
         // cohorts' reclaim.
-        if let Some(reclaimer) = state.backend.reclaimer() {
+        let evictions = state.metrics.reclaim_evictions.clone();
+        if let Some(reclaimer) = state.backend.reclaimer(evictions) {
             tokio::spawn(reclaimer.run(shutdown.clone()));
         }
     }

@@ -141,9 +141,16 @@ impl Backend {
     /// pods, so a gated pod simply stays gated (docs/quota.md).
     /// The task that evicts borrowing pods when a cohort's lender takes back what it
     /// lent (API mode only: offline nothing runs).
-    pub fn reclaimer(&self) -> Option<reclaim::Reclaimer> {
+    pub fn reclaimer(
+        &self,
+        evictions: crate::metrics::EvictionCounter,
+    ) -> Option<reclaim::Reclaimer> {
         match &self.mode {
-            Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(self.clone(), client.clone())),
+            Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(
+                self.clone(),
+                client.clone(),
+                evictions,
+            )),
             Mode::Offline => None,
         }
     }

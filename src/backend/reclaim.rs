@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::ClusterState;
 use crate::cache::pod::{PodKey, key_parts};
+use crate::metrics::{EvictionCounter, ReasonLabels};
 use crate::placement::mig;
 use crate::quota::QuotaView;
 use crate::quota::cohort::{BORROWED_ANNOTATION, borrowing_pods, reclaim_plan};
@@ -46,13 +47,14 @@ pub struct Reclaimer {
     backend: Backend,
     client: kube::Client,
     recorder: Recorder,
+    evictions: EvictionCounter,
     /// Pods this replica evicted (`true`) or found protected by a budget (`false`), and
     /// when.
     recent: Mutex<HashMap<PodKey, (Instant, bool)>>,
 }
 
 impl Reclaimer {
-    pub fn new(backend: Backend, client: kube::Client) -> Self {
+    pub fn new(backend: Backend, client: kube::Client, evictions: EvictionCounter) -> Self {
         let instance = std::env::var("POD_NAME").ok();
         let reporter = Reporter {
             controller: "gpu-admission".into(),
@@ -62,6 +64,7 @@ impl Reclaimer {
             recorder: Recorder::new(client.clone(), reporter),
             backend,
             client,
+            evictions,
             recent: Mutex::default(),
         }
     }
@@ -154,6 +157,9 @@ impl Reclaimer {
             }
         };
         let evicted = event_type == EventType::Normal;
+        let outcome = if evicted { "evicted" } else { "blocked" };
+        let labels = ReasonLabels { reason: outcome };
+        self.evictions.get_or_create(&labels).inc();
         let at = (Instant::now(), evicted);
         self.recent.lock().insert(eviction.pod.clone(), at);
         self.publish(&eviction, event_type, reason, note);

@@ -8,13 +8,16 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use foldhash::HashMap;
 
 use super::AppState;
 use crate::backend::Backend;
 use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
+use crate::placement::mig;
 use crate::placement::quantity::Milli;
-use crate::quota::ModelAmounts;
+use crate::quota::cohort;
+use crate::quota::{ModelAmounts, QuotaView, quota_name};
 
 /// One row of the quota metrics, in GPUs (pods for `queued_pods`).
 struct QuotaRow {
@@ -23,6 +26,8 @@ struct QuotaRow {
     used: f64,
     queued: f64,
     queued_pods: f64,
+    borrowed: f64,
+    lent: f64,
 }
 
 /// A row for every model of every GPUQuota, and for models no quota of the namespace
@@ -34,9 +39,11 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
         Milli::parse(&q.0).unwrap_or_default()
     };
     let mut rows = Vec::new();
+    let lent = lent_by_quota(backend, state);
     for quota in state.quotas() {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
         let used: ModelAmounts = backend.quota_used(state, quota);
+        let lent = lent.get(&quota_name(quota));
         let queued = state.queued_usage(&namespace);
         let queued_pods = state.queued_pods(&namespace);
         let unlisted = used.keys().filter(|m| !quota.spec.hard.contains_key(*m));
@@ -49,8 +56,13 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
                 model: model.clone(),
             };
             let amount = |of: &ModelAmounts| gpus(of.get(model).copied().unwrap_or_default());
+            let in_cohort = quota.spec.cohort.is_some() && !mig::is_profile_key(model);
+            let used_milli = used.get(model).copied().unwrap_or_default();
+            let borrowed = Milli(used_milli.0.saturating_sub(hard.0));
             rows.push(QuotaRow {
                 labels,
+                borrowed: if in_cohort { gpus(borrowed) } else { 0.0 },
+                lent: lent.map(amount).unwrap_or_default(),
                 hard: gpus(hard),
                 used: amount(&used),
                 queued: amount(&queued),
@@ -59,6 +71,25 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
         }
     }
     rows
+}
+
+/// What each GPUQuota of a cohort lends now (`quota::cohort::lent`), by quota name, from
+/// the same usage its `used` metric shows.
+fn lent_by_quota(backend: &Backend, state: &ClusterState) -> HashMap<String, ModelAmounts> {
+    let mut members: Vec<QuotaView> = Vec::new();
+    for quota in state.quotas().filter(|q| q.spec.cohort.is_some()) {
+        if let Ok(mut view) = QuotaView::from_crd(quota) {
+            view.used = backend.quota_used(state, quota);
+            members.push(view);
+        }
+    }
+    members
+        .iter()
+        .map(|view| {
+            let name = format!("{}/{}", view.namespace, view.name);
+            (name, cohort::lent(view, &members))
+        })
+        .collect()
 }
 
 pub fn admin_router(state: AppState) -> Router {
@@ -123,6 +154,8 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         &m.quota_used,
         &m.quota_queued_gpus,
         &m.quota_queued_pods,
+        &m.quota_borrowed,
+        &m.quota_lent,
     ] {
         family.clear();
     }
@@ -135,6 +168,14 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         m.quota_queued_pods
             .get_or_create(&row.labels)
             .set(row.queued_pods);
+        if row.borrowed > 0.0 {
+            m.quota_borrowed
+                .get_or_create(&row.labels)
+                .set(row.borrowed);
+        }
+        if row.lent > 0.0 {
+            m.quota_lent.get_or_create(&row.labels).set(row.lent);
+        }
     }
     let gauge = |kind| {
         state

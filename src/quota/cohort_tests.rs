@@ -468,3 +468,54 @@ fn the_pods_marked_borrowing_are_the_newest_covering_the_use_past_hard() {
         "within hard"
     );
 }
+
+/// docs/quota.md's worked example, number for number: team-a owns 8 and lends at most
+/// 6; team-b owns 2 and borrows at most 4.
+#[test]
+fn the_worked_example_of_the_docs_holds() {
+    let a = |used| Share {
+        lending_limit: Some(gpus(6)),
+        ..share(8, used)
+    };
+    let b = |used| Share {
+        borrowing_limit: Some(gpus(4)),
+        ..share(2, used)
+    };
+    // team-b runs its own 2, then 4 of 5 more are admitted, borrowed; the fifth is not.
+    let pool = Pool::of(&[a(0), b(2)]);
+    assert_eq!(
+        pool,
+        Pool {
+            size: 8_000,
+            drawn: 2_000
+        }
+    );
+    assert_eq!(
+        fits(&b(2), &pool, gpus(4), Reclaim::Evict),
+        Ok(Fits::Borrowing(gpus(4)))
+    );
+    assert_eq!(
+        fits(&b(6), &Pool::of(&[a(0), b(6)]), gpus(1), Reclaim::Evict),
+        Err(Short::BorrowingLimit { limit: gpus(4) })
+    );
+    // team-a: 2 guaranteed and 2 nobody borrows fit even with `Never`; the fifth takes
+    // back a lent GPU: refused with `Never`, admitted with `Evict`, and one pod evicted.
+    for used in 0..4 {
+        let pool = Pool::of(&[a(used), b(6)]);
+        assert_eq!(
+            fits(&a(used), &pool, gpus(1), Reclaim::Never),
+            Ok(Fits::Own)
+        );
+    }
+    let pool = Pool::of(&[a(4), b(6)]);
+    assert_eq!(
+        fits(&a(4), &pool, gpus(1), Reclaim::Never),
+        Err(Short::Lent { free: gpus(0) })
+    );
+    assert_eq!(fits(&a(4), &pool, gpus(1), Reclaim::Evict), Ok(Fits::Own));
+    assert_eq!(
+        Pool::of(&[a(5), b(6)]).overdrawn(),
+        1_000,
+        "one GPU over: one pod"
+    );
+}

@@ -254,9 +254,10 @@ cp_start_apiserver() { # cp_start_apiserver EXTRA_ARGS... (e.g. --disable-admiss
     "https://127.0.0.1:$api_port/readyz"
 }
 
-cp_kubeconfig() {
-  kubeconfig="$work/admin.kubeconfig"
-  cat >"$kubeconfig" <<EOF
+# write_kubeconfig FILE USER USER_FIELDS: a kubeconfig for this cluster as USER, whose
+# `user:` block is USER_FIELDS (YAML, indented four spaces).
+write_kubeconfig() {
+  cat >"$1" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -265,15 +266,21 @@ clusters:
     server: https://127.0.0.1:$api_port
     certificate-authority: $pki/ca.crt
 users:
-- name: $cp_name-admin
+- name: $2
   user:
-    client-certificate: $pki/admin.crt
-    client-key: $pki/admin.key
+$3
 contexts:
 - name: $cp_name
-  context: {cluster: $cp_name, user: $cp_name-admin}
+  context: {cluster: $cp_name, user: $2}
 current-context: $cp_name
 EOF
+}
+
+cp_kubeconfig() {
+  kubeconfig="$work/admin.kubeconfig"
+  write_kubeconfig "$kubeconfig" "$cp_name-admin" \
+    "    client-certificate: $pki/admin.crt
+    client-key: $pki/admin.key"
   kubectl=("$k8s_bin/kubectl" --kubeconfig "$kubeconfig")
 }
 
@@ -287,23 +294,7 @@ cp_shipped_identity() { # cp_shipped_identity SERVICE_ACCOUNT -> $work/SERVICE_A
     >>"$logs/kubectl.log" 2>&1 || die "applying deploy/10-rbac.yaml failed: $(tail -5 "$logs/kubectl.log")"
   token=$("${kubectl[@]}" create token "$sa" -n gpu-admission --duration=48h 2>>"$logs/kubectl.log") ||
     die "no token for ServiceAccount gpu-admission/$sa: $(tail -5 "$logs/kubectl.log")"
-  cat >"$work/$sa.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: $cp_name
-  cluster:
-    server: https://127.0.0.1:$api_port
-    certificate-authority: $pki/ca.crt
-users:
-- name: $sa
-  user:
-    token: $token
-contexts:
-- name: $cp_name
-  context: {cluster: $cp_name, user: $sa}
-current-context: $cp_name
-EOF
+  write_kubeconfig "$work/$sa.kubeconfig" "$sa" "    token: $token"
 }
 
 cp_install_crd() { # cp_install_crd PRINT_CRD

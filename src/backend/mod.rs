@@ -15,6 +15,7 @@
 //! (docs/design.md, "Layers").
 
 mod cohort_lease;
+mod pod_events;
 pub mod quota_writer;
 pub mod reclaim;
 pub mod reconcile;

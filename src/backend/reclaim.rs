@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +25,7 @@ use crate::quota::QuotaView;
 use crate::quota::cohort::{BORROWED_ANNOTATION, borrowing_pods, reclaim_plan};
 
 use super::Backend;
+use super::pod_events::PodEvents;
 
 /// A pass runs at least this often.
 const TICK: Duration = Duration::from_secs(2);
@@ -46,7 +47,7 @@ struct Planned {
 pub struct Reclaimer {
     backend: Backend,
     client: kube::Client,
-    recorder: Recorder,
+    events: PodEvents,
     evictions: EvictionCounter,
     /// Pods this replica evicted (`true`) or found protected by a budget (`false`), and
     /// when.
@@ -55,13 +56,8 @@ pub struct Reclaimer {
 
 impl Reclaimer {
     pub fn new(backend: Backend, client: kube::Client, evictions: EvictionCounter) -> Self {
-        let instance = std::env::var("POD_NAME").ok();
-        let reporter = Reporter {
-            controller: "gpu-admission".into(),
-            instance,
-        };
         Reclaimer {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: PodEvents::new(client.clone()),
             backend,
             client,
             evictions,
@@ -162,33 +158,15 @@ impl Reclaimer {
         self.evictions.get_or_create(&labels).inc();
         let at = (Instant::now(), evicted);
         self.recent.lock().insert(eviction.pod.clone(), at);
-        self.publish(&eviction, event_type, reason, note);
+        self.events.publish(
+            &eviction.pod,
+            &eviction.uid,
+            event_type,
+            reason,
+            "Reclaim",
+            &note,
+        );
         evicted
-    }
-
-    fn publish(&self, eviction: &Planned, type_: EventType, reason: &str, note: String) {
-        let (namespace, name) = key_parts(&eviction.pod);
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            uid: Some(eviction.uid.clone()),
-            ..Default::default()
-        };
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reclaim".into(),
-            secondary: None,
-        };
-        let recorder = self.recorder.clone();
-        tokio::spawn(async move {
-            if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::debug!(%error, "cannot publish the reclaim event");
-            }
-        });
     }
 }
 

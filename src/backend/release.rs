@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +27,7 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
+use super::pod_events::PodEvents;
 use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
 use super::{Backend, ChargeError};
 
@@ -57,7 +58,7 @@ pub struct Releaser {
     backend: Backend,
     client: kube::Client,
     rules: QueueRules,
-    recorder: Recorder,
+    events: PodEvents,
     waits: WaitHistogram,
     /// Pods this replica let go, and when.
     recent: Mutex<HashMap<String, Instant>>,
@@ -72,15 +73,8 @@ impl Releaser {
         rules: QueueRules,
         waits: WaitHistogram,
     ) -> Self {
-        let instance = std::env::var("POD_NAME")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .ok();
-        let reporter = Reporter {
-            controller: "gpu-admission".into(),
-            instance,
-        };
         Releaser {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: PodEvents::new(client.clone()),
             backend,
             client,
             rules,
@@ -283,28 +277,10 @@ impl Releaser {
                 "place {place} in the GPU quota queue, behind {ahead}, which has waited past queue.maxPassOverSeconds and goes first"
             ),
         };
-        let (namespace, name) = key_parts(&pod.key);
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            uid: Some(pod.uid.clone()),
-            ..Default::default()
-        };
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "QuotaQueued".into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Queue".into(),
-            secondary: None,
-        };
-        let recorder = self.recorder.clone();
-        tokio::spawn(async move {
-            if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::debug!(%error, "cannot publish the quota queue event");
-            }
-        });
+        let note = note.as_str();
+        let reason = "QuotaQueued";
+        self.events
+            .publish(&pod.key, &pod.uid, EventType::Normal, reason, "Queue", note);
         true
     }
 }

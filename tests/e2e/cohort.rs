@@ -85,23 +85,11 @@ async fn two_namespaces_borrowing_at_once_never_pass_what_the_cohort_owns() {
         member_namespace(&cluster, "b1", limited).await,
         member_namespace(&cluster, "b2", member(0)).await,
     ];
-    let hook = |replica: &str, server: &str| Hook {
-        name: format!("validate-{replica}.gpu-admission.io"),
-        url: format!("{server}/validate"),
-        object_selector: Some(json!({"matchLabels": {"replica": replica}})),
-        rules: None,
-    };
-    register_hooks(
-        &cluster,
-        vec![],
-        vec![hook("a", &server_url()), hook("b", &server_url_b())],
-    )
-    .await;
+    register_validate_per_replica(&cluster).await;
     // Both replicas must have seen the quotas.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let mut creates = tokio::task::JoinSet::new();
-    for i in 0..CREATES {
+    let creates = (0..CREATES).map(|i| {
         let replica = if i % 2 == 0 { "a" } else { "b" };
         let namespace = borrowers[(i as usize / 2) % 2].clone();
         let pod = with_labels(
@@ -109,30 +97,20 @@ async fn two_namespaces_borrowing_at_once_never_pass_what_the_cohort_owns() {
             json!({"replica": replica}),
         );
         let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &namespace);
-        creates.spawn(async move {
-            let result = pods.create(&PostParams::default(), &pod).await;
-            (namespace, result)
-        });
-    }
-    let mut admitted: BTreeMap<String, u32> = BTreeMap::new();
-    let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
-    while let Some(joined) = creates.join_next().await {
-        let (namespace, result) = joined.unwrap();
-        match result {
-            Ok(_) => *admitted.entry(namespace).or_default() += 1,
-            Err(e) => {
-                let text = e.to_string();
-                let kind = if text.contains(&format!("cohort {cohort}: the other members lend")) {
-                    "nothing left to borrow (403)".to_string()
-                } else if text.contains(&format!("cohort {cohort}: borrowing limit")) {
-                    "borrowing limit (403)".to_string()
-                } else {
-                    text
-                };
-                *refusals.entry(kind).or_default() += 1;
-            }
+        (namespace, pods, pod)
+    });
+    let nothing_left = format!("cohort {cohort}: the other members lend");
+    let limit = format!("cohort {cohort}: borrowing limit");
+    let (admitted, refusals) = create_in_parallel(creates.collect(), |text| {
+        if text.contains(&nothing_left) {
+            Some("nothing left to borrow (403)")
+        } else if text.contains(&limit) {
+            Some("borrowing limit (403)")
+        } else {
+            None
         }
-    }
+    })
+    .await;
     println!("admitted per namespace {admitted:?}; refusals {refusals:?}");
     assert_eq!(
         admitted.values().sum::<u32>(),

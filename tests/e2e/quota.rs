@@ -1,7 +1,6 @@
 //! The GPUQuota ledger: admit, refuse and free again; dry runs; two replicas under
 //! parallel creates; the legacy quota import; a multi-model pod charged before it is bound.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use gpu_admission::quota::GPUQuota;
@@ -190,52 +189,24 @@ async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
     cluster
         .create_quota("default", json!({model: QUOTA.to_string()}), None)
         .await;
-    let hook = |replica: &str, server: &str| Hook {
-        name: format!("validate-{replica}.gpu-admission.io"),
-        url: format!("{server}/validate"),
-        object_selector: Some(json!({"matchLabels": {"replica": replica}})),
-        rules: None,
-    };
-    register_hooks(
-        &cluster,
-        vec![],
-        vec![hook("a", &server_url()), hook("b", &server_url_b())],
-    )
-    .await;
+    register_validate_per_replica(&cluster).await;
     // Both replicas must have seen the quota.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let mut creates = tokio::task::JoinSet::new();
-    let started = std::time::Instant::now();
-    for i in 0..CREATES {
+    let creates = (0..CREATES).map(|i| {
         let replica = if i % 2 == 0 { "a" } else { "b" };
         let pod = with_labels(
             unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
             json!({"replica": replica}),
         );
-        let pods = cluster.pods();
-        creates.spawn(async move {
-            let result = pods.create(&PostParams::default(), &pod).await;
-            (replica, result)
-        });
-    }
-    let mut admitted: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
-    while let Some(joined) = creates.join_next().await {
-        let (replica, result) = joined.unwrap();
-        match result {
-            Ok(_) => *admitted.entry(replica).or_default() += 1,
-            Err(e) => {
-                let text = e.to_string();
-                let kind = if text.contains("GPU quota exceeded") {
-                    "quota exceeded (403)".to_string()
-                } else {
-                    text
-                };
-                *refusals.entry(kind).or_default() += 1;
-            }
-        }
-    }
+        (replica.to_string(), cluster.pods(), pod)
+    });
+    let started = std::time::Instant::now();
+    let (admitted, refusals) = create_in_parallel(creates.collect(), |text| {
+        text.contains("GPU quota exceeded")
+            .then_some("quota exceeded (403)")
+    })
+    .await;
     println!(
         "{CREATES} creates in {:.2} s: admitted per replica: {admitted:?}; refusals: {refusals:?}",
         started.elapsed().as_secs_f64()

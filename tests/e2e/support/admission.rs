@@ -1,6 +1,7 @@
 //! Admission-side helpers: registering gpu-admission's webhooks for one scenario, and
 //! the scenario's namespaces, GPUQuotas and pod creates as the webhooks judge them.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -111,6 +112,19 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
     }
     // The apiserver picks new webhook configurations up from its informer, not at once.
     tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// Registers one validating webhook per gpu-admission replica: replica `a` judges the
+/// pods labelled `replica: a`, replica `b` those labelled `replica: b`.
+pub async fn register_validate_per_replica(cluster: &Cluster) {
+    let hook = |replica: &str, server: &str| Hook {
+        name: format!("validate-{replica}.gpu-admission.io"),
+        url: format!("{server}/validate"),
+        object_selector: Some(json!({"matchLabels": {"replica": replica}})),
+        rules: None,
+    };
+    let hooks = vec![hook("a", &server_url()), hook("b", &super::server_url_b())];
+    register_hooks(cluster, vec![], hooks).await;
 }
 
 pub async fn unregister_webhooks(cluster: &Cluster) {
@@ -286,3 +300,29 @@ impl Cluster {
 
 /// Bound on waiting for the quota reconciler (it runs every 15 s).
 pub const QUOTA_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// Creates every pod at once (each with the tag it is counted under); returns how many
+/// were admitted per tag, and the refusals counted by `kind` (the error's text when
+/// `kind` does not name it).
+pub async fn create_in_parallel(
+    creates: Vec<(String, Api<Pod>, Pod)>,
+    kind: impl Fn(&str) -> Option<&'static str>,
+) -> (BTreeMap<String, u32>, BTreeMap<String, u32>) {
+    let mut running = tokio::task::JoinSet::new();
+    for (tag, pods, pod) in creates {
+        running.spawn(async move { (tag, pods.create(&PostParams::default(), &pod).await) });
+    }
+    let mut admitted: BTreeMap<String, u32> = BTreeMap::new();
+    let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
+    while let Some(joined) = running.join_next().await {
+        match joined.unwrap() {
+            (tag, Ok(_)) => *admitted.entry(tag).or_default() += 1,
+            (_, Err(e)) => {
+                let text = e.to_string();
+                let kind = kind(&text).map_or(text, str::to_string);
+                *refusals.entry(kind).or_default() += 1;
+            }
+        }
+    }
+    (admitted, refusals)
+}

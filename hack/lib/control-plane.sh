@@ -326,13 +326,13 @@ cp_write_ctl() {
   ctl="$work/gpu-admission-ctl.sh"
   cat >"$ctl" <<EOF
 #!/usr/bin/env bash
-# Usage: $ctl start|stop [a|b] — the $cp_name run's gpu-admission replica a (the default; PID
+# Usage: $ctl start|stop|kill [a|b] — the $cp_name run's gpu-admission replica a (the default; PID
 # in $replica_a_pidfile) or b (PID in $replica_b_pidfile).
 set -euo pipefail
 case "\${2:-a}" in
   a) pidfile="$replica_a_pidfile"; log="$logs/gpu-admission.log"; port=$webhook_port; extender=$extender_port; admin=$admin_port ;;
   b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$webhook_port_b; extender=$extender_port_b; admin=$admin_port_b ;;
-  *) echo "usage: \$0 start|stop [a|b]" >&2; exit 2 ;;
+  *) echo "usage: \$0 start|stop|kill [a|b]" >&2; exit 2 ;;
 esac
 case "\${1:-}" in
   start)
@@ -365,7 +365,14 @@ case "\${1:-}" in
     for _ in \$(seq 1 300); do kill -0 "\$pid" 2>/dev/null || { rm -f "\$pidfile"; exit 0; }; sleep 0.1; done
     kill -KILL "\$pid"; rm -f "\$pidfile"
     ;;
-  *) echo "usage: \$0 start|stop [a|b]" >&2; exit 2 ;;
+  kill)
+    # SIGKILL: a crash, nothing drained.
+    pid="\$(cat "\$pidfile")"
+    kill -KILL "\$pid"
+    for _ in \$(seq 1 100); do kill -0 "\$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "\$pidfile"
+    ;;
+  *) echo "usage: \$0 start|stop|kill [a|b]" >&2; exit 2 ;;
 esac
 EOF
 }

@@ -216,3 +216,96 @@ async fn certificate_rotation_under_load_fails_no_create() {
     );
     unregister_webhooks(&cluster).await;
 }
+
+/// A webhook replica crashes (SIGKILL) in the middle of a burst of parallel creates
+/// against one GPUQuota, while the other keeps answering: the quota is never passed —
+/// charges the dead replica wrote for creates it never answered only count against the
+/// quota until they expire — every create is admitted, refused for quota, or refused
+/// because the dead replica's webhook could not be called (`failurePolicy: Fail`), and
+/// the restarted replica judges again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_replica_killed_mid_burst_never_lets_the_quota_be_passed() {
+    let Some(cluster) = setup("crash").await else {
+        return;
+    };
+    let model = "Tesla-K40m";
+    const QUOTA: u32 = 60;
+    const CREATES: u32 = 300;
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota(
+            "default",
+            serde_json::json!({model: QUOTA.to_string()}),
+            None,
+        )
+        .await;
+    register_validate_per_replica(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    struct RestartB(bool);
+    impl Drop for RestartB {
+        fn drop(&mut self) {
+            if self.0 {
+                ctl_replica("start", "b");
+            }
+        }
+    }
+    let mut guard = RestartB(true);
+    let creates = (0..CREATES).map(|i| {
+        let replica = if i % 2 == 0 { "a" } else { "b" };
+        let pod = with_labels(
+            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
+            serde_json::json!({"replica": replica}),
+        );
+        (replica.to_string(), cluster.pods(), pod)
+    });
+    let burst = tokio::spawn(create_in_parallel(creates.collect(), |text| {
+        if text.contains("GPU quota exceeded") {
+            Some("quota exceeded (403)")
+        } else if text.contains("failed calling webhook \"validate-b.gpu-admission.io\"") {
+            Some("replica b down")
+        } else {
+            None
+        }
+    }));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::task::spawn_blocking(|| ctl_replica("kill", "b"))
+        .await
+        .unwrap();
+    let (admitted, refusals) = burst.await.unwrap();
+    println!("admitted per replica {admitted:?}; refusals {refusals:?}");
+    let total: u32 = admitted.values().sum();
+    assert!(total <= QUOTA, "never past the quota: {admitted:?}");
+    let known = ["quota exceeded (403)", "replica b down"];
+    assert!(
+        refusals.keys().all(|k| known.contains(&k.as_str())),
+        "every refusal is for quota or the dead replica: {refusals:?}"
+    );
+    assert!(
+        refusals.contains_key("replica b down"),
+        "the kill landed mid-burst: {refusals:?}"
+    );
+
+    guard.0 = false;
+    ctl_replica("start", "b");
+    let live = cluster.live_pod_gpus().await;
+    assert_eq!(live, u64::from(total) * 1000);
+    let used = milli_gpus(&cluster.quota_status("default").await.used[model].0);
+    assert!(
+        live <= used && used <= u64::from(QUOTA) * 1000,
+        "the ledger holds every live pod and never more than the quota: used {used}m, live {live}m"
+    );
+    // Replica b judges again: its answer is the quota's, not a failed call.
+    let after = cluster
+        .try_create(&with_labels(
+            unscheduled_gpu_pod("after-restart", Some(model), 1),
+            serde_json::json!({"replica": "b"}),
+        ))
+        .await;
+    match after {
+        Ok(_) => assert!(used < u64::from(QUOTA) * 1000, "admitted only with room"),
+        Err(e) => assert!(e.to_string().contains("GPU quota exceeded"), "{e}"),
+    }
+    unregister_webhooks(&cluster).await;
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the control-plane binaries the end-to-end tests run against — kube-apiserver,
-# kube-scheduler, kube-controller-manager, kubectl and etcd, at the versions
+# Builds the Kubernetes binaries the end-to-end tests run — kube-apiserver,
+# kube-scheduler, kube-controller-manager, kubectl, the kubelet of the real node, and etcd, at the versions
 # hack/e2e/go.mod pins — into
 #   ${GPU_ADMISSION_CACHE:-~/.cache/gpu-admission}/k8s-<version>/bin/
 # and reuses them when they are already there (the cache is keyed by the Kubernetes
@@ -29,12 +29,13 @@ stamp="${bin}/.built-from"
 RECIPE=2
 want_stamp="recipe ${RECIPE} k8s ${K8S_VERSION} etcd ${ETCD_VERSION} $(cat go.mod go.sum | sha256sum | cut -c1-16)"
 
-binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd)
+binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet etcd)
 declare -A pkg=(
   [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
+  [kubelet]=k8s.io/kubernetes/cmd/kubelet
   [etcd]=go.etcd.io/etcd/server/v3
 )
 

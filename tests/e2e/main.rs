@@ -45,6 +45,7 @@ mod doors;
 mod dra;
 mod manifests;
 mod measure;
+mod node;
 mod outages;
 mod placement;
 mod queue;

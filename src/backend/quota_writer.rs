@@ -231,7 +231,7 @@ impl QuotaWriter {
             }
             if agreement.is_none() && cohort::draws_from_pools(&before, &views) {
                 agreeing = true;
-                waiting.extend(decided.into_iter().map(|d| d.waiting));
+                requeue(decided, &mut waiting);
                 continue;
             }
             let started = Instant::now();
@@ -239,7 +239,7 @@ impl QuotaWriter {
                 Ok(Some(written)) => written,
                 // Someone else wrote first: decide these again on fresh data.
                 Ok(None) => {
-                    waiting.extend(decided.into_iter().map(|d| d.waiting));
+                    requeue(decided, &mut waiting);
                     continue;
                 }
                 Err(error) => {
@@ -254,7 +254,7 @@ impl QuotaWriter {
                 match self.agree(&api, cache, agreement, &written, &decided).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        waiting.extend(decided.into_iter().map(|d| d.waiting));
+                        requeue(decided, &mut waiting);
                         continue;
                     }
                     Err(error) => {
@@ -321,8 +321,8 @@ impl QuotaWriter {
         })
     }
 
-    /// Agree on a round's draws; when another draw was agreed first, give the round's
-    /// charges back (`Ok(false)`: decide again).
+    /// Agree on a round's draws; when another draw was agreed first (`Ok(false)`: decide
+    /// again) or the Lease cannot be written, the round's charges are given back.
     async fn agree(
         &self,
         api: &Api<GPUQuota>,
@@ -331,15 +331,24 @@ impl QuotaWriter {
         written: &[String],
         decided: &[Decided],
     ) -> Result<bool, ChargeError> {
-        if self.leases.agree(agreement).await? {
+        let agreed = self.leases.agree(agreement).await;
+        if matches!(agreed, Ok(true)) {
             return Ok(true);
         }
         let charges = round_charges(decided);
         for name in written {
             release_one(api, cache, name, &charges).await?;
         }
-        Ok(false)
+        agreed.map_err(ChargeError::from)
     }
+}
+
+/// Put a round's charges back in line to be decided again, ahead of those that arrived
+/// after them.
+fn requeue(decided: Vec<Decided>, waiting: &mut Vec<Waiting>) {
+    let mut again: Vec<Waiting> = decided.into_iter().map(|d| d.waiting).collect();
+    again.append(waiting);
+    *waiting = again;
 }
 
 /// What one round decides on (`QuotaWriter::read_round`).

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -27,6 +28,8 @@ use crate::quota::cohort::{BORROWED_ANNOTATION, borrowing_pods, reclaim_plan};
 use super::Backend;
 use super::pod_events::PodEvents;
 
+/// Borrowed annotations written at once.
+const MARKS_IN_FLIGHT: usize = 16;
 /// A pass runs at least this often.
 const TICK: Duration = Duration::from_secs(2);
 /// A pod evicted (or protected by a PodDisruptionBudget) is left out of the plans this
@@ -95,9 +98,12 @@ impl Reclaimer {
         }
         let (put, take) = self.backend.cache().with_state(|state| marks(state));
         let marks = put.into_iter().map(|(pod, model)| (pod, Some(model)));
-        for (pod, model) in marks.chain(take.into_iter().map(|pod| (pod, None))) {
-            self.mark(&pod, model).await;
-        }
+        let marks = marks.chain(take.into_iter().map(|pod| (pod, None)));
+        futures::stream::iter(marks)
+            .for_each_concurrent(MARKS_IN_FLIGHT, |(pod, model)| async move {
+                self.mark(&pod, model).await
+            })
+            .await;
         evicted
     }
 

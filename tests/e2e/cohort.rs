@@ -101,6 +101,7 @@ async fn two_namespaces_borrowing_at_once_never_pass_what_the_cohort_owns() {
     });
     let nothing_left = format!("cohort {cohort}: the other members lend");
     let limit = format!("cohort {cohort}: borrowing limit");
+    let started = std::time::Instant::now();
     let (admitted, refusals) = create_in_parallel(creates.collect(), |text| {
         if text.contains(&nothing_left) {
             Some("nothing left to borrow (403)")
@@ -111,7 +112,10 @@ async fn two_namespaces_borrowing_at_once_never_pass_what_the_cohort_owns() {
         }
     })
     .await;
-    println!("admitted per namespace {admitted:?}; refusals {refusals:?}");
+    println!(
+        "{CREATES} creates in {:.2} s: admitted per namespace {admitted:?}; refusals {refusals:?}",
+        started.elapsed().as_secs_f64()
+    );
     assert_eq!(
         admitted.values().sum::<u32>(),
         LENT,

@@ -273,7 +273,12 @@ if [[ -z "${E2E_FILTER:-}" || " ${E2E_FILTER} " == *" node"* ]]; then
   image_archive="${GPU_ADMISSION_IMAGE_DIR:-$HOME/.cache/gpu-admission/image}/gpu-admission-oci.tar"
   node_start e2e-node "${image%:*}:$image_archive"
   say "node e2e-node is Ready (kubelet $("$k8s_bin/kubelet" --version | awk '{print $2}'), containerd $(containerd --version | awk '{print $3}'))"
-  test_env+=(GPU_ADMISSION_E2E_NODE=e2e-node GPU_ADMISSION_E2E_IMAGE="$image")
+  # For pods on the node that run as the webhook servers' identity (host network: the API
+  # server listens on 127.0.0.1): that ServiceAccount's kubeconfig, self-contained.
+  "$k8s_bin/kubectl" --kubeconfig "$work/gpu-admission.kubeconfig" config view --flatten --minify \
+    >"$work/gpu-admission-pod.kubeconfig"
+  test_env+=(GPU_ADMISSION_E2E_NODE=e2e-node GPU_ADMISSION_E2E_IMAGE="$image"
+    GPU_ADMISSION_E2E_POD_KUBECONFIG="$work/gpu-admission-pod.kubeconfig")
   run_tests "$logs/cargo-test-node.log" node::
 fi
 

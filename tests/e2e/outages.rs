@@ -95,29 +95,6 @@ async fn webhook_down_fails_covered_pods_only() {
     unregister_webhooks(&cluster).await;
 }
 
-/// SHA-256 fingerprint (openssl's `-fingerprint` line) of the certificate gpu-admission
-/// presents at `url` on a fresh TLS handshake (as kube-apiserver, with its client
-/// certificate), or of a PEM file.
-fn fingerprint(source: &str) -> String {
-    let script = if let Some(hostport) = source.strip_prefix("https://") {
-        // The webhook door wants kube-apiserver's client certificate (mutual TLS).
-        let (cert, key) = apiserver_client_identity();
-        format!(
-            "openssl s_client -connect {hostport} -cert {} -key {} </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256",
-            cert.display(),
-            key.display()
-        )
-    } else {
-        format!("openssl x509 -in {source} -noout -fingerprint -sha256")
-    };
-    let out = std::process::Command::new("bash")
-        .args(["-c", &script])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "`{script}` failed: {out:?}");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// E. Certificate rotation: while 40 pods are created one after the other through the
 /// webhooks, the serving certificate and key are replaced by a renewal under the same CA
 /// (`gpu-admission certs` with another `--host`, renamed into place); no create fails and

@@ -201,3 +201,26 @@ pub fn sum_metric(text: &str, name: &str, fragment: &str) -> f64 {
         .map(|(_, value)| value.parse::<f64>().unwrap_or(0.0))
         .sum()
 }
+
+/// SHA-256 fingerprint (openssl's `-fingerprint` line) of the certificate gpu-admission
+/// presents at `url` on a fresh TLS handshake (as kube-apiserver, with its client
+/// certificate), or of a PEM file.
+pub fn fingerprint(source: &str) -> String {
+    let script = if let Some(hostport) = source.strip_prefix("https://") {
+        // The webhook door wants kube-apiserver's client certificate (mutual TLS).
+        let (cert, key) = apiserver_client_identity();
+        format!(
+            "openssl s_client -connect {hostport} -cert {} -key {} </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256",
+            cert.display(),
+            key.display()
+        )
+    } else {
+        format!("openssl x509 -in {source} -noout -fingerprint -sha256")
+    };
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "`{script}` failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}

@@ -29,13 +29,14 @@ stamp="${bin}/.built-from"
 RECIPE=2
 want_stamp="recipe ${RECIPE} k8s ${K8S_VERSION} etcd ${ETCD_VERSION} $(cat go.mod go.sum | sha256sum | cut -c1-16)"
 
-binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet etcd)
+binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy etcd)
 declare -A pkg=(
   [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
   [kubelet]=k8s.io/kubernetes/cmd/kubelet
+  [kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
   [etcd]=go.etcd.io/etcd/server/v3
 )
 

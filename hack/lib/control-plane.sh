@@ -232,6 +232,7 @@ cp_start_etcd() {
 }
 
 cp_start_apiserver() { # cp_start_apiserver EXTRA_ARGS... (e.g. --disable-admission-plugins=...)
+  apiserver_args=("$@")
   "$k8s_bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
@@ -247,11 +248,21 @@ cp_start_apiserver() { # cp_start_apiserver EXTRA_ARGS... (e.g. --disable-admiss
     "$@" \
     --admission-control-config-file="$work/admission-config.yaml" \
     --cert-dir="$work/apiserver-certs" \
-    --v=1 >"$logs/kube-apiserver.log" 2>&1 &
+    --v=1 >>"$logs/kube-apiserver.log" 2>&1 &
+  apiserver_pid=$!
   pids+=($!)
   wait_ready kube-apiserver "$!" "$logs/kube-apiserver.log" \
     curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://127.0.0.1:$api_port/readyz"
+}
+
+# cp_restart_apiserver EXTRA_ARGS...: stops kube-apiserver and starts it again on the same
+# port and data with other extra arguments; its clients reconnect.
+cp_restart_apiserver() {
+  kill -TERM "$apiserver_pid" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$apiserver_pid" 2>/dev/null || break; sleep 0.1; done
+  echo "=== restart $(date -u +%FT%TZ): $*" >>"$logs/kube-apiserver.log"
+  cp_start_apiserver "$@"
 }
 
 # write_kubeconfig FILE USER USER_FIELDS: a kubeconfig for this cluster as USER, whose

@@ -106,14 +106,10 @@ EOF
     ctr --address "$node_socket" -n k8s.io images import --base-name "$base" "$archive" \
       >>"$logs/containerd-import.log" 2>&1 || die "importing $archive into containerd failed (log: $logs/containerd-import.log)"
   done
-  local port healthz node_ip
+  local port healthz
   free_port port
   free_port healthz
-  # The address of the host's default route: the node's InternalIP, where the API server
-  # calls the kubelet (kubectl logs, exec).
-  node_ip="$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") print $(i + 1)}')"
-  [[ -n "$node_ip" ]] || node_ip="$(hostname -I | awk '{print $1}')"
-  [[ -n "$node_ip" ]] || die "no IPv4 address for the node (ip -4 route get, hostname -I)"
+  node_address
   cat >"$node_dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -147,6 +143,52 @@ EOF
   node_kubelet_pid=$!
   wait_ready "kubelet (node $node_name)" "$node_kubelet_pid" "$logs/kubelet.log" \
     node_is_ready "$node_name"
+  # The kubelet registers with the taint node.kubernetes.io/not-ready, which the node
+  # lifecycle controller lifts once the node is Ready; that controller is off in this
+  # cluster (it would evict the pods of the kubelet-less API nodes), so lift it here.
+  "$k8s_bin/kubectl" --kubeconfig "$kubeconfig" taint nodes "$node_name" \
+    node.kubernetes.io/not-ready:NoSchedule- >>"$logs/kubectl.log" 2>&1 || true
+}
+
+# node_address: $node_ip, the address of the host's default route: the node's InternalIP,
+# where the API server calls the kubelet (kubectl logs, exec), and the address the API
+# server advertises to pods (the `kubernetes` Service's endpoint).
+node_address() {
+  node_ip="$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") print $(i + 1)}')"
+  [[ -n "$node_ip" ]] || node_ip="$(hostname -I | awk '{print $1}')"
+  [[ -n "$node_ip" ]] || die "no IPv4 address for the node (ip -4 route get, hostname -I)"
+}
+
+# node_cluster_services: what pods of an install from deploy/ need of the cluster around
+# them: kube-proxy (iptables mode: Services by ClusterIP, the `kubernetes` Service
+# included) and a kube-scheduler with the default profile (deploy/'s own pods use it).
+node_cluster_services() {
+  local health metrics sched
+  free_port health
+  free_port metrics
+  free_port sched
+  "$k8s_bin/kube-proxy" --kubeconfig "$kubeconfig" --hostname-override "$node_name" \
+    --proxy-mode iptables --cluster-cidr 10.88.0.0/16 \
+    --healthz-bind-address "127.0.0.1:$health" --metrics-bind-address "127.0.0.1:$metrics" \
+    >"$logs/kube-proxy.log" 2>&1 &
+  node_proxy_pid=$!
+  pids+=("$node_proxy_pid")
+  wait_ready kube-proxy "$node_proxy_pid" "$logs/kube-proxy.log" curl -fsS "http://127.0.0.1:$health/healthz"
+  cat >"$node_dir/default-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $kubeconfig
+leaderElection:
+  leaderElect: false
+EOF
+  "$k8s_bin/kube-scheduler" --config="$node_dir/default-scheduler.yaml" \
+    --bind-address=127.0.0.1 --secure-port="$sched" --cert-dir="$node_dir/default-scheduler-certs" \
+    --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
+    >"$logs/kube-scheduler-default.log" 2>&1 &
+  pids+=($!)
+  wait_ready "kube-scheduler (default profile)" "$!" "$logs/kube-scheduler-default.log" \
+    curl -fsSk "https://127.0.0.1:$sched/readyz"
 }
 
 node_is_ready() {

@@ -436,3 +436,47 @@ fn install_state() -> String {
     );
     format!("{pods}\n{events}")
 }
+
+/// The API server restarted (hack/e2e.sh restarts it at the start of the node phase, to
+/// turn the ServiceAccount plugin on): every watch of both gpu-admission replicas was cut.
+/// They watch again: a GPUQuota created after the restart is enforced by each replica,
+/// which admits an unquoted namespace's pod on what its watch shows and would let both
+/// pods in had its quota watch not come back.
+#[tokio::test]
+#[ignore = "needs a control plane and a real node: bash hack/e2e.sh runs it"]
+async fn both_replicas_watch_again_after_the_api_server_restarted() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let Some(cluster) = setup("node-restart").await else {
+        return;
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    wait_for(
+        "the namespace's default ServiceAccount",
+        Duration::from_secs(30),
+        || async { accounts.get_opt("default").await.ok()?.map(drop) },
+    )
+    .await;
+    let model = "Tesla-M40";
+    cluster.label_for_webhooks().await;
+    cluster
+        .create_quota("default", json!({model: "1"}), None)
+        .await;
+    register_validate_per_replica(&cluster).await;
+    let through = |name: &str, replica: &str| {
+        with_labels(
+            unscheduled_gpu_pod(name, Some(model), 1),
+            json!({"replica": replica}),
+        )
+    };
+    cluster
+        .create_when_admitted(&through("one", "a"), Duration::from_secs(30))
+        .await;
+    for (name, replica) in [("two", "b"), ("three", "a")] {
+        let message = forbidden_message(cluster.try_create(&through(name, replica)).await, name);
+        assert!(
+            message.contains("GPU quota exceeded"),
+            "replica {replica}: {message}"
+        );
+    }
+    unregister_webhooks(&cluster).await;
+}

@@ -191,24 +191,20 @@ async fn two_namespaces_borrowing_at_once_never_pass_what_the_cohort_owns() {
         "the lender's pod while all it owns is lent",
     );
     assert!(message.contains("its own quota is lent"), "{message}");
-    // ...and gets them back as borrowing pods go, one for one.
-    let borrower = borrowers
-        .iter()
-        .find(|ns| admitted.contains_key(*ns))
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), borrower);
-    let gone: Vec<String> = pods
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .take(2)
-        .collect();
-    for name in &gone {
-        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    // ...and gets them back as borrowing pods go, one for one: two of them, from
+    // whichever borrowers hold them.
+    let mut gone = 0;
+    for namespace in &borrowers {
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+        let listed = pods.list(&Default::default()).await.unwrap().items;
+        for name in listed.into_iter().filter_map(|p| p.metadata.name) {
+            if gone < 2 {
+                pods.delete(&name, &DeleteParams::default()).await.unwrap();
+                gone += 1;
+            }
+        }
     }
+    assert_eq!(gone, 2, "two borrowing pods deleted");
     for name in ["mine-1", "mine-2"] {
         let pod = with_labels(
             unscheduled_gpu_pod(name, Some(model), 1),

@@ -262,31 +262,7 @@ async fn a_containerized_replica_serves_admission_and_reloads_its_rotated_secret
 
     // Rotation through the kubelet: a renewal under the same CA goes into the Secret.
     let old = fingerprint(door);
-    let scratch = tempfile::tempdir().unwrap();
-    for name in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
-        std::fs::copy(cert_dir.join(name), scratch.path().join(name)).unwrap();
-    }
-    let out = std::process::Command::new(gpu_admission_bin())
-        .args([
-            "certs",
-            "--service",
-            "gpu-admission",
-            "--namespace",
-            "gpu-admission",
-            "--ip",
-            "127.0.0.1",
-        ])
-        .args([
-            "--host",
-            "localhost",
-            "--host",
-            "rotated-in-a-pod.e2e.invalid",
-            "--out-dir",
-        ])
-        .arg(scratch.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "gpu-admission certs failed: {out:?}");
+    let scratch = renew_certificate(&cert_dir, "rotated-in-a-pod.e2e.invalid");
     let renewed = |name: &str| std::fs::read_to_string(scratch.path().join(name)).unwrap();
     let new = fingerprint(scratch.path().join("tls.crt").to_str().unwrap());
     assert_ne!(new, old);
@@ -336,7 +312,6 @@ async fn a_containerized_replica_serves_admission_and_reloads_its_rotated_secret
 async fn the_install_from_deploy_as_shipped_refuses_a_pod_over_its_quota() {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::ServiceAccount;
     let Some(cluster) = setup("node-install").await else {
         return;
     };
@@ -368,13 +343,7 @@ async fn the_install_from_deploy_as_shipped_refuses_a_pod_over_its_quota() {
     println!("{ready} webhook replicas Ready");
     // The namespace's default ServiceAccount (pods need it now that the API server mounts
     // tokens).
-    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), &cluster.ns);
-    wait_for(
-        "the namespace's default ServiceAccount",
-        Duration::from_secs(30),
-        || async { accounts.get_opt("default").await.ok()?.map(drop) },
-    )
-    .await;
+    cluster.wait_default_service_account().await;
     let model = "Tesla-P4";
     cluster
         .create_quota("default", json!({model: "1"}), Some(model))
@@ -445,17 +414,10 @@ fn install_state() -> String {
 #[tokio::test]
 #[ignore = "needs a control plane and a real node: bash hack/e2e.sh runs it"]
 async fn both_replicas_watch_again_after_the_api_server_restarted() {
-    use k8s_openapi::api::core::v1::ServiceAccount;
     let Some(cluster) = setup("node-restart").await else {
         return;
     };
-    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), &cluster.ns);
-    wait_for(
-        "the namespace's default ServiceAccount",
-        Duration::from_secs(30),
-        || async { accounts.get_opt("default").await.ok()?.map(drop) },
-    )
-    .await;
+    cluster.wait_default_service_account().await;
     let model = "Tesla-M40";
     cluster.label_for_webhooks().await;
     cluster

@@ -130,31 +130,7 @@ async fn certificate_rotation_under_load_fails_no_create() {
 
     // The renewal: same CA, another SAN, made in a scratch directory, then renamed in.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let scratch = tempfile::tempdir().unwrap();
-    for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
-        std::fs::copy(cert_dir.join(file), scratch.path().join(file)).unwrap();
-    }
-    let out = std::process::Command::new(gpu_admission_bin())
-        .args([
-            "certs",
-            "--service",
-            "gpu-admission",
-            "--namespace",
-            "gpu-admission",
-        ])
-        .arg("--out-dir")
-        .arg(scratch.path())
-        .args([
-            "--host",
-            "localhost",
-            "--host",
-            "rotated.e2e.invalid",
-            "--ip",
-            "127.0.0.1",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "gpu-admission certs failed: {out:?}");
+    let scratch = renew_certificate(&cert_dir, "rotated.e2e.invalid");
     let renewed = scratch.path().join("tls.crt");
     let new = fingerprint(renewed.to_str().unwrap());
     assert_ne!(

@@ -173,6 +173,19 @@ impl Cluster {
         name
     }
 
+    /// Waits for the namespace's default ServiceAccount: with the ServiceAccount admission
+    /// plugin on (the real node's phase), a pod is refused until it exists.
+    pub async fn wait_default_service_account(&self) {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.ns);
+        super::wait_for(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(30),
+            || async { accounts.get_opt("default").await.ok()?.map(drop) },
+        )
+        .await;
+    }
+
     pub fn quotas(&self) -> Api<gpu_admission::quota::GPUQuota> {
         Api::namespaced(self.client.clone(), &self.ns)
     }

@@ -224,3 +224,35 @@ pub fn fingerprint(source: &str) -> String {
     assert!(out.status.success(), "`{script}` failed: {out:?}");
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// A renewal of the serving certificate in `cert_dir` under the same CA, with `host` as
+/// an extra name (so it differs from the one served), made by `gpu-admission certs` in a
+/// scratch directory: the directory, holding the new `tls.crt` and `tls.key`.
+pub fn renew_certificate(cert_dir: &std::path::Path, host: &str) -> tempfile::TempDir {
+    let scratch = tempfile::tempdir().unwrap();
+    for file in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+        std::fs::copy(cert_dir.join(file), scratch.path().join(file)).unwrap();
+    }
+    let out = std::process::Command::new(gpu_admission_bin())
+        .args([
+            "certs",
+            "--service",
+            "gpu-admission",
+            "--namespace",
+            "gpu-admission",
+        ])
+        .args([
+            "--ip",
+            "127.0.0.1",
+            "--host",
+            "localhost",
+            "--host",
+            host,
+            "--out-dir",
+        ])
+        .arg(scratch.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "gpu-admission certs failed: {out:?}");
+    scratch
+}

@@ -13,16 +13,16 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::cache::{ClusterCache, ClusterState};
+use crate::cache::ClusterCache;
 use crate::quota::cohort;
 use crate::quota::pending::PENDING_TTL;
 use crate::quota::status::reconciled_status;
 use crate::quota::status::views_with_status;
-use crate::quota::{GPUQuota, ModelAmounts};
+use crate::quota::{GPUQuota, ModelAmounts, quota_name};
 
 use super::quota_writer::replace_status;
 
@@ -51,6 +51,7 @@ pub async fn run(
 pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
     let now = time::OffsetDateTime::now_utc();
     let quotas: Vec<GPUQuota> = cache.with_state(|state| state.quotas().cloned().collect());
+    let lent = lent_by_quota(&quotas);
     let mut written = 0;
     for cached in quotas {
         let namespace = cached.metadata.namespace.clone().unwrap_or_default();
@@ -61,7 +62,8 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
         let mut quota = Some(cached);
         for attempt in 0..2 {
             let Some(current) = quota.take() else { break };
-            let Some(updated) = reconciled(cache, &current, now) else {
+            let lent = lent.get(&quota_name(&current));
+            let Some(updated) = reconciled(cache, &current, lent, now) else {
                 break;
             };
             match replace_status(&api, &updated).await {
@@ -89,6 +91,7 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
 fn reconciled(
     cache: &ClusterCache,
     quota: &GPUQuota,
+    lent: Option<&ModelAmounts>,
     now: time::OffsetDateTime,
 ) -> Option<GPUQuota> {
     cache.with_state(|state| {
@@ -114,7 +117,7 @@ fn reconciled(
             }
         };
         status.queued = queued_status(quota, &state.queued_usage(namespace));
-        status.lent = lent_status(state, quota);
+        status.lent = lent.map(amounts_status).unwrap_or_default();
         (quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
             updated.metadata.managed_fields = None; // kept as they are by the API server
@@ -129,27 +132,20 @@ fn queued_status(quota: &GPUQuota, queued: &ModelAmounts) -> BTreeMap<String, Qu
     let listed = queued
         .iter()
         .filter(|(key, _)| quota.spec.hard.contains_key(*key));
-    listed
-        .map(|(key, amount)| (key.clone(), Quantity(amount.to_string())))
-        .collect()
+    amounts_status(&listed.map(|(k, a)| (k.clone(), *a)).collect())
 }
 
-/// `status.lent`: what the other members of `quota`'s cohort use of its `hard`, from the
-/// members' statuses as this replica last saw them (`quota::cohort::lent`).
-fn lent_status(state: &ClusterState, quota: &GPUQuota) -> BTreeMap<String, Quantity> {
-    let Some(name) = quota.spec.cohort.clone() else {
-        return BTreeMap::new();
-    };
-    let cohorts = BTreeSet::from([name]);
-    let members: Vec<GPUQuota> = state.cohort_quotas(&cohorts).cloned().collect();
-    let views = views_with_status(&members).ok();
-    let this = views_with_status(std::slice::from_ref(quota)).ok();
-    let (Some(members), Some(this)) = (views, this) else {
-        return BTreeMap::new();
-    };
-    let lent = this.first().map(|view| cohort::lent(view, &members));
-    lent.into_iter()
-        .flatten()
-        .map(|(model, amount)| (model, Quantity(amount.to_string())))
+/// What each quota of a cohort lends (`quota::cohort::lent_by_quota`), from the members'
+/// statuses as this replica last saw them: computed once per pass.
+fn lent_by_quota(quotas: &[GPUQuota]) -> std::collections::HashMap<String, ModelAmounts> {
+    let members = quotas.iter().filter(|q| q.spec.cohort.is_some());
+    let views = members.filter_map(|q| views_with_status(std::slice::from_ref(q)).ok());
+    cohort::lent_by_quota(&views.flatten().collect::<Vec<_>>())
+}
+
+fn amounts_status(amounts: &ModelAmounts) -> BTreeMap<String, Quantity> {
+    let entries = amounts.iter();
+    entries
+        .map(|(key, amount)| (key.clone(), Quantity(amount.to_string())))
         .collect()
 }

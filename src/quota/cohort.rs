@@ -16,7 +16,7 @@
 //! [`Reclaim`]: with `Evict` it gets it at once and the borrowers' pods are evicted until
 //! the pool is whole again ([`reclaim`]); with `Never` it waits for them to finish.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::placement::mig;
 use crate::placement::quantity::Milli;
@@ -401,38 +401,42 @@ pub fn attach_pools(views: &mut [QuotaView], members: &[QuotaView]) {
     }
 }
 
-/// What `member` lends now, per model: the cohort's borrowing (its members' use past
-/// their `hard`) attributed to the lenders in proportion to what each leaves unused of
-/// its lendable part. `members`: the whole cohort, `member` included.
-pub fn lent(member: &QuotaView, members: &[QuotaView]) -> ModelAmounts {
-    let Some(terms) = member.cohort.as_ref() else {
-        return ModelAmounts::new();
-    };
-    let cohort: Vec<&QuotaView> = members
-        .iter()
-        .filter(|m| m.cohort.as_ref().is_some_and(|t| t.name == terms.name))
-        .collect();
-    let mut lent = ModelAmounts::new();
-    for (model, share) in shares(member) {
-        let (mut borrowed, mut idle) = (0u128, 0u128);
-        for (_, other) in cohort
-            .iter()
-            .flat_map(|m| shares(m))
-            .filter(|(m, _)| *m == model)
-        {
-            borrowed += u128::from(other.borrowed().0);
-            idle += u128::from(other.lends().0);
-        }
-        let own_idle = u128::from(share.lends().0);
-        if borrowed > 0 && own_idle > 0 {
-            let part = (borrowed.min(idle) * own_idle / idle).min(own_idle);
-            lent.insert(
-                model.clone(),
-                Milli(u64::try_from(part).unwrap_or(u64::MAX)),
-            );
+/// What each quota of `members` lends now, per model, by `namespace/name`: its cohort's
+/// borrowing (the members' use past their `hard`) attributed to the lenders in proportion
+/// to what each leaves unused of its lendable part. `members`: every quota of the
+/// cohorts, each with its use; the totals are summed once per cohort and model.
+pub fn lent_by_quota(members: &[QuotaView]) -> HashMap<String, ModelAmounts> {
+    let mut totals: HashMap<(&str, &str), (u128, u128)> = HashMap::new();
+    for member in members {
+        let Some(terms) = member.cohort.as_ref() else {
+            continue;
+        };
+        for (model, share) in shares(member) {
+            let total = totals.entry((&terms.name, model)).or_default();
+            total.0 += u128::from(share.borrowed().0);
+            total.1 += u128::from(share.lends().0);
         }
     }
-    lent
+    let mut lent_by_quota = HashMap::new();
+    for member in members {
+        let Some(terms) = member.cohort.as_ref() else {
+            continue;
+        };
+        let mut lent = ModelAmounts::new();
+        for (model, share) in shares(member) {
+            let (borrowed, idle) = totals[&(terms.name.as_str(), model.as_str())];
+            let own_idle = u128::from(share.lends().0);
+            if borrowed > 0 && own_idle > 0 {
+                let part = (borrowed.min(idle) * own_idle / idle).min(own_idle);
+                lent.insert(
+                    model.clone(),
+                    Milli(u64::try_from(part).unwrap_or(u64::MAX)),
+                );
+            }
+        }
+        lent_by_quota.insert(format!("{}/{}", member.namespace, member.name), lent);
+    }
+    lent_by_quota
 }
 
 /// Whether counting `charge` changed what views draw from their cohorts' pools: such a

@@ -350,9 +350,13 @@ fn what_a_cohort_borrows_is_lent_by_its_idle_members_in_proportion() {
     let d = member("team-d", "research", 4, 1); // leaves 3 idle
     let b = member("team-b", "research", 4, 7); // borrows 3
     let members = [a.clone(), d.clone(), b.clone()];
-    assert_eq!(lent(&a, &members)["T4"], gpus(2));
-    assert_eq!(lent(&d, &members)["T4"], gpus(1));
-    assert!(lent(&b, &members).is_empty(), "a borrower lends nothing");
+    let lent = lent_by_quota(&members);
+    assert_eq!(lent["team-a/default"]["T4"], gpus(2));
+    assert_eq!(lent["team-d/default"]["T4"], gpus(1));
+    assert!(
+        lent["team-b/default"].is_empty(),
+        "a borrower lends nothing"
+    );
 }
 
 #[test]
@@ -518,4 +522,36 @@ fn the_worked_example_of_the_docs_holds() {
         1_000,
         "one GPU over: one pod"
     );
+}
+
+/// Two models in one cohort: what a member leaves idle of one model is never lent as the
+/// other, each model has its own pool, and what is lent is told model by model.
+#[test]
+fn each_model_is_lent_from_its_own_pool() {
+    let two = |namespace: &str, t4: (u64, u64), a100: (u64, u64)| {
+        let mut view = member(namespace, "research", t4.0, t4.1);
+        view.hard.insert("A100".into(), gpus(a100.0));
+        view.used.insert("A100".into(), gpus(a100.1));
+        view
+    };
+    // team-a leaves 6 T4s idle and uses all its A100s; team-b owns 1 of each, uses them.
+    let a = two("team-a", (8, 2), (4, 4));
+    let b = two("team-b", (1, 1), (1, 1));
+    let members = [a, b.clone()];
+    let mut views = vec![b];
+    attach_pools(&mut views, &members);
+    assert!(
+        views[0].room_for("T4", gpus(6)).is_ok(),
+        "the idle T4s are lent"
+    );
+    assert!(views[0].room_for("T4", gpus(7)).is_err());
+    assert!(
+        views[0].room_for("A100", gpus(1)).is_err(),
+        "idle T4s are no A100s"
+    );
+    // team-b now borrows 3 T4s and no A100: team-a lends T4s only.
+    let members = [two("team-a", (8, 2), (4, 4)), two("team-b", (1, 4), (1, 1))];
+    let lent = lent_by_quota(&members);
+    assert_eq!(lent["team-a/default"].get("T4"), Some(&gpus(3)));
+    assert_eq!(lent["team-a/default"].get("A100"), None);
 }

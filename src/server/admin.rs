@@ -8,7 +8,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use foldhash::HashMap;
 
 use super::AppState;
 use crate::backend::Backend;
@@ -75,7 +74,10 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
 
 /// What each GPUQuota of a cohort lends now (`quota::cohort::lent`), by quota name, from
 /// the same usage its `used` metric shows.
-fn lent_by_quota(backend: &Backend, state: &ClusterState) -> HashMap<String, ModelAmounts> {
+fn lent_by_quota(
+    backend: &Backend,
+    state: &ClusterState,
+) -> std::collections::HashMap<String, ModelAmounts> {
     let mut members: Vec<QuotaView> = Vec::new();
     for quota in state.quotas().filter(|q| q.spec.cohort.is_some()) {
         if let Ok(mut view) = QuotaView::from_crd(quota) {
@@ -83,13 +85,7 @@ fn lent_by_quota(backend: &Backend, state: &ClusterState) -> HashMap<String, Mod
             members.push(view);
         }
     }
-    members
-        .iter()
-        .map(|view| {
-            let name = format!("{}/{}", view.namespace, view.name);
-            (name, cohort::lent(view, &members))
-        })
-        .collect()
+    cohort::lent_by_quota(&members)
 }
 
 pub fn admin_router(state: AppState) -> Router {

@@ -53,6 +53,15 @@ summary="0 passed, 0 failed (the e2e tests did not run: the setup failed, see ab
 teardown() {
   local rc=$?
   set +e
+  if [[ -n "${node_dir:-}" && $rc != 0 ]]; then
+    # What ran on the real node (an install's pods) goes with the node: keep its logs.
+    local previous
+    for previous in false true; do
+      "$k8s_bin/kubectl" --kubeconfig "$kubeconfig" logs -n gpu-admission --all-containers --prefix \
+        --previous="$previous" -l app.kubernetes.io/name=gpu-admission --tail=-1 \
+        >"$logs/node-pods-previous-$previous.log" 2>&1
+    done
+  fi
   node_stop
   cp_stop_all
   if [[ $rc != 0 ]]; then
@@ -101,7 +110,19 @@ cp_start_etcd
 # The real node's kubelet is called at its InternalIP (kubectl logs, exec); pods on it reach
 # the API server at the address it advertises, the node's (the `kubernetes` Service).
 node_address
-apiserver_flags=(--kubelet-preferred-address-types=InternalIP --bind-address=0.0.0.0 --advertise-address="$node_ip")
+# Every request of gpu-admission's ServiceAccounts (namespace gpu-admission) is audited, for
+# the whole run: tests/e2e/node/rbac.rs holds deploy/'s RBAC to what they did.
+cat >"$work/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts:gpu-admission"]
+- level: None
+EOF
+apiserver_flags=(--kubelet-preferred-address-types=InternalIP --bind-address=0.0.0.0 --advertise-address="$node_ip"
+  --audit-policy-file="$work/audit-policy.yaml" --audit-log-path="$logs/audit.log")
 cp_start_apiserver --disable-admission-plugins=ServiceAccount "${apiserver_flags[@]}"
 
 # ---------------------------------------------------------------- 4. kubeconfig
@@ -235,6 +256,11 @@ test_env=(
   GPU_ADMISSION_E2E_KUBECTL="$k8s_bin/kubectl"
   GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port"
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs"
+  GPU_ADMISSION_E2E_DAEMONS="$work/daemons"
+  GPU_ADMISSION_E2E_AUDIT_LOG="$logs/audit.log"
+  GPU_ADMISSION_E2E_PROXY_PORT="$proxy_port" GPU_ADMISSION_E2E_API_PORT="$api_port"
+  GPU_ADMISSION_E2E_EXTENDER_URL_C="https://127.0.0.1:$extender_port_c"
+  GPU_ADMISSION_E2E_ADMIN_URL_C="http://127.0.0.1:$admin_port_c"
 )
 # run_tests LOG ARGS...: cargo test --test e2e with the environment above; adds to the
 # counts, and fails the run on a failure or on a test that skipped itself.
@@ -274,7 +300,12 @@ if [[ -z "${E2E_FILTER:-}" || " ${E2E_FILTER} " == *" node"* ]]; then
   bash "$repo/hack/image.sh" >"$logs/image.log" 2>&1 || die "hack/image.sh failed (log: $logs/image.log)"
   image="$(awk '/image: .*gpu-admission\/gpu-admission:/ {print $2; exit}' "$repo/deploy/30-webhook.yaml")"
   image_archive="${GPU_ADMISSION_IMAGE_DIR:-$HOME/.cache/gpu-admission/image}/gpu-admission-oci.tar"
-  node_start e2e-node "${image%:*}:$image_archive"
+  say "building the GPU scheduler's kube-scheduler image (hack/scheduler-image.sh)"
+  scheduler_archive="$(bash "$repo/hack/scheduler-image.sh" 2>>"$logs/image.log" | tail -n1)" ||
+    die "hack/scheduler-image.sh failed (log: $logs/image.log)"
+  node_start e2e-node "${image%:*}:$image_archive" "registry.k8s.io/kube-scheduler:$scheduler_archive"
+  # From here the GPU scheduler is the one deploy/ and the chart install (same profile name).
+  cp_daemon_stop kube-scheduler
   # deploy/'s pods use ServiceAccount tokens (mounted by the ServiceAccount admission
   # plugin, off until now: the scenarios above create pods in namespaces whose default
   # ServiceAccount may not exist yet), Services by ClusterIP and the default scheduler.
@@ -286,6 +317,7 @@ if [[ -z "${E2E_FILTER:-}" || " ${E2E_FILTER} " == *" node"* ]]; then
   "$k8s_bin/kubectl" --kubeconfig "$work/gpu-admission.kubeconfig" config view --flatten --minify \
     >"$work/gpu-admission-pod.kubeconfig"
   test_env+=(GPU_ADMISSION_E2E_NODE=e2e-node GPU_ADMISSION_E2E_IMAGE="$image"
+    GPU_ADMISSION_E2E_NODE_SOCKET="$node_socket" GPU_ADMISSION_E2E_HELM="$(bash "$repo/hack/helm.sh")"
     GPU_ADMISSION_E2E_POD_KUBECONFIG="$work/gpu-admission-pod.kubeconfig")
   node_filter=(node::)
   if [[ -n "${E2E_FILTER:-}" ]]; then

@@ -46,6 +46,7 @@ cp_init() { # cp_init NAME
   pids=()
   replica_a_pidfile="$work/gpu-admission.pid"
   replica_b_pidfile="$work/gpu-admission-b.pid"
+  replica_c_pidfile="$work/gpu-admission-c.pid"
   taken=()
   read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_low=32768
   ((ephemeral_low > 11000)) || ephemeral_low=32768
@@ -71,6 +72,10 @@ cp_stop_all() {
   local all=("${pids[@]}")
   [[ -f "$replica_a_pidfile" ]] && all+=("$(cat "$replica_a_pidfile")")
   [[ -f "$replica_b_pidfile" ]] && all+=("$(cat "$replica_b_pidfile")")
+  [[ -f "$replica_c_pidfile" ]] && all+=("$(cat "$replica_c_pidfile")")
+  # Daemons a test restarted run under new PIDs.
+  local f
+  for f in "$work"/daemons/*.pid; do [[ -f "$f" ]] && all+=("$(cat "$f")"); done
   for ((i = ${#all[@]} - 1; i >= 0; i--)); do
     local pid=${all[i]}
     kill -TERM "$pid" 2>/dev/null || continue
@@ -160,6 +165,10 @@ cp_ports() {
   free_port webhook_port_b
   free_port extender_port_b
   free_port admin_port_b
+  free_port webhook_port_c
+  free_port extender_port_c
+  free_port admin_port_c
+  free_port proxy_port
 }
 
 cp_certs() {
@@ -233,7 +242,9 @@ cp_start_etcd() {
 
 cp_start_apiserver() { # cp_start_apiserver EXTRA_ARGS... (e.g. --disable-admission-plugins=...)
   apiserver_args=("$@")
-  "$k8s_bin/kube-apiserver" \
+  cp_daemon kube-apiserver "$logs/kube-apiserver.log" \
+    "curl -fsS --cacert $pki/ca.crt --cert $pki/admin.crt --key $pki/admin.key https://127.0.0.1:$api_port/readyz" \
+    "$k8s_bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
@@ -248,21 +259,42 @@ cp_start_apiserver() { # cp_start_apiserver EXTRA_ARGS... (e.g. --disable-admiss
     "$@" \
     --admission-control-config-file="$work/admission-config.yaml" \
     --cert-dir="$work/apiserver-certs" \
-    --v=1 >>"$logs/kube-apiserver.log" 2>&1 &
-  apiserver_pid=$!
-  pids+=($!)
-  wait_ready kube-apiserver "$!" "$logs/kube-apiserver.log" \
-    curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
-    "https://127.0.0.1:$api_port/readyz"
+    --v=1
 }
 
 # cp_restart_apiserver EXTRA_ARGS...: stops kube-apiserver and starts it again on the same
 # port and data with other extra arguments; its clients reconnect.
 cp_restart_apiserver() {
-  kill -TERM "$apiserver_pid" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$apiserver_pid" 2>/dev/null || break; sleep 0.1; done
+  cp_daemon_stop kube-apiserver
   echo "=== restart $(date -u +%FT%TZ): $*" >>"$logs/kube-apiserver.log"
   cp_start_apiserver "$@"
+}
+
+# cp_daemon NAME LOG READY COMMAND...: starts COMMAND in the background (output appended to
+# LOG) and waits until the shell command READY succeeds. How to run it again is kept in
+# $work/daemons/NAME.{cmd,ready,log,pid}: hack/e2e/restart.sh restarts it from there (the
+# tests' faults: the API server or the kubelet restarted mid-scenario); cp_stop_all stops
+# whatever runs under that PID then.
+cp_daemon() {
+  local name=$1 log=$2 ready=$3 dir="$work/daemons"
+  shift 3
+  mkdir -p "$dir"
+  printf '%q ' "$@" >"$dir/$name.cmd"
+  printf '%s' "$ready" >"$dir/$name.ready"
+  printf '%s' "$log" >"$dir/$name.log"
+  "$@" </dev/null >>"$log" 2>&1 &
+  daemon_pid=$!
+  echo "$daemon_pid" >"$dir/$name.pid"
+  wait_ready "$name" "$daemon_pid" "$log" bash -c "$ready"
+}
+
+# cp_daemon_stop NAME: TERM, then KILL after 10 s, the daemon NAME as it runs now.
+cp_daemon_stop() {
+  local pid
+  pid="$(cat "$work/daemons/$1.pid" 2>/dev/null)" || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null
 }
 
 # write_kubeconfig FILE USER USER_FIELDS: a kubeconfig for this cluster as USER, whose
@@ -337,13 +369,17 @@ cp_write_ctl() {
   ctl="$work/gpu-admission-ctl.sh"
   cat >"$ctl" <<EOF
 #!/usr/bin/env bash
-# Usage: $ctl start|stop|kill [a|b] — the $cp_name run's gpu-admission replica a (the default; PID
-# in $replica_a_pidfile) or b (PID in $replica_b_pidfile).
+# Usage: $ctl start|stop|kill [a|b|c] — the $cp_name run's gpu-admission replica a (the default; PID
+# in $replica_a_pidfile), b (PID in $replica_b_pidfile) or c (started by a scenario only).
 set -euo pipefail
 case "\${2:-a}" in
   a) pidfile="$replica_a_pidfile"; log="$logs/gpu-admission.log"; port=$webhook_port; extender=$extender_port; admin=$admin_port ;;
   b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$webhook_port_b; extender=$extender_port_b; admin=$admin_port_b ;;
-  *) echo "usage: \$0 start|stop|kill [a|b]" >&2; exit 2 ;;
+  # c: the API server through 127.0.0.1:$proxy_port, a proxy the watch-cut scenario runs.
+  c) pidfile="$replica_c_pidfile"; log="$logs/gpu-admission-c.log"; port=$webhook_port_c; extender=$extender_port_c; admin=$admin_port_c
+     kubeconfig_c="$work/proxied.kubeconfig"
+     sed "s#https://127.0.0.1:$api_port#https://127.0.0.1:$proxy_port#" "$serve_kubeconfig" >"\$kubeconfig_c" ;;
+  *) echo "usage: \$0 start|stop|kill [a|b|c]" >&2; exit 2 ;;
 esac
 case "\${1:-}" in
   start)
@@ -351,7 +387,7 @@ case "\${1:-}" in
       echo "gpu-admission is already running (pid \$(cat "\$pidfile"))" >&2; exit 1
     fi
     echo "=== start \$(date -u +%FT%TZ)" >>"\$log"
-    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "$serve_kubeconfig" \\
+    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "\${kubeconfig_c:-$serve_kubeconfig}" \\
       --address 127.0.0.1:\$port --extender-address 127.0.0.1:\$extender \\
       --admin-address 127.0.0.1:\$admin --client-ca "$pki/webhook-client-ca.crt" \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\
@@ -389,13 +425,11 @@ EOF
 }
 
 cp_start_scheduler() { # cp_start_scheduler CONFIG EXTRA_ARGS... (e.g. --v=2)
-  "$k8s_bin/kube-scheduler" --config="$1" \
+  cp_daemon kube-scheduler "$logs/kube-scheduler.log" "curl -fsSk https://127.0.0.1:$sched_port/readyz" \
+    "$k8s_bin/kube-scheduler" --config="$1" \
     --bind-address=127.0.0.1 --secure-port="$sched_port" --cert-dir="$work/scheduler-certs" \
     --authentication-kubeconfig="$kubeconfig" --authorization-kubeconfig="$kubeconfig" \
-    "${@:2}" >"$logs/kube-scheduler.log" 2>&1 &
-  pids+=($!)
-  wait_ready kube-scheduler "$!" "$logs/kube-scheduler.log" \
-    curl -fsSk "https://127.0.0.1:$sched_port/readyz"
+    "${@:2}"
 }
 
 # kube-controller-manager from the same build, so Jobs, ReplicaSets, StatefulSets, the

@@ -136,13 +136,13 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 resolvConf: /etc/resolv.conf
 EOF
-  "$k8s_bin/kubelet" --config "$node_dir/kubelet.yaml" --kubeconfig "$kubeconfig" \
+  # Its readiness after a restart is its health endpoint: the node's Ready condition stays
+  # True through a short restart.
+  cp_daemon kubelet "$logs/kubelet.log" "curl -fsS http://127.0.0.1:$healthz/healthz" \
+    "$k8s_bin/kubelet" --config "$node_dir/kubelet.yaml" --kubeconfig "$kubeconfig" \
     --hostname-override "$node_name" --node-ip "$node_ip" \
-    --root-dir "$node_dir/kubelet" --cert-dir "$node_dir/kubelet/pki" --v=1 \
-    >"$logs/kubelet.log" 2>&1 &
-  node_kubelet_pid=$!
-  wait_ready "kubelet (node $node_name)" "$node_kubelet_pid" "$logs/kubelet.log" \
-    node_is_ready "$node_name"
+    --root-dir "$node_dir/kubelet" --cert-dir "$node_dir/kubelet/pki" --v=1
+  wait_ready "node $node_name" "$daemon_pid" "$logs/kubelet.log" node_is_ready "$node_name"
   # The kubelet registers with the taint node.kubernetes.io/not-ready, which the node
   # lifecycle controller lifts once the node is Ready; that controller is off in this
   # cluster (it would evict the pods of the kubelet-less API nodes), so lift it here.
@@ -199,9 +199,7 @@ node_is_ready() {
 node_stop() {
   [[ -n "${node_dir:-}" ]] || return 0
   local pid
-  for pid in ${node_kubelet_pid:-}; do
-    kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  done
+  cp_daemon_stop kubelet
   # The pods' shims (and their containers) outlive the kubelet and containerd.
   pkill -KILL -f "containerd-shim-runc-v2 .*-address $node_socket" 2>/dev/null
   for pid in ${node_containerd_pid:-}; do

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +59,21 @@ pub async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToke
     tokio::select! {
         _ = futures::future::join4(nodes, pods, quotas, claims) => {}
         _ = shutdown.cancelled() => {}
+    }
+}
+
+/// The pause before a failed watch lists again: 0.5 s, doubling to 30 s while the
+/// failures go on (reset by any event).
+#[derive(Default)]
+struct Retry {
+    failures: u32,
+}
+
+impl Retry {
+    fn next(&mut self) -> Duration {
+        let pause = Duration::from_millis(500) * 2u32.pow(self.failures.min(6));
+        self.failures += 1;
+        pause.min(Duration::from_secs(30))
     }
 }
 
@@ -123,16 +138,24 @@ async fn watch<K, W>(
 {
     let mut buffer: Vec<W::Item> = Vec::new();
     let mut first_list = true;
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut retry = Retry::default();
+    let mut events = watcher(api.clone(), config.clone()).boxed();
     loop {
         let event = match events.try_next().await {
             Ok(Some(event)) => event,
             Ok(None) => return,
             Err(error) => {
-                tracing::warn!(%error, "watch failed; retrying");
+                // Start over with a list, not a watch resumed from the last version seen:
+                // across an API server restart, a resumed pod watch was seen to be
+                // accepted and then deliver nothing (docs/design.md, "Watches").
+                let pause = retry.next();
+                tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "watch failed; listing again");
+                tokio::time::sleep(pause).await;
+                events = watcher(api.clone(), config.clone()).boxed();
                 continue;
             }
         };
+        retry = Retry::default();
         let projection = cache.projection();
         match event {
             watcher::Event::Init => buffer.clear(),
@@ -292,5 +315,20 @@ impl Kind<DeviceClass> for ClassKind {
     }
     fn replace(&self, state: &mut ClusterState, items: Vec<NamedClass>) {
         state.replace_classes(items.into_iter().collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_watch_waits_longer_each_time_up_to_30_s() {
+        let mut retry = Retry::default();
+        let pauses: Vec<u64> = (0..9).map(|_| retry.next().as_millis() as u64).collect();
+        assert_eq!(
+            pauses,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
     }
 }

@@ -14,6 +14,10 @@ use serde_json::json;
 
 use crate::support::*;
 
+mod faults;
+mod install;
+mod rbac;
+
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: hack/e2e.sh sets it when it starts the real node")
@@ -266,6 +270,31 @@ async fn a_containerized_replica_serves_admission_and_reloads_its_rotated_secret
     let renewed = |name: &str| std::fs::read_to_string(scratch.path().join(name)).unwrap();
     let new = fingerprint(scratch.path().join("tls.crt").to_str().unwrap());
     assert_ne!(new, old);
+    // Calls flow through the rotation: a create over the quota every 0.5 s, each must be
+    // refused by the quota (a failed TLS handshake or call fails the scenario).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (pods, stop) = (cluster.pods(), stop.clone());
+        async move {
+            let mut answers = BTreeMap::<String, u32>::new();
+            for i in 0.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let pod = unscheduled_gpu_pod(&format!("during-{i}"), None, 1);
+                let answer = match pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => "created".to_string(),
+                    Err(e) if e.to_string().contains("GPU quota exceeded") => {
+                        "refused by the quota".to_string()
+                    }
+                    Err(e) => e.to_string(),
+                };
+                *answers.entry(answer).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            answers
+        }
+    });
     let rotated = std::time::Instant::now();
     put_secret(
         &cluster,
@@ -289,6 +318,13 @@ async fn a_containerized_replica_serves_admission_and_reloads_its_rotated_secret
         "the rotated Secret was served {:.1?} after the update (kubelet sync + reload)",
         rotated.elapsed()
     );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = load.await.unwrap();
+    println!("creates during the rotation: {answers:?}");
+    assert!(
+        answers.len() == 1 && answers.contains_key("refused by the quota"),
+        "every create during the rotation is judged: {answers:?}"
+    );
     refused_for_quota(&cluster, "after").await;
     let pod = cluster.pods().get("webhook").await.unwrap();
     let restarts = pod
@@ -298,112 +334,6 @@ async fn a_containerized_replica_serves_admission_and_reloads_its_rotated_secret
     assert_eq!(restarts, Some(0), "reloaded in place, not restarted");
     unregister_webhooks(&cluster).await;
     let _ = cluster.pods().delete("webhook", &Default::default()).await;
-}
-
-/// `kubectl apply -f deploy/` as shipped, on the cluster with the real node: the
-/// certificate Job completes (its Secret and the webhooks' caBundle), the webhook
-/// Deployment's replicas become Ready through their probes, and the API server reaches
-/// them through their Service (kube-proxy) with the shipped webhook configuration: a pod
-/// over its namespace's quota is refused by `validate.gpu-admission.io`. (The GPU
-/// scheduler's Deployment is applied too; its kube-scheduler image is not built here, so
-/// it is not waited for.) Runs last: the shipped webhooks then cover every namespace.
-#[tokio::test]
-#[ignore = "needs a control plane and a real node: bash hack/e2e.sh runs it"]
-async fn the_install_from_deploy_as_shipped_refuses_a_pod_over_its_quota() {
-    use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::batch::v1::Job;
-    let Some(cluster) = setup("node-install").await else {
-        return;
-    };
-    let deploy = crate::repo::path("deploy");
-    let (ok, out, err) = kubectl(&["apply", "-f", &deploy], "");
-    assert!(ok, "kubectl apply -f deploy/: {out}{err}");
-    println!("{out}");
-    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "gpu-admission");
-    let done = wait_for_or_none(Duration::from_secs(120), || async {
-        let job = jobs.get("gpu-admission-certs").await.ok()?;
-        (job.status?.succeeded? >= 1).then_some(())
-    })
-    .await;
-    done.unwrap_or_else(|| panic!("the certificate Job did not complete:\n{}", install_state()));
-    let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), "gpu-admission");
-    let ready = wait_for_or_none(Duration::from_secs(120), || async {
-        let deployment = deployments.get("gpu-admission").await.ok()?;
-        let want = deployment.spec?.replicas?;
-        let ready = deployment.status?.ready_replicas?;
-        (ready == want).then_some(ready)
-    })
-    .await;
-    let ready = ready.unwrap_or_else(|| {
-        panic!(
-            "the webhook replicas did not become Ready:\n{}",
-            install_state()
-        )
-    });
-    println!("{ready} webhook replicas Ready");
-    // The namespace's default ServiceAccount (pods need it now that the API server mounts
-    // tokens).
-    cluster.wait_default_service_account().await;
-    let model = "Tesla-P4";
-    cluster
-        .create_quota("default", json!({model: "1"}), Some(model))
-        .await;
-    // The first create may race the webhook's endpoints: retried until admitted.
-    cluster
-        .create_when_admitted(
-            &unscheduled_gpu_pod("one", None, 1),
-            Duration::from_secs(60),
-        )
-        .await;
-    let message = forbidden_message(
-        cluster
-            .try_create(&unscheduled_gpu_pod("two", None, 1))
-            .await,
-        "a pod over the quota, through the shipped webhooks",
-    );
-    println!("two: {message}");
-    assert!(
-        message.starts_with(
-            "admission webhook \"validate.gpu-admission.io\" denied the request: GPU quota exceeded"
-        ),
-        "{message}"
-    );
-    let (ok, out, err) = kubectl(
-        &[
-            "delete",
-            "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-            "gpu-admission",
-        ],
-        "",
-    );
-    assert!(ok, "{out}{err}");
-}
-
-/// What a person would look at when the install does not come up: its pods, their
-/// events.
-fn install_state() -> String {
-    let (_, pods, _) = kubectl(
-        &[
-            "get",
-            "pods,jobs,endpointslices",
-            "-n",
-            "gpu-admission",
-            "-o",
-            "wide",
-        ],
-        "",
-    );
-    let (_, events, _) = kubectl(
-        &[
-            "get",
-            "events",
-            "-n",
-            "gpu-admission",
-            "--sort-by=.lastTimestamp",
-        ],
-        "",
-    );
-    format!("{pods}\n{events}")
 }
 
 /// The API server restarted (hack/e2e.sh restarts it at the start of the node phase, to

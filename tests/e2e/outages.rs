@@ -262,3 +262,190 @@ async fn a_replica_killed_mid_burst_never_lets_the_quota_be_passed() {
     }
     unregister_webhooks(&cluster).await;
 }
+
+/// kube-apiserver is restarted in the middle of a burst of parallel creates through both
+/// replicas against one GPUQuota: whatever the API server stored is within the quota; every
+/// create is admitted, refused for quota, failed by the webhook's failure policy, or could
+/// not reach the API server; and the ledger settles on exactly the pods that exist (charges
+/// of creates the API server never stored expire), so nothing is booked twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn the_api_server_restarted_mid_burst_never_lets_the_quota_be_passed() {
+    let Some(cluster) = setup("apiserver-restart").await else {
+        return;
+    };
+    let model = "Tesla-K20m";
+    const QUOTA: u64 = 60;
+    const CREATES: u32 = 300;
+    cluster.label_for_webhooks().await;
+    let hard = serde_json::json!({model: QUOTA.to_string()});
+    cluster.create_quota("default", hard, None).await;
+    register_validate_per_replica(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let creates = (0..CREATES).map(|i| {
+        let replica = if i % 2 == 0 { "a" } else { "b" };
+        let pod = with_labels(
+            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
+            serde_json::json!({"replica": replica}),
+        );
+        (replica.to_string(), cluster.pods(), pod)
+    });
+    let burst = tokio::spawn(create_in_parallel(creates.collect(), restart_refusal));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let restarted = tokio::task::spawn_blocking(|| restart_daemon("kube-apiserver", 0));
+    let (admitted, refusals) = burst.await.unwrap();
+    println!("{}", restarted.await.unwrap().trim());
+    println!("answered: admitted per replica {admitted:?}; refusals {refusals:?}");
+    let known = [QUOTA_REFUSAL, FAILURE_POLICY, UNREACHABLE];
+    assert!(
+        refusals.keys().all(|k| known.contains(&k.as_str())),
+        "every create is answered for a known reason: {refusals:?}"
+    );
+    assert!(
+        refusals.contains_key(UNREACHABLE),
+        "the restart landed mid-burst: {refusals:?}"
+    );
+    // What the API server stored, whatever its clients were told.
+    let live = cluster.live_pod_gpus().await;
+    assert!(live <= QUOTA * 1000, "stored {live}m of a quota of {QUOTA}");
+    let started = std::time::Instant::now();
+    let settled = wait_for_or_none(Duration::from_secs(180), || async {
+        let status = cluster.quota_status("default").await;
+        let used = status.used.get(model).map_or(0, |q| milli_gpus(&q.0));
+        assert!(used <= QUOTA * 1000, "the ledger past the quota: {used}m");
+        (used == live).then_some(used)
+    })
+    .await;
+    println!(
+        "stored {live}m; the ledger settled on it after {:.1?}",
+        started.elapsed()
+    );
+    assert_eq!(settled, Some(live), "the ledger settles on the stored pods");
+    unregister_webhooks(&cluster).await;
+}
+
+pub const QUOTA_REFUSAL: &str = "quota exceeded (403)";
+pub const FAILURE_POLICY: &str = "webhook call failed (failurePolicy Fail)";
+pub const UNREACHABLE: &str = "API server unreachable or shutting down";
+
+/// How a create was refused while the API server restarts.
+pub fn restart_refusal(text: &str) -> Option<&'static str> {
+    if text.contains("GPU quota exceeded") {
+        Some(QUOTA_REFUSAL)
+    } else if text.contains("failed calling webhook") {
+        Some(FAILURE_POLICY)
+    } else if !text.starts_with("ApiError")
+        || text.contains("shutting down")
+        || text.contains("code: 503")
+    {
+        Some(UNREACHABLE)
+    } else {
+        None
+    }
+}
+
+/// Replica `c` reaches the API server only through a proxy, which is cut for 30 s: every
+/// watch and connection closed, reconnects refused. Meanwhile its extender door keeps
+/// answering from its cache — a pod it saw before the cut is still placed — and refuses
+/// what it cannot know or do: a pod created during the cut is "not in gpu-admission's
+/// view", and a bind (a write) fails with an error, not a hang. Once the proxy is back it
+/// watches again by itself and places the new pod, and the bind goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_watch_cut_for_30_s_leaves_the_extender_answering_from_its_cache() {
+    use crate::support::proxy::CuttableProxy;
+    let Some(cluster) = setup("watch-cut").await else {
+        return;
+    };
+    let model = "Tesla-M6";
+    let nodes = ["e2e-cut-1", "e2e-cut-2"];
+    for node in nodes {
+        cluster.create_gpu_node(node, model, 2).await;
+    }
+    let port = |name: &str| -> u16 { std::env::var(name).unwrap().parse().unwrap() };
+    let proxy = CuttableProxy::start(
+        port("GPU_ADMISSION_E2E_PROXY_PORT"),
+        port("GPU_ADMISSION_E2E_API_PORT"),
+    )
+    .await;
+    tokio::task::spawn_blocking(|| ctl_replica("start", "c"))
+        .await
+        .unwrap();
+    struct StopC;
+    impl Drop for StopC {
+        fn drop(&mut self) {
+            ctl_replica("stop", "c");
+        }
+    }
+    let _stop = StopC;
+    let url = std::env::var("GPU_ADMISSION_E2E_EXTENDER_URL_C").unwrap();
+    let filter = async |name: &str| {
+        let pod = cluster.pods().get(name).await.unwrap();
+        let args = serde_json::json!({"Pod": pod, "NodeNames": nodes});
+        extender_call(&url, "predicates", &args).await
+    };
+    let placed =
+        |answer: &serde_json::Value| answer["NodeNames"].as_array().is_some_and(|n| n.len() == 1);
+    let before = unscheduled_gpu_pod("before", Some(model), 1);
+    cluster.try_create(&before).await.unwrap();
+    wait_for(
+        "replica c to place pod before",
+        Duration::from_secs(30),
+        || async { Some(filter("before").await).filter(|a| placed(a)) },
+    )
+    .await;
+
+    proxy.cut();
+    let cut = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cached = filter("before").await;
+    println!("during the cut, a pod seen before: {cached}");
+    assert!(placed(&cached), "answered from the cache: {cached}");
+    let during = unscheduled_gpu_pod("during", Some(model), 1);
+    cluster.try_create(&during).await.unwrap();
+    let unseen = filter("during").await;
+    println!("during the cut, a pod created during it: {unseen}");
+    let error = unseen["Error"].as_str().unwrap_or_default();
+    assert!(error.contains("not in gpu-admission's view"), "{unseen}");
+    let node = cached["NodeNames"][0].as_str().unwrap().to_string();
+    let uid = cluster.pods().get("before").await.unwrap().metadata.uid;
+    let binding = serde_json::json!({"PodName": "before", "PodNamespace": cluster.ns, "PodUID": uid, "Node": node});
+    let asked = std::time::Instant::now();
+    let bind = extender_call(&url, "bind", &binding).await;
+    println!(
+        "during the cut, a bind: {bind} (answered in {:.1?})",
+        asked.elapsed()
+    );
+    assert_ne!(bind["Error"].as_str().unwrap_or_default(), "", "{bind}");
+    let ready = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!(
+            "{}/readyz",
+            std::env::var("GPU_ADMISSION_E2E_ADMIN_URL_C").unwrap()
+        ))
+        .output()
+        .unwrap();
+    println!(
+        "during the cut, /readyz: {}",
+        String::from_utf8_lossy(&ready.stdout)
+    );
+
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(cut.elapsed())).await;
+    proxy.restore().await;
+    let restored = std::time::Instant::now();
+    wait_for(
+        "replica c to place pod during",
+        Duration::from_secs(60),
+        || async { Some(filter("during").await).filter(|a| placed(a)) },
+    )
+    .await;
+    println!(
+        "after {:.1?} cut, the new pod placed {:.1?} after the restore",
+        cut.elapsed() - restored.elapsed(),
+        restored.elapsed()
+    );
+    let bind = extender_call(&url, "bind", &binding).await;
+    assert_eq!(bind["Error"].as_str().unwrap_or_default(), "", "{bind}");
+    cluster.delete_nodes().await;
+}

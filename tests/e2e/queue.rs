@@ -103,6 +103,54 @@ impl QueueLog {
         }
         self.most_queued = self.most_queued.max(milli(&status.queued));
     }
+
+    /// Polls (quota `default`) until `target` pods are let go and not finished, steadily
+    /// for 3 s; returns when that began, from `started` (`None` after 90 s).
+    async fn until_running(
+        &mut self,
+        cluster: &Cluster,
+        model: &str,
+        target: usize,
+        started: Instant,
+    ) -> Option<Duration> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut steady_since: Option<Instant> = None;
+        while Instant::now() < deadline {
+            self.poll(cluster, "default", model, None).await;
+            if running(cluster).await.len() == target {
+                let since = *steady_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(3) {
+                    return Some(started.elapsed());
+                }
+            } else {
+                steady_since = None;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        None
+    }
+}
+
+/// The pods let go and not finished.
+async fn running(cluster: &Cluster) -> Vec<String> {
+    let pods = cluster.pods().list(&ListParams::default()).await.unwrap();
+    pods.items
+        .iter()
+        .filter(|p| !gated(p) && !finished(p))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect()
+}
+
+/// Marks pods `names` Succeeded (the test plays the kubelet).
+async fn succeed(cluster: &Cluster, names: &[String]) {
+    let done = json!({"status": {"phase": "Succeeded"}});
+    for name in names {
+        cluster
+            .pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&done))
+            .await
+            .unwrap();
+    }
 }
 
 /// A Job of 20 one-GPU pods, all at once, in a namespace whose `Queue` quota allows 8:
@@ -341,54 +389,12 @@ async fn two_replicas_release_exactly_the_quota_from_a_queue_of_500() {
 
     // Let go until the quota is full, and stays so.
     let mut log = QueueLog::default();
-    let full = async |log: &mut QueueLog, running_target: usize| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut steady_since: Option<Instant> = None;
-        while Instant::now() < deadline {
-            log.poll(&cluster, "default", model, None).await;
-            let pods = cluster
-                .pods()
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items;
-            let running = pods.iter().filter(|p| !gated(p) && !finished(p)).count();
-            if running == running_target {
-                let since = *steady_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= Duration::from_secs(3) {
-                    return Some(started.elapsed());
-                }
-            } else {
-                steady_since = None;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        None
-    };
-    let filled = full(&mut log, QUOTA).await;
+    let filled = log.until_running(&cluster, model, QUOTA, started).await;
     let released_first = log.released.len();
     // 100 of the running pods finish: as many waiting ones take their place.
-    let pods = cluster
-        .pods()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let running: Vec<String> = pods
-        .iter()
-        .filter(|p| !gated(p) && !finished(p))
-        .filter_map(|p| p.metadata.name.clone())
-        .take(100)
-        .collect();
-    let done = json!({"status": {"phase": "Succeeded"}});
-    for name in &running {
-        cluster
-            .pods()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&done))
-            .await
-            .unwrap();
-    }
-    let refilled = full(&mut log, QUOTA).await;
+    let finishing: Vec<String> = running(&cluster).await.into_iter().take(100).collect();
+    succeed(&cluster, &finishing).await;
+    let refilled = log.until_running(&cluster, model, QUOTA, started).await;
     let status = cluster.quota_status("default").await;
     println!(
         "{CREATES} creates through two replicas in {created_in:.2?}, all admitted gated; \
@@ -423,6 +429,72 @@ async fn two_replicas_release_exactly_the_quota_from_a_queue_of_500() {
         log.most_used,
         log.most_used_at
     );
+    unregister_webhooks(&cluster).await;
+}
+
+/// kube-apiserver is restarted while the queue lets pods go: 10 of a quota of 10 finish,
+/// and the API server goes down right then, in the middle of the releases (each one a
+/// charge and a patch lifting the gate). Exactly 10 more are let go, never more than 10
+/// run at once, `status.used` never passes 10, and it settles on the running pods' 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_queue_release_cut_by_an_api_server_restart_lets_go_exactly_the_room() {
+    let Some(cluster) = setup("queue-restart").await else {
+        return;
+    };
+    let model = "Tesla-K10";
+    const QUOTA: usize = 10;
+    cluster.label_for_webhooks().await;
+    let spec = json!({"hard": {model: QUOTA.to_string()}, "onExceed": "Queue"});
+    cluster.create_quota_spec("default", spec).await;
+    register_webhooks(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let creates = (0..3 * QUOTA).map(|i| {
+        let pod = unscheduled_gpu_pod(&format!("q{i:02}"), Some(model), 1);
+        ("admitted".to_string(), cluster.pods(), pod)
+    });
+    let (admitted, refused) = create_in_parallel(creates.collect(), |_| None).await;
+    assert_eq!(
+        admitted.values().sum::<u32>(),
+        3 * QUOTA as u32,
+        "{refused:?}"
+    );
+    let started = Instant::now();
+    let mut log = QueueLog::default();
+    let filled = log.until_running(&cluster, model, QUOTA, started).await;
+    assert!(filled.is_some(), "the quota must fill from the queue");
+    let finishing = running(&cluster).await;
+    succeed(&cluster, &finishing).await;
+    let restarted = tokio::task::spawn_blocking(|| restart_daemon("kube-apiserver", 0));
+    println!("{}", restarted.await.unwrap().trim());
+    let refilled = log.until_running(&cluster, model, QUOTA, started).await;
+    let settled = wait_for_or_none(Duration::from_secs(180), || async {
+        let status = cluster.quota_status("default").await;
+        let used = status.used.get(model).map_or(0, |q| milli_gpus(&q.0));
+        (used == QUOTA as u64 * 1000).then_some(started.elapsed())
+    })
+    .await;
+    println!(
+        "full at {filled:.1?}; {QUOTA} finished and the API server restarted; full again at \
+         {refilled:.1?} ({} let go in all); most running {}; status.used at most {}m, \
+         settled at {settled:.1?}",
+        log.released.len(),
+        log.most_running,
+        log.most_used
+    );
+    assert!(
+        refilled.is_some(),
+        "the finished pods' room goes to waiting ones"
+    );
+    assert_eq!(log.released.len(), 2 * QUOTA, "exactly the room is let go");
+    assert!(log.most_running <= QUOTA, "{}", log.most_running);
+    assert!(
+        log.most_used <= QUOTA as u64 * 1000,
+        "the ledger: {}m with {}",
+        log.most_used,
+        log.most_used_at
+    );
+    assert!(settled.is_some(), "status.used settles on the running pods");
     unregister_webhooks(&cluster).await;
 }
 

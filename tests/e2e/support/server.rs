@@ -136,19 +136,17 @@ pub fn apiserver_tls() -> std::sync::Arc<rustls::ClientConfig> {
 /// (no client certificate, as the scheduler calls it); asserts HTTP 200 and returns the
 /// `ExtenderFilterResult`.
 pub async fn extender_filter(args: &serde_json::Value) -> serde_json::Value {
-    let url = extender_url();
-    let (status, body) = https::post(
-        &url,
-        "/scheduler/predicates",
-        args.to_string(),
-        anonymous_tls(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("POST {url}/scheduler/predicates: {}", https::chain(&*e)));
-    assert_eq!(
-        status, 200,
-        "POST {url}/scheduler/predicates answered {status}: {body}"
-    );
+    extender_call(&extender_url(), "predicates", args).await
+}
+
+/// POSTs `args` to `/scheduler/VERB` of the extender door at `url`; asserts HTTP 200 and
+/// returns the JSON answer.
+pub async fn extender_call(url: &str, verb: &str, args: &serde_json::Value) -> serde_json::Value {
+    let path = format!("/scheduler/{verb}");
+    let (status, body) = https::post(url, &path, args.to_string(), anonymous_tls())
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}{path}: {}", https::chain(&*e)));
+    assert_eq!(status, 200, "POST {url}{path} answered {status}: {body}");
     serde_json::from_str(&body)
         .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"))
 }
@@ -156,16 +154,7 @@ pub async fn extender_filter(args: &serde_json::Value) -> serde_json::Value {
 /// POSTs `args` (ExtenderBindingArgs) to replica a's `/scheduler/bind`, as kube-scheduler
 /// does, and returns the answer's `Error` (empty: bound).
 pub async fn extender_bind(args: &serde_json::Value) -> String {
-    let url = extender_url();
-    let (status, body) = https::post(&url, "/scheduler/bind", args.to_string(), anonymous_tls())
-        .await
-        .unwrap_or_else(|e| panic!("POST {url}/scheduler/bind: {}", https::chain(&*e)));
-    assert_eq!(
-        status, 200,
-        "POST {url}/scheduler/bind answered {status}: {body}"
-    );
-    let answer: serde_json::Value = serde_json::from_str(&body)
-        .unwrap_or_else(|e| panic!("the extender's answer is not JSON ({e}): {body}"));
+    let answer = extender_call(&extender_url(), "bind", args).await;
     answer["Error"].as_str().unwrap_or_default().to_string()
 }
 
@@ -255,4 +244,24 @@ pub fn renew_certificate(cert_dir: &std::path::Path, host: &str) -> tempfile::Te
         .unwrap();
     assert!(out.status.success(), "gpu-admission certs failed: {out:?}");
     scratch
+}
+
+/// Restarts daemon `name` of the run (`kube-apiserver`, `kubelet`, ...) through
+/// hack/e2e/restart.sh, left down `down_secs`; returns what it printed (how long it was
+/// down).
+pub fn restart_daemon(name: &str, down_secs: u32) -> String {
+    let daemons = std::env::var("GPU_ADMISSION_E2E_DAEMONS")
+        .expect("GPU_ADMISSION_E2E_DAEMONS names the run's daemons (hack/e2e.sh sets it)");
+    let out = std::process::Command::new("bash")
+        .arg(crate::repo::path("hack/e2e/restart.sh"))
+        .args([&daemons, name, &down_secs.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "restarting {name}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }

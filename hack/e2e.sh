@@ -258,6 +258,7 @@ test_env=(
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs"
   GPU_ADMISSION_E2E_DAEMONS="$work/daemons"
   GPU_ADMISSION_E2E_AUDIT_LOG="$logs/audit.log"
+  GPU_ADMISSION_E2E_APISERVER_LOG="$logs/kube-apiserver.log"
   GPU_ADMISSION_E2E_PROXY_PORT="$proxy_port" GPU_ADMISSION_E2E_API_PORT="$api_port"
   GPU_ADMISSION_E2E_EXTENDER_URL_C="https://127.0.0.1:$extender_port_c"
   GPU_ADMISSION_E2E_ADMIN_URL_C="http://127.0.0.1:$admin_port_c"

@@ -448,6 +448,43 @@ async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers
     assert_eq!(response.status(), StatusCode::OK);
 }
 
+/// The API server sends its next review on any connection it holds: past the cap, its
+/// own newcomer does not cut one of its idle keep-alive connections (a review written on
+/// it then fails, "write: connection reset by peer", as the end-to-end suite saw); the
+/// newcomer waits until the client closes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_idle_connections_are_not_cut_for_its_own_newcomer() {
+    let limits = ConnectionLimits {
+        max_connections: 3,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(keep_alive_from([127, 0, 0, 2], &door).await);
+    }
+    let newcomer = keep_alive_from([127, 0, 0, 2], &door);
+    tokio::pin!(newcomer);
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut newcomer).await;
+    assert!(early.is_err(), "the newcomer waits for a slot");
+    for (sender, _) in &mut held {
+        let request = Request::get("/version")
+            .header("host", "localhost")
+            .body(Body::empty())
+            .unwrap();
+        let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+            .await
+            .unwrap()
+            .expect("an idle connection of the same client still serves");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // The client closes one: the newcomer is served in its place.
+    drop(held.pop());
+    tokio::time::timeout(PATIENCE, newcomer)
+        .await
+        .expect("the newcomer is served once a slot is free");
+}
+
 /// The API server, given a burst of reviews, dials many connections at once from one
 /// address: past the cap, none of its handshakes is cut for another of its own; they
 /// wait for a slot and every request is served.

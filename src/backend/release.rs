@@ -42,6 +42,9 @@ const RECENT: Duration = Duration::from_secs(10);
 const LINE_HEAD: usize = 1_000;
 /// Releases written at once in one pass.
 const IN_FLIGHT: usize = 32;
+/// Reads of a pod whose ungate failed before its charge is left to expire: about a
+/// minute, the pause doubling from 0.25 s to 4 s.
+const SETTLE_ATTEMPTS: usize = 19;
 
 /// Why letting a pod go did not happen (logged; the pod keeps waiting).
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +55,10 @@ pub enum ReleaseError {
     Read(kube::Error),
     #[error("removing the gate failed: {0}")]
     Ungate(kube::Error),
+    #[error(
+        "the API server did not answer for a minute after a failed ungate; the charge expires with its pending entry"
+    )]
+    Unsettled,
 }
 
 pub struct Releaser {
@@ -64,6 +71,9 @@ pub struct Releaser {
     recent: Mutex<HashMap<String, Instant>>,
     /// Pods told (an Event) why they wait, while they wait.
     told: Mutex<foldhash::HashSet<String>>,
+    /// Pods whose ungate failed, while [`Releaser::settle`] finds out what happened: no
+    /// pass plans them meanwhile (a second release could keep a second charge).
+    settling: Mutex<foldhash::HashSet<String>>,
 }
 
 impl Releaser {
@@ -81,6 +91,7 @@ impl Releaser {
             waits,
             recent: Mutex::default(),
             told: Mutex::default(),
+            settling: Mutex::default(),
         }
     }
 
@@ -173,15 +184,16 @@ impl Releaser {
         }
     }
 
-    /// The pods this replica let go that the watch still shows waiting; and forget
-    /// those told why they wait that wait no more.
+    /// The pods this replica let go that the watch still shows waiting, and those it is
+    /// settling; and forget those told why they wait that wait no more.
     fn recent_keys(&self) -> Vec<String> {
         let cache = self.backend.cache();
         let waits = |key: &str| cache.with_state(|s| s.pod(key).is_some_and(|p| p.gated));
         self.told.lock().retain(|key| waits(key));
         let mut recent = self.recent.lock();
         recent.retain(|key, at| at.elapsed() < RECENT && waits(key));
-        recent.keys().cloned().collect()
+        let settling = self.settling.lock();
+        recent.keys().chain(settling.iter()).cloned().collect()
     }
 
     /// Let `pod` go: charge, then ungate; give the charge back if the gate stays.
@@ -234,12 +246,71 @@ impl Releaser {
             }
         }
         let ungated = self.ungate(&pod.key, now).await;
-        if !matches!(ungated, Ok(true))
-            && let Some(charge) = charged
-        {
-            self.backend.release(namespace, charge, now).await?;
+        let Some(charge) = charged else {
+            return ungated;
+        };
+        match ungated {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                self.backend.release(namespace, charge, now).await?;
+                Ok(false)
+            }
+            Err(error) => {
+                tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
+                self.settle(namespace, &pod.key, charge, now).await
+            }
         }
-        ungated
+    }
+
+    /// After a failed ungate (the API server restarting, say) the patch may or may not
+    /// have been applied: read the pod until the API server answers, then keep the charge
+    /// if the gate is gone (the pod was let go) or give it back if it is still there or
+    /// the pod is gone. Neither is left to the charge's expiry, which would hold the room
+    /// for minutes, nor given back blindly, which could free room a running pod uses.
+    async fn settle(
+        &self,
+        namespace: &str,
+        key: &str,
+        charge: &ModelAmounts,
+        now: CreatedSecond,
+    ) -> Result<bool, ReleaseError> {
+        self.settling.lock().insert(key.to_string());
+        let settled = self.settle_charge(namespace, key, charge, now).await;
+        self.settling.lock().remove(key);
+        settled
+    }
+
+    async fn settle_charge(
+        &self,
+        namespace: &str,
+        key: &str,
+        charge: &ModelAmounts,
+        now: CreatedSecond,
+    ) -> Result<bool, ReleaseError> {
+        let (_, name) = key_parts(key);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut pause = Duration::from_millis(250);
+        for _ in 0..SETTLE_ATTEMPTS {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(4));
+            let still_waits = match pods.get_opt(name).await {
+                Ok(Some(fresh)) => fresh
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.scheduling_gates.as_deref())
+                    .is_some_and(|gates| gates.iter().any(|g| g.name == QUOTA_GATE)),
+                Ok(None) => true,
+                Err(_) => continue,
+            };
+            if !still_waits {
+                return Ok(true);
+            }
+            match self.backend.release(namespace, charge, now).await {
+                Ok(()) => return Ok(false),
+                Err(_) => continue,
+            }
+        }
+        Err(ReleaseError::Unsettled)
     }
 
     /// Remove the gate and write the release annotation in one JSON Patch that tests the

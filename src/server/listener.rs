@@ -112,8 +112,8 @@ where
 {
     let connections = tokio_util::task::TaskTracker::new();
     let slots = Slots::new(limits.max_connections);
-    // Newcomers waiting, each in its own task, for one of their own peer's handshakes
-    // to finish or grow old (`Full::OwnHandshakes`): at most as many as there are slots.
+    // Newcomers waiting, each in its own task, for a slot their own peer's handshakes and
+    // idle connections hold (`Full::OwnConnections`): at most as many as there are slots.
     let waiting_room = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);
@@ -133,7 +133,7 @@ where
         let ip = peer.ip().to_canonical();
         let slot = match slots.try_admit(ip) {
             Ok(slot) => slot,
-            Err(Full::OwnHandshakes) => {
+            Err(Full::OwnConnections) => {
                 // A full waiting room (as many newcomers waiting as there are slots)
                 // stops accepting until one of them is in.
                 let seat = tokio::select! {

@@ -8,11 +8,14 @@
 //!
 //! - only connections with no request in flight can be chosen: a request being
 //!   answered is never cut (an admission review cut short is a pod not created);
-//! - a newcomer never takes the slot of a *young* handshake of its own peer (one
-//!   opened less than [`YOUNG`] ago): the API server, given a burst of reviews, dials
-//!   many connections at once, and cutting one of them for another of its own gains
-//!   it nothing and fails a review. Such a newcomer waits for a slot instead, in its
-//!   own task, so other peers are still accepted meanwhile;
+//! - a newcomer never takes the slot of a *young* handshake or of an idle keep-alive
+//!   connection of its own peer: the API server, given a burst of reviews, dials many
+//!   connections at once and sends its next review on any connection it holds, and
+//!   cutting one of them for another of its own gains it nothing and fails a review
+//!   (seen as "write: connection reset by peer" in the API server's error). Such a
+//!   newcomer waits for a slot instead, in its own task, so other peers are still
+//!   accepted meanwhile; only its own *silent* sockets (no request within [`YOUNG`])
+//!   give way to it;
 //! - the peer (IP address) holding the most connections that may give way gives one
 //!   up, so a client holding many idle slots pays before one holding a few (the API
 //!   server reuses a few connections, a kubelet probe opens one), whatever the number
@@ -75,7 +78,10 @@ impl Holder {
         match self.phase {
             Phase::Busy => false,
             Phase::Opening => !(self.young && self.peer == newcomer),
-            Phase::Idle => true,
+            // Its client may be writing its next request on it right now: closing it
+            // would fail that request ("connection reset by peer") to open another of
+            // the same client's connections.
+            Phase::Idle => self.peer != newcomer,
         }
     }
 
@@ -114,9 +120,9 @@ pub fn victim(holders: &[Holder], newcomer: IpAddr) -> Option<u64> {
 pub enum Full {
     /// Every holder has a request in flight: stop accepting until one ends.
     EveryRequestInFlight,
-    /// The only holders that could give way are the newcomer's own young handshakes:
-    /// it waits for one of them to finish or grow old, without holding up other peers.
-    OwnHandshakes,
+    /// The only holders that could give way are the newcomer's own handshakes and idle
+    /// connections: it waits for a slot to free, without holding up other peers.
+    OwnConnections,
 }
 
 /// The slot table of one listener.
@@ -161,7 +167,7 @@ impl Slots {
             let Some(age) = victim(&holders, peer) else {
                 let waits_for_itself = holders.iter().any(|h| h.phase != Phase::Busy);
                 return Err(if waits_for_itself {
-                    Full::OwnHandshakes
+                    Full::OwnConnections
                 } else {
                     Full::EveryRequestInFlight
                 });
@@ -418,15 +424,15 @@ mod tests {
         assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
         assert_eq!(victim(&holders[..2], ip(STRANGER)), Some(1));
         assert_eq!(victim(&holders[..1], ip(STRANGER)), Some(0));
-        // The peer's own newcomer gives up its idle connection, not its handshake.
-        assert_eq!(victim(&holders[..2], ip(1)), Some(1));
+        // The peer's own newcomer takes neither its idle connection nor its handshake.
+        assert_eq!(victim(&holders[..2], ip(1)), None);
     }
 
     #[test]
     fn the_peer_holding_the_most_is_counted_among_those_that_may_give_way() {
         // Peer 1 holds three young handshakes and one idle connection; peer 9 holds two
-        // silent sockets. To peer 1's newcomer only the idle one of its own may give
-        // way, so peer 9, holding more of those, gives one up.
+        // silent sockets. To peer 1's newcomer none of its own may give way, so peer 9
+        // gives one up.
         let holders = [
             young(0, 1),
             young(1, 1),
@@ -444,24 +450,29 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_newcomer_waits_for_its_own_handshakes_and_others_do_not() {
+    async fn a_newcomer_waits_for_its_own_connections_and_others_do_not() {
         let slots = Slots::new(2);
         let api_a = slots.admit(ip(1)).await;
         let api_b = slots.admit(ip(1)).await;
-        assert!(matches!(slots.try_admit(ip(1)), Err(Full::OwnHandshakes)));
+        assert!(matches!(slots.try_admit(ip(1)), Err(Full::OwnConnections)));
         let waiting = tokio::spawn({
             let slots = slots.clone();
             async move { slots.admit(ip(1)).await }
         });
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
-        // One handshake ends in a request, answered: that idle connection gives way.
+        // One handshake ends in a request, answered: an idle connection of its own peer,
+        // which its client may use again at any moment, is not cut either.
         drop(api_b.activity().begin());
+        tokio::time::sleep(RECHECK * 2).await;
+        assert!(!waiting.is_finished(), "still waiting");
+        assert!(!api_b.activity().evicted.is_cancelled());
+        // Its client closes that connection: the slot goes to the newcomer.
+        drop(api_b);
         let newcomer = tokio::time::timeout(Duration::from_secs(10), waiting)
             .await
-            .expect("admitted once its own connection was idle")
+            .expect("admitted once its own connection closed")
             .expect("no panic");
-        assert!(api_b.activity().evicted.is_cancelled());
         assert!(!api_a.activity().evicted.is_cancelled());
         // A stranger is not made to wait: it takes the oldest handshake.
         let Ok(_stranger) = slots.try_admit(ip(STRANGER)) else {

@@ -53,6 +53,7 @@ async fn deploy_as_shipped_then_the_chart_install_serve_survive_faults_and_unins
     faults::the_kubelet_restarted(&cluster).await;
     faults::a_drain_respects_the_disruption_budget(&cluster).await;
     delete_gpu_pods(&cluster).await;
+    let deploy_uninstalled = super::rbac::now_seconds();
     let (ok, out, err) = kubectl(&["delete", "-f", &deploy, "--wait", "--timeout=120s"], "");
     assert!(ok, "kubectl delete -f deploy/: {out}{err}");
     leaves_only(&cluster.ns, &before, &[], "kubectl delete -f deploy/").await;
@@ -65,6 +66,7 @@ async fn deploy_as_shipped_then_the_chart_install_serve_survive_faults_and_unins
     }
 
     println!("== helm install (the chart's defaults)");
+    let chart_installed = super::rbac::now_seconds();
     let chart = crate::repo::path("charts/gpu-admission");
     let (ok, out, err) = helm(&[
         "install",
@@ -96,6 +98,7 @@ async fn deploy_as_shipped_then_the_chart_install_serve_survive_faults_and_unins
     );
     assert!(message.contains("GPU quota exceeded"), "{message}");
     delete_gpu_pods(&cluster).await;
+    let chart_uninstalled = super::rbac::now_seconds();
     let (ok, out, err) = helm(&[
         "uninstall",
         "gpu-admission",
@@ -115,7 +118,11 @@ async fn deploy_as_shipped_then_the_chart_install_serve_survive_faults_and_unins
     );
     assert!(ok, "{out}{err}");
     cluster.delete_nodes().await;
-    super::rbac::the_shipped_rbac_is_what_the_components_use();
+    let uninstalling = [
+        (deploy_uninstalled, chart_installed),
+        (chart_uninstalled, i64::MAX),
+    ];
+    super::rbac::the_shipped_rbac_is_what_the_components_use(&uninstalling);
 }
 
 /// The install's namespace and the GPUQuota CRD: the suite's own set-up created both

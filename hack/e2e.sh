@@ -10,7 +10,9 @@
 #    an admin kubeconfig (client certificate in group system:masters), plus a second CA and
 #    the client certificate kube-apiserver presents to the webhooks (mutual TLS);
 # 3. starts etcd and kube-apiserver on 127.0.0.1 (free ports; an AdmissionConfiguration
-#    gives the webhook plugins that client certificate), waits for /readyz;
+#    gives the webhook plugins that client certificate; every request of gpu-admission's
+#    ServiceAccounts is audited, for the RBAC check), waits for /readyz; the tests restart
+#    it (and the kubelet) through hack/e2e/restart.sh;
 # 4. installs the GPUQuota CRD (generated from the Rust type) and deploy/'s namespace and
 #    RBAC as shipped, starts two replicas of `gpu-admission serve` against the cluster as
 #    the GPU scheduler's ServiceAccount (a token) — each with a webhook door (`--address`,
@@ -23,7 +25,11 @@
 #    source) and starts Volcano's vc-scheduler (built from the Go module proxy by
 #    hack/e2e/build-volcano.sh), scheduler name `volcano`, whose `extender` plugin calls
 #    replica a's extender door (`/scheduler/vpredicates`) over TLS;
-# 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e/) against it;
+# 6. runs `cargo test --test e2e -- --test-threads=1` (tests/e2e/) against it, but the
+#    real node's scenarios; then registers a real node (hack/lib/node.sh: containerd, runc,
+#    CNI, kubelet, kube-proxy; needs root), imports the images hack/image.sh and
+#    hack/scheduler-image.sh build, and runs the `node::` scenarios (the installs of deploy/
+#    and the chart, their faults, the RBAC check);
 # 7. tears everything down; logs stay in the temporary directory (printed at the end,
 #    with their last lines when something failed). Last line: `N passed, M failed`.
 #

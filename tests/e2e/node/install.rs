@@ -246,7 +246,11 @@ async fn borrows_from_its_cohort(cluster: &Cluster, lender: &str, how: &str) {
     cluster
         .create_when_admitted(&pod, Duration::from_secs(60))
         .await;
-    println!("{how}: {name} admitted on what cohort {COHORT} lends");
+    let status = cluster.wait_used("default", COHORT_MODEL, 1000).await;
+    println!(
+        "{how}: {name} admitted on what cohort {COHORT} lends; borrowed {:?}",
+        status.borrowed
+    );
     quotas
         .delete("lender", &DeleteParams::default())
         .await

@@ -246,11 +246,14 @@ async fn borrows_from_its_cohort(cluster: &Cluster, lender: &str, how: &str) {
     cluster
         .create_when_admitted(&pod, Duration::from_secs(60))
         .await;
-    let status = cluster.wait_used("default", COHORT_MODEL, 1000).await;
-    println!(
-        "{how}: {name} admitted on what cohort {COHORT} lends; borrowed {:?}",
-        status.borrowed
-    );
+    cluster.wait_used("default", COHORT_MODEL, 1000).await;
+    let borrowed = wait_for("status.borrowed", QUOTA_TIMEOUT, || async {
+        let status = cluster.quota_status("default").await;
+        let borrowed = status.borrowed.get(COHORT_MODEL).map(|q| milli_gpus(&q.0));
+        borrowed.filter(|b| *b == 1000)
+    })
+    .await;
+    println!("{how}: {name} admitted on what cohort {COHORT} lends; borrowed {borrowed}m");
     quotas
         .delete("lender", &DeleteParams::default())
         .await

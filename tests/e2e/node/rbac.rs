@@ -136,7 +136,8 @@ fn audited(
 /// The check: nothing the components asked was refused — but in `uninstalling` (windows
 /// from an uninstall's start to the next install, when components outlive their RBAC)
 /// and in the 30 s after each start of the API server (its RBAC cache is empty until it
-/// has synced) — and nothing granted went unused but [`NOT_EXERCISED`].
+/// has synced) — and, when the whole suite ran, nothing granted went unused but
+/// [`NOT_EXERCISED`].
 pub fn the_shipped_rbac_is_what_the_components_use(uninstalling: &[(i64, i64)]) {
     let path = std::env::var("GPU_ADMISSION_E2E_AUDIT_LOG").expect("hack/e2e.sh sets it");
     let mut windows = uninstalling.to_vec();
@@ -148,6 +149,11 @@ pub fn the_shipped_rbac_is_what_the_components_use(uninstalling: &[(i64, i64)]) 
         refused.is_empty(),
         "requests refused (a missing permission): {refused:?}"
     );
+    if std::env::var_os("E2E_FILTER").is_some_and(|f| !f.is_empty()) {
+        // Part of the suite ran (E2E_FILTER): what the rest would use is not in the log.
+        println!("RBAC: not checking for unused permissions: E2E_FILTER ran part of the suite");
+        return;
+    }
     let excused: BTreeSet<Grant> = NOT_EXERCISED
         .iter()
         .map(|(sa, r, v, _)| (sa.to_string(), r.to_string(), v.to_string()))

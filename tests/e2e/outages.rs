@@ -185,17 +185,7 @@ async fn a_replica_killed_mid_burst_never_lets_the_quota_be_passed() {
     let model = "Tesla-K40m";
     const QUOTA: u32 = 60;
     const CREATES: u32 = 300;
-    cluster.label_for_webhooks().await;
-    cluster
-        .create_quota(
-            "default",
-            serde_json::json!({model: QUOTA.to_string()}),
-            None,
-        )
-        .await;
-    register_validate_per_replica(&cluster).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
+    let creates = two_replica_burst(&cluster, model, QUOTA, CREATES).await;
     struct RestartB(bool);
     impl Drop for RestartB {
         fn drop(&mut self) {
@@ -205,15 +195,7 @@ async fn a_replica_killed_mid_burst_never_lets_the_quota_be_passed() {
         }
     }
     let mut guard = RestartB(true);
-    let creates = (0..CREATES).map(|i| {
-        let replica = if i % 2 == 0 { "a" } else { "b" };
-        let pod = with_labels(
-            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
-            serde_json::json!({"replica": replica}),
-        );
-        (replica.to_string(), cluster.pods(), pod)
-    });
-    let burst = tokio::spawn(create_in_parallel(creates.collect(), |text| {
+    let burst = tokio::spawn(create_in_parallel(creates, |text| {
         if text.contains("GPU quota exceeded") {
             Some("quota exceeded (403)")
         } else if text.contains("failed calling webhook \"validate-b.gpu-admission.io\"") {
@@ -277,21 +259,8 @@ async fn the_api_server_restarted_mid_burst_never_lets_the_quota_be_passed() {
     let model = "Tesla-K20m";
     const QUOTA: u64 = 60;
     const CREATES: u32 = 300;
-    cluster.label_for_webhooks().await;
-    let hard = serde_json::json!({model: QUOTA.to_string()});
-    cluster.create_quota("default", hard, None).await;
-    register_validate_per_replica(&cluster).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    let creates = (0..CREATES).map(|i| {
-        let replica = if i % 2 == 0 { "a" } else { "b" };
-        let pod = with_labels(
-            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
-            serde_json::json!({"replica": replica}),
-        );
-        (replica.to_string(), cluster.pods(), pod)
-    });
-    let burst = tokio::spawn(create_in_parallel(creates.collect(), restart_refusal));
+    let creates = two_replica_burst(&cluster, model, QUOTA as u32, CREATES).await;
+    let burst = tokio::spawn(create_in_parallel(creates, restart_refusal));
     tokio::time::sleep(Duration::from_millis(150)).await;
     let restarted = tokio::task::spawn_blocking(|| restart_daemon("kube-apiserver", 0));
     let (admitted, refusals) = burst.await.unwrap();

@@ -185,24 +185,9 @@ async fn two_replicas_never_admit_past_the_quota_under_parallel_creates() {
     let model = "Tesla-M60";
     const QUOTA: u32 = 250;
     const CREATES: u32 = 500;
-    cluster.label_for_webhooks().await;
-    cluster
-        .create_quota("default", json!({model: QUOTA.to_string()}), None)
-        .await;
-    register_validate_per_replica(&cluster).await;
-    // Both replicas must have seen the quota.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    let creates = (0..CREATES).map(|i| {
-        let replica = if i % 2 == 0 { "a" } else { "b" };
-        let pod = with_labels(
-            unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
-            json!({"replica": replica}),
-        );
-        (replica.to_string(), cluster.pods(), pod)
-    });
+    let creates = two_replica_burst(&cluster, model, QUOTA, CREATES).await;
     let started = std::time::Instant::now();
-    let (admitted, refusals) = create_in_parallel(creates.collect(), |text| {
+    let (admitted, refusals) = create_in_parallel(creates, |text| {
         text.contains("GPU quota exceeded")
             .then_some("quota exceeded (403)")
     })

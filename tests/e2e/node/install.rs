@@ -4,11 +4,11 @@
 //! (certificate Job, webhook replicas through their probes, the GPU scheduler's two
 //! replicas with their leader), judge pods through its Service, place a GPU pod on a GPU
 //! node (an API object: placed and bound, never run), show usage in `kubectl get gq`, and
-//! uninstall leaving only what docs/e2e.md says stays. The shipped install also goes
+//! uninstall leaving only what the README says stays. The shipped install also goes
 //! through the faults of [`super::faults`].
 //!
-//! Every component runs as the ServiceAccount its manifest names, with the RBAC it ships:
-//! a forbidden request shows up as a component that never becomes Ready or never places.
+//! Every component runs as the ServiceAccount its manifest names, with the RBAC it ships;
+//! at the end [`super::rbac`] holds that RBAC to the API server's audit log.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -42,76 +42,8 @@ async fn deploy_as_shipped_then_the_chart_install_serve_survive_faults_and_unins
     create_gpu_node(&cluster).await;
     let lender = cluster.create_namespace("lender").await;
     let before = cluster_objects(&cluster.ns);
-
-    println!("== kubectl apply -f deploy/");
-    let deploy = crate::repo::path("deploy");
-    let (ok, out, err) = kubectl(&["apply", "-f", &deploy], "");
-    assert!(ok, "kubectl apply -f deploy/: {out}{err}");
-    comes_up_and_serves(&cluster, &lender, "deploy").await;
-    faults::the_scheduler_leader_deleted_while_placing(&cluster).await;
-    faults::a_webhook_replica_killed_mid_burst(&cluster).await;
-    faults::the_kubelet_restarted(&cluster).await;
-    faults::a_drain_respects_the_disruption_budget(&cluster).await;
-    delete_gpu_pods(&cluster).await;
-    let deploy_uninstalled = super::rbac::now_seconds();
-    let (ok, out, err) = kubectl(&["delete", "-f", &deploy, "--wait", "--timeout=120s"], "");
-    assert!(ok, "kubectl delete -f deploy/: {out}{err}");
-    leaves_only(&cluster.ns, &before, &[], "kubectl delete -f deploy/").await;
-    let after = cluster_objects(&cluster.ns);
-    for gone in [NAMESPACE_OBJECT, CRD_OBJECT] {
-        assert!(
-            !after.contains(gone),
-            "kubectl delete -f deploy/ removes {gone}"
-        );
-    }
-
-    println!("== helm install (the chart's defaults)");
-    let chart_installed = super::rbac::now_seconds();
-    let chart = crate::repo::path("charts/gpu-admission");
-    let (ok, out, err) = helm(&[
-        "install",
-        "gpu-admission",
-        &chart,
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--timeout=180s",
-    ]);
-    assert!(ok, "helm install: {out}{err}\n{}", install_state());
-    comes_up_and_serves(&cluster, &lender, "chart").await;
-    // An upgrade runs the certificate Job again (a post-upgrade hook): it keeps the Secret
-    // that is still good, and the webhooks go on judging.
-    let (ok, out, err) = helm(&[
-        "upgrade",
-        "gpu-admission",
-        &chart,
-        "--namespace",
-        NAMESPACE,
-        "--timeout=180s",
-    ]);
-    assert!(ok, "helm upgrade: {out}{err}\n{}", install_state());
-    let message = forbidden_message(
-        cluster
-            .try_create(&unscheduled_gpu_pod("after-upgrade", None, 1))
-            .await,
-        "a pod over the quota after helm upgrade",
-    );
-    assert!(message.contains("GPU quota exceeded"), "{message}");
-    delete_gpu_pods(&cluster).await;
-    let chart_uninstalled = super::rbac::now_seconds();
-    let (ok, out, err) = helm(&[
-        "uninstall",
-        "gpu-admission",
-        "--namespace",
-        NAMESPACE,
-        "--wait",
-    ]);
-    assert!(ok, "helm uninstall: {out}{err}");
-    leaves_only(&cluster.ns, &before, HELM_LEAVES, "helm uninstall").await;
-    let after = cluster_objects(&cluster.ns);
-    for kept in [NAMESPACE_OBJECT, CRD_OBJECT] {
-        assert!(after.contains(kept), "helm uninstall keeps {kept}");
-    }
+    let deploy_uninstalled = with_kubectl(&cluster, &lender, &before).await;
+    let (chart_installed, chart_uninstalled) = with_helm(&cluster, &lender, &before).await;
     let (ok, out, err) = kubectl(
         &["delete", "namespace", NAMESPACE, "--wait", "--timeout=120s"],
         "",
@@ -123,6 +55,78 @@ async fn deploy_as_shipped_then_the_chart_install_serve_survive_faults_and_unins
         (chart_uninstalled, i64::MAX),
     ];
     super::rbac::the_shipped_rbac_is_what_the_components_use(&uninstalling);
+}
+
+/// `kubectl apply -f deploy/` as shipped: up and serving, the faults, then `kubectl
+/// delete -f deploy/`, which leaves nothing. Returns when the delete began.
+async fn with_kubectl(cluster: &Cluster, lender: &str, before: &BTreeSet<String>) -> i64 {
+    println!("== kubectl apply -f deploy/");
+    let deploy = crate::repo::path("deploy");
+    let (ok, out, err) = kubectl(&["apply", "-f", &deploy], "");
+    assert!(ok, "kubectl apply -f deploy/: {out}{err}");
+    comes_up_and_serves(cluster, lender, "deploy").await;
+    faults::the_scheduler_leader_deleted_while_placing(cluster).await;
+    faults::a_webhook_replica_killed_mid_burst(cluster).await;
+    faults::the_kubelet_restarted(cluster).await;
+    faults::a_drain_respects_the_disruption_budget(cluster).await;
+    delete_gpu_pods(cluster).await;
+    let uninstalled = super::rbac::now_seconds();
+    let (ok, out, err) = kubectl(&["delete", "-f", &deploy, "--wait", "--timeout=120s"], "");
+    assert!(ok, "kubectl delete -f deploy/: {out}{err}");
+    leaves_only(&cluster.ns, before, &[], "kubectl delete -f deploy/").await;
+    let after = cluster_objects(&cluster.ns);
+    for gone in [NAMESPACE_OBJECT, CRD_OBJECT] {
+        assert!(
+            !after.contains(gone),
+            "kubectl delete -f deploy/ removes {gone}"
+        );
+    }
+    uninstalled
+}
+
+/// `helm install` with the chart's defaults: up and serving; `helm upgrade` runs the
+/// certificate Job again (a post-upgrade hook: it keeps the Secret that is still good)
+/// and the webhooks go on judging; `helm uninstall` leaves exactly [`HELM_LEAVES`].
+/// Returns when the install and the uninstall began.
+async fn with_helm(cluster: &Cluster, lender: &str, before: &BTreeSet<String>) -> (i64, i64) {
+    println!("== helm install (the chart's defaults)");
+    let installed = super::rbac::now_seconds();
+    let chart = crate::repo::path("charts/gpu-admission");
+    let release = [
+        "gpu-admission",
+        chart.as_str(),
+        "--namespace",
+        NAMESPACE,
+        "--timeout=180s",
+    ];
+    let (ok, out, err) = helm(&[&["install", "--create-namespace"][..], &release[..]].concat());
+    assert!(ok, "helm install: {out}{err}\n{}", install_state());
+    comes_up_and_serves(cluster, lender, "chart").await;
+    let (ok, out, err) = helm(&[&["upgrade"][..], &release[..]].concat());
+    assert!(ok, "helm upgrade: {out}{err}\n{}", install_state());
+    let pod = unscheduled_gpu_pod("after-upgrade", None, 1);
+    let after_upgrade = cluster.try_create(&pod);
+    let message = forbidden_message(
+        after_upgrade.await,
+        "a pod over the quota after helm upgrade",
+    );
+    assert!(message.contains("GPU quota exceeded"), "{message}");
+    delete_gpu_pods(cluster).await;
+    let uninstalled = super::rbac::now_seconds();
+    let (ok, out, err) = helm(&[
+        "uninstall",
+        "gpu-admission",
+        "--namespace",
+        NAMESPACE,
+        "--wait",
+    ]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    leaves_only(&cluster.ns, before, HELM_LEAVES, "helm uninstall").await;
+    let after = cluster_objects(&cluster.ns);
+    for kept in [NAMESPACE_OBJECT, CRD_OBJECT] {
+        assert!(after.contains(kept), "helm uninstall keeps {kept}");
+    }
+    (installed, uninstalled)
 }
 
 /// The install's namespace and the GPUQuota CRD: the suite's own set-up created both

@@ -314,6 +314,34 @@ impl Cluster {
 /// Bound on waiting for the quota reconciler (it runs every 15 s).
 pub const QUOTA_TIMEOUT: Duration = Duration::from_secs(40);
 
+/// The opening of a two-replica burst: the namespace selected by the webhooks, GPUQuota
+/// `default` of `quota` GPUs of `model`, the validating webhook registered once per
+/// replica (and a second for both to see the quota); returns `creates` 1-GPU pods of
+/// `model`, labelled for replica `a` and `b` in turn and tagged with it, for
+/// [`create_in_parallel`].
+pub async fn two_replica_burst(
+    cluster: &Cluster,
+    model: &str,
+    quota: u32,
+    creates: u32,
+) -> Vec<(String, Api<Pod>, Pod)> {
+    cluster.label_for_webhooks().await;
+    let hard = json!({model: quota.to_string()});
+    cluster.create_quota("default", hard, None).await;
+    register_validate_per_replica(cluster).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (0..creates)
+        .map(|i| {
+            let replica = if i % 2 == 0 { "a" } else { "b" };
+            let pod = super::with_labels(
+                super::unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
+                json!({"replica": replica}),
+            );
+            (replica.to_string(), cluster.pods(), pod)
+        })
+        .collect()
+}
+
 /// Creates every pod at once (each with the tag it is counted under); returns how many
 /// were admitted per tag, and the refusals counted by `kind` (the error's text when
 /// `kind` does not name it).

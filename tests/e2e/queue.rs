@@ -18,7 +18,7 @@ const FILL: Duration = Duration::from_secs(90);
 /// How long after an API server restart: a charge whose write the restart cut (sent, its
 /// answer lost) holds its room until its pending entry expires (120 s), then the room
 /// goes to the next in line.
-const FILL_AFTER_RESTART: Duration = Duration::from_secs(150);
+const FILL_AFTER_RESTART: Duration = Duration::from_secs(180);
 
 fn gated(pod: &Pod) -> bool {
     let gates = pod

@@ -30,6 +30,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpu-admission/target}"
 check=false
 [[ "${1:-}" == "--check" ]] && check=true
 
+# shellcheck source=hack/lib/oci.sh
+source "$repo/hack/lib/oci.sh"
 say() { echo "image: $*" >&2; }
 die() { echo "image: FAILED: $*" >&2; exit 1; }
 command -v umoci >/dev/null || die "umoci is not installed (apt-get install umoci)"
@@ -69,19 +71,9 @@ chown 65532:65532 "$rootfs/home/nonroot"
 cp -L /etc/os-release "$rootfs/etc/os-release"
 
 # ---------------------------------------------------------------- the OCI image
-rm -rf "$layout"
-mkdir -p "$out"
-umoci init --layout "$layout"
-umoci new --image "$layout:$tag"
-umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
-cp -a "$rootfs/." "$work/bundle/rootfs/"
-umoci repack --image "$layout:$tag" "$work/bundle"
-umoci config --image "$layout:$tag" --os linux --architecture amd64 \
+oci_image "$rootfs" "$layout" "$image" "$archive" \
   --config.user 65532:65532 --config.entrypoint /gpu-admission \
-  --config.exposedports 3456/tcp --config.exposedports 3457/tcp \
-  --manifest.annotation "org.opencontainers.image.ref.name=$image"
-umoci gc --layout "$layout"
-tar -C "$layout" -cf "$archive" .
+  --config.exposedports 3456/tcp --config.exposedports 3457/tcp
 
 # The manifest's layers (compressed, as a registry stores them) and the unpacked size.
 read -r compressed config_json < <(python3 - "$layout" "$tag" <<'PY'

@@ -20,6 +20,8 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
+# shellcheck source=hack/lib/oci.sh
+source "$repo/hack/lib/oci.sh"
 say() { echo "scheduler-image: $*" >&2; }
 die() { echo "scheduler-image: FAILED: $*" >&2; exit 1; }
 command -v umoci >/dev/null || die "umoci is not installed (apt-get install umoci)"
@@ -48,16 +50,7 @@ printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home
   >"$rootfs/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
 
-umoci init --layout "$layout"
-umoci new --image "$layout:$tag"
-umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
-cp -a "$rootfs/." "$work/bundle/rootfs/"
-umoci repack --image "$layout:$tag" "$work/bundle"
-umoci config --image "$layout:$tag" --os linux --architecture amd64 \
-  --config.user 65532:65532 --config.env PATH=/usr/local/bin:/usr/bin:/bin \
-  --manifest.annotation "org.opencontainers.image.ref.name=$image"
-umoci gc --layout "$layout"
-mkdir -p "$out"
-tar -C "$layout" -cf "$archive.tmp" . && mv "$archive.tmp" "$archive"
+oci_image "$rootfs" "$layout" "$image" "$archive" \
+  --config.user 65532:65532 --config.env PATH=/usr/local/bin:/usr/bin:/bin
 say "$image (kube-scheduler $version): $archive, $(du -m "$archive" | cut -f1) MB"
 echo "$archive"

@@ -364,15 +364,7 @@ async fn at_the_cap_a_newcomer_takes_the_slot_of_the_peer_holding_the_most() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    let request = Request::get("/version")
-        .header("host", "localhost")
-        .body(Body::empty())
-        .unwrap();
-    let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    get_version(&mut sender).await;
 }
 
 /// A keep-alive HTTP/1.1 connection over TLS from `source`, after one `GET /version`
@@ -394,6 +386,12 @@ async fn keep_alive_from(
         .await
         .unwrap();
     let driver = tokio::spawn(conn);
+    get_version(&mut sender).await;
+    (sender, driver)
+}
+
+/// `GET /version` on a kept-alive connection, answered 200.
+async fn get_version(sender: &mut hyper::client::conn::http1::SendRequest<Body>) {
     let request = Request::get("/version")
         .header("host", "localhost")
         .body(Body::empty())
@@ -403,22 +401,37 @@ async fn keep_alive_from(
         .unwrap()
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    (sender, driver)
+}
+
+/// A door of `cap` connections, every one held by a keep-alive connection from `source`
+/// that has made a request.
+async fn door_held_by(
+    source: [u8; 4],
+    cap: usize,
+) -> (
+    Door,
+    Vec<(
+        hyper::client::conn::http1::SendRequest<Body>,
+        tokio::task::JoinHandle<hyper::Result<()>>,
+    )>,
+) {
+    let limits = ConnectionLimits {
+        max_connections: cap,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let mut held = Vec::new();
+    for _ in 0..cap {
+        held.push(keep_alive_from(source, &door).await);
+    }
+    (door, held)
 }
 
 #[tokio::test]
 async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers() {
-    let limits = ConnectionLimits {
-        max_connections: 3,
-        ..Default::default()
-    };
-    let door = door(false, limits, None).await;
     // A client from one address fills every slot with keep-alive connections, each
     // having made a request (so they are past their handshake and first request).
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(keep_alive_from([127, 0, 0, 2], &door).await);
-    }
+    let (door, held) = door_held_by([127, 0, 0, 2], 3).await;
     // Newcomers from another address, which keep their connections open too, are
     // served at once, each in the place of one of those idle connections.
     let _newcomers = (
@@ -437,15 +450,7 @@ async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers
     }
     // ...and the youngest still serves.
     let mut youngest = senders.into_iter().nth(2).unwrap();
-    let request = Request::get("/version")
-        .header("host", "localhost")
-        .body(Body::empty())
-        .unwrap();
-    let response = tokio::time::timeout(PATIENCE, youngest.send_request(request))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    get_version(&mut youngest).await;
 }
 
 /// The API server sends its next review on any connection it holds: past the cap, its
@@ -454,29 +459,14 @@ async fn a_client_holding_idle_keep_alive_connections_gives_them_up_to_newcomers
 /// newcomer waits until the client closes one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_idle_connections_are_not_cut_for_its_own_newcomer() {
-    let limits = ConnectionLimits {
-        max_connections: 3,
-        ..Default::default()
-    };
-    let door = door(false, limits, None).await;
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(keep_alive_from([127, 0, 0, 2], &door).await);
-    }
+    let (door, mut held) = door_held_by([127, 0, 0, 2], 3).await;
     let newcomer = keep_alive_from([127, 0, 0, 2], &door);
     tokio::pin!(newcomer);
     let early = tokio::time::timeout(Duration::from_millis(300), &mut newcomer).await;
     assert!(early.is_err(), "the newcomer waits for a slot");
+    // Each idle connection of the same client still serves.
     for (sender, _) in &mut held {
-        let request = Request::get("/version")
-            .header("host", "localhost")
-            .body(Body::empty())
-            .unwrap();
-        let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
-            .await
-            .unwrap()
-            .expect("an idle connection of the same client still serves");
-        assert_eq!(response.status(), StatusCode::OK);
+        get_version(sender).await;
     }
     // The client closes one: the newcomer is served in its place.
     drop(held.pop());

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::pod::key_parts;
+use crate::cache::pod::{is_gated, key_parts};
 use crate::metrics::{QueueLabels, WaitHistogram};
 use crate::quota::pending::{CreatedSecond, format_second, now_second};
 use crate::quota::queue::{
@@ -257,7 +257,10 @@ impl Releaser {
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
-                self.settle(namespace, &pod.key, charge, now).await
+                self.settling.lock().insert(pod.key.clone());
+                let settled = self.settle(namespace, &pod.key, charge, now).await;
+                self.settling.lock().remove(&pod.key);
+                settled
             }
         }
     }
@@ -274,19 +277,6 @@ impl Releaser {
         charge: &ModelAmounts,
         now: CreatedSecond,
     ) -> Result<bool, ReleaseError> {
-        self.settling.lock().insert(key.to_string());
-        let settled = self.settle_charge(namespace, key, charge, now).await;
-        self.settling.lock().remove(key);
-        settled
-    }
-
-    async fn settle_charge(
-        &self,
-        namespace: &str,
-        key: &str,
-        charge: &ModelAmounts,
-        now: CreatedSecond,
-    ) -> Result<bool, ReleaseError> {
         let (_, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut pause = Duration::from_millis(250);
@@ -294,11 +284,7 @@ impl Releaser {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(4));
             let still_waits = match pods.get_opt(name).await {
-                Ok(Some(fresh)) => fresh
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.scheduling_gates.as_deref())
-                    .is_some_and(|gates| gates.iter().any(|g| g.name == QUOTA_GATE)),
+                Ok(Some(fresh)) => is_gated(&fresh),
                 Ok(None) => true,
                 Err(_) => continue,
             };

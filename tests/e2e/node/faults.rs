@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 
-use super::install::{BURST_MODEL, BURST_QUOTA, GPU_NODE, NAMESPACE, REFUSED_MODEL};
+use super::install::{
+    BURST_MODEL, BURST_QUOTA, GPU_MODEL, GPU_NODE, NAMESPACE, OTHER_MODEL, OTHER_NODE,
+    REFUSED_MODEL,
+};
 use super::install::{create_placed_pod, deployment_ready, install_state, wait_bound};
 use crate::support::*;
 
@@ -65,14 +68,14 @@ async fn judged(cluster: &Cluster, what: &str) {
 }
 
 /// vcuda-core each GPU index of `node` carries, from the pods' placement annotations.
-async fn core_per_gpu(cluster: &Cluster, node: &str) -> BTreeMap<u32, u32> {
+async fn core_per_gpu(cluster: &Cluster, node: &str, gpus: u32) -> BTreeMap<u32, u32> {
     let pods = cluster.pods().list(&ListParams::default()).await.unwrap();
     let mut per_gpu = BTreeMap::new();
     for pod in pods.items {
         if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
             continue;
         }
-        let indices = assert_placement_annotations(&pod, 4);
+        let indices = assert_placement_annotations(&pod, gpus);
         let core: u32 = pod.spec.as_ref().unwrap().containers[0]
             .resources
             .as_ref()
@@ -86,9 +89,12 @@ async fn core_per_gpu(cluster: &Cluster, node: &str) -> BTreeMap<u32, u32> {
 }
 
 /// The GPU scheduler's leader pod is deleted while GPU pods are being placed: the other
-/// replica takes the Lease and places the rest, and no GPU is handed out twice — 14
-/// quarter-GPU pods after the install's half-GPU pod fill the node's 4 GPUs exactly, so
-/// one capacity handed out twice would leave a pod unplaced or a GPU past 100.
+/// replica takes the Lease and places the rest, and no GPU is handed out twice. Two nodes
+/// of two models and pods of three shapes (whole GPUs, halves, quarters, created largest
+/// first per node, the models interleaved) fill both nodes exactly — 350 vcuda-core after
+/// the install's half-GPU pod on the 4-GPU node, 200 on the 2-GPU one — so one capacity
+/// handed out twice would leave a pod unplaced or a GPU past 100, and a pod on the other
+/// model's node would leave its own node short.
 pub async fn the_scheduler_leader_deleted_while_placing(cluster: &Cluster) {
     let leader = wait_for(
         "the GPU scheduler's leader",
@@ -96,9 +102,23 @@ pub async fn the_scheduler_leader_deleted_while_placing(cluster: &Cluster) {
         || scheduler_leader(cluster),
     )
     .await;
+    let plan: [(&str, u32); 12] = [
+        (GPU_MODEL, 100),
+        (OTHER_MODEL, 100),
+        (GPU_MODEL, 50),
+        (OTHER_MODEL, 50),
+        (GPU_MODEL, 50),
+        (GPU_MODEL, 50),
+        (OTHER_MODEL, 25),
+        (GPU_MODEL, 25),
+        (OTHER_MODEL, 25),
+        (GPU_MODEL, 25),
+        (GPU_MODEL, 25),
+        (GPU_MODEL, 25),
+    ];
     let started = Instant::now();
-    let names: Vec<String> = (0..14).map(|i| format!("quarter-{i:02}")).collect();
-    for (i, name) in names.iter().enumerate() {
+    let mut names = Vec::new();
+    for (i, (model, core)) in plan.iter().enumerate() {
         if i == 4 {
             let pods = component_pods(cluster);
             pods.delete(&leader, &DeleteParams::default())
@@ -106,16 +126,26 @@ pub async fn the_scheduler_leader_deleted_while_placing(cluster: &Cluster) {
                 .unwrap();
             println!("deleted the GPU scheduler's leader {leader} after 4 pods");
         }
-        create_placed_pod(cluster, name, 25).await;
+        let name = format!("leader-{i:02}");
+        create_placed_pod(cluster, &name, model, *core).await;
+        names.push((name, *model));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for name in &names {
-        wait_bound(cluster, name).await;
+    for (name, model) in &names {
+        let pod = wait_bound(cluster, name).await;
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let want = if *model == GPU_MODEL {
+            GPU_NODE
+        } else {
+            OTHER_NODE
+        };
+        assert_eq!(node, Some(want), "pod {name} of {model}");
     }
     let new_leader = scheduler_leader(cluster).await;
-    let per_gpu = core_per_gpu(cluster, GPU_NODE).await;
+    let per_gpu = core_per_gpu(cluster, GPU_NODE, 4).await;
+    let per_other = core_per_gpu(cluster, OTHER_NODE, 2).await;
     println!(
-        "14 pods placed in {:.1?}; leader {leader} -> {new_leader:?}; vcuda-core per GPU {per_gpu:?}",
+        "12 pods placed in {:.1?}; leader {leader} -> {new_leader:?}; vcuda-core per GPU {per_gpu:?} and {per_other:?}",
         started.elapsed()
     );
     assert_ne!(
@@ -123,8 +153,9 @@ pub async fn the_scheduler_leader_deleted_while_placing(cluster: &Cluster) {
         Some(leader.as_str()),
         "the leader moved"
     );
-    let full: BTreeMap<u32, u32> = (0..4).map(|i| (i, 100)).collect();
-    assert_eq!(per_gpu, full, "every GPU exactly full, none past 100");
+    let full = |gpus: u32| (0..gpus).map(|i| (i, 100)).collect::<BTreeMap<u32, u32>>();
+    assert_eq!(per_gpu, full(4), "every GPU exactly full, none past 100");
+    assert_eq!(per_other, full(2), "every GPU exactly full, none past 100");
     deployment_ready(cluster, "gpu-scheduler").await;
 }
 

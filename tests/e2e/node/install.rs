@@ -26,6 +26,10 @@ pub const NAMESPACE: &str = "gpu-admission";
 /// The GPU node both installs place on: 4 GPUs of this model.
 pub const GPU_NODE: &str = "install-gpu-node";
 pub const GPU_MODEL: &str = "Tesla-P100-PCIE-16GB";
+/// A second GPU node, of another model, 2 GPUs: pods of one model must never land on the
+/// other's node.
+pub const OTHER_NODE: &str = "install-gpu-node-t4";
+pub const OTHER_MODEL: &str = "Tesla-T4";
 /// The model whose quota of 1 the refusal checks fill.
 pub const REFUSED_MODEL: &str = "Tesla-P4";
 /// The model of the burst that a killed webhook replica must not let past its quota.
@@ -170,7 +174,7 @@ async fn comes_up_and_serves(cluster: &Cluster, lender: &str, how: &str) {
         let ready = deployment_ready(cluster, deployment).await;
         println!("{how}: {deployment}: {ready} replicas Ready");
     }
-    let hard = json!({REFUSED_MODEL: "1", GPU_MODEL: "8", BURST_MODEL: BURST_QUOTA.to_string(), COHORT_MODEL: "0"});
+    let hard = json!({REFUSED_MODEL: "1", GPU_MODEL: "8", OTHER_MODEL: "8", BURST_MODEL: BURST_QUOTA.to_string(), COHORT_MODEL: "0"});
     let spec = json!({"hard": hard, "defaultType": REFUSED_MODEL, "cohort": COHORT});
     cluster.create_quota_spec("default", spec).await;
     borrows_from_its_cohort(cluster, lender, how).await;
@@ -204,7 +208,7 @@ async fn comes_up_and_serves(cluster: &Cluster, lender: &str, how: &str) {
         install_state()
     );
     let placed = format!("{how}-placed");
-    create_placed_pod(cluster, &placed, 50).await;
+    create_placed_pod(cluster, &placed, GPU_MODEL, 50).await;
     let pod = wait_bound(cluster, &placed).await;
     assert_eq!(
         pod.spec.as_ref().unwrap().node_name.as_deref(),
@@ -269,22 +273,20 @@ async fn borrows_from_its_cohort(cluster: &Cluster, lender: &str, how: &str) {
 const NO_KUBELET: &str = "gpu-admission-e2e/no-kubelet";
 
 async fn create_gpu_node(cluster: &Cluster) {
-    cluster.create_gpu_node(GPU_NODE, GPU_MODEL, 4).await;
     let taints = json!({"spec": {"taints": [{"key": NO_KUBELET, "effect": "NoSchedule"}]}});
     let patch = kube::api::Patch::Merge(&taints);
     let params = kube::api::PatchParams::default();
-    cluster
-        .nodes()
-        .patch(GPU_NODE, &params, &patch)
-        .await
-        .unwrap();
+    for (node, model, gpus) in [(GPU_NODE, GPU_MODEL, 4), (OTHER_NODE, OTHER_MODEL, 2)] {
+        cluster.create_gpu_node(node, model, gpus).await;
+        cluster.nodes().patch(node, &params, &patch).await.unwrap();
+    }
 }
 
-/// A pod for the GPU scheduler wanting `core` vcuda-core of [`GPU_MODEL`], tolerating the
-/// GPU node's taint.
-pub async fn create_placed_pod(cluster: &Cluster, name: &str, core: u32) {
+/// A pod for the GPU scheduler wanting `core` vcuda-core of `model`, tolerating the GPU
+/// nodes' taint.
+pub async fn create_placed_pod(cluster: &Cluster, name: &str, model: &str, core: u32) {
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": {TYPE_ANNOTATION: GPU_MODEL}},
+        "metadata": {"name": name, "annotations": {TYPE_ANNOTATION: model}},
         "spec": {
             "schedulerName": scheduler_name(),
             "tolerations": [{"key": NO_KUBELET, "operator": "Exists", "effect": "NoSchedule"}],

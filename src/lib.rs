@@ -25,3 +25,10 @@ pub mod server;
 pub mod simulate;
 pub mod telemetry;
 pub mod wire;
+
+/// The allocator of every binary built on this crate (the server, its tests and
+/// benchmarks alike): a review's decode and answer are a few dozen small allocations,
+/// and under 64 concurrent TLS connections glibc's malloc and free were a fifth of a
+/// `/mutate`'s CPU. docs/benchmarks.md, "The allocator".
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -29,7 +29,6 @@
 mod cluster;
 mod support;
 
-
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;

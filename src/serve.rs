@@ -68,8 +68,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mode = backend.mode_name();
     let rules = config.queue_rules();
-    let mut state = AppState::new(backend, config);
-    state.body_timeout = limits.request_timeout;
+    let state = AppState::with_body_timeout(backend, config, limits.request_timeout);
     let waits = state.metrics.quota_queue_wait.clone();
     let releaser = state.backend.queue_releaser(rules, waits);
     if let Some(releaser) = releaser.filter(|_| release_queue) {

@@ -55,8 +55,7 @@ async fn door(extender: bool, limits: ConnectionLimits, client_ca: Option<&Path>
         time::OffsetDateTime::now_utc(),
     )
     .unwrap();
-    let (mut state, _) = common::app(&cluster(), Config::default());
-    state.body_timeout = limits.request_timeout;
+    let state = common::app_state(&cluster(), Config::default(), limits.request_timeout);
     let router = if extender {
         extender_router(state)
     } else {

@@ -45,9 +45,13 @@ pub const EXTENDER_BODY_LIMIT: usize = 32 << 20;
 /// keep answering probes and small requests meanwhile.
 const DECODE_INLINE_MAX: usize = 64 << 10;
 
-/// What every handler shares.
+/// What every handler shares: one reference-counted [`Shared`], so that handing it to
+/// a request is one counter, not one per part.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The parts of [`AppState`].
+pub struct Shared {
     /// The run mode's seam: every charge, record and bind goes through it.
     pub backend: Backend,
     pub config: Arc<Config>,
@@ -60,10 +64,30 @@ pub struct AppState {
     pub body_timeout: std::time::Duration,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
     pub fn new(backend: Backend, config: Config) -> Self {
+        Self::with_body_timeout(
+            backend,
+            config,
+            crate::cli::ConnectionLimits::default().request_timeout,
+        )
+    }
+
+    /// [`AppState::new`] with request bodies given `body_timeout` to arrive.
+    pub fn with_body_timeout(
+        backend: Backend,
+        config: Config,
+        body_timeout: std::time::Duration,
+    ) -> Self {
         let placement = &config.placement;
-        AppState {
+        AppState(Arc::new(Shared {
             placer: Arc::new(LearningPlacer::new(
                 placement.policy,
                 placement.gpu_manager_compat,
@@ -72,8 +96,8 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
             shutting_down: Arc::new(AtomicBool::new(false)),
-            body_timeout: crate::cli::ConnectionLimits::default().request_timeout,
-        }
+            body_timeout,
+        }))
     }
 }
 

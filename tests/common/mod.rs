@@ -2,11 +2,14 @@
 //! router over it, and request helpers.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::time::Duration;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use gpu_admission::backend::Backend;
 use gpu_admission::cache::Projection;
+use gpu_admission::cli::ConnectionLimits;
 use gpu_admission::config::Config;
 use gpu_admission::server::{AppState, extender_router, webhook_router};
 use serde_json::{Value, json};
@@ -16,13 +19,22 @@ use tower::ServiceExt;
 /// as YAML text, merged for convenience: which door serves what is tested on the real
 /// routers (tests/doors.rs).
 pub fn app(cluster_yaml: &str, config: Config) -> (AppState, Router) {
+    let state = app_state(
+        cluster_yaml,
+        config,
+        ConnectionLimits::default().request_timeout,
+    );
+    let router = webhook_router(state.clone()).fallback_service(extender_router(state.clone()));
+    (state, router)
+}
+
+/// The state of an offline server of `cluster_yaml`, giving bodies `body_timeout`.
+pub fn app_state(cluster_yaml: &str, config: Config, body_timeout: Duration) -> AppState {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, cluster_yaml).unwrap();
     let backend = Backend::from_file(&path, Projection::from_config(&config)).unwrap();
-    let state = AppState::new(backend, config);
-    let router = webhook_router(state.clone()).fallback_service(extender_router(state.clone()));
-    (state, router)
+    AppState::with_body_timeout(backend, config, body_timeout)
 }
 
 pub fn config_with_policy(policy: &str) -> Config {

@@ -455,8 +455,6 @@ async fn main() {
     println!("load average before: {}", load_average());
 
     let routes = [Route::Version, Route::Floor, Route::Mutate, Route::Validate];
-    let only = std::env::var("ROUTES").unwrap_or_default();
-    let chosen = |route: Route| only.is_empty() || only.split(',').any(|r| r == route.path());
     let mut totals = [(0usize, Duration::ZERO, Duration::ZERO); 4];
     for r in 1..=rounds {
         for (index, route) in routes.into_iter().enumerate() {
@@ -506,6 +504,12 @@ async fn main() {
     door.shutdown.cancel();
 }
 
+/// Whether `ROUTES` (comma-separated paths; all when unset) names `route`.
+fn chosen(route: Route) -> bool {
+    let only = std::env::var("ROUTES").unwrap_or_default();
+    only.is_empty() || only.split(',').any(|r| r == route.path())
+}
+
 /// Each route's handler called in this thread, without TLS, HTTP or a socket: the
 /// router's own cost per request, routes interleaved.
 async fn in_process(router: axum::Router, bodies: &Bodies, rounds: usize) {
@@ -513,11 +517,7 @@ async fn in_process(router: axum::Router, bodies: &Bodies, rounds: usize) {
     let calls = 20_000;
     let routes = [Route::Version, Route::Floor, Route::Mutate, Route::Validate];
     for r in 1..=rounds {
-        for route in routes {
-            let only = std::env::var("ROUTES").unwrap_or_default();
-            if !only.is_empty() && !only.split(',').any(|r| r == route.path()) {
-                continue;
-            }
+        for route in routes.into_iter().filter(|r| chosen(*r)) {
             let bodies = bodies.of(route, 0);
             let started = Instant::now();
             for i in 0..calls {

@@ -27,8 +27,10 @@ pub mod telemetry;
 pub mod wire;
 
 /// The allocator of every binary built on this crate (the server, its tests and
-/// benchmarks alike): a review's decode and answer are a few dozen small allocations,
-/// and under 64 concurrent TLS connections glibc's malloc and free were a fifth of a
-/// `/mutate`'s CPU. docs/benchmarks.md, "The allocator".
+/// benchmarks alike): jemalloc. A review's decode and answer are a few dozen small
+/// allocations, often freed on another worker than the one that made them; under 64
+/// concurrent TLS connections glibc's malloc and free were a fifth of a `/mutate`'s
+/// CPU. (mimalloc was as fast but held three times the memory under hostile bodies.)
+/// docs/benchmarks.md, "The allocator".
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -47,6 +47,7 @@ pub async fn serve_tls(
         let app = app.clone();
         async move {
             let activity = conn.slot.activity().clone();
+            activity.set_handshaking(true);
             let handshake = tokio::time::timeout_at(conn.opening_deadline, acceptor.accept(stream));
             let result = tokio::select! {
                 r = handshake => r,
@@ -56,6 +57,7 @@ pub async fn serve_tls(
                 }
                 () = conn.hard_stop.cancelled() => return,
             };
+            activity.set_handshaking(false);
             match result {
                 Ok(Ok(tls_stream)) => serve_connection(tls_stream, app, conn).await,
                 Ok(Err(err)) => {

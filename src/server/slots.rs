@@ -8,14 +8,16 @@
 //!
 //! - only connections with no request in flight can be chosen: a request being
 //!   answered is never cut (an admission review cut short is a pod not created);
-//! - a newcomer never takes the slot of a *young* handshake or of an idle keep-alive
-//!   connection of its own peer: the API server, given a burst of reviews, dials many
+//! - a newcomer never takes the slot of a handshake (still in TLS, or *young*) or of an
+//!   idle keep-alive connection of its own peer: the API server, given a burst of reviews, dials many
 //!   connections at once and sends its next review on any connection it holds, and
 //!   cutting one of them for another of its own gains it nothing and fails a review
 //!   (seen as "write: connection reset by peer" in the API server's error). Such a
 //!   newcomer waits for a slot instead, in its own task, so other peers are still
-//!   accepted meanwhile; only its own *silent* sockets (no request within [`YOUNG`])
-//!   give way to it;
+//!   accepted meanwhile; only its own *silent* sockets (TLS done, no request within
+//!   [`YOUNG`]) give way to it. A handshake still in TLS past [`YOUNG`] is the API
+//!   server's own on a starved machine as often as a flooder's (seen in CI: 500 creates
+//!   on two cores, "write: broken pipe"); the opening deadline bounds it anyway;
 //! - the peer (IP address) holding the most connections that may give way gives one
 //!   up, so a client holding many idle slots pays before one holding a few (the API
 //!   server reuses a few connections, a kubelet probe opens one), whatever the number
@@ -70,6 +72,8 @@ pub struct Holder {
     pub peer: IpAddr,
     pub phase: Phase,
     pub young: bool,
+    /// In its TLS handshake (the server has not finished it yet).
+    pub handshaking: bool,
 }
 
 impl Holder {
@@ -77,7 +81,7 @@ impl Holder {
     fn may_give_way_to(&self, newcomer: IpAddr) -> bool {
         match self.phase {
             Phase::Busy => false,
-            Phase::Opening => !(self.young && self.peer == newcomer),
+            Phase::Opening => !(self.peer == newcomer && (self.young || self.handshaking)),
             // Its client may be writing its next request on it right now: closing it
             // would fail that request ("connection reset by peer") to open another of
             // the same client's connections.
@@ -227,6 +231,7 @@ pub struct Activity {
     peer: IpAddr,
     started: Instant,
     requested: AtomicBool,
+    handshaking: AtomicBool,
     in_flight: AtomicUsize,
     /// Milliseconds after `started` when a request last ended.
     last_done: AtomicU64,
@@ -241,6 +246,7 @@ impl Activity {
             peer,
             started: Instant::now(),
             requested: AtomicBool::new(false),
+            handshaking: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             last_done: AtomicU64::new(0),
             evicted: CancellationToken::new(),
@@ -254,7 +260,13 @@ impl Activity {
             peer: self.peer,
             phase: self.phase(),
             young: self.started.elapsed() < YOUNG,
+            handshaking: self.handshaking.load(Ordering::Acquire),
         }
+    }
+
+    /// Whether the connection is in its TLS handshake (set around the handshake).
+    pub fn set_handshaking(&self, handshaking: bool) {
+        self.handshaking.store(handshaking, Ordering::Release);
     }
 
     pub fn phase(&self) -> Phase {
@@ -330,6 +342,7 @@ mod tests {
             peer: ip(peer),
             phase,
             young: false,
+            handshaking: false,
         }
     }
 
@@ -412,6 +425,22 @@ mod tests {
         // newcomer takes it (a flood from one address still pays with its own).
         let holders = [holder(0, 1, Phase::Opening), young(1, 1)];
         assert_eq!(victim(&holders, ip(1)), Some(0));
+    }
+
+    #[test]
+    fn a_newcomer_never_cuts_its_own_peers_handshake_still_in_tls_however_old() {
+        // On a starved machine the server finishes a handshake late; its client has
+        // already written a review on it.
+        let slow = Holder {
+            handshaking: true,
+            ..holder(0, 1, Phase::Opening)
+        };
+        assert_eq!(victim(&[slow, young(1, 1)], ip(1)), None);
+        assert_eq!(
+            victim(&[slow, young(1, 1)], ip(2)),
+            Some(0),
+            "another peer may"
+        );
     }
 
     #[test]

@@ -8,12 +8,12 @@
 //!
 //! - only connections with no request in flight can be chosen: a request being
 //!   answered is never cut (an admission review cut short is a pod not created);
-//! - a newcomer never takes the slot of a handshake (still in TLS, or *young*) or of an
-//!   idle keep-alive connection of its own peer: the API server, given a burst of reviews, dials many
-//!   connections at once and sends its next review on any connection it holds, and
-//!   cutting one of them for another of its own gains it nothing and fails a review
-//!   (seen as "write: connection reset by peer" in the API server's error). Such a
-//!   newcomer waits for a slot instead, in its own task, so other peers are still
+//! - a newcomer never takes the slot of a handshake (still in TLS, or *young*) or of
+//!   an idle keep-alive connection of its own peer: the API server, given a burst of
+//!   reviews, dials many connections at once and sends its next review on any
+//!   connection it holds, and cutting one of them for another of its own gains it
+//!   nothing and fails a review (seen as "write: connection reset by peer" in the API
+//!   server's error). Such a newcomer waits for a slot instead, in its own task, so other peers are still
 //!   accepted meanwhile; only its own *silent* sockets (TLS done, no request within
 //!   [`YOUNG`]) give way to it. A handshake still in TLS past [`YOUNG`] is the API
 //!   server's own on a starved machine as often as a flooder's (seen in CI: 500 creates

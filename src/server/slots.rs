@@ -13,11 +13,12 @@
 //!   reviews, dials many connections at once and sends its next review on any
 //!   connection it holds, and cutting one of them for another of its own gains it
 //!   nothing and fails a review (seen as "write: connection reset by peer" in the API
-//!   server's error). Such a newcomer waits for a slot instead, in its own task, so other peers are still
-//!   accepted meanwhile; only its own *silent* sockets (TLS done, no request within
-//!   [`YOUNG`]) give way to it. A handshake still in TLS past [`YOUNG`] is the API
-//!   server's own on a starved machine as often as a flooder's (seen in CI: 500 creates
-//!   on two cores, "write: broken pipe"); the opening deadline bounds it anyway;
+//!   server's error). Such a newcomer waits for a slot instead, in its own task, so
+//!   other peers are still accepted meanwhile; only its own *silent* sockets (TLS
+//!   done, no request within [`YOUNG`]) give way to it. A handshake still in TLS past
+//!   [`YOUNG`] is the API server's own on a starved machine as often as a flooder's
+//!   (seen in CI: 500 creates on two cores, "write: broken pipe"); the opening
+//!   deadline bounds it anyway;
 //! - the peer (IP address) holding the most connections that may give way gives one
 //!   up, so a client holding many idle slots pays before one holding a few (the API
 //!   server reuses a few connections, a kubelet probe opens one), whatever the number

@@ -366,6 +366,45 @@ async fn at_the_cap_a_newcomer_takes_the_slot_of_the_peer_holding_the_most() {
     get_version(&mut sender).await;
 }
 
+#[tokio::test]
+async fn a_newcomer_does_not_cut_its_own_clients_handshake_still_in_tls_however_old() {
+    // On a starved machine the server finishes a handshake late, while its client (the
+    // API server) already writes a review on it: a newcomer of the same client must not
+    // take that slot, however long the handshake has been under way.
+    let limits = ConnectionLimits {
+        max_connections: 1,
+        handshake_timeout: PATIENCE * 3,
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let slow = tcp_from([127, 0, 0, 4], door.addr).await;
+    // Past the one second that makes a handshake no longer young.
+    tokio::time::sleep(gpu_admission::server::slots::YOUNG + Duration::from_millis(200)).await;
+    let (addr, config) = (door.addr, tls_support::client_config(&door.ca));
+    let newcomer = tokio::spawn(async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 4], 0))).unwrap();
+        let tcp = socket.connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The slow handshake completes and serves: its slot was not taken.
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
+        .connect(name, slow)
+        .await
+        .expect("the client's own slow handshake was kept");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    get_version(&mut sender).await;
+    newcomer.abort();
+}
+
 /// A keep-alive HTTP/1.1 connection over TLS from `source`, after one `GET /version`
 /// answered 200: its sender, and its driver (which ends when the connection closes).
 async fn keep_alive_from(

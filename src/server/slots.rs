@@ -15,7 +15,7 @@
 //!   nothing and fails a review (seen as "write: connection reset by peer" in the API
 //!   server's error). Such a newcomer waits for a slot instead, in its own task, so
 //!   other peers are still accepted meanwhile; only its own *silent* sockets (TLS
-//!   done, no request within [`YOUNG`]) give way to it. A handshake still in TLS past
+//!   done, no request within [`YOUNG`] of its end) give way to it. A handshake still in TLS past
 //!   [`YOUNG`] is the API server's own on a starved machine as often as a flooder's
 //!   (seen in CI: 500 creates on two cores, "write: broken pipe"); the opening
 //!   deadline bounds it anyway;
@@ -57,16 +57,17 @@ pub enum Phase {
 }
 
 /// How long a connection that has made no request yet counts as a handshake under way
-/// rather than a silent socket (an honest TLS handshake takes milliseconds; the
-/// opening deadline, `--handshake-timeout`, is 3 s).
+/// rather than a silent socket, from its connect and again from the end of its TLS
+/// handshake (an honest client sends its first request within milliseconds of either;
+/// the opening deadline, `--handshake-timeout`, is 3 s).
 pub const YOUNG: Duration = Duration::from_secs(1);
 
 /// How often a newcomer waiting for a slot looks again (besides when a slot frees or a
 /// request ends): a young handshake grows old without telling anyone.
 const RECHECK: Duration = Duration::from_millis(50);
 
-/// One slot holder, as [`victim`] sees it. `age`: lower is older; `young`: opened
-/// less than [`YOUNG`] ago.
+/// One slot holder, as [`victim`] sees it. `age`: lower is older; `young`: connected,
+/// or done with its TLS handshake, less than [`YOUNG`] ago.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub age: u64,
@@ -233,6 +234,10 @@ pub struct Activity {
     started: Instant,
     requested: AtomicBool,
     handshaking: AtomicBool,
+    /// Milliseconds after `started` when its TLS handshake ended (0 before). A slow
+    /// handshake that just ended is young again: on a starved machine the server ends
+    /// it late, with its client's first request already in the socket.
+    handshake_ended: AtomicU64,
     in_flight: AtomicUsize,
     /// Milliseconds after `started` when a request last ended.
     last_done: AtomicU64,
@@ -248,6 +253,7 @@ impl Activity {
             started: Instant::now(),
             requested: AtomicBool::new(false),
             handshaking: AtomicBool::new(false),
+            handshake_ended: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             last_done: AtomicU64::new(0),
             evicted: CancellationToken::new(),
@@ -260,14 +266,27 @@ impl Activity {
             age,
             peer: self.peer,
             phase: self.phase(),
-            young: self.started.elapsed() < YOUNG,
+            young: self.since(&self.handshake_ended) < YOUNG,
             handshaking: self.handshaking.load(Ordering::Acquire),
         }
     }
 
     /// Whether the connection is in its TLS handshake (set around the handshake).
     pub fn set_handshaking(&self, handshaking: bool) {
+        if !handshaking {
+            self.handshake_ended.store(self.millis(), Ordering::Release);
+        }
         self.handshaking.store(handshaking, Ordering::Release);
+    }
+
+    /// How long ago the instant recorded in `mark` (milliseconds after `started`) was.
+    fn since(&self, mark: &AtomicU64) -> Duration {
+        Duration::from_millis(self.millis().saturating_sub(mark.load(Ordering::Acquire)))
+    }
+
+    /// Milliseconds since the connection was accepted.
+    fn millis(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     pub fn phase(&self) -> Phase {
@@ -320,8 +339,9 @@ pub struct InFlight(Arc<Activity>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         let activity = &self.0;
-        let elapsed = u64::try_from(activity.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        activity.last_done.store(elapsed, Ordering::Release);
+        activity
+            .last_done
+            .store(activity.millis(), Ordering::Release);
         if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             // A listener waiting at the cap may now take this connection's slot.
             activity.freed.notify_one();
@@ -441,6 +461,25 @@ mod tests {
             victim(&[slow, young(1, 1)], ip(2)),
             Some(0),
             "another peer may"
+        );
+    }
+
+    #[test]
+    fn a_slow_handshake_that_just_ended_is_young_again_until_its_first_request_is_due() {
+        // Accepted two seconds ago: past YOUNG, a silent socket if TLS were done.
+        let mut activity = Activity::new(ip(1), Arc::default());
+        activity.started -= YOUNG * 2;
+        activity.set_handshaking(true);
+        let in_tls = activity.holder(0);
+        assert!(in_tls.handshaking && !in_tls.young);
+        // The server ends the handshake now: its client's request is due from now.
+        activity.set_handshaking(false);
+        let done = activity.holder(0);
+        assert!(!done.handshaking && done.young);
+        assert_eq!(
+            victim(&[done], ip(1)),
+            None,
+            "its own peer's newcomer waits"
         );
     }
 

@@ -17,11 +17,17 @@
 //! (T4 its default type) holding `QUOTA_PODS` placed pods (5,000 by default), and 10,000
 //! pods of another namespace.
 //!
+//! The server logs as the binary does by default (text, `info`): every request runs in
+//! its `request` span, whose fields are recorded whether or not a line is written.
+//!
 //! Run: `cargo bench --bench webhooks`. Environment: `ROUNDS` (2), `ROUND_SECS` (3),
 //! `QUOTA_PODS` (5000), `ROUTES` (e.g. `/mutate`, to profile one route; all three by
 //! default), `POD=bare` (a pod of only a name, a container and its GPU limits, as
-//! tests post one, instead of the Deployment's), `IN_PROCESS=1` (each route's handler
-//! called through the router in this thread: no TLS, HTTP or socket).
+//! tests post one, instead of the Deployment's), `POD=mixed` (small pods of seven
+//! shapes, slot by slot: 10% and 30% shares, a whole GPU, two `nvidia.com/gpu`, a named
+//! model, a GPU init container, a native sidecar), `IN_PROCESS=1` (each route's
+//! handler called through the router in this thread, over every connection's reviews:
+//! no TLS, HTTP or socket), `NO_LOG=1` (no logger, to see what the span costs).
 #![allow(clippy::unwrap_used)]
 
 #[path = "support/cluster.rs"]
@@ -227,6 +233,83 @@ fn bare_pod() -> Value {
     })
 }
 
+/// Pods of the shapes a shared cluster's tenants create, one of each: shares of 10% and
+/// 30% of a GPU, a whole GPU through gpu-manager, two whole `nvidia.com/gpu`, a pod that
+/// names its model, one with a GPU init container, one with a native sidecar holding a
+/// share beside its app.
+fn mixed_pods() -> Vec<Value> {
+    let share = |core: u32, memory: u32| {
+        json!({"limits": {"tencent.com/vcuda-core": core.to_string(),
+            "tencent.com/vcuda-memory": memory.to_string()}})
+    };
+    let pod = |name: &str, annotations: Value, spec: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": format!("{name}-"), "namespace": NAMESPACE,
+                "annotations": annotations},
+            "spec": spec})
+    };
+    let app = |resources: Value| json!({"name": "app", "image": "registry.example.com/ml/app:1", "resources": resources});
+    vec![
+        pod(
+            "infer",
+            json!({}),
+            json!({"containers": [app(share(10, 2))]}),
+        ),
+        pod(
+            "tune",
+            json!({}),
+            json!({"containers": [app(share(30, 8))]}),
+        ),
+        pod(
+            "train",
+            json!({}),
+            json!({"containers": [app(share(100, 32))]}),
+        ),
+        pod(
+            "ddp",
+            json!({}),
+            json!({"containers": [app(json!({"limits": {"nvidia.com/gpu": "2"}}))]}),
+        ),
+        pod(
+            "a100",
+            json!({"gpu-admission.io/gpu-type": "A100-SXM4-40GB"}),
+            json!({"containers": [app(share(50, 20))]}),
+        ),
+        pod(
+            "warm",
+            json!({}),
+            json!({
+            "initContainers": [{"name": "warmup", "image": "registry.example.com/ml/warm:1",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "containers": [app(share(20, 4))]}),
+        ),
+        pod(
+            "sidecar",
+            json!({}),
+            json!({
+            "initContainers": [{"name": "exporter", "image": "registry.example.com/ml/exp:1",
+                "restartPolicy": "Always", "resources": share(10, 2)}],
+            "containers": [app(share(30, 8))]}),
+        ),
+    ]
+}
+
+/// `pod` through `/mutate`: the answer, and the pod as its patch leaves it.
+async fn mutate_once(sender: &mut Sender, pod: &Value) -> (Bytes, Value) {
+    let (status, answer) = send(sender, "/mutate", Some(review(&uid(999, 0), pod))).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    let response = response_of(&answer);
+    assert_eq!(response["allowed"], true, "{response}");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().expect("/mutate patches the pod"))
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut mutated = pod.clone();
+    json_patch::patch(&mut mutated, &patch).unwrap();
+    assert_eq!(mutated["spec"]["schedulerName"], "gpu-scheduler");
+    (answer, mutated)
+}
+
 fn review(uid: &str, pod: &Value) -> Bytes {
     let review = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -364,6 +447,13 @@ async fn round(
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if std::env::var_os("NO_LOG").is_none() {
+        let args = gpu_admission::cli::LogArgs {
+            log_format: gpu_admission::cli::LogFormat::Text,
+            log_level: "info".into(),
+        };
+        gpu_admission::telemetry::init(&args).unwrap();
+    }
     let rounds = env_or("ROUNDS", 2);
     let length = Duration::from_secs(env_or("ROUND_SECS", 3) as u64);
     let quota_pods = env_or("QUOTA_PODS", 5_000);
@@ -398,40 +488,45 @@ async fn main() {
     .route("/floor", floor);
     let door = support::serve_router(router.clone()).await;
 
-    // The pod as created goes to /mutate; /validate gets it as the patch left it.
+    // The pods as created go to /mutate; /validate gets each as its patch left it.
     let created = match std::env::var("POD").as_deref() {
-        Ok("bare") => bare_pod(),
-        _ => typical_pod(),
+        Ok("bare") => vec![bare_pod()],
+        Ok("mixed") => mixed_pods(),
+        _ => vec![typical_pod()],
     };
     let mut sender = connect(door.addr, &door.ca).await;
-    let (status, answer) = send(&mut sender, "/mutate", Some(review(&uid(999, 0), &created))).await;
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
-    floor_answer.set(answer.clone()).unwrap();
-    let response = response_of(&answer);
-    assert_eq!(response["allowed"], true, "{response}");
-    let patch = base64::engine::general_purpose::STANDARD
-        .decode(response["patch"].as_str().expect("/mutate patches the pod"))
-        .unwrap();
-    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
-    let mut mutated = created.clone();
-    json_patch::patch(&mut mutated, &patch).unwrap();
-    assert_eq!(mutated["spec"]["schedulerName"], "gpu-scheduler");
-    let (status, answer) = send(
-        &mut sender,
-        "/validate",
-        Some(review(&uid(999, 0), &mutated)),
-    )
-    .await;
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
-    assert_eq!(response_of(&answer)["allowed"], true);
+    let mut mutated = Vec::new();
+    for (i, pod) in created.iter().enumerate() {
+        let (answer, patched) = mutate_once(&mut sender, pod).await;
+        floor_answer.get_or_init(|| answer);
+        let (status, answer) = send(
+            &mut sender,
+            "/validate",
+            Some(review(&uid(999, i), &patched)),
+        )
+        .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        assert_eq!(response_of(&answer)["allowed"], true, "{patched}");
+        mutated.push(patched);
+    }
     drop(sender);
 
+    // Slot `s` of every connection carries pod shape `s` (of as many as there are).
+    let shape = |pods: &[Value], s: usize| pods[s % pods.len()].clone();
     let bodies = Bodies {
         mutate: (0..CONNECTIONS)
-            .map(|c| (0..SLOTS).map(|s| review(&uid(c, s), &created)).collect())
+            .map(|c| {
+                (0..SLOTS)
+                    .map(|s| review(&uid(c, s), &shape(&created, s)))
+                    .collect()
+            })
             .collect(),
         validate: (0..CONNECTIONS)
-            .map(|c| (0..SLOTS).map(|s| review(&uid(c, s), &mutated)).collect())
+            .map(|c| {
+                (0..SLOTS)
+                    .map(|s| review(&uid(c, s), &shape(&mutated, s)))
+                    .collect()
+            })
             .collect(),
     };
     println!(
@@ -518,7 +613,12 @@ async fn in_process(router: axum::Router, bodies: &Bodies, rounds: usize) {
     let routes = [Route::Version, Route::Floor, Route::Mutate, Route::Validate];
     for r in 1..=rounds {
         for route in routes.into_iter().filter(|r| chosen(*r)) {
-            let bodies = bodies.of(route, 0);
+            // Every connection's reviews, as the TLS rounds send them: the pods /validate
+            // admits join the cluster, which the handler's cost grows with.
+            let bodies: Option<Vec<Bytes>> = (0..CONNECTIONS)
+                .map(|c| bodies.of(route, c))
+                .collect::<Option<Vec<_>>>()
+                .map(|all| all.concat());
             let started = Instant::now();
             for i in 0..calls {
                 let builder = axum::http::Request::builder().uri(route.path());
@@ -527,8 +627,8 @@ async fn in_process(router: axum::Router, bodies: &Bodies, rounds: usize) {
                     Some(b) => builder
                         .method("POST")
                         .header("content-type", "application/json")
-                        .header("content-length", b[i % SLOTS].len())
-                        .body(axum::body::Body::from(b[i % SLOTS].clone())),
+                        .header("content-length", b[i % b.len()].len())
+                        .body(axum::body::Body::from(b[i % b.len()].clone())),
                 }
                 .unwrap();
                 let response = router.clone().oneshot(request).await.unwrap();

@@ -19,6 +19,7 @@ use crate::quota::ModelAmounts;
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::pod::{CachedPod, PodKey};
+use quotas::HeldQuota;
 
 pub use holds::{Candidates, FilterDecision, HOLD_TTL, Held, PlanError, Reservation, Subject};
 
@@ -46,7 +47,7 @@ pub struct ClusterState {
     pods: HashMap<PodKey, Box<CachedPod>>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
-    quotas: BTreeMap<(String, String), GPUQuota>,
+    quotas: BTreeMap<(String, String), HeldQuota>,
     /// The pods waiting in the quota queue, by namespace.
     waiting: queue::WaitingIndex,
     /// Placements held in memory only (the bind verb writes them), oldest first, so
@@ -110,7 +111,7 @@ impl ClusterState {
     }
 
     pub fn quotas(&self) -> impl Iterator<Item = &GPUQuota> {
-        self.quotas.values()
+        self.quotas.values().map(|held| &held.crd)
     }
 
     /// The GPUQuotas of one namespace.
@@ -118,11 +119,16 @@ impl ClusterState {
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a GPUQuota> + 'a {
+        self.held_quotas(namespace).map(|held| &held.crd)
+    }
+
+    /// The GPUQuotas of one namespace, as held.
+    fn held_quotas<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a HeldQuota> + 'a {
         let first = (namespace.to_string(), String::new());
         self.quotas
             .range(first..)
             .take_while(move |((ns, _), _)| ns == namespace)
-            .map(|(_, quota)| quota)
+            .map(|(_, held)| held)
     }
 
     /// What the namespace's GPUQuotas say ([`NamespaceLimits::of`] them), kept with

@@ -106,6 +106,34 @@ fn usage_counts_effective_requests_and_models_no_quota_lists() {
     assert_eq!(views[0].used.get("Tesla-T4").map(|m| m.0), Some(3000));
 }
 
+#[test]
+fn quota_views_follow_the_quota_as_it_changes_and_name_one_that_cannot_be_read() {
+    let quota = |hard: &str, version: &str| -> crate::quota::GPUQuota {
+        serde_json::from_value(json!({
+            "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+            "metadata": {"name": "default", "namespace": "team-a", "resourceVersion": version},
+            "spec": {"hard": {"Tesla-T4": hard}}
+        }))
+        .unwrap()
+    };
+    let mut state = ClusterState::default();
+    state.apply_quota(quota("4", "1"));
+    let hard = |state: &ClusterState| state.quota_views("team-a").map(|v| v[0].hard["Tesla-T4"].0);
+    assert_eq!(hard(&state), Ok(4000));
+    state.apply_quota(quota("2500m", "2"));
+    assert_eq!(
+        hard(&state),
+        Ok(2500),
+        "the view is the quota's newest spec"
+    );
+    state.apply_quota(quota("four", "3"));
+    let error = state.quota_views("team-a").unwrap_err();
+    assert_eq!(error.quota, "team-a/default");
+    assert!(error.reason.contains("spec.hard.Tesla-T4"), "{error}");
+    state.replace_quotas(vec![quota("8", "4")]);
+    assert_eq!(hard(&state), Ok(8000));
+}
+
 /// A pod that wants a model and is bound on a single-strategy MIG node of it uses a
 /// slice (usage); on a cluster whose GPUs of the model are all sliced it was charged a
 /// slice at admission too, and its pending total counts as seen by that amount (or it

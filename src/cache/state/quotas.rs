@@ -160,12 +160,12 @@ impl ClusterState {
     /// the watch; a watch event older than what the cache holds is then ignored.
     pub fn apply_quota(&mut self, quota: GPUQuota) {
         let key = quota_key(&quota);
-        let held = self.quotas.get(&key).and_then(resource_version);
+        let held = self.quotas.get(&key).and_then(|h| resource_version(&h.crd));
         if held.is_some_and(|held| resource_version(&quota).is_some_and(|new| new < held)) {
             return;
         }
         let namespace = key.0.clone();
-        self.quotas.insert(key, quota);
+        self.quotas.insert(key, HeldQuota::from(quota));
         self.recharge_namespace(&namespace);
     }
 
@@ -176,7 +176,9 @@ impl ClusterState {
     }
 
     pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
-        let fresh = quotas.into_iter().map(|q| (quota_key(&q), q)).collect();
+        let fresh = (quotas.into_iter())
+            .map(|q| (quota_key(&q), HeldQuota::from(q)))
+            .collect();
         let old = std::mem::replace(&mut self.quotas, fresh);
         let namespaces: std::collections::BTreeSet<String> = (old.into_keys())
             .chain(self.quotas.keys().cloned())
@@ -190,10 +192,17 @@ impl ClusterState {
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
     /// (offline mode's ledger), with their cohorts' pools counted the same way.
     pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
-        let mut views = self.counted_views(self.namespace_quotas(namespace))?;
+        let mut views = self.counted_views(self.held_quotas(namespace))?;
         let cohorts = cohort::cohorts_of(&views);
         if !cohorts.is_empty() {
-            let members = self.counted_views(self.cohort_quotas(&cohorts))?;
+            let member = |h: &&HeldQuota| {
+                h.crd
+                    .spec
+                    .cohort
+                    .as_ref()
+                    .is_some_and(|c| cohorts.contains(c))
+            };
+            let members = self.counted_views(self.quotas.values().filter(member))?;
             cohort::attach_pools(&mut views, &members);
         }
         Ok(views)
@@ -202,11 +211,11 @@ impl ClusterState {
     /// Views of `quotas` with `used` counted from the pods this cache holds.
     fn counted_views<'a>(
         &self,
-        quotas: impl Iterator<Item = &'a GPUQuota>,
+        quotas: impl Iterator<Item = &'a HeldQuota>,
     ) -> Result<Vec<QuotaView>, StatusError> {
         quotas
-            .map(|quota| {
-                let mut view = QuotaView::from_crd(quota)?;
+            .map(|held| {
+                let mut view = held.view.clone()?;
                 let used = self.usage(&view.namespace);
                 view.used = used
                     .iter()
@@ -240,7 +249,7 @@ impl ClusterState {
         cohorts: &'a BTreeSet<String>,
     ) -> impl Iterator<Item = &'a GPUQuota> {
         let member = |q: &&GPUQuota| q.spec.cohort.as_ref().is_some_and(|c| cohorts.contains(c));
-        self.quotas.values().filter(member)
+        self.quotas().filter(member)
     }
 
     /// The part of its namespace's usage `quota` reports in its status and metrics
@@ -369,4 +378,21 @@ pub(super) fn quota_key(quota: &GPUQuota) -> (String, String) {
         quota.metadata.namespace.clone().unwrap_or_default(),
         quota.metadata.name.clone().unwrap_or_default(),
     )
+}
+
+/// A GPUQuota as the cache holds it, with the view admission decides on parsed once,
+/// when the quota arrives: admission reads it on every create, and the quota changes
+/// seldom.
+#[derive(Debug)]
+pub(super) struct HeldQuota {
+    pub(super) crd: GPUQuota,
+    /// `used` empty: counted from the pods when a view is asked for.
+    view: Result<QuotaView, StatusError>,
+}
+
+impl From<GPUQuota> for HeldQuota {
+    fn from(crd: GPUQuota) -> Self {
+        let view = QuotaView::from_crd(&crd);
+        HeldQuota { crd, view }
+    }
 }

@@ -311,13 +311,11 @@ pub async fn accept<T: Send + 'static>(
 /// otherwise see its connection or stream reset instead of the answer.
 const DRAIN_MAX: u64 = 128 << 20;
 
-/// The body's bytes, up to `limit`. A body that comes in one frame (a review usually
-/// does) is kept as it came, uncopied; one in several is joined in a buffer that
-/// `expected` (the announced length) sizes once instead of growing it.
+/// The body's bytes, up to `limit`; `expected` (the announced length) sizes the buffer
+/// once instead of growing it.
 async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Bytes, Rejection> {
     use http_body_util::BodyExt;
-    let mut first: Option<Bytes> = None;
-    let mut joined = Vec::new();
+    let mut kept = Vec::with_capacity(expected);
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
         let frame =
@@ -330,22 +328,13 @@ async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Byte
             break;
         }
         if seen <= limit as u64 {
-            match first.take() {
-                None if joined.is_empty() => first = Some(data),
-                earlier => {
-                    if let Some(earlier) = earlier {
-                        joined.reserve(expected.max(earlier.len() + data.len()));
-                        joined.extend_from_slice(&earlier);
-                    }
-                    joined.extend_from_slice(&data);
-                }
-            }
+            kept.extend_from_slice(&data);
         }
     }
     if seen > limit as u64 {
         return Err(Rejection::TooLarge { limit });
     }
-    Ok(first.unwrap_or_else(|| joined.into()))
+    Ok(kept.into())
 }
 
 /// The shape of every POST handler: read and decode the body (400 on bad input, 413

@@ -433,7 +433,9 @@ mod tests {
             &["{\"a\": 1}", "", ""],
             &["", "", "{", "", "\"a\": 1}"],
         ] {
-            let read = read_body(framed(frames), 64, 9).await.unwrap();
+            let read = read_body(framed(frames), 64, 9)
+                .await
+                .expect("within the limit");
             assert_eq!(&read[..], b"{\"a\": 1}", "{frames:?}");
         }
         let over = read_body(framed(&["0123", "45678"]), 8, 9).await;

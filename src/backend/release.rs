@@ -76,6 +76,26 @@ pub struct Releaser {
     settling: Mutex<foldhash::HashSet<String>>,
 }
 
+/// A pod in [`Releaser::settling`] for as long as this lives: until its settle ends,
+/// however it ends (a cancelled settle too).
+struct Settling<'a> {
+    set: &'a Mutex<foldhash::HashSet<String>>,
+    key: &'a str,
+}
+
+impl<'a> Settling<'a> {
+    fn mark(set: &'a Mutex<foldhash::HashSet<String>>, key: &'a str) -> Self {
+        set.lock().insert(key.to_string());
+        Settling { set, key }
+    }
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(self.key);
+    }
+}
+
 impl Releaser {
     pub fn new(
         backend: Backend,
@@ -257,10 +277,8 @@ impl Releaser {
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
-                self.settling.lock().insert(pod.key.clone());
-                let settled = self.settle(namespace, &pod.key, charge, now).await;
-                self.settling.lock().remove(&pod.key);
-                settled
+                let _settling = Settling::mark(&self.settling, &pod.key);
+                self.settle(namespace, &pod.key, charge, now).await
             }
         }
     }
@@ -368,6 +386,23 @@ fn ungate_patch(pod: &Pod, second: &str) -> Option<json_patch::Patch> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[tokio::test]
+    async fn a_pod_stops_settling_when_its_settle_ends_or_is_cancelled() {
+        let set = Mutex::new(foldhash::HashSet::default());
+        {
+            let _settling = Settling::mark(&set, "team/a");
+            assert!(set.lock().contains("team/a"), "no pass plans it meanwhile");
+        }
+        assert!(set.lock().is_empty());
+        let settle = async {
+            let _settling = Settling::mark(&set, "team/b");
+            std::future::pending::<()>().await
+        };
+        let cut = tokio::time::timeout(Duration::from_millis(10), settle).await;
+        assert!(cut.is_err());
+        assert!(set.lock().is_empty(), "a cancelled settle leaves no mark");
+    }
 
     #[test]
     fn the_patch_tests_the_gate_where_the_fresh_copy_has_it() {

@@ -354,15 +354,7 @@ async fn at_the_cap_a_newcomer_takes_the_slot_of_the_peer_holding_the_most() {
     // ...in the place of the flooder's oldest connection.
     assert!(closed_by_server(&mut flood_old).await);
     // The honest peer's connection, older still, was left alone: it can still talk.
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
-        .connect(name, honest)
-        .await
-        .expect("the honest peer's connection was kept");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let (mut sender, _driver) = over_tls(honest, &door, "the honest peer's connection").await;
     get_version(&mut sender).await;
 }
 
@@ -380,27 +372,14 @@ async fn a_newcomer_does_not_cut_its_own_clients_handshake_still_in_tls_however_
     let slow = tcp_from([127, 0, 0, 4], door.addr).await;
     // Past the one second that makes a handshake no longer young.
     tokio::time::sleep(gpu_admission::server::slots::YOUNG + Duration::from_millis(200)).await;
-    let (addr, config) = (door.addr, tls_support::client_config(&door.ca));
-    let newcomer = tokio::spawn(async move {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind(SocketAddr::from(([127, 0, 0, 4], 0))).unwrap();
-        let tcp = socket.connect(addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        tokio_rustls::TlsConnector::from(config)
-            .connect(name, tcp)
-            .await
-    });
+    // A newcomer of the same client waits at the cap (its TLS is not answered yet).
+    let newcomer = tcp_from([127, 0, 0, 4], door.addr).await;
+    let (config, name) = (tls_support::client_config(&door.ca), "localhost".try_into());
+    let newcomer =
+        tokio::spawn(tokio_rustls::TlsConnector::from(config).connect(name.unwrap(), newcomer));
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The slow handshake completes and serves: its slot was not taken.
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
-        .connect(name, slow)
-        .await
-        .expect("the client's own slow handshake was kept");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let (mut sender, _driver) = over_tls(slow, &door, "the client's own slow handshake").await;
     get_version(&mut sender).await;
     newcomer.abort();
 }
@@ -415,17 +394,31 @@ async fn keep_alive_from(
     tokio::task::JoinHandle<hyper::Result<()>>,
 ) {
     let tcp = tcp_from(source, door.addr).await;
+    let (mut sender, driver) = over_tls(tcp, door, "a new connection").await;
+    get_version(&mut sender).await;
+    (sender, driver)
+}
+
+/// HTTP/1.1 over TLS on `tcp`, a connection to `door` opened before: its sender, and its
+/// driver (which ends when the connection closes). Panics, naming `what`, when the
+/// server closed the connection before its handshake ended.
+async fn over_tls(
+    tcp: tokio::net::TcpStream,
+    door: &Door,
+    what: &str,
+) -> (
+    hyper::client::conn::http1::SendRequest<Body>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let tls = tokio_rustls::TlsConnector::from(tls_support::client_config(&door.ca))
         .connect(name, tcp)
         .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .unwrap_or_else(|e| panic!("{what} was closed before its handshake ended: {e}"));
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
         .await
         .unwrap();
-    let driver = tokio::spawn(conn);
-    get_version(&mut sender).await;
-    (sender, driver)
+    (sender, tokio::spawn(conn))
 }
 
 /// `GET /version` on a kept-alive connection, answered 200.

@@ -195,14 +195,8 @@ impl ClusterState {
         let mut views = self.counted_views(self.held_quotas(namespace))?;
         let cohorts = cohort::cohorts_of(&views);
         if !cohorts.is_empty() {
-            let member = |h: &&HeldQuota| {
-                h.crd
-                    .spec
-                    .cohort
-                    .as_ref()
-                    .is_some_and(|c| cohorts.contains(c))
-            };
-            let members = self.counted_views(self.quotas.values().filter(member))?;
+            let members = (self.quotas.values()).filter(|h| in_cohorts(&h.crd, &cohorts));
+            let members = self.counted_views(members)?;
             cohort::attach_pools(&mut views, &members);
         }
         Ok(views)
@@ -248,8 +242,7 @@ impl ClusterState {
         &'a self,
         cohorts: &'a BTreeSet<String>,
     ) -> impl Iterator<Item = &'a GPUQuota> {
-        let member = |q: &&GPUQuota| q.spec.cohort.as_ref().is_some_and(|c| cohorts.contains(c));
-        self.quotas().filter(member)
+        self.quotas().filter(|q| in_cohorts(q, cohorts))
     }
 
     /// The part of its namespace's usage `quota` reports in its status and metrics
@@ -378,6 +371,12 @@ pub(super) fn quota_key(quota: &GPUQuota) -> (String, String) {
         quota.metadata.namespace.clone().unwrap_or_default(),
         quota.metadata.name.clone().unwrap_or_default(),
     )
+}
+
+/// Whether `quota` is a member of one of `cohorts`.
+fn in_cohorts(quota: &GPUQuota, cohorts: &BTreeSet<String>) -> bool {
+    let cohort = quota.spec.cohort.as_ref();
+    cohort.is_some_and(|c| cohorts.contains(c))
 }
 
 /// A GPUQuota as the cache holds it, with the view admission decides on parsed once,

@@ -8,25 +8,25 @@
 //!
 //! - only connections with no request in flight can be chosen: a request being
 //!   answered is never cut (an admission review cut short is a pod not created);
-//! - a newcomer never takes the slot of a handshake (still in TLS, or *young*) or of
-//!   an idle keep-alive connection of its own peer: the API server, given a burst of
-//!   reviews, dials many connections at once and sends its next review on any
+//! - a newcomer never takes the slot of its own peer's handshake (still in TLS, however
+//!   old), young opening or idle keep-alive connection: the API server, given a burst
+//!   of reviews, dials many connections at once and sends its next review on any
 //!   connection it holds, and cutting one of them for another of its own gains it
 //!   nothing and fails a review (seen as "write: connection reset by peer" in the API
 //!   server's error). Such a newcomer waits for a slot instead, in its own task, so
 //!   other peers are still accepted meanwhile; only its own *silent* sockets (TLS
-//!   done, no request within [`YOUNG`] of its end) give way to it. A handshake still in TLS past
-//!   [`YOUNG`] is the API server's own on a starved machine as often as a flooder's
-//!   (seen in CI: 500 creates on two cores, "write: broken pipe"); the opening
-//!   deadline bounds it anyway;
+//!   done, no request within [`YOUNG`] of its end) give way to it. A handshake still
+//!   in TLS past [`YOUNG`] is the API server's own on a starved machine as often as a
+//!   flooder's (seen in CI: 500 creates on two cores, "write: broken pipe"); the
+//!   opening deadline bounds it anyway;
 //! - the peer (IP address) holding the most connections that may give way gives one
 //!   up, so a client holding many idle slots pays before one holding a few (the API
 //!   server reuses a few connections, a kubelet probe opens one), whatever the number
 //!   of slots;
 //! - of that peer's connections: first one that has made no request for [`YOUNG`] or
-//!   more (a silent socket: a flooder's), then one idle between requests, then a young
-//!   handshake; the oldest first within each. An honest newcomer finishes its handshake
-//!   in milliseconds and is never the oldest.
+//!   more (a silent socket or an old handshake: a flooder's), then one idle between
+//!   requests, then a young one; the oldest first within each. An honest newcomer
+//!   finishes its handshake in milliseconds and is never the oldest.
 //!
 //! When every slot has a request in flight, the newcomer waits (in the kernel's
 //! backlog) until one ends: requests are bounded by the request timeout.
@@ -48,7 +48,10 @@ use tokio_util::sync::CancellationToken;
 /// are given up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Phase {
-    /// No request yet: in its TLS handshake, or connected and silent.
+    /// In its TLS handshake: the server has not finished it (the client may not have
+    /// begun it).
+    Handshake,
+    /// No request yet: TLS done (or plain HTTP), nothing asked so far.
     Opening,
     /// Has made requests, none in flight (a keep-alive connection between requests).
     Idle,
@@ -66,16 +69,15 @@ pub const YOUNG: Duration = Duration::from_secs(1);
 /// request ends): a young handshake grows old without telling anyone.
 const RECHECK: Duration = Duration::from_millis(50);
 
-/// One slot holder, as [`victim`] sees it. `age`: lower is older; `young`: connected,
-/// or done with its TLS handshake, less than [`YOUNG`] ago.
+/// One slot holder, as [`victim`] sees it. `age`: lower is older; `young`: in its
+/// current phase for less than [`YOUNG`] (connected, or done with its TLS handshake,
+/// that recently).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub age: u64,
     pub peer: IpAddr,
     pub phase: Phase,
     pub young: bool,
-    /// In its TLS handshake (the server has not finished it yet).
-    pub handshaking: bool,
 }
 
 impl Holder {
@@ -83,7 +85,9 @@ impl Holder {
     fn may_give_way_to(&self, newcomer: IpAddr) -> bool {
         match self.phase {
             Phase::Busy => false,
-            Phase::Opening => !(self.peer == newcomer && (self.young || self.handshaking)),
+            // However old: a starved server finishes its client's handshakes late.
+            Phase::Handshake => self.peer != newcomer,
+            Phase::Opening => !(self.peer == newcomer && self.young),
             // Its client may be writing its next request on it right now: closing it
             // would fail that request ("connection reset by peer") to open another of
             // the same client's connections.
@@ -95,9 +99,9 @@ impl Holder {
     /// handshakes under way.
     fn rank(&self) -> u8 {
         match (self.phase, self.young) {
-            (Phase::Opening, false) => 0,
+            (Phase::Handshake | Phase::Opening, false) => 0,
             (Phase::Idle, _) => 1,
-            (Phase::Opening, true) => 2,
+            (Phase::Handshake | Phase::Opening, true) => 2,
             (Phase::Busy, _) => 3,
         }
     }
@@ -267,7 +271,6 @@ impl Activity {
             peer: self.peer,
             phase: self.phase(),
             young: self.since(&self.handshake_ended) < YOUNG,
-            handshaking: self.handshaking.load(Ordering::Acquire),
         }
     }
 
@@ -294,6 +297,8 @@ impl Activity {
             Phase::Busy
         } else if self.requested.load(Ordering::Acquire) {
             Phase::Idle
+        } else if self.handshaking.load(Ordering::Acquire) {
+            Phase::Handshake
         } else {
             Phase::Opening
         }
@@ -363,7 +368,6 @@ mod tests {
             peer: ip(peer),
             phase,
             young: false,
-            handshaking: false,
         }
     }
 
@@ -452,10 +456,7 @@ mod tests {
     fn a_newcomer_never_cuts_its_own_peers_handshake_still_in_tls_however_old() {
         // On a starved machine the server finishes a handshake late; its client has
         // already written a review on it.
-        let slow = Holder {
-            handshaking: true,
-            ..holder(0, 1, Phase::Opening)
-        };
+        let slow = holder(0, 1, Phase::Handshake);
         assert_eq!(victim(&[slow, young(1, 1)], ip(1)), None);
         assert_eq!(
             victim(&[slow, young(1, 1)], ip(2)),
@@ -471,11 +472,11 @@ mod tests {
         activity.started -= YOUNG * 2;
         activity.set_handshaking(true);
         let in_tls = activity.holder(0);
-        assert!(in_tls.handshaking && !in_tls.young);
+        assert!(in_tls.phase == Phase::Handshake && !in_tls.young);
         // The server ends the handshake now: its client's request is due from now.
         activity.set_handshaking(false);
         let done = activity.holder(0);
-        assert!(!done.handshaking && done.young);
+        assert!(done.phase == Phase::Opening && done.young);
         assert_eq!(
             victim(&[done], ip(1)),
             None,

@@ -37,9 +37,7 @@ use crate::cache::{
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
-use crate::quota::cohort;
 use crate::quota::pending::CreatedSecond;
-use crate::quota::status::views_with_status;
 use crate::quota::{Charge, ModelAmounts, QuotaView, admit};
 
 pub use quota_writer::{Ask, ChargeError, ChargeOutcome, QuotaWriter};
@@ -219,16 +217,7 @@ impl Backend {
         namespace: &str,
     ) -> Result<Vec<QuotaView>, StatusError> {
         match self.mode {
-            Mode::Api { .. } => {
-                let quotas: Vec<GPUQuota> = state.namespace_quotas(namespace).cloned().collect();
-                let mut views = views_with_status(&quotas)?;
-                let cohorts = cohort::cohorts_of(&views);
-                if !cohorts.is_empty() {
-                    let members: Vec<GPUQuota> = state.cohort_quotas(&cohorts).cloned().collect();
-                    cohort::attach_pools(&mut views, &views_with_status(&members)?);
-                }
-                Ok(views)
-            }
+            Mode::Api { .. } => state.recorded_quota_views(namespace),
             Mode::Offline => state.quota_views(namespace),
         }
     }

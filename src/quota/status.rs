@@ -62,22 +62,22 @@ pub fn with_charges(
 
 /// Quota views whose `used` is what the status says (pending charges included).
 pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusError> {
-    quotas
-        .iter()
-        .map(|quota| {
-            let invalid = |reason: String| StatusError {
-                quota: quota_name(quota),
-                reason,
-            };
-            let mut view = QuotaView::from_crd(quota)?;
-            for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
-                let amount = Milli::parse(&quantity.0)
-                    .map_err(|e| invalid(format!("status.used.{model}: {e}")))?;
-                view.used.insert(model.clone(), amount);
-            }
-            Ok(view)
-        })
-        .collect()
+    quotas.iter().map(view_with_status).collect()
+}
+
+/// [`views_with_status`] of one quota.
+pub fn view_with_status(quota: &GPUQuota) -> Result<QuotaView, StatusError> {
+    let invalid = |reason: String| StatusError {
+        quota: quota_name(quota),
+        reason,
+    };
+    let mut view = QuotaView::from_crd(quota)?;
+    for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
+        let amount =
+            Milli::parse(&quantity.0).map_err(|e| invalid(format!("status.used.{model}: {e}")))?;
+        view.used.insert(model.clone(), amount);
+    }
+    Ok(view)
 }
 
 /// The status the reconciler wants: usage from the pods it sees (`pod_usage`, what this

@@ -134,6 +134,35 @@ fn quota_views_follow_the_quota_as_it_changes_and_name_one_that_cannot_be_read()
     assert_eq!(hard(&state), Ok(8000));
 }
 
+#[test]
+fn recorded_quota_views_say_what_the_newest_status_says_and_name_one_that_cannot_be_read() {
+    let quota = |used: &str, version: &str| -> crate::quota::GPUQuota {
+        serde_json::from_value(json!({
+            "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+            "metadata": {"name": "default", "namespace": "team-a", "resourceVersion": version},
+            "spec": {"hard": {"Tesla-T4": "4"}},
+            "status": {"used": {"Tesla-T4": used}}
+        }))
+        .unwrap()
+    };
+    let mut state = ClusterState::default();
+    let used = |state: &ClusterState| {
+        let views = state.recorded_quota_views("team-a");
+        views.map(|v| (v[0].hard["Tesla-T4"].0, v[0].used["Tesla-T4"].0))
+    };
+    state.apply_quota(quota("1", "1"));
+    assert_eq!(used(&state), Ok((4000, 1000)));
+    // The ledger's own write lands: the next admission decides on it.
+    state.apply_quota(quota("1500m", "2"));
+    assert_eq!(used(&state), Ok((4000, 1500)));
+    // A watch event older than what is held changes nothing.
+    state.apply_quota(quota("0", "1"));
+    assert_eq!(used(&state), Ok((4000, 1500)));
+    state.apply_quota(quota("lots", "3"));
+    let error = state.recorded_quota_views("team-a").unwrap_err();
+    assert!(error.reason.contains("status.used.Tesla-T4"), "{error}");
+}
+
 /// A pod that wants a model and is bound on a single-strategy MIG node of it uses a
 /// slice (usage); on a cluster whose GPUs of the model are all sliced it was charged a
 /// slice at admission too, and its pending total counts as seen by that amount (or it

@@ -192,33 +192,42 @@ impl ClusterState {
     /// The namespace's GPUQuotas with `used` counted from the pods this cache holds
     /// (offline mode's ledger), with their cohorts' pools counted the same way.
     pub fn quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
-        let mut views = self.counted_views(self.held_quotas(namespace))?;
+        self.views_of(namespace, |held| {
+            let mut view = held.view.clone()?;
+            let used = self.usage(&view.namespace);
+            view.used = used
+                .iter()
+                .filter(|(m, _)| view.hard.contains_key(*m))
+                .map(|(m, a)| (m.clone(), *a))
+                .collect();
+            Ok(view)
+        })
+    }
+
+    /// The namespace's GPUQuotas with `used` as their status records it (API mode's
+    /// ledger, which every replica charges against), with their cohorts' pools.
+    pub fn recorded_quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
+        self.views_of(namespace, |held| held.recorded.clone())
+    }
+
+    /// The views `view` makes of the namespace's quotas, with the pools of their
+    /// cohorts attached (made of every member's view).
+    fn views_of(
+        &self,
+        namespace: &str,
+        view: impl Fn(&HeldQuota) -> Result<QuotaView, StatusError>,
+    ) -> Result<Vec<QuotaView>, StatusError> {
+        let mut views: Vec<QuotaView> = self
+            .held_quotas(namespace)
+            .map(&view)
+            .collect::<Result<_, _>>()?;
         let cohorts = cohort::cohorts_of(&views);
         if !cohorts.is_empty() {
             let members = (self.quotas.values()).filter(|h| in_cohorts(&h.crd, &cohorts));
-            let members = self.counted_views(members)?;
+            let members: Vec<QuotaView> = members.map(&view).collect::<Result<_, _>>()?;
             cohort::attach_pools(&mut views, &members);
         }
         Ok(views)
-    }
-
-    /// Views of `quotas` with `used` counted from the pods this cache holds.
-    fn counted_views<'a>(
-        &self,
-        quotas: impl Iterator<Item = &'a HeldQuota>,
-    ) -> Result<Vec<QuotaView>, StatusError> {
-        quotas
-            .map(|held| {
-                let mut view = held.view.clone()?;
-                let used = self.usage(&view.namespace);
-                view.used = used
-                    .iter()
-                    .filter(|(m, _)| view.hard.contains_key(*m))
-                    .map(|(m, a)| (m.clone(), *a))
-                    .collect();
-                Ok(view)
-            })
-            .collect()
     }
 
     /// The live pods of `namespace` charged to `key` (admitted or let go, not
@@ -379,19 +388,26 @@ fn in_cohorts(quota: &GPUQuota, cohorts: &BTreeSet<String>) -> bool {
     cohort.is_some_and(|c| cohorts.contains(c))
 }
 
-/// A GPUQuota as the cache holds it, with the view admission decides on parsed once,
-/// when the quota arrives: admission reads it on every create, and the quota changes
-/// seldom.
+/// A GPUQuota as the cache holds it, with the views admission decides on parsed once,
+/// when the quota arrives: admission reads them on every create, and the quota (its
+/// status in API mode) changes far less often.
 #[derive(Debug)]
 pub(super) struct HeldQuota {
     pub(super) crd: GPUQuota,
-    /// `used` empty: counted from the pods when a view is asked for.
+    /// `used` empty: offline, counted from the pods when a view is asked for.
     view: Result<QuotaView, StatusError>,
+    /// `used` as the status records it (API mode).
+    recorded: Result<QuotaView, StatusError>,
 }
 
 impl From<GPUQuota> for HeldQuota {
     fn from(crd: GPUQuota) -> Self {
         let view = QuotaView::from_crd(&crd);
-        HeldQuota { crd, view }
+        let recorded = crate::quota::status::view_with_status(&crd);
+        HeldQuota {
+            crd,
+            view,
+            recorded,
+        }
     }
 }

@@ -25,7 +25,9 @@
 //! default), `POD=bare` (a pod of only a name, a container and its GPU limits, as
 //! tests post one, instead of the Deployment's), `POD=mixed` (small pods of seven
 //! shapes, slot by slot: 10% and 30% shares, a whole GPU, two `nvidia.com/gpu`, a named
-//! model, a GPU init container, a native sidecar), `IN_PROCESS=1` (each route's
+//! model, a GPU init container, a native sidecar; each in the quota namespace, in one
+//! whose GPUQuota has no room, whose reviews `/validate` denies and logs, and in one
+//! without a GPUQuota; run it with `2>/dev/null`), `IN_PROCESS=1` (each route's
 //! handler called through the router in this thread, over every connection's reviews:
 //! no TLS, HTTP or socket), `NO_LOG=1` (no logger, to see what the span costs).
 #![allow(clippy::unwrap_used)]
@@ -56,6 +58,10 @@ const OTHER_PODS: usize = 10_000;
 /// cluster, so a re-sent one replaces itself and the namespace stays the same size.
 const SLOTS: usize = 32;
 const NAMESPACE: &str = "team-q";
+/// `POD=mixed` only: a namespace whose GPUQuota has no room (its reviews are denied,
+/// and each denial logged), and one with no GPUQuota.
+const FULL: &str = "team-full";
+const OPEN: &str = "team-open";
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -134,6 +140,14 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
     }))
     .unwrap();
     cache.with_state(|s| s.apply_quota(quota));
+    // A namespace whose quota has no room at all: every GPU pod of it is refused.
+    let full: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": FULL},
+        "spec": {"hard": {"Tesla-T4": "0"}, "defaultType": "Tesla-T4"}
+    }))
+    .unwrap();
+    cache.with_state(|s| s.apply_quota(full));
 }
 
 /// A Deployment's GPU pod as kube-apiserver hands it to the webhooks on CREATE: named
@@ -236,8 +250,20 @@ fn bare_pod() -> Value {
 /// Pods of the shapes a shared cluster's tenants create, one of each: shares of 10% and
 /// 30% of a GPU, a whole GPU through gpu-manager, two whole `nvidia.com/gpu`, a pod that
 /// names its model, one with a GPU init container, one with a native sidecar holding a
-/// share beside its app.
+/// share beside its app; each in the quota namespace, in one whose quota is full, and in
+/// one without a quota.
 fn mixed_pods() -> Vec<Value> {
+    // Interleaved: slot `s` is in namespace `s % 3`.
+    let in_namespace = |mut pod: Value, namespace: &str| {
+        pod["metadata"]["namespace"] = json!(namespace);
+        pod
+    };
+    (mixed_shapes().into_iter())
+        .flat_map(|pod| [NAMESPACE, FULL, OPEN].map(|ns| in_namespace(pod.clone(), ns)))
+        .collect()
+}
+
+fn mixed_shapes() -> Vec<Value> {
     let share = |core: u32, memory: u32| {
         json!({"limits": {"tencent.com/vcuda-core": core.to_string(),
             "tencent.com/vcuda-memory": memory.to_string()}})
@@ -319,7 +345,7 @@ fn review(uid: &str, pod: &Value) -> Bytes {
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": NAMESPACE, "operation": "CREATE",
+            "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
             "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
                 "uid": "0b1c2d3e-aaaa-4bbb-8ccc-ddddeeeeffff",
                 "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]},
@@ -506,7 +532,8 @@ async fn main() {
         )
         .await;
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
-        assert_eq!(response_of(&answer)["allowed"], true, "{patched}");
+        let refused = patched["metadata"]["namespace"] == FULL;
+        assert_eq!(response_of(&answer)["allowed"], !refused, "{patched}");
         mutated.push(patched);
     }
     drop(sender);

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::pod::{is_gated, key_parts};
@@ -74,6 +74,39 @@ pub struct Releaser {
     /// Pods whose ungate failed, while [`Releaser::settle`] finds out what happened: no
     /// pass plans them meanwhile (a second release could keep a second charge).
     settling: Mutex<foldhash::HashSet<String>>,
+}
+
+/// A pod's turn at its gate: in one pass the charges are written concurrently, but the
+/// gates come off in line order, each after the one before it has come off (or failed
+/// to), so that nobody sees a pod let go while one ahead of it still waits.
+struct GateTurn {
+    /// Resolves (or fails, when dropped) once the pod ahead is through its gate.
+    after: Option<oneshot::Receiver<()>>,
+    /// Dropped when this pod is through: the pod behind goes.
+    _through: oneshot::Sender<()>,
+}
+
+impl GateTurn {
+    /// One turn per pod, in line order.
+    fn line(pods: usize) -> Vec<GateTurn> {
+        let mut ahead = None;
+        (0..pods)
+            .map(|_| {
+                let (through, next) = oneshot::channel();
+                GateTurn {
+                    after: ahead.replace(next),
+                    _through: through,
+                }
+            })
+            .collect()
+    }
+
+    /// Wait for the pod ahead to be through its gate.
+    async fn wait(&mut self) {
+        if let Some(after) = self.after.take() {
+            let _ = after.await;
+        }
+    }
 }
 
 /// A pod in [`Releaser::settling`] for as long as this lives: until its settle ends,
@@ -172,8 +205,9 @@ impl Releaser {
                 Turn::Wait { place, why } => told |= self.tell(pod, place, why),
             }
         }
-        let released = futures::stream::iter(releases)
-            .map(|(pod, charge)| self.release(namespace, pod, charge, now))
+        let turns = GateTurn::line(releases.len());
+        let released = futures::stream::iter(releases.into_iter().zip(turns))
+            .map(|((pod, charge), turn)| self.release(namespace, pod, charge, now, turn))
             .buffer_unordered(IN_FLIGHT)
             .filter(|released| std::future::ready(*released))
             .count()
@@ -217,8 +251,16 @@ impl Releaser {
     }
 
     /// Let `pod` go: charge, then ungate; give the charge back if the gate stays.
-    async fn release(&self, namespace: &str, pod: Waiting, charge: Charge, now: i64) -> bool {
-        let result = self.charge_and_ungate(namespace, &pod, &charge, now).await;
+    async fn release(
+        &self,
+        namespace: &str,
+        pod: Waiting,
+        charge: Charge,
+        now: i64,
+        turn: GateTurn,
+    ) -> bool {
+        let result = self.charge_and_ungate(namespace, &pod, &charge, now, turn);
+        let result = result.await;
         match result {
             Ok(true) => {
                 self.recent.lock().insert(pod.key.clone(), Instant::now());
@@ -247,6 +289,7 @@ impl Releaser {
         pod: &Waiting,
         charge: &Charge,
         now: CreatedSecond,
+        mut turn: GateTurn,
     ) -> Result<bool, ReleaseError> {
         let charged: Option<&ModelAmounts> = match charge {
             Charge::Model { charge, .. } => Some(charge),
@@ -265,7 +308,9 @@ impl Releaser {
                 ChargeOutcome::Denied(_) => return Ok(false),
             }
         }
+        turn.wait().await;
         let ungated = self.ungate(&pod.key, now).await;
+        drop(turn); // the pod behind goes, whatever settling this one needs
         let Some(charge) = charged else {
             return ungated;
         };
@@ -402,6 +447,33 @@ mod tests {
         let cut = tokio::time::timeout(Duration::from_millis(10), settle).await;
         assert!(cut.is_err());
         assert!(set.lock().is_empty(), "a cancelled settle leaves no mark");
+    }
+
+    #[tokio::test]
+    async fn gates_come_off_in_line_order_whichever_charge_is_written_first() {
+        let through = Mutex::new(Vec::new());
+        let pods = GateTurn::line(4).into_iter().enumerate();
+        // The later a pod is in line, the sooner its charge is written.
+        let released = pods.map(|(place, mut turn)| {
+            let through = &through;
+            async move {
+                tokio::time::sleep(Duration::from_millis(40 - 10 * place as u64)).await;
+                turn.wait().await;
+                through.lock().push(place);
+            }
+        });
+        futures::stream::iter(released)
+            .buffer_unordered(IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await;
+        assert_eq!(*through.lock(), [0, 1, 2, 3]);
+        // A pod that never reaches its gate (its charge denied) lets the next one go.
+        let mut line = GateTurn::line(2);
+        let mut second = line.pop().unwrap();
+        drop(line);
+        tokio::time::timeout(Duration::from_secs(5), second.wait())
+            .await
+            .expect("the pod behind goes");
     }
 
     #[test]

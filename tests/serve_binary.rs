@@ -258,6 +258,36 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// Text logs into a pipe (a pod's stderr) are plain text: no terminal colour codes for
+/// `kubectl logs` and log collectors to store.
+#[test]
+fn text_logs_into_a_pipe_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--cluster", &example("cluster.yaml")])
+        .args(["--address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
+        .args(["--extender-address", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .env_remove("NO_COLOR")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let serving = std::iter::from_fn(|| lines.recv_timeout(Duration::from_secs(30)).ok())
+        .find(|line| line.contains(" serving ") && line.contains("mode"));
+    let _ = child.kill();
+    let _ = child.wait();
+    let serving = serving.expect("the server logs that it serves");
+    assert!(!serving.contains('\u{1b}'), "{serving:?}");
+    assert!(serving.contains(r#"mode="offline""#), "{serving}");
+}
+
 #[test]
 fn startup_errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();

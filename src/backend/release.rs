@@ -259,9 +259,10 @@ impl Releaser {
         now: i64,
         turn: GateTurn,
     ) -> bool {
-        let result = self.charge_and_ungate(namespace, &pod, &charge, now, turn);
-        let result = result.await;
-        match result {
+        match self
+            .charge_and_ungate(namespace, &pod, &charge, now, turn)
+            .await
+        {
             Ok(true) => {
                 self.recent.lock().insert(pod.key.clone(), Instant::now());
                 let model = pod.wanted.models.first().cloned().unwrap_or_default();

@@ -9,6 +9,7 @@
 //! HTTP, no API calls and no async. `certs` bootstraps TLS.
 
 pub mod admission;
+pub mod api_client;
 pub mod backend;
 pub mod cache;
 pub mod certs;

@@ -222,27 +222,10 @@ pub async fn kube_client(
             .parse()
             .with_context(|| format!("--master {master:?} is not a URL"))?;
     }
-    client_with_nodelay(config)
-}
-
-/// A kube client like `Client::try_from(config)`, but with TCP_NODELAY on its
-/// connections: kube's default connector leaves Nagle on, and a small status write then
-/// waits out the apiserver's delayed ACK (~40 ms) — on every quota reservation.
-fn client_with_nodelay(config: kube::Config) -> anyhow::Result<kube::Client> {
-    use kube::client::ConfigExt;
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(config.connect_timeout);
-    let https = config.rustls_https_connector_with_connector(http)?;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build(https);
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(client);
-    Ok(kube::Client::new(service, config.default_namespace))
+    Ok(crate::api_client::client(
+        config,
+        crate::api_client::REQUEST_DEADLINE,
+    )?)
 }
 
 async fn watch_certificates(

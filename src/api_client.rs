@@ -1,0 +1,163 @@
+//! The kube client gpu-admission talks to the API server with: kube's own stack (base
+//! URI, authentication, rustls) on a connector with TCP_NODELAY, and a deadline on every
+//! request that is not a watch.
+//!
+//! Why a deadline: neither kube's default client nor this one has a read timeout, so a
+//! `get` or `patch` sent on a connection whose peer has gone silent (a half-open
+//! connection after a failover: no reset ever comes) would wait until the kernel gives
+//! up, and with it the quota queue's releaser, the reconciler or the lease. Admission
+//! requests are bounded by the listener's request timeout already. Watches are
+//! long-running by design (kube's watcher has its own idle timeout) and are left alone.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower::{BoxError, Layer, Service};
+
+/// A little past kube-apiserver's own `--request-timeout` (60 s by default), so no
+/// request the server would still answer is cut.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(70);
+
+/// A kube client on `config`, with TCP_NODELAY (kube's default connector leaves Nagle
+/// on, and a small status write then waits out the apiserver's delayed ACK, ~40 ms, on
+/// every quota charge) and [`REQUEST_DEADLINE`] on each request that is not a watch.
+pub fn client(config: kube::Config, deadline: Duration) -> Result<kube::Client, kube::Error> {
+    use kube::client::ConfigExt;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(DeadlineLayer(deadline))
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .map_err(BoxError::from)
+        .service(client);
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
+/// Whether a request to `uri` is a watch (`?watch=true`, as kube's watcher asks).
+fn is_watch(uri: &axum::http::Uri) -> bool {
+    let query = uri.query().unwrap_or_default();
+    query
+        .split('&')
+        .any(|pair| matches!(pair, "watch=true" | "watch=1"))
+}
+
+/// [`Deadline`] for every service it wraps.
+#[derive(Clone, Copy)]
+struct DeadlineLayer(Duration);
+
+impl<S> Layer<S> for DeadlineLayer {
+    type Service = Deadline<S>;
+    fn layer(&self, inner: S) -> Deadline<S> {
+        Deadline {
+            inner,
+            after: self.0,
+        }
+    }
+}
+
+/// A request that is not a watch fails after `after` without an answer.
+#[derive(Clone)]
+struct Deadline<S> {
+    inner: S,
+    after: Duration,
+}
+
+/// The error of a request cut by [`Deadline`].
+#[derive(Debug, thiserror::Error)]
+#[error("the API server did not answer within {0:?}")]
+pub struct NoAnswer(Duration);
+
+impl<S, B> Service<axum::http::Request<B>> for Deadline<S>
+where
+    S: Service<axum::http::Request<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let watch = is_watch(request.uri());
+        let call = self.inner.call(request);
+        let after = self.after;
+        Box::pin(async move {
+            if watch {
+                return call.await.map_err(Into::into);
+            }
+            match tokio::time::timeout(after, call).await {
+                Ok(answer) => answer.map_err(Into::into),
+                Err(_) => Err(NoAnswer(after).into()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, WatchParams};
+
+    #[test]
+    fn watches_are_told_from_one_shot_requests_by_their_query() {
+        let watch = "/api/v1/namespaces/ns/pods?&watch=true&timeoutSeconds=290";
+        assert!(is_watch(&watch.parse().unwrap()));
+        assert!(!is_watch(&"/api/v1/namespaces/ns/pods/p".parse().unwrap()));
+        let list = "/api/v1/pods?labelSelector=watch%3Dtrue";
+        assert!(
+            !is_watch(&list.parse().unwrap()),
+            "a selector is not a watch"
+        );
+    }
+
+    /// An API server that accepts connections and never answers (a peer gone silent).
+    async fn silent_server() -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        (url, held)
+    }
+
+    #[tokio::test]
+    async fn a_request_to_a_silent_api_server_fails_at_the_deadline_but_a_watch_waits() {
+        let (url, _server) = silent_server().await;
+        let config = kube::Config::new(url.parse().unwrap());
+        let deadline = Duration::from_millis(300);
+        let pods: Api<Pod> = Api::namespaced(client(config, deadline).unwrap(), "ns");
+        let started = std::time::Instant::now();
+        let error = tokio::time::timeout(Duration::from_secs(10), pods.get("p"))
+            .await
+            .expect("the get is cut by the deadline, not left waiting")
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("did not answer within"),
+            "{error}"
+        );
+        assert!(started.elapsed() >= deadline);
+        let params = WatchParams::default();
+        let waited = tokio::time::timeout(deadline * 3, pods.watch(&params, "0")).await;
+        assert!(
+            waited.is_err(),
+            "a watch is long-running: no deadline cuts it"
+        );
+    }
+}

@@ -6,15 +6,21 @@
 //! `get` or `patch` sent on a connection whose peer has gone silent (a half-open
 //! connection after a failover: no reset ever comes) would wait until the kernel gives
 //! up, and with it the quota queue's releaser, the reconciler or the lease. Admission
-//! requests are bounded by the listener's request timeout already. Watches are
-//! long-running by design (kube's watcher has its own idle timeout) and are left alone.
+//! requests are bounded by the listener's request timeout already. The answer's headers
+//! must come within the deadline, and then each piece of its body (a long list arrives
+//! in many). Watches are long-running by design (kube's watcher has its own idle
+//! timeout) and are left alone.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
 use tower::{BoxError, Layer, Service};
+use tower_http::timeout::TimeoutBody;
 
 /// A little past kube-apiserver's own `--request-timeout` (60 s by default), so no
 /// request the server would still answer is cut.
@@ -75,15 +81,22 @@ struct Deadline<S> {
 #[error("the API server did not answer within {0:?}")]
 pub struct NoAnswer(Duration);
 
-impl<S, B> Service<axum::http::Request<B>> for Deadline<S>
+/// An answer's body, bounded or not.
+type AnswerBody = UnsyncBoxBody<Bytes, BoxError>;
+
+type Answer = axum::http::Response<AnswerBody>;
+
+impl<S, B, A> Service<axum::http::Request<B>> for Deadline<S>
 where
-    S: Service<axum::http::Request<B>>,
+    S: Service<axum::http::Request<B>, Response = axum::http::Response<A>>,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
+    A: hyper::body::Body<Data = Bytes> + Send + 'static,
+    A::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = Answer;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -95,12 +108,15 @@ where
         let after = self.after;
         Box::pin(async move {
             if watch {
-                return call.await.map_err(Into::into);
+                let answer = call.await.map_err(Into::into)?;
+                return Ok(answer.map(|body| body.map_err(Into::into).boxed_unsync()));
             }
-            match tokio::time::timeout(after, call).await {
-                Ok(answer) => answer.map_err(Into::into),
-                Err(_) => Err(NoAnswer(after).into()),
-            }
+            let answer = match tokio::time::timeout(after, call).await {
+                Ok(answer) => answer.map_err(Into::into)?,
+                Err(_) => return Err(NoAnswer(after).into()),
+            };
+            let bounded = |body: A| TimeoutBody::new(after, body.map_err(Into::into));
+            Ok(answer.map(|body| bounded(body).boxed_unsync()))
         })
     }
 }
@@ -135,6 +151,30 @@ mod tests {
             }
         });
         (url, held)
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_body_stops_coming_fails_at_the_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let _server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; 64 * 1024];
+            let _ = socket.read(&mut request).await.unwrap(); // a GET: its head only
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                        content-length: 1000\r\n\r\n{\"kind\": \"Pod\"";
+            socket.write_all(head.as_bytes()).await.unwrap();
+            std::future::pending::<()>().await; // then silence, the socket held open
+        });
+        let config = kube::Config::new(url.parse().unwrap());
+        let pods: Api<Pod> =
+            Api::namespaced(client(config, Duration::from_millis(300)).unwrap(), "ns");
+        let error = tokio::time::timeout(Duration::from_secs(10), pods.get("p"))
+            .await
+            .expect("the body's silence is cut by the deadline, not waited out")
+            .unwrap_err();
+        assert!(error.to_string().contains("not received within"), "{error}");
     }
 
     #[tokio::test]

@@ -62,16 +62,16 @@ pub fn with_charges(
 
 /// Quota views whose `used` is what the status says (pending charges included).
 pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusError> {
-    quotas.iter().map(view_with_status).collect()
+    let view = |quota: &GPUQuota| with_recorded_use(QuotaView::from_crd(quota)?, quota);
+    quotas.iter().map(view).collect()
 }
 
-/// [`views_with_status`] of one quota.
-pub fn view_with_status(quota: &GPUQuota) -> Result<QuotaView, StatusError> {
+/// `view` (of `quota`'s spec) with `used` as `quota`'s status records it.
+pub fn with_recorded_use(mut view: QuotaView, quota: &GPUQuota) -> Result<QuotaView, StatusError> {
     let invalid = |reason: String| StatusError {
         quota: quota_name(quota),
         reason,
     };
-    let mut view = QuotaView::from_crd(quota)?;
     for (model, quantity) in quota.status.iter().flat_map(|s| &s.used) {
         let amount =
             Milli::parse(&quantity.0).map_err(|e| invalid(format!("status.used.{model}: {e}")))?;

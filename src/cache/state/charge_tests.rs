@@ -108,13 +108,13 @@ fn usage_counts_effective_requests_and_models_no_quota_lists() {
 
 #[test]
 fn quota_views_follow_the_quota_as_it_changes_and_name_one_that_cannot_be_read() {
-    let quota = |hard: &str, version: &str| -> crate::quota::GPUQuota {
-        serde_json::from_value(json!({
-            "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
-            "metadata": {"name": "default", "namespace": "team-a", "resourceVersion": version},
-            "spec": {"hard": {"Tesla-T4": hard}}
-        }))
-        .unwrap()
+    let quota = |hard: &str, version: &str| {
+        gpu_quota(
+            "team-a",
+            version,
+            json!({"hard": {"Tesla-T4": hard}}),
+            json!(null),
+        )
     };
     let mut state = ClusterState::default();
     state.apply_quota(quota("4", "1"));
@@ -136,22 +136,30 @@ fn quota_views_follow_the_quota_as_it_changes_and_name_one_that_cannot_be_read()
 
 #[test]
 fn recorded_quota_views_say_what_the_newest_status_says_and_name_one_that_cannot_be_read() {
-    let quota = |used: &str, version: &str| -> crate::quota::GPUQuota {
-        serde_json::from_value(json!({
-            "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
-            "metadata": {"name": "default", "namespace": "team-a", "resourceVersion": version},
-            "spec": {"hard": {"Tesla-T4": "4"}},
-            "status": {"used": {"Tesla-T4": used}}
-        }))
-        .unwrap()
+    // Two models, and a cohort whose other member (another namespace) borrows.
+    let spec = json!({"hard": {"Tesla-T4": "4", "A100": "2"}, "cohort": "research"});
+    let quota = |used: &str, version: &str| {
+        let status = json!({"used": {"Tesla-T4": used, "A100": "2"}});
+        gpu_quota("team-a", version, spec.clone(), status)
     };
     let mut state = ClusterState::default();
+    let borrower = json!({"hard": {"Tesla-T4": "2"}, "cohort": "research"});
+    let borrowing = json!({"used": {"Tesla-T4": "3"}});
+    state.apply_quota(gpu_quota("team-b", "1", borrower, borrowing));
     let used = |state: &ClusterState| {
         let views = state.recorded_quota_views("team-a");
         views.map(|v| (v[0].hard["Tesla-T4"].0, v[0].used["Tesla-T4"].0))
     };
     state.apply_quota(quota("1", "1"));
     assert_eq!(used(&state), Ok((4000, 1000)));
+    let views = state.recorded_quota_views("team-a").unwrap();
+    assert_eq!(views.len(), 1, "only the namespace's own quotas");
+    assert_eq!(views[0].used["A100"].0, 2000);
+    let pools = &views[0].cohort.as_ref().unwrap().pools;
+    let t4 = &pools["Tesla-T4"];
+    // The pool: what both members lend (4 + 2 T4), and their use drawn from it (1 + 3,
+    // team-b past its own 2).
+    assert_eq!((t4.size, t4.drawn), (6000, 4000));
     // The ledger's own write lands: the next admission decides on it.
     state.apply_quota(quota("1500m", "2"));
     assert_eq!(used(&state), Ok((4000, 1500)));
@@ -161,6 +169,21 @@ fn recorded_quota_views_say_what_the_newest_status_says_and_name_one_that_cannot
     state.apply_quota(quota("lots", "3"));
     let error = state.recorded_quota_views("team-a").unwrap_err();
     assert!(error.reason.contains("status.used.Tesla-T4"), "{error}");
+}
+
+/// A GPUQuota `default` of `namespace` at `version`, with `spec` and `status`.
+fn gpu_quota(
+    namespace: &str,
+    version: &str,
+    spec: serde_json::Value,
+    status: serde_json::Value,
+) -> crate::quota::GPUQuota {
+    serde_json::from_value(json!({
+        "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "default", "namespace": namespace, "resourceVersion": version},
+        "spec": spec, "status": status
+    }))
+    .unwrap()
 }
 
 /// A pod that wants a model and is bound on a single-strategy MIG node of it uses a

@@ -403,7 +403,8 @@ pub(super) struct HeldQuota {
 impl From<GPUQuota> for HeldQuota {
     fn from(crd: GPUQuota) -> Self {
         let view = QuotaView::from_crd(&crd);
-        let recorded = crate::quota::status::view_with_status(&crd);
+        let recorded =
+            (view.clone()).and_then(|view| crate::quota::status::with_recorded_use(view, &crd));
         HeldQuota {
             crd,
             view,

@@ -76,7 +76,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
         // cohorts' reclaim.
         let evictions = state.metrics.reclaim_evictions.clone();
-        if let Some(reclaimer) = state.backend.reclaimer(evictions) {
+        let bound = state.config.reclaim.clone();
+        if let Some(reclaimer) = state.backend.reclaimer(evictions, bound) {
             tokio::spawn(reclaimer.run(shutdown.clone()));
         }
     }

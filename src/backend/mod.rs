@@ -15,6 +15,7 @@
 //! (docs/design.md, "Layers").
 
 mod cohort_lease;
+mod leadership;
 mod pod_events;
 pub mod quota_writer;
 pub mod reclaim;
@@ -143,12 +144,14 @@ impl Backend {
     pub fn reclaimer(
         &self,
         evictions: crate::metrics::EvictionCounter,
+        bound: crate::config::ReclaimConfig,
     ) -> Option<reclaim::Reclaimer> {
         match &self.mode {
             Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(
                 self.clone(),
                 client.clone(),
                 evictions,
+                bound,
             )),
             Mode::Offline => None,
         }
@@ -250,6 +253,7 @@ impl Backend {
         match &self.mode {
             Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
             Mode::Offline => self.cache.with_state(|state| {
+                state.expire_deletions(crate::quota::pending::now_second());
                 let views = state.quota_views(namespace)?;
                 Ok(
                     match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {

@@ -168,8 +168,8 @@ impl CachedPod {
     /// Whether its charge counts at `now` (unix seconds). A pod being deleted still
     /// runs its containers, holding their GPUs, for as long as its grace period: it counts
     /// until its deletion time plus that grace period has passed, as Kubernetes'
-    /// ResourceQuota counts it (docs/quota.md, "What counts"), whatever grace the tenant
-    /// gave it.
+    /// ResourceQuota counts it (docs/design.md, "How long a pod counts"), whatever grace
+    /// the tenant gave it.
     pub fn charged_at(&self, now: i64) -> bool {
         self.terminating.is_none_or(|until| now <= until)
     }

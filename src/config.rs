@@ -333,13 +333,22 @@ mod tests {
         let err = Config::parse("reclaim: {maxGraceSeconds: 86400}\n")
             .unwrap_err()
             .to_string();
-        assert_eq!(err, "reclaim.maxGraceSeconds: must be at most 3600 (seconds)");
+        assert_eq!(
+            err,
+            "reclaim.maxGraceSeconds: must be at most 3600 (seconds)"
+        );
     }
 
     #[test]
     fn the_reclaim_bound_is_read_and_defaults_to_two_minutes_at_most() {
         let config = Config::parse("reclaim: {timeoutSeconds: 5, maxGraceSeconds: 0}\n").unwrap();
-        assert_eq!((config.reclaim.timeout_seconds, config.reclaim.max_grace_seconds), (5, 0));
+        assert_eq!(
+            (
+                config.reclaim.timeout_seconds,
+                config.reclaim.max_grace_seconds
+            ),
+            (5, 0)
+        );
         let default = ReclaimConfig::default();
         assert!(default.timeout_seconds + default.max_grace_seconds < 120);
     }

@@ -1,13 +1,19 @@
 //! API mode: one replica at a time acts where two would act twice (docs/design.md,
 //! "One actor at a time"). Two GPU scheduler sidecars each reclaiming for the same
-//! cohort evicted 4 pods for 3 borrowed GPUs: each pass counts only the evictions *it*
-//! made. The reclaimer therefore acts only while it holds a `coordination.k8s.io` Lease
-//! in gpu-admission's namespace, as Kubernetes' own leader election does: the holder
-//! renews it on every pass; another replica takes it over only once it has seen the
-//! Lease unchanged for a whole lease duration by its own clock (no clocks compared
+//! cohort evicted 4 pods for 3 borrowed GPUs (each pass counts only the evictions *it*
+//! made), and each told every queued pod why it waits (two Events a pod). Reclaim and
+//! those Events therefore come only from the replica holding a `coordination.k8s.io`
+//! Lease in gpu-admission's namespace, as Kubernetes' own leader election does: the
+//! holder renews it every [`RENEW`]; another replica takes it over only once it has seen
+//! the Lease unchanged for a whole lease duration by its own clock (no clocks compared
 //! across machines), with the resourceVersion it read, so two never take it at once.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use tokio_util::sync::CancellationToken;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -16,6 +22,33 @@ use kube::api::{Api, PostParams};
 
 /// How long a holder that stopped renewing keeps the Lease from the others.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How often the holder renews it (and the others look at it).
+const RENEW: Duration = Duration::from_secs(2);
+/// The Lease of the replica that reclaims and tells queued pods why they wait.
+pub const CONTROLLER_LEASE: &str = "gpu-admission-controller";
+
+/// Whether this replica holds the Lease now; clones share it. It holds it while its last
+/// renewal is younger than [`TRUSTED`]: a renewal that hangs (an API server gone silent)
+/// ends the holding well before another replica may take the Lease over.
+#[derive(Clone, Default)]
+pub struct Leader(Arc<Mutex<Option<Instant>>>);
+
+/// How long a renewal is trusted: less than [`LEASE_DURATION`], with room for clocks
+/// that run a little apart.
+const TRUSTED: Duration = Duration::from_secs(10);
+
+impl Leader {
+    pub fn holds(&self) -> bool {
+        self.0
+            .lock()
+            .is_some_and(|renewed| renewed.elapsed() < TRUSTED)
+    }
+
+    /// Held from a renewal made at `renewed`, or not held (`None`).
+    fn set(&self, renewed: Option<Instant>) {
+        *self.0.lock() = renewed;
+    }
+}
 
 /// What a replica may do with the Lease as it read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,9 +91,27 @@ impl Leadership {
         }
     }
 
+    /// Hold the Lease whenever it may, every [`RENEW`], until `shutdown`; `leader` says
+    /// whether it holds it now.
+    pub async fn run(mut self, leader: Leader, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(RENEW);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let asked = Instant::now();
+            let held = self.hold().await;
+            if held != leader.holds() {
+                tracing::info!(lease = %self.name, held, "controller lease");
+            }
+            leader.set(held.then_some(asked));
+        }
+    }
+
     /// Take or renew the Lease: `true` while this replica holds it. Any failure to read
     /// or write it (a conflict: another replica wrote first) is `false`, for this pass.
-    pub async fn hold(&mut self) -> bool {
+    async fn hold(&mut self) -> bool {
         match self.try_hold().await {
             Ok(held) => held,
             Err(error) => {
@@ -142,5 +193,19 @@ mod tests {
         let almost = LEASE_DURATION - second;
         assert_eq!(turn(Some("other"), "me", almost), Turn::Wait);
         assert_eq!(turn(Some("other"), "me", LEASE_DURATION), Turn::Take);
+    }
+
+    /// A holder whose renewals stop (hung or failing) stops acting long before another
+    /// replica may take the Lease over.
+    #[test]
+    fn a_holder_stops_acting_before_another_may_take_over() {
+        let leader = Leader::default();
+        assert!(!leader.holds());
+        leader.set(Some(Instant::now()));
+        assert!(leader.holds());
+        let stale = Instant::now().checked_sub(TRUSTED).expect("the machine has run 10 s");
+        leader.set(Some(stale));
+        assert!(!leader.holds());
+        assert!(TRUSTED + RENEW < LEASE_DURATION);
     }
 }

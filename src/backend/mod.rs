@@ -15,7 +15,7 @@
 //! (docs/design.md, "Layers").
 
 mod cohort_lease;
-mod leadership;
+pub mod leadership;
 mod pod_events;
 pub mod quota_writer;
 pub mod reclaim;
@@ -145,6 +145,7 @@ impl Backend {
         &self,
         evictions: crate::metrics::EvictionCounter,
         bound: crate::config::ReclaimConfig,
+        leader: leadership::Leader,
     ) -> Option<reclaim::Reclaimer> {
         match &self.mode {
             Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(
@@ -152,6 +153,7 @@ impl Backend {
                 client.clone(),
                 evictions,
                 bound,
+                leader,
             )),
             Mode::Offline => None,
         }
@@ -161,6 +163,7 @@ impl Backend {
         &self,
         rules: crate::quota::queue::QueueRules,
         waits: crate::metrics::WaitHistogram,
+        leader: leadership::Leader,
     ) -> Option<release::Releaser> {
         match &self.mode {
             Mode::Api { client, .. } => Some(release::Releaser::new(
@@ -168,6 +171,20 @@ impl Backend {
                 client.clone(),
                 rules,
                 waits,
+                leader,
+            )),
+            Mode::Offline => None,
+        }
+    }
+
+    /// API mode: the task that holds the controller Lease whenever it may (run it until
+    /// shutdown), and the flag that says whether it holds it: the replica that reclaims
+    /// and tells queued pods why they wait (`leadership`).
+    pub fn controller_lease(&self) -> Option<leadership::Leadership> {
+        match &self.mode {
+            Mode::Api { client, .. } => Some(leadership::Leadership::new(
+                client.clone(),
+                leadership::CONTROLLER_LEASE,
             )),
             Mode::Offline => None,
         }

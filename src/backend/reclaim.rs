@@ -10,7 +10,7 @@
 //! first chosen (refused by its budget, or evicted but still in its own long grace
 //! period, or deleted by its owner with one), it is deleted with a grace period of at
 //! most `reclaim.maxGraceSeconds`: nothing a borrower writes holds a lender's GPUs past
-//! that bound. Only the replica holding the reclaim Lease acts (`leadership`). Each
+//! that bound. Only the replica holding the controller Lease acts (`leadership`). Each
 //! act gets an Event on the pod naming the namespace that took its GPUs back.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +32,7 @@ use crate::quota::QuotaView;
 use crate::quota::cohort::{BORROWED_ANNOTATION, Standing, borrowing_pods, reclaim_plan};
 
 use super::Backend;
-use super::leadership::Leadership;
+use super::leadership::Leader;
 use super::pod_events::PodEvents;
 
 /// Borrowed annotations written at once.
@@ -43,8 +43,6 @@ const TICK: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_secs(5);
 /// A pod a budget protected is taken after the others for this long.
 const PROTECTED: Duration = Duration::from_secs(30);
-/// The Lease only one replica's reclaimer holds at a time.
-const LEASE: &str = "gpu-admission-reclaim";
 /// The annotation that tells a borrowing pod's owner how its GPUs may be taken back.
 pub const RECLAIM_ANNOTATION: &str = "gpu-admission.io/reclaim";
 
@@ -114,7 +112,7 @@ pub struct Reclaimer {
     events: PodEvents,
     evictions: EvictionCounter,
     bound: ReclaimConfig,
-    leadership: Leadership,
+    leader: Leader,
     /// The pods the current plans chose, by key.
     chosen: HashMap<PodKey, Chosen>,
     /// Pods a budget protected, and when: taken after the others for a while.
@@ -127,10 +125,11 @@ impl Reclaimer {
         client: kube::Client,
         evictions: EvictionCounter,
         bound: ReclaimConfig,
+        leader: Leader,
     ) -> Self {
         Reclaimer {
             events: PodEvents::new(client.clone()),
-            leadership: Leadership::new(client.clone(), LEASE),
+            leader,
             backend,
             client,
             evictions,
@@ -151,7 +150,7 @@ impl Reclaimer {
             if !self.backend.cache().is_ready() {
                 continue;
             }
-            if self.leadership.hold().await {
+            if self.leader.holds() {
                 self.pass().await;
             } else {
                 // Another replica reclaims: what this one chose is its to finish.
@@ -163,7 +162,8 @@ impl Reclaimer {
     /// One pass over every cohort; returns how many pods were evicted or deleted.
     pub async fn pass(&mut self) -> usize {
         let now = Instant::now();
-        self.protected.retain(|_, at| now.duration_since(*at) < PROTECTED);
+        self.protected
+            .retain(|_, at| now.duration_since(*at) < PROTECTED);
         let protected = &self.protected;
         let planned = self.backend.cache().with_state(|state| {
             plan(state, |key, leaving| match () {
@@ -214,7 +214,8 @@ impl Reclaimer {
         let (namespace, name) = key_parts(pod);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let terms = model.as_ref().map(|_| reclaim_terms(&self.bound));
-        let annotations = serde_json::json!({BORROWED_ANNOTATION: model, RECLAIM_ANNOTATION: terms});
+        let annotations =
+            serde_json::json!({BORROWED_ANNOTATION: model, RECLAIM_ANNOTATION: terms});
         let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         if let Err(error) = pods
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -312,7 +313,8 @@ impl Reclaimer {
 
     fn tell(&self, planned: &Planned, type_: EventType, reason: &str, note: &str) {
         let (pod, uid) = (&planned.pod, &planned.uid);
-        self.events.publish(pod, uid, type_, reason, "Reclaim", note);
+        self.events
+            .publish(pod, uid, type_, reason, "Reclaim", note);
     }
 }
 
@@ -414,20 +416,43 @@ mod tests {
         assert_eq!(chosen.act(false, start, timeout), Act::Evict);
         chosen.tried = Some(start);
         let soon = start + Duration::from_secs(1);
-        assert_eq!(chosen.act(false, soon, timeout), Act::Wait, "not retried at once");
+        assert_eq!(
+            chosen.act(false, soon, timeout),
+            Act::Wait,
+            "not retried at once"
+        );
         assert_eq!(chosen.act(false, start + RETRY, timeout), Act::Evict);
-        assert_eq!(chosen.act(true, soon, timeout), Act::Wait, "leaving on its own");
+        assert_eq!(
+            chosen.act(true, soon, timeout),
+            Act::Wait,
+            "leaving on its own"
+        );
         let late = start + timeout;
-        assert_eq!(chosen.act(false, late, timeout), Act::Delete, "a budget holds it");
-        assert_eq!(chosen.act(true, late, timeout), Act::Delete, "a long grace holds it");
+        assert_eq!(
+            chosen.act(false, late, timeout),
+            Act::Delete,
+            "a budget holds it"
+        );
+        assert_eq!(
+            chosen.act(true, late, timeout),
+            Act::Delete,
+            "a long grace holds it"
+        );
         chosen.deleted = true;
-        assert_eq!(chosen.act(true, late + RETRY, timeout), Act::Wait, "deleted once");
+        assert_eq!(
+            chosen.act(true, late + RETRY, timeout),
+            Act::Wait,
+            "deleted once"
+        );
     }
 
     #[test]
     fn a_borrowing_pod_is_told_the_bound_it_may_be_taken_back_within() {
         let terms = reclaim_terms(&ReclaimConfig::default());
         assert!(terms.contains("PodDisruptionBudgets respected"), "{terms}");
-        assert!(terms.contains("45s later") && terms.contains("at most 30s"), "{terms}");
+        assert!(
+            terms.contains("45s later") && terms.contains("at most 30s"),
+            "{terms}"
+        );
     }
 }

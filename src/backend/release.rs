@@ -27,6 +27,7 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
+use super::leadership::Leader;
 use super::pod_events::PodEvents;
 use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
 use super::{Backend, ChargeError};
@@ -69,8 +70,12 @@ pub struct Releaser {
     waits: WaitHistogram,
     /// Pods this replica let go, and when.
     recent: Mutex<HashMap<String, Instant>>,
-    /// Pods told (an Event) why they wait, while they wait.
-    told: Mutex<foldhash::HashSet<String>>,
+    /// Pods told (an Event) why they wait, while they wait, with what they were told:
+    /// the pod ahead they wait behind, or `None` for room.
+    told: Mutex<HashMap<String, Option<String>>>,
+    /// Whether this replica holds the controller Lease: only that one tells, so a pod
+    /// gets one Event per change, not one per replica.
+    leader: Leader,
     /// Pods whose ungate failed, while [`Releaser::settle`] finds out what happened: no
     /// pass plans them meanwhile (a second release could keep a second charge).
     settling: Mutex<foldhash::HashSet<String>>,
@@ -135,8 +140,10 @@ impl Releaser {
         client: kube::Client,
         rules: QueueRules,
         waits: WaitHistogram,
+        leader: Leader,
     ) -> Self {
         Releaser {
+            leader,
             events: PodEvents::new(client.clone()),
             backend,
             client,
@@ -243,7 +250,7 @@ impl Releaser {
     fn recent_keys(&self) -> Vec<String> {
         let cache = self.backend.cache();
         let waits = |key: &str| cache.with_state(|s| s.pod(key).is_some_and(|p| p.gated));
-        self.told.lock().retain(|key| waits(key));
+        self.told.lock().retain(|key, _| waits(key));
         let mut recent = self.recent.lock();
         recent.retain(|key, at| at.elapsed() < RECENT && waits(key));
         let settling = self.settling.lock();
@@ -389,9 +396,14 @@ impl Releaser {
     /// waiting (its place then, the model and the usage), published off the pass; the
     /// queue as it is now is `status.queued` and the metrics. True when told now.
     fn tell(&self, pod: Waiting, place: usize, why: WaitReason) -> bool {
-        if !self.told.lock().insert(pod.key.clone()) {
+        let behind = match &why {
+            WaitReason::NoRoom(_) => None,
+            WaitReason::Behind { ahead } => Some(ahead.clone()),
+        };
+        if !self.leader.holds() || self.told.lock().get(&pod.key) == Some(&behind) {
             return false;
         }
+        self.told.lock().insert(pod.key.clone(), behind);
         let note = match why {
             WaitReason::NoRoom(denial) => format!("place {place} in the GPU quota queue: {denial}"),
             WaitReason::Behind { ahead } => format!(

@@ -462,11 +462,24 @@ fn reclaim_plans_evictions_from_the_borrowers_pods_until_the_cohort_is_whole() {
     };
     let plan = reclaim_plan(&members, "T4", &took_two, standing("new"));
     let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
-    assert_eq!(evicted, ["mid", "old"], "a protected pod still counts as used");
+    assert_eq!(
+        evicted,
+        ["mid", "old"],
+        "a protected pod still counts as used"
+    );
     // Only one more goes: the protected one is still chosen when nothing else is left.
-    let plan = reclaim_plan(&members, "T4", &[pods[0].clone(), pods[1][1..].to_vec()], standing("new"));
+    let plan = reclaim_plan(
+        &members,
+        "T4",
+        &[pods[0].clone(), pods[1][1..].to_vec()],
+        standing("new"),
+    );
     let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
-    assert_eq!(evicted, ["mid", "new"], "protected last, but taken when needed");
+    assert_eq!(
+        evicted,
+        ["mid", "new"],
+        "protected last, but taken when needed"
+    );
 }
 
 /// A pod already being deleted (evicted earlier, or deleted by its owner with a long
@@ -490,7 +503,11 @@ fn reclaim_takes_pods_already_leaving_first_and_never_one_more_for_them() {
     };
     let plan = reclaim_plan(&members, "T4", &pods, standing);
     let chosen: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
-    assert_eq!(chosen, ["leaving", "new"], "2 over: the leaving pod, then the newest");
+    assert_eq!(
+        chosen,
+        ["leaving", "new"],
+        "2 over: the leaving pod, then the newest"
+    );
 }
 
 #[test]

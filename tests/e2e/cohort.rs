@@ -489,13 +489,18 @@ async fn a_borrowers_budget_and_long_grace_hold_the_lenders_gpus_no_longer_than_
     cluster.create_gpu_node(&node, model, 4).await;
     let running = json!({"status": {"phase": "Running"}});
     for name in ["b1", "b2", "b3"] {
-        let mut pod = with_labels(unscheduled_gpu_pod(name, Some(model), 1), json!({"app": "keep"}));
+        let mut pod = with_labels(
+            unscheduled_gpu_pod(name, Some(model), 1),
+            json!({"app": "keep"}),
+        );
         let spec = pod.spec.as_mut().unwrap();
         spec.node_name = Some(node.clone());
         spec.termination_grace_period_seconds = Some(86_400);
-        let created = wait_for(&format!("{name} admitted, borrowing"), QUOTA_TIMEOUT, || async {
-            pods.create(&PostParams::default(), &pod).await.ok()
-        })
+        let created = wait_for(
+            &format!("{name} admitted, borrowing"),
+            QUOTA_TIMEOUT,
+            || async { pods.create(&PostParams::default(), &pod).await.ok() },
+        )
         .await;
         assert!(created.metadata.name.is_some());
         pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&running))
@@ -504,12 +509,19 @@ async fn a_borrowers_budget_and_long_grace_hold_the_lenders_gpus_no_longer_than_
         // Distinct creation seconds: the most recently created goes first.
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
-    let terms = wait_for("the borrowing pods told the reclaim bound", QUOTA_TIMEOUT, || async {
-        let b3 = pods.get("b3").await.ok()?;
-        annotations(&b3).get("gpu-admission.io/reclaim").cloned()
-    })
+    let terms = wait_for(
+        "the borrowing pods told the reclaim bound",
+        QUOTA_TIMEOUT,
+        || async {
+            let b3 = pods.get("b3").await.ok()?;
+            annotations(&b3).get("gpu-admission.io/reclaim").cloned()
+        },
+    )
     .await;
-    assert!(terms.contains("5s later") && terms.contains("at most 3s"), "{terms}");
+    assert!(
+        terms.contains("5s later") && terms.contains("at most 3s"),
+        "{terms}"
+    );
 
     let started = std::time::Instant::now();
     for name in ["a1", "a2"] {
@@ -527,25 +539,39 @@ async fn a_borrowers_budget_and_long_grace_hold_the_lenders_gpus_no_longer_than_
             })
             .collect()
     };
-    let deleted = wait_for("B's two newest pods deleted past the bound", QUOTA_TIMEOUT, || async {
-        let listed = pods.list(&Default::default()).await.ok()?.items;
-        let deleted = being_deleted(&listed);
-        (deleted.len() >= 2).then_some(deleted)
-    })
+    let deleted = wait_for(
+        "B's two newest pods deleted past the bound",
+        QUOTA_TIMEOUT,
+        || async {
+            let listed = pods.list(&Default::default()).await.ok()?.items;
+            let deleted = being_deleted(&listed);
+            (deleted.len() >= 2).then_some(deleted)
+        },
+    )
     .await;
     let took = started.elapsed();
     println!("deleted {deleted:?} {took:?} after A took its GPUs back");
     let mut names: Vec<&str> = deleted.iter().map(|(n, _)| n.as_str()).collect();
     names.sort();
     assert_eq!(names, ["b2", "b3"], "the two newest, no more");
-    assert!(deleted.iter().all(|(_, grace)| (0..=3).contains(grace)), "{deleted:?}");
-    assert!(took >= Duration::from_secs(5), "the budget had its timeout first: {took:?}");
+    assert!(
+        deleted.iter().all(|(_, grace)| (0..=3).contains(grace)),
+        "{deleted:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(5),
+        "the budget had its timeout first: {took:?}"
+    );
     // Longer than the bound again: still exactly two (one reclaimer, no second plan).
     tokio::time::sleep(Duration::from_secs(8)).await;
     let listed = pods.list(&Default::default()).await.unwrap().items;
     let mut names: Vec<String> = being_deleted(&listed).into_iter().map(|(n, _)| n).collect();
     names.sort();
-    assert_eq!(names, ["b2", "b3"], "b1 is within what the cohort owns: untouched");
+    assert_eq!(
+        names,
+        ["b2", "b3"],
+        "b1 is within what the cohort owns: untouched"
+    );
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(cluster.client.clone(), &borrower);
     let events = events.list(&Default::default()).await.unwrap().items;
@@ -558,7 +584,11 @@ async fn a_borrowers_budget_and_long_grace_hold_the_lenders_gpus_no_longer_than_
         pods.sort();
         pods
     };
-    assert_eq!(on("QuotaReclaimDeleted"), ["b2", "b3"], "one reclaimer acted");
+    assert_eq!(
+        on("QuotaReclaimDeleted"),
+        ["b2", "b3"],
+        "one reclaimer acted"
+    );
     assert_eq!(on("QuotaReclaimBlocked"), ["b2", "b3"], "told once each");
 
     // The kubelet confirms their containers stopped.

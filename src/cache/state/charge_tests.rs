@@ -256,13 +256,20 @@ fn a_pod_being_deleted_stays_charged_until_its_grace_period_has_passed() {
     assert_eq!(charged(&state), Some(2000), "a day of grace: still charged");
     let forever = deleted("no-grace-recorded", 3600, None);
     state.apply_pod(pod_key(&forever), cached(&forever));
-    assert_eq!(charged(&state), Some(4000), "no grace period: charged until gone");
+    assert_eq!(
+        charged(&state),
+        Some(4000),
+        "no grace period: charged until gone"
+    );
     let over = deleted("over", 100, Some(30));
     state.apply_pod(pod_key(&over), cached(&over));
     assert_eq!(charged(&state), Some(4000), "past its grace: not charged");
     let gpus = state.node("n").unwrap();
     let held = gpus.used.iter().filter(|u| u.core == 100).count();
-    assert_eq!(held, 6, "every pod still on the node holds its GPUs: {gpus:?}");
+    assert_eq!(
+        held, 6,
+        "every pod still on the node holds its GPUs: {gpus:?}"
+    );
 
     // One whose grace period runs out while it is cached: charged until the sweep after.
     let ending = deleted("ending", 0, Some(1));
@@ -274,5 +281,9 @@ fn a_pod_being_deleted_stays_charged_until_its_grace_period_has_passed() {
     state.expire_deletions(now + 5);
     assert_eq!(charged(&state), Some(4000), "its grace has passed");
     state.delete_pod(&pod_key(&long));
-    assert_eq!(charged(&state), Some(2000), "a pod that is gone is not charged");
+    assert_eq!(
+        charged(&state),
+        Some(2000),
+        "a pod that is gone is not charged"
+    );
 }

@@ -87,9 +87,14 @@ fn random_pod(rng: &mut ChaCha8Rng) -> (PodKey, CachedPod) {
         // Being deleted: long ago with no grace period left, or with one still running,
         // or with none given (charged until gone).
         let now = crate::quota::pending::now_second();
-        let (at, grace) = *[(now - 3600, Some(30)), (now - 10, Some(86_400)), (now + 60, Some(60)), (now - 3600, None)]
-            .choose(rng)
-            .unwrap();
+        let (at, grace) = *[
+            (now - 3600, Some(30)),
+            (now - 10, Some(86_400)),
+            (now + 60, Some(60)),
+            (now - 3600, None),
+        ]
+        .choose(rng)
+        .unwrap();
         let at = k8s_openapi::jiff::Timestamp::from_second(at).unwrap();
         pod["metadata"]["deletionTimestamp"] = json!(at.to_string());
         if let Some(grace) = grace {

@@ -203,7 +203,9 @@ mod tests {
         assert!(!leader.holds());
         leader.set(Some(Instant::now()));
         assert!(leader.holds());
-        let stale = Instant::now().checked_sub(TRUSTED).expect("the machine has run 10 s");
+        let stale = Instant::now()
+            .checked_sub(TRUSTED)
+            .expect("the machine has run 10 s");
         leader.set(Some(stale));
         assert!(!leader.holds());
         assert!(TRUSTED + RENEW < LEASE_DURATION);

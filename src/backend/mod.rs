@@ -318,12 +318,12 @@ impl Backend {
         &self,
         namespace: &str,
         charge: &ModelAmounts,
-        created: CreatedSecond,
+        charged_at: (CreatedSecond, Option<&str>),
     ) -> Result<(), ChargeError> {
         match &self.mode {
             Mode::Api { quotas, .. } => {
                 quotas
-                    .release(&self.cache, namespace, charge, created)
+                    .release(&self.cache, namespace, charge, charged_at)
                     .await
             }
             Mode::Offline => Ok(()),

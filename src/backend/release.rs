@@ -309,11 +309,19 @@ impl Releaser {
                 wanted: pod.wanted.clone(),
                 rules: self.rules.admit,
                 created: now,
+                pod: Some(pod.uid.clone()),
                 dry_run: false,
             };
-            match self.backend.charge(namespace, ask, |_, _| {}).await? {
-                ChargeOutcome::Charged { .. } => {}
-                ChargeOutcome::Denied(_) => return Ok(false),
+            match self.backend.charge(namespace, ask, |_, _| {}).await {
+                Ok(ChargeOutcome::Charged { .. }) => {}
+                Ok(ChargeOutcome::Denied(_)) => return Ok(false),
+                Err(error) => {
+                    let (charge, _settling) = (charged, Settling::mark(&self.settling, &pod.key));
+                    if let Some(charge) = charge {
+                        self.take_back(namespace, pod, charge, now).await;
+                    }
+                    return Err(error.into());
+                }
             }
         }
         turn.wait().await;
@@ -325,15 +333,34 @@ impl Releaser {
         match ungated {
             Ok(true) => Ok(true),
             Ok(false) => {
-                self.backend.release(namespace, charge, now).await?;
+                let charged_at = (now, Some(pod.uid.as_str()));
+                self.backend.release(namespace, charge, charged_at).await?;
                 Ok(false)
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
                 let _settling = Settling::mark(&self.settling, &pod.key);
-                self.settle(namespace, &pod.key, charge, now).await
+                self.settle(namespace, pod, charge, now).await
             }
         }
+    }
+
+    /// After a charge write that failed without an answer (the API server restarting,
+    /// say), the charge may or may not have been stored: take back exactly this pod's
+    /// charge, found by its uid, retried until the API server answers. Whether it was
+    /// stored or not, the ledger is then as if the release never began, in seconds rather
+    /// than when its pending total expires (minutes); the pod keeps its place in line.
+    async fn take_back(&self, namespace: &str, pod: &Waiting, charge: &ModelAmounts, now: i64) {
+        let mut pause = Duration::from_millis(250);
+        for _ in 0..SETTLE_ATTEMPTS {
+            let charged_at = (now, Some(pod.uid.as_str()));
+            match self.backend.release(namespace, charge, charged_at).await {
+                Ok(()) => return,
+                Err(_) => tokio::time::sleep(pause).await,
+            }
+            pause = (pause * 2).min(Duration::from_secs(4));
+        }
+        tracing::warn!(pod = %pod.key, "could not take back a charge whose write failed; it holds its room until its pending total expires");
     }
 
     /// After a failed ungate (the API server restarting, say) the patch may or may not
@@ -344,11 +371,11 @@ impl Releaser {
     async fn settle(
         &self,
         namespace: &str,
-        key: &str,
+        pod: &Waiting,
         charge: &ModelAmounts,
         now: CreatedSecond,
     ) -> Result<bool, ReleaseError> {
-        let (_, name) = key_parts(key);
+        let (_, name) = key_parts(&pod.key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut pause = Duration::from_millis(250);
         for _ in 0..SETTLE_ATTEMPTS {
@@ -362,7 +389,8 @@ impl Releaser {
             if !still_waits {
                 return Ok(true);
             }
-            match self.backend.release(namespace, charge, now).await {
+            let charged_at = (now, Some(pod.uid.as_str()));
+            match self.backend.release(namespace, charge, charged_at).await {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,
             }

@@ -191,6 +191,7 @@ impl Plan {
             costs: Costs::single(model, charge.charge.clone()),
             rules: config.admit_rules(),
             created: charge.created,
+            pod: None,
             dry_run: false,
         };
         match backend.charge_at_placement(self.namespace(), ask).await {
@@ -235,7 +236,7 @@ impl Plan {
             return;
         };
         let released = backend
-            .release(self.namespace(), &charge.charge, charge.created)
+            .release(self.namespace(), &charge.charge, (charge.created, None))
             .await;
         if let Err(error) = released {
             tracing::warn!(pod = %self.key, %error, "could not release the quota charge; the reconciler will");

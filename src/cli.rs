@@ -123,9 +123,11 @@ pub struct ServeArgs {
 /// to touch; they exist so that no client can hold the server's memory or sockets.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct ConnectionLimits {
-    /// Open connections per listener. At the cap, a newcomer takes the slot of a
-    /// connection with no request in flight, from the peer holding the most of them;
-    /// it waits in the kernel's backlog only while every connection has one.
+    /// Open connections per listener, shared fairly between peers (IP addresses): the
+    /// last eighth only for peers below their fair share, and at the cap a newcomer takes
+    /// the slot of a worthless connection (silent, or sending its body too slowly) or of a
+    /// peer over its share; requests whose bodies arrive are never cut. Requests in flight
+    /// beyond this many: an h2 stream past its peer's share is refused.
     #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256)]
     pub max_connections: usize,
     /// A connection with no request in flight and no bytes moving is closed after this.
@@ -141,6 +143,15 @@ pub struct ConnectionLimits {
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
     pub max_streams: u32,
+    /// Slowest a request body may arrive, in bytes per second averaged from the end of
+    /// its head (0: no floor). Behind it, the body's connection may give its slot to a
+    /// newcomer; still behind after --body-rate-grace, the request is answered 408 and its
+    /// connection closed.
+    #[arg(long, env = "GPU_ADMISSION_MIN_BODY_RATE", default_value_t = 240)]
+    pub min_body_rate: u32,
+    /// How long after its head a body behind --min-body-rate is cut.
+    #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub body_rate_grace: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -226,5 +237,7 @@ mod tests {
         let limits = ConnectionLimits::default();
         assert_eq!(limits.max_connections, 256);
         assert_eq!(limits.request_timeout, Duration::from_secs(15));
+        assert_eq!(limits.min_body_rate, 240);
+        assert_eq!(limits.body_rate_grace, Duration::from_secs(2));
     }
 }

@@ -2,9 +2,10 @@
 //! config from [`super::tls`]) or plain HTTP ([`serve_plain`]).
 //!
 //! hyper-util's auto builder (HTTP/1.1 and h2) with graceful shutdown, a cap on open
-//! connections shared fairly between peers ([`super::slots`]), handshake, idle and
-//! request timeouts, and h2 limits ([`ConnectionLimits`]). A connection whose slot a
-//! newcomer took gets a short grace to finish what it was sending.
+//! connections and on requests in flight shared fairly between peers ([`super::slots`]),
+//! a rate floor for request bodies ([`super::pace`]), handshake, idle and request
+//! timeouts, and h2 limits ([`ConnectionLimits`]). A connection whose slot a newcomer
+//! took, or whose body was too slow, gets a short grace to finish what it was sending.
 
 use std::future::Future;
 use std::io;
@@ -13,10 +14,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::slots::{Activity, Full, Slot, Slots};
+use super::pace::{MeteredBody, Pace, Progress};
+use super::slots::{Activity, Entry, Slot, Slots};
 pub use crate::cli::ConnectionLimits;
 
 /// How long a connection whose slot a newcomer took may finish what it was sending
@@ -113,13 +114,11 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let connections = tokio_util::task::TaskTracker::new();
-    let slots = Slots::new(limits.max_connections);
-    // Newcomers waiting, each in its own task, for a slot their own peer's handshakes and
-    // idle connections hold (`Full::OwnConnections`): at most as many as there are slots.
-    let waiting_room = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let slots = Slots::new(limits.max_connections, pace(&limits));
+    connections.spawn(slots.clone().keep_the_room(shutdown.clone()));
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);
-    loop {
+    'accepting: loop {
         let Some((stream, peer)) = accept(&listener, &shutdown).await else {
             break;
         };
@@ -133,43 +132,42 @@ where
             slot,
         };
         let ip = peer.ip().to_canonical();
-        let slot = match slots.try_admit(ip) {
-            Ok(slot) => slot,
-            Err(Full::OwnConnections) => {
-                // A full waiting room (as many newcomers waiting as there are slots)
-                // stops accepting until one of them is in.
-                let seat = tokio::select! {
+        let entry = loop {
+            match slots.enter(ip) {
+                // Its peer alone fills the room (the API server's burst): stop accepting
+                // until a seat frees rather than fail one of its connections.
+                Entry::RoomFull { alone: true } => tokio::select! {
                     biased;
-                    () = shutdown.cancelled() => break,
-                    seat = waiting_room.clone().acquire_owned() => seat,
-                };
-                let Ok(seat) = seat else { break };
-                let (slots, handle, hard_stop) = (slots.clone(), handle.clone(), hard_stop.clone());
+                    () = shutdown.cancelled() => break 'accepting,
+                    () = slots.seat_freed() => {}
+                },
+                entry => break entry,
+            }
+        };
+        match entry {
+            Entry::Admitted(slot) => {
+                connections.spawn(start(&*handle, stream, conn(slot, &shutdown, &hard_stop)));
+            }
+            Entry::Waiting(ticket) => {
+                let (handle, hard_stop) = (handle.clone(), hard_stop.clone());
                 let draining = shutdown.clone();
                 connections.spawn(async move {
-                    let wait = tokio::time::timeout_at(opening_deadline, slots.admit(ip));
+                    let wait = tokio::time::timeout_at(opening_deadline, ticket);
                     let slot = tokio::select! {
                         r = wait => r,
                         () = draining.cancelled() => return,
                     };
-                    drop(seat);
-                    let Ok(slot) = slot else {
-                        tracing::debug!(%peer, "no slot before the opening deadline; closing");
+                    let Ok(Ok(slot)) = slot else {
+                        tracing::debug!(%peer, "no slot before the opening deadline, or the seat went to another peer; closing");
                         return;
                     };
                     start(&*handle, stream, conn(slot, &draining, &hard_stop)).await;
                 });
-                continue;
             }
-            // While every connection has a request in flight, stop accepting: further
-            // clients wait in the kernel's backlog until a request ends.
-            Err(Full::EveryRequestInFlight) => tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                slot = slots.admit(ip) => slot,
-            },
-        };
-        connections.spawn(start(&*handle, stream, conn(slot, &shutdown, &hard_stop)));
+            Entry::RoomFull { .. } => {
+                tracing::debug!(%peer, "connection cap reached and the waiting room full of peers ranked first; closing");
+            }
+        }
     }
     drop(listener);
     connections.close();
@@ -187,6 +185,14 @@ where
         connections.wait().await;
     }
     Ok(())
+}
+
+/// The body rate floor `limits` set.
+fn pace(limits: &ConnectionLimits) -> Pace {
+    Pace {
+        floor: limits.min_body_rate,
+        grace: limits.body_rate_grace,
+    }
 }
 
 /// The connection's task, once it holds a slot.
@@ -273,7 +279,8 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one connection (HTTP/1.1 or h2, detected from the preface) until it
 /// closes, sits idle for `idle_timeout`, makes no request before its opening deadline,
-/// gives its slot to a newcomer, shutdown drains it, or the grace period ends. Every
+/// gives its slot to a newcomer or sends a body too slowly, shutdown drains it, or the
+/// grace period ends. Every
 /// request is bounded by twice `request_timeout` (reading its body has its own
 /// `request_timeout`, answered 408).
 async fn serve_connection<I>(io: I, app: axum::Router, conn: Conn)
@@ -282,7 +289,12 @@ where
 {
     use hyper_util::rt::TokioIo;
     let activity = conn.slot.activity().clone();
-    let service = tracked(app, activity.clone(), conn.limits.request_timeout * 2);
+    let service = tracked(
+        app,
+        conn.slot.slots().clone(),
+        activity.clone(),
+        conn.limits.request_timeout * 2,
+    );
     let builder = http_builder(&conn.limits);
     let connection = builder.serve_connection(
         TokioIo::new(io),
@@ -315,7 +327,7 @@ where
                     return;
                 }
             }
-            () = activity.evicted(), if evicted_until.is_none() => {
+            () = gives_up_its_slot(&activity), if evicted_until.is_none() => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
                 evicted_until = Some(tokio::time::Instant::now() + EVICTED_GRACE);
@@ -323,6 +335,14 @@ where
             () = sleep_until_some(evicted_until) => return,
             () = conn.hard_stop.cancelled() => return,
         }
+    }
+}
+
+/// Resolves when a newcomer took the connection's slot or a body on it was too slow.
+async fn gives_up_its_slot(activity: &Activity) {
+    tokio::select! {
+        () = activity.evicted() => {}
+        () = activity.too_slow() => {}
     }
 }
 
@@ -334,24 +354,39 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// `app`, counting requests in flight and answering 503 to any that takes longer
-/// than `deadline` (a backstop: handlers bound their own waits).
+/// `app`, counting requests in flight and following their bodies (the rate floor), and
+/// answering 503 to any that takes longer than `deadline` (a backstop: handlers bound
+/// their own waits). An h2 stream beyond its peer's share of the listener's requests in
+/// flight is refused (`REFUSED_STREAM`: nothing was done, the client may retry it).
 fn tracked(
     app: axum::Router,
+    slots: Arc<Slots>,
     activity: Arc<Activity>,
     deadline: Duration,
 ) -> impl tower::Service<
     axum::http::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
-    Error = std::convert::Infallible,
-    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+    Error = BoxError,
+    Future = impl Future<Output = Result<axum::response::Response, BoxError>> + Send,
 > + Clone {
     use axum::response::IntoResponse;
+    use hyper::body::Body;
     use tower::ServiceExt;
     tower::service_fn(move |request: axum::http::Request<hyper::body::Incoming>| {
         let app = app.clone();
-        let in_flight = activity.begin();
+        let refused = request.version() == axum::http::Version::HTTP_2
+            && !slots.admits_stream(activity.peer());
+        let begun = (!refused).then(|| {
+            let progress = Progress::new(request.body().is_end_stream());
+            let in_flight = activity.begin(progress.clone());
+            let (pace, activity) = (slots.pace(), activity.clone());
+            let request = request.map(|body| MeteredBody::new(body, progress, pace, activity));
+            (in_flight, request)
+        });
         async move {
+            let Some((in_flight, request)) = begun else {
+                return Err(h2::Error::from(h2::Reason::REFUSED_STREAM).into());
+            };
             let response = match tokio::time::timeout(deadline, app.oneshot(request)).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(never)) => match never {},
@@ -366,3 +401,5 @@ fn tracked(
         }
     })
 }
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod listener;
+pub mod pace;
 pub mod slots;
 pub mod tls;
 mod trace;
@@ -318,8 +319,7 @@ async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Byte
     let mut kept = Vec::with_capacity(expected);
     let mut seen = 0u64;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| Rejection::Unreadable(format!("cannot read request body: {e}")))?;
+        let frame = frame.map_err(unreadable)?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -335,6 +335,15 @@ async fn read_body(mut body: Body, limit: usize, expected: usize) -> Result<Byte
         return Err(Rejection::TooLarge { limit });
     }
     Ok(kept.into())
+}
+
+/// Why a body could not be read: too slow for the rate floor (`pace`), or broken.
+fn unreadable(error: axum::Error) -> Rejection {
+    let error = error.into_inner();
+    if error.is::<pace::BodyTooSlow>() {
+        return Rejection::TooSlow;
+    }
+    Rejection::Unreadable(format!("cannot read request body: {error}"))
 }
 
 /// The shape of every POST handler: read and decode the body (400 on bad input, 413

@@ -1,39 +1,60 @@
-//! Who holds a listener's connection slots, and who gives one up when a newcomer
-//! arrives at the cap.
+//! Who holds a listener's connection slots, who gives one up when a newcomer arrives at
+//! the cap, and in what order waiting newcomers get in.
 //!
-//! A listener holds at most `max_connections` connections. At the cap, a newcomer is
-//! not made to wait behind whoever got there first (300 sockets that never start TLS
-//! would otherwise lock the door for as long as they care to reopen them): it takes
-//! the slot of a connection that is doing nothing, chosen by [`victim`]:
+//! A listener holds at most `max_connections` connections, and no peer (IP address) may
+//! keep most of them while others want them. [`admission`] is the pure rule, over the
+//! table of who holds what; [`Slots`] keeps the table, the waiting room, and tells a
+//! connection whose slot was taken to close through its [`Activity`].
 //!
-//! - only connections with no request in flight can be chosen: a request being
-//!   answered is never cut (an admission review cut short is a pod not created);
-//! - a newcomer never takes the slot of its own peer's handshake (still in TLS, however
-//!   old), young opening or idle keep-alive connection: the API server, given a burst
-//!   of reviews, dials many connections at once and sends its next review on any
-//!   connection it holds, and cutting one of them for another of its own gains it
-//!   nothing and fails a review (seen as "write: connection reset by peer" in the API
-//!   server's error). Such a newcomer waits for a slot instead, in its own task, so
-//!   other peers are still accepted meanwhile; only its own *silent* sockets (TLS
-//!   done, no request within [`YOUNG`] of its end) give way to it. A handshake still
-//!   in TLS past [`YOUNG`] is the API server's own on a starved machine as often as a
-//!   flooder's (seen in CI: 500 creates on two cores, "write: broken pipe"); the
-//!   opening deadline bounds it anyway;
-//! - the peer (IP address) holding the most connections that may give way gives one
-//!   up, so a client holding many idle slots pays before one holding a few (the API
-//!   server reuses a few connections, a kubelet probe opens one), whatever the number
-//!   of slots;
-//! - of that peer's connections: first one that has made no request for [`YOUNG`] or
-//!   more (a silent socket or an old handshake: a flooder's), then one idle between
-//!   requests, then a young one; the oldest first within each. An honest newcomer
-//!   finishes its handshake in milliseconds and is never the oldest.
+//! **Shares.** A peer's *fair share* is the cap over the peers competing (those holding
+//! slots and the newcomer's), at least one slot. A peer below it is *entitled*: admitting it
+//! keeps it within its share. A peer is *over its share* when it holds more than its fair
+//! share and more than an eighth of the cap: the eighth is what a peer keeps however many
+//! addresses compete, so a flood from hundreds of addresses does not make the API server's
+//! keep-alive pool (tens of connections) an excess to be cut.
 //!
-//! When every slot has a request in flight, the newcomer waits (in the kernel's
-//! backlog) until one ends: requests are bounded by the request timeout.
+//! **Free slots.** The last eighth of the slots (the *reserve*) is only for entitled peers:
+//! a peer holding most of the listener, or the flood of one address, never fills it, so a
+//! kubelet probe or the API server's next connection always finds room.
 //!
-//! [`victim`] is the pure rule; [`Slots`] keeps the table and tells the chosen
-//! connection to close through its [`Activity`].
+//! **At the cap** a newcomer takes the slot of a connection that is worth less than its
+//! own arrival, in this order (the first connection found wins):
+//!
+//! 1. *worthless*, from any peer: a connection cut for a body too slow, a request whose
+//!    body arrives behind the rate floor (`server::pace`) for [`YOUNG`] or more, a
+//!    silent socket (no request within [`YOUNG`] of connecting, or of the end of a TLS
+//!    handshake that took longer), a TLS handshake under way for [`YOUNG`] or more. The
+//!    peer holding the most goes first, then the oldest. A peer that completed a request
+//!    within [`QUIET`] (it has *standing*: the API server sending reviews) is trusted with
+//!    its slow handshakes and quiet openings; only its own newcomers take its silent
+//!    openings (a flood from one address pays with its own connections);
+//! 2. for an entitled newcomer only: an idle keep-alive connection of a peer without
+//!    standing, then a young handshake of a peer without standing (a flooder's,
+//!    reopened as soon as it was closed);
+//! 3. for an entitled newcomer only: a connection with no request in flight of a peer
+//!    over its share, the peer most over it first: silent ones, idle ones, young ones,
+//!    the oldest first within each.
+//!
+//! Never taken, by anyone: a request in flight whose body arrives (an admission review cut
+//! short is a pod not created); a connection of a peer with standing, within its share,
+//! that is idle or young. And a newcomer never takes its own peer's handshake still in
+//! TLS (however old: a starved server finishes its client's handshakes late), its young
+//! opening, or its idle keep-alive connection: the API server, given a burst of reviews,
+//! dials many connections at once and sends its next review on any connection it holds;
+//! cutting one for another of its own gains it nothing and fails a review ("write:
+//! connection reset by peer" in the end-to-end suite).
+//!
+//! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room (as
+//! many seats as slots), in its own task, bounded by its opening deadline. Whenever a slot
+//! frees, a request ends or time passes ([`RECHECK`]), waiters are let in in turn: the
+//! peer holding the fewest slots first, then the peer let in least recently (a kubelet
+//! probing every ten seconds goes before a flooder reopening at once), then the oldest.
+//! A full room gives the seat of its last waiter in that order to a newcomer ranked
+//! before it; a newcomer ranked last is closed at once, unless its peer is alone at the
+//! listener (a burst of the API server's before anyone else came): then the listener stops
+//! accepting until a seat frees.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -41,170 +62,487 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
-/// What a connection is doing, as far as giving up its slot goes; in the order they
-/// are given up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Phase {
-    /// In its TLS handshake: the server has not finished it (the client may not have
-    /// begun it).
-    Handshake,
-    /// No request yet: TLS done (or plain HTTP), nothing asked so far.
-    Opening,
-    /// Has made requests, none in flight (a keep-alive connection between requests).
-    Idle,
-    /// A request in flight: never cut.
-    Busy,
-}
+use super::pace::{Pace, Progress};
 
 /// How long a connection that has made no request yet counts as a handshake under way
 /// rather than a silent socket, from its connect and again from the end of its TLS
 /// handshake (an honest client sends its first request within milliseconds of either;
-/// the opening deadline, `--handshake-timeout`, is 3 s).
+/// the opening deadline, `--handshake-timeout`, is 3 s). Also how long a request body
+/// may be behind the rate floor before its connection counts as worthless.
 pub const YOUNG: Duration = Duration::from_secs(1);
 
-/// How often a newcomer waiting for a slot looks again (besides when a slot frees or a
-/// request ends): a young handshake grows old without telling anyone.
+/// How long a peer keeps its standing after it last completed a request (its body
+/// whole, answered): the API server sending a review every few hundred milliseconds
+/// always has it; a flooder whose connections made one request loses it.
+pub const QUIET: Duration = Duration::from_secs(2);
+
+/// How often the waiting room is looked at besides when a slot frees or a request ends:
+/// a young handshake grows old, and a peer loses its standing, without telling anyone.
 const RECHECK: Duration = Duration::from_millis(50);
 
-/// One slot holder, as [`victim`] sees it. `age`: lower is older; `young`: in its
-/// current phase for less than [`YOUNG`] (connected, or done with its TLS handshake,
-/// that recently).
+/// The reserve, and the share a peer keeps however many compete: an eighth of the cap.
+fn eighth(cap: usize) -> usize {
+    cap / 8
+}
+
+/// What a connection is doing, as far as giving up its slot goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// In its TLS handshake (the server has not finished it; the client may not have
+    /// begun it). `young`: connected less than [`YOUNG`] ago.
+    Handshake { young: bool },
+    /// No request yet: TLS done (or plain HTTP). `young`: connected, or done with its
+    /// TLS handshake, less than [`YOUNG`] ago.
+    Opening { young: bool },
+    /// Has made requests, none in flight (a keep-alive connection between requests).
+    Idle,
+    /// Requests in flight; `starving`: every one of them waits for a body that arrives
+    /// behind the rate floor, and has for [`YOUNG`] or more.
+    Busy { starving: bool },
+    /// Cut for a body too slow: closing.
+    Closing,
+}
+
+/// One slot holder, as [`admission`] sees it. `age`: lower is older.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub age: u64,
     pub peer: IpAddr,
-    pub phase: Phase,
-    pub young: bool,
+    pub state: State,
+    /// Completed a request on this connection within [`QUIET`].
+    pub served_lately: bool,
 }
 
-impl Holder {
-    /// Whether a newcomer from `newcomer` may take this slot.
-    fn may_give_way_to(&self, newcomer: IpAddr) -> bool {
-        match self.phase {
-            Phase::Busy => false,
-            // However old: a starved server finishes its client's handshakes late.
-            Phase::Handshake => self.peer != newcomer,
-            Phase::Opening => !(self.peer == newcomer && self.young),
-            // Its client may be writing its next request on it right now: closing it
-            // would fail that request ("connection reset by peer") to open another of
-            // the same client's connections.
-            Phase::Idle => self.peer != newcomer,
-        }
-    }
-
-    /// Order of giving way within a peer: silent sockets, then idle connections, then
-    /// handshakes under way.
-    fn rank(&self) -> u8 {
-        match (self.phase, self.young) {
-            (Phase::Handshake | Phase::Opening, false) => 0,
-            (Phase::Idle, _) => 1,
-            (Phase::Handshake | Phase::Opening, true) => 2,
-            (Phase::Busy, _) => 3,
-        }
-    }
-}
-
-/// The connection that gives up its slot to a newcomer from `newcomer`, or `None` when
-/// none may (every holder has a request in flight, or the rest are the newcomer's own
-/// young handshakes). Of the holders that may give way, the peer holding the most
-/// gives one up, by [`Holder::rank`], then the oldest.
-pub fn victim(holders: &[Holder], newcomer: IpAddr) -> Option<u64> {
-    let candidates = || holders.iter().filter(|h| h.may_give_way_to(newcomer));
-    let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
-    for holder in candidates() {
-        *per_peer.entry(holder.peer).or_default() += 1;
-    }
-    candidates()
-        .min_by_key(|h| {
-            let held = per_peer.get(&h.peer).copied().unwrap_or_default();
-            (std::cmp::Reverse(held), h.rank(), h.age)
-        })
-        .map(|h| h.age)
-}
-
-/// Why a newcomer cannot have a slot at once.
+/// What a newcomer gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Full {
-    /// Every holder has a request in flight: stop accepting until one ends.
-    EveryRequestInFlight,
-    /// The only holders that could give way are the newcomer's own handshakes and idle
-    /// connections: it waits for a slot to free, without holding up other peers.
-    OwnConnections,
+pub enum Admission {
+    /// A free slot.
+    Free,
+    /// The slot of the holder of this age, which closes.
+    Replace(u64),
+    /// Nothing yet.
+    Wait,
 }
 
-/// The slot table of one listener.
+/// What the table says about its peers, for the rule.
+struct Census {
+    cap: usize,
+    held: usize,
+    peers: HashMap<IpAddr, PeerCount>,
+}
+
+#[derive(Default)]
+struct PeerCount {
+    held: usize,
+    standing: bool,
+}
+
+impl Census {
+    fn of(holders: &[Holder], cap: usize) -> Census {
+        let mut peers: HashMap<IpAddr, PeerCount> = HashMap::new();
+        for holder in holders {
+            let count = peers.entry(holder.peer).or_default();
+            count.held += 1;
+            count.standing |= holder.served_lately;
+        }
+        Census {
+            cap: cap.max(1),
+            held: holders.len(),
+            peers,
+        }
+    }
+
+    fn held_by(&self, peer: IpAddr) -> usize {
+        self.peers.get(&peer).map_or(0, |count| count.held)
+    }
+
+    fn standing(&self, peer: IpAddr) -> bool {
+        self.peers.get(&peer).is_some_and(|count| count.standing)
+    }
+
+    /// The cap over the peers competing (holders and `newcomer`'s), at least one slot.
+    fn fair_share(&self, newcomer: IpAddr) -> f64 {
+        let competing = self.peers.len() + usize::from(!self.peers.contains_key(&newcomer));
+        (self.cap as f64 / competing as f64).max(1.0)
+    }
+
+    /// Whether one more connection keeps `newcomer` within its fair share.
+    fn entitled(&self, newcomer: IpAddr) -> bool {
+        (self.held_by(newcomer) + 1) as f64 <= self.fair_share(newcomer)
+    }
+
+    /// How far `peer` is over its share (see the module doc), if it is.
+    fn excess(&self, peer: IpAddr, newcomer: IpAddr) -> Option<f64> {
+        let kept = self.fair_share(newcomer).max(eighth(self.cap) as f64);
+        let over = self.held_by(peer) as f64 - kept;
+        (over > 0.0).then_some(over)
+    }
+}
+
+/// The rule: what a newcomer from `newcomer` gets from a listener of `cap` slots held
+/// by `holders` (see the module doc).
+pub fn admission(holders: &[Holder], cap: usize, newcomer: IpAddr) -> Admission {
+    admit_in(&Census::of(holders, cap), holders, newcomer)
+}
+
+fn admit_in(census: &Census, holders: &[Holder], newcomer: IpAddr) -> Admission {
+    let cap = census.cap;
+    let entitled = census.entitled(newcomer);
+    if census.held + eighth(cap) < cap || (census.held < cap && entitled) {
+        return Admission::Free;
+    }
+    let spare = holders
+        .iter()
+        .filter_map(|h| Some((spare_rank(h, census, newcomer, entitled)?, h)))
+        .min_by_key(|(rank, h)| (*rank, Reverse(census.held_by(h.peer)), h.age));
+    if let Some((_, holder)) = spare {
+        return Admission::Replace(holder.age);
+    }
+    if !entitled {
+        return Admission::Wait;
+    }
+    holders
+        .iter()
+        .filter(|h| h.peer != newcomer)
+        .filter_map(|h| Some((census.excess(h.peer, newcomer)?, excess_rank(h)?, h)))
+        .min_by(|(a, rank_a, h_a), (b, rank_b, h_b)| {
+            b.total_cmp(a)
+                .then(rank_a.cmp(rank_b))
+                .then(h_a.age.cmp(&h_b.age))
+        })
+        .map_or(Admission::Wait, |(_, _, h)| Admission::Replace(h.age))
+}
+
+/// How readily `holder` gives way to a newcomer of `newcomer` as a worthless or
+/// unproven connection (lower first), or `None` when it does not.
+fn spare_rank(holder: &Holder, census: &Census, newcomer: IpAddr, entitled: bool) -> Option<u8> {
+    let own = holder.peer == newcomer;
+    let trusted = census.standing(holder.peer);
+    match holder.state {
+        State::Closing | State::Busy { starving: true } => Some(0),
+        State::Busy { starving: false } => None,
+        // However old, its own client may be about to finish it on a starved machine.
+        State::Handshake { young: false } => (!own && !trusted).then_some(0),
+        State::Opening { young: false } => (own || !trusted).then_some(0),
+        State::Idle => (entitled && !own && !trusted).then_some(1),
+        State::Handshake { young: true } | State::Opening { young: true } => {
+            (entitled && !own && !trusted).then_some(2)
+        }
+    }
+}
+
+/// Order of giving way within a peer over its share: silent sockets, then idle
+/// connections, then young handshakes; requests in flight never.
+fn excess_rank(holder: &Holder) -> Option<u8> {
+    match holder.state {
+        State::Closing
+        | State::Handshake { young: false }
+        | State::Opening { young: false }
+        | State::Busy { starving: true } => Some(0),
+        State::Idle => Some(1),
+        State::Handshake { young: true } | State::Opening { young: true } => Some(2),
+        State::Busy { starving: false } => None,
+    }
+}
+
+/// What a newcomer gets from [`Slots::enter`].
+pub enum Entry {
+    /// A slot, now.
+    Admitted(Slot),
+    /// A seat in the waiting room: the slot comes through the ticket, or the ticket
+    /// fails when the seat was given to a newcomer ranked before it.
+    Waiting(oneshot::Receiver<Slot>),
+    /// The waiting room is full of newcomers ranked before this one. `alone`: its peer is
+    /// the only one holding slots or seats (stop accepting until a seat frees, rather than
+    /// fail its own burst); otherwise close it.
+    RoomFull { alone: bool },
+}
+
+/// The slot table and waiting room of one listener.
 pub struct Slots {
     cap: usize,
-    table: Mutex<BTreeMap<u64, Arc<Activity>>>,
-    next: AtomicU64,
-    /// Signalled when a slot frees or a request ends (a busy holder became one that
-    /// can give up its slot).
-    freed: Arc<Notify>,
+    pace: Pace,
+    table: Mutex<Table>,
+    signals: Arc<Signals>,
+    /// Signalled when a seat frees, for a listener that stopped accepting.
+    seat_freed: Notify,
+}
+
+/// What connections tell the listener as they go.
+struct Signals {
+    /// Requests in flight on the listener.
+    in_flight: AtomicUsize,
+    /// A slot freed, a request ended, or a newcomer sat down: let waiters in.
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct Table {
+    holders: BTreeMap<u64, Arc<Activity>>,
+    next_age: u64,
+    room: Vec<Waiter>,
+    next_seat: u64,
+    peers: HashMap<IpAddr, PeerRecord>,
+}
+
+struct Waiter {
+    seat: u64,
+    peer: IpAddr,
+    handoff: oneshot::Sender<Slot>,
+}
+
+struct PeerRecord {
+    held: usize,
+    last_admitted: Option<Instant>,
+}
+
+/// Order in which waiters are let in: lower first.
+type Turn = (usize, Option<Instant>, u64);
+
+impl Table {
+    fn turn(&self, peer: IpAddr, seat: u64) -> Turn {
+        let record = self.peers.get(&peer);
+        (
+            record.map_or(0, |r| r.held),
+            record.and_then(|r| r.last_admitted),
+            seat,
+        )
+    }
+
+    fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
+        self.holders
+            .iter()
+            .map(|(&age, activity)| activity.holder(age, pace, now))
+            .collect()
+    }
+
+    /// Forgets peers that hold nothing and were let in long ago, once there are many.
+    fn forget_old_peers(&mut self, cap: usize, now: Instant) {
+        if self.peers.len() <= 4 * cap + 64 {
+            return;
+        }
+        let recent = |r: &PeerRecord| {
+            r.last_admitted
+                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(60))
+        };
+        self.peers.retain(|_, r| r.held > 0 || recent(r));
+        if self.peers.len() > 4 * cap + 64 {
+            self.peers.retain(|_, r| r.held > 0);
+        }
+    }
 }
 
 impl Slots {
-    pub fn new(cap: usize) -> Arc<Slots> {
+    pub fn new(cap: usize, pace: Pace) -> Arc<Slots> {
         Arc::new(Slots {
             cap: cap.max(1),
-            table: Mutex::new(BTreeMap::new()),
-            next: AtomicU64::new(0),
-            freed: Arc::new(Notify::new()),
+            pace,
+            table: Mutex::new(Table::default()),
+            signals: Arc::new(Signals {
+                in_flight: AtomicUsize::new(0),
+                changed: Notify::new(),
+            }),
+            seat_freed: Notify::new(),
         })
     }
 
-    /// A slot for a connection from `peer`, taking one from [`victim`] at the cap and
-    /// waiting while none may give way.
-    pub async fn admit(self: &Arc<Self>, peer: IpAddr) -> Slot {
-        loop {
-            if let Ok(slot) = self.try_admit(peer) {
-                return slot;
+    pub fn pace(&self) -> Pace {
+        self.pace
+    }
+
+    /// A slot for a newcomer from `peer` now, a seat to wait for one, or neither.
+    pub fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
+        let mut table = self.table.lock();
+        let now = Instant::now();
+        let turn = table.turn(peer, table.next_seat);
+        let outranked = table
+            .room
+            .iter()
+            .any(|w| table.turn(w.peer, w.seat) < turn);
+        if !outranked {
+            let holders = table.holders(self.pace, now);
+            match admission(&holders, self.cap, peer) {
+                Admission::Free => return Entry::Admitted(self.insert(&mut table, peer, now)),
+                Admission::Replace(age) => {
+                    self.evict(&mut table, age, peer);
+                    return Entry::Admitted(self.insert(&mut table, peer, now));
+                }
+                Admission::Wait => {}
             }
-            // `notify_one` keeps a permit when nobody waits, so a release between the
-            // attempt above and this wait is not missed; several waiters share the
-            // permits, so each also looks again now and then.
-            let _ = tokio::time::timeout(RECHECK, self.freed.notified()).await;
+        }
+        self.seat(&mut table, peer, turn)
+    }
+
+    /// A seat in the waiting room for `peer`, taking the last waiter's when the room is
+    /// full and `peer` comes before it.
+    fn seat(&self, table: &mut Table, peer: IpAddr, turn: Turn) -> Entry {
+        if table.room.len() >= self.cap {
+            let last = (0..table.room.len())
+                .max_by_key(|&i| table.turn(table.room[i].peer, table.room[i].seat));
+            match last {
+                Some(i) if table.turn(table.room[i].peer, table.room[i].seat) > turn => {
+                    // Dropping its sender fails its ticket: its task closes the connection.
+                    let gone = table.room.swap_remove(i);
+                    tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; a waiter ranked last gives up its seat");
+                }
+                _ => {
+                    let alone = table.room.iter().all(|w| w.peer == peer)
+                        && table.peers.iter().all(|(&p, r)| p == peer || r.held == 0);
+                    return Entry::RoomFull { alone };
+                }
+            }
+        }
+        let (handoff, ticket) = oneshot::channel();
+        let seat = table.next_seat;
+        table.next_seat += 1;
+        table.room.push(Waiter {
+            seat,
+            peer,
+            handoff,
+        });
+        self.signals.changed.notify_one();
+        Entry::Waiting(ticket)
+    }
+
+    /// Lets waiters in, in turn, while slots or connections that give way are found.
+    fn let_waiters_in(self: &Arc<Self>) {
+        let mut handed: Vec<(oneshot::Sender<Slot>, Slot)> = Vec::new();
+        {
+            let mut table = self.table.lock();
+            let before = table.room.len();
+            table.room.retain(|w| !w.handoff.is_closed());
+            if table.room.is_empty() {
+                if before > 0 {
+                    self.seat_freed.notify_waiters();
+                }
+                return;
+            }
+            let now = Instant::now();
+            let mut order: Vec<(Turn, u64)> = table
+                .room
+                .iter()
+                .map(|w| (table.turn(w.peer, w.seat), w.seat))
+                .collect();
+            order.sort_unstable();
+            let mut holders = table.holders(self.pace, now);
+            let mut census = Census::of(&holders, self.cap);
+            let mut refused: Vec<IpAddr> = Vec::new();
+            for (_, seat) in order {
+                let Some(index) = table.room.iter().position(|w| w.seat == seat) else {
+                    continue;
+                };
+                let peer = table.room[index].peer;
+                if refused.contains(&peer) {
+                    continue;
+                }
+                let age = match admit_in(&census, &holders, peer) {
+                    Admission::Wait => {
+                        refused.push(peer);
+                        continue;
+                    }
+                    Admission::Free => None,
+                    Admission::Replace(age) => Some(age),
+                };
+                let waiter = table.room.swap_remove(index);
+                if let Some(age) = age {
+                    self.evict(&mut table, age, peer);
+                }
+                handed.push((waiter.handoff, self.insert(&mut table, peer, now)));
+                holders = table.holders(self.pace, now);
+                census = Census::of(&holders, self.cap);
+            }
+            if table.room.len() < before {
+                self.seat_freed.notify_waiters();
+            }
+        }
+        // Outside the lock: a slot whose waiter just gave up is dropped, which locks.
+        for (handoff, slot) in handed {
+            let _ = handoff.send(slot);
         }
     }
 
-    /// A slot for a connection from `peer` now, taking one from [`victim`] at the cap.
-    pub fn try_admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Full> {
-        let mut table = self.table.lock();
-        if table.len() >= self.cap {
-            let holders: Vec<Holder> = table.iter().map(|(&age, a)| a.holder(age)).collect();
-            let Some(age) = victim(&holders, peer) else {
-                let waits_for_itself = holders.iter().any(|h| h.phase != Phase::Busy);
-                return Err(if waits_for_itself {
-                    Full::OwnConnections
-                } else {
-                    Full::EveryRequestInFlight
-                });
-            };
-            if let Some(evicted) = table.remove(&age) {
-                tracing::debug!(
-                    peer = %evicted.peer,
-                    phase = ?evicted.phase(),
-                    newcomer = %peer,
-                    "connection cap reached; closing a connection of the peer holding the most"
-                );
-                evicted.evicted.cancel();
+    /// Lets waiters in whenever something changes or [`RECHECK`] passes, until `stop`.
+    pub async fn keep_the_room(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.signals.changed.notified() => {}
+                () = tokio::time::sleep(RECHECK) => {}
             }
+            self.let_waiters_in();
         }
-        let age = self.next.fetch_add(1, Ordering::Relaxed);
-        let activity = Arc::new(Activity::new(peer, self.freed.clone()));
-        table.insert(age, activity.clone());
-        Ok(Slot {
+    }
+
+    /// Resolves when a seat in the waiting room may have freed.
+    pub async fn seat_freed(&self) {
+        tokio::select! {
+            () = self.seat_freed.notified() => {}
+            () = tokio::time::sleep(RECHECK) => {}
+        }
+    }
+
+    fn insert(self: &Arc<Self>, table: &mut Table, peer: IpAddr, now: Instant) -> Slot {
+        let age = table.next_age;
+        table.next_age += 1;
+        let activity = Arc::new(Activity::new(peer, self.signals.clone()));
+        table.holders.insert(age, activity.clone());
+        let record = table.peers.entry(peer).or_insert(PeerRecord {
+            held: 0,
+            last_admitted: None,
+        });
+        record.held += 1;
+        record.last_admitted = Some(now);
+        table.forget_old_peers(self.cap, now);
+        Slot {
             slots: self.clone(),
             age,
             activity,
-        })
+        }
+    }
+
+    fn evict(&self, table: &mut Table, age: u64, newcomer: IpAddr) {
+        if let Some(evicted) = table.holders.remove(&age) {
+            release(table, evicted.peer);
+            tracing::debug!(
+                peer = %evicted.peer,
+                phase = ?evicted.holder(age, self.pace, Instant::now()).state,
+                %newcomer,
+                "connection cap reached; a connection gives up its slot"
+            );
+            evicted.evicted.cancel();
+        }
+    }
+
+    /// Whether `peer` may open one more h2 stream: always while the listener has fewer
+    /// requests in flight than slots; beyond, only within its fair share of them.
+    pub fn admits_stream(&self, peer: IpAddr) -> bool {
+        if self.signals.in_flight.load(Ordering::Acquire) < self.cap {
+            return true;
+        }
+        let table = self.table.lock();
+        let peers = table.peers.values().filter(|r| r.held > 0).count().max(1);
+        let share = (self.cap / peers).max(1);
+        let mine: usize = table
+            .holders
+            .values()
+            .filter(|a| a.peer == peer)
+            .map(|a| a.in_flight.load(Ordering::Acquire))
+            .sum();
+        mine < share
     }
 
     /// Connections holding a slot now.
     pub fn held(&self) -> usize {
-        self.table.lock().len()
+        self.table.lock().holders.len()
+    }
+}
+
+fn release(table: &mut Table, peer: IpAddr) {
+    if let Some(record) = table.peers.get_mut(&peer) {
+        record.held = record.held.saturating_sub(1);
     }
 }
 
@@ -219,20 +557,26 @@ impl Slot {
     pub fn activity(&self) -> &Arc<Activity> {
         &self.activity
     }
+
+    pub fn slots(&self) -> &Arc<Slots> {
+        &self.slots
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut table = self.slots.table.lock();
         // An evicted connection's entry is already gone (and its age never reused).
-        table.remove(&self.age);
+        if table.holders.remove(&self.age).is_some() {
+            release(&mut table, self.activity.peer);
+        }
         drop(table);
-        self.slots.freed.notify_one();
+        self.slots.signals.changed.notify_one();
     }
 }
 
-/// One connection's requests: whether it has made one, how many are in flight, when
-/// the last one ended; and whether it has been told to give up its slot.
+/// One connection's requests: whether it has made one, which are in flight, when the
+/// last one ended and was last served whole; and whether it must give up its slot.
 pub struct Activity {
     peer: IpAddr,
     started: Instant,
@@ -243,15 +587,22 @@ pub struct Activity {
     /// it late, with its client's first request already in the socket.
     handshake_ended: AtomicU64,
     in_flight: AtomicUsize,
+    /// The requests in flight and how their bodies arrive.
+    requests: Mutex<Vec<Arc<Progress>>>,
     /// Milliseconds after `started` when a request last ended.
     last_done: AtomicU64,
+    /// One more than the milliseconds after `started` when a request last completed
+    /// with its body whole (0: never).
+    last_served: AtomicU64,
     /// Cancelled when a newcomer took this connection's slot: close it.
     evicted: CancellationToken,
-    freed: Arc<Notify>,
+    /// Cancelled when a request body arrived too slowly: close it.
+    too_slow: CancellationToken,
+    signals: Arc<Signals>,
 }
 
 impl Activity {
-    fn new(peer: IpAddr, freed: Arc<Notify>) -> Self {
+    fn new(peer: IpAddr, signals: Arc<Signals>) -> Self {
         Activity {
             peer,
             started: Instant::now(),
@@ -259,18 +610,43 @@ impl Activity {
             handshaking: AtomicBool::new(false),
             handshake_ended: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            requests: Mutex::new(Vec::new()),
             last_done: AtomicU64::new(0),
+            last_served: AtomicU64::new(0),
             evicted: CancellationToken::new(),
-            freed,
+            too_slow: CancellationToken::new(),
+            signals,
         }
     }
 
-    fn holder(&self, age: u64) -> Holder {
+    pub fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    fn holder(&self, age: u64, pace: Pace, now: Instant) -> Holder {
+        let served = self.last_served.load(Ordering::Acquire);
+        let since = |ms: u64| now.saturating_duration_since(self.started + Duration::from_millis(ms));
         Holder {
             age,
             peer: self.peer,
-            phase: self.phase(),
-            young: self.since(&self.handshake_ended) < YOUNG,
+            state: self.state(pace, now, since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG),
+            served_lately: served > 0 && since(served - 1) < QUIET,
+        }
+    }
+
+    fn state(&self, pace: Pace, now: Instant, young: bool) -> State {
+        if self.too_slow.is_cancelled() {
+            State::Closing
+        } else if self.in_flight.load(Ordering::Acquire) > 0 {
+            let requests = self.requests.lock();
+            let starving = !requests.is_empty() && requests.iter().all(|p| p.starving(pace, now));
+            State::Busy { starving }
+        } else if self.requested.load(Ordering::Acquire) {
+            State::Idle
+        } else if self.handshaking.load(Ordering::Acquire) {
+            State::Handshake { young }
+        } else {
+            State::Opening { young }
         }
     }
 
@@ -282,26 +658,9 @@ impl Activity {
         self.handshaking.store(handshaking, Ordering::Release);
     }
 
-    /// How long ago the instant recorded in `mark` (milliseconds after `started`) was.
-    fn since(&self, mark: &AtomicU64) -> Duration {
-        Duration::from_millis(self.millis().saturating_sub(mark.load(Ordering::Acquire)))
-    }
-
     /// Milliseconds since the connection was accepted.
     fn millis(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    pub fn phase(&self) -> Phase {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            Phase::Busy
-        } else if self.requested.load(Ordering::Acquire) {
-            Phase::Idle
-        } else if self.handshaking.load(Ordering::Acquire) {
-            Phase::Handshake
-        } else {
-            Phase::Opening
-        }
     }
 
     /// Whether a request has begun on this connection.
@@ -314,10 +673,27 @@ impl Activity {
         self.evicted.cancelled().await
     }
 
-    pub fn begin(self: &Arc<Self>) -> InFlight {
+    /// Resolves when a request body arrived too slowly: the connection gives up its slot.
+    pub async fn too_slow(&self) {
+        self.too_slow.cancelled().await
+    }
+
+    /// Marks the connection as cut for a body too slow (`server::pace`).
+    pub fn cut_for_slowness(&self) {
+        self.too_slow.cancel();
+        self.signals.changed.notify_one();
+    }
+
+    /// A request begins; `progress` follows its body.
+    pub fn begin(self: &Arc<Self>, progress: Arc<Progress>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.signals.in_flight.fetch_add(1, Ordering::AcqRel);
         self.requested.store(true, Ordering::Release);
-        InFlight(self.clone())
+        self.requests.lock().push(progress.clone());
+        InFlight {
+            activity: self.clone(),
+            progress,
+        }
     }
 
     /// Resolves once no request has been in flight for `idle`.
@@ -339,267 +715,30 @@ impl Activity {
 }
 
 /// One request in flight; its end is recorded when dropped (also on cancellation).
-pub struct InFlight(Arc<Activity>);
+pub struct InFlight {
+    activity: Arc<Activity>,
+    progress: Arc<Progress>,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let activity = &self.0;
-        activity
-            .last_done
-            .store(activity.millis(), Ordering::Release);
-        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // A listener waiting at the cap may now take this connection's slot.
-            activity.freed.notify_one();
+        let activity = &self.activity;
+        let now = activity.millis();
+        activity.last_done.store(now, Ordering::Release);
+        if self.progress.is_done() {
+            activity.last_served.store(now + 1, Ordering::Release);
         }
+        activity
+            .requests
+            .lock()
+            .retain(|p| !Arc::ptr_eq(p, &self.progress));
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+        activity.signals.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // A newcomer waiting at the cap may now take this connection's slot.
+        activity.signals.changed.notify_one();
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ip(last: u8) -> IpAddr {
-        IpAddr::from([10, 0, 0, last])
-    }
-
-    fn holder(age: u64, peer: u8, phase: Phase) -> Holder {
-        Holder {
-            age,
-            peer: ip(peer),
-            phase,
-            young: false,
-        }
-    }
-
-    fn young(age: u64, peer: u8) -> Holder {
-        Holder {
-            young: true,
-            ..holder(age, peer, Phase::Opening)
-        }
-    }
-
-    /// A newcomer from an address that holds nothing.
-    const STRANGER: u8 = 200;
-
-    #[test]
-    fn the_peer_holding_the_most_gives_up_its_oldest_silent_connection() {
-        let holders = [
-            holder(0, 1, Phase::Idle),    // the API server's keep-alive connection
-            holder(1, 9, Phase::Idle),    // a flooder that finished TLS once
-            holder(2, 9, Phase::Opening), // and its half-open ones
-            holder(3, 9, Phase::Opening),
-            holder(4, 2, Phase::Opening), // a kubelet probe, just connected
-        ];
-        assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
-    }
-
-    #[test]
-    fn requests_in_flight_are_never_cut() {
-        let holders = [holder(0, 9, Phase::Busy), holder(1, 9, Phase::Busy)];
-        assert_eq!(victim(&holders, ip(STRANGER)), None);
-        // The flooder's busy connections stay; of the silent ones, one from each peer,
-        // the oldest goes.
-        let holders = [
-            holder(0, 9, Phase::Busy),
-            holder(1, 9, Phase::Busy),
-            holder(2, 9, Phase::Opening),
-            holder(3, 1, Phase::Opening),
-        ];
-        assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
-    }
-
-    #[test]
-    fn busy_connections_do_not_count_against_their_peer() {
-        // The API server has three reviews in flight and opens a fourth connection; a
-        // flooder holds two silent ones: the flooder gives way, not the new handshake.
-        let holders = [
-            holder(0, 1, Phase::Busy),
-            holder(1, 1, Phase::Busy),
-            holder(2, 1, Phase::Busy),
-            holder(3, 9, Phase::Opening),
-            holder(4, 9, Phase::Opening),
-            holder(5, 1, Phase::Opening),
-        ];
-        assert_eq!(victim(&holders, ip(STRANGER)), Some(3));
-    }
-
-    #[test]
-    fn between_equal_peers_the_oldest_silent_connection_goes_first() {
-        let holders = [
-            holder(0, 1, Phase::Idle),
-            holder(1, 2, Phase::Opening),
-            holder(2, 3, Phase::Opening),
-        ];
-        assert_eq!(victim(&holders, ip(STRANGER)), Some(1));
-        // Everyone has made requests: the oldest idle one.
-        let holders = [holder(5, 1, Phase::Idle), holder(7, 2, Phase::Idle)];
-        assert_eq!(victim(&holders, ip(STRANGER)), Some(5));
-    }
-
-    #[test]
-    fn a_newcomer_never_cuts_a_young_handshake_of_its_own_peer() {
-        // The API server (peer 1) dials many connections at once in a burst.
-        let holders = [holder(0, 1, Phase::Busy), young(1, 1), young(2, 1)];
-        assert_eq!(victim(&holders, ip(1)), None, "its own handshakes are kept");
-        assert_eq!(
-            victim(&holders, ip(2)),
-            Some(1),
-            "another peer may take one"
-        );
-        // Grown old without a request, a connection is a silent socket: its own peer's
-        // newcomer takes it (a flood from one address still pays with its own).
-        let holders = [holder(0, 1, Phase::Opening), young(1, 1)];
-        assert_eq!(victim(&holders, ip(1)), Some(0));
-    }
-
-    #[test]
-    fn a_newcomer_never_cuts_its_own_peers_handshake_still_in_tls_however_old() {
-        // On a starved machine the server finishes a handshake late; its client has
-        // already written a review on it.
-        let slow = holder(0, 1, Phase::Handshake);
-        assert_eq!(victim(&[slow, young(1, 1)], ip(1)), None);
-        assert_eq!(
-            victim(&[slow, young(1, 1)], ip(2)),
-            Some(0),
-            "another peer may"
-        );
-    }
-
-    #[test]
-    fn a_slow_handshake_that_just_ended_is_young_again_until_its_first_request_is_due() {
-        // Accepted two seconds ago: past YOUNG, a silent socket if TLS were done.
-        let mut activity = Activity::new(ip(1), Arc::default());
-        activity.started -= YOUNG * 2;
-        activity.set_handshaking(true);
-        let in_tls = activity.holder(0);
-        assert!(in_tls.phase == Phase::Handshake && !in_tls.young);
-        // The server ends the handshake now: its client's request is due from now.
-        activity.set_handshaking(false);
-        let done = activity.holder(0);
-        assert!(done.phase == Phase::Opening && done.young);
-        assert_eq!(
-            victim(&[done], ip(1)),
-            None,
-            "its own peer's newcomer waits"
-        );
-    }
-
-    #[test]
-    fn of_one_peer_silent_sockets_go_first_then_idle_connections_then_handshakes() {
-        let holders = [
-            young(0, 1),
-            holder(1, 1, Phase::Idle),
-            holder(2, 1, Phase::Opening),
-        ];
-        assert_eq!(victim(&holders, ip(STRANGER)), Some(2));
-        assert_eq!(victim(&holders[..2], ip(STRANGER)), Some(1));
-        assert_eq!(victim(&holders[..1], ip(STRANGER)), Some(0));
-        // The peer's own newcomer takes neither its idle connection nor its handshake.
-        assert_eq!(victim(&holders[..2], ip(1)), None);
-    }
-
-    #[test]
-    fn the_peer_holding_the_most_is_counted_among_those_that_may_give_way() {
-        // Peer 1 holds three young handshakes and one idle connection; peer 9 holds two
-        // silent sockets. To peer 1's newcomer none of its own may give way, so peer 9
-        // gives one up.
-        let holders = [
-            young(0, 1),
-            young(1, 1),
-            young(2, 1),
-            holder(3, 1, Phase::Idle),
-            holder(4, 9, Phase::Opening),
-            holder(5, 9, Phase::Opening),
-        ];
-        assert_eq!(victim(&holders, ip(1)), Some(4));
-        assert_eq!(
-            victim(&holders, ip(STRANGER)),
-            Some(3),
-            "peer 1 holds the most"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_newcomer_waits_for_its_own_connections_and_others_do_not() {
-        let slots = Slots::new(2);
-        let api_a = slots.admit(ip(1)).await;
-        let api_b = slots.admit(ip(1)).await;
-        assert!(matches!(slots.try_admit(ip(1)), Err(Full::OwnConnections)));
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { slots.admit(ip(1)).await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished());
-        // One handshake ends in a request, answered: an idle connection of its own peer,
-        // which its client may use again at any moment, is not cut either.
-        drop(api_b.activity().begin());
-        tokio::time::sleep(RECHECK * 2).await;
-        assert!(!waiting.is_finished(), "still waiting");
-        assert!(!api_b.activity().evicted.is_cancelled());
-        // Its client closes that connection: the slot goes to the newcomer.
-        drop(api_b);
-        let newcomer = tokio::time::timeout(Duration::from_secs(10), waiting)
-            .await
-            .expect("admitted once its own connection closed")
-            .expect("no panic");
-        assert!(!api_a.activity().evicted.is_cancelled());
-        // A stranger is not made to wait: it takes the oldest handshake.
-        let Ok(_stranger) = slots.try_admit(ip(STRANGER)) else {
-            panic!("a stranger is admitted at once");
-        };
-        assert!(api_a.activity().evicted.is_cancelled());
-        drop(newcomer);
-    }
-
-    #[tokio::test]
-    async fn at_the_cap_with_every_request_in_flight_nobody_may_give_way() {
-        let slots = Slots::new(1);
-        let busy = slots.admit(ip(1)).await;
-        let _request = busy.activity().begin();
-        assert!(matches!(
-            slots.try_admit(ip(1)),
-            Err(Full::EveryRequestInFlight)
-        ));
-        assert!(matches!(
-            slots.try_admit(ip(2)),
-            Err(Full::EveryRequestInFlight)
-        ));
-    }
-
-    #[tokio::test]
-    async fn at_the_cap_a_newcomer_takes_a_slot_and_the_victim_is_told() {
-        let slots = Slots::new(2);
-        let flood_a = slots.admit(ip(9)).await;
-        let flood_b = slots.admit(ip(9)).await;
-        let honest = slots.admit(ip(1)).await;
-        assert_eq!(slots.held(), 2);
-        assert!(flood_a.activity().evicted.is_cancelled());
-        assert!(!flood_b.activity().evicted.is_cancelled());
-        // The evicted connection's own release later frees nothing more.
-        drop(flood_a);
-        assert_eq!(slots.held(), 2);
-        drop((flood_b, honest));
-        assert_eq!(slots.held(), 0);
-    }
-
-    #[tokio::test]
-    async fn at_the_cap_with_every_request_in_flight_a_newcomer_waits_for_one_to_end() {
-        let slots = Slots::new(1);
-        let busy = slots.admit(ip(1)).await;
-        let request = busy.activity().begin();
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { slots.admit(ip(2)).await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished());
-        drop(request);
-        let newcomer = tokio::time::timeout(Duration::from_secs(10), waiting)
-            .await
-            .expect("admitted once the request ended")
-            .expect("no panic");
-        assert!(busy.activity().evicted.is_cancelled());
-        assert_eq!(newcomer.activity().phase(), Phase::Opening);
-    }
-}
+#[path = "slots_tests.rs"]
+mod tests;

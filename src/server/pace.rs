@@ -1,0 +1,239 @@
+//! The rate floor for request bodies (Kestrel's `MinRequestBodyDataRate`, nginx's
+//! `client_body_timeout`): a body must arrive at `--min-body-rate` bytes per second on
+//! average, counted from the end of its request's head. Behind it for [`YOUNG`] its
+//! connection is worthless to the slot table (a newcomer may take its slot, see
+//! `server::slots`); still behind once `--body-rate-grace` has passed since the head, the
+//! request is answered 408 and its connection gives up its slot and closes (HTTP/1.1
+//! after the answer, h2 with a GOAWAY). A body announced at 4 MB and sent a byte a second
+//! thus holds its slot seconds, not `--request-timeout`.
+//!
+//! Only time spent waiting for the client counts against it: the body is judged when
+//! the handler asks for more and the bytes are not there. An honest body arrives at the
+//! network's speed, megabytes a second; the floor is four orders of magnitude below.
+//! Request heads have deadlines instead: the first one `--handshake-timeout` after the
+//! connect, later ones `--request-timeout` after the previous answer.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
+use super::slots::{Activity, YOUNG};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body rate floor of a listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// Bytes per second a body must average; 0: no floor.
+    pub floor: u32,
+    /// How long after its head a body behind the floor is cut.
+    pub grace: Duration,
+}
+
+/// A request body arrived slower than the floor.
+#[derive(Debug, thiserror::Error)]
+#[error("request body arrived slower than {floor} bytes per second")]
+pub struct BodyTooSlow {
+    pub floor: u32,
+}
+
+/// How one request's body arrives.
+#[derive(Debug)]
+pub struct Progress {
+    begun: Instant,
+    received: AtomicU64,
+    done: AtomicBool,
+    /// The handler asked for more and nothing was there.
+    awaiting: AtomicBool,
+}
+
+impl Progress {
+    /// A request whose head just arrived; `done` when it has no body.
+    pub fn new(done: bool) -> Arc<Progress> {
+        Arc::new(Progress::since(Instant::now(), done))
+    }
+
+    fn since(begun: Instant, done: bool) -> Progress {
+        Progress {
+            begun,
+            received: AtomicU64::new(0),
+            done: AtomicBool::new(done),
+            awaiting: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the whole body arrived.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Whether the handler waits for a body that has been behind the floor for [`YOUNG`].
+    pub fn starving(&self, pace: Pace, now: Instant) -> bool {
+        if pace.floor == 0 || self.is_done() || !self.awaiting.load(Ordering::Acquire) {
+            return false;
+        }
+        let elapsed = now.saturating_duration_since(self.begun);
+        elapsed >= YOUNG && self.behind_until(pace.floor) < self.begun + elapsed
+    }
+
+    /// The moment the body falls behind the floor if nothing more arrives.
+    fn behind_until(&self, floor: u32) -> Instant {
+        let received = self.received.load(Ordering::Acquire) as f64;
+        self.begun + Duration::from_secs_f64(received / f64::from(floor.max(1)))
+    }
+
+    /// When the request is cut if nothing more arrives: never before the grace.
+    fn due(&self, pace: Pace) -> Instant {
+        self.behind_until(pace.floor).max(self.begun + pace.grace)
+    }
+
+    fn arrived(&self, frame: Option<&Result<Frame<Bytes>, impl Sized>>, end: bool) {
+        self.awaiting.store(false, Ordering::Release);
+        match frame {
+            Some(Ok(frame)) => {
+                let bytes = frame.data_ref().map_or(0, |data| data.len() as u64);
+                self.received.fetch_add(bytes, Ordering::AcqRel);
+                if end {
+                    self.done.store(true, Ordering::Release);
+                }
+            }
+            None => self.done.store(true, Ordering::Release),
+            Some(Err(_)) => {}
+        }
+    }
+}
+
+/// A request body that records how it arrives and fails with [`BodyTooSlow`] once it is
+/// behind the floor past the grace, telling its connection to give up its slot.
+pub struct MeteredBody<B> {
+    inner: B,
+    progress: Arc<Progress>,
+    pace: Pace,
+    activity: Arc<Activity>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<B> MeteredBody<B> {
+    pub fn new(inner: B, progress: Arc<Progress>, pace: Pace, activity: Arc<Activity>) -> Self {
+        MeteredBody {
+            inner,
+            progress,
+            pace,
+            activity,
+            timer: None,
+        }
+    }
+
+    /// Pending until the body is due; then the error that cuts it.
+    fn wait_or_cut(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.pace.floor == 0 {
+            return Poll::Pending;
+        }
+        loop {
+            let due = self.progress.due(self.pace);
+            if Instant::now() >= due {
+                tracing::debug!(peer = %self.activity.peer(), floor = self.pace.floor, "request body too slow; closing its connection");
+                self.activity.cut_for_slowness();
+                let error = BodyTooSlow {
+                    floor: self.pace.floor,
+                };
+                return Poll::Ready(Some(Err(error.into())));
+            }
+            let deadline = tokio::time::Instant::from_std(due);
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            timer.as_mut().reset(deadline);
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.progress
+                    .arrived(frame.as_ref(), this.inner.is_end_stream());
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                this.progress.awaiting.store(true, Ordering::Release);
+                this.wait_or_cut(cx)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PACE: Pace = Pace {
+        floor: 240,
+        grace: Duration::from_secs(2),
+    };
+
+    fn awaiting_for(elapsed: Duration, received: u64) -> Progress {
+        let progress = Progress::since(Instant::now() - elapsed, false);
+        progress.received.store(received, Ordering::Release);
+        progress.awaiting.store(true, Ordering::Release);
+        progress
+    }
+
+    #[test]
+    fn a_body_behind_the_floor_starves_after_a_second_and_is_due_after_the_grace() {
+        let now = Instant::now();
+        // A byte a second, as the flood sends it.
+        let trickle = awaiting_for(Duration::from_millis(1500), 1);
+        assert!(trickle.starving(PACE, now));
+        assert_eq!(trickle.due(PACE), trickle.begun + PACE.grace);
+        // Too young to judge.
+        assert!(!awaiting_for(Duration::from_millis(500), 0).starving(PACE, now));
+        // At the floor's pace, it is due only once it falls behind.
+        let steady = awaiting_for(Duration::from_secs(10), 2_400);
+        assert!(!steady.starving(PACE, now));
+        assert_eq!(steady.due(PACE), steady.begun + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_body_that_arrived_or_is_not_waited_for_never_starves() {
+        let now = Instant::now();
+        let done = awaiting_for(Duration::from_secs(5), 0);
+        done.done.store(true, Ordering::Release);
+        assert!(!done.starving(PACE, now));
+        // The handler is busy elsewhere (decoding, asking the API server): not the client's
+        // fault.
+        let working = awaiting_for(Duration::from_secs(5), 0);
+        working.awaiting.store(false, Ordering::Release);
+        assert!(!working.starving(PACE, now));
+        let no_floor = Pace { floor: 0, ..PACE };
+        assert!(!awaiting_for(Duration::from_secs(5), 0).starving(no_floor, now));
+    }
+}

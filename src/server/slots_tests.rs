@@ -1,0 +1,381 @@
+//! The slot rule (`admission`) on tables written out, and the table and waiting room
+//! (`Slots`) with real connections' activities.
+
+use super::*;
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::from([10, 0, 0, last])
+}
+
+/// A holder that connected long ago, has no standing, doing `state`.
+fn holder(age: u64, peer: u8, state: State) -> Holder {
+    Holder {
+        age,
+        peer: ip(peer),
+        state,
+        served_lately: false,
+    }
+}
+
+/// A keep-alive connection between requests of a peer that sends them (standing).
+fn in_use(age: u64, peer: u8) -> Holder {
+    Holder {
+        served_lately: true,
+        ..holder(age, peer, State::Idle)
+    }
+}
+
+const SILENT: State = State::Handshake { young: false };
+const YOUNG_TLS: State = State::Handshake { young: true };
+const OPENING: State = State::Opening { young: false };
+const YOUNG_OPENING: State = State::Opening { young: true };
+const BUSY: State = State::Busy { starving: false };
+const STARVING: State = State::Busy { starving: true };
+
+/// A newcomer from an address that holds nothing.
+const STRANGER: u8 = 200;
+/// The API server, in the tables below.
+const API: u8 = 1;
+
+/// `count` holders of `peer` from age `first`, doing `state`.
+fn many(first: u64, count: u64, peer: u8, state: State) -> Vec<Holder> {
+    (first..first + count)
+        .map(|age| holder(age, peer, state))
+        .collect()
+}
+
+/// The API server's keep-alive pool of `count`, in use.
+fn api_pool(first: u64, count: u64) -> Vec<Holder> {
+    (first..first + count).map(|age| in_use(age, API)).collect()
+}
+
+#[test]
+fn below_the_reserve_anyone_gets_a_free_slot_and_in_it_only_peers_below_their_share() {
+    // 16 slots, a reserve of 2: beside the API server's connection, a flooder holding 12
+    // gets the 13th, not the 14th.
+    let mut holders = vec![holder(0, API, BUSY)];
+    holders.extend(many(1, 12, 9, SILENT));
+    assert_eq!(admission(&holders, 16, ip(9)), Admission::Free);
+    holders.push(holder(13, 9, SILENT));
+    assert_eq!(admission(&holders, 16, ip(9)), Admission::Wait);
+    // A probe holding nothing is below its share: it takes one of the reserve.
+    assert_eq!(admission(&holders, 16, ip(STRANGER)), Admission::Free);
+    // Alone at the listener, its fair share is every slot: the API server's burst fills it.
+    let burst = many(0, 15, API, YOUNG_TLS);
+    assert_eq!(admission(&burst, 16, ip(API)), Admission::Free);
+}
+
+#[test]
+fn a_flooder_from_one_address_never_takes_another_peers_connection_in_use() {
+    // 600 connections from one address against 256 slots: its own handshakes stay (a
+    // handshake is never cut for its own peer), and the API server's pool is not its to
+    // take, idle or just dialled.
+    let mut holders = api_pool(0, 19);
+    holders.push(holder(19, API, YOUNG_TLS));
+    holders.extend(many(20, 236, 9, SILENT));
+    assert_eq!(admission(&holders, 256, ip(9)), Admission::Wait);
+    // Idle after one request, its own idle ones stay too.
+    let mut idle = api_pool(0, 20);
+    idle.extend((20..256).map(|age| in_use(age, 9)));
+    assert_eq!(admission(&idle, 256, ip(9)), Admission::Wait);
+    // The API server's newcomer takes the flooder's oldest silent socket...
+    assert_eq!(admission(&holders, 256, ip(API)), Admission::Replace(20));
+    // ...and, its connections in use being no less, the flooder's oldest idle one.
+    assert_eq!(admission(&idle, 256, ip(API)), Admission::Replace(20));
+}
+
+#[test]
+fn requests_in_flight_are_never_cut_unless_their_bodies_starve() {
+    let holders = [holder(0, 9, BUSY), holder(1, 9, BUSY)];
+    assert_eq!(admission(&holders, 2, ip(STRANGER)), Admission::Wait);
+    let holders = [holder(0, 9, BUSY), holder(1, 9, STARVING)];
+    assert_eq!(admission(&holders, 2, ip(STRANGER)), Admission::Replace(1));
+    // Its own peer's newcomer too: a starving request is worth nothing to anyone.
+    assert_eq!(admission(&holders, 2, ip(9)), Admission::Replace(1));
+}
+
+#[test]
+fn slow_bodies_from_many_addresses_give_way_before_the_api_servers_pool() {
+    // 200 addresses, two slow bodies each, against 256 slots beside the API server's 20.
+    let mut holders = api_pool(0, 20);
+    let mut age = 20;
+    for peer in 0..118u8 {
+        for state in [STARVING, BUSY] {
+            holders.push(holder(age, 10 + peer, state));
+            age += 1;
+        }
+    }
+    assert_eq!(holders.len(), 256);
+    // A flooder's newcomer (its peer holds one) takes a starving one, the oldest.
+    assert_eq!(admission(&holders, 256, ip(10)), Admission::Replace(20));
+    // With none starving yet, a newcomer whose peer lost its connection takes a flooder's
+    // young handshake (of a peer that has completed nothing), never the API server's pool.
+    for h in holders.iter_mut().filter(|h| h.state == STARVING) {
+        h.state = BUSY;
+    }
+    holders[255].state = YOUNG_TLS;
+    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(255));
+    holders[255].state = BUSY;
+    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Wait);
+}
+
+#[test]
+fn an_idle_flood_from_many_addresses_gives_way_once_its_peers_are_quiet() {
+    let mut holders = api_pool(0, 20);
+    holders.extend((20..256).map(|age| in_use(age, (age % 180) as u8 + 10)));
+    // Each flooding address made its one request lately: nothing is spare, and the API
+    // server, within the eighth a peer keeps, is nobody's excess.
+    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Wait);
+    // Quiet since: their idle connections give way, the API server's stays.
+    for h in holders.iter_mut().skip(20) {
+        h.served_lately = false;
+    }
+    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(20));
+}
+
+#[test]
+fn a_peer_over_its_share_gives_up_connections_it_uses_to_peers_below_theirs() {
+    // Two peers at 64 slots: a flooder holding 60 connections it uses, the API server 4.
+    let mut holders = many(0, 4, API, BUSY);
+    holders.extend((4..64).map(|age| in_use(age, 9)));
+    assert_eq!(admission(&holders, 64, ip(API)), Admission::Replace(4));
+    assert_eq!(admission(&holders, 64, ip(STRANGER)), Admission::Replace(4));
+    // The flooder's own newcomer waits.
+    assert_eq!(admission(&holders, 64, ip(9)), Admission::Wait);
+    // At equal shares, neither takes the other's.
+    let mut even = many(0, 32, API, BUSY);
+    even.extend((32..64).map(|age| in_use(age, 9)));
+    assert_eq!(admission(&even, 64, ip(API)), Admission::Wait);
+}
+
+#[test]
+fn of_a_peer_over_its_share_silent_sockets_go_first_then_idle_then_young() {
+    // Peer 9 has standing (its requests in flight complete), and holds the whole table.
+    let young = holder(0, 9, YOUNG_TLS);
+    let idle = in_use(1, 9);
+    let silent = holder(2, 9, OPENING);
+    let table = |mut holders: Vec<Holder>| {
+        holders.extend((10..15).map(|age| Holder {
+            served_lately: true,
+            ..holder(age, 9, BUSY)
+        }));
+        holders
+    };
+    let take = |holders: Vec<Holder>| admission(&holders, holders.len(), ip(STRANGER));
+    assert_eq!(take(table(vec![young, idle, silent])), Admission::Replace(2));
+    assert_eq!(take(table(vec![young, idle])), Admission::Replace(1));
+    assert_eq!(take(table(vec![young])), Admission::Replace(0));
+}
+
+#[test]
+fn a_newcomer_never_cuts_its_own_peers_young_handshake_or_idle_connection() {
+    // The API server (no standing yet) dials many connections at once in a burst.
+    let holders = [
+        holder(0, API, BUSY),
+        holder(1, API, YOUNG_OPENING),
+        holder(2, API, YOUNG_OPENING),
+    ];
+    assert_eq!(admission(&holders, 3, ip(API)), Admission::Wait, "its own");
+    assert_eq!(
+        admission(&holders, 3, ip(2)),
+        Admission::Replace(1),
+        "another peer may take one"
+    );
+    // Grown old without a request, a connection is a silent socket: its own peer's
+    // newcomer takes it (a flood from one address pays with its own).
+    let holders = [holder(0, API, OPENING), holder(1, API, YOUNG_OPENING)];
+    assert_eq!(admission(&holders, 2, ip(API)), Admission::Replace(0));
+    // Its idle keep-alive connection is never its own newcomer's.
+    let holders = [in_use(0, API), holder(1, API, State::Idle)];
+    assert_eq!(admission(&holders, 2, ip(API)), Admission::Wait);
+}
+
+#[test]
+fn a_newcomer_never_cuts_its_own_peers_handshake_still_in_tls_however_old() {
+    // On a starved machine the server finishes a handshake late; its client has
+    // already written a review on it.
+    let holders = [holder(0, API, SILENT), holder(1, API, YOUNG_OPENING)];
+    assert_eq!(admission(&holders, 2, ip(API)), Admission::Wait);
+    assert_eq!(
+        admission(&holders, 2, ip(2)),
+        Admission::Replace(0),
+        "another peer may"
+    );
+    // Unless that client has standing: then it is the API server's on a starved
+    // machine, not a flooder's.
+    let mut trusted = vec![
+        Holder {
+            served_lately: true,
+            ..holder(0, API, SILENT)
+        },
+        holder(1, API, BUSY),
+    ];
+    trusted.extend(many(2, 14, 9, BUSY));
+    assert_eq!(admission(&trusted, 16, ip(2)), Admission::Wait);
+}
+
+#[test]
+fn a_slow_handshake_that_just_ended_is_young_again_until_its_first_request_is_due() {
+    // Accepted two seconds ago: past YOUNG, a silent socket if TLS were done.
+    let mut activity = Activity::new(ip(1), detached_signals());
+    activity.started -= YOUNG * 2;
+    activity.set_handshaking(true);
+    let now = Instant::now();
+    let in_tls = activity.holder(0, PACE, now);
+    assert_eq!(in_tls.state, State::Handshake { young: false });
+    // The server ends the handshake now: its client's request is due from now.
+    activity.set_handshaking(false);
+    let done = activity.holder(0, PACE, Instant::now());
+    assert_eq!(done.state, State::Opening { young: true });
+    assert_eq!(admission(&[done], 1, ip(1)), Admission::Wait);
+}
+
+const PACE: Pace = Pace {
+    floor: 240,
+    grace: Duration::from_secs(2),
+};
+
+fn detached_signals() -> Arc<Signals> {
+    Arc::new(Signals {
+        in_flight: AtomicUsize::new(0),
+        changed: Notify::new(),
+    })
+}
+
+/// Waits (bounded) for `entry`'s slot.
+async fn slot_of(entry: Entry) -> Slot {
+    match entry {
+        Entry::Admitted(slot) => slot,
+        Entry::Waiting(ticket) => tokio::time::timeout(Duration::from_secs(10), ticket)
+            .await
+            .expect("let in in time")
+            .expect("the seat was kept"),
+        Entry::RoomFull { alone } => panic!("room full (alone: {alone})"),
+    }
+}
+
+/// A listener's table with its waiting room kept.
+fn slots(cap: usize) -> (Arc<Slots>, tokio_util::sync::DropGuard) {
+    let slots = Slots::new(cap, PACE);
+    let stop = CancellationToken::new();
+    tokio::spawn(slots.clone().keep_the_room(stop.clone()));
+    (slots, stop.drop_guard())
+}
+
+#[tokio::test]
+async fn a_newcomer_waits_for_its_own_connections_and_others_do_not() {
+    let (slots, _keeper) = slots(2);
+    let api_a = slot_of(slots.enter(ip(1))).await;
+    let api_b = slot_of(slots.enter(ip(1))).await;
+    let Entry::Waiting(ticket) = slots.enter(ip(1)) else {
+        panic!("its own newcomer waits");
+    };
+    let waiting = tokio::spawn(slot_of(Entry::Waiting(ticket)));
+    tokio::time::sleep(RECHECK * 2).await;
+    assert!(!waiting.is_finished());
+    // One handshake ends in a request, answered: an idle connection of its own peer,
+    // which its client may use again at any moment, is not cut either.
+    drop(api_b.activity().begin(Progress::new(true)));
+    tokio::time::sleep(RECHECK * 2).await;
+    assert!(!waiting.is_finished(), "still waiting");
+    assert!(!api_b.activity().evicted.is_cancelled());
+    // Its client closes that connection: the slot goes to the newcomer.
+    drop(api_b);
+    let newcomer = waiting.await.expect("no panic");
+    assert!(!api_a.activity().evicted.is_cancelled());
+    // A stranger is not made to wait: it takes the oldest young handshake.
+    let Entry::Admitted(_stranger) = slots.enter(ip(STRANGER)) else {
+        panic!("a stranger is admitted at once");
+    };
+    assert!(api_a.activity().evicted.is_cancelled());
+    drop(newcomer);
+}
+
+#[tokio::test]
+async fn at_the_cap_with_every_request_in_flight_a_newcomer_waits_for_one_to_end() {
+    let (slots, _keeper) = slots(1);
+    let busy = slot_of(slots.enter(ip(1))).await;
+    // A request whose body never came whole (answered 408): no standing earned.
+    let request = busy.activity().begin(Progress::new(false));
+    let Entry::Waiting(ticket) = slots.enter(ip(2)) else {
+        panic!("nobody may give way");
+    };
+    let waiting = tokio::spawn(slot_of(Entry::Waiting(ticket)));
+    tokio::time::sleep(RECHECK * 2).await;
+    assert!(!waiting.is_finished());
+    drop(request);
+    let newcomer = waiting.await.expect("no panic");
+    assert!(busy.activity().evicted.is_cancelled());
+    assert_eq!(
+        newcomer.activity().state(PACE, Instant::now(), true),
+        State::Opening { young: true }
+    );
+}
+
+#[tokio::test]
+async fn at_the_cap_a_newcomer_takes_a_slot_and_the_victim_is_told() {
+    let (slots, _keeper) = slots(2);
+    let flood_a = slot_of(slots.enter(ip(9))).await;
+    let flood_b = slot_of(slots.enter(ip(9))).await;
+    let honest = slot_of(slots.enter(ip(1))).await;
+    assert_eq!(slots.held(), 2);
+    assert!(flood_a.activity().evicted.is_cancelled());
+    assert!(!flood_b.activity().evicted.is_cancelled());
+    // The evicted connection's own release later frees nothing more.
+    drop(flood_a);
+    assert_eq!(slots.held(), 2);
+    drop((flood_b, honest));
+    assert_eq!(slots.held(), 0);
+}
+
+#[tokio::test]
+async fn waiters_are_let_in_the_peer_holding_fewest_first_and_a_full_room_drops_the_last() {
+    let (slots, _keeper) = slots(2);
+    let busy: Vec<Slot> = vec![
+        slot_of(slots.enter(ip(9))).await,
+        slot_of(slots.enter(ip(9))).await,
+    ];
+    let requests: Vec<InFlight> = busy
+        .iter()
+        .map(|s| s.activity().begin(Progress::new(true)))
+        .collect();
+    // The flooder's two newcomers fill the room...
+    let Entry::Waiting(flood_1) = slots.enter(ip(9)) else {
+        panic!("waits");
+    };
+    let Entry::Waiting(flood_2) = slots.enter(ip(9)) else {
+        panic!("waits");
+    };
+    // ...its third is closed; a probe holding nothing takes the last seat.
+    assert!(matches!(
+        slots.enter(ip(9)),
+        Entry::RoomFull { alone: true }
+    ));
+    let Entry::Waiting(probe) = slots.enter(ip(STRANGER)) else {
+        panic!("a probe waits, ranked first");
+    };
+    assert!(flood_2.await.is_err(), "the last waiter gave up its seat");
+    // A request ends: the probe gets the slot, not the flooder's first waiter.
+    drop(requests);
+    let probe = slot_of(Entry::Waiting(probe)).await;
+    assert_eq!(probe.activity().peer(), ip(STRANGER));
+    drop((busy, flood_1));
+}
+
+#[tokio::test]
+async fn a_peer_beyond_its_share_of_requests_in_flight_may_not_open_more_streams() {
+    let (slots, _keeper) = slots(4);
+    let flooder = slot_of(slots.enter(ip(9))).await;
+    let probe = slot_of(slots.enter(ip(STRANGER))).await;
+    let mut streams: Vec<InFlight> = Vec::new();
+    while slots.admits_stream(ip(9)) {
+        streams.push(flooder.activity().begin(Progress::new(false)));
+        assert!(streams.len() <= 4, "bounded");
+    }
+    // Four requests in flight on four slots: the flooder's share is two of them.
+    assert_eq!(streams.len(), 4);
+    assert!(slots.admits_stream(ip(STRANGER)));
+    streams.truncate(2);
+    assert!(slots.admits_stream(ip(9)));
+    drop(probe);
+}

@@ -118,6 +118,8 @@ where
     connections.spawn(slots.clone().keep_the_room(shutdown.clone()));
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);
+    // Newcomers held without a seat until their opening deadline (`server::slots`).
+    let unseated = Arc::new(tokio::sync::Semaphore::new(2 * limits.max_connections.max(1)));
     'accepting: loop {
         let Some((stream, peer)) = accept(&listener, &shutdown).await else {
             break;
@@ -165,7 +167,20 @@ where
                 });
             }
             Entry::RoomFull { .. } => {
-                tracing::debug!(%peer, "connection cap reached and the waiting room full of peers ranked first; closing");
+                let Ok(held) = unseated.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "connection cap reached, the waiting room full of peers ranked first; closing");
+                    continue;
+                };
+                // Held, answered nothing, until its opening deadline: a flooder reopening
+                // at once would otherwise keep the accept loop busy closing.
+                let draining = shutdown.clone();
+                connections.spawn(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(opening_deadline) => {}
+                        () = draining.cancelled() => {}
+                    }
+                    drop((stream, held));
+                });
             }
         }
     }

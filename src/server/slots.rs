@@ -29,15 +29,16 @@
 //!    its slow handshakes and quiet openings; only its own newcomers take its silent
 //!    openings (a flood from one address pays with its own connections);
 //! 2. for an entitled newcomer only: an idle keep-alive connection of a peer without
-//!    standing, then a young handshake of a peer without standing (a flooder's,
-//!    reopened as soon as it was closed);
+//!    standing (a flooder's that made one request; the pool of an API server with
+//!    nothing to ask for a while, which it dials again when it has);
 //! 3. for an entitled newcomer only: a connection with no request in flight of a peer
 //!    over its share, the peer most over it first: silent ones, idle ones, young ones,
 //!    the oldest first within each.
 //!
 //! Never taken, by anyone: a request in flight whose body arrives (an admission review cut
-//! short is a pod not created); a connection of a peer with standing, within its share,
-//! that is idle or young. And a newcomer never takes its own peer's handshake still in
+//! short is a pod not created); a handshake younger than [`YOUNG`] of a peer within its
+//! share (it is judged once a second old); a connection of a peer with standing, within
+//! its share, that is idle or in its handshake. And a newcomer never takes its own peer's handshake still in
 //! TLS (however old: a starved server finishes its client's handshakes late), its young
 //! opening, or its idle keep-alive connection: the API server, given a burst of reviews,
 //! dials many connections at once and sends its next review on any connection it holds;
@@ -47,12 +48,17 @@
 //! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room (as
 //! many seats as slots), in its own task, bounded by its opening deadline. Whenever a slot
 //! frees, a request ends or time passes ([`RECHECK`]), waiters are let in in turn: the
-//! peer holding the fewest slots first, then the peer let in least recently (a kubelet
-//! probing every ten seconds goes before a flooder reopening at once), then the oldest.
+//! peer holding the fewest slots first, then the peer that has held the fewest lately
+//! (slot-seconds, each weighing less as it recedes over [`USE_MEMORY`]: a kubelet whose
+//! probes hold a slot a millisecond each goes before a flooder whose sockets hold theirs
+//! for seconds), then the oldest.
 //! A full room gives the seat of its last waiter in that order to a newcomer ranked
-//! before it; a newcomer ranked last is closed at once, unless its peer is alone at the
-//! listener (a burst of the API server's before anyone else came): then the listener stops
-//! accepting until a seat frees.
+//! before it. A newcomer ranked last is held without a seat until its opening deadline
+//! and closed (at most twice as many as slots; beyond, closed at once): a flooder
+//! reopening whatever is closed at once would otherwise make the listener accept and
+//! close thousands a second, and an honest connection wait behind them in the kernel's
+//! backlog. Unless its peer is alone at the listener (a burst of the API server's before
+//! anyone else came): then the listener stops accepting until a seat frees.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
@@ -83,6 +89,9 @@ pub const QUIET: Duration = Duration::from_secs(2);
 /// a young handshake grows old, and a peer loses its standing, without telling anyone.
 const RECHECK: Duration = Duration::from_millis(50);
 
+/// Least time between two passes over the waiting room.
+const PASS_SPACING: Duration = Duration::from_millis(5);
+
 /// The reserve, and the share a peer keeps however many compete: an eighth of the cap.
 fn eighth(cap: usize) -> usize {
     cap / 8
@@ -107,13 +116,30 @@ pub enum State {
 }
 
 /// One slot holder, as [`admission`] sees it. `age`: lower is older.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Holder {
     pub age: u64,
     pub peer: IpAddr,
     pub state: State,
     /// Completed a request on this connection within [`QUIET`].
     pub served_lately: bool,
+    /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
+    pub peer_used: f64,
+}
+
+/// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
+/// held lately.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Newcomer {
+    pub peer: IpAddr,
+    pub used: f64,
+}
+
+impl From<IpAddr> for Newcomer {
+    /// A newcomer of a peer that has held nothing lately.
+    fn from(peer: IpAddr) -> Newcomer {
+        Newcomer { peer, used: 0.0 }
+    }
 }
 
 /// What a newcomer gets.
@@ -182,15 +208,15 @@ impl Census {
     }
 }
 
-/// The rule: what a newcomer from `newcomer` gets from a listener of `cap` slots held
-/// by `holders` (see the module doc).
-pub fn admission(holders: &[Holder], cap: usize, newcomer: IpAddr) -> Admission {
-    admit_in(&Census::of(holders, cap), holders, newcomer)
+/// The rule: what `newcomer` gets from a listener of `cap` slots held by `holders` (see
+/// the module doc).
+pub fn admission(holders: &[Holder], cap: usize, newcomer: impl Into<Newcomer>) -> Admission {
+    admit_in(&Census::of(holders, cap), holders, newcomer.into())
 }
 
-fn admit_in(census: &Census, holders: &[Holder], newcomer: IpAddr) -> Admission {
+fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) -> Admission {
     let cap = census.cap;
-    let entitled = census.entitled(newcomer);
+    let entitled = census.entitled(newcomer.peer);
     if census.held + eighth(cap) < cap || (census.held < cap && entitled) {
         return Admission::Free;
     }
@@ -206,8 +232,8 @@ fn admit_in(census: &Census, holders: &[Holder], newcomer: IpAddr) -> Admission 
     }
     holders
         .iter()
-        .filter(|h| h.peer != newcomer)
-        .filter_map(|h| Some((census.excess(h.peer, newcomer)?, excess_rank(h)?, h)))
+        .filter(|h| h.peer != newcomer.peer)
+        .filter_map(|h| Some((census.excess(h.peer, newcomer.peer)?, excess_rank(h)?, h)))
         .min_by(|(a, rank_a, h_a), (b, rank_b, h_b)| {
             b.total_cmp(a)
                 .then(rank_a.cmp(rank_b))
@@ -216,10 +242,10 @@ fn admit_in(census: &Census, holders: &[Holder], newcomer: IpAddr) -> Admission 
         .map_or(Admission::Wait, |(_, _, h)| Admission::Replace(h.age))
 }
 
-/// How readily `holder` gives way to a newcomer of `newcomer` as a worthless or
-/// unproven connection (lower first), or `None` when it does not.
-fn spare_rank(holder: &Holder, census: &Census, newcomer: IpAddr, entitled: bool) -> Option<u8> {
-    let own = holder.peer == newcomer;
+/// How readily `holder` gives way to `newcomer` as a worthless or unproven connection
+/// (lower first), or `None` when it does not.
+fn spare_rank(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> Option<u8> {
+    let own = holder.peer == newcomer.peer;
     let trusted = census.standing(holder.peer);
     match holder.state {
         State::Closing | State::Busy { starving: true } => Some(0),
@@ -228,8 +254,12 @@ fn spare_rank(holder: &Holder, census: &Census, newcomer: IpAddr, entitled: bool
         State::Handshake { young: false } => (!own && !trusted).then_some(0),
         State::Opening { young: false } => (own || !trusted).then_some(0),
         State::Idle => (entitled && !own && !trusted).then_some(1),
+        // A handshake under way is judged once it is a second old, unless its peer has
+        // held far more than the newcomer's lately (a kubelet probe does not wait a second
+        // for a flooder's sockets, reopened as soon as closed, to grow old).
         State::Handshake { young: true } | State::Opening { young: true } => {
-            (entitled && !own && !trusted).then_some(2)
+            let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
+            (entitled && !own && !trusted && heavier).then_some(2)
         }
     }
 }
@@ -294,44 +324,93 @@ struct Waiter {
     handoff: oneshot::Sender<Slot>,
 }
 
+/// How long a peer's use of slots is remembered when waiters take turns.
+const USE_MEMORY: Duration = Duration::from_secs(10);
+
+/// What a peer holds now and has held lately.
 struct PeerRecord {
     held: usize,
-    last_admitted: Option<Instant>,
+    /// Slot-seconds held, each second's weight decaying over [`USE_MEMORY`], as of
+    /// `updated`.
+    used: f64,
+    updated: Instant,
 }
 
-/// Order in which waiters are let in: lower first.
-type Turn = (usize, Option<Instant>, u64);
+impl PeerRecord {
+    fn new(now: Instant) -> PeerRecord {
+        PeerRecord {
+            held: 0,
+            used: 0.0,
+            updated: now,
+        }
+    }
+
+    /// Slot-seconds held lately, as of `now`.
+    fn used_at(&self, now: Instant) -> f64 {
+        let memory = USE_MEMORY.as_secs_f64();
+        let kept = (-now.saturating_duration_since(self.updated).as_secs_f64() / memory).exp();
+        self.used * kept + self.held as f64 * memory * (1.0 - kept)
+    }
+
+    fn set_held(&mut self, held: usize, now: Instant) {
+        self.used = self.used_at(now);
+        self.updated = now;
+        self.held = held;
+    }
+}
+
+/// Order in which waiters are let in, lower first: slots held, slot-milliseconds held
+/// lately, seat.
+type Turn = (usize, u64, u64);
 
 impl Table {
-    fn turn(&self, peer: IpAddr, seat: u64) -> Turn {
+    fn turn(&self, peer: IpAddr, seat: u64, now: Instant) -> Turn {
         let record = self.peers.get(&peer);
-        (
-            record.map_or(0, |r| r.held),
-            record.and_then(|r| r.last_admitted),
-            seat,
-        )
+        let used = record.map_or(0.0, |r| r.used_at(now));
+        (record.map_or(0, |r| r.held), (used * 1e3) as u64, seat)
     }
 
     fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
         self.holders
             .iter()
-            .map(|(&age, activity)| activity.holder(age, pace, now))
+            .map(|(&age, activity)| Holder {
+                peer_used: self.used(activity.peer, now),
+                ..activity.holder(age, pace, now)
+            })
             .collect()
     }
 
-    /// Forgets peers that hold nothing and were let in long ago, once there are many.
+    /// Slot-seconds `peer` has held lately.
+    fn used(&self, peer: IpAddr, now: Instant) -> f64 {
+        self.peers.get(&peer).map_or(0.0, |r| r.used_at(now))
+    }
+
+    fn newcomer(&self, peer: IpAddr, now: Instant) -> Newcomer {
+        Newcomer {
+            peer,
+            used: self.used(peer, now),
+        }
+    }
+
+    /// Forgets peers that hold nothing and have held little lately, once there are many.
     fn forget_old_peers(&mut self, cap: usize, now: Instant) {
-        if self.peers.len() <= 4 * cap + 64 {
+        let many = 4 * cap + 64;
+        if self.peers.len() <= many {
             return;
         }
-        let recent = |r: &PeerRecord| {
-            r.last_admitted
-                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(60))
-        };
-        self.peers.retain(|_, r| r.held > 0 || recent(r));
-        if self.peers.len() > 4 * cap + 64 {
+        self.peers
+            .retain(|_, r| r.held > 0 || r.used_at(now) > 0.01);
+        if self.peers.len() > many {
             self.peers.retain(|_, r| r.held > 0);
         }
+    }
+
+    fn held(&mut self, peer: IpAddr, now: Instant, change: impl FnOnce(usize) -> usize) {
+        let record = self
+            .peers
+            .entry(peer)
+            .or_insert_with(|| PeerRecord::new(now));
+        record.set_held(change(record.held), now);
     }
 }
 
@@ -357,14 +436,14 @@ impl Slots {
     pub fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
-        let turn = table.turn(peer, table.next_seat);
+        let turn = table.turn(peer, table.next_seat, now);
         let outranked = table
             .room
             .iter()
-            .any(|w| table.turn(w.peer, w.seat) < turn);
+            .any(|w| table.turn(w.peer, w.seat, now) < turn);
         if !outranked {
             let holders = table.holders(self.pace, now);
-            match admission(&holders, self.cap, peer) {
+            match admission(&holders, self.cap, table.newcomer(peer, now)) {
                 Admission::Free => return Entry::Admitted(self.insert(&mut table, peer, now)),
                 Admission::Replace(age) => {
                     self.evict(&mut table, age, peer);
@@ -373,17 +452,17 @@ impl Slots {
                 Admission::Wait => {}
             }
         }
-        self.seat(&mut table, peer, turn)
+        self.seat(&mut table, peer, turn, now)
     }
 
     /// A seat in the waiting room for `peer`, taking the last waiter's when the room is
     /// full and `peer` comes before it.
-    fn seat(&self, table: &mut Table, peer: IpAddr, turn: Turn) -> Entry {
+    fn seat(&self, table: &mut Table, peer: IpAddr, turn: Turn, now: Instant) -> Entry {
         if table.room.len() >= self.cap {
-            let last = (0..table.room.len())
-                .max_by_key(|&i| table.turn(table.room[i].peer, table.room[i].seat));
+            let turn_of = |table: &Table, i: usize| table.turn(table.room[i].peer, table.room[i].seat, now);
+            let last = (0..table.room.len()).max_by_key(|&i| turn_of(table, i));
             match last {
-                Some(i) if table.turn(table.room[i].peer, table.room[i].seat) > turn => {
+                Some(i) if turn_of(table, i) > turn => {
                     // Dropping its sender fails its ticket: its task closes the connection.
                     let gone = table.room.swap_remove(i);
                     tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; a waiter ranked last gives up its seat");
@@ -424,7 +503,7 @@ impl Slots {
             let mut order: Vec<(Turn, u64)> = table
                 .room
                 .iter()
-                .map(|w| (table.turn(w.peer, w.seat), w.seat))
+                .map(|w| (table.turn(w.peer, w.seat, now), w.seat))
                 .collect();
             order.sort_unstable();
             let mut holders = table.holders(self.pace, now);
@@ -438,7 +517,7 @@ impl Slots {
                 if refused.contains(&peer) {
                     continue;
                 }
-                let age = match admit_in(&census, &holders, peer) {
+                let age = match admit_in(&census, &holders, table.newcomer(peer, now)) {
                     Admission::Wait => {
                         refused.push(peer);
                         continue;
@@ -464,7 +543,8 @@ impl Slots {
         }
     }
 
-    /// Lets waiters in whenever something changes or [`RECHECK`] passes, until `stop`.
+    /// Lets waiters in whenever something changes or [`RECHECK`] passes, until `stop`;
+    /// at most once per [`PASS_SPACING`] (changes come with every request that ends).
     pub async fn keep_the_room(self: Arc<Self>, stop: CancellationToken) {
         loop {
             tokio::select! {
@@ -473,6 +553,7 @@ impl Slots {
                 () = tokio::time::sleep(RECHECK) => {}
             }
             self.let_waiters_in();
+            tokio::time::sleep(PASS_SPACING).await;
         }
     }
 
@@ -489,12 +570,7 @@ impl Slots {
         table.next_age += 1;
         let activity = Arc::new(Activity::new(peer, self.signals.clone()));
         table.holders.insert(age, activity.clone());
-        let record = table.peers.entry(peer).or_insert(PeerRecord {
-            held: 0,
-            last_admitted: None,
-        });
-        record.held += 1;
-        record.last_admitted = Some(now);
+        table.held(peer, now, |held| held + 1);
         table.forget_old_peers(self.cap, now);
         Slot {
             slots: self.clone(),
@@ -505,7 +581,7 @@ impl Slots {
 
     fn evict(&self, table: &mut Table, age: u64, newcomer: IpAddr) {
         if let Some(evicted) = table.holders.remove(&age) {
-            release(table, evicted.peer);
+            table.held(evicted.peer, Instant::now(), |held| held.saturating_sub(1));
             tracing::debug!(
                 peer = %evicted.peer,
                 phase = ?evicted.holder(age, self.pace, Instant::now()).state,
@@ -540,12 +616,6 @@ impl Slots {
     }
 }
 
-fn release(table: &mut Table, peer: IpAddr) {
-    if let Some(record) = table.peers.get_mut(&peer) {
-        record.held = record.held.saturating_sub(1);
-    }
-}
-
 /// A connection's slot, given back when dropped (unless it was taken from it).
 pub struct Slot {
     slots: Arc<Slots>,
@@ -568,7 +638,8 @@ impl Drop for Slot {
         let mut table = self.slots.table.lock();
         // An evicted connection's entry is already gone (and its age never reused).
         if table.holders.remove(&self.age).is_some() {
-            release(&mut table, self.activity.peer);
+            let peer = self.activity.peer;
+            table.held(peer, Instant::now(), |held| held.saturating_sub(1));
         }
         drop(table);
         self.slots.signals.changed.notify_one();
@@ -631,6 +702,7 @@ impl Activity {
             peer: self.peer,
             state: self.state(pace, now, since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG),
             served_lately: served > 0 && since(served - 1) < QUIET,
+            peer_used: 0.0,
         }
     }
 

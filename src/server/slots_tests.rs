@@ -14,6 +14,7 @@ fn holder(age: u64, peer: u8, state: State) -> Holder {
         peer: ip(peer),
         state,
         served_lately: false,
+        peer_used: 0.0,
     }
 }
 
@@ -108,15 +109,15 @@ fn slow_bodies_from_many_addresses_give_way_before_the_api_servers_pool() {
     assert_eq!(holders.len(), 256);
     // A flooder's newcomer (its peer holds one) takes a starving one, the oldest.
     assert_eq!(admission(&holders, 256, ip(10)), Admission::Replace(20));
-    // With none starving yet, a newcomer whose peer lost its connection takes a flooder's
-    // young handshake (of a peer that has completed nothing), never the API server's pool.
+    // With none starving yet, a newcomer waits (a young handshake is judged at a second
+    // old): the API server's pool is not its to take.
     for h in holders.iter_mut().filter(|h| h.state == STARVING) {
         h.state = BUSY;
     }
     holders[255].state = YOUNG_TLS;
-    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(255));
-    holders[255].state = BUSY;
     assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Wait);
+    holders[255].state = SILENT;
+    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(255));
 }
 
 #[test]
@@ -131,6 +132,34 @@ fn an_idle_flood_from_many_addresses_gives_way_once_its_peers_are_quiet() {
         h.served_lately = false;
     }
     assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(20));
+}
+
+#[test]
+fn a_young_handshake_gives_way_to_a_newcomer_of_a_peer_that_has_held_far_less() {
+    // Sixteen addresses reopening sockets as soon as they are closed, each holding one
+    // slot for the last ten seconds: a probe (holding nothing lately) does not wait for
+    // their youngest to grow old...
+    let holders: Vec<Holder> = (0..16u8)
+        .map(|i| Holder {
+            peer_used: 10.0,
+            ..holder(u64::from(i), 10 + i, YOUNG_TLS)
+        })
+        .collect();
+    assert_eq!(admission(&holders, 16, ip(STRANGER)), Admission::Replace(0));
+    // ...but the flooders do not churn each other's.
+    let flooder = Newcomer {
+        peer: ip(9),
+        used: 10.0,
+    };
+    assert_eq!(admission(&holders, 16, flooder), Admission::Wait);
+    // Nor is the young handshake of a peer with standing (the API server redialling) taken.
+    let mut trusted = holders.clone();
+    trusted[0].served_lately = true;
+    trusted[1] = Holder {
+        peer: trusted[0].peer,
+        ..trusted[1]
+    };
+    assert_eq!(admission(&trusted, 16, ip(STRANGER)), Admission::Replace(2));
 }
 
 #[test]

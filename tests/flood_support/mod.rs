@@ -5,7 +5,12 @@
 //! The flood comes from loopback addresses other than 127.0.0.1 (Linux routes all of
 //! 127.0.0.0/8 on `lo`), the honest callers from 127.0.0.1: on one machine, the
 //! flooders are other pods and the honest callers the API server and the kubelet.
-//! Every loop is bounded by a deadline and a count.
+//! Every flooding connection is reopened as soon as the server closes it; every loop is
+//! bounded by a deadline and a count. The kinds: [`half_open`] (never a byte),
+//! [`idle_after_one`] (one request, then idle), [`slow_bodies`] (a full head announcing
+//! 4 MB, then a byte a second), [`slow_streams`] (h2, streams sending their bodies a byte
+//! a second), [`scrapes`] (requests back to back). The modelled API server:
+//! [`ApiServer`].
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -13,10 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -97,6 +102,179 @@ pub fn half_open(
             }
         },
     )
+}
+
+/// A door to flood: its address, and the client TLS config when it is a TLS door.
+#[derive(Clone)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// What the flood asks for: `/validate` at the webhook door, `/livez` at the admin's.
+    pub path: &'static str,
+}
+
+/// A byte stream to a door: plain TCP or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+impl Target {
+    /// A connection from `source`, through TLS (offering `alpn`) at a TLS door; counted in
+    /// `opened` once connected.
+    async fn open(
+        &self,
+        source: IpAddr,
+        alpn: &[u8],
+        opened: &AtomicU64,
+    ) -> Result<Box<dyn Stream>, BoxError> {
+        let tcp = connect_from(source, self.addr).await?;
+        opened.fetch_add(1, Ordering::Relaxed);
+        let Some(tls) = &self.tls else {
+            return Ok(Box::new(tcp));
+        };
+        let mut config = (**tls).clone();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost")?, tcp)
+            .await?;
+        Ok(Box::new(tls))
+    }
+}
+
+/// Runs `each` for every connection of a flood, reopening at once (after a short pause
+/// when the connect itself fails: the backlog is full) until `max_opens` were opened.
+async fn reopening<F, Fut>(max_opens: u64, opened: &AtomicU64, mut each: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), BoxError>>,
+{
+    while opened.load(Ordering::Relaxed) < max_opens {
+        if each().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// `total` connections to `target`, spread over `sources`, that each make one request
+/// (`GET /version` at a TLS door, `GET target.path` at a plain one) and then sit idle,
+/// kept alive, until the server closes them.
+pub fn idle_after_one(
+    target: &Target,
+    sources: &[IpAddr],
+    total: usize,
+    for_at_most: Duration,
+    max_opens: u64,
+) -> Flood {
+    let target = target.clone();
+    spawn_flood(sources, total, for_at_most, move |source, opened| {
+        let target = target.clone();
+        async move {
+            let path = if target.tls.is_some() {
+                "/version"
+            } else {
+                target.path
+            };
+            reopening(max_opens, &opened, || async {
+                let io = target.open(source, b"http/1.1", &opened).await?;
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io)).await?;
+                let closed = tokio::spawn(conn);
+                let request = axum::http::Request::get(path)
+                    .header("host", "localhost")
+                    .body(Body::empty())?;
+                let response = sender.send_request(request).await?;
+                axum::body::to_bytes(Body::new(response.into_body()), 1 << 20).await?;
+                let _ = closed.await;
+                Ok(())
+            })
+            .await;
+        }
+    })
+}
+
+/// A body that sends a byte a second.
+fn trickle() -> Body {
+    let bytes = futures::stream::unfold((), |()| async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Some((Ok::<_, std::io::Error>(Bytes::from_static(b" ")), ()))
+    });
+    Body::from_stream(bytes)
+}
+
+/// What a slow body announces.
+pub const ANNOUNCED: &str = "4000000";
+
+/// `POST target.path` with `Content-Length: 4000000` and the body a byte a second.
+fn slow_post(path: &str) -> Result<axum::http::Request<Body>, BoxError> {
+    Ok(axum::http::Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("content-length", ANNOUNCED)
+        .body(trickle())?)
+}
+
+/// `total` HTTP/1.1 connections to `target`, spread over `sources`, each sending a full
+/// request head announcing 4 MB and then the body a byte a second.
+pub fn slow_bodies(
+    target: &Target,
+    sources: &[IpAddr],
+    total: usize,
+    for_at_most: Duration,
+    max_opens: u64,
+) -> Flood {
+    let target = target.clone();
+    spawn_flood(sources, total, for_at_most, move |source, opened| {
+        let target = target.clone();
+        async move {
+            reopening(max_opens, &opened, || async {
+                let io = target.open(source, b"http/1.1", &opened).await?;
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io)).await?;
+                tokio::spawn(conn);
+                let response = sender.send_request(slow_post(target.path)?).await?;
+                axum::body::to_bytes(Body::new(response.into_body()), 1 << 20).await?;
+                Ok(())
+            })
+            .await;
+        }
+    })
+}
+
+/// `total` h2 connections to `target` (ALPN `h2`, or prior knowledge at a plain door),
+/// spread over `sources`, each with `streams` requests like [`slow_bodies`]' at once,
+/// held until the server closes the connection.
+pub fn slow_streams(
+    target: &Target,
+    sources: &[IpAddr],
+    total: usize,
+    streams: usize,
+    for_at_most: Duration,
+    max_opens: u64,
+) -> Flood {
+    let target = target.clone();
+    spawn_flood(sources, total, for_at_most, move |source, opened| {
+        let target = target.clone();
+        async move {
+            reopening(max_opens, &opened, || async {
+                let io = target.open(source, b"h2", &opened).await?;
+                let (sender, conn) = hyper::client::conn::http2::handshake::<_, _, Body>(
+                    hyper_util::rt::TokioExecutor::new(),
+                    TokioIo::new(io),
+                )
+                .await?;
+                let closed = tokio::spawn(conn);
+                let mut requests = tokio::task::JoinSet::new();
+                for _ in 0..streams {
+                    let mut sender = sender.clone();
+                    let request = slow_post(target.path)?;
+                    requests.spawn(async move { sender.send_request(request).await });
+                }
+                let _ = closed.await;
+                requests.abort_all();
+                Ok(())
+            })
+            .await;
+        }
+    })
 }
 
 /// `total` keep-alive HTTP/1.1 connections to the plain listener at `addr`, spread over
@@ -249,6 +427,123 @@ async fn expect_ok(response: hyper::Response<hyper::body::Incoming>) -> Result<(
     Ok(())
 }
 
+/// The API server as a webhook's client: one peer (127.0.0.1) holding a pool of
+/// keep-alive HTTP/1.1 connections over TLS, sending reviews at a steady rate, each on
+/// the next connection of the pool in turn; a connection is dialled when its turn first
+/// comes, and again when the server has closed it. A review is not retried: one whose
+/// connection fails under it, or that is not answered 200 within the patience, is not
+/// answered (the API server applies the webhook's failure policy).
+pub struct ApiServer {
+    sent: tokio::sync::mpsc::UnboundedReceiver<(Instant, Result<Duration, String>)>,
+    patience: Duration,
+    stop: CancellationToken,
+}
+
+type Pool = Vec<Arc<tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>>>;
+
+impl ApiServer {
+    /// Starts sending `per_second` reviews a second to the webhook door at `addr` over a
+    /// pool of `connections`, until dropped (or an hour has passed).
+    pub fn start(
+        addr: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+        connections: usize,
+        per_second: u32,
+        patience: Duration,
+    ) -> ApiServer {
+        let pool: Pool = (0..connections.max(1))
+            .map(|_| Arc::new(tokio::sync::Mutex::new(None)))
+            .collect();
+        let (record, sent) = tokio::sync::mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_secs(1) / per_second.max(1));
+            for turn in 0..per_second as usize * 3600 {
+                tokio::select! {
+                    () = until.cancelled() => return,
+                    _ = ticks.tick() => {}
+                }
+                let (connection, tls, record) =
+                    (pool[turn % pool.len()].clone(), tls.clone(), record.clone());
+                tokio::spawn(async move {
+                    let due = Instant::now();
+                    let answered = tokio::time::timeout(patience, review_on(&connection, addr, tls))
+                        .await
+                        .unwrap_or_else(|_| Err("not answered in time".into()));
+                    let _ = record.send((due, answered.map(|()| due.elapsed()).map_err(|e| e.to_string())));
+                });
+            }
+        });
+        ApiServer {
+            sent,
+            patience,
+            stop,
+        }
+    }
+
+    /// What the reviews due in the next `window` saw (latency from the moment each was
+    /// due).
+    pub async fn measure(&mut self, window: Duration) -> Outcome {
+        let from = Instant::now();
+        tokio::time::sleep(window).await;
+        let to = Instant::now();
+        // Every review due by then has reported once its patience is over.
+        tokio::time::sleep(self.patience + Duration::from_millis(200)).await;
+        let mut outcome = Outcome::default();
+        while let Ok((due, result)) = self.sent.try_recv() {
+            if due >= from && due < to {
+                outcome.record(result.map_err(BoxError::from));
+            }
+        }
+        outcome
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection over TLS from 127.0.0.1.
+async fn dial(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<hyper::client::conn::http1::SendRequest<Body>, BoxError> {
+    let tcp = connect_from(IpAddr::V4(Ipv4Addr::LOCALHOST), addr).await?;
+    tcp.set_nodelay(true)?;
+    let tls = tokio_rustls::TlsConnector::from(tls)
+        .connect(ServerName::try_from("localhost")?, tcp)
+        .await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One review on `connection`, dialled anew when the server closed it.
+async fn review_on(
+    connection: &tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>,
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<(), BoxError> {
+    let mut held = connection.lock().await;
+    let open = match held.take() {
+        Some(mut sender) => sender.ready().await.is_ok().then_some(sender),
+        None => None,
+    };
+    let sender = match open {
+        Some(sender) => held.insert(sender),
+        None => held.insert(dial(addr, tls).await?),
+    };
+    let request = axum::http::Request::post("/validate")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Body::from(review()))?;
+    let response = sender.send_request(request).await;
+    expect_ok(response?).await
+}
+
 /// What a series of honest calls saw.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -275,6 +570,16 @@ impl Outcome {
         sorted[rank - 1]
     }
 
+    /// Calls made.
+    pub fn total(&self) -> usize {
+        self.latencies.len() + self.failures.len()
+    }
+
+    /// Whether at least `percent` of the calls were answered.
+    pub fn answered_at_least(&self, percent: usize) -> bool {
+        self.latencies.len() * 100 >= self.total() * percent
+    }
+
     pub fn summary(&self) -> String {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         format!(
@@ -287,6 +592,9 @@ impl Outcome {
         )
     }
 }
+
+/// Held by each test that floods, so that floods (and the CPU they take) do not overlap.
+pub static ONE_FLOOD_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `calls` honest calls made one after another, `every` apart.
 pub async fn honest<F, Fut>(calls: usize, every: Duration, call: F) -> Outcome

@@ -19,9 +19,30 @@
 //! A call that fails or takes over 5 s counts as failed. Every flood stops when the
 //! honest calls are done, and at most 5 s per call plus 10 s after it started.
 //!
+//! Sieges ("doors no peer can lock"), each at full scale against default limits, flooding
+//! the webhook door from 127.0.0.x and the admin door from 127.0.1.x alike, every flooding
+//! connection reopened as soon as the server closes it; meanwhile the modelled API server
+//! (one peer, 127.0.0.1: 20 keep-alive connections, 10 reviews a second, a review not
+//! retried) and kubelet-like probes (`GET /livez`, a fresh connection every 100 ms):
+//!
+//! - `siege: half-open, one address`: 600 connections that never send a byte;
+//! - `siege: idle, one address`: 600 connections idle after one request;
+//! - `siege: slow bodies, 200 x 2`: 400 connections from 200 addresses, each a full
+//!   request head announcing 4 MB, then the body a byte a second;
+//! - `siege: h2 slow streams, 200 x 2 x 16`: the same over 400 h2 connections, 16
+//!   streams each;
+//! - `siege: half-open and idle, 120 x 3 each`: 360 of each kind from 120 addresses each;
+//! - `siege: all at once`: 600 half-open and 600 idle from one address each, 200 slow
+//!   bodies and 200 slow h2 connections (16 streams) from 100 addresses each.
+//!
+//! A review or probe that fails or takes over 5 s is not answered; the latencies are of
+//! those answered, over `WINDOW` seconds (20) once the flood has filled the doors. The
+//! server's resident memory: before the flood, and its peak.
+//!
 //! Run: `cargo bench --bench flood` (the binary cargo built), or, to compare binaries
 //! in one run, `FLOOD_BINS=old=/path/a,new=/path/b cargo bench --bench flood`.
-//! Environment: `CALLS` (20), `SCENARIOS` (comma-separated names; all by default).
+//! Environment: `CALLS` (20), `WINDOW` (20), `SCENARIOS` (comma-separated names; all
+//! by default).
 #![allow(clippy::unwrap_used)]
 
 #[path = "../tests/flood_support/mod.rs"]
@@ -34,7 +55,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flood_support::{Flood, Outcome};
+use flood_support::{ApiServer, Flood, Outcome, Target};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -228,6 +249,155 @@ async fn run(bin: &Path, scenario: Scenario, calls: usize) -> (Outcome, Outcome,
     (validate, livez, opened)
 }
 
+/// The sieges, each flooding both doors alike.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Siege {
+    HalfOpenOneAddress,
+    IdleOneAddress,
+    SlowBodies,
+    SlowStreams,
+    SilentAndIdleMany,
+    AllAtOnce,
+}
+
+impl Siege {
+    const ALL: [Siege; 6] = [
+        Siege::HalfOpenOneAddress,
+        Siege::IdleOneAddress,
+        Siege::SlowBodies,
+        Siege::SlowStreams,
+        Siege::SilentAndIdleMany,
+        Siege::AllAtOnce,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Siege::HalfOpenOneAddress => "siege: half-open, one address",
+            Siege::IdleOneAddress => "siege: idle, one address",
+            Siege::SlowBodies => "siege: slow bodies, 200 x 2",
+            Siege::SlowStreams => "siege: h2 slow streams, 200 x 2 x 16",
+            Siege::SilentAndIdleMany => "siege: half-open and idle, 120 x 3 each",
+            Siege::AllAtOnce => "siege: all at once",
+        }
+    }
+
+    /// The floods of `target`, from 127.0.`net`.x.
+    fn floods(self, target: &Target, net: u8, for_at_most: Duration) -> Vec<Flood> {
+        let lo = |first, count| flood_support::loopback_in(net, first, count);
+        let half_open = |sources: Vec<_>, total| {
+            flood_support::half_open(target.addr, &sources, total, for_at_most, FLOOD_MAX_OPENS)
+        };
+        let idle = |sources: Vec<_>, total| {
+            flood_support::idle_after_one(target, &sources, total, for_at_most, FLOOD_MAX_OPENS)
+        };
+        let bodies = |sources: Vec<_>, total| {
+            flood_support::slow_bodies(target, &sources, total, for_at_most, FLOOD_MAX_OPENS)
+        };
+        let streams = |sources: Vec<_>, total| {
+            flood_support::slow_streams(target, &sources, total, 16, for_at_most, FLOOD_MAX_OPENS)
+        };
+        match self {
+            Siege::HalfOpenOneAddress => vec![half_open(lo(2, 1), 600)],
+            Siege::IdleOneAddress => vec![idle(lo(2, 1), 600)],
+            Siege::SlowBodies => vec![bodies(lo(2, 200), 400)],
+            Siege::SlowStreams => vec![streams(lo(2, 200), 400)],
+            Siege::SilentAndIdleMany => {
+                vec![half_open(lo(2, 120), 360), idle(lo(130, 120), 360)]
+            }
+            Siege::AllAtOnce => vec![
+                half_open(lo(2, 1), 600),
+                idle(lo(3, 1), 600),
+                bodies(lo(10, 100), 200),
+                streams(lo(120, 100), 200),
+            ],
+        }
+    }
+}
+
+/// Resident memory of process `pid` in MiB: now (`VmRSS`) or its peak (`VmHWM`).
+fn resident_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// What one siege saw: the reviews, the probes, flood connections, memory before and
+/// at its peak.
+struct Besieged {
+    reviews: Outcome,
+    probes: Outcome,
+    opened: u64,
+    idle_mib: f64,
+    peak_mib: f64,
+}
+
+/// One siege against `bin`, measured over `window`.
+async fn besiege(bin: &Path, siege: Siege, window: Duration) -> Besieged {
+    let server = start(bin, None);
+    let tls = client(&server, None);
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while flood_support::probe_once(server.admin, PATIENCE)
+        .await
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < until, "server never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = server.child.id();
+    let idle_mib = resident_mib(pid, "VmRSS:");
+    let mut api = ApiServer::start(server.webhook, tls.clone(), 20, 10, PATIENCE);
+    // Its pool dialled, as before any flood.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let for_at_most = window * 3 + Duration::from_secs(60);
+    let webhook = Target {
+        addr: server.webhook,
+        tls: Some(tls),
+        path: "/validate",
+    };
+    let admin = Target {
+        addr: server.admin,
+        tls: None,
+        path: "/livez",
+    };
+    let mut floods = siege.floods(&webhook, 0, for_at_most);
+    floods.extend(siege.floods(&admin, 1, for_at_most));
+    let filled = std::time::Instant::now() + Duration::from_secs(10);
+    while floods.iter().map(Flood::opened).sum::<u64>() < 600 && std::time::Instant::now() < filled {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let probes = (window.as_secs() * 10) as usize;
+    let (reviews, probes) = tokio::join!(
+        api.measure(window),
+        flood_support::honest(probes, EVERY, || flood_support::probe_once(server.admin, PATIENCE)),
+    );
+    let peak_mib = resident_mib(pid, "VmHWM:");
+    let mut opened = 0;
+    for flood in floods {
+        opened += flood.stop().await;
+    }
+    Besieged {
+        reviews,
+        probes,
+        opened,
+        idle_mib,
+        peak_mib,
+    }
+}
+
+/// `answered/total (percent)` and `p50 / p99` of `outcome`.
+fn answered(outcome: &Outcome) -> (String, String) {
+    let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
+    let share = 100.0 * outcome.latencies.len() as f64 / outcome.total().max(1) as f64;
+    (
+        format!("{}/{} ({share:.1}%)", outcome.latencies.len(), outcome.total()),
+        format!("{} / {}", ms(outcome.quantile(0.5)), ms(outcome.quantile(0.99))),
+    )
+}
+
 fn row(label: &str, scenario: Scenario, route: &str, outcome: &Outcome) -> String {
     let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
     format!(
@@ -259,19 +429,48 @@ fn main() {
         )],
     };
     let calls = env_or("CALLS", 20);
+    let window = Duration::from_secs(env_or("WINDOW", 20) as u64);
     let wanted = std::env::var("SCENARIOS").ok();
+    let chosen = |name: &str| {
+        wanted
+            .as_deref()
+            .is_none_or(|w| w.split(',').any(|n| n == name))
+    };
     let scenarios: Vec<Scenario> = Scenario::ALL
         .into_iter()
-        .filter(|s| {
-            wanted
-                .as_deref()
-                .is_none_or(|w| w.split(',').any(|n| n == s.name()))
-        })
+        .filter(|s| chosen(s.name()))
         .collect();
+    let sieges: Vec<Siege> = Siege::ALL.into_iter().filter(|s| chosen(s.name())).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
+    if !sieges.is_empty() {
+        println!(
+            "| binary | siege | reviews answered | reviews p50 / p99 ms | /livez answered | /livez p50 / p99 ms | flood connections | RSS idle / peak MiB |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+    }
+    for siege in sieges {
+        for (label, bin) in &bins {
+            let seen = runtime.block_on(besiege(bin, siege, window));
+            let (reviews, reviews_ms) = answered(&seen.reviews);
+            let (probes, probes_ms) = answered(&seen.probes);
+            println!(
+                "| {label} | {} | {reviews} | {reviews_ms} | {probes} | {probes_ms} | {} | {:.0} / {:.0} |",
+                siege.name(),
+                seen.opened,
+                seen.idle_mib,
+                seen.peak_mib
+            );
+            for failure in seen.reviews.failures.iter().chain(&seen.probes.failures).take(3) {
+                eprintln!("  {label} {}: {failure}", siege.name());
+            }
+        }
+    }
+    if scenarios.is_empty() {
+        return;
+    }
     println!(
         "| binary | scenario | honest call | succeeded | p50 ms | p99 ms | max ms | flood connections |"
     );

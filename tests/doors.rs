@@ -274,6 +274,60 @@ async fn a_body_trickled_slower_than_the_request_timeout_gets_408() {
     assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
 }
 
+/// A TLS connection to `door` offering only `alpn`.
+async fn tls_with_alpn(
+    door: &Door,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut config = (*tls_support::client_config(&door.ca)).clone();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    tls_support::connect(door.addr, Arc::new(config), "localhost")
+        .await
+        .unwrap()
+}
+
+/// A body announced at 4 MB and sent a byte a second (far below the 240 bytes a second
+/// floor) loses its slot within seconds, not `--request-timeout`: answered 408, and its
+/// connection closed, over HTTP/1.1 and h2.
+#[tokio::test]
+async fn a_body_sent_a_byte_a_second_is_cut_within_seconds_not_at_the_request_timeout() {
+    let limits = ConnectionLimits {
+        request_timeout: Duration::from_secs(120),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let slow = || flood_support::slow_post("/validate").unwrap();
+    let tls = tls_with_alpn(&door, b"http/1.1").await;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let closed = tokio::spawn(conn);
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(slow()))
+        .await
+        .expect("answered within seconds")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    let _ = tokio::time::timeout(PATIENCE, closed)
+        .await
+        .expect("the HTTP/1.1 connection is closed");
+    let tls = tls_with_alpn(&door, b"h2").await;
+    let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Body>(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    let closed = tokio::spawn(conn);
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(slow()))
+        .await
+        .expect("answered within seconds")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    let _ = tokio::time::timeout(PATIENCE, closed)
+        .await
+        .expect("the h2 connection is closed");
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed() {
     let limits = ConnectionLimits {

@@ -29,8 +29,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// `count` loopback addresses from 127.0.0.`first`.
 pub fn loopback(first: u8, count: u8) -> Vec<IpAddr> {
+    loopback_in(0, first, count)
+}
+
+/// `count` loopback addresses from 127.0.`net`.`first`.
+pub fn loopback_in(net: u8, first: u8, count: u8) -> Vec<IpAddr> {
     (0..count)
-        .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, 0, first + i)))
+        .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, net, first + i)))
         .collect()
 }
 
@@ -203,8 +208,8 @@ fn trickle() -> Body {
 /// What a slow body announces.
 pub const ANNOUNCED: &str = "4000000";
 
-/// `POST target.path` with `Content-Length: 4000000` and the body a byte a second.
-fn slow_post(path: &str) -> Result<axum::http::Request<Body>, BoxError> {
+/// `POST path` with `Content-Length: 4000000` and the body a byte a second.
+pub fn slow_post(path: &str) -> Result<axum::http::Request<Body>, BoxError> {
     Ok(axum::http::Request::post(path)
         .header("host", "localhost")
         .header("content-type", "application/json")

@@ -441,6 +441,9 @@ impl Slots {
             .room
             .iter()
             .any(|w| table.turn(w.peer, w.seat, now) < turn);
+        if !outranked && table.holders.len() + eighth(self.cap) < self.cap {
+            return Entry::Admitted(self.insert(&mut table, peer, now));
+        }
         if !outranked {
             let holders = table.holders(self.pace, now);
             match admission(&holders, self.cap, table.newcomer(peer, now)) {

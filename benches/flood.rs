@@ -41,7 +41,8 @@
 //!
 //! Run: `cargo bench --bench flood` (the binary cargo built), or, to compare binaries
 //! in one run, `FLOOD_BINS=old=/path/a,new=/path/b cargo bench --bench flood`.
-//! Environment: `CALLS` (20), `WINDOW` (20), `SCENARIOS` (comma-separated names; all
+//! Environment: `CALLS` (20), `WINDOW` (20), `SCENARIOS` (comma-separated parts of
+//! names: a scenario runs when its name holds one, e.g. `siege` or `quiet,metrics`; all
 //! by default).
 #![allow(clippy::unwrap_used)]
 
@@ -369,10 +370,12 @@ async fn besiege(bin: &Path, siege: Siege, window: Duration) -> Besieged {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let probes = (window.as_secs() * 10) as usize;
     let (reviews, probes) = tokio::join!(
         api.measure(window),
-        flood_support::honest(probes, EVERY, || flood_support::probe_once(server.admin, PATIENCE)),
+        flood_support::honest_for(window, EVERY, || flood_support::probe_once(
+            server.admin,
+            PATIENCE
+        )),
     );
     let peak_mib = resident_mib(pid, "VmHWM:");
     let mut opened = 0;
@@ -431,10 +434,13 @@ fn main() {
     let calls = env_or("CALLS", 20);
     let window = Duration::from_secs(env_or("WINDOW", 20) as u64);
     let wanted = std::env::var("SCENARIOS").ok();
+    // Names hold commas: a scenario runs when its name holds one of the parts.
     let chosen = |name: &str| {
-        wanted
-            .as_deref()
-            .is_none_or(|w| w.split(',').any(|n| n == name))
+        wanted.as_deref().is_none_or(|w| {
+            w.split(',')
+                .map(str::trim)
+                .any(|part| !part.is_empty() && name.contains(part))
+        })
     };
     let scenarios: Vec<Scenario> = Scenario::ALL
         .into_iter()

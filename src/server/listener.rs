@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::pace::{MeteredBody, Pace, Progress};
-use super::slots::{Activity, Entry, Slot, Slots};
+use super::slots::{Activity, Entry, Slot, Slots, unseated_bound};
 pub use crate::cli::ConnectionLimits;
 
 /// How long a connection whose slot a newcomer took may finish what it was sending
@@ -119,7 +119,7 @@ where
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);
     // Newcomers held without a seat until their opening deadline (`server::slots`).
-    let unseated = Arc::new(tokio::sync::Semaphore::new(2 * limits.max_connections.max(1)));
+    let unseated = Arc::new(tokio::sync::Semaphore::new(unseated_bound(limits.max_connections)));
     'accepting: loop {
         let Some((stream, peer)) = accept(&listener, &shutdown).await else {
             break;

@@ -48,13 +48,14 @@
 //! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room (as
 //! many seats as slots), in its own task, bounded by its opening deadline. Whenever a slot
 //! frees, a request ends or time passes ([`RECHECK`]), waiters are let in in turn: the
-//! peer holding the fewest slots first, then the peer that has held the fewest lately
-//! (slot-seconds, each weighing less as it recedes over [`USE_MEMORY`]: a kubelet whose
-//! probes hold a slot a millisecond each goes before a flooder whose sockets hold theirs
-//! for seconds), then the oldest.
+//! peer holding the fewest slots first, then the peer that has used the fewest lately
+//! (slot-seconds held, and a tenth of one per connection opened, each weighing less as it
+//! recedes over [`USE_MEMORY`]: a kubelet whose probes hold a slot a millisecond each goes
+//! before a flooder whose sockets hold theirs for seconds, or are reopened as soon as
+//! closed), then the oldest.
 //! A full room gives the seat of its last waiter in that order to a newcomer ranked
 //! before it. A newcomer ranked last is held without a seat until its opening deadline
-//! and closed (at most twice as many as slots; beyond, closed at once): a flooder
+//! and closed (at most [`unseated_bound`] of them; beyond, closed at once): a flooder
 //! reopening whatever is closed at once would otherwise make the listener accept and
 //! close thousands a second, and an honest connection wait behind them in the kernel's
 //! backlog. Unless its peer is alone at the listener (a burst of the API server's before
@@ -91,6 +92,14 @@ const RECHECK: Duration = Duration::from_millis(50);
 
 /// Least time between two passes over the waiting room.
 const PASS_SPACING: Duration = Duration::from_millis(5);
+
+/// How many newcomers ranked last in a full room a listener of `cap` slots holds
+/// unanswered until their opening deadline: four per slot, and at least 1024 (a small
+/// door, the admin port's 64, meets the same floods as the webhook door). Each holds a
+/// file descriptor: a listener holds at most `cap` (slots) + `cap` (seats) + this many.
+pub fn unseated_bound(cap: usize) -> usize {
+    (4 * cap).max(1024)
+}
 
 /// The reserve, and the share a peer keeps however many compete: an eighth of the cap.
 fn eighth(cap: usize) -> usize {
@@ -327,6 +336,11 @@ struct Waiter {
 /// How long a peer's use of slots is remembered when waiters take turns.
 const USE_MEMORY: Duration = Duration::from_secs(10);
 
+/// What opening a connection adds to its peer's use, in slot-seconds: as much as holding
+/// a slot a tenth of a second. A flooder whose sockets are closed as soon as they come,
+/// and reopened at once, uses the door as much as one that holds them.
+const OPENING_WEIGHT: f64 = 0.1;
+
 /// What a peer holds now and has held lately.
 struct PeerRecord {
     held: usize,
@@ -405,6 +419,16 @@ impl Table {
         }
     }
 
+    /// Counts a connection `peer` opens towards its use.
+    fn opened(&mut self, peer: IpAddr, now: Instant) {
+        let record = self
+            .peers
+            .entry(peer)
+            .or_insert_with(|| PeerRecord::new(now));
+        record.set_held(record.held, now);
+        record.used += OPENING_WEIGHT;
+    }
+
     fn held(&mut self, peer: IpAddr, now: Instant, change: impl FnOnce(usize) -> usize) {
         let record = self
             .peers
@@ -436,6 +460,7 @@ impl Slots {
     pub fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
+        table.opened(peer, now);
         let turn = table.turn(peer, table.next_seat, now);
         let outranked = table
             .room

@@ -601,6 +601,21 @@ impl Outcome {
 /// Held by each test that floods, so that floods (and the CPU they take) do not overlap.
 pub static ONE_FLOOD_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Honest calls made one after another, `every` apart, for `window`.
+pub async fn honest_for<F, Fut>(window: Duration, every: Duration, call: F) -> Outcome
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Duration, BoxError>>,
+{
+    let until = Instant::now() + window;
+    let mut outcome = Outcome::default();
+    while Instant::now() < until {
+        outcome.record(call().await);
+        tokio::time::sleep(every).await;
+    }
+    outcome
+}
+
 /// `calls` honest calls made one after another, `every` apart.
 pub async fn honest<F, Fut>(calls: usize, every: Duration, call: F) -> Outcome
 where

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::pace::{MeteredBody, Pace, Progress};
-use super::slots::{Activity, Entry, Slot, Slots, unseated_bound};
+use super::slots::{Activity, Entry, Slot, Slots};
 pub use crate::cli::ConnectionLimits;
 
 /// How long a connection whose slot a newcomer took may finish what it was sending
@@ -118,9 +118,7 @@ where
     connections.spawn(slots.clone().keep_the_room(shutdown.clone()));
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);
-    // Newcomers held without a seat until their opening deadline (`server::slots`).
-    let unseated = Arc::new(tokio::sync::Semaphore::new(unseated_bound(limits.max_connections)));
-    'accepting: loop {
+    loop {
         let Some((stream, peer)) = accept(&listener, &shutdown).await else {
             break;
         };
@@ -133,20 +131,7 @@ where
             hard_stop: hard_stop.clone(),
             slot,
         };
-        let ip = peer.ip().to_canonical();
-        let entry = loop {
-            match slots.enter(ip) {
-                // Its peer alone fills the room (the API server's burst): stop accepting
-                // until a seat frees rather than fail one of its connections.
-                Entry::RoomFull { alone: true } => tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => break 'accepting,
-                    () = slots.seat_freed() => {}
-                },
-                entry => break entry,
-            }
-        };
-        match entry {
+        match slots.enter(peer.ip().to_canonical()) {
             Entry::Admitted(slot) => {
                 connections.spawn(start(&*handle, stream, conn(slot, &shutdown, &hard_stop)));
             }
@@ -160,27 +145,14 @@ where
                         () = draining.cancelled() => return,
                     };
                     let Ok(Ok(slot)) = slot else {
-                        tracing::debug!(%peer, "no slot before the opening deadline, or the seat went to another peer; closing");
+                        tracing::debug!(%peer, "no slot before the opening deadline, or the seat went to a peer ranked first; closing");
                         return;
                     };
                     start(&*handle, stream, conn(slot, &draining, &hard_stop)).await;
                 });
             }
-            Entry::RoomFull { .. } => {
-                let Ok(held) = unseated.clone().try_acquire_owned() else {
-                    tracing::debug!(%peer, "connection cap reached, the waiting room full of peers ranked first; closing");
-                    continue;
-                };
-                // Held, answered nothing, until its opening deadline: a flooder reopening
-                // at once would otherwise keep the accept loop busy closing.
-                let draining = shutdown.clone();
-                connections.spawn(async move {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(opening_deadline) => {}
-                        () = draining.cancelled() => {}
-                    }
-                    drop((stream, held));
-                });
+            Entry::Refused => {
+                tracing::debug!(%peer, "connection cap reached and the waiting room full of peers ranked first; closing");
             }
         }
     }

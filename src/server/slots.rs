@@ -17,52 +17,54 @@
 //! a peer holding most of the listener, or the flood of one address, never fills it, so a
 //! kubelet probe or the API server's next connection always finds room.
 //!
-//! **At the cap** a newcomer takes the slot of a connection that is worth less than its
-//! own arrival, in this order (the first connection found wins):
+//! **At the cap** a newcomer takes the slot of a connection worth less than its own
+//! arrival, the first found in this order:
 //!
-//! 1. *worthless*, from any peer: a connection cut for a body too slow, a request whose
-//!    body arrives behind the rate floor (`server::pace`) for [`YOUNG`] or more, a
-//!    silent socket (no request within [`YOUNG`] of connecting, or of the end of a TLS
-//!    handshake that took longer), a TLS handshake under way for [`YOUNG`] or more. The
-//!    peer holding the most goes first, then the oldest. A peer that completed a request
-//!    within [`QUIET`] (it has *standing*: the API server sending reviews) is trusted with
-//!    its slow handshakes and quiet openings; only its own newcomers take its silent
-//!    openings (a flood from one address pays with its own connections);
-//! 2. for an entitled newcomer only: an idle keep-alive connection of a peer without
-//!    standing (a flooder's that made one request; the pool of an API server with
-//!    nothing to ask for a while, which it dials again when it has);
-//! 3. for an entitled newcomer only: a connection with no request in flight of a peer
-//!    over its share, the peer most over it first: silent ones, idle ones, young ones,
-//!    the oldest first within each.
+//! 1. *worthless*, of any peer: a connection cut for a body too slow, a request whose body
+//!    has been behind the rate floor (`server::pace`) for [`YOUNG`] or more, a silent
+//!    socket (no request within [`YOUNG`] of connecting, or of the end of a TLS handshake
+//!    that took longer), a TLS handshake under way for [`YOUNG`] or more. A peer that
+//!    completed a request within [`QUIET`] has *standing* (the API server sending
+//!    reviews): its slow handshakes and quiet openings are trusted, and only its own
+//!    newcomers take its silent openings (a flood from one address pays with its own);
+//! 2. for an entitled newcomer: an idle keep-alive connection of a peer without standing
+//!    (a flooder's that made one request; the pool of an API server with nothing to ask
+//!    for a while, which it dials again when it has), then a handshake younger than
+//!    [`YOUNG`] of a peer without standing that has used over twice as much as the
+//!    newcomer's lately (a kubelet probe does not wait for a flooder's sockets, reopened
+//!    as soon as closed, to grow old; flooders do not churn each other's);
+//! 3. for an entitled newcomer: a connection with no request in flight of a peer over its
+//!    share, the peer holding the most first: silent ones, idle ones, young ones.
 //!
-//! Never taken, by anyone: a request in flight whose body arrives (an admission review cut
-//! short is a pod not created); a handshake younger than [`YOUNG`] of a peer within its
-//! share (it is judged once a second old); a connection of a peer with standing, within
-//! its share, that is idle or in its handshake. And a newcomer never takes its own peer's handshake still in
-//! TLS (however old: a starved server finishes its client's handshakes late), its young
+//! Within each, the peer holding the most gives way first, then the oldest connection.
+//! Never taken: a request whose body arrives (an admission review cut short is a pod not
+//! created); a connection of a peer with standing, within its share, that is idle or in
+//! its handshake. And a newcomer never takes its own peer's handshake still in TLS
+//! (however old: a starved server finishes its client's handshakes late), its young
 //! opening, or its idle keep-alive connection: the API server, given a burst of reviews,
 //! dials many connections at once and sends its next review on any connection it holds;
 //! cutting one for another of its own gains it nothing and fails a review ("write:
 //! connection reset by peer" in the end-to-end suite).
 //!
-//! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room (as
-//! many seats as slots), in its own task, bounded by its opening deadline. Whenever a slot
-//! frees, a request ends or time passes ([`RECHECK`]), waiters are let in in turn: the
-//! peer holding the fewest slots first, then the peer that has used the fewest lately
-//! (slot-seconds held, and a tenth of one per connection opened, each weighing less as it
-//! recedes over [`USE_MEMORY`]: a kubelet whose probes hold a slot a millisecond each goes
-//! before a flooder whose sockets hold theirs for seconds, or are reopened as soon as
-//! closed), then the oldest.
-//! A full room gives the seat of its last waiter in that order to a newcomer ranked
-//! before it. A newcomer ranked last is held without a seat until its opening deadline
-//! and closed (at most [`unseated_bound`] of them; beyond, closed at once): a flooder
-//! reopening whatever is closed at once would otherwise make the listener accept and
-//! close thousands a second, and an honest connection wait behind them in the kernel's
-//! backlog. Unless its peer is alone at the listener (a burst of the API server's before
-//! anyone else came): then the listener stops accepting until a seat frees.
+//! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room, in its
+//! own task, bounded by its opening deadline. Whenever a slot frees, a request ends or time
+//! passes ([`RECHECK`]), waiters are let in in turn: the peer holding the fewest slots
+//! first, then the peer that has used the fewest lately (slot-seconds held, and a tenth of
+//! one per connection opened, each weighing less as it recedes over [`USE_MEMORY`]: a
+//! kubelet whose probes hold a slot a millisecond each goes before a flooder whose sockets
+//! hold theirs for seconds, or are reopened as soon as closed), then the oldest. The room
+//! has [`seats`]: enough for the API server's bursts (hundreds of connections at once) and
+//! for the floods it meets, so that a flooder's surplus waits its turn (and its deadline)
+//! instead of being closed and reopened thousands of times a second, with honest
+//! connections queued behind them in the kernel's backlog. A full room gives the seat of
+//! its last waiter in turn to a newcomer ranked before it; a newcomer ranked last is
+//! closed.
+//!
+//! **Requests in flight.** As many as slots before fairness applies; beyond, a peer may
+//! open a new h2 stream only within its fair share of them ([`Slots::admits_stream`]).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -93,12 +95,12 @@ const RECHECK: Duration = Duration::from_millis(50);
 /// Least time between two passes over the waiting room.
 const PASS_SPACING: Duration = Duration::from_millis(5);
 
-/// How many newcomers ranked last in a full room a listener of `cap` slots holds
-/// unanswered until their opening deadline: four per slot, and at least 1024 (a small
-/// door, the admin port's 64, meets the same floods as the webhook door). Each holds a
-/// file descriptor: a listener holds at most `cap` (slots) + `cap` (seats) + this many.
-pub fn unseated_bound(cap: usize) -> usize {
-    (4 * cap).max(1024)
+/// Seats in the waiting room of a listener of `cap` slots: the slots again, and four
+/// more per slot or at least 1024 more (a small door, the admin port's 64, meets the same
+/// floods as the webhook door). Each waiter holds a file descriptor: a listener holds at
+/// most `cap` + this many, each waiter for at most `--handshake-timeout`.
+pub fn seats(cap: usize) -> usize {
+    cap + (4 * cap).max(1024)
 }
 
 /// The reserve, and the share a peer keeps however many compete: an eighth of the cap.
@@ -162,11 +164,18 @@ pub enum Admission {
     Wait,
 }
 
-/// What the table says about its peers, for the rule.
+/// What the table says about its peers, for the rule, with its holders in the orders
+/// they give way in (so that each newcomer takes the first it may).
 struct Census {
     cap: usize,
     held: usize,
     peers: HashMap<IpAddr, PeerCount>,
+    /// Indices of the holders that may give way (see [`rank`]), by (rank, the peer
+    /// holding the most first, the oldest first): the order of spare connections.
+    spare_order: Vec<usize>,
+    /// The same by (the peer holding the most first, rank, the oldest first): the order
+    /// in which peers over their share give up connections.
+    excess_order: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -183,10 +192,19 @@ impl Census {
             count.held += 1;
             count.standing |= holder.served_lately;
         }
+        let held_by = |i: usize| peers.get(&holders[i].peer).map_or(0, |c| c.held);
+        let mut spare_order: Vec<usize> = (0..holders.len())
+            .filter(|&i| rank(&holders[i]).is_some())
+            .collect();
+        let mut excess_order = spare_order.clone();
+        spare_order.sort_by_key(|&i| (rank(&holders[i]), Reverse(held_by(i)), holders[i].age));
+        excess_order.sort_by_key(|&i| (Reverse(held_by(i)), rank(&holders[i]), holders[i].age));
         Census {
             cap: cap.max(1),
             held: holders.len(),
             peers,
+            spare_order,
+            excess_order,
         }
     }
 
@@ -209,11 +227,10 @@ impl Census {
         (self.held_by(newcomer) + 1) as f64 <= self.fair_share(newcomer)
     }
 
-    /// How far `peer` is over its share (see the module doc), if it is.
-    fn excess(&self, peer: IpAddr, newcomer: IpAddr) -> Option<f64> {
+    /// Whether `peer` is over its share (see the module doc), `newcomer` competing.
+    fn over_share(&self, peer: IpAddr, newcomer: IpAddr) -> bool {
         let kept = self.fair_share(newcomer).max(eighth(self.cap) as f64);
-        let over = self.held_by(peer) as f64 - kept;
-        (over > 0.0).then_some(over)
+        self.held_by(peer) as f64 > kept
     }
 }
 
@@ -229,61 +246,58 @@ fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) -> Admissio
     if census.held + eighth(cap) < cap || (census.held < cap && entitled) {
         return Admission::Free;
     }
-    let spare = holders
+    let spare = census
+        .spare_order
         .iter()
-        .filter_map(|h| Some((spare_rank(h, census, newcomer, entitled)?, h)))
-        .min_by_key(|(rank, h)| (*rank, Reverse(census.held_by(h.peer)), h.age));
-    if let Some((_, holder)) = spare {
+        .map(|&i| &holders[i])
+        .find(|h| spare_to(h, census, newcomer, entitled));
+    if let Some(holder) = spare {
         return Admission::Replace(holder.age);
     }
     if !entitled {
         return Admission::Wait;
     }
-    holders
+    census
+        .excess_order
         .iter()
-        .filter(|h| h.peer != newcomer.peer)
-        .filter_map(|h| Some((census.excess(h.peer, newcomer.peer)?, excess_rank(h)?, h)))
-        .min_by(|(a, rank_a, h_a), (b, rank_b, h_b)| {
-            b.total_cmp(a)
-                .then(rank_a.cmp(rank_b))
-                .then(h_a.age.cmp(&h_b.age))
-        })
-        .map_or(Admission::Wait, |(_, _, h)| Admission::Replace(h.age))
+        .map(|&i| &holders[i])
+        .find(|h| h.peer != newcomer.peer && census.over_share(h.peer, newcomer.peer))
+        .map_or(Admission::Wait, |h| Admission::Replace(h.age))
 }
 
-/// How readily `holder` gives way to `newcomer` as a worthless or unproven connection
-/// (lower first), or `None` when it does not.
-fn spare_rank(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> Option<u8> {
+/// Order of giving way: worthless connections (cut, starving, silent), then idle
+/// connections, then young handshakes; requests whose bodies arrive never.
+fn rank(holder: &Holder) -> Option<u8> {
+    match holder.state {
+        State::Closing
+        | State::Busy { starving: true }
+        | State::Handshake { young: false }
+        | State::Opening { young: false } => Some(0),
+        State::Idle => Some(1),
+        State::Handshake { young: true } | State::Opening { young: true } => Some(2),
+        State::Busy { starving: false } => None,
+    }
+}
+
+/// Whether `holder` gives way to `newcomer` as a worthless or unproven connection (the
+/// module doc's first two kinds).
+fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> bool {
     let own = holder.peer == newcomer.peer;
     let trusted = census.standing(holder.peer);
     match holder.state {
-        State::Closing | State::Busy { starving: true } => Some(0),
-        State::Busy { starving: false } => None,
+        State::Closing | State::Busy { starving: true } => true,
+        State::Busy { starving: false } => false,
         // However old, its own client may be about to finish it on a starved machine.
-        State::Handshake { young: false } => (!own && !trusted).then_some(0),
-        State::Opening { young: false } => (own || !trusted).then_some(0),
-        State::Idle => (entitled && !own && !trusted).then_some(1),
+        State::Handshake { young: false } => !own && !trusted,
+        State::Opening { young: false } => own || !trusted,
+        State::Idle => entitled && !own && !trusted,
         // A handshake under way is judged once it is a second old, unless its peer has
         // held far more than the newcomer's lately (a kubelet probe does not wait a second
         // for a flooder's sockets, reopened as soon as closed, to grow old).
         State::Handshake { young: true } | State::Opening { young: true } => {
             let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
-            (entitled && !own && !trusted && heavier).then_some(2)
+            entitled && !own && !trusted && heavier
         }
-    }
-}
-
-/// Order of giving way within a peer over its share: silent sockets, then idle
-/// connections, then young handshakes; requests in flight never.
-fn excess_rank(holder: &Holder) -> Option<u8> {
-    match holder.state {
-        State::Closing
-        | State::Handshake { young: false }
-        | State::Opening { young: false }
-        | State::Busy { starving: true } => Some(0),
-        State::Idle => Some(1),
-        State::Handshake { young: true } | State::Opening { young: true } => Some(2),
-        State::Busy { starving: false } => None,
     }
 }
 
@@ -294,10 +308,8 @@ pub enum Entry {
     /// A seat in the waiting room: the slot comes through the ticket, or the ticket
     /// fails when the seat was given to a newcomer ranked before it.
     Waiting(oneshot::Receiver<Slot>),
-    /// The waiting room is full of newcomers ranked before this one. `alone`: its peer is
-    /// the only one holding slots or seats (stop accepting until a seat frees, rather than
-    /// fail its own burst); otherwise close it.
-    RoomFull { alone: bool },
+    /// The waiting room is full of newcomers ranked before this one: close it.
+    Refused,
 }
 
 /// The slot table and waiting room of one listener.
@@ -306,8 +318,6 @@ pub struct Slots {
     pace: Pace,
     table: Mutex<Table>,
     signals: Arc<Signals>,
-    /// Signalled when a seat frees, for a listener that stopped accepting.
-    seat_freed: Notify,
 }
 
 /// What connections tell the listener as they go.
@@ -324,11 +334,18 @@ struct Table {
     next_age: u64,
     room: Vec<Waiter>,
     next_seat: u64,
+    /// The first turn in the room as of the last pass, or better since (a newcomer ranked
+    /// after it waits its turn).
+    first_turn: Option<Turn>,
+    /// The last turn in the room, when known.
+    last_turn: Option<Turn>,
     peers: HashMap<IpAddr, PeerRecord>,
 }
 
 struct Waiter {
-    seat: u64,
+    /// Its turn when last looked at (its seat number last: first come, first served
+    /// between equals).
+    turn: Turn,
     peer: IpAddr,
     handoff: oneshot::Sender<Slot>,
 }
@@ -448,7 +465,6 @@ impl Slots {
                 in_flight: AtomicUsize::new(0),
                 changed: Notify::new(),
             }),
-            seat_freed: Notify::new(),
         })
     }
 
@@ -462,54 +478,70 @@ impl Slots {
         let now = Instant::now();
         table.opened(peer, now);
         let turn = table.turn(peer, table.next_seat, now);
-        let outranked = table
-            .room
-            .iter()
-            .any(|w| table.turn(w.peer, w.seat, now) < turn);
-        if !outranked && table.holders.len() + eighth(self.cap) < self.cap {
-            return Entry::Admitted(self.insert(&mut table, peer, now));
-        }
-        if !outranked {
-            let holders = table.holders(self.pace, now);
-            match admission(&holders, self.cap, table.newcomer(peer, now)) {
-                Admission::Free => return Entry::Admitted(self.insert(&mut table, peer, now)),
-                Admission::Replace(age) => {
-                    self.evict(&mut table, age, peer);
-                    return Entry::Admitted(self.insert(&mut table, peer, now));
-                }
-                Admission::Wait => {}
+        if table.first_turn.is_none_or(|first| turn < first) {
+            if let Some(slot) = self.admit(&mut table, peer, now) {
+                return Entry::Admitted(slot);
             }
         }
-        self.seat(&mut table, peer, turn, now)
+        self.seat(&mut table, peer, turn)
+    }
+
+    /// A slot for `peer` by the rule, if there is one.
+    fn admit(self: &Arc<Self>, table: &mut Table, peer: IpAddr, now: Instant) -> Option<Slot> {
+        if table.holders.len() + eighth(self.cap) < self.cap {
+            return Some(self.insert(table, peer, now));
+        }
+        let holders = table.holders(self.pace, now);
+        let decided = admission(&holders, self.cap, table.newcomer(peer, now));
+        self.apply(table, decided, peer, now)
+    }
+
+    /// Carries out what the rule `decided` for `peer`: its slot, if it got one.
+    fn apply(
+        self: &Arc<Self>,
+        table: &mut Table,
+        decided: Admission,
+        peer: IpAddr,
+        now: Instant,
+    ) -> Option<Slot> {
+        match decided {
+            Admission::Free => Some(self.insert(table, peer, now)),
+            Admission::Replace(age) => {
+                self.evict(table, age, peer);
+                Some(self.insert(table, peer, now))
+            }
+            Admission::Wait => None,
+        }
     }
 
     /// A seat in the waiting room for `peer`, taking the last waiter's when the room is
     /// full and `peer` comes before it.
-    fn seat(&self, table: &mut Table, peer: IpAddr, turn: Turn, now: Instant) -> Entry {
-        if table.room.len() >= self.cap {
-            let turn_of = |table: &Table, i: usize| table.turn(table.room[i].peer, table.room[i].seat, now);
-            let last = (0..table.room.len()).max_by_key(|&i| turn_of(table, i));
-            match last {
-                Some(i) if turn_of(table, i) > turn => {
-                    // Dropping its sender fails its ticket: its task closes the connection.
-                    let gone = table.room.swap_remove(i);
-                    tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; a waiter ranked last gives up its seat");
-                }
-                _ => {
-                    let alone = table.room.iter().all(|w| w.peer == peer)
-                        && table.peers.iter().all(|(&p, r)| p == peer || r.held == 0);
-                    return Entry::RoomFull { alone };
-                }
+    fn seat(&self, table: &mut Table, peer: IpAddr, turn: Turn) -> Entry {
+        if table.room.len() >= seats(self.cap) {
+            let last = match table.last_turn {
+                Some(last) => last,
+                None => table.room.iter().map(|w| w.turn).max().unwrap_or(turn),
+            };
+            table.last_turn = Some(last);
+            if last <= turn {
+                return Entry::Refused;
             }
+            if let Some(i) = table.room.iter().position(|w| w.turn == last) {
+                // Dropping its sender fails its ticket: its task closes the connection.
+                let gone = table.room.swap_remove(i);
+                tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; its last waiter gives up its seat");
+            }
+            table.last_turn = None;
         }
         let (handoff, ticket) = oneshot::channel();
-        let seat = table.next_seat;
         table.next_seat += 1;
         table.room.push(Waiter {
-            seat,
+            turn,
             peer,
             handoff,
         });
+        table.first_turn = Some(table.first_turn.map_or(turn, |first| first.min(turn)));
+        table.last_turn = table.last_turn.map(|last| last.max(turn));
         self.signals.changed.notify_one();
         Entry::Waiting(ticket)
     }
@@ -519,51 +551,40 @@ impl Slots {
         let mut handed: Vec<(oneshot::Sender<Slot>, Slot)> = Vec::new();
         {
             let mut table = self.table.lock();
-            let before = table.room.len();
-            table.room.retain(|w| !w.handoff.is_closed());
-            if table.room.is_empty() {
-                if before > 0 {
-                    self.seat_freed.notify_waiters();
-                }
-                return;
-            }
             let now = Instant::now();
-            let mut order: Vec<(Turn, u64)> = table
-                .room
-                .iter()
-                .map(|w| (table.turn(w.peer, w.seat, now), w.seat))
-                .collect();
-            order.sort_unstable();
+            let mut room = std::mem::take(&mut table.room);
+            room.retain(|w| !w.handoff.is_closed());
+            // Turns as of now: what peers hold and have used changes while they wait.
+            for waiter in &mut room {
+                waiter.turn = table.turn(waiter.peer, waiter.turn.2, now);
+            }
+            room.sort_unstable_by_key(|w| w.turn);
             let mut holders = table.holders(self.pace, now);
             let mut census = Census::of(&holders, self.cap);
-            let mut refused: Vec<IpAddr> = Vec::new();
-            for (_, seat) in order {
-                let Some(index) = table.room.iter().position(|w| w.seat == seat) else {
-                    continue;
-                };
-                let peer = table.room[index].peer;
-                if refused.contains(&peer) {
+            // A peer refused once in a pass is refused for all its waiters.
+            let mut refused: HashSet<IpAddr> = HashSet::new();
+            let mut still = Vec::with_capacity(room.len());
+            for waiter in room {
+                if refused.contains(&waiter.peer) {
+                    still.push(waiter);
                     continue;
                 }
-                let age = match admit_in(&census, &holders, table.newcomer(peer, now)) {
-                    Admission::Wait => {
-                        refused.push(peer);
-                        continue;
+                let decided = admit_in(&census, &holders, table.newcomer(waiter.peer, now));
+                match self.apply(&mut table, decided, waiter.peer, now) {
+                    Some(slot) => {
+                        handed.push((waiter.handoff, slot));
+                        holders = table.holders(self.pace, now);
+                        census = Census::of(&holders, self.cap);
                     }
-                    Admission::Free => None,
-                    Admission::Replace(age) => Some(age),
-                };
-                let waiter = table.room.swap_remove(index);
-                if let Some(age) = age {
-                    self.evict(&mut table, age, peer);
+                    None => {
+                        refused.insert(waiter.peer);
+                        still.push(waiter);
+                    }
                 }
-                handed.push((waiter.handoff, self.insert(&mut table, peer, now)));
-                holders = table.holders(self.pace, now);
-                census = Census::of(&holders, self.cap);
             }
-            if table.room.len() < before {
-                self.seat_freed.notify_waiters();
-            }
+            table.first_turn = still.first().map(|w| w.turn);
+            table.last_turn = still.last().map(|w| w.turn);
+            table.room = still;
         }
         // Outside the lock: a slot whose waiter just gave up is dropped, which locks.
         for (handoff, slot) in handed {
@@ -582,14 +603,6 @@ impl Slots {
             }
             self.let_waiters_in();
             tokio::time::sleep(PASS_SPACING).await;
-        }
-    }
-
-    /// Resolves when a seat in the waiting room may have freed.
-    pub async fn seat_freed(&self) {
-        tokio::select! {
-            () = self.seat_freed.notified() => {}
-            () = tokio::time::sleep(RECHECK) => {}
         }
     }
 

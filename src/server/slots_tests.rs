@@ -279,7 +279,7 @@ async fn slot_of(entry: Entry) -> Slot {
             .await
             .expect("let in in time")
             .expect("the seat was kept"),
-        Entry::RoomFull { alone } => panic!("room full (alone: {alone})"),
+        Entry::Refused => panic!("refused"),
     }
 }
 
@@ -368,27 +368,26 @@ async fn waiters_are_let_in_the_peer_holding_fewest_first_and_a_full_room_drops_
         .iter()
         .map(|s| s.activity().begin(Progress::new(true)))
         .collect();
-    // The flooder's two newcomers fill the room...
-    let Entry::Waiting(flood_1) = slots.enter(ip(9)) else {
-        panic!("waits");
-    };
-    let Entry::Waiting(flood_2) = slots.enter(ip(9)) else {
-        panic!("waits");
-    };
-    // ...its third is closed; a probe holding nothing takes the last seat.
-    assert!(matches!(
-        slots.enter(ip(9)),
-        Entry::RoomFull { alone: true }
-    ));
+    // The flooder's newcomers fill the room...
+    let mut flood = Vec::new();
+    for _ in 0..seats(2) {
+        let Entry::Waiting(ticket) = slots.enter(ip(9)) else {
+            panic!("a seat while the room has one");
+        };
+        flood.push(ticket);
+    }
+    // ...its next is refused; a probe holding nothing takes the last waiter's seat.
+    assert!(matches!(slots.enter(ip(9)), Entry::Refused));
     let Entry::Waiting(probe) = slots.enter(ip(STRANGER)) else {
         panic!("a probe waits, ranked first");
     };
-    assert!(flood_2.await.is_err(), "the last waiter gave up its seat");
+    let last = flood.pop().expect("waiters");
+    assert!(last.await.is_err(), "the last waiter gave up its seat");
     // A request ends: the probe gets the slot, not the flooder's first waiter.
     drop(requests);
     let probe = slot_of(Entry::Waiting(probe)).await;
     assert_eq!(probe.activity().peer(), ip(STRANGER));
-    drop((busy, flood_1));
+    drop((busy, flood));
 }
 
 #[tokio::test]

@@ -208,10 +208,23 @@ fn tls_paths(cert: Option<PathBuf>, key: Option<PathBuf>) -> anyhow::Result<(Pat
     }
 }
 
+/// The kernel's queue of connections not yet accepted, per listener (capped by
+/// `net.core.somaxconn`, 4096 on current kernels). The default, 128, overflows in the
+/// bursts of a flood's reconnects, and the kernel then drops the SYN of an honest client,
+/// which retries it only a second later (a kubelet probe's whole timeout).
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(address: std::net::SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(address)
-        .await
-        .with_context(|| format!("{flag} {address}: cannot listen"))
+    let listen = || -> std::io::Result<TcpListener> {
+        let socket = match address {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(address)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().with_context(|| format!("{flag} {address}: cannot listen"))
 }
 
 /// A kube client from `--kubeconfig` (or the usual inference) and an optional `--master`.

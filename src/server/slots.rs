@@ -30,8 +30,8 @@
 //! 2. for an entitled newcomer: an idle keep-alive connection of a peer without standing
 //!    (a flooder's that made one request; the pool of an API server with nothing to ask
 //!    for a while, which it dials again when it has), then a handshake younger than
-//!    [`YOUNG`] of a peer without standing that has used over twice as much as the
-//!    newcomer's lately (a kubelet probe does not wait for a flooder's sockets, reopened
+//!    [`YOUNG`] of a peer without standing that has held over twice the slot-seconds the
+//!    newcomer's has lately (a kubelet probe does not wait for a flooder's sockets, reopened
 //!    as soon as closed, to grow old; flooders do not churn each other's);
 //! 3. for an entitled newcomer: a connection with no request in flight of a peer over its
 //!    share, the peer holding the most first: silent ones, idle ones, young ones.
@@ -353,17 +353,21 @@ struct Waiter {
 /// How long a peer's use of slots is remembered when waiters take turns.
 const USE_MEMORY: Duration = Duration::from_secs(10);
 
-/// What opening a connection adds to its peer's use, in slot-seconds: as much as holding
-/// a slot a tenth of a second. A flooder whose sockets are closed as soon as they come,
-/// and reopened at once, uses the door as much as one that holds them.
+/// What opening a connection adds to its peer's use when waiters take turns, in
+/// slot-seconds: as much as holding a slot a tenth of a second. A flooder whose sockets
+/// are closed as soon as they come, and reopened at once, uses the door as much as one
+/// that holds them. (Not when judging whose young handshake gives way: that is by slots
+/// held alone, so a kubelet probing often, each probe a millisecond, stays light.)
 const OPENING_WEIGHT: f64 = 0.1;
 
-/// What a peer holds now and has held lately.
+/// What a peer holds now and has held and opened lately.
 struct PeerRecord {
     held: usize,
     /// Slot-seconds held, each second's weight decaying over [`USE_MEMORY`], as of
     /// `updated`.
-    used: f64,
+    held_secs: f64,
+    /// Connections opened, each weighing less as it recedes alike, as of `updated`.
+    opened: f64,
     updated: Instant,
 }
 
@@ -371,27 +375,40 @@ impl PeerRecord {
     fn new(now: Instant) -> PeerRecord {
         PeerRecord {
             held: 0,
-            used: 0.0,
+            held_secs: 0.0,
+            opened: 0.0,
             updated: now,
         }
     }
 
-    /// Slot-seconds held lately, as of `now`.
-    fn used_at(&self, now: Instant) -> f64 {
-        let memory = USE_MEMORY.as_secs_f64();
-        let kept = (-now.saturating_duration_since(self.updated).as_secs_f64() / memory).exp();
-        self.used * kept + self.held as f64 * memory * (1.0 - kept)
+    /// How much of what was counted at `updated` still counts at `now`.
+    fn kept(&self, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        (-elapsed / USE_MEMORY.as_secs_f64()).exp()
     }
 
+    /// Slot-seconds held lately, as of `now`.
+    fn held_secs_at(&self, now: Instant) -> f64 {
+        let kept = self.kept(now);
+        self.held_secs * kept + self.held as f64 * USE_MEMORY.as_secs_f64() * (1.0 - kept)
+    }
+
+    /// Its use of the door lately, as of `now`: slot-seconds held and connections opened.
+    fn used_at(&self, now: Instant) -> f64 {
+        self.held_secs_at(now) + OPENING_WEIGHT * self.opened * self.kept(now)
+    }
+
+    /// Brings the counts to `now`, then holds `held`.
     fn set_held(&mut self, held: usize, now: Instant) {
-        self.used = self.used_at(now);
+        self.opened *= self.kept(now);
+        self.held_secs = self.held_secs_at(now);
         self.updated = now;
         self.held = held;
     }
 }
 
-/// Order in which waiters are let in, lower first: slots held, slot-milliseconds held
-/// lately, seat.
+/// Order in which waiters are let in, lower first: slots held, use lately (in
+/// thousandths of a slot-second), seat.
 type Turn = (usize, u64, u64);
 
 impl Table {
@@ -405,21 +422,21 @@ impl Table {
         self.holders
             .iter()
             .map(|(&age, activity)| Holder {
-                peer_used: self.used(activity.peer, now),
+                peer_used: self.held_secs(activity.peer, now),
                 ..activity.holder(age, pace, now)
             })
             .collect()
     }
 
     /// Slot-seconds `peer` has held lately.
-    fn used(&self, peer: IpAddr, now: Instant) -> f64 {
-        self.peers.get(&peer).map_or(0.0, |r| r.used_at(now))
+    fn held_secs(&self, peer: IpAddr, now: Instant) -> f64 {
+        self.peers.get(&peer).map_or(0.0, |r| r.held_secs_at(now))
     }
 
     fn newcomer(&self, peer: IpAddr, now: Instant) -> Newcomer {
         Newcomer {
             peer,
-            used: self.used(peer, now),
+            used: self.held_secs(peer, now),
         }
     }
 
@@ -443,7 +460,7 @@ impl Table {
             .entry(peer)
             .or_insert_with(|| PeerRecord::new(now));
         record.set_held(record.held, now);
-        record.used += OPENING_WEIGHT;
+        record.opened += 1.0;
     }
 
     fn held(&mut self, peer: IpAddr, now: Instant, change: impl FnOnce(usize) -> usize) {

@@ -139,16 +139,9 @@ where
                 let (handle, hard_stop) = (handle.clone(), hard_stop.clone());
                 let draining = shutdown.clone();
                 connections.spawn(async move {
-                    let wait = tokio::time::timeout_at(opening_deadline, ticket);
-                    let slot = tokio::select! {
-                        r = wait => r,
-                        () = draining.cancelled() => return,
-                    };
-                    let Ok(Ok(slot)) = slot else {
-                        tracing::debug!(%peer, "no slot before the opening deadline, or the seat went to a peer ranked first; closing");
-                        return;
-                    };
-                    start(&*handle, stream, conn(slot, &draining, &hard_stop)).await;
+                    if let Some(slot) = let_in(ticket, opening_deadline, &draining, peer).await {
+                        start(&*handle, stream, conn(slot, &draining, &hard_stop)).await;
+                    }
                 });
             }
             Entry::Refused => {
@@ -157,6 +150,36 @@ where
         }
     }
     drop(listener);
+    drain(connections, grace, hard_stop).await;
+    Ok(())
+}
+
+/// The slot a waiting newcomer is let in to, or `None` (and it is closed) when its
+/// opening deadline passes first, its seat went to a peer ranked first, or shutdown
+/// began.
+async fn let_in(
+    ticket: tokio::sync::oneshot::Receiver<Slot>,
+    opening_deadline: tokio::time::Instant,
+    draining: &CancellationToken,
+    peer: std::net::SocketAddr,
+) -> Option<Slot> {
+    let slot = tokio::select! {
+        r = tokio::time::timeout_at(opening_deadline, ticket) => r,
+        () = draining.cancelled() => return None,
+    };
+    let Ok(Ok(slot)) = slot else {
+        tracing::debug!(%peer, "no slot before the opening deadline, or the seat went to a peer ranked first; closing");
+        return None;
+    };
+    Some(slot)
+}
+
+/// Once accepting stopped: gives open connections `grace` to finish, then drops them.
+async fn drain(
+    connections: tokio_util::task::TaskTracker,
+    grace: Duration,
+    hard_stop: CancellationToken,
+) {
     connections.close();
     let open = connections.len();
     if tokio::time::timeout(grace, connections.wait())
@@ -171,7 +194,6 @@ where
         hard_stop.cancel();
         connections.wait().await;
     }
-    Ok(())
 }
 
 /// The body rate floor `limits` set.

@@ -50,9 +50,10 @@
 //! own task, bounded by its opening deadline. Whenever a slot frees, a request ends or time
 //! passes ([`RECHECK`]), waiters are let in in turn: the peer holding the fewest slots
 //! first, then the peer that has used the fewest lately (slot-seconds held, and a tenth of
-//! one per connection opened, each weighing less as it recedes over [`USE_MEMORY`]: a
-//! kubelet whose probes hold a slot a millisecond each goes before a flooder whose sockets
-//! hold theirs for seconds, or are reopened as soon as closed), then the oldest. The room
+//! one per connection that ended without a request answered whole, each weighing less as
+//! it recedes over [`USE_MEMORY`]: a kubelet whose probes hold a slot a millisecond each
+//! goes before a flooder whose sockets hold theirs for seconds, or are reopened as soon as
+//! closed), then the oldest. The room
 //! has [`seats`]: enough for the API server's bursts (hundreds of connections at once) and
 //! for the floods it meets, so that a flooder's surplus waits its turn (and its deadline)
 //! instead of being closed and reopened thousands of times a second, with honest
@@ -353,21 +354,24 @@ struct Waiter {
 /// How long a peer's use of slots is remembered when waiters take turns.
 const USE_MEMORY: Duration = Duration::from_secs(10);
 
-/// What opening a connection adds to its peer's use when waiters take turns, in
-/// slot-seconds: as much as holding a slot a tenth of a second. A flooder whose sockets
-/// are closed as soon as they come, and reopened at once, uses the door as much as one
-/// that holds them. (Not when judging whose young handshake gives way: that is by slots
-/// held alone, so a kubelet probing often, each probe a millisecond, stays light.)
-const OPENING_WEIGHT: f64 = 0.1;
+/// What a connection that ended without a request answered whole (a silent socket, a
+/// body too slow or never read, a newcomer refused or timed out waiting) adds to its
+/// peer's use when waiters take turns, in slot-seconds: as much as holding a slot a tenth
+/// of a second. A flooder whose sockets are closed as soon as they come, and reopened at
+/// once, uses the door as much as one that holds them; a kubelet's probes, each answered,
+/// add nothing but the milliseconds they hold. (Not counted when judging whose young
+/// handshake gives way: that is by slots held alone.)
+const WASTE_WEIGHT: f64 = 0.1;
 
-/// What a peer holds now and has held and opened lately.
+/// What a peer holds now, and has held and wasted lately.
 struct PeerRecord {
     held: usize,
     /// Slot-seconds held, each second's weight decaying over [`USE_MEMORY`], as of
     /// `updated`.
     held_secs: f64,
-    /// Connections opened, each weighing less as it recedes alike, as of `updated`.
-    opened: f64,
+    /// Connections that ended without a request answered whole, each weighing less as it
+    /// recedes alike, as of `updated`.
+    wasted: f64,
     updated: Instant,
 }
 
@@ -376,7 +380,7 @@ impl PeerRecord {
         PeerRecord {
             held: 0,
             held_secs: 0.0,
-            opened: 0.0,
+            wasted: 0.0,
             updated: now,
         }
     }
@@ -393,14 +397,14 @@ impl PeerRecord {
         self.held_secs * kept + self.held as f64 * USE_MEMORY.as_secs_f64() * (1.0 - kept)
     }
 
-    /// Its use of the door lately, as of `now`: slot-seconds held and connections opened.
+    /// Its use of the door lately, as of `now`: slot-seconds held, and connections wasted.
     fn used_at(&self, now: Instant) -> f64 {
-        self.held_secs_at(now) + OPENING_WEIGHT * self.opened * self.kept(now)
+        self.held_secs_at(now) + WASTE_WEIGHT * self.wasted * self.kept(now)
     }
 
     /// Brings the counts to `now`, then holds `held`.
     fn set_held(&mut self, held: usize, now: Instant) {
-        self.opened *= self.kept(now);
+        self.wasted *= self.kept(now);
         self.held_secs = self.held_secs_at(now);
         self.updated = now;
         self.held = held;
@@ -453,14 +457,22 @@ impl Table {
         }
     }
 
-    /// Counts a connection `peer` opens towards its use.
-    fn opened(&mut self, peer: IpAddr, now: Instant) {
+    /// Counts a connection of `peer` that ended without a request answered whole.
+    fn wasted(&mut self, peer: IpAddr, now: Instant) {
         let record = self
             .peers
             .entry(peer)
             .or_insert_with(|| PeerRecord::new(now));
         record.set_held(record.held, now);
-        record.opened += 1.0;
+        record.wasted += 1.0;
+    }
+
+    /// A holder of `peer` leaves the table; `served`: it had a request answered whole.
+    fn left(&mut self, peer: IpAddr, served: bool, now: Instant) {
+        self.held(peer, now, |held| held.saturating_sub(1));
+        if !served {
+            self.wasted(peer, now);
+        }
     }
 
     fn held(&mut self, peer: IpAddr, now: Instant, change: impl FnOnce(usize) -> usize) {
@@ -493,7 +505,6 @@ impl Slots {
     pub fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
-        table.opened(peer, now);
         let turn = table.turn(peer, table.next_seat, now);
         if table.first_turn.is_none_or(|first| turn < first) {
             if let Some(slot) = self.admit(&mut table, peer, now) {
@@ -541,11 +552,13 @@ impl Slots {
             };
             table.last_turn = Some(last);
             if last <= turn {
+                table.wasted(peer, Instant::now());
                 return Entry::Refused;
             }
             if let Some(i) = table.room.iter().position(|w| w.turn == last) {
                 // Dropping its sender fails its ticket: its task closes the connection.
                 let gone = table.room.swap_remove(i);
+                table.wasted(gone.peer, Instant::now());
                 tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; its last waiter gives up its seat");
             }
             table.last_turn = None;
@@ -570,6 +583,11 @@ impl Slots {
             let mut table = self.table.lock();
             let now = Instant::now();
             let mut room = std::mem::take(&mut table.room);
+            // Waiters gone (their deadline passed) never had a slot.
+            for gone in room.iter().filter(|w| w.handoff.is_closed()) {
+                let peer = gone.peer;
+                table.wasted(peer, now);
+            }
             room.retain(|w| !w.handoff.is_closed());
             // Turns as of now: what peers hold and have used changes while they wait.
             for waiter in &mut room {
@@ -639,7 +657,7 @@ impl Slots {
 
     fn evict(&self, table: &mut Table, age: u64, newcomer: IpAddr) {
         if let Some(evicted) = table.holders.remove(&age) {
-            table.held(evicted.peer, Instant::now(), |held| held.saturating_sub(1));
+            table.left(evicted.peer, evicted.has_served(), Instant::now());
             tracing::debug!(
                 peer = %evicted.peer,
                 phase = ?evicted.holder(age, self.pace, Instant::now()).state,
@@ -696,8 +714,8 @@ impl Drop for Slot {
         let mut table = self.slots.table.lock();
         // An evicted connection's entry is already gone (and its age never reused).
         if table.holders.remove(&self.age).is_some() {
-            let peer = self.activity.peer;
-            table.held(peer, Instant::now(), |held| held.saturating_sub(1));
+            let (peer, served) = (self.activity.peer, self.activity.has_served());
+            table.left(peer, served, Instant::now());
         }
         drop(table);
         self.slots.signals.changed.notify_one();
@@ -796,6 +814,11 @@ impl Activity {
     /// Whether a request has begun on this connection.
     pub fn has_requested(&self) -> bool {
         self.requested.load(Ordering::Acquire)
+    }
+
+    /// Whether a request on this connection was answered with its body whole.
+    fn has_served(&self) -> bool {
+        self.last_served.load(Ordering::Acquire) > 0
     }
 
     /// Resolves when a newcomer has taken this connection's slot.

@@ -371,14 +371,15 @@ async fn besiege(
         tls: None,
         path: "/livez",
     };
-    let mut floods = {
+    let floods = {
         let _flooders = flooders.enter();
         let mut floods = siege.floods(&webhook, 0, for_at_most);
         floods.extend(siege.floods(&admin, 1, for_at_most));
         floods
     };
     let filled = std::time::Instant::now() + Duration::from_secs(10);
-    while floods.iter().map(Flood::opened).sum::<u64>() < 600 && std::time::Instant::now() < filled {
+    while floods.iter().map(Flood::opened).sum::<u64>() < 600 && std::time::Instant::now() < filled
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -408,8 +409,16 @@ fn answered(outcome: &Outcome) -> (String, String) {
     let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
     let share = 100.0 * outcome.latencies.len() as f64 / outcome.total().max(1) as f64;
     (
-        format!("{}/{} ({share:.1}%)", outcome.latencies.len(), outcome.total()),
-        format!("{} / {}", ms(outcome.quantile(0.5)), ms(outcome.quantile(0.99))),
+        format!(
+            "{}/{} ({share:.1}%)",
+            outcome.latencies.len(),
+            outcome.total()
+        ),
+        format!(
+            "{} / {}",
+            ms(outcome.quantile(0.5)),
+            ms(outcome.quantile(0.99))
+        ),
     )
 }
 
@@ -458,7 +467,10 @@ fn main() {
         .into_iter()
         .filter(|s| chosen(s.name()))
         .collect();
-    let sieges: Vec<Siege> = Siege::ALL.into_iter().filter(|s| chosen(s.name())).collect();
+    let sieges: Vec<Siege> = Siege::ALL
+        .into_iter()
+        .filter(|s| chosen(s.name()))
+        .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -486,7 +498,13 @@ fn main() {
                 seen.idle_mib,
                 seen.peak_mib
             );
-            for failure in seen.reviews.failures.iter().chain(&seen.probes.failures).take(3) {
+            for failure in seen
+                .reviews
+                .failures
+                .iter()
+                .chain(&seen.probes.failures)
+                .take(3)
+            {
                 eprintln!("  {label} {}: {failure}", siege.name());
             }
         }

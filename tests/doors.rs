@@ -830,7 +830,10 @@ where
     for flood in floods {
         opened += flood.stop().await;
     }
-    eprintln!("{what}: reviews {}; flood connections {opened}", reviews.summary());
+    eprintln!(
+        "{what}: reviews {}; flood connections {opened}",
+        reviews.summary()
+    );
     assert!(
         reviews.answered_at_least(99),
         "{what}: {} of {} reviews answered; {:?}",
@@ -845,7 +848,8 @@ where
 async fn reviews_get_through_sockets_that_never_start_tls_from_one_address() {
     reviews_get_through("half-open, one address", |target| {
         let sources = addresses(2, 1);
-        let flood = flood_support::half_open(target.addr, &sources, 150, FLOOD_FOR, FLOOD_MAX_OPENS);
+        let flood =
+            flood_support::half_open(target.addr, &sources, 150, FLOOD_FOR, FLOOD_MAX_OPENS);
         vec![flood]
     })
     .await;
@@ -855,7 +859,8 @@ async fn reviews_get_through_sockets_that_never_start_tls_from_one_address() {
 async fn reviews_get_through_connections_idle_after_one_request_from_one_address() {
     reviews_get_through("idle after one request, one address", |target| {
         let sources = addresses(2, 1);
-        let flood = flood_support::idle_after_one(target, &sources, 150, FLOOD_FOR, FLOOD_MAX_OPENS);
+        let flood =
+            flood_support::idle_after_one(target, &sources, 150, FLOOD_FOR, FLOOD_MAX_OPENS);
         vec![flood]
     })
     .await;
@@ -940,7 +945,10 @@ where
     for flood in floods {
         opened += flood.stop().await;
     }
-    eprintln!("{what}: /livez {}; flood connections {opened}", probes.summary());
+    eprintln!(
+        "{what}: /livez {}; flood connections {opened}",
+        probes.summary()
+    );
     assert!(
         probes.answered_at_least(99),
         "{what}: {} of {} probes answered; {:?}",
@@ -954,8 +962,20 @@ where
 async fn probes_get_through_floods_of_the_admin_port_from_one_address() {
     probes_get_through("admin: half-open and idle, one address each", |target| {
         vec![
-            flood_support::half_open(target.addr, &addresses(2, 1), 150, FLOOD_FOR, FLOOD_MAX_OPENS),
-            flood_support::idle_after_one(target, &addresses(3, 1), 150, FLOOD_FOR, FLOOD_MAX_OPENS),
+            flood_support::half_open(
+                target.addr,
+                &addresses(2, 1),
+                150,
+                FLOOD_FOR,
+                FLOOD_MAX_OPENS,
+            ),
+            flood_support::idle_after_one(
+                target,
+                &addresses(3, 1),
+                150,
+                FLOOD_FOR,
+                FLOOD_MAX_OPENS,
+            ),
         ]
     })
     .await;
@@ -963,12 +983,27 @@ async fn probes_get_through_floods_of_the_admin_port_from_one_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_get_through_floods_of_the_admin_port_from_many_addresses() {
-    probes_get_through("admin: half-open and idle, 50 addresses x 3 each", |target| {
-        vec![
-            flood_support::half_open(target.addr, &addresses(2, 50), 150, FLOOD_FOR, FLOOD_MAX_OPENS),
-            flood_support::idle_after_one(target, &addresses(60, 50), 150, FLOOD_FOR, FLOOD_MAX_OPENS),
-        ]
-    })
+    probes_get_through(
+        "admin: half-open and idle, 50 addresses x 3 each",
+        |target| {
+            vec![
+                flood_support::half_open(
+                    target.addr,
+                    &addresses(2, 50),
+                    150,
+                    FLOOD_FOR,
+                    FLOOD_MAX_OPENS,
+                ),
+                flood_support::idle_after_one(
+                    target,
+                    &addresses(60, 50),
+                    150,
+                    FLOOD_FOR,
+                    FLOOD_MAX_OPENS,
+                ),
+            ]
+        },
+    )
     .await;
 }
 

@@ -130,7 +130,10 @@ impl<B> MeteredBody<B> {
     }
 
     /// Pending until the body is due; then the error that cuts it.
-    fn wait_or_cut(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn wait_or_cut(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.pace.floor == 0 {
             return Poll::Pending;
         }

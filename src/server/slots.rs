@@ -506,10 +506,11 @@ impl Slots {
         let mut table = self.table.lock();
         let now = Instant::now();
         let turn = table.turn(peer, table.next_seat, now);
-        if table.first_turn.is_none_or(|first| turn < first) {
-            if let Some(slot) = self.admit(&mut table, peer, now) {
-                return Entry::Admitted(slot);
-            }
+        // Not before a waiter ranked first: it would take the slot it waits for.
+        if table.first_turn.is_none_or(|first| turn < first)
+            && let Some(slot) = self.admit(&mut table, peer, now)
+        {
+            return Entry::Admitted(slot);
         }
         self.seat(&mut table, peer, turn)
     }
@@ -772,11 +773,16 @@ impl Activity {
 
     fn holder(&self, age: u64, pace: Pace, now: Instant) -> Holder {
         let served = self.last_served.load(Ordering::Acquire);
-        let since = |ms: u64| now.saturating_duration_since(self.started + Duration::from_millis(ms));
+        let since =
+            |ms: u64| now.saturating_duration_since(self.started + Duration::from_millis(ms));
         Holder {
             age,
             peer: self.peer,
-            state: self.state(pace, now, since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG),
+            state: self.state(
+                pace,
+                now,
+                since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG,
+            ),
             served_lately: served > 0 && since(served - 1) < QUIET,
             peer_used: 0.0,
         }

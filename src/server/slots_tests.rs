@@ -117,7 +117,10 @@ fn slow_bodies_from_many_addresses_give_way_before_the_api_servers_pool() {
     holders[255].state = YOUNG_TLS;
     assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Wait);
     holders[255].state = SILENT;
-    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(255));
+    assert_eq!(
+        admission(&holders, 256, ip(STRANGER)),
+        Admission::Replace(255)
+    );
 }
 
 #[test]
@@ -131,7 +134,10 @@ fn an_idle_flood_from_many_addresses_gives_way_once_its_peers_are_quiet() {
     for h in holders.iter_mut().skip(20) {
         h.served_lately = false;
     }
-    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Replace(20));
+    assert_eq!(
+        admission(&holders, 256, ip(STRANGER)),
+        Admission::Replace(20)
+    );
 }
 
 #[test]
@@ -191,7 +197,10 @@ fn of_a_peer_over_its_share_silent_sockets_go_first_then_idle_then_young() {
         holders
     };
     let take = |holders: Vec<Holder>| admission(&holders, holders.len(), ip(STRANGER));
-    assert_eq!(take(table(vec![young, idle, silent])), Admission::Replace(2));
+    assert_eq!(
+        take(table(vec![young, idle, silent])),
+        Admission::Replace(2)
+    );
     assert_eq!(take(table(vec![young, idle])), Admission::Replace(1));
     assert_eq!(take(table(vec![young])), Admission::Replace(0));
 }

@@ -473,10 +473,14 @@ impl ApiServer {
                     (pool[turn % pool.len()].clone(), tls.clone(), record.clone());
                 tokio::spawn(async move {
                     let due = Instant::now();
-                    let answered = tokio::time::timeout(patience, review_on(&connection, addr, tls))
-                        .await
-                        .unwrap_or_else(|_| Err("not answered in time".into()));
-                    let _ = record.send((due, answered.map(|()| due.elapsed()).map_err(|e| e.to_string())));
+                    let answered =
+                        tokio::time::timeout(patience, review_on(&connection, addr, tls))
+                            .await
+                            .unwrap_or_else(|_| Err("not answered in time".into()));
+                    let _ = record.send((
+                        due,
+                        answered.map(|()| due.elapsed()).map_err(|e| e.to_string()),
+                    ));
                 });
             }
         });
@@ -521,7 +525,8 @@ async fn dial(
     let tls = tokio_rustls::TlsConnector::from(tls)
         .connect(ServerName::try_from("localhost")?, tcp)
         .await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls)).await?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls)).await?;
     tokio::spawn(conn);
     Ok(sender)
 }

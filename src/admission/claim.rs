@@ -12,7 +12,7 @@ use crate::cache::state::claims::{CachedClaim, claim_key, extended_owner};
 use crate::cache::{ClusterCache, ClusterState};
 use crate::config::{Config, UntypedPods};
 use crate::dra::cel::Budget;
-use crate::dra::{Catalog, ClaimAsks, DeviceAsk, ExactRequest, Resolved, ResourceClaim};
+use crate::dra::{Catalog, ClaimAsks, DeviceAsk, ExactRequest, Pin, Resolved, ResourceClaim};
 use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
@@ -145,10 +145,16 @@ fn charged(
         });
     }
     if let Some((ask, label)) = models.iter().find(|(ask, _)| ask.pinned.is_none()) {
+        let pin = ask.pin(default).unwrap_or_else(|| Pin::whole(label));
+        let devices = match &pin.profile {
+            None => "whole GPUs".to_string(),
+            Some(profile) => format!("MIG {profile} slices"),
+        };
         return Err(ClaimDenial::Unpinned {
             request: ask.request.clone(),
             label: label.clone(),
-            pin: seen.catalog.pin(label),
+            devices,
+            pin: seen.catalog.pin(&pin),
         });
     }
     let charge = asks.charge(default, &config.resources.mig);
@@ -158,9 +164,9 @@ fn charged(
 }
 
 /// The JSON Patch that adds, to every GPU request of `claim` and every alternative, the
-/// selector that pins it to the model it is charged for (none for a request whose model
-/// cannot be decided: the validating webhook refuses it). `products` gives the model
-/// attribute values the cluster's devices publish for a model label.
+/// selector that pins it to what it is charged for: its model, and whole GPUs or one MIG
+/// profile (`DeviceAsk::pin`; none for a request whose model cannot be decided: the
+/// validating webhook refuses it).
 pub fn pin_patch(
     claim: &ResourceClaim,
     catalog: &Catalog,
@@ -171,8 +177,8 @@ pub fn pin_patch(
     let mut budget = Budget::default();
     let mut pin = |path: String, name: &str, exact: &ExactRequest| {
         let ask = catalog.ask(name, exact, &mut budget).ok().flatten();
-        if let Some(label) = ask.as_ref().and_then(|a| label_to_pin(a, default)) {
-            operations.push(add_selector(&path, exact, &catalog.pin(&label)));
+        if let Some(pin) = ask.as_ref().and_then(|a| pin_to_add(a, default)) {
+            operations.push(add_selector(&path, exact, &catalog.pin(&pin)));
         }
     };
     for (i, request) in claim.requests().iter().enumerate() {
@@ -192,14 +198,11 @@ pub fn pin_patch(
     serde_json::from_value(Value::Array(operations)).unwrap_or(json_patch::Patch(Vec::new()))
 }
 
-/// The model to pin a request to: the one it is charged for, unless it carries a pin.
-fn label_to_pin(ask: &DeviceAsk, default: Option<&str>) -> Option<String> {
-    if ask.pinned.is_some() {
-        return None;
-    }
-    match ask.resolve(default) {
-        Resolved::Model(label) => Some(label),
-        Resolved::Ambiguous(_) | Resolved::Unnamed => None,
+/// The pin to add to a request, unless it carries one.
+fn pin_to_add(ask: &DeviceAsk, default: Option<&str>) -> Option<Pin> {
+    match ask.pinned {
+        Some(_) => None,
+        None => ask.pin(default),
     }
 }
 
@@ -224,6 +227,10 @@ pub fn mutate_claim(
     }
     pin_patch(claim, &seen.catalog, &seen.limits)
 }
+
+#[cfg(test)]
+#[path = "claim_pin_tests.rs"]
+mod pin_tests;
 
 #[cfg(test)]
 mod tests {
@@ -284,8 +291,8 @@ mod tests {
         ]));
         let catalog = catalog();
         let patch = pin_patch(&claim, &catalog, &limits(Some("A100-SXM4-80GB")));
-        let a100 = catalog.pin("A100-SXM4-80GB");
-        let t4 = catalog.pin("Tesla-T4");
+        let a100 = catalog.pin(&Pin::whole("A100-SXM4-80GB"));
+        let t4 = catalog.pin(&Pin::whole("Tesla-T4"));
         assert_eq!(
             serde_json::to_value(&patch).unwrap(),
             json!([

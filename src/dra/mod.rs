@@ -2,16 +2,19 @@
 //! ResourceClaims (docs/devices.md). Pure: which requests of a claim are for GPUs (their
 //! DeviceClass is configured, or its selectors can match the GPU driver's devices), which
 //! model each is charged for, what the claim is charged, and the selector that pins a
-//! request to its model.
+//! request to what it is charged for.
 //!
 //! A claim is charged per device, like Kubernetes' own quota counts claims: an
 //! `ExactCount` request its count, an `All` request the most devices one claim can be
 //! allocated (32), a request of prioritized alternatives (`firstAvailable`) the largest
 //! alternative per quota key. The model is decided by evaluating the request's CEL
-//! selectors and its DeviceClass's ([`cel`]) against the devices the ResourceSlices
-//! publish, or made-up devices of the models the quotas know ([`Catalog`]); the mutating
-//! webhook pins it (`productName in [...]`, ANDed with everything else), so the claim is
-//! allocated only the model it is charged for. Once allocated, the devices' own
+//! selectors and its DeviceClass's ([`cel`]) against samples of the devices the
+//! ResourceSlices publish, or made-up devices of the models the quotas know
+//! ([`Catalog`]). A sample cannot say what a selector matches among the devices it does
+//! not hold, so the charge is not taken from it: the mutating webhook pins every GPU
+//! request ([`Pin`]: the model, and whole GPUs or one MIG profile, ANDed with everything
+//! else) and the claim is charged by its pins, what the dearest device each lets the
+//! allocator choose costs (docs/devices.md, "The pin"). Once allocated, the devices' own
 //! attributes say what the claim holds.
 
 /// `kube::Resource` for a `resource.k8s.io/v1` type of ours that holds only the fields
@@ -131,38 +134,86 @@ impl Dra {
         products
     }
 
-    /// The CEL expression that pins a request to `label`'s devices: their model
-    /// attribute is one of `products` (the values the cluster's ResourceSlices carry for
-    /// that label; [`Dra::products_of_label`] when none is published yet).
-    pub fn pin_expression(&self, label: &str, products: &[String]) -> String {
+    /// The CEL expression that pins a request to `pin`'s devices: their model attribute
+    /// is one of `products` (the values the cluster's ResourceSlices carry for its label;
+    /// [`Dra::products_of_label`] when none is published yet), and they are whole GPUs
+    /// (no profile attribute) or MIG slices of its profile. Each clause is guarded so
+    /// that it evaluates on any device of the driver: Kubernetes aborts an allocation on
+    /// an evaluation error.
+    pub fn pin_expression(&self, pin: &Pin, products: &[String]) -> String {
         let values = match products.is_empty() {
-            true => self.products_of_label(label),
+            true => self.products_of_label(&pin.label),
             false => products.to_vec(),
         };
-        let quote = |v: &str| serde_json::to_string(v).unwrap_or_default();
         let list: Vec<String> = values.iter().map(|v| quote(v)).collect();
-        format!(
-            "device.attributes[{}].{} in [{}]",
-            quote(&self.driver),
-            self.model_attribute,
+        let model = format!(
+            "{} in [{}]",
+            self.attribute(&self.model_attribute),
             list.join(", ")
-        )
+        );
+        let profile = self.attribute(&self.profile_attribute);
+        match &pin.profile {
+            None => format!("{model} && !has({profile})"),
+            Some(p) => format!("{model} && has({profile}) && {profile} == {}", quote(p)),
+        }
     }
 
-    /// The model label `expression` pins, if it is a pin ([`Dra::pin_expression`]): a
-    /// device it matches has that label and no other.
-    pub fn pinned_label(&self, expression: &str) -> Option<String> {
-        let quote = |v: &str| serde_json::to_string(v).unwrap_or_default();
-        let head = format!(
-            "device.attributes[{}].{} in ",
-            quote(&self.driver),
-            self.model_attribute
-        );
-        let list = expression.strip_prefix(head.as_str())?;
-        let products: Vec<String> = serde_json::from_str(list).ok()?;
+    /// `device.attributes["<driver>"].<name>`.
+    fn attribute(&self, name: &str) -> String {
+        format!("device.attributes[{}].{name}", quote(&self.driver))
+    }
+
+    /// What `expression` pins, if it is a pin ([`Dra::pin_expression`], exactly as it
+    /// writes one): a device it matches has the pin's model label, and is a whole GPU or
+    /// a slice of the pin's profile.
+    pub fn pinned(&self, expression: &str) -> Option<Pin> {
+        let head = format!("{} in ", self.attribute(&self.model_attribute));
+        let rest = expression.strip_prefix(head.as_str())?;
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Vec<String>>();
+        let products = values.next()?.ok()?;
+        let tail = &rest[values.byte_offset()..];
+        let profile = self.attribute(&self.profile_attribute);
+        let profile = match tail.strip_prefix(&format!(" && has({profile}) && {profile} == ")) {
+            Some(value) => Some(serde_json::from_str::<String>(value).ok()?),
+            None => None,
+        };
         let mut labels = products.iter().map(|p| self.label_of_product(p));
-        let first = labels.next()?;
-        labels.all(|l| l == first).then_some(first)
+        let label = labels.next()?;
+        if !labels.all(|l| l == label) {
+            return None;
+        }
+        let pin = Pin { label, profile };
+        (self.pin_expression(&pin, &products) == expression).then_some(pin)
+    }
+}
+
+fn quote(value: &str) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// What the mutating webhook pins a GPU request to, and so everything its devices' charge
+/// depends on (docs/devices.md, "The pin"): the model label, and whole GPUs or MIG
+/// slices of one profile. Every device the pin lets the allocator choose costs exactly
+/// [`Pin::charge`] of one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Pin {
+    pub label: String,
+    /// The MIG profile (`None`: whole GPUs, devices without a profile attribute).
+    pub profile: Option<String>,
+}
+
+impl Pin {
+    /// Whole GPUs of `label`.
+    pub fn whole(label: &str) -> Self {
+        Pin {
+            label: label.to_string(),
+            profile: None,
+        }
+    }
+
+    /// What `count` devices of the pinned set cost, per quota key.
+    pub fn charge(&self, count: u32, mig: &MigResources) -> ModelAmounts {
+        charge_on(&devices(self.profile.as_deref(), count), &self.label, mig)
     }
 }
 
@@ -175,10 +226,10 @@ pub struct DeviceAsk {
     /// The model labels of devices the selectors match, each with the MIG profile it
     /// costs most as (`None`: a whole GPU).
     pub matched: BTreeMap<String, Option<String>>,
-    /// The model its DeviceClass implies (config), or its pin names.
+    /// The model its DeviceClass implies (config).
     pub named: Option<String>,
-    /// The model its pin selector names, if it has one.
-    pub pinned: Option<String>,
+    /// The pin it carries ([`Dra::pin_expression`]), if any: it is charged by it.
+    pub pinned: Option<Pin>,
     pub count: u32,
 }
 
@@ -196,7 +247,8 @@ impl DeviceAsk {
     /// One model the selectors match: that one. Several: the default if among them.
     /// None: the default.
     pub fn resolve(&self, default: Option<&str>) -> Resolved {
-        if let Some(named) = self.pinned.as_ref().or(self.named.as_ref()) {
+        let pinned = self.pinned.as_ref().map(|p| &p.label);
+        if let Some(named) = pinned.or(self.named.as_ref()) {
             return Resolved::Model(named.clone());
         }
         let mut labels = self.matched.keys();
@@ -214,6 +266,23 @@ impl DeviceAsk {
     /// The MIG profile it costs on `label` (`None`: whole GPUs).
     pub fn profile(&self, label: &str) -> Option<&str> {
         self.matched.get(label).and_then(|p| p.as_deref())
+    }
+
+    /// What the request is pinned to: the pin it carries, or else the model it is
+    /// charged for (with `default`) and the dearest of what its selectors matched of
+    /// that model — whole GPUs if any, else the largest profile — so that it is
+    /// allocated nothing dearer than it is charged. `None` when no model is decided.
+    pub fn pin(&self, default: Option<&str>) -> Option<Pin> {
+        if let Some(pin) = &self.pinned {
+            return Some(pin.clone());
+        }
+        match self.resolve(default) {
+            Resolved::Model(label) => Some(Pin {
+                profile: self.profile(&label).map(str::to_string),
+                label,
+            }),
+            Resolved::Ambiguous(_) | Resolved::Unnamed => None,
+        }
     }
 }
 
@@ -370,14 +439,14 @@ impl Catalog {
         &self.dra
     }
 
-    /// The selector that pins a request to `label`'s devices.
-    pub fn pin(&self, label: &str) -> String {
+    /// The selector that pins a request to `pin`'s devices.
+    pub fn pin(&self, pin: &Pin) -> String {
         let products = self
             .products
-            .get(label)
+            .get(&pin.label)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        self.dra.pin_expression(label, products)
+        self.dra.pin_expression(pin, products)
     }
 
     /// Whether requests for the class `name` get GPUs.
@@ -396,7 +465,7 @@ impl Catalog {
             return Ok(None);
         };
         let expressions = exact.expressions();
-        let pinned = expressions.iter().find_map(|e| self.dra.pinned_label(e));
+        let pinned = expressions.iter().find_map(|e| self.dra.pinned(e));
         let mut selectors = Vec::with_capacity(expressions.len());
         for expression in &expressions {
             let selector = Selector::compile_within(expression, budget)?;
@@ -422,7 +491,7 @@ impl Catalog {
             request: name.to_string(),
             matched: BTreeMap::new(),
             named: class.model.clone(),
-            pinned: expressions.iter().find_map(|e| self.dra.pinned_label(e)),
+            pinned: expressions.iter().find_map(|e| self.dra.pinned(e)),
             count: count_of(exact),
         })
     }
@@ -546,9 +615,14 @@ fn gpu_classes(catalog: &Catalog, classes: &DeviceClasses) -> BTreeMap<String, G
     gpu
 }
 
-/// One request's charge on its model (or `default`), as a pod asking for the same
-/// devices through the device plugin would be charged: whole GPUs, or MIG slices.
+/// One request's charge, as a pod asking for the same devices through the device plugin
+/// would be charged: whole GPUs, or MIG slices. A pinned request is charged by its pin
+/// (what its dearest allowed device costs); one without (a claim that did not pass the
+/// webhooks) by what its selectors matched, on its model or `default`.
 fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
+    if let Some(pin) = &ask.pinned {
+        return pin.charge(ask.count, mig);
+    }
     let label = match ask.resolve(default) {
         Resolved::Model(label) => label,
         Resolved::Ambiguous(labels) => labels.into_iter().next().unwrap_or_default(),

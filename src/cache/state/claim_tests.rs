@@ -95,7 +95,7 @@ fn a_namespace_sees_only_its_own_claims_created_since() {
     let dra = Dra::default();
     let mut state = ClusterState::default();
     // Pinned to Tesla-T4, as the mutating webhook leaves a claim.
-    let pin = dra.pin_expression("Tesla-T4", &[]);
+    let pin = dra.pin_expression(&crate::dra::Pin::whole("Tesla-T4"), &[]);
     let typed = |namespace: &str| -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": namespace, "uid": namespace,

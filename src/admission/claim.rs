@@ -16,6 +16,7 @@ use crate::dra::{Catalog, ClaimAsks, DeviceAsk, ExactRequest, Pin, Resolved, Res
 use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
+use crate::wire::review::UserInfo;
 
 use super::validate::{ValidateError, created_or_now, verdict};
 use super::verdict::{ClaimDenial, Reason, Verdict};
@@ -25,15 +26,22 @@ use super::verdict::{ClaimDenial, Reason, Verdict};
 struct Seen {
     catalog: Catalog,
     limits: NamespaceLimits,
-    /// It is the claim kube-scheduler made for a pod's extended resources: the pod is
+    /// It is the claim a scheduler made for a pod's extended resources: the pod is
     /// charged, not the claim.
     serves_pod: bool,
 }
 
-fn seen(cache: &ClusterCache, namespace: &str, claim: &ResourceClaim) -> Seen {
+/// What the review says of the claim's creator: whether it is one of the schedulers
+/// (`schedulerUsers`), the only ones whose extended-resource claims are a pod's own
+/// GPUs. The API server's word (docs/security.md, "What the quota trusts").
+pub fn by_scheduler(config: &Config, user: &UserInfo) -> bool {
+    config.scheduler_users.contains(&user.username)
+}
+
+fn seen(cache: &ClusterCache, namespace: &str, claim: &ResourceClaim, by_scheduler: bool) -> Seen {
     cache.with_state(|s| {
         let limits = s.namespace_limits(namespace).clone();
-        let owner = extended_owner(claim);
+        let owner = extended_owner(claim).filter(|_| by_scheduler);
         let serves_pod = s.serves_pod(namespace, claim.requests(), owner.as_ref());
         Seen {
             catalog: s.catalog(namespace),
@@ -43,15 +51,21 @@ fn seen(cache: &ClusterCache, namespace: &str, claim: &ResourceClaim) -> Seen {
     })
 }
 
-/// Judge the creation of `claim` in `namespace`. `dry_run` evaluates without charging.
+/// Judge the creation of `claim` in `namespace`, asked by `user`. `dry_run` evaluates
+/// without charging.
 pub async fn validate_claim(
     backend: &Backend,
     config: &Config,
-    namespace: &str,
+    (namespace, user): (&str, &UserInfo),
     claim: &ResourceClaim,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
-    let seen = seen(backend.cache(), namespace, claim);
+    let seen = seen(
+        backend.cache(),
+        namespace,
+        claim,
+        by_scheduler(config, user),
+    );
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let joining = CachedClaim::from_claim(claim, &config.dra);
     let join = |state: &mut ClusterState| {
@@ -214,14 +228,15 @@ fn add_selector(path: &str, request: &ExactRequest, expression: &str) -> Value {
     }
 }
 
-/// The mutating webhook's patch for `claim` in `namespace` (none for a claim that
-/// serves a pod's extended resources).
+/// The mutating webhook's patch for `claim` in `namespace`, created by `user` (none for
+/// a scheduler's claim that serves a pod's extended resources).
 pub fn mutate_claim(
     cache: &ClusterCache,
-    namespace: &str,
+    config: &Config,
+    (namespace, user): (&str, &UserInfo),
     claim: &ResourceClaim,
 ) -> json_patch::Patch {
-    let seen = seen(cache, namespace, claim);
+    let seen = seen(cache, namespace, claim, by_scheduler(config, user));
     if seen.serves_pod {
         return json_patch::Patch(Vec::new());
     }

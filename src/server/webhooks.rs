@@ -261,8 +261,9 @@ pub async fn validate_claim_route(
                 return reply("allow", review.allow());
             };
             let dry_run = review.request.dry_run.unwrap_or(false);
+            let asker = (namespace.as_str(), &review.request.user_info);
             let verdict =
-                validate_claim(&state.backend, &state.config, &namespace, &claim, dry_run).await;
+                validate_claim(&state.backend, &state.config, asker, &claim, dry_run).await;
             let name = claim.metadata.name.as_deref().unwrap_or_default();
             judged(&state, &review, ("claim", &namespace, name), verdict)
         },
@@ -286,7 +287,8 @@ pub async fn mutate_claim_route(
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
-            let patch = mutate_claim(state.cache(), &namespace, &claim);
+            let asker = (namespace.as_str(), &review.request.user_info);
+            let patch = mutate_claim(state.cache(), &state.config, asker, &claim);
             match patch.0.is_empty() {
                 true => reply("allow", review.allow()),
                 false => reply("patch", review.patch(&patch)),

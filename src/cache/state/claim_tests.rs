@@ -185,11 +185,9 @@ fn extended_claim(name: &str, owner: (&str, &str), class: &str) -> ResourceClaim
     .unwrap()
 }
 
-/// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
-/// charged once (by the pod); a claim that only pretends to be one is charged.
-#[test]
-fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
-    let dra = Dra::default();
+/// A namespace with the quota, a DeviceClass serving `nvidia.com/gpu` and one that
+/// serves no extended resource.
+fn extended_state() -> ClusterState {
     let mut state = ClusterState::default();
     state.apply_quota(quota());
     let class = crate::dra::classes::ClassInfo {
@@ -197,65 +195,114 @@ fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
         extended_resource: Some("nvidia.com/gpu".into()),
     };
     state.apply_class("gpu.nvidia.com", class);
-    let pinned = crate::dra::classes::ClassInfo {
+    let plain = crate::dra::classes::ClassInfo {
         selectors: vec![],
         extended_resource: None,
     };
-    state.apply_class("plain.gpu.example.com", pinned);
-    let apply = |state: &mut ClusterState, claim: ResourceClaim| {
-        let name = claim.metadata.name.clone().unwrap();
-        let cached = CachedClaim::from_claim(&claim, &dra).unwrap();
-        state.apply_claim(claim_key("team-a", &name), cached);
-    };
+    state.apply_class("plain.gpu.example.com", plain);
+    state
+}
+
+fn apply_extended(state: &mut ClusterState, claim: ResourceClaim) {
+    let name = claim.metadata.name.clone().unwrap();
+    let cached = CachedClaim::from_claim(&claim, &Dra::default()).unwrap();
+    state.apply_claim(claim_key("team-a", &name), cached);
+}
+
+/// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
+/// charged once (by the pod); a claim that only pretends to be one is charged.
+#[test]
+fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
+    let mut state = extended_state();
     // The claim arrives before its pod (a relist): charged until the pod is seen.
-    apply(
+    apply_extended(
         &mut state,
         extended_claim("served", ("app", "u-app"), "gpu.nvidia.com"),
     );
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
     let (key, pod) = gpu_pod("app", "u-app");
-    state.apply_pod(key, pod);
+    state.apply_pod(key.clone(), pod.clone());
     assert_eq!(
         used(&state, "Tesla-T4"),
         Some(Milli(1000)),
         "the pod's GPU, once"
     );
-    // Forgeries: another uid, no such pod, a class serving no extended resource, more
-    // devices than the pod's GPUs, a selector, a claim made from the pod's template (its
-    // metadata is the tenant's).
-    apply(
-        &mut state,
-        extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
-    );
-    apply(
-        &mut state,
-        extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"),
-    );
-    apply(
-        &mut state,
-        extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
-    );
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(4000)));
+    // Forgeries, each alone beside the pod: another uid, no such pod, a class serving no
+    // extended resource, more devices than the pod's GPUs, a selector, a claim made from
+    // the pod's template (its metadata is the tenant's).
     let mut more = extended_claim("more", ("app", "u-app"), "gpu.nvidia.com");
     more.spec.devices.as_mut().unwrap().requests[0]
         .exactly
         .as_mut()
         .unwrap()
         .count = Some(2);
-    apply(&mut state, more);
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(6000)));
     let mut selected = extended_claim("selected", ("app", "u-app"), "gpu.nvidia.com");
     let exact = selected.spec.devices.as_mut().unwrap().requests[0]
         .exactly
         .as_mut()
         .unwrap();
     exact.selectors = serde_json::from_value(json!([{"cel": {"expression": "true"}}])).unwrap();
-    apply(&mut state, selected);
     let mut templated = extended_claim("templated", ("app", "u-app"), "gpu.nvidia.com");
     let annotations = templated.metadata.annotations.as_mut().unwrap();
     annotations.insert("resource.kubernetes.io/pod-claim-name".into(), "gpu".into());
-    apply(&mut state, templated);
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(8000)));
+    let forgeries = [
+        (
+            extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
+            1000,
+        ),
+        (
+            extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"),
+            1000,
+        ),
+        (
+            extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
+            1000,
+        ),
+        (more, 2000),
+        (selected, 1000),
+        (templated, 1000),
+    ];
+    for (forgery, charge) in forgeries {
+        let name = forgery.metadata.name.clone().unwrap();
+        let mut state = extended_state();
+        state.apply_pod(key.clone(), pod.clone());
+        apply_extended(&mut state, forgery);
+        assert_eq!(
+            used(&state, "Tesla-T4"),
+            Some(Milli(1000 + charge)),
+            "{name}"
+        );
+    }
+}
+
+/// A pod has one claim for its extended resources: while another claim names it too,
+/// neither is the pod's own (the cache cannot tell which one the scheduler made), and
+/// any number of them cannot make the namespace's use smaller than its devices.
+#[test]
+fn claims_naming_the_same_pod_are_all_charged_while_there_are_several() {
+    let mut state = extended_state();
+    let (key, pod) = gpu_pod("app", "u-app");
+    state.apply_pod(key, pod);
+    let claim = |name: &str| extended_claim(name, ("app", "u-app"), "gpu.nvidia.com");
+    apply_extended(&mut state, claim("served"));
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)), "the pod's");
+    for (n, name) in ["forged-1", "forged-2", "forged-3"].into_iter().enumerate() {
+        apply_extended(&mut state, claim(name));
+        let claims = n as u64 + 2;
+        assert_eq!(
+            used(&state, "Tesla-T4"),
+            Some(Milli(1000 + claims * 1000)),
+            "the pod and {claims} claims"
+        );
+    }
+    for name in ["forged-1", "forged-2", "forged-3"] {
+        state.delete_claim(&claim_key("team-a", name));
+    }
+    assert_eq!(
+        used(&state, "Tesla-T4"),
+        Some(Milli(1000)),
+        "the only one again"
+    );
 }
 
 /// Nodes without GPU capacity whose GPUs a ResourceSlice publishes take a one-model pod

@@ -95,12 +95,42 @@ pub fn claim_key(namespace: &str, name: &str) -> PodKey {
     format!("{namespace}/resourceclaims/{name}").into()
 }
 
+impl ExtendedFor {
+    /// Whether `other` says it serves the same pod (name and uid).
+    fn same_pod(&self, other: &ExtendedFor) -> bool {
+        self.pod == other.pod && self.uid == other.uid
+    }
+}
+
 impl ClusterState {
     pub fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
         let catalog = self.catalog(namespace_of(&key));
         claim.asks = ClaimAsks::of_requests(&claim.requests, &catalog, false).unwrap_or_default();
-        self.claims.insert(key.clone(), claim);
+        let extended_for = claim.extended_for.clone();
+        let old = self.claims.insert(key.clone(), claim);
         self.recharge_claim(&key);
+        for owner in [extended_for, old.and_then(|c| c.extended_for)] {
+            self.recharge_siblings(&key, owner.as_ref());
+        }
+    }
+
+    /// A claim naming the pod `owner` came or went: the other claims naming it are
+    /// charged again (a pod's claim is free only while it is the only one).
+    fn recharge_siblings(&mut self, key: &PodKey, owner: Option<&ExtendedFor>) {
+        let Some(owner) = owner else {
+            return;
+        };
+        let namespace = namespace_of(key);
+        let siblings: Vec<PodKey> = self
+            .namespace_claims(namespace)
+            .filter(|(k, c)| {
+                *k != key && c.extended_for.as_ref().is_some_and(|o| o.same_pod(owner))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for sibling in siblings {
+            self.recharge_claim(&sibling);
+        }
     }
 
     /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,
@@ -167,12 +197,15 @@ impl ClusterState {
         }
     }
 
-    /// Whether a claim in `namespace` is the one kube-scheduler made for a pod's
+    /// Whether a claim in `namespace` may be the one kube-scheduler made for a pod's
     /// DRA-backed extended resources, so the pod is charged, not the claim: it names
     /// (`extended_for`) a pod of the namespace, with that uid, that asks for whole GPUs
     /// and does not name the claim in its spec; its requests are plain `exactly` ones
-    /// (no selectors) of classes serving a whole-GPU resource, for no more devices than
-    /// the pod's whole GPUs.
+    /// (no selectors: the mutating webhook pins every other GPU claim) of classes serving
+    /// a whole-GPU resource, for no more devices than the pod's whole GPUs; and no other
+    /// claim of the namespace names that pod. Who created the claim is not in the object:
+    /// the claim webhooks also ask that its creator be one of `schedulerUsers`
+    /// (docs/security.md, "What the quota trusts").
     pub fn serves_pod(
         &self,
         namespace: &str,
@@ -214,7 +247,18 @@ impl ClusterState {
             }
             devices += exact.count.unwrap_or(1).max(0) as u64;
         }
-        devices > 0 && devices <= u64::from(pod.request.whole_gpus())
+        devices > 0
+            && devices <= u64::from(pod.request.whole_gpus())
+            && !self.names_pod_besides(namespace, owner)
+    }
+
+    /// Whether a claim of `namespace` other than `owner.claim` names the same pod.
+    fn names_pod_besides(&self, namespace: &str, owner: &ExtendedFor) -> bool {
+        self.namespace_claims(namespace).any(|(_, c)| {
+            c.extended_for
+                .as_ref()
+                .is_some_and(|o| o.same_pod(owner) && o.claim != owner.claim)
+        })
     }
 
     /// The whole-GPU resource names (`resources.wholeGpu`).
@@ -261,11 +305,11 @@ impl ClusterState {
             .collect()
     }
 
-    /// A pod arrived: the claims serving its extended resources stop being charged.
-    pub(super) fn recharge_extended(&mut self, namespace: &str) {
+    /// A pod arrived: the claim serving its extended resources stops being charged.
+    pub(super) fn recharge_extended(&mut self, namespace: &str, pod: &str) {
         let keys: Vec<PodKey> = self
             .namespace_claims(namespace)
-            .filter(|(_, c)| c.extended_for.is_some())
+            .filter(|(_, c)| c.extended_for.as_ref().is_some_and(|o| o.pod == pod))
             .map(|(k, _)| k.clone())
             .collect();
         for key in keys {
@@ -275,13 +319,18 @@ impl ClusterState {
 
     pub fn delete_claim(&mut self, key: &str) {
         let namespace = namespace_of(key);
+        let Some(claim) = self.claims.get(key) else {
+            return;
+        };
+        // Its charge as it was, its siblings still there.
+        let charge = self.claim_charge(namespace, claim);
         let Some(claim) = self.claims.remove(key) else {
             return;
         };
-        self.remember_departed(namespace, claim.created, |state| {
-            Some(state.claim_charge(namespace, &claim))
-        });
+        self.remember_departed(namespace, claim.created, |_| Some(charge));
         self.tally.discharge(key, namespace);
+        let key: PodKey = key.into();
+        self.recharge_siblings(&key, claim.extended_for.as_ref());
     }
 
     pub fn replace_claims(&mut self, claims: Vec<(PodKey, CachedClaim)>) {

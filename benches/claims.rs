@@ -85,7 +85,8 @@ fn review(uid: &str, claim: &Value) -> Bytes {
 
 /// One request for an A100, pinned as the mutating webhook leaves it.
 fn honest_claim() -> Value {
-    let pin = format!(r#"{PRODUCT} in ["NVIDIA A100-SXM4-80GB"]"#);
+    let profile = r#"device.attributes["gpu.nvidia.com"].profile"#;
+    let pin = format!(r#"{PRODUCT} in ["NVIDIA A100-SXM4-80GB"] && !has({profile})"#);
     json!({"metadata": {"name": "honest", "namespace": NAMESPACE},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": "gpu.nvidia.com", "count": 1, "selectors": [

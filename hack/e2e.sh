@@ -151,6 +151,10 @@ placement:
 placementWriters: [system:serviceaccount:gpu-admission:gpu-scheduler, $cp_name-admin]
 queue:
   releasers: [system:serviceaccount:gpu-admission:gpu-scheduler, $cp_name-admin]
+# Short, so the reclaim bound's scenario waits seconds, not minutes.
+reclaim:
+  timeoutSeconds: 5
+  maxGraceSeconds: 3
 EOF
 
 # The tests stop and restart gpu-admission through $ctl (extender and webhook outage).

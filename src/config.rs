@@ -37,6 +37,8 @@ pub enum ConfigProblem {
     EmptyReleaser,
     #[error("schedulerUsers: a user name must not be empty")]
     EmptySchedulerUser,
+    #[error("reclaim.{key}: must be at most 3600 (seconds)")]
+    ReclaimTooLong { key: &'static str },
 }
 
 pub use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
@@ -98,6 +100,35 @@ pub struct Config {
     pub scheduler_users: Vec<String>,
     /// The quota queue (`onExceed: Queue`).
     pub queue: QueueConfig,
+    /// How a cohort's lender takes back what it lent (`reclaim: Evict`).
+    pub reclaim: ReclaimConfig,
+}
+
+/// The reclaim bound (docs/quota.md, "The reclaim bound"): a borrowing pod that reclaim
+/// chose is evicted through the Eviction API, PodDisruptionBudgets respected; if it is
+/// still there `timeoutSeconds` after it was first chosen, it is deleted with a grace
+/// period of at most `maxGraceSeconds`, whatever its budget or its own grace period say.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ReclaimConfig {
+    pub timeout_seconds: u32,
+    pub max_grace_seconds: u32,
+}
+
+/// `reclaim.timeoutSeconds` and `reclaim.maxGraceSeconds` when the configuration does not
+/// say: with them a lender's pod runs within two minutes (docs/quota.md).
+pub const DEFAULT_RECLAIM_TIMEOUT_SECONDS: u32 = 45;
+pub const DEFAULT_RECLAIM_MAX_GRACE_SECONDS: u32 = 30;
+/// The largest either may be: a bound a lender can rely on is minutes, not days.
+pub const MAX_RECLAIM_SECONDS: u32 = 3600;
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        ReclaimConfig {
+            timeout_seconds: DEFAULT_RECLAIM_TIMEOUT_SECONDS,
+            max_grace_seconds: DEFAULT_RECLAIM_MAX_GRACE_SECONDS,
+        }
+    }
 }
 
 /// The quota queue (docs/quota.md).
@@ -161,6 +192,7 @@ impl Default for Config {
             placement_writers: DEFAULT_PLACEMENT_WRITERS.map(String::from).to_vec(),
             scheduler_users: DEFAULT_SCHEDULER_USERS.map(String::from).to_vec(),
             queue: QueueConfig::default(),
+            reclaim: ReclaimConfig::default(),
         }
     }
 }
@@ -236,6 +268,13 @@ impl Config {
         }
         if self.scheduler_users.iter().any(|w| w.trim().is_empty()) {
             return Err(ConfigProblem::EmptySchedulerUser);
+        }
+        let reclaim = [
+            ("timeoutSeconds", self.reclaim.timeout_seconds),
+            ("maxGraceSeconds", self.reclaim.max_grace_seconds),
+        ];
+        if let Some((key, _)) = reclaim.iter().find(|(_, s)| *s > MAX_RECLAIM_SECONDS) {
+            return Err(ConfigProblem::ReclaimTooLong { key });
         }
         match required.iter().find(|(_, value)| value.trim().is_empty()) {
             Some((key, _)) => Err(ConfigProblem::Empty { key }),
@@ -321,5 +360,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(err, "schedulerName: must not be empty");
+        let err = Config::parse("reclaim: {maxGraceSeconds: 86400}\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "reclaim.maxGraceSeconds: must be at most 3600 (seconds)"
+        );
+    }
+
+    #[test]
+    fn the_reclaim_bound_is_read_and_defaults_to_two_minutes_at_most() {
+        let config = Config::parse("reclaim: {timeoutSeconds: 5, maxGraceSeconds: 0}\n").unwrap();
+        assert_eq!(
+            (
+                config.reclaim.timeout_seconds,
+                config.reclaim.max_grace_seconds
+            ),
+            (5, 0)
+        );
+        let default = ReclaimConfig::default();
+        assert!(default.timeout_seconds + default.max_grace_seconds < 120);
     }
 }

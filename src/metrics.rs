@@ -186,7 +186,7 @@ impl Default for Metrics {
         let reclaim_evictions = EvictionCounter::default();
         registry.register(
             "reclaim_evictions",
-            "Borrowing pods this replica tried to evict for a cohort's reclaim, by reason (evicted, blocked by a PodDisruptionBudget)",
+            "Borrowing pods this replica took back for a cohort's reclaim, by reason (evicted; blocked by a PodDisruptionBudget; deleted with a capped grace period past reclaim.timeoutSeconds)",
             reclaim_evictions.clone(),
         );
         Metrics {

@@ -10,8 +10,10 @@ use std::sync::atomic::Ordering;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::backend::Backend;
+use crate::backend::leadership::Leader;
 use crate::cache::Projection;
 use crate::certs::{self, CertFiles};
 use crate::cli::ConnectionLimits;
@@ -70,14 +72,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let rules = config.queue_rules();
     let state = AppState::with_body_timeout(backend, config, limits.request_timeout);
     let waits = state.metrics.quota_queue_wait.clone();
-    let releaser = state.backend.queue_releaser(rules, waits);
+    let leader = Leader::default();
+    let releaser = state.backend.queue_releaser(rules, waits, leader.clone());
     if let Some(releaser) = releaser.filter(|_| release_queue) {
         tokio::spawn(releaser.run(state.cache().queue_moved(), shutdown.clone()));
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
-        // cohorts' reclaim.
+        // cohorts' reclaim; one such replica at a time reclaims and tells.
+        if let Some(lease) = state.backend.controller_lease() {
+            let span = tracing::info_span!("controller_lease");
+            tokio::spawn(lease.run(leader.clone(), shutdown.clone()).instrument(span));
+        }
         let evictions = state.metrics.reclaim_evictions.clone();
-        if let Some(reclaimer) = state.backend.reclaimer(evictions) {
-            tokio::spawn(reclaimer.run(shutdown.clone()));
+        let bound = state.config.reclaim.clone();
+        if let Some(reclaimer) = state.backend.reclaimer(evictions, bound, leader) {
+            tokio::spawn(
+                reclaimer
+                    .run(shutdown.clone())
+                    .instrument(tracing::info_span!("reclaim")),
+            );
         }
     }
     state

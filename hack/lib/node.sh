@@ -6,7 +6,7 @@
 #
 # Sourced after hack/lib/control-plane.sh (it uses $work, $logs, $pids, $kubeconfig,
 # $k8s_bin, free_port, say, die, wait_ready). Functions:
-#   node_packages                 installs containerd, runc and the CNI plugins (apt) if missing
+#   node_packages                 installs containerd, runc, the CNI plugins and umoci (apt) if missing
 #   node_pause_image              the sandbox image, built from the Kubernetes module's
 #                                 pause.c (static) and cached: $pause_archive
 #   node_start NAME BASE:ARCHIVE... containerd + kubelet as node NAME, its address the
@@ -26,6 +26,8 @@ node_packages() {
   command -v containerd >/dev/null || missing+=(containerd)
   command -v runc >/dev/null || missing+=(runc)
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+  # The node's images (pause, gpu-admission's, the scheduler's) are packed by umoci.
+  command -v umoci >/dev/null || missing+=(umoci)
   ((${#missing[@]} == 0)) && return 0
   say "installing ${missing[*]} (apt)"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } \

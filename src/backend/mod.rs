@@ -15,6 +15,7 @@
 //! (docs/design.md, "Layers").
 
 mod cohort_lease;
+pub mod leadership;
 mod pod_events;
 pub mod quota_writer;
 pub mod reclaim;
@@ -143,12 +144,16 @@ impl Backend {
     pub fn reclaimer(
         &self,
         evictions: crate::metrics::EvictionCounter,
+        bound: crate::config::ReclaimConfig,
+        leader: leadership::Leader,
     ) -> Option<reclaim::Reclaimer> {
         match &self.mode {
             Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(
                 self.clone(),
                 client.clone(),
                 evictions,
+                bound,
+                leader,
             )),
             Mode::Offline => None,
         }
@@ -158,6 +163,7 @@ impl Backend {
         &self,
         rules: crate::quota::queue::QueueRules,
         waits: crate::metrics::WaitHistogram,
+        leader: leadership::Leader,
     ) -> Option<release::Releaser> {
         match &self.mode {
             Mode::Api { client, .. } => Some(release::Releaser::new(
@@ -165,6 +171,20 @@ impl Backend {
                 client.clone(),
                 rules,
                 waits,
+                leader,
+            )),
+            Mode::Offline => None,
+        }
+    }
+
+    /// API mode: the task that holds the controller Lease whenever it may (run it until
+    /// shutdown), and the flag that says whether it holds it: the replica that reclaims
+    /// and tells queued pods why they wait (`leadership`).
+    pub fn controller_lease(&self) -> Option<leadership::Leadership> {
+        match &self.mode {
+            Mode::Api { client, .. } => Some(leadership::Leadership::new(
+                client.clone(),
+                leadership::CONTROLLER_LEASE,
             )),
             Mode::Offline => None,
         }
@@ -250,6 +270,7 @@ impl Backend {
         match &self.mode {
             Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
             Mode::Offline => self.cache.with_state(|state| {
+                state.expire_deletions(crate::quota::pending::now_second());
                 let views = state.quota_views(namespace)?;
                 Ok(
                     match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {
@@ -297,12 +318,12 @@ impl Backend {
         &self,
         namespace: &str,
         charge: &ModelAmounts,
-        created: CreatedSecond,
+        charged_at: (CreatedSecond, Option<&str>),
     ) -> Result<(), ChargeError> {
         match &self.mode {
             Mode::Api { quotas, .. } => {
                 quotas
-                    .release(&self.cache, namespace, charge, created)
+                    .release(&self.cache, namespace, charge, charged_at)
                     .await
             }
             Mode::Offline => Ok(()),

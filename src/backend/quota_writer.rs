@@ -22,11 +22,10 @@ use tokio::sync::oneshot;
 use super::cohort_lease::{Agreement, CohortLeases};
 use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
-use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
 use crate::quota::cohort::{self, count_charge};
-use crate::quota::pending::CreatedSecond;
+use crate::quota::pending::{CreatedSecond, Entry};
 use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
 
@@ -76,6 +75,9 @@ pub struct Ask {
     pub rules: AdmitRules,
     /// The pod's `creationTimestamp` in unix seconds (its pending total).
     pub created: CreatedSecond,
+    /// The pod's uid, written with its charge so it can be recognised later: the quota
+    /// queue's releases only (`quota::pending::Entry`).
+    pub pod: Option<String>,
     /// Evaluate only (`dryRun`): nothing is written.
     pub dry_run: bool,
 }
@@ -164,7 +166,7 @@ impl QuotaWriter {
         cache: &ClusterCache,
         namespace: &str,
         charge: &ModelAmounts,
-        created: CreatedSecond,
+        (created, pod): (CreatedSecond, Option<&str>),
     ) -> Result<(), ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let listing: Vec<String> = cache.with_state(|state| {
@@ -174,9 +176,9 @@ impl QuotaWriter {
                 .filter_map(|q| q.metadata.name.clone())
                 .collect()
         });
-        let charges: Vec<(&str, Milli, CreatedSecond)> = charge
+        let charges: Vec<Entry<'_>> = charge
             .iter()
-            .map(|(key, amount)| (key.as_str(), *amount, created))
+            .map(|(key, amount)| (key.as_str(), *amount, created, pod))
             .collect();
         for name in listing {
             release_one(&api, cache, &name, &charges).await?;
@@ -359,15 +361,15 @@ struct Round {
     agreement: Option<Agreement>,
 }
 
-/// Every charge of a round: (quota key, amount, the pod's creation second).
-fn round_charges(decided: &[Decided]) -> Vec<(&str, Milli, CreatedSecond)> {
+/// Every charge of a round, as the ledger writes it.
+fn round_charges(decided: &[Decided]) -> Vec<Entry<'_>> {
     decided
         .iter()
         .flat_map(|d| {
-            let created = d.waiting.ask.created;
+            let (created, pod) = (d.waiting.ask.created, d.waiting.ask.pod.as_deref());
             d.charge
                 .iter()
-                .map(move |(key, amount)| (key.as_str(), *amount, created))
+                .map(move |(key, amount)| (key.as_str(), *amount, created, pod))
         })
         .collect()
 }
@@ -483,7 +485,7 @@ async fn release_one(
     api: &Api<GPUQuota>,
     cache: &ClusterCache,
     name: &str,
-    charges: &[(&str, Milli, CreatedSecond)],
+    charges: &[Entry<'_>],
 ) -> Result<(), ChargeError> {
     let deadline = Instant::now() + COMMIT_DEADLINE;
     while Instant::now() < deadline {

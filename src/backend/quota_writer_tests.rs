@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
+use crate::placement::quantity::Milli;
 use crate::quota::UntypedPods;
 use crate::quota::status::tests::{T, quota};
 use crate::quota::status::views_with_status;
@@ -13,6 +14,7 @@ fn ask(amount: u64, dry_run: bool) -> Ask {
             quota_required: false,
         },
         created: T,
+        pod: None,
         dry_run,
     }
 }

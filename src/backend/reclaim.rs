@@ -1,11 +1,17 @@
-//! API mode: reclaim (docs/quota.md, "Cohorts"). When a member of a cohort with
-//! `reclaim: Evict` takes back what it lent, its pods are admitted at once and the
-//! cohort's pool is overdrawn; this task evicts borrowing pods of that model, through the
-//! Eviction API so PodDisruptionBudgets hold, in the order `quota::cohort::reclaim_plan`
-//! gives (lowest priority first, then the most recently created), until the cohort is
-//! back within what its members own. Each evicted pod gets an Event naming the namespace
-//! that took its GPUs back; one a PodDisruptionBudget protects gets a Warning Event, is
-//! left alone for a while, and the next candidate is chosen.
+//! API mode: reclaim (docs/quota.md, "Cohorts" and "The reclaim bound"). When a member
+//! of a cohort with `reclaim: Evict` takes back what it lent, its pods are admitted at
+//! once and the cohort's pool is overdrawn; this task takes borrowing pods of that model
+//! back, in the order `quota::cohort::reclaim_plan` gives (pods already leaving first,
+//! then those no PodDisruptionBudget protected lately; lowest priority, then the most
+//! recently created), until the cohort is back within what its members own.
+//!
+//! A chosen pod is evicted through the Eviction API, so budgets hold, and tried again
+//! while a budget refuses. If it is still there `reclaim.timeoutSeconds` after it was
+//! first chosen (refused by its budget, or evicted but still in its own long grace
+//! period, or deleted by its owner with one), it is deleted with a grace period of at
+//! most `reclaim.maxGraceSeconds`: nothing a borrower writes holds a lender's GPUs past
+//! that bound. Only the replica holding the controller Lease acts (`leadership`). Each
+//! act gets an Event on the pod naming the namespace that took its GPUs back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -13,30 +19,34 @@ use std::time::{Duration, Instant};
 use foldhash::HashMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, EvictParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
-use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::ClusterState;
 use crate::cache::pod::{PodKey, key_parts};
+use crate::config::ReclaimConfig;
 use crate::metrics::{EvictionCounter, ReasonLabels};
 use crate::placement::mig;
 use crate::quota::QuotaView;
-use crate::quota::cohort::{BORROWED_ANNOTATION, borrowing_pods, reclaim_plan};
+use crate::quota::cohort::{BORROWED_ANNOTATION, Standing, borrowing_pods, reclaim_plan};
 
 use super::Backend;
+use super::leadership::Leader;
 use super::pod_events::PodEvents;
 
 /// Borrowed annotations written at once.
 const MARKS_IN_FLIGHT: usize = 16;
 /// A pass runs at least this often.
 const TICK: Duration = Duration::from_secs(2);
-/// A pod evicted (or protected by a PodDisruptionBudget) is left out of the plans this
-/// long: its eviction is under way (or it is retried after the others).
-const RECENT: Duration = Duration::from_secs(30);
+/// A chosen pod whose eviction a budget refused is tried again this often.
+const RETRY: Duration = Duration::from_secs(5);
+/// A pod a budget protected is taken after the others for this long.
+const PROTECTED: Duration = Duration::from_secs(30);
+/// The annotation that tells a borrowing pod's owner how its GPUs may be taken back.
+pub const RECLAIM_ANNOTATION: &str = "gpu-admission.io/reclaim";
 
-/// One eviction a pass decided on.
+/// One pod a pass decided to take back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Planned {
     pod: PodKey,
@@ -45,6 +55,55 @@ struct Planned {
     model: String,
     /// The namespaces taking back what they lent.
     by: Vec<String>,
+    leaving: bool,
+}
+
+/// What this replica did to a pod it chose, since when.
+#[derive(Debug, Clone)]
+struct Chosen {
+    uid: String,
+    /// When a plan first chose it: the reclaim bound runs from here.
+    since: Instant,
+    /// The last eviction tried, if any.
+    tried: Option<Instant>,
+    /// A budget refused its eviction (reported once).
+    blocked: bool,
+    /// Deleted with the capped grace period.
+    deleted: bool,
+}
+
+/// The act a pass takes on a chosen pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    Evict,
+    Delete,
+    Wait,
+}
+
+impl Chosen {
+    fn new(uid: &str, now: Instant) -> Self {
+        Chosen {
+            uid: uid.to_string(),
+            since: now,
+            tried: None,
+            blocked: false,
+            deleted: false,
+        }
+    }
+
+    /// What to do now: past the timeout, delete (once); a pod already leaving waits for
+    /// it; any other is evicted, again every [`RETRY`] while a budget refuses.
+    fn act(&self, leaving: bool, now: Instant, timeout: Duration) -> Act {
+        if self.deleted {
+            Act::Wait
+        } else if now.duration_since(self.since) >= timeout {
+            Act::Delete
+        } else if leaving || self.tried.is_some_and(|t| now.duration_since(t) < RETRY) {
+            Act::Wait
+        } else {
+            Act::Evict
+        }
+    }
 }
 
 pub struct Reclaimer {
@@ -52,50 +111,93 @@ pub struct Reclaimer {
     client: kube::Client,
     events: PodEvents,
     evictions: EvictionCounter,
-    /// Pods this replica evicted (`true`) or found protected by a budget (`false`), and
-    /// when.
-    recent: Mutex<HashMap<PodKey, (Instant, bool)>>,
+    bound: ReclaimConfig,
+    leader: Leader,
+    /// The pods the current plans chose, by key.
+    chosen: HashMap<PodKey, Chosen>,
+    /// Pods a budget protected, and when: taken after the others for a while.
+    protected: HashMap<PodKey, Instant>,
 }
 
 impl Reclaimer {
-    pub fn new(backend: Backend, client: kube::Client, evictions: EvictionCounter) -> Self {
+    pub fn new(
+        backend: Backend,
+        client: kube::Client,
+        evictions: EvictionCounter,
+        bound: ReclaimConfig,
+        leader: Leader,
+    ) -> Self {
         Reclaimer {
             events: PodEvents::new(client.clone()),
+            leader,
             backend,
             client,
             evictions,
-            recent: Mutex::default(),
+            bound,
+            chosen: HashMap::default(),
+            protected: HashMap::default(),
         }
     }
 
-    /// Pass after pass, every [`TICK`], until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// Pass after pass, every [`TICK`], until `shutdown`; only while holding the Lease.
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(TICK);
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
-            if self.backend.cache().is_ready() {
+            if !self.backend.cache().is_ready() {
+                continue;
+            }
+            if self.leader.holds() {
                 self.pass().await;
+            } else {
+                // Another replica reclaims: what this one chose is its to finish.
+                self.chosen.clear();
             }
         }
     }
 
-    /// One pass over every cohort; returns how many pods were evicted.
-    pub async fn pass(&self) -> usize {
-        let (leaving, blocked) = self.recent_keys();
+    /// One pass over every cohort; returns how many pods were evicted or deleted.
+    pub async fn pass(&mut self) -> usize {
+        let now = Instant::now();
+        self.protected
+            .retain(|_, at| now.duration_since(*at) < PROTECTED);
+        let protected = &self.protected;
         let planned = self.backend.cache().with_state(|state| {
-            plan(
-                state,
-                |key| leaving.contains(key),
-                |key| blocked.contains(key),
-            )
+            plan(state, |key, leaving| match () {
+                _ if leaving => Standing::Leaving,
+                _ if protected.contains_key(key) => Standing::Protected,
+                _ => Standing::Evictable,
+            })
         });
-        let mut evicted = 0;
-        for eviction in planned {
-            evicted += usize::from(self.evict(eviction).await);
+        // A pod no plan chooses any more starts its bound again if chosen later.
+        let keys: BTreeSet<&PodKey> = planned.iter().map(|p| &p.pod).collect();
+        self.chosen.retain(|key, _| keys.contains(key));
+        let timeout = Duration::from_secs(self.bound.timeout_seconds.into());
+        let mut acted = 0;
+        for planned in planned {
+            let chosen = (self.chosen.entry(planned.pod.clone()))
+                .and_modify(|c| {
+                    if c.uid != planned.uid {
+                        *c = Chosen::new(&planned.uid, now);
+                    }
+                })
+                .or_insert_with(|| Chosen::new(&planned.uid, now));
+            let act = chosen.act(planned.leaving, now, timeout);
+            match act {
+                Act::Evict => acted += usize::from(self.evict(&planned, now).await),
+                Act::Delete => acted += usize::from(self.delete(&planned).await),
+                Act::Wait => {}
+            }
         }
+        self.mark_borrowers().await;
+        acted
+    }
+
+    /// Put the borrowed annotations on the pods that borrow, and take them off the others.
+    async fn mark_borrowers(&self) {
         let (put, take) = self.backend.cache().with_state(|state| marks(state));
         let marks = put.into_iter().map(|(pod, model)| (pod, Some(model)));
         let marks = marks.chain(take.into_iter().map(|pod| (pod, None)));
@@ -104,14 +206,17 @@ impl Reclaimer {
                 self.mark(&pod, model).await
             })
             .await;
-        evicted
     }
 
-    /// Put the borrowed annotation on `pod` (naming `model`), or take it off.
+    /// Put the borrowed annotation on `pod` (naming `model`) with the terms it may be taken
+    /// back on, or take both off.
     async fn mark(&self, pod: &PodKey, model: Option<String>) {
         let (namespace, name) = key_parts(pod);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let patch = serde_json::json!({"metadata": {"annotations": {BORROWED_ANNOTATION: model}}});
+        let terms = model.as_ref().map(|_| reclaim_terms(&self.bound));
+        let annotations =
+            serde_json::json!({BORROWED_ANNOTATION: model, RECLAIM_ANNOTATION: terms});
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         if let Err(error) = pods
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -120,60 +225,105 @@ impl Reclaimer {
         }
     }
 
-    /// The pods evicted lately (leaving: no longer counted), and those a budget
-    /// protected (still counted, not chosen again for a while).
-    fn recent_keys(&self) -> (foldhash::HashSet<PodKey>, foldhash::HashSet<PodKey>) {
-        let mut recent = self.recent.lock();
-        recent.retain(|_, (at, _)| at.elapsed() < RECENT);
-        let of = |evicted: bool| {
-            let keys = recent.iter().filter(|(_, (_, e))| *e == evicted);
-            keys.map(|(key, _)| key.clone()).collect()
-        };
-        (of(true), of(false))
-    }
-
-    async fn evict(&self, eviction: Planned) -> bool {
-        let (namespace, name) = key_parts(&eviction.pod);
+    /// Evict `planned` through the Eviction API; `true` when it was.
+    async fn evict(&mut self, planned: &Planned, now: Instant) -> bool {
+        let (namespace, name) = key_parts(&planned.pod);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let by = eviction.by.join(", ");
-        let (cohort, model) = (&eviction.cohort, &eviction.model);
-        let (event_type, reason, note) = match pods.evict(name, &EvictParams::default()).await {
+        let (cohort, model, by) = (&planned.cohort, &planned.model, planned.by.join(", "));
+        let outcome = pods.evict(name, &EvictParams::default()).await;
+        if let Some(chosen) = self.chosen.get_mut(&planned.pod) {
+            chosen.tried = Some(now);
+        }
+        match outcome {
             Ok(_) => {
                 tracing::info!(%namespace, pod = %name, %cohort, %model, %by, "evicted a borrowing pod");
+                self.count("evicted");
                 let note = format!(
                     "evicted: cohort {cohort} takes back the {model} GPUs this pod borrowed, for namespace {by}"
                 );
-                (EventType::Normal, "QuotaReclaimed", note)
+                self.tell(planned, EventType::Normal, "QuotaReclaimed", &note);
+                true
             }
             Err(kube::Error::Api(status)) if status.code == 429 => {
-                tracing::info!(%namespace, pod = %name, %cohort, "a PodDisruptionBudget blocks reclaim");
-                let note = format!(
-                    "cohort {cohort} takes back its {model} GPUs for namespace {by}, but a PodDisruptionBudget blocks evicting this pod; another borrowing pod is chosen, this one retried later"
-                );
-                (EventType::Warning, "QuotaReclaimBlocked", note)
+                self.protected.insert(planned.pod.clone(), now);
+                let chosen = self.chosen.get_mut(&planned.pod);
+                if chosen.is_some_and(|c| !std::mem::replace(&mut c.blocked, true)) {
+                    tracing::info!(%namespace, pod = %name, %cohort, "a PodDisruptionBudget blocks reclaim");
+                    self.count("blocked");
+                    let timeout = self.bound.timeout_seconds;
+                    let grace = self.bound.max_grace_seconds;
+                    let note = format!(
+                        "cohort {cohort} takes back its {model} GPUs for namespace {by}, but a PodDisruptionBudget blocks evicting this pod: another borrowing pod is taken if one can be, else this one is deleted {timeout}s after it was chosen, with a grace period of at most {grace}s"
+                    );
+                    self.tell(planned, EventType::Warning, "QuotaReclaimBlocked", &note);
+                }
+                false
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(kube::Error::Api(status)) if status.code == 404 => false,
             Err(error) => {
                 tracing::warn!(%namespace, pod = %name, %error, "cannot evict a borrowing pod");
-                return false;
+                false
             }
+        }
+    }
+
+    /// Delete `planned` with a grace period of at most `reclaim.maxGraceSeconds` (the
+    /// API server shortens the grace of a pod already being deleted, never lengthens
+    /// it), on its uid; `true` when it was.
+    async fn delete(&mut self, planned: &Planned) -> bool {
+        let (namespace, name) = key_parts(&planned.pod);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let grace = self.bound.max_grace_seconds;
+        let params = DeleteParams {
+            grace_period_seconds: Some(grace),
+            preconditions: Some(Preconditions {
+                uid: Some(planned.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
         };
-        let evicted = event_type == EventType::Normal;
-        let outcome = if evicted { "evicted" } else { "blocked" };
+        let outcome = pods.delete(name, &params).await;
+        if let Some(chosen) = self.chosen.get_mut(&planned.pod) {
+            chosen.deleted = outcome.is_ok();
+        }
+        let (cohort, model, by) = (&planned.cohort, &planned.model, planned.by.join(", "));
+        let timeout = self.bound.timeout_seconds;
+        match outcome {
+            Ok(_) => {
+                tracing::info!(%namespace, pod = %name, %cohort, %model, %by, grace, "deleted a borrowing pod past the reclaim timeout");
+                self.count("deleted");
+                let note = format!(
+                    "deleted with a grace period of at most {grace}s: cohort {cohort} takes back the {model} GPUs this pod borrowed, for namespace {by}, and it was still here {timeout}s after it was chosen"
+                );
+                self.tell(planned, EventType::Warning, "QuotaReclaimDeleted", &note);
+                true
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => false,
+            Err(error) => {
+                tracing::warn!(%namespace, pod = %name, %error, "cannot delete a borrowing pod");
+                false
+            }
+        }
+    }
+
+    fn count(&self, outcome: &'static str) {
         let labels = ReasonLabels { reason: outcome };
         self.evictions.get_or_create(&labels).inc();
-        let at = (Instant::now(), evicted);
-        self.recent.lock().insert(eviction.pod.clone(), at);
-        self.events.publish(
-            &eviction.pod,
-            &eviction.uid,
-            event_type,
-            reason,
-            "Reclaim",
-            &note,
-        );
-        evicted
     }
+
+    fn tell(&self, planned: &Planned, type_: EventType, reason: &str, note: &str) {
+        let (pod, uid) = (&planned.pod, &planned.uid);
+        self.events
+            .publish(pod, uid, type_, reason, "Reclaim", note);
+    }
+}
+
+/// The terms a borrowing pod may be taken back on, as its annotation states them.
+pub fn reclaim_terms(bound: &ReclaimConfig) -> String {
+    let (timeout, grace) = (bound.timeout_seconds, bound.max_grace_seconds);
+    format!(
+        "when a lender of the cohort needs these GPUs: evicted (PodDisruptionBudgets respected), and if still running {timeout}s later, deleted with a grace period of at most {grace}s"
+    )
 }
 
 /// Every cohort's members, as views (their use left empty: reclaim counts pods).
@@ -197,39 +347,26 @@ fn models(members: &[QuotaView]) -> Vec<String> {
     models.into_iter().cloned().collect()
 }
 
-/// The evictions every cohort calls for now, from the cache's quotas and pods; `leaving`
-/// pods (evictions under way) are not counted, `blocked` ones (a budget protected them)
-/// are counted but not chosen.
-fn plan(
-    state: &ClusterState,
-    leaving: impl Fn(&PodKey) -> bool,
-    blocked: impl Fn(&PodKey) -> bool,
-) -> Vec<Planned> {
+/// The pods every cohort takes back now, from the cache's quotas and pods, each pod's
+/// standing given by `standing(key, leaving)`.
+fn plan(state: &ClusterState, standing: impl Fn(&PodKey, bool) -> Standing) -> Vec<Planned> {
     let mut planned = Vec::new();
+    let leaving = |key: &PodKey| state.pod(key).is_some_and(|p| p.terminating.is_some());
     for (cohort, members) in cohorts(state) {
         for model in models(&members) {
-            let pods: Vec<Vec<_>> = members
-                .iter()
-                .map(|m| {
-                    let mut pods = state.charged_pods(&m.namespace, &model);
-                    pods.retain(|(key, ..)| !leaving(key));
-                    pods
-                })
+            let pods: Vec<Vec<_>> = (members.iter())
+                .map(|m| state.charged_pods(&m.namespace, &model))
                 .collect();
-            let plan = reclaim_plan(&members, &model, &pods, &blocked);
-            let by: Vec<String> = plan
-                .by
-                .iter()
+            let plan = reclaim_plan(&members, &model, &pods, |key| standing(key, leaving(key)));
+            let by: Vec<String> = (plan.by.iter())
                 .map(|&i| members[i].namespace.clone())
                 .collect();
             for (pod, _) in plan.evict {
-                let uid = state
-                    .pod(&pod)
-                    .map(|p| p.uid.to_string())
-                    .unwrap_or_default();
+                let uid = state.pod(&pod).map(|p| p.uid.to_string());
                 planned.push(Planned {
+                    uid: uid.unwrap_or_default(),
+                    leaving: leaving(&pod),
                     pod,
-                    uid,
                     cohort: cohort.clone(),
                     model: model.clone(),
                     by: by.clone(),
@@ -262,4 +399,60 @@ fn marks(state: &ClusterState) -> (Vec<(PodKey, String)>, Vec<PodKey>) {
         }
     }
     (put, take)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bound: a chosen pod is evicted, tried again every few seconds while its
+    /// budget refuses, and deleted once the timeout has passed since it was first
+    /// chosen, however it is doing; a pod already leaving is left to leave until then.
+    #[test]
+    fn a_chosen_pod_is_evicted_then_deleted_at_the_timeout_whatever_protects_it() {
+        let start = Instant::now();
+        let timeout = Duration::from_secs(45);
+        let mut chosen = Chosen::new("u", start);
+        assert_eq!(chosen.act(false, start, timeout), Act::Evict);
+        chosen.tried = Some(start);
+        let soon = start + Duration::from_secs(1);
+        assert_eq!(
+            chosen.act(false, soon, timeout),
+            Act::Wait,
+            "not retried at once"
+        );
+        assert_eq!(chosen.act(false, start + RETRY, timeout), Act::Evict);
+        assert_eq!(
+            chosen.act(true, soon, timeout),
+            Act::Wait,
+            "leaving on its own"
+        );
+        let late = start + timeout;
+        assert_eq!(
+            chosen.act(false, late, timeout),
+            Act::Delete,
+            "a budget holds it"
+        );
+        assert_eq!(
+            chosen.act(true, late, timeout),
+            Act::Delete,
+            "a long grace holds it"
+        );
+        chosen.deleted = true;
+        assert_eq!(
+            chosen.act(true, late + RETRY, timeout),
+            Act::Wait,
+            "deleted once"
+        );
+    }
+
+    #[test]
+    fn a_borrowing_pod_is_told_the_bound_it_may_be_taken_back_within() {
+        let terms = reclaim_terms(&ReclaimConfig::default());
+        assert!(terms.contains("PodDisruptionBudgets respected"), "{terms}");
+        assert!(
+            terms.contains("45s later") && terms.contains("at most 30s"),
+            "{terms}"
+        );
+    }
 }

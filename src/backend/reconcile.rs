@@ -50,7 +50,10 @@ pub async fn run(
 /// One pass over every quota; returns how many statuses were rewritten.
 pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
     let now = time::OffsetDateTime::now_utc();
-    let quotas: Vec<GPUQuota> = cache.with_state(|state| state.quotas().cloned().collect());
+    let quotas: Vec<GPUQuota> = cache.with_state(|state| {
+        state.expire_deletions(now.unix_timestamp());
+        state.quotas().cloned().collect()
+    });
     let lent = lent_by_quota(&quotas);
     let mut written = 0;
     for cached in quotas {

@@ -27,6 +27,7 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
+use super::leadership::Leader;
 use super::pod_events::PodEvents;
 use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
 use super::{Backend, ChargeError};
@@ -69,8 +70,12 @@ pub struct Releaser {
     waits: WaitHistogram,
     /// Pods this replica let go, and when.
     recent: Mutex<HashMap<String, Instant>>,
-    /// Pods told (an Event) why they wait, while they wait.
-    told: Mutex<foldhash::HashSet<String>>,
+    /// Pods told (an Event) why they wait, while they wait, with what they were told:
+    /// the pod ahead they wait behind, or `None` for room.
+    told: Mutex<HashMap<String, Option<String>>>,
+    /// Whether this replica holds the controller Lease: only that one tells, so a pod
+    /// gets one Event per change, not one per replica.
+    leader: Leader,
     /// Pods whose ungate failed, while [`Releaser::settle`] finds out what happened: no
     /// pass plans them meanwhile (a second release could keep a second charge).
     settling: Mutex<foldhash::HashSet<String>>,
@@ -135,8 +140,10 @@ impl Releaser {
         client: kube::Client,
         rules: QueueRules,
         waits: WaitHistogram,
+        leader: Leader,
     ) -> Self {
         Releaser {
+            leader,
             events: PodEvents::new(client.clone()),
             backend,
             client,
@@ -243,7 +250,7 @@ impl Releaser {
     fn recent_keys(&self) -> Vec<String> {
         let cache = self.backend.cache();
         let waits = |key: &str| cache.with_state(|s| s.pod(key).is_some_and(|p| p.gated));
-        self.told.lock().retain(|key| waits(key));
+        self.told.lock().retain(|key, _| waits(key));
         let mut recent = self.recent.lock();
         recent.retain(|key, at| at.elapsed() < RECENT && waits(key));
         let settling = self.settling.lock();
@@ -302,11 +309,19 @@ impl Releaser {
                 wanted: pod.wanted.clone(),
                 rules: self.rules.admit,
                 created: now,
+                pod: Some(pod.uid.clone()),
                 dry_run: false,
             };
-            match self.backend.charge(namespace, ask, |_, _| {}).await? {
-                ChargeOutcome::Charged { .. } => {}
-                ChargeOutcome::Denied(_) => return Ok(false),
+            match self.backend.charge(namespace, ask, |_, _| {}).await {
+                Ok(ChargeOutcome::Charged { .. }) => {}
+                Ok(ChargeOutcome::Denied(_)) => return Ok(false),
+                Err(error) => {
+                    let (charge, _settling) = (charged, Settling::mark(&self.settling, &pod.key));
+                    if let Some(charge) = charge {
+                        self.take_back(namespace, pod, charge, now).await;
+                    }
+                    return Err(error.into());
+                }
             }
         }
         turn.wait().await;
@@ -318,15 +333,34 @@ impl Releaser {
         match ungated {
             Ok(true) => Ok(true),
             Ok(false) => {
-                self.backend.release(namespace, charge, now).await?;
+                let charged_at = (now, Some(pod.uid.as_str()));
+                self.backend.release(namespace, charge, charged_at).await?;
                 Ok(false)
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
                 let _settling = Settling::mark(&self.settling, &pod.key);
-                self.settle(namespace, &pod.key, charge, now).await
+                self.settle(namespace, pod, charge, now).await
             }
         }
+    }
+
+    /// After a charge write that failed without an answer (the API server restarting,
+    /// say), the charge may or may not have been stored: take back exactly this pod's
+    /// charge, found by its uid, retried until the API server answers. Whether it was
+    /// stored or not, the ledger is then as if the release never began, in seconds rather
+    /// than when its pending total expires (minutes); the pod keeps its place in line.
+    async fn take_back(&self, namespace: &str, pod: &Waiting, charge: &ModelAmounts, now: i64) {
+        let mut pause = Duration::from_millis(250);
+        for _ in 0..SETTLE_ATTEMPTS {
+            let charged_at = (now, Some(pod.uid.as_str()));
+            match self.backend.release(namespace, charge, charged_at).await {
+                Ok(()) => return,
+                Err(_) => tokio::time::sleep(pause).await,
+            }
+            pause = (pause * 2).min(Duration::from_secs(4));
+        }
+        tracing::warn!(pod = %pod.key, "could not take back a charge whose write failed; it holds its room until its pending total expires");
     }
 
     /// After a failed ungate (the API server restarting, say) the patch may or may not
@@ -337,11 +371,11 @@ impl Releaser {
     async fn settle(
         &self,
         namespace: &str,
-        key: &str,
+        pod: &Waiting,
         charge: &ModelAmounts,
         now: CreatedSecond,
     ) -> Result<bool, ReleaseError> {
-        let (_, name) = key_parts(key);
+        let (_, name) = key_parts(&pod.key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut pause = Duration::from_millis(250);
         for _ in 0..SETTLE_ATTEMPTS {
@@ -355,7 +389,8 @@ impl Releaser {
             if !still_waits {
                 return Ok(true);
             }
-            match self.backend.release(namespace, charge, now).await {
+            let charged_at = (now, Some(pod.uid.as_str()));
+            match self.backend.release(namespace, charge, charged_at).await {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,
             }
@@ -389,9 +424,14 @@ impl Releaser {
     /// waiting (its place then, the model and the usage), published off the pass; the
     /// queue as it is now is `status.queued` and the metrics. True when told now.
     fn tell(&self, pod: Waiting, place: usize, why: WaitReason) -> bool {
-        if !self.told.lock().insert(pod.key.clone()) {
+        let behind = match &why {
+            WaitReason::NoRoom(_) => None,
+            WaitReason::Behind { ahead } => Some(ahead.clone()),
+        };
+        if !self.leader.holds() || self.told.lock().get(&pod.key) == Some(&behind) {
             return false;
         }
+        self.told.lock().insert(pod.key.clone(), behind);
         let note = match why {
             WaitReason::NoRoom(denial) => format!("place {place} in the GPU quota queue: {denial}"),
             WaitReason::Behind { ahead } => format!(

@@ -43,8 +43,11 @@ pub struct CachedPod {
     /// (kept through the watch's echo of that write), so the bind verb must not charge
     /// it again.
     pub recorded: bool,
-    /// Being deleted: still holds its GPUs until it is gone.
-    pub terminating: bool,
+    /// Being deleted (`deletionTimestamp` set): the unix second until which it is still
+    /// charged, its deletion time plus its grace period (`i64::MAX` without one), as
+    /// Kubernetes' ResourceQuota counts it; see [`CachedPod::charged_at`]. It holds its
+    /// GPUs on its node until it is gone.
+    pub terminating: Option<i64>,
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
     /// empty when it names none and its namespace's quota decides.
     pub models: Vec<String>,
@@ -138,7 +141,7 @@ impl CachedPod {
             assignment,
             reserved: None,
             recorded: false,
-            terminating: pod.metadata.deletion_timestamp.is_some(),
+            terminating: charged_until(pod),
             models: WantedModels::of_pod(
                 pod,
                 &projection.type_annotation,
@@ -159,6 +162,26 @@ impl CachedPod {
             marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
         })
     }
+}
+
+impl CachedPod {
+    /// Whether its charge counts at `now` (unix seconds). A pod being deleted still
+    /// runs its containers, holding their GPUs, for as long as its grace period: it counts
+    /// until its deletion time plus that grace period has passed, as Kubernetes'
+    /// ResourceQuota counts it (docs/design.md, "How long a pod counts"), whatever grace
+    /// the tenant gave it.
+    pub fn charged_at(&self, now: i64) -> bool {
+        self.terminating.is_none_or(|until| now <= until)
+    }
+}
+
+/// Until when a pod being deleted is charged: `deletionTimestamp` (which the API server
+/// sets to the request's time plus the grace period) plus `deletionGracePeriodSeconds`,
+/// in unix seconds; `i64::MAX` without a grace period; `None` unless it is being deleted.
+fn charged_until(pod: &Pod) -> Option<i64> {
+    let at = pod.metadata.deletion_timestamp.as_ref()?.0.as_second();
+    let grace = pod.metadata.deletion_grace_period_seconds;
+    Some(grace.map_or(i64::MAX, |grace| at.saturating_add(grace.max(0))))
 }
 
 /// The ResourceClaims `pod` names in its spec.

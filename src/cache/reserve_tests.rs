@@ -118,6 +118,25 @@ fn an_offered_pod_joins_the_cache_only_once_placed_and_never_bound() {
     assert!(state.pod(&key).is_none());
 }
 
+/// Offline, the file is the cluster: a call offering a pod under the name of a running
+/// one with another uid is refused, and the running pod keeps its GPUs and its charge
+/// (it used to be replaced by the offer, and gone with the offer's rollback).
+#[test]
+fn an_offer_under_a_running_pods_name_with_another_uid_frees_nothing() {
+    let mut state = cluster();
+    let (key, running) = cached("train", "uid-run", Some("n1"));
+    state.apply_pod(key.clone(), running);
+    let usage = state.usage("team-a");
+    let (_, forged) = cached("train", "uid-forged", None);
+    assert!(matches!(
+        reserve(&mut state, &key, Subject::Offered(Box::new(forged))),
+        Err(PlanError::OtherUid { .. })
+    ));
+    assert_eq!(&*state.pod(&key).unwrap().uid, "uid-run");
+    assert_eq!(used_gpus(&state), 1, "its GPU is still held");
+    assert_eq!(state.usage("team-a"), usage, "and charged");
+}
+
 #[test]
 fn a_bound_pods_gpus_do_not_move_when_its_annotations_are_edited() {
     let projection = Projection::from_config(&Config::default());

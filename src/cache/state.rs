@@ -45,6 +45,9 @@ pub struct ClusterState {
     /// Boxed: the table keeps room for up to twice its entries, and a pod is some 250
     /// bytes against a pointer's 8 (docs/benchmarks.md, memory per cached pod).
     pods: HashMap<PodKey, Box<CachedPod>>,
+    /// The pods being deleted: charged until their grace period has passed
+    /// (`expire_deletions`).
+    deleting: HashSet<PodKey>,
     /// Pod keys by namespace, so quota usage never scans the whole cluster.
     by_namespace: HashMap<Box<str>, HashSet<PodKey>>,
     quotas: BTreeMap<(String, String), HeldQuota>,

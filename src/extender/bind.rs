@@ -80,13 +80,12 @@ pub async fn bind(
         let error = format!("pod {key} cannot go to node {}: {reason}", args.node);
         return failed(error, BindOutcome::Unfit);
     };
+    let assignment = reservation.assignment.clone();
     if let Err(refusal) = plan.charge(backend, config).await {
-        cache.with_state(|state| state.release_hold(&key));
+        plan.undo(backend, reservation, refusal.charged).await;
         return failed(refusal.reason, BindOutcome::Unfit);
     }
-    let bound = plan
-        .bind(backend, &args.node, Some(&reservation.assignment))
-        .await;
+    let bound = plan.bind(backend, &args.node, Some(&assignment)).await;
     if let Err(error) = bound {
         if is_conflict(&error) {
             // Already bound (a retry after our first binding went through), or the pod
@@ -94,7 +93,7 @@ pub async fn bind(
             return failed(error.to_string(), BindOutcome::Error);
         }
         tracing::warn!(pod = %key, node = %args.node, %error, "binding failed; placement released");
-        plan.undo(backend).await;
+        plan.undo(backend, reservation, true).await;
         return failed(error.to_string(), BindOutcome::Error);
     }
     cache.with_state(|state| state.mark_bound(&key));

@@ -93,7 +93,7 @@ pub async fn filter(
     };
     if let Err(refusal) = recorded {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
-        cache.with_state(|state| state.rollback(&plan.key, reservation));
+        plan.undo(backend, reservation, refusal.charged).await;
         // A placed decision gathered no other reasons (`FilterDecision`): the chosen
         // node's is the one that counts.
         let mut result = ExtenderFilterResult::default();

@@ -52,6 +52,9 @@ pub(super) struct Refusal {
     pub reason: String,
     /// The quota had no room (the scheduler may try elsewhere), not a failure of ours.
     pub unfit: bool,
+    /// The placement's charge was written before the step that failed: undo gives it
+    /// back.
+    pub charged: bool,
 }
 
 /// The rules a node must pass for a pod of `namespace` wanting `wanted`: its quota's
@@ -168,6 +171,7 @@ impl Plan {
         recorded.map_err(|error| Refusal {
             reason: error.to_string(),
             unfit: false,
+            charged: true,
         })?;
         let cache = backend.cache();
         cache.with_state(|state| state.mark_recorded(&self.key));
@@ -187,6 +191,7 @@ impl Plan {
             costs: Costs::single(model, charge.charge.clone()),
             rules: config.admit_rules(),
             created: charge.created,
+            pod: None,
             dry_run: false,
         };
         match backend.charge_at_placement(self.namespace(), ask).await {
@@ -194,10 +199,12 @@ impl Plan {
             Ok(ChargeOutcome::Denied(denial)) => Err(Refusal {
                 reason: denial.to_string(),
                 unfit: true,
+                charged: false,
             }),
             Err(error) => Err(Refusal {
                 reason: error.to_string(),
                 unfit: false,
+                charged: false,
             }),
         }
     }
@@ -217,16 +224,19 @@ impl Plan {
         backend.bind(&self.key, &self.uid, node, written).await
     }
 
-    /// Undo a placement whose write failed: release the hold and the charge it added.
-    pub async fn undo(&self, backend: &Backend) {
+    /// Undo a placement whose record step failed, the one way for the filter and the
+    /// bind verb alike: the cache goes back to what it held before the hold (a pod only
+    /// offered leaves it again), and a charge the step wrote (`charged`) is given back.
+    pub async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
         backend
             .cache()
-            .with_state(|state| state.release_hold(&self.key));
-        let Some(charge) = self.charge_at_placement.as_ref().filter(|_| !self.recorded) else {
+            .with_state(|state| state.rollback(&self.key, reservation));
+        let charge = self.charge_at_placement.as_ref();
+        let Some(charge) = charge.filter(|_| charged && !self.recorded) else {
             return;
         };
         let released = backend
-            .release(self.namespace(), &charge.charge, charge.created)
+            .release(self.namespace(), &charge.charge, (charge.created, None))
             .await;
         if let Err(error) = released {
             tracing::warn!(pod = %self.key, %error, "could not release the quota charge; the reconciler will");

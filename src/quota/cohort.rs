@@ -181,6 +181,21 @@ pub fn fits(share: &Share, pool: &Pool, amount: Milli, reclaim: Reclaim) -> Resu
     Ok(Fits::Borrowing(Milli(past - share.borrowed().0)))
 }
 
+/// How far a borrowing pod already is on its way to giving its GPUs back: reclaim takes
+/// pods in this order, so it never chooses a new pod while one already leaving, or one
+/// it may evict within its PodDisruptionBudget, would do (docs/quota.md, "The reclaim
+/// bound").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Standing {
+    /// Being deleted: it gives its GPUs back without another eviction.
+    Leaving,
+    /// May be evicted, as far as reclaim knows.
+    #[default]
+    Evictable,
+    /// A PodDisruptionBudget refused its eviction lately.
+    Protected,
+}
+
 /// A pod that borrows, as reclaim chooses among them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Borrower<K> {
@@ -191,15 +206,17 @@ pub struct Borrower<K> {
     /// When it was admitted (or let go), in seconds: the most recent goes first.
     pub admitted: i64,
     pub amount: Milli,
+    pub standing: Standing,
 }
 
-/// The pods to evict so the pool is no longer overdrawn: lowest priority first, then the
-/// most recently admitted, each only while its member still borrows. Fewer than needed
-/// when the candidates do not suffice.
+/// The pods to take back so the pool is no longer overdrawn: by [`Standing`] (leaving
+/// first, protected last), then lowest priority first, then the most recently
+/// admitted, each only while its member still borrows. Fewer than needed when the
+/// candidates do not suffice.
 pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'a Borrower<K>> {
     let mut shares = shares.to_vec();
     let mut order: Vec<&Borrower<K>> = candidates.iter().collect();
-    order.sort_by_key(|b| (b.priority, std::cmp::Reverse(b.admitted)));
+    order.sort_by_key(|b| (b.standing, b.priority, std::cmp::Reverse(b.admitted)));
     let mut chosen = Vec::new();
     for pod in order {
         if Pool::of(&shares).overdrawn() == 0 {
@@ -220,7 +237,7 @@ pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'
 /// One pod as [`reclaim_plan`] sees it: its key, priority, creation second and charge.
 pub type MemberPod<K> = (K, i32, i64, Milli);
 
-/// What reclaim does in one cohort for one model: the pods to evict (with their
+/// What reclaim does in one cohort for one model: the pods to take back (with their
 /// member's index), and the members taking back what they lent (using their lendable
 /// part within their own `hard`), for the Events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,17 +246,18 @@ pub struct ReclaimPlan<K> {
     pub by: Vec<usize>,
 }
 
-/// The pods to evict so that `members` (one cohort) are back within what they own of
-/// `model`, each member's use counted from its live pods (`pods[i]`, of member `i`):
-/// see [`reclaim`]. Pods for which `spared` holds count as used but are not chosen (a
-/// budget protects them for now). Counting from pods rather than from the ledger leaves
-/// out what is still being created, so a plan can only evict too few (the next one
-/// evicts the rest), never too many.
+/// The pods to take back so that `members` (one cohort) are back within what they own
+/// of `model`, each member's use counted from its charged pods (`pods[i]`, of member
+/// `i`, those being deleted included: they hold their GPUs until they are gone), in the
+/// order [`reclaim`] gives with each pod's `standing`. A pod already leaving is chosen
+/// before any other, so its charge is never taken back twice. Counting from pods rather
+/// than from the ledger leaves out what is still being created, so a plan can only take
+/// too few (the next one takes the rest), never too many.
 pub fn reclaim_plan<K: Clone>(
     members: &[QuotaView],
     model: &str,
     pods: &[Vec<MemberPod<K>>],
-    spared: impl Fn(&K) -> bool,
+    standing: impl Fn(&K) -> Standing,
 ) -> ReclaimPlan<K> {
     let shares: Vec<Share> = members
         .iter()
@@ -262,14 +280,17 @@ pub fn reclaim_plan<K: Clone>(
     let candidates: Vec<Borrower<K>> = (0..shares.len())
         .filter(|&i| shares[i].borrowed().0 > 0)
         .flat_map(|i| {
-            let choosable = pods[i].iter().filter(|pod| !spared(&pod.0));
-            choosable.map(move |(key, priority, created, amount)| Borrower {
-                key: key.clone(),
-                member: i,
-                priority: *priority,
-                admitted: *created,
-                amount: *amount,
-            })
+            let standing = &standing;
+            pods[i]
+                .iter()
+                .map(move |(key, priority, created, amount)| Borrower {
+                    key: key.clone(),
+                    member: i,
+                    priority: *priority,
+                    admitted: *created,
+                    amount: *amount,
+                    standing: standing(key),
+                })
         })
         .collect();
     let evict = reclaim(&shares, &candidates)

@@ -108,6 +108,7 @@ fn a_lender_takes_back_at_once_with_evict_and_waits_with_never() {
             priority,
             admitted,
             amount: gpus(2),
+            standing: Standing::Evictable,
         })
         .collect();
     let evicted: Vec<&str> = reclaim(&[a, b], &pods).iter().map(|p| p.key).collect();
@@ -147,6 +148,7 @@ fn reclaim_passes_over_pods_of_a_member_that_no_longer_borrows() {
         priority: 0,
         admitted,
         amount: gpus(1),
+        standing: Standing::Evictable,
     };
     let pods = [pod("c-old-borrow", 2, 99), pod("b1", 1, 1), pod("b2", 1, 2)];
     let evicted: Vec<&str> = reclaim(&[a, b, c], &pods).iter().map(|p| p.key).collect();
@@ -226,6 +228,7 @@ fn random_charges_keep_the_cohort_within_what_it_owns() {
                 priority: rng.random_range(0..3),
                 admitted: step as i64,
                 amount,
+                standing: Standing::Evictable,
             });
             let evicted: Vec<usize> = reclaim(&shares, &pods).iter().map(|p| p.key).collect();
             for key in evicted {
@@ -421,7 +424,7 @@ fn reclaim_plans_evictions_from_the_borrowers_pods_until_the_cohort_is_whole() {
         ],
         vec![pod("old", 0, 10), pod("new", 0, 30), pod("mid", 0, 20)],
     ];
-    let none = |_: &&str| false;
+    let none = |_: &&str| Standing::Evictable;
     let plan = reclaim_plan(&members, "T4", &pods, none);
     assert_eq!(plan.by, vec![0], "team-a reclaims");
     let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
@@ -451,9 +454,60 @@ fn reclaim_plans_evictions_from_the_borrowers_pods_until_the_cohort_is_whole() {
     // team-a took back 3: two over; the newest is protected but still counts, so the
     // next two go (not counting it would have evicted one).
     let took_two = [pods[0][..3].to_vec(), pods[1].clone()];
-    let plan = reclaim_plan(&members, "T4", &took_two, |k: &&str| *k == "new");
+    let standing = |protected: &'static str| {
+        move |k: &&str| match *k == protected {
+            true => Standing::Protected,
+            false => Standing::Evictable,
+        }
+    };
+    let plan = reclaim_plan(&members, "T4", &took_two, standing("new"));
     let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
-    assert_eq!(evicted, ["mid", "old"], "a spared pod still counts as used");
+    assert_eq!(
+        evicted,
+        ["mid", "old"],
+        "a protected pod still counts as used"
+    );
+    // Only one more goes: the protected one is still chosen when nothing else is left.
+    let plan = reclaim_plan(
+        &members,
+        "T4",
+        &[pods[0].clone(), pods[1][1..].to_vec()],
+        standing("new"),
+    );
+    let evicted: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        evicted,
+        ["mid", "new"],
+        "protected last, but taken when needed"
+    );
+}
+
+/// A pod already being deleted (evicted earlier, or deleted by its owner with a long
+/// grace period) still holds its GPUs and counts, and is the first taken: reclaim
+/// bounds its departure instead of evicting another pod in its place.
+#[test]
+fn reclaim_takes_pods_already_leaving_first_and_never_one_more_for_them() {
+    // team-a (hard 3) uses 2, team-b (hard 0) 3: the pool of 3 is drawn 5, 2 over.
+    let members = [
+        member("team-a", "research", 3, 0),
+        member("team-b", "research", 0, 0),
+    ];
+    let pod = |key: &'static str, priority, created| (key, priority, created, gpus(1));
+    let pods = vec![
+        vec![pod("a1", 0, 1), pod("a2", 0, 2)],
+        vec![pod("leaving", 0, 10), pod("new", 0, 30), pod("vip", 9, 5)],
+    ];
+    let standing = |k: &&str| match *k {
+        "leaving" => Standing::Leaving,
+        _ => Standing::Evictable,
+    };
+    let plan = reclaim_plan(&members, "T4", &pods, standing);
+    let chosen: Vec<&str> = plan.evict.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        chosen,
+        ["leaving", "new"],
+        "2 over: the leaving pod, then the newest"
+    );
 }
 
 #[test]

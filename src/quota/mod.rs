@@ -181,6 +181,11 @@ pub struct PendingCharges {
     /// How many pods the amount is for.
     #[serde(default)]
     pub pods: u32,
+    /// The uids of the pods the quota queue let go whose charges the amount holds (at
+    /// most `quota::pending::MAX_UIDS`): a releaser that lost the answer to its write
+    /// knows its own charge by them, and lets the pod go on it instead of charging again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uids: Vec<String>,
 }
 
 /// One admitted pod's charge, as versions before `pending` recorded it.

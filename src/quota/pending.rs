@@ -36,10 +36,28 @@ pub struct BucketKey<'a> {
     pub model: &'a str,
 }
 
+/// The most pod uids one total keeps: a release's charge past it is not recognisable,
+/// and holds its room until the total expires, as any other (a status write stays small).
+pub const MAX_UIDS: usize = 256;
+
+/// One charge as the ledger writes it: `amount` of quota key `model`, in the total of
+/// second `created`, for the pod of uid `pod` when its charge must be recognisable (the
+/// quota queue's releases).
+pub type Entry<'a> = (&'a str, Milli, CreatedSecond, Option<&'a str>);
+
+/// One running total.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Total {
+    amount: Milli,
+    pods: u32,
+    /// The uids of the pods whose charges are recognisable (see [`Entry`]).
+    uids: Vec<String>,
+}
+
 /// The totals of one quota, by (second, model).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pending {
-    totals: BTreeMap<(CreatedSecond, String), (Milli, u32)>,
+    totals: BTreeMap<(CreatedSecond, String), Total>,
 }
 
 /// Why a status's pending totals cannot be read.
@@ -58,6 +76,11 @@ impl Pending {
             let created = parse_second(&entry.created).map_err(|e| error(e.to_string()))?;
             let amount = Milli::parse(&entry.amount.0).map_err(|e| error(e.to_string()))?;
             pending.add(created, &entry.model, amount, entry.pods);
+            let total = pending.totals.get_mut(&(created, entry.model.clone()));
+            if let Some(total) = total {
+                let room = MAX_UIDS.saturating_sub(total.uids.len());
+                total.uids.extend(entry.uids.iter().take(room).cloned());
+            }
         }
         Ok(pending)
     }
@@ -65,11 +88,12 @@ impl Pending {
     pub fn to_status(&self) -> Vec<PendingCharges> {
         self.totals
             .iter()
-            .map(|((created, model), (amount, pods))| PendingCharges {
+            .map(|((created, model), total)| PendingCharges {
                 created: format_second(*created),
                 model: model.clone(),
-                amount: Quantity(amount.to_string()),
-                pods: *pods,
+                amount: Quantity(total.amount.to_string()),
+                pods: total.pods,
+                uids: total.uids.clone(),
             })
             .collect()
     }
@@ -81,20 +105,50 @@ impl Pending {
     /// Add `pods` pods' charge of `amount` to the total of (`created`, `model`).
     pub fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
         let total = self.totals.entry((created, model.to_string())).or_default();
-        total.0 = Milli(total.0.0.saturating_add(amount.0));
-        total.1 = total.1.saturating_add(pods);
+        total.amount = Milli(total.amount.0.saturating_add(amount.0));
+        total.pods = total.pods.saturating_add(pods);
     }
 
-    /// Take back one pod's charge (a placement that could not be written).
-    pub fn remove(&mut self, created: CreatedSecond, model: &str, amount: Milli) {
-        let key = (created, model.to_string());
-        if let Some(total) = self.totals.get_mut(&key) {
-            total.0 = Milli(total.0.0.saturating_sub(amount.0));
-            total.1 = total.1.saturating_sub(1);
-            if total.1 == 0 || total.0.0 == 0 {
-                self.totals.remove(&key);
-            }
+    /// Add one pod's charge, recognisable by its uid `pod` when given (and room is left).
+    pub fn add_entry(&mut self, (model, amount, created, pod): Entry<'_>) {
+        self.add(created, model, amount, 1);
+        let total = self.totals.get_mut(&(created, model.to_string()));
+        if let (Some(total), Some(uid)) = (total, pod)
+            && total.uids.len() < MAX_UIDS
+            && !total.uids.iter().any(|u| u == uid)
+        {
+            total.uids.push(uid.to_string());
         }
+    }
+
+    /// Take back one pod's charge (a placement or release that could not be written). A
+    /// recognisable one (`pod` given) only if its total holds that pod's uid: taking it
+    /// back is then exact whether the write that added it was stored or not, and never
+    /// takes another pod's charge. `true` when something was taken back.
+    pub fn remove(&mut self, (model, amount, created, pod): Entry<'_>) -> bool {
+        let key = (created, model.to_string());
+        let Some(total) = self.totals.get_mut(&key) else {
+            return false;
+        };
+        if let Some(uid) = pod {
+            let Some(at) = total.uids.iter().position(|u| u == uid) else {
+                return false;
+            };
+            total.uids.swap_remove(at);
+        }
+        total.amount = Milli(total.amount.0.saturating_sub(amount.0));
+        total.pods = total.pods.saturating_sub(1);
+        if total.pods == 0 || total.amount.0 == 0 {
+            self.totals.remove(&key);
+        }
+        true
+    }
+
+    /// The second of the total that holds the recognisable charge of the pod `uid`.
+    pub fn charged_second(&self, uid: &str) -> Option<CreatedSecond> {
+        let mut totals = self.totals.iter();
+        let found = totals.find(|(_, total)| total.uids.iter().any(|u| u == uid));
+        found.map(|((created, _), _)| *created)
     }
 
     /// What is still in flight, per model: each total less what the pods seen created in
@@ -107,7 +161,7 @@ impl Pending {
     ) -> (ModelAmounts, Pending) {
         let mut in_flight = ModelAmounts::new();
         let mut kept = Pending::default();
-        for ((created, model), &(amount, pods)) in &self.totals {
+        for ((created, model), total) in &self.totals {
             let age = now.saturating_sub(*created);
             if age >= PENDING_TTL.as_secs() as i64 {
                 continue;
@@ -116,13 +170,12 @@ impl Pending {
                 created: *created,
                 model,
             });
-            let unseen = Milli(amount.0.saturating_sub(seen.0));
+            let unseen = Milli(total.amount.0.saturating_sub(seen.0));
             if unseen.0 > 0 {
                 let entry = in_flight.entry(model.clone()).or_default();
                 entry.0 = entry.0.saturating_add(unseen.0);
             }
-            kept.totals
-                .insert((*created, model.clone()), (amount, pods));
+            kept.totals.insert((*created, model.clone()), total.clone());
         }
         (in_flight, kept)
     }
@@ -241,10 +294,49 @@ mod tests {
         assert_eq!((status[0].amount.0.as_str(), status[0].pods), ("1.5", 2));
         let mut read = Pending::from_status(&status).unwrap();
         assert_eq!(read, pending);
-        read.remove(T + 3, "A100", Milli(250));
-        read.remove(T, "T4", Milli(500));
+        read.remove(("A100", Milli(250), T + 3, None));
+        read.remove(("T4", Milli(500), T, None));
         assert_eq!(read.to_status().len(), 1);
         assert_eq!(read.to_status()[0].amount.0, "1");
+    }
+
+    /// A release's charge is recognisable by its pod's uid while its total lasts, in the
+    /// status as in memory, until it is taken back; other pods' charges are not.
+    #[test]
+    fn a_released_pods_charge_is_known_by_its_uid_until_taken_back() {
+        let mut pending = Pending::default();
+        pending.add_entry(("T4", Milli(1000), T, Some("uid-a")));
+        pending.add_entry(("T4", Milli(1000), T, None));
+        pending.add_entry(("T4", Milli(500), T + 1, Some("uid-b")));
+        let read = Pending::from_status(&pending.to_status()).unwrap();
+        assert_eq!(read, pending, "the uids ride in the status");
+        assert_eq!(read.charged_second("uid-a"), Some(T));
+        assert_eq!(read.charged_second("uid-b"), Some(T + 1));
+        assert_eq!(read.charged_second("uid-c"), None);
+        let mut read = read;
+        assert!(read.remove(("T4", Milli(1000), T, Some("uid-a"))));
+        assert_eq!(read.charged_second("uid-a"), None);
+        let (in_flight, _) = read.settle(seen_from(&[]), T + 2);
+        assert_eq!(in_flight["T4"], Milli(1500));
+        // Taken back again (the first take-back's answer was lost): nothing more goes.
+        assert!(!read.remove(("T4", Milli(1000), T, Some("uid-a"))));
+        assert!(
+            !read.remove(("T4", Milli(500), T + 1, Some("uid-a"))),
+            "not its total"
+        );
+        assert_eq!(read.settle(seen_from(&[]), T + 2).0["T4"], Milli(1500));
+    }
+
+    #[test]
+    fn a_total_keeps_a_bounded_number_of_uids() {
+        let mut pending = Pending::default();
+        let uids: Vec<String> = (0..MAX_UIDS + 10).map(|i| format!("u{i}")).collect();
+        for uid in &uids {
+            pending.add_entry(("T4", Milli(1), T, Some(uid)));
+        }
+        assert_eq!(pending.to_status()[0].uids.len(), MAX_UIDS);
+        assert_eq!(pending.to_status()[0].pods as usize, MAX_UIDS + 10);
+        assert_eq!(pending.charged_second(&uids[MAX_UIDS]), None);
     }
 
     #[test]
@@ -254,6 +346,7 @@ mod tests {
             model: "T4".into(),
             amount: Quantity("1".into()),
             pods: 1,
+            uids: vec![],
         };
         let error = Pending::from_status(&[bad]).unwrap_err();
         assert_eq!(error.index, 0);

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::placement::quantity::Milli;
 
-use super::pending::{CreatedSecond, Pending};
+use super::pending::{CreatedSecond, Entry, Pending};
 use super::{GPUQuota, GpuQuotaStatus, QuotaReservation, StatusError, quota_name};
 use super::{ModelAmounts, QuotaView};
 
@@ -18,11 +18,11 @@ pub enum Direction {
     Remove,
 }
 
-/// `quota` with `charges` (model, amount, pod's creation second) added to (or taken
-/// from) `used` and the pending totals, for the models it lists.
+/// `quota` with `charges` added to (or taken from) `used` and the pending totals, for the
+/// models it lists.
 pub fn with_charges(
     quota: &GPUQuota,
-    charges: &[(&str, Milli, CreatedSecond)],
+    charges: &[Entry<'_>],
     direction: Direction,
 ) -> Result<GPUQuota, StatusError> {
     let mut updated = quota.clone();
@@ -33,7 +33,8 @@ pub fn with_charges(
         quota: quota_name(quota),
         reason: e.to_string(),
     })?;
-    for &(model, amount, created) in charges {
+    for &entry in charges {
+        let (model, amount, ..) = entry;
         if !quota.spec.hard.contains_key(model) {
             continue;
         }
@@ -44,13 +45,13 @@ pub fn with_charges(
             .unwrap_or_default();
         let used = match direction {
             Direction::Add => {
-                pending.add(created, model, amount, 1);
+                pending.add_entry(entry);
                 used.0.saturating_add(amount.0)
             }
-            Direction::Remove => {
-                pending.remove(created, model, amount);
-                used.0.saturating_sub(amount.0)
-            }
+            // A recognisable charge that is not there (its write was never stored, or it
+            // was taken back already) leaves `used` alone too.
+            Direction::Remove if !pending.remove(entry) && entry.3.is_some() => continue,
+            Direction::Remove => used.0.saturating_sub(amount.0),
         };
         status
             .used

@@ -30,6 +30,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
                 model: "T4".into(),
                 amount: Quantity(amount.to_string()),
                 pods: *pods,
+                uids: vec![],
             })
             .collect(),
         reservations: vec![],
@@ -132,9 +133,9 @@ fn reconciled_status_shows_use_of_a_model_no_quota_lists() {
 fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
     let quota = quota("1", &[]);
     let charges = [
-        ("T4", Milli(500), T),
-        ("T4", Milli(1000), T),
-        ("T4", Milli(250), T + 1),
+        ("T4", Milli(500), T, None),
+        ("T4", Milli(1000), T, None),
+        ("T4", Milli(250), T + 1, None),
     ];
     let updated = with_charges(&quota, &charges, Direction::Add).unwrap();
     let status = updated.status.unwrap();
@@ -150,7 +151,7 @@ fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
 #[test]
 fn a_release_takes_back_exactly_what_was_charged() {
     let quota = quota("1", &[]);
-    let charge = [("T4", Milli(500), T)];
+    let charge = [("T4", Milli(500), T, Some("uid"))];
     let charged = with_charges(&quota, &charge, Direction::Add).unwrap();
     let released = with_charges(&charged, &charge, Direction::Remove).unwrap();
     let status = released.status.unwrap();
@@ -158,10 +159,33 @@ fn a_release_takes_back_exactly_what_was_charged() {
     assert!(status.pending.is_empty());
 }
 
+/// A release whose charge write was cut (sent, its answer lost) takes back exactly its
+/// own charge by the pod's uid: all of it if the write was stored, nothing if it was not,
+/// and nothing the second time.
+#[test]
+fn a_release_taken_back_by_uid_is_exact_whether_or_not_its_write_was_stored() {
+    let quota = quota("1", &[]);
+    let mine = [("T4", Milli(500), T, Some("uid-mine"))];
+    let other = [("T4", Milli(500), T, Some("uid-other"))];
+    let stored = with_charges(&quota, &mine, Direction::Add).unwrap();
+    let stored = with_charges(&stored, &other, Direction::Add).unwrap();
+    let back = with_charges(&stored, &mine, Direction::Remove).unwrap();
+    assert_eq!(
+        used_of(back.status.as_ref().unwrap(), "T4"),
+        "1.5",
+        "mine only"
+    );
+    let again = with_charges(&back, &mine, Direction::Remove).unwrap();
+    assert_eq!(again.status, back.status, "taken back once");
+    let never_stored = with_charges(&quota, &other, Direction::Add).unwrap();
+    let back = with_charges(&never_stored, &mine, Direction::Remove).unwrap();
+    assert_eq!(back.status, never_stored.status, "nothing of another pod's");
+}
+
 #[test]
 fn a_charge_for_a_model_the_quota_does_not_list_leaves_it_alone() {
     let quota = quota("1", &[]);
-    let updated = with_charges(&quota, &[("A100", Milli(1000), T)], Direction::Add).unwrap();
+    let updated = with_charges(&quota, &[("A100", Milli(1000), T, None)], Direction::Add).unwrap();
     assert_eq!(
         updated.status,
         quota.status.map(|mut s| {

@@ -523,6 +523,7 @@ impl Replay<'_> {
                     priority: 0,
                     admitted: run.started as i64,
                     amount: self.demand(pod),
+                    standing: cohort::Standing::Evictable,
                 })
             })
             .collect();

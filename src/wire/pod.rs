@@ -57,6 +57,7 @@ struct MetaLite {
     annotations: Option<BTreeMap<String, String>>,
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -130,6 +131,7 @@ impl From<PodLite> for Pod {
                 annotations: m.annotations,
                 creation_timestamp: m.creation_timestamp,
                 deletion_timestamp: m.deletion_timestamp,
+                deletion_grace_period_seconds: m.deletion_grace_period_seconds,
                 ..Default::default()
             },
             spec: lite.spec.map(|s| PodSpec {

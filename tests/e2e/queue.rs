@@ -244,6 +244,18 @@ async fn a_job_past_a_queue_quota_waits_in_line_and_finishes_without_a_failed_cr
         "no create is refused in Queue mode"
     );
     assert!(waited_seen, "12 pods must have waited gated at once");
+    // One Event per pod per change, whichever replicas release: none of these pods waits
+    // past queue.maxPassOverSeconds, so none is told twice.
+    let mut told: std::collections::BTreeMap<String, u32> = Default::default();
+    for event in events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("QuotaQueued"))
+    {
+        let pod = event.involved_object.name.clone().unwrap_or_default();
+        *told.entry(pod).or_default() += 1;
+    }
+    let twice: Vec<_> = told.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "pods told twice why they wait: {twice:?}");
     assert!(
         log.most_running <= 8,
         "never more than the quota runs: {}",

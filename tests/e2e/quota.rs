@@ -99,6 +99,88 @@ async fn quota_lifecycle_admit_refuse_and_free_on_delete_and_on_success() {
     unregister_webhooks(&cluster).await;
 }
 
+/// A pod being deleted still runs its containers, which hold their GPUs, for its whole
+/// grace period, and the tenant chooses that period: with `Tesla-T4: 2`, two running pods
+/// deleted with a day of grace stay charged, and new pods are refused however long the
+/// tenant waits (several reconciler passes); once the pods are gone (the test plays the
+/// kubelet that confirms their containers stopped), room comes back.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn pods_deleted_with_a_long_grace_stay_charged_until_they_are_gone() {
+    let Some(cluster) = setup("terminating").await else {
+        return;
+    };
+    let model = "Tesla-T4";
+    let node = format!("e2e-{}-n1", cluster.scenario);
+    cluster.create_gpu_node(&node, model, 4).await;
+    cluster
+        .quota_under_webhooks(
+            "default",
+            json!({"hard": {model: "2"}, "defaultType": model}),
+        )
+        .await;
+    let running = json!({"status": {"phase": "Running"}});
+    for name in ["old-1", "old-2"] {
+        let mut pod = unscheduled_gpu_pod(name, None, 1);
+        let spec = pod.spec.as_mut().unwrap();
+        spec.node_name = Some(node.clone());
+        spec.termination_grace_period_seconds = Some(86_400);
+        // Retried until the webhooks' caches know the node.
+        cluster.create_when_admitted(&pod, QUOTA_TIMEOUT).await;
+        cluster
+            .pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&running))
+            .await
+            .unwrap();
+    }
+    cluster.wait_used("default", model, 2000).await;
+    for name in ["old-1", "old-2"] {
+        cluster
+            .pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    // Longer than the reconciler's period (15 s): its passes keep them charged.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut tries = 0;
+    while Instant::now() < until {
+        let old = cluster.pods().get("old-1").await.unwrap();
+        assert!(
+            old.metadata.deletion_timestamp.is_some(),
+            "old-1 is being deleted"
+        );
+        forbidden_message(
+            cluster
+                .try_create(&unscheduled_gpu_pod("new-1", None, 1))
+                .await,
+            "a pod while two pods being deleted still hold the quota",
+        );
+        tries += 1;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let status = cluster.quota_status("default").await;
+    let used = status.used.get(model).map(|q| milli_gpus(&q.0));
+    assert_eq!(used, Some(2000), "still charged: {status:?}");
+    println!("refused {tries} times in 20 s while the deleted pods ran: {status:?}");
+
+    // Their containers stopped: the kubelet removes the pods, and their GPUs are free.
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for name in ["old-1", "old-2"] {
+        cluster.pods().delete(name, &now).await.unwrap();
+    }
+    for name in ["new-1", "new-2"] {
+        let pod = unscheduled_gpu_pod(name, None, 1);
+        cluster.create_when_admitted(&pod, QUOTA_TIMEOUT).await;
+    }
+    cluster.wait_used("default", model, 2000).await;
+    unregister_webhooks(&cluster).await;
+    cluster.delete_nodes().await;
+}
+
 /// B. A server-side dry-run create of a GPU pod is evaluated (refused when over quota)
 /// but reserves nothing: `status.used` and `status.pending` stay as they were.
 #[tokio::test]

@@ -225,3 +225,65 @@ fn a_pod_on_a_mig_slice_uses_the_slice_and_settles_what_admission_charged() {
         Some(&Milli(142))
     );
 }
+
+/// A pod of 2 Tesla-T4 GPUs on node `n`, deleted `ago` seconds before now with a grace
+/// period of `grace` seconds (none: no grace period recorded).
+fn deleted(name: &str, ago: i64, grace: Option<i64>) -> Pod {
+    let at = crate::quota::pending::now_second() - ago;
+    let at = k8s_openapi::jiff::Timestamp::from_second(at).unwrap();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a", "uid": name,
+            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"},
+            "deletionTimestamp": at.to_string(), "deletionGracePeriodSeconds": grace},
+        "spec": {"nodeName": "n", "terminationGracePeriodSeconds": grace,
+            "containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+    }))
+    .unwrap()
+}
+
+/// A tenant deletes its running pods with a day of grace and creates new ones at once:
+/// the old ones still run their containers, so they stay charged (and their GPUs held)
+/// until their deletion time plus their grace period has passed, as Kubernetes'
+/// ResourceQuota counts them; only then does their charge go, with no event to say so.
+#[test]
+fn a_pod_being_deleted_stays_charged_until_its_grace_period_has_passed() {
+    let mut state = ClusterState::default();
+    state.apply_node(node("n", 8, 16));
+    let charged = |state: &ClusterState| state.usage("team-a").get("Tesla-T4").map(|m| m.0);
+    // The API server sets the deletion time to the request's time plus the grace period.
+    let long = deleted("long", -86_400, Some(86_400));
+    state.apply_pod(pod_key(&long), cached(&long));
+    assert_eq!(charged(&state), Some(2000), "a day of grace: still charged");
+    let forever = deleted("no-grace-recorded", 3600, None);
+    state.apply_pod(pod_key(&forever), cached(&forever));
+    assert_eq!(
+        charged(&state),
+        Some(4000),
+        "no grace period: charged until gone"
+    );
+    let over = deleted("over", 100, Some(30));
+    state.apply_pod(pod_key(&over), cached(&over));
+    assert_eq!(charged(&state), Some(4000), "past its grace: not charged");
+    let gpus = state.node("n").unwrap();
+    let held = gpus.used.iter().filter(|u| u.core == 100).count();
+    assert_eq!(
+        held, 6,
+        "every pod still on the node holds its GPUs: {gpus:?}"
+    );
+
+    // One whose grace period runs out while it is cached: charged until the sweep after.
+    let ending = deleted("ending", 0, Some(1));
+    state.apply_pod(pod_key(&ending), cached(&ending));
+    assert_eq!(charged(&state), Some(6000));
+    let now = crate::quota::pending::now_second();
+    state.expire_deletions(now);
+    assert_eq!(charged(&state), Some(6000), "its grace has not passed yet");
+    state.expire_deletions(now + 5);
+    assert_eq!(charged(&state), Some(4000), "its grace has passed");
+    state.delete_pod(&pod_key(&long));
+    assert_eq!(
+        charged(&state),
+        Some(2000),
+        "a pod that is gone is not charged"
+    );
+}

@@ -249,10 +249,16 @@ impl ClusterState {
         self.put_pod(key, *released);
     }
 
-    /// Undo a reservation whose recording failed.
+    /// Undo a reservation whose recording failed: a pod only offered by the call leaves
+    /// the cache again; any other loses the hold, as [`release_hold`](Self::release_hold)
+    /// (not put back as it was before: the watch may have brought news of it meanwhile).
     pub fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
+        let held = self.pods.get(&**key);
+        if !held.is_some_and(|p| p.reserved.is_some() && !p.bound) {
+            return;
+        }
         match reservation.previous {
-            Some(previous) => self.put_pod(key.clone(), previous),
+            Some(_) => self.release_hold(key),
             None => self.delete_pod(key),
         }
     }
@@ -290,8 +296,17 @@ impl ClusterState {
                 {
                     old
                 }
-                // A new pod (or the same name with another uid: what the old one held is gone).
-                _ => {
+                // Another pod of that name is in the file: a call naming another uid is
+                // not about it, and never replaces it (nor frees what it holds).
+                Some(old) => {
+                    return Err(PlanError::OtherUid {
+                        pod: key.to_string(),
+                        cluster: old.uid.to_string(),
+                        request: incoming.uid.to_string(),
+                    });
+                }
+                // A pod the file does not have.
+                None => {
                     check_unbound(key, &incoming)?;
                     self.put_pod(key.clone(), *incoming);
                     return Ok(None);

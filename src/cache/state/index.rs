@@ -141,6 +141,7 @@ impl ClusterState {
         };
         self.tally.discharge(key, namespace);
         self.waiting.remove(key);
+        self.deleting.remove(key);
         if let Some(keys) = self.by_namespace.get_mut(namespace) {
             keys.remove(key);
             if keys.is_empty() {

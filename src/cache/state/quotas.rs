@@ -84,15 +84,25 @@ impl ClusterState {
 
     /// Bring the usage tally's charge of pod `key` up to date.
     pub(super) fn recharge(&mut self, key: &PodKey) {
+        self.recharge_at(key, crate::quota::pending::now_second());
+    }
+
+    /// [`recharge`](Self::recharge) as at `now` (unix seconds).
+    fn recharge_at(&mut self, key: &PodKey, now: i64) {
         let pod = self.pods.get(key);
         let model = pod.and_then(|p| self.charge_label(namespace_of(key), p));
         let pod = self.pods.get(key).map(|pod| &**pod);
         self.tally
-            .recharge(key, namespace_of(key), pod, model.as_deref());
+            .recharge(key, namespace_of(key), pod, model.as_deref(), now);
+        if pod.is_some_and(|pod| pod.terminating.is_some()) {
+            self.deleting.insert(key.clone());
+        } else {
+            self.deleting.remove(key);
+        }
         // A waiting pod is in the quota queue's line, with what it would be charged;
         // the charge is priced for waiting pods only (this runs for every pod change).
         match pod {
-            Some(pod) if pod.gated && !pod.terminating => {
+            Some(pod) if pod.gated && pod.terminating.is_none() => {
                 let mig = self.tally.mig();
                 let queued = model.map(|label| charge_on(&pod.request, &label, mig));
                 self.waiting.set(key, pod, queued);
@@ -116,6 +126,20 @@ impl ClusterState {
                     .to_string(),
             ),
             _ => None,
+        }
+    }
+
+    /// Stop charging the pods being deleted whose grace period has passed by `now`
+    /// (unix seconds): no event marks that moment, so the reconciler (and offline
+    /// admission) call this before they count.
+    pub fn expire_deletions(&mut self, now: i64) {
+        let expired: Vec<PodKey> = (self.deleting.iter())
+            .filter(|key| self.tally.is_charged(key))
+            .filter(|key| self.pods.get(*key).is_some_and(|p| !p.charged_at(now)))
+            .cloned()
+            .collect();
+        for key in &expired {
+            self.recharge_at(key, now);
         }
     }
 
@@ -230,14 +254,15 @@ impl ClusterState {
         Ok(views)
     }
 
-    /// The live pods of `namespace` charged to `key` (admitted or let go, not
-    /// terminating), with their priority, creation second and charge of it: the pods
-    /// reclaim chooses among.
+    /// The pods of `namespace` charged to `key` (admitted or let go; those being deleted
+    /// while their grace period runs, as the usage counts them), with their priority,
+    /// creation second and charge of it: the pods reclaim chooses among.
     pub fn charged_pods(&self, namespace: &str, key: &str) -> Vec<(PodKey, i32, i64, Milli)> {
+        let now = crate::quota::pending::now_second();
         let keys = self.by_namespace.get(namespace).into_iter().flatten();
         keys.filter_map(|pod_key| {
             let pod = self.pods.get(pod_key)?;
-            if pod.terminating {
+            if !pod.charged_at(now) {
                 return None;
             }
             let amount = *self.admitted_charge(namespace, pod)?.get(key)?;

@@ -3,8 +3,8 @@
 //! reconciler's recount) costs one entry per model instead of a walk over the
 //! namespace's pods (docs/design.md, "The ledger").
 //!
-//! What a pod is charged depends on the pod (its models, request, node, whether it is
-//! terminating), on its namespace's quotas (default model, listed models) and on its
+//! What a pod is charged depends on the pod (its models, request, node, whether its
+//! deletion's grace period has passed), on its namespace's quotas (default model, listed models) and on its
 //! node's model; `ClusterState` calls [`Tally::recharge`] for every pod whose inputs
 //! change, and the tally keeps what it added for each pod, so it subtracts exactly
 //! that when the pod changes or leaves.
@@ -94,19 +94,21 @@ impl Tally {
         &self.mig
     }
 
-    /// Charge `key` (a pod of `namespace`) for what it is now: `pod` is `None` once it
-    /// is gone, `node_model` the model label of the node it is on, if known.
+    /// Charge `key` (a pod of `namespace`) for what it is at `now` (unix seconds): `pod`
+    /// is `None` once it is gone, `node_model` the model label of the node it is on, if
+    /// known.
     pub(super) fn recharge(
         &mut self,
         key: &PodKey,
         namespace: &str,
         pod: Option<&CachedPod>,
         node_model: Option<&str>,
+        now: i64,
     ) {
         let limits = self.limits.get(namespace).unwrap_or(&NO_LIMITS);
         // A pod waiting in the quota queue is charged when it is let go, not before.
         let now = pod
-            .filter(|pod| !pod.terminating && !pod.gated)
+            .filter(|pod| pod.charged_at(now) && !pod.gated)
             .and_then(|pod| {
                 let wanted = WantedModels::resolve(
                     &pod.models,
@@ -147,6 +149,11 @@ impl Tally {
             charge.push((model, amount));
         }
         self.charged.insert(key.clone(), Charge(charge));
+    }
+
+    /// Whether `key` adds anything to its namespace's totals.
+    pub(super) fn is_charged(&self, key: &str) -> bool {
+        self.charged.contains_key(key)
     }
 
     /// Take back what `key` (a pod of `namespace`) was charged, if anything.

@@ -42,7 +42,7 @@ fn recount(state: &ClusterState, namespace: &str) -> ModelAmounts {
             charge: charged_model(wanted, node_model)
                 .map(|label| charge_on(&pod.request, label, &mig))
                 .unwrap_or_default(),
-            live: !pod.terminating,
+            live: pod.charged_at(crate::quota::pending::now_second()),
         }
     });
     usage(namespace, pods)
@@ -84,7 +84,22 @@ fn random_pod(rng: &mut ChaCha8Rng) -> (PodKey, CachedPod) {
         pod["spec"]["nodeName"] = json!(node);
     }
     if rng.random_bool(0.15) {
-        pod["metadata"]["deletionTimestamp"] = json!("2026-11-23T10:00:00Z");
+        // Being deleted: long ago with no grace period left, or with one still running,
+        // or with none given (charged until gone).
+        let now = crate::quota::pending::now_second();
+        let (at, grace) = *[
+            (now - 3600, Some(30)),
+            (now - 10, Some(86_400)),
+            (now + 60, Some(60)),
+            (now - 3600, None),
+        ]
+        .choose(rng)
+        .unwrap();
+        let at = k8s_openapi::jiff::Timestamp::from_second(at).unwrap();
+        pod["metadata"]["deletionTimestamp"] = json!(at.to_string());
+        if let Some(grace) = grace {
+            pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+        }
     }
     let pod: Pod = serde_json::from_value(pod).unwrap();
     let projection = Projection::from_config(&Config::default());

@@ -94,7 +94,7 @@ pub async fn validate_claim(
         costs,
         rules: config.admit_rules(),
         created: created_or_now(&claim.metadata),
-        pod: None,
+        charge_id: None,
         dry_run,
     };
     let outcome = backend

@@ -83,7 +83,7 @@ pub async fn validate(
         wanted,
         rules: config.admit_rules(),
         created,
-        pod: None,
+        charge_id: None,
         dry_run,
     };
     // Offline, the admitted pod joins the cluster, charged to the model it was.

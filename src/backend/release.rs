@@ -18,6 +18,7 @@ use kube::runtime::events::EventType;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cache::pod::{is_gated, key_parts};
 use crate::metrics::{QueueLabels, WaitHistogram};
@@ -303,22 +304,22 @@ impl Releaser {
             Charge::Model { charge, .. } => Some(charge),
             Charge::AtPlacement { .. } | Charge::Unlimited => None,
         };
-        if charged.is_some() {
+        let id = charge_id(&pod.uid);
+        if let Some(charge) = charged {
             let ask = Ask {
                 costs: pod.costs.clone(),
                 wanted: pod.wanted.clone(),
                 rules: self.rules.admit,
                 created: now,
-                pod: Some(pod.uid.clone()),
+                charge_id: Some(id.clone()),
                 dry_run: false,
             };
             match self.backend.charge(namespace, ask, |_, _| {}).await {
                 Ok(ChargeOutcome::Charged { .. }) => {}
                 Ok(ChargeOutcome::Denied(_)) => return Ok(false),
                 Err(error) => {
-                    let (charge, _settling) = (charged, Settling::mark(&self.settling, &pod.key));
-                    if let Some(charge) = charge {
-                        self.take_back(namespace, pod, charge, now).await;
+                    if error.may_be_stored() {
+                        self.take_back(namespace, &pod.key, charge.clone(), (now, id));
                     }
                     return Err(error.into());
                 }
@@ -333,34 +334,46 @@ impl Releaser {
         match ungated {
             Ok(true) => Ok(true),
             Ok(false) => {
-                let charged_at = (now, Some(pod.uid.as_str()));
+                let charged_at = (now, Some(id.as_str()));
                 self.backend.release(namespace, charge, charged_at).await?;
                 Ok(false)
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
                 let _settling = Settling::mark(&self.settling, &pod.key);
-                self.settle(namespace, pod, charge, now).await
+                self.settle(namespace, &pod.key, charge, (now, &id)).await
             }
         }
     }
 
     /// After a charge write that failed without an answer (the API server restarting,
-    /// say), the charge may or may not have been stored: take back exactly this pod's
-    /// charge, found by its uid, retried until the API server answers. Whether it was
-    /// stored or not, the ledger is then as if the release never began, in seconds rather
-    /// than when its pending total expires (minutes); the pod keeps its place in line.
-    async fn take_back(&self, namespace: &str, pod: &Waiting, charge: &ModelAmounts, now: i64) {
-        let mut pause = Duration::from_millis(250);
-        for _ in 0..SETTLE_ATTEMPTS {
-            let charged_at = (now, Some(pod.uid.as_str()));
-            match self.backend.release(namespace, charge, charged_at).await {
-                Ok(()) => return,
-                Err(_) => tokio::time::sleep(pause).await,
+    /// say), the charge may or may not have been stored: take back exactly that charge, by
+    /// its id, retried until the API server answers, in a task of its own (the line goes
+    /// on meanwhile; the pod keeps its place and may be charged again under another id).
+    /// Whether it was stored or not, the ledger is then as if this attempt never began, in
+    /// seconds rather than when its pending total expires (minutes).
+    fn take_back(&self, namespace: &str, key: &str, charge: ModelAmounts, at: (i64, String)) {
+        let (backend, namespace) = (self.backend.clone(), namespace.to_string());
+        let span = tracing::info_span!("take_back", pod = %key);
+        let task = async move {
+            let mut pause = Duration::from_millis(250);
+            for _ in 0..SETTLE_ATTEMPTS {
+                let charged_at = (at.0, Some(at.1.as_str()));
+                if backend
+                    .release(&namespace, &charge, charged_at)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
             }
-            pause = (pause * 2).min(Duration::from_secs(4));
-        }
-        tracing::warn!(pod = %pod.key, "could not take back a charge whose write failed; it holds its room until its pending total expires");
+            tracing::warn!(
+                "could not take back a charge whose write failed; it holds its room until its pending total expires"
+            );
+        };
+        tokio::spawn(task.instrument(span));
     }
 
     /// After a failed ungate (the API server restarting, say) the patch may or may not
@@ -371,11 +384,11 @@ impl Releaser {
     async fn settle(
         &self,
         namespace: &str,
-        pod: &Waiting,
+        key: &str,
         charge: &ModelAmounts,
-        now: CreatedSecond,
+        (now, id): (CreatedSecond, &str),
     ) -> Result<bool, ReleaseError> {
-        let (_, name) = key_parts(&pod.key);
+        let (_, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut pause = Duration::from_millis(250);
         for _ in 0..SETTLE_ATTEMPTS {
@@ -389,8 +402,11 @@ impl Releaser {
             if !still_waits {
                 return Ok(true);
             }
-            let charged_at = (now, Some(pod.uid.as_str()));
-            match self.backend.release(namespace, charge, charged_at).await {
+            match self
+                .backend
+                .release(namespace, charge, (now, Some(id)))
+                .await
+            {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,
             }
@@ -444,6 +460,19 @@ impl Releaser {
             .publish(&pod.key, &pod.uid, EventType::Normal, reason, "Queue", note);
         true
     }
+}
+
+/// A new id for a charge of the pod `uid`: the pod, this process and a count, so no other
+/// attempt (of this replica or another, before or after a restart) has it.
+fn charge_id(uid: &str) -> String {
+    static PROCESS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.map_or(0, |d| d.as_nanos()) ^ u128::from(std::process::id())
+    });
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{uid}.{process:x}.{count}")
 }
 
 /// The JSON Patch that lets `pod` go, if it carries the gate: the uid and the gate at

@@ -191,7 +191,7 @@ impl Plan {
             costs: Costs::single(model, charge.charge.clone()),
             rules: config.admit_rules(),
             created: charge.created,
-            pod: None,
+            charge_id: None,
             dry_run: false,
         };
         match backend.charge_at_placement(self.namespace(), ask).await {

@@ -48,8 +48,8 @@ pub fn with_charges(
                 pending.add_entry(entry);
                 used.0.saturating_add(amount.0)
             }
-            // A recognisable charge that is not there (its write was never stored, or it
-            // was taken back already) leaves `used` alone too.
+            // A charge with an id that is not there (its write was never stored, or it was
+            // taken back already) leaves `used` alone too.
             Direction::Remove if !pending.remove(entry) && entry.3.is_some() => continue,
             Direction::Remove => used.0.saturating_sub(amount.0),
         };

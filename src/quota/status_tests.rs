@@ -30,7 +30,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
                 model: "T4".into(),
                 amount: Quantity(amount.to_string()),
                 pods: *pods,
-                uids: vec![],
+                charge_ids: vec![],
             })
             .collect(),
         reservations: vec![],
@@ -151,7 +151,7 @@ fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
 #[test]
 fn a_release_takes_back_exactly_what_was_charged() {
     let quota = quota("1", &[]);
-    let charge = [("T4", Milli(500), T, Some("uid"))];
+    let charge = [("T4", Milli(500), T, Some("pod.1"))];
     let charged = with_charges(&quota, &charge, Direction::Add).unwrap();
     let released = with_charges(&charged, &charge, Direction::Remove).unwrap();
     let status = released.status.unwrap();
@@ -160,13 +160,13 @@ fn a_release_takes_back_exactly_what_was_charged() {
 }
 
 /// A release whose charge write was cut (sent, its answer lost) takes back exactly its
-/// own charge by the pod's uid: all of it if the write was stored, nothing if it was not,
-/// and nothing the second time.
+/// own charge by its id: all of it if the write was stored, nothing if it was not, and
+/// nothing the second time; never the same pod's next attempt.
 #[test]
-fn a_release_taken_back_by_uid_is_exact_whether_or_not_its_write_was_stored() {
+fn a_release_taken_back_by_id_is_exact_whether_or_not_its_write_was_stored() {
     let quota = quota("1", &[]);
-    let mine = [("T4", Milli(500), T, Some("uid-mine"))];
-    let other = [("T4", Milli(500), T, Some("uid-other"))];
+    let mine = [("T4", Milli(500), T, Some("pod.1"))];
+    let other = [("T4", Milli(500), T, Some("pod.2"))];
     let stored = with_charges(&quota, &mine, Direction::Add).unwrap();
     let stored = with_charges(&stored, &other, Direction::Add).unwrap();
     let back = with_charges(&stored, &mine, Direction::Remove).unwrap();

@@ -304,7 +304,8 @@ impl Releaser {
             Charge::Model { charge, .. } => Some(charge),
             Charge::AtPlacement { .. } | Charge::Unlimited => None,
         };
-        let id = charge_id(&pod.uid);
+        let attempt = Attempt::new(&pod.uid, now);
+        let id = attempt.id.clone();
         if let Some(charge) = charged {
             let ask = Ask {
                 costs: pod.costs.clone(),
@@ -326,7 +327,7 @@ impl Releaser {
             }
         }
         turn.wait().await;
-        let ungated = self.ungate(&pod.key, now).await;
+        let ungated = self.ungate(&pod.key, &attempt.stamp).await;
         drop(turn); // the pod behind goes, whatever settling this one needs
         let Some(charge) = charged else {
             return ungated;
@@ -341,7 +342,7 @@ impl Releaser {
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
                 let _settling = Settling::mark(&self.settling, &pod.key);
-                self.settle(namespace, &pod.key, charge, (now, &id)).await
+                self.settle(namespace, &pod.key, charge, &attempt).await
             }
         }
     }
@@ -378,15 +379,17 @@ impl Releaser {
 
     /// After a failed ungate (the API server restarting, say) the patch may or may not
     /// have been applied: read the pod until the API server answers, then keep the charge
-    /// if the gate is gone (the pod was let go) or give it back if it is still there or
-    /// the pod is gone. Neither is left to the charge's expiry, which would hold the room
-    /// for minutes, nor given back blindly, which could free room a running pod uses.
+    /// if this attempt let the pod go (its release annotation is this attempt's stamp), or
+    /// give it back if the pod still waits, is gone, or was let go by another attempt
+    /// (another replica's, on that one's charge). Neither is left to the charge's expiry,
+    /// which would hold the room for minutes, nor given back blindly, which could free
+    /// room a running pod uses.
     async fn settle(
         &self,
         namespace: &str,
         key: &str,
         charge: &ModelAmounts,
-        (now, id): (CreatedSecond, &str),
+        attempt: &Attempt,
     ) -> Result<bool, ReleaseError> {
         let (_, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
@@ -394,19 +397,13 @@ impl Releaser {
         for _ in 0..SETTLE_ATTEMPTS {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(4));
-            let still_waits = match pods.get_opt(name).await {
-                Ok(Some(fresh)) => is_gated(&fresh),
-                Ok(None) => true,
+            match pods.get_opt(name).await {
+                Ok(Some(fresh)) if attempt.let_go(&fresh) => return Ok(true),
+                Ok(_) => {}
                 Err(_) => continue,
-            };
-            if !still_waits {
-                return Ok(true);
             }
-            match self
-                .backend
-                .release(namespace, charge, (now, Some(id)))
-                .await
-            {
+            let charged_at = (attempt.second, Some(attempt.id.as_str()));
+            match self.backend.release(namespace, charge, charged_at).await {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,
             }
@@ -416,13 +413,13 @@ impl Releaser {
 
     /// Remove the gate and write the release annotation in one JSON Patch that tests the
     /// gate is where the fresh copy has it: `Ok(false)` when it is not there any more.
-    async fn ungate(&self, key: &str, now: CreatedSecond) -> Result<bool, ReleaseError> {
+    async fn ungate(&self, key: &str, stamp: &str) -> Result<bool, ReleaseError> {
         let (namespace, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let Some(fresh) = pods.get_opt(name).await.map_err(ReleaseError::Read)? else {
             return Ok(false);
         };
-        let Some(patch) = ungate_patch(&fresh, &format_second(now)) else {
+        let Some(patch) = ungate_patch(&fresh, stamp) else {
             return Ok(false);
         };
         match pods
@@ -462,17 +459,51 @@ impl Releaser {
     }
 }
 
-/// A new id for a charge of the pod `uid`: the pod, this process and a count, so no other
-/// attempt (of this replica or another, before or after a restart) has it.
-fn charge_id(uid: &str) -> String {
-    static PROCESS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
-    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let process = PROCESS.get_or_init(|| {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        since.map_or(0, |d| d.as_nanos()) ^ u128::from(std::process::id())
+/// One try at letting a pod go: the second its charge is made in (its pending total), the
+/// charge's id, and the stamp its release annotation gets — that second with a fraction
+/// no other attempt has, so whoever reads the pod afterwards can tell which attempt let it
+/// go (readers of the annotation take its whole second).
+struct Attempt {
+    second: CreatedSecond,
+    id: String,
+    stamp: String,
+}
+
+impl Attempt {
+    fn new(uid: &str, second: CreatedSecond) -> Self {
+        static PROCESS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let process = *PROCESS.get_or_init(|| {
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            since.map_or(0, |d| d.as_nanos()) ^ u128::from(std::process::id())
+        });
+        let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fraction = (process.wrapping_add(u128::from(count)) % 1_000_000_000) as i64;
+        Attempt {
+            second,
+            id: format!("{uid}.{process:x}.{count}"),
+            stamp: release_stamp(second, fraction),
+        }
+    }
+
+    /// Whether this attempt let `pod` go: its gate is gone and its release annotation
+    /// is this attempt's stamp.
+    fn let_go(&self, pod: &Pod) -> bool {
+        let annotations = pod.metadata.annotations.as_ref();
+        let stamp = annotations.and_then(|a| a.get(RELEASED_ANNOTATION));
+        !is_gated(pod) && stamp == Some(&self.stamp)
+    }
+}
+
+/// `second` (unix seconds) with `nanos` as its fraction, in RFC 3339.
+fn release_stamp(second: CreatedSecond, nanos: i64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp(second)
+        .map(|t| t + time::Duration::nanoseconds(nanos));
+    let text = at.ok().and_then(|t| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .ok()
     });
-    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{uid}.{process:x}.{count}")
+    text.unwrap_or_else(|| format_second(second))
 }
 
 /// The JSON Patch that lets `pod` go, if it carries the gate: the uid and the gate at
@@ -501,6 +532,38 @@ fn ungate_patch(pod: &Pod, second: &str) -> Option<json_patch::Patch> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Two replicas let one pod go in the same second, one of them without hearing back:
+    /// the pod's release annotation tells which attempt let it go, so the other gives its
+    /// charge back instead of keeping a second one; readers still take the whole second.
+    #[test]
+    fn the_release_annotation_tells_which_attempt_let_a_pod_go() {
+        let second = 1_790_000_000;
+        let (mine, theirs) = (Attempt::new("uid-p", second), Attempt::new("uid-p", second));
+        assert_ne!(mine.stamp, theirs.stamp);
+        assert_ne!(mine.id, theirs.id);
+        for attempt in [&mine, &theirs] {
+            let parsed = crate::quota::pending::parse_second(&attempt.stamp).unwrap();
+            assert_eq!(parsed, second, "{}", attempt.stamp);
+        }
+        let pod = |gated: bool, stamp: &str| -> Pod {
+            let gates = match gated {
+                true => serde_json::json!([{"name": QUOTA_GATE}]),
+                false => serde_json::json!([]),
+            };
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "annotations": {RELEASED_ANNOTATION: stamp}},
+                "spec": {"schedulingGates": gates, "containers": []}
+            }))
+            .unwrap()
+        };
+        assert!(theirs.let_go(&pod(false, &theirs.stamp)));
+        assert!(
+            !mine.let_go(&pod(false, &theirs.stamp)),
+            "let go on the other's charge"
+        );
+        assert!(!mine.let_go(&pod(true, &mine.stamp)), "still waiting");
+    }
 
     #[tokio::test]
     async fn a_pod_stops_settling_when_its_settle_ends_or_is_cancelled() {

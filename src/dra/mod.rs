@@ -243,11 +243,21 @@ impl ClaimAsks {
     ) -> Result<Self, AskError> {
         let mut asks = ClaimAsks::default();
         let mut budget = cel::Budget::default();
-        let mut ask = |name: &str, exact: &ExactRequest| match catalog.ask(name, exact, &mut budget)
-        {
-            Err(error) if strict => Err(error),
-            Err(_) => Ok(catalog.unevaluated(name, exact)),
-            Ok(ask) => Ok(ask),
+        let mut ask = |name: &str, exact: &ExactRequest| {
+            let pinned = || {
+                catalog
+                    .unevaluated(name, exact)
+                    .filter(|a| a.pinned.is_some())
+            };
+            if !strict && let Some(ask) = pinned() {
+                // Charged by its pin: nothing to compile.
+                return Ok(Some(ask));
+            }
+            match catalog.ask(name, exact, &mut budget) {
+                Err(error) if strict => Err(error),
+                Err(_) => Ok(catalog.unevaluated(name, exact)),
+                Ok(ask) => Ok(ask),
+            }
         };
         for request in requests {
             if let Some(exact) = &request.exactly
@@ -298,6 +308,34 @@ impl ClaimAsks {
     }
 }
 
+/// What a [`Catalog`] is built from, copied out of the cluster state (cheap: the
+/// sampled devices are shared).
+#[derive(Debug, Clone)]
+pub struct CatalogSource {
+    dra: Dra,
+    classes: DeviceClasses,
+    samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
+    products: BTreeMap<String, Vec<String>>,
+    known: BTreeSet<String>,
+}
+
+impl CatalogSource {
+    pub fn new(
+        dra: &Dra,
+        classes: &DeviceClasses,
+        devices: &DeviceIndex,
+        known: impl IntoIterator<Item = String>,
+    ) -> Self {
+        CatalogSource {
+            dra: dra.clone(),
+            classes: classes.clone(),
+            samples: devices.samples(),
+            products: devices.products(),
+            known: known.into_iter().collect(),
+        }
+    }
+}
+
 /// What decides a request's model: the GPU DeviceClasses, samples of the published
 /// GPU devices, and the model labels known without published devices.
 #[derive(Debug)]
@@ -327,10 +365,22 @@ impl Catalog {
         devices: &DeviceIndex,
         known: impl IntoIterator<Item = String>,
     ) -> Self {
-        let samples = devices.samples();
+        Self::from_source(CatalogSource::new(dra, classes, devices, known))
+    }
+
+    /// Built from what was copied out of the cluster state: this compiles (and for
+    /// DeviceClasses not in the config, evaluates) CEL, so it is never done under the
+    /// cache's lock.
+    pub fn from_source(source: CatalogSource) -> Self {
+        let CatalogSource {
+            dra,
+            classes,
+            samples,
+            products,
+            known,
+        } = source;
         let published: BTreeSet<&str> = samples.keys().map(|(l, _)| l.as_str()).collect();
         let mut synthetic = Vec::new();
-        let known: BTreeSet<String> = known.into_iter().collect();
         for key in &known {
             let (label, profile) = match key.split_once('/') {
                 Some((label, profile)) => (label, Some(profile.to_string())),
@@ -340,19 +390,28 @@ impl Catalog {
                 continue;
             }
             for product in dra.products_of_label(label) {
-                let device = synthetic_device(dra, &product, profile.as_deref());
+                let device = synthetic_device(&dra, &product, profile.as_deref());
                 synthetic.push((label.to_string(), profile.clone(), device));
             }
         }
         let mut catalog = Catalog {
-            dra: dra.clone(),
+            dra,
             gpu_classes: BTreeMap::new(),
             samples,
-            products: devices.products(),
+            products,
             synthetic,
         };
-        catalog.gpu_classes = gpu_classes(&catalog, classes);
+        catalog.gpu_classes = gpu_classes(&catalog, &classes);
         catalog
+    }
+
+    /// The DeviceClasses that are GPU classes without the config listing them.
+    pub fn found_gpu_classes(&self) -> impl Iterator<Item = &str> {
+        let listed = &self.dra.device_classes;
+        self.gpu_classes
+            .keys()
+            .map(String::as_str)
+            .filter(|c| !listed.contains_key(*c))
     }
 
     pub fn dra(&self) -> &Dra {
@@ -394,9 +453,15 @@ impl Catalog {
                 error,
             })?);
         }
+        // A pinned request is charged by its pin: what its selectors match among the
+        // samples decides nothing (docs/devices.md, "The pin").
+        let matched = match pinned {
+            Some(_) => BTreeMap::new(),
+            None => self.matched(&selectors, &class.selectors, budget)?,
+        };
         Ok(Some(DeviceAsk {
             request: name.to_string(),
-            matched: self.matched(&selectors, &class.selectors, budget)?,
+            matched,
             named: class.model.clone(),
             pinned,
             count: count_of(exact),
@@ -404,7 +469,7 @@ impl Catalog {
     }
 
     /// A GPU request whose selectors were not evaluated: it matches no model.
-    fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
+    pub fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
         let expressions = exact.expressions();
         Some(DeviceAsk {

@@ -346,3 +346,52 @@ fn dra_nodes_are_those_publishing_the_pods_model_without_gpu_capacity() {
     // The pod wants Tesla-T4 (its annotation); node-1 publishes A100s only.
     assert_eq!(state.dra_nodes(&key, &names), ["dra-t4"]);
 }
+
+/// Finding 21.2: the cache re-ran a claim's CEL in `apply_claim`, under its lock, every
+/// time the watch brought the claim and for every claim on each DeviceClass change. A
+/// claim joins with the asks its webhook evaluated off the lock and keeps them; the
+/// watch bringing it again runs no CEL; a DeviceClass change leaves it charged until it
+/// is evaluated again off the lock.
+#[test]
+fn an_admitted_claim_joins_the_cache_with_its_verdict_and_no_cel_runs_under_the_lock() {
+    use crate::dra::{Catalog, ClaimAsks};
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "t4", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": 3, "selectors": [{"cel": {"expression":
+                "device.attributes[\"gpu.nvidia.com\"].productName.startsWith(\"Tesla\")"}}]}}]}}
+    }))
+    .unwrap();
+    // The webhook's evaluation, off the lock.
+    let catalog = Catalog::from_source(state.catalog_source("team-a"));
+    let mut judged = CachedClaim::from_claim(&claim, &dra).unwrap();
+    judged.asks = ClaimAsks::of(&claim, &catalog).unwrap();
+    judged.evaluated = Some(state.classes_version());
+    let key = claim_key("team-a", "t4");
+    let work = crate::dra::cel::WORK.get();
+    state.apply_claim(key.clone(), judged);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    state.apply_claim(key.clone(), CachedClaim::from_claim(&claim, &dra).unwrap());
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert!(
+        state
+            .unevaluated(&mut [(key.clone(), CachedClaim::from_claim(&claim, &dra).unwrap())])
+            .is_empty()
+    );
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", class);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert_eq!(crate::dra::cel::WORK.get(), work, "no CEL under the lock");
+    // Evaluated again off the lock (here on this thread), the same charge.
+    let evaluated = state.unevaluated_claims().evaluate();
+    assert!(crate::dra::cel::WORK.get() > work);
+    state.apply_evaluated(evaluated);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert!(state.unevaluated_claims().is_empty());
+}

@@ -276,8 +276,8 @@ async fn measure(sender: &mut Sender, what: &str, path: &str, body: Option<Bytes
     );
 }
 
-/// `n` pod reviews and `n` probes, alternating, one at a time: their p50 and p99.
-async fn probe(pods: &mut Sender, admin: &mut Sender, n: usize) -> [(Duration, Duration); 2] {
+/// `n` pod reviews and `n` probes, alternating, one at a time: their latencies.
+async fn probe(pods: &mut Sender, admin: &mut Sender, n: usize) -> [Vec<Duration>; 2] {
     let pod = pod_review();
     let (mut reviews, mut probes) = (Vec::new(), Vec::new());
     for _ in 0..n {
@@ -290,11 +290,15 @@ async fn probe(pods: &mut Sender, admin: &mut Sender, n: usize) -> [(Duration, D
         assert_eq!(status, 200);
         probes.push(sent.elapsed());
     }
-    [reviews, probes].map(|mut l| {
-        l.sort();
-        let at = |q: f64| l[((l.len() as f64 * q).ceil() as usize).clamp(1, l.len()) - 1];
-        (at(0.5), at(0.99))
-    })
+    [reviews, probes]
+}
+
+/// The p50 and p99 of `latencies`.
+fn p50_p99(mut latencies: Vec<Duration>) -> (Duration, Duration) {
+    latencies.sort();
+    let n = latencies.len();
+    let at = |q: f64| latencies[((n as f64 * q).ceil() as usize).clamp(1, n) - 1];
+    (at(0.5), at(0.99))
 }
 
 /// Pod reviews and probes, quiet and while four connections send `hostile` to both
@@ -306,7 +310,7 @@ async fn interference(door: &support::WebhookDoor, admin: &support::WebhookDoor,
         .unwrap_or(200);
     let mut pods: Sender = connect(door.addr, &door.ca).await;
     let mut probes: Sender = connect(admin.addr, &admin.ca).await;
-    let quiet = probe(&mut pods, &mut probes, n).await;
+    let quiet = probe(&mut pods, &mut probes, n).await.map(p50_p99);
     let stop = tokio_util::sync::CancellationToken::new();
     let mut senders = Vec::new();
     for i in 0..4 {
@@ -326,13 +330,14 @@ async fn interference(door: &support::WebhookDoor, admin: &support::WebhookDoor,
     let cpu = cpu_seconds();
     let started = Instant::now();
     // As many rounds as fit in 3 s, so that the hostile claims run all along.
-    let mut loaded = probe(&mut pods, &mut probes, n).await;
+    let [mut reviews, mut probed] = probe(&mut pods, &mut probes, n).await;
     while started.elapsed() < Duration::from_secs(3) {
-        let round = probe(&mut pods, &mut probes, n).await;
-        for (worst, new) in loaded.iter_mut().zip(round) {
-            *worst = (worst.0.max(new.0), worst.1.max(new.1));
-        }
+        let [more_reviews, more_probes] = probe(&mut pods, &mut probes, n).await;
+        reviews.extend(more_reviews);
+        probed.extend(more_probes);
     }
+    let measured = reviews.len();
+    let loaded = [reviews, probed].map(p50_p99);
     let elapsed = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu;
     stop.cancel();
@@ -347,7 +352,7 @@ async fn interference(door: &support::WebhookDoor, admin: &support::WebhookDoor,
         .zip(quiet.iter().zip(&loaded))
     {
         println!(
-            "{what:<22} {n} one at a time: quiet p50 {:.2?} p99 {:.2?}; under hostile claims p50 {:.2?} p99 {:.2?}; p99 ratio {:.2}",
+            "{what:<22} one at a time: quiet ({n}) p50 {:.2?} p99 {:.2?}; under hostile claims ({measured}) p50 {:.2?} p99 {:.2?}; p99 ratio {:.2}",
             q.0,
             q.1,
             l.0,

@@ -9,8 +9,10 @@
 //! A tenant writes these expressions, so every one is bounded before it runs: its
 //! length (Kubernetes' own limit), its nesting, a cost worked out from its syntax tree
 //! (comprehensions cost their range times their body and do not nest; regular
-//! expressions are literals that compile small), and each claim's evaluations share
-//! one [`Budget`].
+//! expressions are literals, compiled once per claim within a size limit). Each claim's
+//! parsing, compiling and evaluations draw on one [`Budget`], priced by what they
+//! really cost and charged while an evaluation runs (`meter`), so that a claim's review
+//! spends a bounded time on CEL whatever it holds (docs/devices.md, "Bounds").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -113,6 +115,7 @@ impl Budget {
     }
 
     fn spend(&mut self, cost: u64) -> Result<(), OverBudget> {
+        meter::pace(cost);
         self.left = self.left.checked_sub(cost).ok_or(OverBudget)?;
         Ok(())
     }
@@ -227,12 +230,11 @@ impl Selector {
         let variable = DeviceVariable(device.value.as_ref());
         let mut context = Context::with_env(env_arc());
         context.set_variable_resolver(&variable);
-        let value = pattern::with_patterns(&self.patterns, || {
+        pattern::with_patterns(&self.patterns, || {
             Value::resolve_val(&self.expression, &context)
                 .ok()
                 .and_then(|v| v.downcast_ref::<CelBool>().map(|b| *b.inner()))
-        });
-        value
+        })
     }
 }
 

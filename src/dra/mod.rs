@@ -53,13 +53,14 @@ pub mod cel;
 pub mod classes;
 pub mod pin;
 pub mod slices;
+mod source;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cel::{AttributeValue, CelDevice, Selector};
-use classes::{ClassInfo, DeviceClasses};
+use classes::DeviceClasses;
 use slices::DeviceIndex;
 
 use serde::Deserialize;
@@ -69,6 +70,8 @@ use crate::placement::{GpuDemand, GpuRequest, MigDemand};
 use crate::quota::{ModelAmounts, add_charge, charge_on};
 
 pub use pin::Pin;
+pub use source::CatalogSource;
+use source::{GpuClass, gpu_classes};
 pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
 
 /// Kubernetes' `AllocationResultsMaxSize`: what an `All` request can be allocated at most.
@@ -308,34 +311,6 @@ impl ClaimAsks {
     }
 }
 
-/// What a [`Catalog`] is built from, copied out of the cluster state (cheap: the
-/// sampled devices are shared).
-#[derive(Debug, Clone)]
-pub struct CatalogSource {
-    dra: Dra,
-    classes: DeviceClasses,
-    samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
-    products: BTreeMap<String, Vec<String>>,
-    known: BTreeSet<String>,
-}
-
-impl CatalogSource {
-    pub fn new(
-        dra: &Dra,
-        classes: &DeviceClasses,
-        devices: &DeviceIndex,
-        known: impl IntoIterator<Item = String>,
-    ) -> Self {
-        CatalogSource {
-            dra: dra.clone(),
-            classes: classes.clone(),
-            samples: devices.samples(),
-            products: devices.products(),
-            known: known.into_iter().collect(),
-        }
-    }
-}
-
 /// What decides a request's model: the GPU DeviceClasses, samples of the published
 /// GPU devices, and the model labels known without published devices.
 #[derive(Debug)]
@@ -348,12 +323,6 @@ pub struct Catalog {
     products: BTreeMap<String, Vec<String>>,
     /// Devices made up for the known labels no published device has: (label, profile).
     synthetic: Vec<(String, Option<String>, CelDevice)>,
-}
-
-#[derive(Debug)]
-struct GpuClass {
-    model: Option<String>,
-    selectors: Vec<Selector>,
 }
 
 impl Catalog {
@@ -556,48 +525,6 @@ fn synthetic_device(dra: &Dra, product: &str, profile: Option<&str>) -> CelDevic
     }
     let attributes = BTreeMap::from([(dra.driver.clone(), names)]);
     CelDevice::new(&dra.driver, &attributes, &BTreeMap::new())
-}
-
-/// The GPU classes: those the config lists, and those whose selectors match a published
-/// device of the GPU driver, or do not rule out a device of it (on a device of that
-/// driver with no attributes, each evaluates true or fails for want of one).
-fn gpu_classes(catalog: &Catalog, classes: &DeviceClasses) -> BTreeMap<String, GpuClass> {
-    let compile = |info: Option<&ClassInfo>| -> Option<Vec<Selector>> {
-        let expressions = info.map(|i| i.selectors.as_slice()).unwrap_or_default();
-        expressions
-            .iter()
-            .map(|e| Selector::compile(e).ok())
-            .collect()
-    };
-    let mut gpu = BTreeMap::new();
-    for (name, model) in &catalog.dra.device_classes {
-        let selectors = compile(classes.get(name)).unwrap_or_default();
-        let model = (!model.is_empty()).then(|| model.clone());
-        gpu.insert(name.clone(), GpuClass { model, selectors });
-    }
-    let bare = CelDevice::new(&catalog.dra.driver, &BTreeMap::new(), &BTreeMap::new());
-    for (name, info) in classes {
-        if gpu.contains_key(name) {
-            continue;
-        }
-        let Some(selectors) = compile(Some(info)) else {
-            continue;
-        };
-        let mut published = catalog.samples.values().flatten();
-        let matches = |d: &CelDevice| selectors.iter().all(|s| s.evaluate(d) == Some(true));
-        let is_gpu = published.any(|d| matches(d))
-            || selectors.iter().all(|s| s.evaluate(&bare) != Some(false));
-        if is_gpu {
-            gpu.insert(
-                name.clone(),
-                GpuClass {
-                    model: None,
-                    selectors,
-                },
-            );
-        }
-    }
-    gpu
 }
 
 /// One request's charge, as a pod asking for the same devices through the device plugin

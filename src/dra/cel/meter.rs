@@ -25,9 +25,28 @@ const BYTES_PER_UNIT: u64 = 64;
 const COST: &str = "@cost";
 const RANGE: &str = "@range";
 
+/// Units spent between two yields of the thread (about 50 µs of work).
+const UNITS_PER_YIELD: u64 = 1_000;
+
 thread_local! {
     /// The running evaluation's allowance; none outside [`metered`].
     static METER: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Units spent on this thread since it last yielded.
+    static SINCE_YIELD: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Note that `units` were spent on this thread, and every [`UNITS_PER_YIELD`] let the
+/// other threads of the machine run: a claim's evaluation is CPU-bound for up to tens
+/// of milliseconds, and the pod reviews and probes it shares the cores with should not
+/// wait for the scheduler's time slice behind it.
+pub(super) fn pace(units: u64) {
+    let since = SINCE_YIELD.get().saturating_add(units);
+    if since >= UNITS_PER_YIELD {
+        std::thread::yield_now();
+        SINCE_YIELD.set(0);
+    } else {
+        SINCE_YIELD.set(since);
+    }
 }
 
 /// Run `evaluate` with `allowance` units to spend: its result, and the units left
@@ -41,6 +60,7 @@ pub(super) fn metered<T>(allowance: u64, evaluate: impl FnOnce() -> T) -> (T, Op
 /// Spend `units` of the running evaluation's allowance; an error once it is spent
 /// (and outside an evaluation, which is never allowed anything).
 pub(super) fn charge(units: u64) -> Result<(), ExecutionError> {
+    pace(units);
     let left = METER.get().and_then(|left| left.checked_sub(units));
     METER.set(left);
     left.map(|_| ())

@@ -42,8 +42,6 @@ struct Copied {
 struct Seen {
     catalog: Catalog,
     limits: NamespaceLimits,
-    #[allow(dead_code)] // read by the tests that build a `Seen` by hand
-    serves_pod: bool,
 }
 
 /// What the review says of the claim's creator: whether it is one of the schedulers
@@ -105,7 +103,6 @@ pub async fn validate_claim(
     let seen = Seen {
         catalog,
         limits: copied.limits,
-        serves_pod: false,
     };
     let (wanted, costs) = match charged(config, namespace, &seen, &asks) {
         Ok(Some(charged)) => charged,
@@ -322,7 +319,6 @@ mod tests {
         Seen {
             catalog: catalog(),
             limits: limits(default),
-            serves_pod: false,
         }
     }
 

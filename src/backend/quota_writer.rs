@@ -25,7 +25,7 @@ use crate::placement::models::WantedModels;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
 use crate::quota::cohort::{self, count_charge};
-use crate::quota::pending::{CreatedSecond, Entry};
+use crate::quota::pending::{ChargeId, CreatedSecond, Entry};
 use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
 
@@ -173,7 +173,7 @@ impl QuotaWriter {
         cache: &ClusterCache,
         namespace: &str,
         charge: &ModelAmounts,
-        (created, id): (CreatedSecond, Option<&str>),
+        (created, id): (CreatedSecond, ChargeId<'_>),
     ) -> Result<(), ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let listing: Vec<String> = cache.with_state(|state| {
@@ -373,7 +373,13 @@ fn round_charges(decided: &[Decided]) -> Vec<Entry<'_>> {
     decided
         .iter()
         .flat_map(|d| {
-            let (created, id) = (d.waiting.ask.created, d.waiting.ask.charge_id.as_deref());
+            let created = d.waiting.ask.created;
+            let id = d
+                .waiting
+                .ask
+                .charge_id
+                .as_deref()
+                .map_or(ChargeId::None, ChargeId::Unsure);
             d.charge
                 .iter()
                 .map(move |(key, amount)| (key.as_str(), *amount, created, id))

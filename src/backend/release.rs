@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use crate::cache::pod::{is_gated, key_parts};
 use crate::metrics::{QueueLabels, WaitHistogram};
-use crate::quota::pending::{CreatedSecond, format_second, now_second};
+use crate::quota::pending::{ChargeId, CreatedSecond, format_second, now_second};
 use crate::quota::queue::{
     QUOTA_GATE, QueueRules, RELEASED_ANNOTATION, Turn, WaitReason, Waiting, plan,
 };
@@ -335,7 +335,7 @@ impl Releaser {
         match ungated {
             Ok(true) => Ok(true),
             Ok(false) => {
-                let charged_at = (now, Some(id.as_str()));
+                let charged_at = (now, ChargeId::Stored(&id));
                 self.backend.release(namespace, charge, charged_at).await?;
                 Ok(false)
             }
@@ -359,7 +359,7 @@ impl Releaser {
         let task = async move {
             let mut pause = Duration::from_millis(250);
             for _ in 0..SETTLE_ATTEMPTS {
-                let charged_at = (at.0, Some(at.1.as_str()));
+                let charged_at = (at.0, ChargeId::Unsure(&at.1));
                 if backend
                     .release(&namespace, &charge, charged_at)
                     .await
@@ -402,7 +402,7 @@ impl Releaser {
                 Ok(_) => {}
                 Err(_) => continue,
             }
-            let charged_at = (attempt.second, Some(attempt.id.as_str()));
+            let charged_at = (attempt.second, ChargeId::Stored(&attempt.id));
             match self.backend.release(namespace, charge, charged_at).await {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,

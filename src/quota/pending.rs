@@ -41,9 +41,31 @@ pub struct BucketKey<'a> {
 pub const MAX_IDS: usize = 256;
 
 /// One charge as the ledger writes it: `amount` of quota key `model`, in the total of
-/// second `created`, with its id when it must be possible to take it back exactly (the
-/// quota queue's releases: one id per attempt, never reused).
-pub type Entry<'a> = (&'a str, Milli, CreatedSecond, Option<&'a str>);
+/// second `created`, and how it is known (see [`ChargeId`]).
+pub type Entry<'a> = (&'a str, Milli, CreatedSecond, ChargeId<'a>);
+
+/// How a charge is known to the ledger, which decides how it is taken back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeId<'a> {
+    /// By its amount: a charge whose write is known to be stored, without an id
+    /// (admission's, the extender's).
+    None,
+    /// A quota queue release's charge (one id per attempt, never reused) whose write
+    /// may or may not have been stored: taken back only while its total holds the id.
+    Unsure(&'a str),
+    /// A quota queue release's charge whose write was stored: taken back by its id, or,
+    /// when its total was too full to keep the id, as one of the charges kept without one.
+    Stored(&'a str),
+}
+
+impl<'a> ChargeId<'a> {
+    fn id(self) -> Option<&'a str> {
+        match self {
+            ChargeId::None => None,
+            ChargeId::Unsure(id) | ChargeId::Stored(id) => Some(id),
+        }
+    }
+}
 
 /// One running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -115,27 +137,32 @@ impl Pending {
     pub fn add_entry(&mut self, (model, amount, created, id): Entry<'_>) {
         self.add(created, model, amount, 1);
         let total = self.totals.get_mut(&(created, model.to_string()));
-        if let (Some(total), Some(id)) = (total, id)
+        if let (Some(total), Some(id)) = (total, id.id())
             && total.ids.len() < MAX_IDS
         {
             total.ids.push(id.to_string());
         }
     }
 
-    /// Take back one pod's charge (a placement or release that could not be written). One
-    /// with an id only if its total holds that id: taking it back is then exact whether
-    /// the write that added it was stored or not, and never takes another charge. `true`
-    /// when something was taken back.
+    /// Take back one pod's charge (a placement or release that could not be written). An
+    /// [`ChargeId::Unsure`] one only if its total holds its id: taking it back is then
+    /// exact whether the write that added it was stored or not, and never takes another
+    /// charge. A [`ChargeId::Stored`] one without its id (the total was full of ids) only
+    /// if the total holds a charge kept without one. `true` when something was taken back.
     pub fn remove(&mut self, (model, amount, created, id): Entry<'_>) -> bool {
         let key = (created, model.to_string());
         let Some(total) = self.totals.get_mut(&key) else {
             return false;
         };
-        if let Some(id) = id {
-            let Some(at) = total.ids.iter().position(|i| i == id) else {
-                return false;
-            };
-            total.ids.swap_remove(at);
+        let found = id
+            .id()
+            .and_then(|id| total.ids.iter().position(|i| i == id));
+        let anonymous = total.pods as usize > total.ids.len();
+        match (id, found) {
+            (_, Some(at)) => drop(total.ids.swap_remove(at)),
+            (ChargeId::None, None) => {}
+            (ChargeId::Stored(_), None) if anonymous => {}
+            (ChargeId::Stored(_) | ChargeId::Unsure(_), None) => return false,
         }
         total.amount = Milli(total.amount.0.saturating_sub(amount.0));
         total.pods = total.pods.saturating_sub(1);
@@ -288,8 +315,8 @@ mod tests {
         assert_eq!((status[0].amount.0.as_str(), status[0].pods), ("1.5", 2));
         let mut read = Pending::from_status(&status).unwrap();
         assert_eq!(read, pending);
-        read.remove(("A100", Milli(250), T + 3, None));
-        read.remove(("T4", Milli(500), T, None));
+        read.remove(("A100", Milli(250), T + 3, ChargeId::None));
+        read.remove(("T4", Milli(500), T, ChargeId::None));
         assert_eq!(read.to_status().len(), 1);
         assert_eq!(read.to_status()[0].amount.0, "1");
     }
@@ -300,22 +327,22 @@ mod tests {
     #[test]
     fn a_charge_is_taken_back_by_its_id_exactly_once() {
         let mut pending = Pending::default();
-        pending.add_entry(("T4", Milli(1000), T, Some("pod-a.1")));
-        pending.add_entry(("T4", Milli(1000), T, Some("pod-a.2")));
-        pending.add_entry(("T4", Milli(500), T + 1, None));
+        pending.add_entry(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.1")));
+        pending.add_entry(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.2")));
+        pending.add_entry(("T4", Milli(500), T + 1, ChargeId::None));
         let mut read = Pending::from_status(&pending.to_status()).unwrap();
         assert_eq!(read, pending, "the ids ride in the status");
-        assert!(read.remove(("T4", Milli(1000), T, Some("pod-a.1"))));
+        assert!(read.remove(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.1"))));
         assert!(
-            !read.remove(("T4", Milli(1000), T, Some("pod-a.1"))),
+            !read.remove(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.1"))),
             "once"
         );
         assert!(
-            !read.remove(("T4", Milli(1000), T, Some("pod-a.3"))),
+            !read.remove(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.3"))),
             "never stored"
         );
         assert!(
-            !read.remove(("T4", Milli(500), T + 1, Some("pod-a.2"))),
+            !read.remove(("T4", Milli(500), T + 1, ChargeId::Unsure("pod-a.2"))),
             "not its total"
         );
         let (in_flight, _) = read.settle(seen_from(&[]), T + 2);
@@ -327,11 +354,27 @@ mod tests {
         let mut pending = Pending::default();
         let ids: Vec<String> = (0..MAX_IDS + 10).map(|i| format!("c{i}")).collect();
         for id in &ids {
-            pending.add_entry(("T4", Milli(1), T, Some(id)));
+            pending.add_entry(("T4", Milli(1), T, ChargeId::Unsure(id)));
         }
         assert_eq!(pending.to_status()[0].charge_ids.len(), MAX_IDS);
         assert_eq!(pending.to_status()[0].pods as usize, MAX_IDS + 10);
-        assert!(!pending.remove(("T4", Milli(1), T, Some(&ids[MAX_IDS]))));
+        let past = |i: usize| ("T4", Milli(1), T, ChargeId::Unsure(&ids[MAX_IDS + i]));
+        assert!(
+            !pending.remove(past(0)),
+            "unsure: it may never have been stored"
+        );
+        // A charge known stored whose id the full total did not keep is taken back as one
+        // of the ten kept without an id: a second queue replica losing a race for a pod
+        // in a busy second gives its charge back (it held room for minutes before).
+        for i in 0..10 {
+            let stored = ("T4", Milli(1), T, ChargeId::Stored(&ids[MAX_IDS + i]));
+            assert!(pending.remove(stored), "stored charge {i}");
+        }
+        let stored = ("T4", Milli(1), T, ChargeId::Stored("never-added"));
+        assert!(!pending.remove(stored), "no charge is left without an id");
+        assert_eq!(pending.to_status()[0].pods as usize, MAX_IDS);
+        assert!(pending.remove(("T4", Milli(1), T, ChargeId::Stored(&ids[0]))));
+        assert_eq!(pending.to_status()[0].charge_ids.len(), MAX_IDS - 1);
     }
 
     #[test]

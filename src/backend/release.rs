@@ -305,14 +305,13 @@ impl Releaser {
             Charge::AtPlacement { .. } | Charge::Unlimited => None,
         };
         let attempt = Attempt::new(&pod.uid, now);
-        let id = attempt.id.clone();
         if let Some(charge) = charged {
             let ask = Ask {
                 costs: pod.costs.clone(),
                 wanted: pod.wanted.clone(),
                 rules: self.rules.admit,
                 created: now,
-                charge_id: Some(id.clone()),
+                charge_id: Some(attempt.id.clone()),
                 dry_run: false,
             };
             match self.backend.charge(namespace, ask, |_, _| {}).await {
@@ -320,7 +319,7 @@ impl Releaser {
                 Ok(ChargeOutcome::Denied(_)) => return Ok(false),
                 Err(error) => {
                     if error.may_be_stored() {
-                        self.take_back(namespace, &pod.key, charge.clone(), (now, id));
+                        self.take_back(namespace, &pod.key, charge, &attempt, false);
                     }
                     return Err(error.into());
                 }
@@ -335,8 +334,12 @@ impl Releaser {
         match ungated {
             Ok(true) => Ok(true),
             Ok(false) => {
-                let charged_at = (now, ChargeId::Stored(&id));
-                self.backend.release(namespace, charge, charged_at).await?;
+                let charged_at = (now, ChargeId::Stored(&attempt.id));
+                if let Err(error) = self.backend.release(namespace, charge, charged_at).await {
+                    // Not left to hold its room until its pending total expires.
+                    self.take_back(namespace, &pod.key, charge, &attempt, true);
+                    return Err(error.into());
+                }
                 Ok(false)
             }
             Err(error) => {
@@ -347,19 +350,31 @@ impl Releaser {
         }
     }
 
-    /// After a charge write that failed without an answer (the API server restarting,
-    /// say), the charge may or may not have been stored: take back exactly that charge, by
-    /// its id, retried until the API server answers, in a task of its own (the line goes
-    /// on meanwhile; the pod keeps its place and may be charged again under another id).
-    /// Whether it was stored or not, the ledger is then as if this attempt never began, in
+    /// Take back `attempt`'s charge by its id, retried until the API server answers, in a
+    /// task of its own (the line goes on meanwhile; the pod keeps its place and may be
+    /// charged again under another id): after a charge write that failed without an
+    /// answer (the API server restarting, say: the charge may or may not be `stored`),
+    /// or a give-back that failed. The ledger is then as if this attempt never began, in
     /// seconds rather than when its pending total expires (minutes).
-    fn take_back(&self, namespace: &str, key: &str, charge: ModelAmounts, at: (i64, String)) {
+    fn take_back(
+        &self,
+        namespace: &str,
+        key: &str,
+        charge: &ModelAmounts,
+        attempt: &Attempt,
+        stored: bool,
+    ) {
         let (backend, namespace) = (self.backend.clone(), namespace.to_string());
+        let (charge, second, id) = (charge.clone(), attempt.second, attempt.id.clone());
         let span = tracing::info_span!("take_back", pod = %key);
         let task = async move {
             let mut pause = Duration::from_millis(250);
             for _ in 0..SETTLE_ATTEMPTS {
-                let charged_at = (at.0, ChargeId::Unsure(&at.1));
+                let id = match stored {
+                    true => ChargeId::Stored(&id),
+                    false => ChargeId::Unsure(&id),
+                };
+                let charged_at = (second, id);
                 if backend
                     .release(&namespace, &charge, charged_at)
                     .await

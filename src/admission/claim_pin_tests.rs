@@ -138,7 +138,6 @@ fn admitted(
     let seen = Seen {
         catalog: fleet.catalog(),
         limits: limits(default),
-        serves_pod: false,
     };
     let Ok(asks) = ClaimAsks::of(&pinned, &seen.catalog) else {
         return (pinned, None);
@@ -410,7 +409,6 @@ fn a_request_pinned_to_its_model_only_is_refused_naming_its_pin() {
     let seen = Seen {
         catalog: fleet.catalog(),
         limits: limits(None),
-        serves_pod: false,
     };
     let asks = ClaimAsks::of(&request(&model_only), &seen.catalog).unwrap();
     let error = charged(&Config::default(), "team-a", &seen, &asks)

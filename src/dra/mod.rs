@@ -53,13 +53,14 @@ pub mod cel;
 pub mod classes;
 pub mod pin;
 pub mod slices;
+mod source;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cel::{AttributeValue, CelDevice, Selector};
-use classes::{ClassInfo, DeviceClasses};
+use classes::DeviceClasses;
 use slices::DeviceIndex;
 
 use serde::Deserialize;
@@ -69,6 +70,8 @@ use crate::placement::{GpuDemand, GpuRequest, MigDemand};
 use crate::quota::{ModelAmounts, add_charge, charge_on};
 
 pub use pin::Pin;
+pub use source::CatalogSource;
+use source::{GpuClass, gpu_classes};
 pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
 
 /// Kubernetes' `AllocationResultsMaxSize`: what an `All` request can be allocated at most.
@@ -243,11 +246,21 @@ impl ClaimAsks {
     ) -> Result<Self, AskError> {
         let mut asks = ClaimAsks::default();
         let mut budget = cel::Budget::default();
-        let mut ask = |name: &str, exact: &ExactRequest| match catalog.ask(name, exact, &mut budget)
-        {
-            Err(error) if strict => Err(error),
-            Err(_) => Ok(catalog.unevaluated(name, exact)),
-            Ok(ask) => Ok(ask),
+        let mut ask = |name: &str, exact: &ExactRequest| {
+            let pinned = || {
+                catalog
+                    .unevaluated(name, exact)
+                    .filter(|a| a.pinned.is_some())
+            };
+            if !strict && let Some(ask) = pinned() {
+                // Charged by its pin: nothing to compile.
+                return Ok(Some(ask));
+            }
+            match catalog.ask(name, exact, &mut budget) {
+                Err(error) if strict => Err(error),
+                Err(_) => Ok(catalog.unevaluated(name, exact)),
+                Ok(ask) => Ok(ask),
+            }
         };
         for request in requests {
             if let Some(exact) = &request.exactly
@@ -312,12 +325,6 @@ pub struct Catalog {
     synthetic: Vec<(String, Option<String>, CelDevice)>,
 }
 
-#[derive(Debug)]
-struct GpuClass {
-    model: Option<String>,
-    selectors: Vec<Selector>,
-}
-
 impl Catalog {
     /// `known`: model labels and `<model>/<profile>` quota keys (the namespace's quotas,
     /// the nodes' labels).
@@ -327,10 +334,22 @@ impl Catalog {
         devices: &DeviceIndex,
         known: impl IntoIterator<Item = String>,
     ) -> Self {
-        let samples = devices.samples();
+        Self::from_source(CatalogSource::new(dra, classes, devices, known))
+    }
+
+    /// Built from what was copied out of the cluster state: this compiles (and for
+    /// DeviceClasses not in the config, evaluates) CEL, so it is never done under the
+    /// cache's lock.
+    pub fn from_source(source: CatalogSource) -> Self {
+        let CatalogSource {
+            dra,
+            classes,
+            samples,
+            products,
+            known,
+        } = source;
         let published: BTreeSet<&str> = samples.keys().map(|(l, _)| l.as_str()).collect();
         let mut synthetic = Vec::new();
-        let known: BTreeSet<String> = known.into_iter().collect();
         for key in &known {
             let (label, profile) = match key.split_once('/') {
                 Some((label, profile)) => (label, Some(profile.to_string())),
@@ -340,19 +359,28 @@ impl Catalog {
                 continue;
             }
             for product in dra.products_of_label(label) {
-                let device = synthetic_device(dra, &product, profile.as_deref());
+                let device = synthetic_device(&dra, &product, profile.as_deref());
                 synthetic.push((label.to_string(), profile.clone(), device));
             }
         }
         let mut catalog = Catalog {
-            dra: dra.clone(),
+            dra,
             gpu_classes: BTreeMap::new(),
             samples,
-            products: devices.products(),
+            products,
             synthetic,
         };
-        catalog.gpu_classes = gpu_classes(&catalog, classes);
+        catalog.gpu_classes = gpu_classes(&catalog, &classes);
         catalog
+    }
+
+    /// The DeviceClasses that are GPU classes without the config listing them.
+    pub fn found_gpu_classes(&self) -> impl Iterator<Item = &str> {
+        let listed = &self.dra.device_classes;
+        self.gpu_classes
+            .keys()
+            .map(String::as_str)
+            .filter(|c| !listed.contains_key(*c))
     }
 
     pub fn dra(&self) -> &Dra {
@@ -394,9 +422,15 @@ impl Catalog {
                 error,
             })?);
         }
+        // A pinned request is charged by its pin: what its selectors match among the
+        // samples decides nothing (docs/devices.md, "The pin").
+        let matched = match pinned {
+            Some(_) => BTreeMap::new(),
+            None => self.matched(&selectors, &class.selectors, budget)?,
+        };
         Ok(Some(DeviceAsk {
             request: name.to_string(),
-            matched: self.matched(&selectors, &class.selectors, budget)?,
+            matched,
             named: class.model.clone(),
             pinned,
             count: count_of(exact),
@@ -404,7 +438,7 @@ impl Catalog {
     }
 
     /// A GPU request whose selectors were not evaluated: it matches no model.
-    fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
+    pub fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
         let expressions = exact.expressions();
         Some(DeviceAsk {
@@ -491,48 +525,6 @@ fn synthetic_device(dra: &Dra, product: &str, profile: Option<&str>) -> CelDevic
     }
     let attributes = BTreeMap::from([(dra.driver.clone(), names)]);
     CelDevice::new(&dra.driver, &attributes, &BTreeMap::new())
-}
-
-/// The GPU classes: those the config lists, and those whose selectors match a published
-/// device of the GPU driver, or do not rule out a device of it (on a device of that
-/// driver with no attributes, each evaluates true or fails for want of one).
-fn gpu_classes(catalog: &Catalog, classes: &DeviceClasses) -> BTreeMap<String, GpuClass> {
-    let compile = |info: Option<&ClassInfo>| -> Option<Vec<Selector>> {
-        let expressions = info.map(|i| i.selectors.as_slice()).unwrap_or_default();
-        expressions
-            .iter()
-            .map(|e| Selector::compile(e).ok())
-            .collect()
-    };
-    let mut gpu = BTreeMap::new();
-    for (name, model) in &catalog.dra.device_classes {
-        let selectors = compile(classes.get(name)).unwrap_or_default();
-        let model = (!model.is_empty()).then(|| model.clone());
-        gpu.insert(name.clone(), GpuClass { model, selectors });
-    }
-    let bare = CelDevice::new(&catalog.dra.driver, &BTreeMap::new(), &BTreeMap::new());
-    for (name, info) in classes {
-        if gpu.contains_key(name) {
-            continue;
-        }
-        let Some(selectors) = compile(Some(info)) else {
-            continue;
-        };
-        let mut published = catalog.samples.values().flatten();
-        let matches = |d: &CelDevice| selectors.iter().all(|s| s.evaluate(d) == Some(true));
-        let is_gpu = published.any(|d| matches(d))
-            || selectors.iter().all(|s| s.evaluate(&bare) != Some(false));
-        if is_gpu {
-            gpu.insert(
-                name.clone(),
-                GpuClass {
-                    model: None,
-                    selectors,
-                },
-            );
-        }
-    }
-    gpu
 }
 
 /// One request's charge, as a pod asking for the same devices through the device plugin

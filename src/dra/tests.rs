@@ -538,3 +538,26 @@ fn a_request_is_pinned_to_the_dearest_it_matched_and_charged_by_the_pin() {
     );
     assert_eq!(asks.charge(None, &mig), pin.charge(3, &mig));
 }
+
+/// A `matches` pattern that compiles past the size limit (Unicode `\w` repeated 200
+/// times) is refused before anything runs, naming the request and the pattern.
+#[test]
+fn a_pattern_over_the_compiled_size_limit_is_refused_naming_the_request() {
+    let catalog = Catalog::new(
+        &Dra::default(),
+        &DeviceClasses::new(),
+        &DeviceIndex::default(),
+        ["Tesla-T4".to_string()],
+    );
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "spec": {"devices": {"requests": [{"name": "big", "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": r#"device.attributes["gpu.nvidia.com"].productName.matches("\\w{1,200}")"#}}]}}]}}
+    }))
+    .unwrap();
+    let error = ClaimAsks::of(&claim, &catalog).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        r#"ResourceClaim request big: CEL selector matches "\\w{1,200}", which is not a regular expression compiling within 65536 bytes"#
+    );
+}

@@ -152,10 +152,11 @@ fn judged(
         Err(error) => {
             trace::record_decision(error.kind());
             tracing::error!(kind, namespace, %error, "cannot judge");
-            (
-                error.kind(),
-                (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
-            )
+            let status = match error.overloaded() {
+                true => StatusCode::SERVICE_UNAVAILABLE,
+                false => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (error.kind(), (status, error.to_string()).into_response())
         }
     }
 }
@@ -288,10 +289,19 @@ pub async fn mutate_claim_route(
                 return reply("allow", review.allow());
             };
             let asker = (namespace.as_str(), &review.request.user_info);
-            let patch = mutate_claim(state.cache(), &state.config, asker, &claim);
-            match patch.0.is_empty() {
-                true => reply("allow", review.allow()),
-                false => reply("patch", review.patch(&patch)),
+            match mutate_claim(state.cache(), &state.config, asker, claim).await {
+                Ok(patch) if patch.0.is_empty() => reply("allow", review.allow()),
+                Ok(patch) => reply("patch", review.patch(&patch)),
+                Err(error) => {
+                    // Our own failure, never a denial: the failure policy decides.
+                    tracing::error!(namespace, %error, "cannot pin the claim");
+                    let busy = matches!(error, crate::cache::pool::PoolError::Busy(_));
+                    let (decision, status) = match busy {
+                        true => ("busy", StatusCode::SERVICE_UNAVAILABLE),
+                        false => ("evaluation_failed", StatusCode::INTERNAL_SERVER_ERROR),
+                    };
+                    (decision, (status, error.to_string()).into_response())
+                }
             }
         },
     )

@@ -74,11 +74,13 @@ fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
         key.clone(),
         CachedClaim::from_claim(&claim(&[]), &dra).unwrap(),
     );
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(2000)));
     // Allocated two A100 devices: charged by what they are.
     state.apply_slice("node-1-gpus", gpu_devices(&slice(), &dra));
     let allocated = CachedClaim::from_claim(&claim(&["gpu-0", "gpu-1"]), &dra).unwrap();
     state.apply_claim(key.clone(), allocated);
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), None);
     assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(2000)));
     // Three pods share it: still two GPUs (the pods themselves ask for none).
@@ -109,6 +111,7 @@ fn a_namespace_sees_only_its_own_claims_created_since() {
     for namespace in ["team-a", "team", "team0"] {
         let claim = CachedClaim::from_claim(&typed(namespace), &dra).unwrap();
         state.apply_claim(claim_key(namespace, "c"), claim);
+        state.evaluate_claims_now();
     }
     let created = CachedClaim::from_claim(&typed("team"), &dra)
         .unwrap()
@@ -137,6 +140,7 @@ fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
     .unwrap();
     let key = claim_key("team-a", "vfio");
     state.apply_claim(key, CachedClaim::from_claim(&claim, &dra).unwrap());
+    state.evaluate_claims_now();
     assert_eq!(
         used(&state, "Tesla-T4"),
         None,
@@ -147,14 +151,17 @@ fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
         extended_resource: None,
     };
     state.apply_class("vfio.gpu.nvidia.com", class);
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
     state.delete_class("vfio.gpu.nvidia.com");
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), None);
     let nic = crate::dra::classes::ClassInfo {
         selectors: vec![r#"device.driver == "rdma.example.com""#.into()],
         extended_resource: None,
     };
     state.apply_class("vfio.gpu.nvidia.com", nic);
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), None);
 }
 
@@ -195,11 +202,13 @@ fn extended_state() -> ClusterState {
         extended_resource: Some("nvidia.com/gpu".into()),
     };
     state.apply_class("gpu.nvidia.com", class);
+    state.evaluate_claims_now();
     let plain = crate::dra::classes::ClassInfo {
         selectors: vec![],
         extended_resource: None,
     };
     state.apply_class("plain.gpu.example.com", plain);
+    state.evaluate_claims_now();
     state
 }
 
@@ -207,6 +216,7 @@ fn apply_extended(state: &mut ClusterState, claim: ResourceClaim) {
     let name = claim.metadata.name.clone().unwrap();
     let cached = CachedClaim::from_claim(&claim, &Dra::default()).unwrap();
     state.apply_claim(claim_key("team-a", &name), cached);
+    state.evaluate_claims_now();
 }
 
 /// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
@@ -332,6 +342,56 @@ fn dra_nodes_are_those_publishing_the_pods_model_without_gpu_capacity() {
         extended_resource: Some("nvidia.com/gpu".into()),
     };
     state.apply_class("gpu.nvidia.com", class);
+    state.evaluate_claims_now();
     // The pod wants Tesla-T4 (its annotation); node-1 publishes A100s only.
     assert_eq!(state.dra_nodes(&key, &names), ["dra-t4"]);
+}
+
+/// Finding 21.2: the cache re-ran a claim's CEL in `apply_claim`, under its lock, every
+/// time the watch brought the claim and for every claim on each DeviceClass change. A
+/// claim joins with the asks its webhook evaluated off the lock and keeps them; the
+/// watch bringing it again runs no CEL; a DeviceClass change leaves it charged until it
+/// is evaluated again off the lock.
+#[test]
+fn an_admitted_claim_joins_the_cache_with_its_verdict_and_no_cel_runs_under_the_lock() {
+    use crate::dra::{Catalog, ClaimAsks};
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "t4", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": 3, "selectors": [{"cel": {"expression":
+                "device.attributes[\"gpu.nvidia.com\"].productName.startsWith(\"Tesla\")"}}]}}]}}
+    }))
+    .unwrap();
+    // The webhook's evaluation, off the lock.
+    let catalog = Catalog::from_source(state.catalog_source("team-a"));
+    let mut judged = CachedClaim::from_claim(&claim, &dra).unwrap();
+    judged.asks = ClaimAsks::of(&claim, &catalog).unwrap();
+    judged.evaluated = Some(state.classes_version());
+    let key = claim_key("team-a", "t4");
+    let work = crate::dra::cel::WORK.get();
+    state.apply_claim(key.clone(), judged);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    state.apply_claim(key.clone(), CachedClaim::from_claim(&claim, &dra).unwrap());
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert!(
+        state
+            .unevaluated(&mut [(key.clone(), CachedClaim::from_claim(&claim, &dra).unwrap())])
+            .is_empty()
+    );
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", class);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert_eq!(crate::dra::cel::WORK.get(), work, "no CEL under the lock");
+    // Evaluated again off the lock (here on this thread), the same charge.
+    let evaluated = state.unevaluated_claims().evaluate();
+    assert!(crate::dra::cel::WORK.get() > work);
+    state.apply_evaluated(evaluated);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert!(state.unevaluated_claims().is_empty());
 }

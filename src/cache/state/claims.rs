@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::dra::classes::{ClassInfo, DeviceClasses};
 use crate::dra::slices::{GpuDevice, SliceDevices};
-use crate::dra::{self, Catalog, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
+use crate::dra::{self, CatalogSource, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
 use crate::placement::GpuDemand;
 use crate::placement::models::WantedModels;
 use crate::quota::{ModelAmounts, add_charge, charge_on};
@@ -28,8 +28,11 @@ pub struct CachedClaim {
     pub created: i64,
     /// Its device requests, evaluated again when the DeviceClasses change.
     pub requests: Arc<[DeviceRequest]>,
-    /// Its GPU requests, evaluated when it joined the cluster state.
+    /// Its GPU requests, evaluated off the cache's lock before it joined the cluster
+    /// state (`evaluation.rs`), or kept from when it was.
     pub asks: ClaimAsks,
+    /// The version of the DeviceClasses `asks` were evaluated under (`None`: not yet).
+    pub evaluated: Option<u64>,
     /// The GPU driver's devices allocated to it: (pool, device).
     pub allocated: Vec<(String, String)>,
     /// The pod it says it serves the extended resources of, if annotated so.
@@ -53,6 +56,7 @@ impl CachedClaim {
             created: created.map_or(0, |t| t.0.as_second()),
             requests: claim.requests().into(),
             asks: ClaimAsks::default(),
+            evaluated: None,
             allocated,
             extended_for: extended_owner(claim),
         })
@@ -103,9 +107,17 @@ impl ExtendedFor {
 }
 
 impl ClusterState {
+    /// A claim arrived or changed, its asks evaluated (or not) off the lock: no CEL runs
+    /// here. One the cache holds with the same requests keeps the asks it was given
+    /// (an admitted claim keeps its verdict) unless these are newer.
     pub fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
-        let catalog = self.catalog(namespace_of(&key));
-        claim.asks = ClaimAsks::of_requests(&claim.requests, &catalog, false).unwrap_or_default();
+        if let Some(held) = self.claims.get(&key)
+            && held.requests == claim.requests
+            && held.evaluated >= claim.evaluated
+        {
+            claim.asks = held.asks.clone();
+            claim.evaluated = held.evaluated;
+        }
         let extended_for = claim.extended_for.clone();
         let old = self.claims.insert(key.clone(), claim);
         self.recharge_claim(&key);
@@ -134,8 +146,9 @@ impl ClusterState {
     }
 
     /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,
-    /// the published devices, and the models its quotas and the nodes name.
-    pub fn catalog(&self, namespace: &str) -> Catalog {
+    /// the published devices, and the models its quotas and the nodes name. Copied
+    /// out: the [`crate::dra::Catalog`] is built from it off the lock.
+    pub fn catalog_source(&self, namespace: &str) -> CatalogSource {
         let limits = self.namespace_limits(namespace);
         let mut known: Vec<String> = limits.models.clone();
         known.extend(limits.profile_caps.iter().cloned());
@@ -144,7 +157,12 @@ impl ClusterState {
             self.nodes()
                 .filter_map(|n| n.model.as_deref().map(str::to_string)),
         );
-        Catalog::new(&self.dra, &self.classes, &self.devices, known)
+        CatalogSource::new(&self.dra, &self.classes, &self.devices, known)
+    }
+
+    /// The version of the DeviceClasses (see [`CachedClaim::evaluated`]).
+    pub fn classes_version(&self) -> u64 {
+        self.classes_version
     }
 
     pub fn set_dra(&mut self, dra: Dra) {
@@ -155,46 +173,31 @@ impl ClusterState {
         &self.dra
     }
 
-    /// A DeviceClass arrived or changed: the claims' requests are evaluated again.
+    /// A DeviceClass arrived or changed: every claim's requests are to be evaluated
+    /// again, off the lock ([`ClusterState::unevaluated_claims`]); until then each keeps
+    /// its charge.
     pub fn apply_class(&mut self, name: &str, class: ClassInfo) {
         if self.classes.get(name) != Some(&class) {
             self.classes.insert(name.to_string(), class);
-            let listed = self.dra.device_classes.contains_key(name);
-            if !listed && self.catalog("").is_gpu_class(name) {
-                // Its claims are charged: say so, as the config does not.
-                tracing::info!(
-                    class = name,
-                    "DeviceClass can select GPUs: its claims are charged to the quota"
-                );
-            }
-            self.reevaluate_claims();
+            self.classes_version += 1;
         }
     }
 
     pub fn delete_class(&mut self, name: &str) {
         if self.classes.remove(name).is_some() {
-            self.reevaluate_claims();
+            self.classes_version += 1;
         }
     }
 
     pub fn replace_classes(&mut self, classes: DeviceClasses) {
         if self.classes != classes {
             self.classes = classes;
-            self.reevaluate_claims();
+            self.classes_version += 1;
         }
     }
 
     pub fn classes(&self) -> &DeviceClasses {
         &self.classes
-    }
-
-    fn reevaluate_claims(&mut self) {
-        let keys: Vec<PodKey> = self.claims.keys().cloned().collect();
-        for key in keys {
-            if let Some(claim) = self.claims.get(&key).cloned() {
-                self.apply_claim(key, claim);
-            }
-        }
     }
 
     /// Whether a claim in `namespace` may be the one kube-scheduler made for a pod's

@@ -35,6 +35,8 @@ pub enum ConfigProblem {
     EmptyWriter,
     #[error("queue.releasers: a user name must not be empty")]
     EmptyReleaser,
+    #[error("schedulerUsers: a user name must not be empty")]
+    EmptySchedulerUser,
     #[error("reclaim.{key}: must be at most 3600 (seconds)")]
     ReclaimTooLong { key: &'static str },
 }
@@ -91,6 +93,11 @@ pub struct Config {
     /// placement annotations (`<annotationPrefix>/predicate-*`, `gpu-assigned`) once it
     /// exists: by protocol, the GPU scheduler's extender and gpu-manager on the nodes.
     pub placement_writers: Vec<String>,
+    /// The users (as the API server authenticates them) the schedulers that bind pods
+    /// act as: a ResourceClaim one of them creates for a pod's DRA-backed extended
+    /// resources is the pod's own GPUs, charged to the pod (docs/security.md, "What the
+    /// quota trusts"). Anyone else's such claim is charged like any claim.
+    pub scheduler_users: Vec<String>,
     /// The quota queue (`onExceed: Queue`).
     pub queue: QueueConfig,
     /// How a cohort's lender takes back what it lent (`reclaim: Evict`).
@@ -161,6 +168,13 @@ pub const DEFAULT_PLACEMENT_WRITERS: [&str; 2] = [
     "system:serviceaccount:kube-system:gpu-manager",
 ];
 
+/// kube-scheduler's own identity, and the GPU scheduler's ServiceAccount in deploy/ (its
+/// kube-scheduler creates the claims of the pods it binds).
+pub const DEFAULT_SCHEDULER_USERS: [&str; 2] = [
+    "system:kube-scheduler",
+    "system:serviceaccount:gpu-admission:gpu-scheduler",
+];
+
 impl Default for Config {
     fn default() -> Self {
         let labels = NodeLabels::default();
@@ -176,6 +190,7 @@ impl Default for Config {
             placement: Placement::default(),
             dra: crate::dra::Dra::default(),
             placement_writers: DEFAULT_PLACEMENT_WRITERS.map(String::from).to_vec(),
+            scheduler_users: DEFAULT_SCHEDULER_USERS.map(String::from).to_vec(),
             queue: QueueConfig::default(),
             reclaim: ReclaimConfig::default(),
         }
@@ -251,6 +266,9 @@ impl Config {
         if self.queue.releasers.iter().any(|w| w.trim().is_empty()) {
             return Err(ConfigProblem::EmptyReleaser);
         }
+        if self.scheduler_users.iter().any(|w| w.trim().is_empty()) {
+            return Err(ConfigProblem::EmptySchedulerUser);
+        }
         let reclaim = [
             ("timeoutSeconds", self.reclaim.timeout_seconds),
             ("maxGraceSeconds", self.reclaim.max_grace_seconds),
@@ -312,6 +330,18 @@ mod tests {
         assert!(config.quota_required);
         assert_eq!(config.resources.whole_gpu, ["x/gpu"]);
         assert_eq!(config.placement.policy, Policy::Spread);
+    }
+
+    #[test]
+    fn scheduler_users_default_to_kube_scheduler_and_the_gpu_scheduler() {
+        let users = Config::default().scheduler_users;
+        assert_eq!(users, DEFAULT_SCHEDULER_USERS);
+        let config = Config::parse("schedulerUsers: [system:serviceaccount:kai:binder]\n").unwrap();
+        assert_eq!(config.scheduler_users, ["system:serviceaccount:kai:binder"]);
+        let err = Config::parse("schedulerUsers: ['']\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "schedulerUsers: a user name must not be empty");
     }
 
     #[test]

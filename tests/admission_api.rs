@@ -473,7 +473,15 @@ fn update_review(old: &Value, new: &Value) -> String {
 }
 
 async fn verdict(router: &axum::Router, body: String) -> (bool, String) {
-    let (status, answer) = post(router, "/validate", body).await;
+    verdict_at(router, "/validate", body).await
+}
+
+async fn claim_verdict(router: &axum::Router, body: String) -> (bool, String) {
+    verdict_at(router, "/validate/resourceclaims", body).await
+}
+
+async fn verdict_at(router: &axum::Router, path: &str, body: String) -> (bool, String) {
+    let (status, answer) = post(router, path, body).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     let message = answer["response"]["status"]["message"].as_str();
     (
@@ -987,5 +995,129 @@ async fn a_namespace_past_its_quota_borrows_what_its_cohort_leaves_idle() {
         r#"gpu_admission_quota_lent_gpus{namespace="team-a",quota="default",model="Tesla-T4"} 2.0"#,
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+}
+
+/// A ResourceClaim CREATE review, asked by `user`.
+fn claim_review(claim: &Value, user: &str) -> String {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("review-{}", claim["metadata"]["name"].as_str().unwrap_or("x")),
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+            "name": claim["metadata"]["name"], "namespace": claim["metadata"]["namespace"],
+            "operation": "CREATE", "userInfo": {"username": user},
+            "object": claim, "oldObject": null, "dryRun": false
+        }
+    })
+    .to_string()
+}
+
+/// A namespace allowed four T4s whose pending pod `app` asks for two `nvidia.com/gpu`,
+/// which NVIDIA's DeviceClass serves through DRA (DRA-backed extended resources).
+fn extended_cluster() -> String {
+    let quota = quota_yaml("team-a", "Tesla-T4: \"4\"", "  defaultType: Tesla-T4\n");
+    format!(
+        "{quota}---\napiVersion: resource.k8s.io/v1\nkind: DeviceClass\n\
+         metadata: {{name: gpu.nvidia.com}}\n\
+         spec:\n  selectors: [{{cel: {{expression: 'device.driver == \"gpu.nvidia.com\"'}}}}]\n  \
+         extendedResourceName: nvidia.com/gpu\n\
+         ---\napiVersion: v1\nkind: Pod\n\
+         metadata: {{name: app, namespace: team-a, uid: u-app, annotations: {{gpu-admission.io/gpu-type: Tesla-T4}}}}\n\
+         spec:\n  schedulerName: gpu-scheduler\n  containers:\n  - name: cuda\n    image: cuda\n    \
+         resources: {{limits: {{nvidia.com/gpu: \"2\"}}}}\n"
+    )
+}
+
+/// The claim a scheduler makes for pod `app`'s two GPUs (annotated, controlled by the
+/// pod), or a tenant's copy of it.
+fn extended_claim(name: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "app",
+                "uid": "u-app", "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2}}]}}
+    })
+}
+
+/// Finding 20.2: a tenant's copy of the claim a scheduler makes for its pod's
+/// DRA-backed extended resources is pinned and charged like any claim (four of them no
+/// longer leave the namespace at the pod's 2.0); the same claim created by a scheduler
+/// (`schedulerUsers`) is the pod's own GPUs, free, once per pod.
+#[tokio::test]
+async fn an_extended_resource_claim_is_the_pods_own_only_when_a_scheduler_creates_it() {
+    let used = |state: &gpu_admission::server::AppState| {
+        state
+            .cache()
+            .with_state(|s| s.usage("team-a").get("Tesla-T4").copied())
+            .map_or(0, |m| m.0)
+    };
+    let tenant = "system:serviceaccount:team-a:default";
+    let (state, router) = app(&extended_cluster(), config_with_policy("original"));
+    let pod_only = used(&state);
+    assert_eq!(pod_only, 2000, "the pod's two GPUs");
+    let forged = extended_claim("forged-1");
+    let (_, answer) = post(
+        &router,
+        "/mutate/resourceclaims",
+        claim_review(&forged, tenant),
+    )
+    .await;
+    let pinned = patched(&forged, &answer);
+    assert_ne!(pinned, forged, "a tenant's claim is pinned: {answer}");
+    let (allowed, message) = claim_verdict(&router, claim_review(&forged, tenant)).await;
+    assert!(!allowed, "unpinned, it is refused");
+    assert!(message.contains("is not pinned"), "{message}");
+    assert_eq!(
+        claim_verdict(&router, claim_review(&pinned, tenant)).await,
+        (true, String::new())
+    );
+    assert_eq!(used(&state), pod_only + 2000, "charged like any claim");
+    let second = patched(&extended_claim("forged-2"), &answer);
+    let (allowed, message) = claim_verdict(&router, claim_review(&second, tenant)).await;
+    assert!(!allowed);
+    assert!(message.contains("requested 2, used 4 of 4"), "{message}");
+
+    for scheduler in gpu_admission::config::DEFAULT_SCHEDULER_USERS {
+        let (state, router) = app(&extended_cluster(), config_with_policy("original"));
+        let claim = extended_claim("app-gpu-x7k2p");
+        let (_, answer) = post(
+            &router,
+            "/mutate/resourceclaims",
+            claim_review(&claim, scheduler),
+        )
+        .await;
+        assert_eq!(
+            answer["response"]["patch"],
+            Value::Null,
+            "{scheduler}: {answer}"
+        );
+        assert_eq!(
+            claim_verdict(&router, claim_review(&claim, scheduler)).await,
+            (true, String::new()),
+            "{scheduler}"
+        );
+        assert_eq!(used(&state), pod_only, "{scheduler}: the pod's GPUs, once");
+        // A second claim naming the pod is not its own, whoever creates it.
+        let again = extended_claim("app-gpu-q9m3z");
+        let (_, answer) = post(
+            &router,
+            "/mutate/resourceclaims",
+            claim_review(&again, scheduler),
+        )
+        .await;
+        assert!(
+            answer["response"]["patch"].is_string(),
+            "{scheduler}: {answer}"
+        );
+        let (allowed, message) = claim_verdict(&router, claim_review(&again, scheduler)).await;
+        assert!(
+            !allowed && message.contains("is not pinned"),
+            "{scheduler}: {message}"
+        );
     }
 }

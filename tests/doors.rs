@@ -390,6 +390,48 @@ async fn a_connection_that_makes_no_request_in_time_is_closed() {
     assert!(closed_by_server(&mut quiet).await);
 }
 
+/// An h2 connection that makes no request in time is told so with a GOAWAY before it is
+/// closed: a client that pooled it unused (the API server's Go client does, in bursts)
+/// and hands it a request just then sends that request on another connection instead of
+/// failing it, as it does when the connection is dropped without a word.
+#[tokio::test]
+async fn an_h2_connection_that_makes_no_request_in_time_gets_a_goaway() {
+    let limits = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let mut h2 = tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
+        .await
+        .unwrap();
+    // The client preface and an empty SETTINGS frame; then nothing.
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(Ok(n @ 1..)) = tokio::time::timeout(PATIENCE, h2.read(&mut buf)).await {
+        received.extend_from_slice(&buf[..n]);
+    }
+    // Frame types, in order: each frame is a 9-byte header (24-bit length, type, flags,
+    // stream) and its payload.
+    let mut types = Vec::new();
+    let mut at = 0;
+    while let Some(header) = received.get(at..at + 9) {
+        let length =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        types.push(header[3]);
+        at += 9 + length;
+    }
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    assert_eq!(types.first(), Some(&SETTINGS), "frames: {types:?}");
+    assert!(
+        types.contains(&GOAWAY),
+        "closed without a GOAWAY: {types:?}"
+    );
+}
+
 #[tokio::test]
 async fn at_the_cap_a_newcomer_takes_the_slot_of_the_peer_holding_the_most() {
     let limits = ConnectionLimits {

@@ -406,6 +406,15 @@ fn the_validating_webhook_sees_gpu_type_changes_and_the_mutating_one_only_create
         releasers,
         ["system:serviceaccount:gpu-admission:gpu-scheduler"]
     );
+    // The schedulers whose extended-resource claims are a pod's own: the binary's
+    // default, kube-scheduler and the GPU scheduler that 50-gpu-scheduler.yaml runs.
+    let schedulers: Vec<&str> = config["schedulerUsers"]
+        .as_sequence()
+        .expect("deploy/20-config.yaml lists schedulerUsers")
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(schedulers, gpu_admission::config::DEFAULT_SCHEDULER_USERS);
     assert_eq!(
         *change,
         shapes::guarded_annotation_change("tencent.com", &writers, &releasers)

@@ -8,85 +8,136 @@
 use serde_json::{Value, json};
 
 use crate::backend::{Ask, Backend};
+use crate::cache::ClusterCache;
+use crate::cache::pool::PoolError;
 use crate::cache::state::claims::{CachedClaim, claim_key, extended_owner};
-use crate::cache::{ClusterCache, ClusterState};
 use crate::config::{Config, UntypedPods};
 use crate::dra::cel::Budget;
-use crate::dra::{Catalog, ClaimAsks, DeviceAsk, ExactRequest, Resolved, ResourceClaim};
+use crate::dra::{
+    AskError, Catalog, CatalogSource, ClaimAsks, DeviceAsk, ExactRequest, Pin, Resolved,
+    ResourceClaim,
+};
 use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
+use crate::wire::review::UserInfo;
 
 use super::validate::{ValidateError, created_or_now, verdict};
 use super::verdict::{ClaimDenial, Reason, Verdict};
 
-/// What the cluster state says about a claim, read under the lock; its selectors are
-/// evaluated after.
+/// What the cluster state says about a claim, copied under the lock: its selectors are
+/// compiled and evaluated after, in the CEL pool (docs/design.md, "Doors and trust").
+struct Copied {
+    source: CatalogSource,
+    limits: NamespaceLimits,
+    /// It is the claim a scheduler made for a pod's extended resources: the pod is
+    /// charged, not the claim.
+    serves_pod: bool,
+    /// The DeviceClasses' version `source` holds.
+    classes: u64,
+}
+
+/// A claim as judged: the catalog its selectors were evaluated with, and the
+/// namespace's limits.
 struct Seen {
     catalog: Catalog,
     limits: NamespaceLimits,
-    /// It is the claim kube-scheduler made for a pod's extended resources: the pod is
-    /// charged, not the claim.
-    serves_pod: bool,
 }
 
-fn seen(cache: &ClusterCache, namespace: &str, claim: &ResourceClaim) -> Seen {
+/// What the review says of the claim's creator: whether it is one of the schedulers
+/// (`schedulerUsers`), the only ones whose extended-resource claims are a pod's own
+/// GPUs. The API server's word (docs/security.md, "What the quota trusts").
+pub fn by_scheduler(config: &Config, user: &UserInfo) -> bool {
+    config.scheduler_users.contains(&user.username)
+}
+
+fn copied(
+    cache: &ClusterCache,
+    namespace: &str,
+    claim: &ResourceClaim,
+    by_scheduler: bool,
+) -> Copied {
     cache.with_state(|s| {
-        let limits = s.namespace_limits(namespace).clone();
-        let owner = extended_owner(claim);
-        let serves_pod = s.serves_pod(namespace, claim.requests(), owner.as_ref());
-        Seen {
-            catalog: s.catalog(namespace),
-            limits,
-            serves_pod,
+        let owner = extended_owner(claim).filter(|_| by_scheduler);
+        Copied {
+            source: s.catalog_source(namespace),
+            limits: s.namespace_limits(namespace).clone(),
+            serves_pod: s.serves_pod(namespace, claim.requests(), owner.as_ref()),
+            classes: s.classes_version(),
         }
     })
 }
 
-/// Judge the creation of `claim` in `namespace`. `dry_run` evaluates without charging.
+/// Judge the creation of `claim` in `namespace`, asked by `user`. `dry_run` evaluates
+/// without charging. Its selectors are evaluated in the CEL pool: a full pool is our
+/// own failure (a 503), never a denial.
 pub async fn validate_claim(
     backend: &Backend,
     config: &Config,
-    namespace: &str,
+    (namespace, user): (&str, &UserInfo),
     claim: &ResourceClaim,
     dry_run: bool,
 ) -> Result<Verdict, ValidateError> {
-    let seen = seen(backend.cache(), namespace, claim);
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    let joining = CachedClaim::from_claim(claim, &config.dra);
-    let join = |state: &mut ClusterState| {
-        if let Some(joining) = joining {
-            state.apply_claim(claim_key(namespace, name), joining);
-        }
+    let Some(mut joining) = CachedClaim::from_claim(claim, &config.dra) else {
+        return Ok(Verdict::Allow);
     };
-    if seen.serves_pod {
+    let cache = backend.cache();
+    let copied = copied(cache, namespace, claim, by_scheduler(config, user));
+    let (catalog, asks) = evaluate(cache, copied.source, &joining, !copied.serves_pod).await?;
+    // Joined with the asks evaluated here: the cache runs no CEL for it again.
+    joining.evaluated = Some(copied.classes);
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let key = claim_key(namespace, name);
+    if copied.serves_pod {
+        joining.asks = asks.unwrap_or_default();
         if !dry_run {
-            backend.admitted(join);
+            backend.admitted(|state| state.apply_claim(key, joining));
         }
         return Ok(Verdict::Allow);
     }
-    let asks = match ClaimAsks::of(claim, &seen.catalog) {
+    let asks = match asks {
         Ok(asks) if asks.is_empty() => return Ok(Verdict::Allow),
         Ok(asks) => asks,
         Err(error) => return Ok(Verdict::Deny(Reason::ClaimRequest(error))),
+    };
+    let seen = Seen {
+        catalog,
+        limits: copied.limits,
     };
     let (wanted, costs) = match charged(config, namespace, &seen, &asks) {
         Ok(Some(charged)) => charged,
         Ok(None) => return Ok(Verdict::Allow),
         Err(denial) => return Ok(Verdict::Deny(Reason::Claim(denial))),
     };
+    joining.asks = asks;
     let ask = Ask {
         wanted,
         costs,
         rules: config.admit_rules(),
         created: created_or_now(&claim.metadata),
-        pod: None,
+        charge_id: None,
         dry_run,
     };
-    let outcome = backend
-        .charge(namespace, ask, |state, _| join(state))
-        .await?;
+    let join = move |state: &mut crate::cache::ClusterState, _: &_| state.apply_claim(key, joining);
+    let outcome = backend.charge(namespace, ask, join).await?;
     verdict(outcome)
+}
+
+/// The claim's catalog and asks (`strict`: a selector out of bounds fails them),
+/// worked out in the CEL pool.
+async fn evaluate(
+    cache: &ClusterCache,
+    source: CatalogSource,
+    claim: &CachedClaim,
+    strict: bool,
+) -> Result<(Catalog, Result<ClaimAsks, AskError>), PoolError> {
+    let requests = claim.requests.clone();
+    let job = move || {
+        let catalog = Catalog::from_source(source);
+        let asks = ClaimAsks::of_requests(&requests, &catalog, strict);
+        (catalog, asks)
+    };
+    cache.cel_pool().run(job).await
 }
 
 /// The model a claim is charged under and its cost, `None` when nothing is charged (the
@@ -146,10 +197,16 @@ fn charged(
         });
     }
     if let Some((ask, label)) = models.iter().find(|(ask, _)| ask.pinned.is_none()) {
+        let pin = ask.pin(default).unwrap_or_else(|| Pin::whole(label));
+        let devices = match &pin.profile {
+            None => "whole GPUs".to_string(),
+            Some(profile) => format!("MIG {profile} slices"),
+        };
         return Err(ClaimDenial::Unpinned {
             request: ask.request.clone(),
             label: label.clone(),
-            pin: seen.catalog.pin(label),
+            devices,
+            pin: seen.catalog.pin(&pin),
         });
     }
     let charge = asks.charge(default, &config.resources.mig);
@@ -159,9 +216,9 @@ fn charged(
 }
 
 /// The JSON Patch that adds, to every GPU request of `claim` and every alternative, the
-/// selector that pins it to the model it is charged for (none for a request whose model
-/// cannot be decided: the validating webhook refuses it). `products` gives the model
-/// attribute values the cluster's devices publish for a model label.
+/// selector that pins it to what it is charged for: its model, and whole GPUs or one MIG
+/// profile (`DeviceAsk::pin`; none for a request whose model cannot be decided: the
+/// validating webhook refuses it).
 pub fn pin_patch(
     claim: &ResourceClaim,
     catalog: &Catalog,
@@ -172,8 +229,8 @@ pub fn pin_patch(
     let mut budget = Budget::default();
     let mut pin = |path: String, name: &str, exact: &ExactRequest| {
         let ask = catalog.ask(name, exact, &mut budget).ok().flatten();
-        if let Some(label) = ask.as_ref().and_then(|a| label_to_pin(a, default)) {
-            operations.push(add_selector(&path, exact, &catalog.pin(&label)));
+        if let Some(pin) = ask.as_ref().and_then(|a| pin_to_add(a, default)) {
+            operations.push(add_selector(&path, exact, &catalog.pin(&pin)));
         }
     };
     for (i, request) in claim.requests().iter().enumerate() {
@@ -193,14 +250,11 @@ pub fn pin_patch(
     serde_json::from_value(Value::Array(operations)).unwrap_or(json_patch::Patch(Vec::new()))
 }
 
-/// The model to pin a request to: the one it is charged for, unless it carries a pin.
-fn label_to_pin(ask: &DeviceAsk, default: Option<&str>) -> Option<String> {
-    if ask.pinned.is_some() {
-        return None;
-    }
-    match ask.resolve(default) {
-        Resolved::Model(label) => Some(label),
-        Resolved::Ambiguous(_) | Resolved::Unnamed => None,
+/// The pin to add to a request, unless it carries one.
+fn pin_to_add(ask: &DeviceAsk, default: Option<&str>) -> Option<Pin> {
+    match ask.pinned {
+        Some(_) => None,
+        None => ask.pin(default),
     }
 }
 
@@ -212,19 +266,27 @@ fn add_selector(path: &str, request: &ExactRequest, expression: &str) -> Value {
     }
 }
 
-/// The mutating webhook's patch for `claim` in `namespace` (none for a claim that
-/// serves a pod's extended resources).
-pub fn mutate_claim(
+/// The mutating webhook's patch for `claim` in `namespace`, created by `user` (none for
+/// a scheduler's claim that serves a pod's extended resources), worked out in the CEL
+/// pool: a full pool is our own failure (a 503), never a denial.
+pub async fn mutate_claim(
     cache: &ClusterCache,
-    namespace: &str,
-    claim: &ResourceClaim,
-) -> json_patch::Patch {
-    let seen = seen(cache, namespace, claim);
-    if seen.serves_pod {
-        return json_patch::Patch(Vec::new());
+    config: &Config,
+    (namespace, user): (&str, &UserInfo),
+    claim: Box<ResourceClaim>,
+) -> Result<json_patch::Patch, PoolError> {
+    let copied = copied(cache, namespace, &claim, by_scheduler(config, user));
+    if copied.serves_pod {
+        return Ok(json_patch::Patch(Vec::new()));
     }
-    pin_patch(claim, &seen.catalog, &seen.limits)
+    let (source, limits) = (copied.source, copied.limits);
+    let job = move || pin_patch(&claim, &Catalog::from_source(source), &limits);
+    cache.cel_pool().run(job).await
 }
+
+#[cfg(test)]
+#[path = "claim_pin_tests.rs"]
+mod pin_tests;
 
 #[cfg(test)]
 mod tests {
@@ -257,7 +319,6 @@ mod tests {
         Seen {
             catalog: catalog(),
             limits: limits(default),
-            serves_pod: false,
         }
     }
 
@@ -285,8 +346,8 @@ mod tests {
         ]));
         let catalog = catalog();
         let patch = pin_patch(&claim, &catalog, &limits(Some("A100-SXM4-80GB")));
-        let a100 = catalog.pin("A100-SXM4-80GB");
-        let t4 = catalog.pin("Tesla-T4");
+        let a100 = catalog.pin(&Pin::whole("A100-SXM4-80GB"));
+        let t4 = catalog.pin(&Pin::whole("Tesla-T4"));
         assert_eq!(
             serde_json::to_value(&patch).unwrap(),
             json!([

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
 use crate::cache::pod::is_gated;
+use crate::cache::pool::PoolError;
 use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};
 use crate::config::Config;
 use crate::placement::GpuRequest;
@@ -20,12 +21,26 @@ use crate::wire::review::UserInfo;
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot judge the object: {0}")]
-pub struct ValidateError(#[from] ChargeError);
+pub enum ValidateError {
+    #[error("cannot judge the object: {0}")]
+    Charge(#[from] ChargeError),
+    /// The CEL pool is full or failed (docs/security.md, finding 21.2).
+    #[error("cannot judge the object: {0}")]
+    Evaluation(#[from] PoolError),
+}
 
 impl ValidateError {
     pub const fn kind(&self) -> &'static str {
-        self.0.kind()
+        match self {
+            ValidateError::Charge(error) => error.kind(),
+            ValidateError::Evaluation(PoolError::Busy(_)) => "busy",
+            ValidateError::Evaluation(PoolError::Failed) => "evaluation_failed",
+        }
+    }
+
+    /// 503 while we are too busy to judge (try again), 500 otherwise.
+    pub const fn overloaded(&self) -> bool {
+        matches!(self, ValidateError::Evaluation(PoolError::Busy(_)))
     }
 }
 
@@ -83,7 +98,7 @@ pub async fn validate(
         wanted,
         rules: config.admit_rules(),
         created,
-        pod: None,
+        charge_id: None,
         dry_run,
     };
     // Offline, the admitted pod joins the cluster, charged to the model it was.

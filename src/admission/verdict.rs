@@ -133,12 +133,14 @@ pub enum ClaimDenial {
         requests: Vec<String>,
         attribute: (String, String),
     },
+    /// `devices`: what of the model it is charged for ("whole GPUs", "MIG 1g.10gb slices").
     #[error(
-        "ResourceClaim request {request} is not pinned to the model it is charged for ({label}): gpu-admission's mutating webhook adds the CEL selector {pin}; was it removed by another webhook?"
+        "ResourceClaim request {request} is not pinned to the model it is charged for ({label}), {devices}: gpu-admission's mutating webhook adds the CEL selector {pin} (a claim created while the webhook was not called, or pinned by an earlier version to its model only, lacks it; or another webhook removed it)"
     )]
     Unpinned {
         request: String,
         label: String,
+        devices: String,
         pin: String,
     },
 }

@@ -38,7 +38,7 @@ use crate::cache::{
 use crate::placement::quantity::Milli;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
-use crate::quota::pending::CreatedSecond;
+use crate::quota::pending::{ChargeId, CreatedSecond};
 use crate::quota::{Charge, ModelAmounts, QuotaView, admit};
 
 pub use quota_writer::{Ask, ChargeError, ChargeOutcome, QuotaWriter};
@@ -318,7 +318,7 @@ impl Backend {
         &self,
         namespace: &str,
         charge: &ModelAmounts,
-        charged_at: (CreatedSecond, Option<&str>),
+        charged_at: (CreatedSecond, ChargeId<'_>),
     ) -> Result<(), ChargeError> {
         match &self.mode {
             Mode::Api { quotas, .. } => {

@@ -25,7 +25,7 @@ use crate::placement::models::WantedModels;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
 use crate::quota::cohort::{self, count_charge};
-use crate::quota::pending::{CreatedSecond, Entry};
+use crate::quota::pending::{ChargeId, CreatedSecond, Entry};
 use crate::quota::status::{Direction, views_with_status, with_charges};
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
 
@@ -48,6 +48,13 @@ pub enum ChargeError {
 }
 
 impl ChargeError {
+    /// Whether the charge may have been stored all the same: a write whose answer was
+    /// lost, or a writer gone mid-write. Not when every write was refused (`Contended`:
+    /// each conflicted) or none was tried (`Invalid`).
+    pub const fn may_be_stored(&self) -> bool {
+        !matches!(self, ChargeError::Contended(_) | ChargeError::Invalid(_))
+    }
+
     /// A bounded label for metrics: the quota itself is unreadable, or the API failed.
     pub const fn kind(&self) -> &'static str {
         match self {
@@ -75,9 +82,9 @@ pub struct Ask {
     pub rules: AdmitRules,
     /// The pod's `creationTimestamp` in unix seconds (its pending total).
     pub created: CreatedSecond,
-    /// The pod's uid, written with its charge so it can be recognised later: the quota
+    /// The charge's id, written with it so it can be taken back exactly: the quota
     /// queue's releases only (`quota::pending::Entry`).
-    pub pod: Option<String>,
+    pub charge_id: Option<String>,
     /// Evaluate only (`dryRun`): nothing is written.
     pub dry_run: bool,
 }
@@ -166,7 +173,7 @@ impl QuotaWriter {
         cache: &ClusterCache,
         namespace: &str,
         charge: &ModelAmounts,
-        (created, pod): (CreatedSecond, Option<&str>),
+        (created, id): (CreatedSecond, ChargeId<'_>),
     ) -> Result<(), ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let listing: Vec<String> = cache.with_state(|state| {
@@ -178,7 +185,7 @@ impl QuotaWriter {
         });
         let charges: Vec<Entry<'_>> = charge
             .iter()
-            .map(|(key, amount)| (key.as_str(), *amount, created, pod))
+            .map(|(key, amount)| (key.as_str(), *amount, created, id))
             .collect();
         for name in listing {
             release_one(&api, cache, &name, &charges).await?;
@@ -366,10 +373,16 @@ fn round_charges(decided: &[Decided]) -> Vec<Entry<'_>> {
     decided
         .iter()
         .flat_map(|d| {
-            let (created, pod) = (d.waiting.ask.created, d.waiting.ask.pod.as_deref());
+            let created = d.waiting.ask.created;
+            let id = d
+                .waiting
+                .ask
+                .charge_id
+                .as_deref()
+                .map_or(ChargeId::None, ChargeId::Unsure);
             d.charge
                 .iter()
-                .map(move |(key, amount)| (key.as_str(), *amount, created, pod))
+                .map(move |(key, amount)| (key.as_str(), *amount, created, id))
         })
         .collect()
 }

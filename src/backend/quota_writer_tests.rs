@@ -14,7 +14,7 @@ fn ask(amount: u64, dry_run: bool) -> Ask {
             quota_required: false,
         },
         created: T,
-        pod: None,
+        charge_id: None,
         dry_run,
     }
 }

@@ -43,6 +43,10 @@ const TICK: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_secs(5);
 /// A pod a budget protected is taken after the others for this long.
 const PROTECTED: Duration = Duration::from_secs(30);
+/// A pod no plan chose for this long starts its bound again if chosen later: plans
+/// that alternate between candidates (one protected, then another) keep each one's
+/// clock.
+const FORGET: Duration = Duration::from_secs(60);
 /// The annotation that tells a borrowing pod's owner how its GPUs may be taken back.
 pub const RECLAIM_ANNOTATION: &str = "gpu-admission.io/reclaim";
 
@@ -64,6 +68,8 @@ struct Chosen {
     uid: String,
     /// When a plan first chose it: the reclaim bound runs from here.
     since: Instant,
+    /// When a plan last chose it.
+    planned: Instant,
     /// The last eviction tried, if any.
     tried: Option<Instant>,
     /// A budget refused its eviction (reported once).
@@ -85,6 +91,7 @@ impl Chosen {
         Chosen {
             uid: uid.to_string(),
             since: now,
+            planned: now,
             tried: None,
             blocked: false,
             deleted: false,
@@ -172,17 +179,15 @@ impl Reclaimer {
                 _ => Standing::Evictable,
             })
         });
-        // A pod no plan chooses any more starts its bound again if chosen later.
-        let keys: BTreeSet<&PodKey> = planned.iter().map(|p| &p.pod).collect();
-        self.chosen.retain(|key, _| keys.contains(key));
+        self.chosen
+            .retain(|_, c| now.duration_since(c.planned) < FORGET);
         let timeout = Duration::from_secs(self.bound.timeout_seconds.into());
         let mut acted = 0;
         for planned in planned {
             let chosen = (self.chosen.entry(planned.pod.clone()))
-                .and_modify(|c| {
-                    if c.uid != planned.uid {
-                        *c = Chosen::new(&planned.uid, now);
-                    }
+                .and_modify(|c| match c.uid == planned.uid {
+                    true => c.planned = now,
+                    false => *c = Chosen::new(&planned.uid, now),
                 })
                 .or_insert_with(|| Chosen::new(&planned.uid, now));
             let act = chosen.act(planned.leaving, now, timeout);

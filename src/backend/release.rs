@@ -18,10 +18,11 @@ use kube::runtime::events::EventType;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cache::pod::{is_gated, key_parts};
 use crate::metrics::{QueueLabels, WaitHistogram};
-use crate::quota::pending::{CreatedSecond, format_second, now_second};
+use crate::quota::pending::{ChargeId, CreatedSecond, format_second, now_second};
 use crate::quota::queue::{
     QUOTA_GATE, QueueRules, RELEASED_ANNOTATION, Turn, WaitReason, Waiting, plan,
 };
@@ -303,29 +304,29 @@ impl Releaser {
             Charge::Model { charge, .. } => Some(charge),
             Charge::AtPlacement { .. } | Charge::Unlimited => None,
         };
-        if charged.is_some() {
+        let attempt = Attempt::new(&pod.uid, now);
+        if let Some(charge) = charged {
             let ask = Ask {
                 costs: pod.costs.clone(),
                 wanted: pod.wanted.clone(),
                 rules: self.rules.admit,
                 created: now,
-                pod: Some(pod.uid.clone()),
+                charge_id: Some(attempt.id.clone()),
                 dry_run: false,
             };
             match self.backend.charge(namespace, ask, |_, _| {}).await {
                 Ok(ChargeOutcome::Charged { .. }) => {}
                 Ok(ChargeOutcome::Denied(_)) => return Ok(false),
                 Err(error) => {
-                    let (charge, _settling) = (charged, Settling::mark(&self.settling, &pod.key));
-                    if let Some(charge) = charge {
-                        self.take_back(namespace, pod, charge, now).await;
+                    if error.may_be_stored() {
+                        self.take_back(namespace, &pod.key, charge, &attempt, false);
                     }
                     return Err(error.into());
                 }
             }
         }
         turn.wait().await;
-        let ungated = self.ungate(&pod.key, now).await;
+        let ungated = self.ungate(&pod.key, &attempt.stamp).await;
         drop(turn); // the pod behind goes, whatever settling this one needs
         let Some(charge) = charged else {
             return ungated;
@@ -333,63 +334,90 @@ impl Releaser {
         match ungated {
             Ok(true) => Ok(true),
             Ok(false) => {
-                let charged_at = (now, Some(pod.uid.as_str()));
-                self.backend.release(namespace, charge, charged_at).await?;
+                let charged_at = (now, ChargeId::Stored(&attempt.id));
+                if let Err(error) = self.backend.release(namespace, charge, charged_at).await {
+                    // Not left to hold its room until its pending total expires.
+                    self.take_back(namespace, &pod.key, charge, &attempt, true);
+                    return Err(error.into());
+                }
                 Ok(false)
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "removing the gate failed; settling its charge");
                 let _settling = Settling::mark(&self.settling, &pod.key);
-                self.settle(namespace, pod, charge, now).await
+                self.settle(namespace, &pod.key, charge, &attempt).await
             }
         }
     }
 
-    /// After a charge write that failed without an answer (the API server restarting,
-    /// say), the charge may or may not have been stored: take back exactly this pod's
-    /// charge, found by its uid, retried until the API server answers. Whether it was
-    /// stored or not, the ledger is then as if the release never began, in seconds rather
-    /// than when its pending total expires (minutes); the pod keeps its place in line.
-    async fn take_back(&self, namespace: &str, pod: &Waiting, charge: &ModelAmounts, now: i64) {
-        let mut pause = Duration::from_millis(250);
-        for _ in 0..SETTLE_ATTEMPTS {
-            let charged_at = (now, Some(pod.uid.as_str()));
-            match self.backend.release(namespace, charge, charged_at).await {
-                Ok(()) => return,
-                Err(_) => tokio::time::sleep(pause).await,
+    /// Take back `attempt`'s charge by its id, retried until the API server answers, in a
+    /// task of its own (the line goes on meanwhile; the pod keeps its place and may be
+    /// charged again under another id): after a charge write that failed without an
+    /// answer (the API server restarting, say: the charge may or may not be `stored`),
+    /// or a give-back that failed. The ledger is then as if this attempt never began, in
+    /// seconds rather than when its pending total expires (minutes).
+    fn take_back(
+        &self,
+        namespace: &str,
+        key: &str,
+        charge: &ModelAmounts,
+        attempt: &Attempt,
+        stored: bool,
+    ) {
+        let (backend, namespace) = (self.backend.clone(), namespace.to_string());
+        let (charge, second, id) = (charge.clone(), attempt.second, attempt.id.clone());
+        let span = tracing::info_span!("take_back", pod = %key);
+        let task = async move {
+            let mut pause = Duration::from_millis(250);
+            for _ in 0..SETTLE_ATTEMPTS {
+                let id = match stored {
+                    true => ChargeId::Stored(&id),
+                    false => ChargeId::Unsure(&id),
+                };
+                let charged_at = (second, id);
+                if backend
+                    .release(&namespace, &charge, charged_at)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
             }
-            pause = (pause * 2).min(Duration::from_secs(4));
-        }
-        tracing::warn!(pod = %pod.key, "could not take back a charge whose write failed; it holds its room until its pending total expires");
+            tracing::warn!(
+                "could not take back a charge whose write failed; it holds its room until its pending total expires"
+            );
+        };
+        tokio::spawn(task.instrument(span));
     }
 
     /// After a failed ungate (the API server restarting, say) the patch may or may not
     /// have been applied: read the pod until the API server answers, then keep the charge
-    /// if the gate is gone (the pod was let go) or give it back if it is still there or
-    /// the pod is gone. Neither is left to the charge's expiry, which would hold the room
-    /// for minutes, nor given back blindly, which could free room a running pod uses.
+    /// if this attempt let the pod go (its release annotation is this attempt's stamp), or
+    /// give it back if the pod still waits, is gone, or was let go by another attempt
+    /// (another replica's, on that one's charge). Neither is left to the charge's expiry,
+    /// which would hold the room for minutes, nor given back blindly, which could free
+    /// room a running pod uses.
     async fn settle(
         &self,
         namespace: &str,
-        pod: &Waiting,
+        key: &str,
         charge: &ModelAmounts,
-        now: CreatedSecond,
+        attempt: &Attempt,
     ) -> Result<bool, ReleaseError> {
-        let (_, name) = key_parts(&pod.key);
+        let (_, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut pause = Duration::from_millis(250);
         for _ in 0..SETTLE_ATTEMPTS {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(4));
-            let still_waits = match pods.get_opt(name).await {
-                Ok(Some(fresh)) => is_gated(&fresh),
-                Ok(None) => true,
+            match pods.get_opt(name).await {
+                Ok(Some(fresh)) if attempt.let_go(&fresh) => return Ok(true),
+                Ok(_) => {}
                 Err(_) => continue,
-            };
-            if !still_waits {
-                return Ok(true);
             }
-            let charged_at = (now, Some(pod.uid.as_str()));
+            let charged_at = (attempt.second, ChargeId::Stored(&attempt.id));
             match self.backend.release(namespace, charge, charged_at).await {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,
@@ -400,13 +428,13 @@ impl Releaser {
 
     /// Remove the gate and write the release annotation in one JSON Patch that tests the
     /// gate is where the fresh copy has it: `Ok(false)` when it is not there any more.
-    async fn ungate(&self, key: &str, now: CreatedSecond) -> Result<bool, ReleaseError> {
+    async fn ungate(&self, key: &str, stamp: &str) -> Result<bool, ReleaseError> {
         let (namespace, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let Some(fresh) = pods.get_opt(name).await.map_err(ReleaseError::Read)? else {
             return Ok(false);
         };
-        let Some(patch) = ungate_patch(&fresh, &format_second(now)) else {
+        let Some(patch) = ungate_patch(&fresh, stamp) else {
             return Ok(false);
         };
         match pods
@@ -446,6 +474,53 @@ impl Releaser {
     }
 }
 
+/// One try at letting a pod go: the second its charge is made in (its pending total), the
+/// charge's id, and the stamp its release annotation gets — that second with a fraction
+/// no other attempt has, so whoever reads the pod afterwards can tell which attempt let it
+/// go (readers of the annotation take its whole second).
+struct Attempt {
+    second: CreatedSecond,
+    id: String,
+    stamp: String,
+}
+
+impl Attempt {
+    fn new(uid: &str, second: CreatedSecond) -> Self {
+        static PROCESS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let process = *PROCESS.get_or_init(|| {
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            since.map_or(0, |d| d.as_nanos()) ^ u128::from(std::process::id())
+        });
+        let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fraction = (process.wrapping_add(u128::from(count)) % 1_000_000_000) as i64;
+        Attempt {
+            second,
+            id: format!("{uid}.{process:x}.{count}"),
+            stamp: release_stamp(second, fraction),
+        }
+    }
+
+    /// Whether this attempt let `pod` go: its gate is gone and its release annotation
+    /// is this attempt's stamp.
+    fn let_go(&self, pod: &Pod) -> bool {
+        let annotations = pod.metadata.annotations.as_ref();
+        let stamp = annotations.and_then(|a| a.get(RELEASED_ANNOTATION));
+        !is_gated(pod) && stamp == Some(&self.stamp)
+    }
+}
+
+/// `second` (unix seconds) with `nanos` as its fraction, in RFC 3339.
+fn release_stamp(second: CreatedSecond, nanos: i64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp(second)
+        .map(|t| t + time::Duration::nanoseconds(nanos));
+    let text = at.ok().and_then(|t| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .ok()
+    });
+    text.unwrap_or_else(|| format_second(second))
+}
+
 /// The JSON Patch that lets `pod` go, if it carries the gate: the uid and the gate at
 /// its index are tested, the gate removed, the release second written.
 fn ungate_patch(pod: &Pod, second: &str) -> Option<json_patch::Patch> {
@@ -472,6 +547,38 @@ fn ungate_patch(pod: &Pod, second: &str) -> Option<json_patch::Patch> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Two replicas let one pod go in the same second, one of them without hearing back:
+    /// the pod's release annotation tells which attempt let it go, so the other gives its
+    /// charge back instead of keeping a second one; readers still take the whole second.
+    #[test]
+    fn the_release_annotation_tells_which_attempt_let_a_pod_go() {
+        let second = 1_790_000_000;
+        let (mine, theirs) = (Attempt::new("uid-p", second), Attempt::new("uid-p", second));
+        assert_ne!(mine.stamp, theirs.stamp);
+        assert_ne!(mine.id, theirs.id);
+        for attempt in [&mine, &theirs] {
+            let parsed = crate::quota::pending::parse_second(&attempt.stamp).unwrap();
+            assert_eq!(parsed, second, "{}", attempt.stamp);
+        }
+        let pod = |gated: bool, stamp: &str| -> Pod {
+            let gates = match gated {
+                true => serde_json::json!([{"name": QUOTA_GATE}]),
+                false => serde_json::json!([]),
+            };
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "annotations": {RELEASED_ANNOTATION: stamp}},
+                "spec": {"schedulingGates": gates, "containers": []}
+            }))
+            .unwrap()
+        };
+        assert!(theirs.let_go(&pod(false, &theirs.stamp)));
+        assert!(
+            !mine.let_go(&pod(false, &theirs.stamp)),
+            "let go on the other's charge"
+        );
+        assert!(!mine.let_go(&pod(true, &mine.stamp)), "still waiting");
+    }
 
     #[tokio::test]
     async fn a_pod_stops_settling_when_its_settle_ends_or_is_cancelled() {

@@ -5,6 +5,7 @@
 
 pub mod offline;
 pub mod pod;
+pub mod pool;
 #[cfg(test)]
 mod reserve_tests;
 pub mod state;
@@ -73,6 +74,8 @@ struct Inner {
     released: Arc<tokio::sync::Notify>,
     /// Woken when anything changes while pods wait in the quota queue.
     queue_moved: Arc<tokio::sync::Notify>,
+    /// Where claims' CEL selectors are evaluated, off the lock and the async workers.
+    pool: pool::CelPool,
 }
 
 impl ClusterCache {
@@ -88,6 +91,7 @@ impl ClusterCache {
                 projection,
                 released: Arc::new(tokio::sync::Notify::new()),
                 queue_moved: Arc::new(tokio::sync::Notify::new()),
+                pool: pool::CelPool::for_this_machine(),
             }),
         }
     }
@@ -139,6 +143,27 @@ impl ClusterCache {
 
     pub fn projection(&self) -> &Projection {
         &self.inner.projection
+    }
+
+    /// Where claims' CEL selectors are evaluated (never under the lock).
+    pub fn cel_pool(&self) -> &pool::CelPool {
+        &self.inner.pool
+    }
+
+    /// Evaluate, in the CEL pool, the claims whose asks are not from the current
+    /// DeviceClasses, and apply them; again while a DeviceClass changed meanwhile.
+    pub async fn evaluate_claims(&self) {
+        loop {
+            let unevaluated = self.with_state(|s| s.unevaluated_claims());
+            if unevaluated.is_empty() {
+                return;
+            }
+            let job = move || unevaluated.evaluate();
+            let Ok(evaluated) = self.inner.pool.run_waiting(job).await else {
+                return;
+            };
+            self.with_state(|s| s.apply_evaluated(evaluated));
+        }
     }
 
     /// Run `f` with the state locked. Never hold this across an await: `f` is sync.

@@ -30,6 +30,8 @@ pub struct Objects {
 
 impl Objects {
     /// Claims last: their model is decided with the quotas, classes and devices known.
+    /// Their selectors are evaluated here, with the state borrowed: loading comes
+    /// before anything else reads the cache.
     pub fn apply(self, state: &mut ClusterState) {
         state.replace_nodes(self.nodes);
         state.replace_pods(self.pods, Instant::now());
@@ -37,6 +39,7 @@ impl Objects {
         state.replace_classes(self.classes.into_iter().collect());
         state.replace_slices(self.slices);
         state.replace_claims(self.claims);
+        state.evaluate_claims_now();
     }
 }
 

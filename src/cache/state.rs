@@ -71,6 +71,12 @@ pub struct ClusterState {
     model_labels: BTreeMap<Arc<str>, BTreeMap<i64, u32>>,
     /// The DeviceClasses, by name.
     classes: crate::dra::classes::DeviceClasses,
+    /// Bumped whenever the DeviceClasses change: claims' asks evaluated under an older
+    /// one are evaluated again, off the lock (`evaluation.rs`).
+    classes_version: u64,
+    /// The DeviceClasses not in the config found to be GPU classes (logged once), and
+    /// the classes' version they were found under.
+    found_classes: (u64, std::collections::BTreeSet<String>),
     /// How ResourceClaims and ResourceSlices name GPUs.
     dra: crate::dra::Dra,
     /// The whole-GPU resource names (empty: `nvidia.com/gpu`).
@@ -178,6 +184,7 @@ mod charge_tests;
 #[cfg(test)]
 mod claim_tests;
 pub mod claims;
+pub mod evaluation;
 mod holds;
 mod index;
 #[cfg(test)]

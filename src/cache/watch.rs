@@ -118,6 +118,18 @@ trait Kind<K>: Send {
     const NAME: &'static str;
     type Item: Send;
     fn project(&self, object: &K, projection: &Projection) -> Option<Self::Item>;
+    /// What must be worked out off the lock before `items` are applied.
+    fn prepare(
+        &self,
+        _cache: &ClusterCache,
+        items: Vec<Self::Item>,
+    ) -> impl Future<Output = Vec<Self::Item>> + Send {
+        async { items }
+    }
+    /// What follows off the lock once items were applied.
+    fn applied(&self, _cache: &ClusterCache) -> impl Future<Output = ()> + Send {
+        async {}
+    }
     fn apply(&self, state: &mut ClusterState, item: Self::Item);
     fn delete(&self, state: &mut ClusterState, object: &K);
     fn replace(&self, state: &mut ClusterState, items: Vec<Self::Item>);
@@ -161,9 +173,10 @@ async fn watch<K, W>(
             watcher::Event::Init => buffer.clear(),
             watcher::Event::InitApply(object) => buffer.extend(kind.project(&object, projection)),
             watcher::Event::InitDone => {
-                let items = std::mem::take(&mut buffer);
+                let items = kind.prepare(&cache, std::mem::take(&mut buffer)).await;
                 let count = items.len();
                 cache.with_state(|state| kind.replace(state, items));
+                kind.applied(&cache).await;
                 tracing::info!(count, "listed");
                 if std::mem::take(&mut first_list)
                     && listed.count.fetch_add(1, Ordering::AcqRel) + 1 == listed.kinds
@@ -173,15 +186,22 @@ async fn watch<K, W>(
                 }
             }
             watcher::Event::Apply(object) => match kind.project(&object, projection) {
-                Some(item) => cache.with_state(|state| kind.apply(state, item)),
+                Some(item) => {
+                    for item in kind.prepare(&cache, vec![item]).await {
+                        cache.with_state(|state| kind.apply(state, item));
+                    }
+                    kind.applied(&cache).await;
+                }
                 None => {
                     cache.with_state(|state| kind.delete(state, &object));
                     cache.released().notify_one();
+                    kind.applied(&cache).await;
                 }
             },
             watcher::Event::Delete(object) => {
                 cache.with_state(|state| kind.delete(state, &object));
                 cache.released().notify_one();
+                kind.applied(&cache).await;
             }
         }
         if cache.with_state(|state| state.waiting_count() > 0) {
@@ -259,6 +279,30 @@ impl Kind<ResourceClaim> for ClaimKind {
         let cached = CachedClaim::from_claim(claim, &p.dra)?;
         Some((key_of(claim), cached))
     }
+    /// Evaluate, in the CEL pool, the claims not held already with asks under the
+    /// current DeviceClasses (docs/design.md, "One rule, one place").
+    fn prepare(
+        &self,
+        cache: &ClusterCache,
+        mut items: Vec<(PodKey, CachedClaim)>,
+    ) -> impl Future<Output = Vec<(PodKey, CachedClaim)>> + Send {
+        let cache = cache.clone();
+        async move {
+            let unevaluated = cache.with_state(|s| s.unevaluated(&mut items));
+            if !unevaluated.is_empty() {
+                let job = move || unevaluated.evaluate();
+                if let Ok(evaluated) = cache.cel_pool().run_waiting(job).await {
+                    evaluated.give(&mut items);
+                }
+            }
+            items
+        }
+    }
+    /// A DeviceClass that changed while they were evaluated: evaluate them again.
+    fn applied(&self, cache: &ClusterCache) -> impl Future<Output = ()> + Send {
+        let cache = cache.clone();
+        async move { cache.evaluate_claims().await }
+    }
     fn apply(&self, state: &mut ClusterState, (key, claim): (PodKey, CachedClaim)) {
         state.apply_claim(key, claim);
     }
@@ -306,6 +350,11 @@ impl Kind<DeviceClass> for ClassKind {
     fn project(&self, class: &DeviceClass, _: &Projection) -> Option<NamedClass> {
         let name = class.metadata.name.clone().unwrap_or_default();
         Some((name, ClassInfo::of(class)))
+    }
+    /// The claims are evaluated again under the new classes, off the lock.
+    fn applied(&self, cache: &ClusterCache) -> impl Future<Output = ()> + Send {
+        let cache = cache.clone();
+        async move { cache.evaluate_claims().await }
     }
     fn apply(&self, state: &mut ClusterState, (name, class): NamedClass) {
         state.apply_class(&name, class);

@@ -9,19 +9,29 @@
 //! A tenant writes these expressions, so every one is bounded before it runs: its
 //! length (Kubernetes' own limit), its nesting, a cost worked out from its syntax tree
 //! (comprehensions cost their range times their body and do not nest; regular
-//! expressions are literals that compile small), and each claim's evaluations share
-//! one [`Budget`].
+//! expressions are literals, compiled once per claim within a size limit). Each claim's
+//! parsing, compiling and evaluations draw on one [`Budget`], priced by what they
+//! really cost and charged while an evaluation runs (`meter`), so that a claim's review
+//! spends a bounded time on CEL whatever it holds (docs/devices.md, "Bounds").
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
-use cel::extractors::This;
+use cel::common::ast::{ComprehensionExpr, EntryExpr, Expr, IdedEntryExpr, IdedExpr, LiteralValue};
+use cel::common::types::CelBool;
+use cel::common::value::{CowVal, Val};
+use cel::context::VariableResolver;
 use cel::objects::Key;
-use cel::{Context, Env, ExecutionError, Program, Value};
+use cel::parser::PrattParser;
+use cel::{Context, Env, Value};
 
 use crate::placement::quantity::Milli;
+
+mod functions;
+mod meter;
+mod pattern;
+
+pub use pattern::{COMPILE_PRICE, REGEX_SIZE};
 
 /// Kubernetes' `CELSelectorExpressionMaxLength`: the API server refuses longer ones.
 pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
@@ -35,10 +45,17 @@ const MAX_OPERATORS: usize = 128;
 pub const MAX_COST: u64 = 10_000;
 /// What a comprehension over a device's attribute map may iterate at most.
 const MAP_RANGE: u64 = 64;
-/// Most program size of a regular expression (the regex crate's limit, in bytes).
-const REGEX_SIZE: usize = 64 * 1024;
-/// Most cost units one claim's selectors may spend over all devices.
+/// Most cost units one claim's selectors may spend, parsing and evaluating, over all
+/// devices. A unit is about 50 ns of one core (docs/benchmarks.md), so a claim's
+/// review spends at most some 30 ms on CEL.
 pub const CLAIM_BUDGET: u64 = 600_000;
+/// What parsing an expression costs besides its length (an empty one still builds a
+/// parser).
+const PARSE_PRICE: u64 = 20;
+/// Units per byte of an expression parsed (the parser took up to 150 ns a byte).
+const PARSE_UNITS_PER_BYTE: u64 = 3;
+/// What one evaluation costs besides its syntax tree (setting it up).
+const EVALUATION_PRICE: u64 = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CelError {
@@ -54,25 +71,86 @@ pub enum CelError {
     TooCostly,
     #[error("nests a comprehension in another")]
     NestedComprehension,
-    #[error("matches a pattern that is not a string literal compiling within {REGEX_SIZE} bytes")]
-    Pattern,
+    #[error("matches a pattern that is not a string literal")]
+    PatternNotLiteral,
+    #[error("matches {0:?}, which is not a regular expression compiling within {REGEX_SIZE} bytes")]
+    Pattern(String),
 }
 
 /// A selector compiled and found within bounds.
 #[derive(Debug)]
 pub struct Selector {
-    program: Program,
+    /// Its syntax tree, instrumented for the meter.
+    expression: IdedExpr,
+    /// What one evaluation costs by its syntax tree, before it runs.
     cost: u64,
+    /// Its `matches` patterns, compiled.
+    patterns: Arc<pattern::Patterns>,
 }
 
-/// What one claim's evaluations may still spend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget(pub u64);
+/// What one claim's parsing and evaluations may still spend, and the patterns they
+/// compiled (each once per claim).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    left: u64,
+    patterns: pattern::Patterns,
+}
+
+impl Budget {
+    pub fn new(units: u64) -> Self {
+        Budget {
+            left: units,
+            patterns: HashMap::new(),
+        }
+    }
+
+    /// A claim's: [`CLAIM_BUDGET`].
+    pub fn claim() -> Self {
+        Self::new(CLAIM_BUDGET)
+    }
+
+    /// What is left to spend.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+
+    fn spend(&mut self, cost: u64) -> Result<(), OverBudget> {
+        meter::pace(cost);
+        self.left = self.left.checked_sub(cost).ok_or(OverBudget)?;
+        Ok(())
+    }
+
+    /// `text` compiled, once per claim, each compile charged [`COMPILE_PRICE`].
+    fn pattern(&mut self, text: &str) -> Result<Result<Arc<regex::Regex>, CelError>, OverBudget> {
+        if let Some(compiled) = self.patterns.get(text) {
+            return Ok(Ok(compiled.clone()));
+        }
+        self.spend(COMPILE_PRICE)?;
+        let Ok(compiled) = pattern::compile(text) else {
+            let shown: String = text.chars().take(64).collect();
+            return Ok(Err(CelError::Pattern(shown)));
+        };
+        self.patterns.insert(text.into(), compiled.clone());
+        Ok(Ok(compiled))
+    }
+}
 
 impl Default for Budget {
     fn default() -> Self {
-        Budget(CLAIM_BUDGET)
+        Self::claim()
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Selectors compiled and evaluations run on this thread (tests count them).
+    pub(crate) static WORK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Count one compile or evaluation (tests only).
+fn count_work() {
+    #[cfg(test)]
+    WORK.set(WORK.get() + 1);
 }
 
 /// The claim's evaluations spent their budget.
@@ -82,54 +160,150 @@ impl Default for Budget {
 )]
 pub struct OverBudget;
 
-impl Budget {
-    fn spend(&mut self, cost: u64) -> Result<(), OverBudget> {
-        self.0 = self.0.checked_sub(cost).ok_or(OverBudget)?;
-        Ok(())
-    }
-}
-
 impl Selector {
-    /// Compile `expression`, charging its parsing to `budget` (by its length).
+    /// Compile `expression`, charging its parsing (by its length) and its patterns'
+    /// compiling to `budget`.
     pub fn compile_within(
         expression: &str,
         budget: &mut Budget,
     ) -> Result<Result<Self, CelError>, OverBudget> {
-        budget.spend(1 + expression.len() as u64 / 8)?;
-        Ok(Self::compile(expression))
+        budget.spend(PARSE_PRICE + expression.len() as u64 * PARSE_UNITS_PER_BYTE)?;
+        count_work();
+        if expression.len() > MAX_EXPRESSION_BYTES {
+            return Ok(Err(CelError::TooLong));
+        }
+        if let Err(error) = check_shape(expression) {
+            return Ok(Err(error));
+        }
+        let parsed = match parser().parse(expression) {
+            Ok(parsed) => parsed,
+            Err(e) => return Ok(Err(CelError::Parse(first_line(&e.to_string())))),
+        };
+        let parsed = &parsed;
+        let cost = match cost(parsed, false) {
+            Ok(cost) if cost <= MAX_COST => cost,
+            Ok(_) => return Ok(Err(CelError::TooCostly)),
+            Err(error) => return Ok(Err(error)),
+        };
+        let mut patterns = pattern::Patterns::new();
+        for text in literal_patterns(parsed) {
+            match budget.pattern(&text)? {
+                Ok(compiled) => patterns.insert(text.into(), compiled),
+                Err(error) => return Ok(Err(error)),
+            };
+        }
+        Ok(Ok(Selector {
+            expression: instrumented(parsed),
+            cost,
+            patterns: Arc::new(patterns),
+        }))
     }
 
+    /// Compile `expression` with a budget of its own (a DeviceClass's selectors).
     pub fn compile(expression: &str) -> Result<Self, CelError> {
-        if expression.len() > MAX_EXPRESSION_BYTES {
-            return Err(CelError::TooLong);
-        }
-        check_shape(expression)?;
-        let program = env()
-            .compile(expression)
-            .map_err(|e| CelError::Parse(first_line(&e.to_string())))?;
-        let cost = cost(program.expression(), false)?;
-        if cost > MAX_COST {
-            return Err(CelError::TooCostly);
-        }
-        Ok(Selector { program, cost })
+        Self::compile_within(expression, &mut Budget::claim()).unwrap_or(Err(CelError::TooCostly))
     }
 
     /// Whether the selector matches `device` (an evaluation error or a non-boolean
-    /// result does not), charged to `budget`.
+    /// result does not), charged to `budget`: its syntax tree's cost before it runs,
+    /// and what the meter counts while it runs.
     pub fn matches(&self, device: &CelDevice, budget: &mut Budget) -> Result<bool, OverBudget> {
-        budget.spend(self.cost)?;
-        Ok(self.evaluate(device) == Some(true))
+        budget.spend(EVALUATION_PRICE + self.cost)?;
+        let (value, left) = meter::metered(budget.left, || self.run(device));
+        budget.left = left.ok_or(OverBudget)?;
+        Ok(value == Some(true))
     }
 
-    /// The selector's value on `device`: `None` when it fails or is not a boolean.
+    /// The selector's value on `device`, with a claim's budget of its own: `None`
+    /// when it fails, is not a boolean or spends the budget.
     pub fn evaluate(&self, device: &CelDevice) -> Option<bool> {
-        let mut context = Context::with_env(env_arc());
-        add_functions(&mut context);
-        context.add_variable_from_value("device", device.value.clone());
-        match self.program.execute(&context) {
-            Ok(Value::Bool(matched)) => Some(matched),
-            _ => None,
+        let mut budget = Budget::claim();
+        budget.spend(EVALUATION_PRICE + self.cost).ok()?;
+        match meter::metered(budget.left, || self.run(device)) {
+            (value, Some(_)) => value,
+            (_, None) => None,
         }
+    }
+
+    fn run(&self, device: &CelDevice) -> Option<bool> {
+        count_work();
+        let variable = DeviceVariable(device.value.as_ref());
+        let mut context = Context::with_env(env_arc());
+        context.set_variable_resolver(&variable);
+        pattern::with_patterns(&self.patterns, || {
+            Value::resolve_val(&self.expression, &context)
+                .ok()
+                .and_then(|v| v.downcast_ref::<CelBool>().map(|b| *b.inner()))
+        })
+    }
+}
+
+/// `device`, lent to an evaluation without a copy.
+struct DeviceVariable<'a>(&'a (dyn Val + 'static));
+
+impl VariableResolver for DeviceVariable<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        (variable == "device").then_some(CowVal::Borrowed(self.0))
+    }
+}
+
+/// `parsed`, instrumented for the meter (`meter::instrument`): each comprehension's
+/// element costs its loop's body, and the accumulator a `map` or `filter` copies.
+fn instrumented(parsed: &IdedExpr) -> IdedExpr {
+    let mut expression = parsed.clone();
+    let per_element = |c: &ComprehensionExpr| {
+        let body = [&c.loop_cond, &c.loop_step].into_iter();
+        let body = body.map(|e| cost(e, true).unwrap_or(MAX_COST));
+        body.fold(range_size(&c.iter_range), u64::saturating_add)
+    };
+    meter::instrument(
+        &mut expression,
+        &mut vec!["device".to_string()],
+        &per_element,
+    );
+    expression
+}
+
+/// The string literals `expr` matches against, each once.
+fn literal_patterns(expr: &IdedExpr) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut stack = vec![expr];
+    while let Some(e) = stack.pop() {
+        if let Expr::Call(call) = &e.expr
+            && call.func_name == "matches"
+            && let Some(Expr::Literal(LiteralValue::String(text))) =
+                call.args.last().map(|a| &a.expr)
+        {
+            found.insert(text.inner().to_string());
+        }
+        stack.extend(children(e));
+    }
+    found
+}
+
+/// The expressions directly under `expr`.
+fn children(expr: &IdedExpr) -> Vec<&IdedExpr> {
+    match &expr.expr {
+        Expr::Call(call) => call
+            .target
+            .as_deref()
+            .into_iter()
+            .chain(&call.args)
+            .collect(),
+        Expr::Comprehension(c) => {
+            vec![
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ]
+        }
+        Expr::List(list) => list.elements.iter().collect(),
+        Expr::Map(map) => map.entries.iter().flat_map(entry_exprs).collect(),
+        Expr::Struct(s) => s.entries.iter().flat_map(entry_exprs).collect(),
+        Expr::Select(select) => vec![&select.operand],
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Vec::new(),
     }
 }
 
@@ -138,14 +312,32 @@ fn first_line(text: &str) -> String {
     line.chars().take(200).collect()
 }
 
+/// Kubernetes' device environment: CEL's standard library, its quantity and semver
+/// functions, our `matches` and the meter's functions.
 fn env_arc() -> Arc<Env> {
     static ENV: OnceLock<Arc<Env>> = OnceLock::new();
-    ENV.get_or_init(|| Arc::new(Env::stdlib())).clone()
+    ENV.get_or_init(|| {
+        let mut env = Env::stdlib();
+        let declared = functions::declare(&mut env)
+            .and_then(|()| pattern::declare(&mut env))
+            .and_then(|()| meter::declare(&mut env));
+        if let Err(error) = declared {
+            // Never with the `cel` version we build with (a test evaluates every one).
+            tracing::error!(%error, "CEL functions not declared");
+        }
+        Arc::new(env)
+    })
+    .clone()
 }
 
-fn env() -> &'static Env {
-    static ENV: OnceLock<Arc<Env>> = OnceLock::new();
-    ENV.get_or_init(env_arc)
+/// The `cel` crate's hand-written parser, with the standard macros and optional syntax,
+/// as its default one (generated by ANTLR) parses: the same syntax tree, 35-70 times
+/// faster (its default took up to 5 µs a byte, 50 ms for a 10 KiB list of integers;
+/// docs/benchmarks.md). Recursion is bounded before it by `check_shape`.
+fn parser() -> PrattParser {
+    PrattParser::new()
+        .enable_optional_syntax(true)
+        .max_recursion_depth(96)
 }
 
 /// Refuse, before parsing, what would make the parser recurse deeply: nested
@@ -233,10 +425,17 @@ fn cost(expr: &IdedExpr, in_comprehension: bool) -> Result<u64, CelError> {
     Ok(own.saturating_add(1))
 }
 
-fn entry_exprs(entry: &cel::common::ast::IdedEntryExpr) -> Vec<&IdedExpr> {
+fn entry_exprs(entry: &IdedEntryExpr) -> Vec<&IdedExpr> {
     match &entry.expr {
         EntryExpr::MapEntry(e) => vec![&e.key, &e.value],
         EntryExpr::StructField(f) => vec![&f.value],
+    }
+}
+
+fn entry_exprs_mut(entry: &mut IdedEntryExpr) -> Vec<&mut IdedExpr> {
+    match &mut entry.expr {
+        EntryExpr::MapEntry(e) => vec![&mut e.key, &mut e.value],
+        EntryExpr::StructField(f) => vec![&mut f.value],
     }
 }
 
@@ -254,30 +453,27 @@ fn nodes(expr: &IdedExpr) -> u64 {
     cost(expr, false).unwrap_or(u64::MAX)
 }
 
-/// A `matches` pattern: a string literal compiling small, costing its length.
+/// A `matches` pattern: a string literal (compiled with its selector), costing its
+/// length per evaluation.
 fn pattern_cost(pattern: Option<&IdedExpr>) -> Result<u64, CelError> {
     let Some(Expr::Literal(LiteralValue::String(text))) = pattern.map(|p| &p.expr) else {
-        return Err(CelError::Pattern);
+        return Err(CelError::PatternNotLiteral);
     };
-    let text: &str = text.inner();
-    regex::RegexBuilder::new(text)
-        .size_limit(REGEX_SIZE)
-        .build()
-        .map_err(|_| CelError::Pattern)?;
-    Ok(20 + text.len() as u64)
+    Ok(20 + text.inner().len() as u64)
 }
 
 /// One device as a selector sees it (`device` in the expression).
 #[derive(Debug, Clone)]
 pub struct CelDevice {
-    value: Value,
+    /// Built once: every evaluation borrows it.
+    value: Box<dyn Val>,
     /// A hash of what a selector can see: equal devices have equal ones.
     pub fingerprint: u64,
 }
 
 impl PartialEq for CelDevice {
     fn eq(&self, other: &Self) -> bool {
-        self.fingerprint == other.fingerprint && self.value == other.value
+        self.fingerprint == other.fingerprint && *self.value == *other.value
     }
 }
 
@@ -333,8 +529,9 @@ impl CelDevice {
             (Key::from("attributes"), map(attributes)),
             (Key::from("capacity"), map(capacity)),
         ];
+        let value = Box::<dyn Val>::try_from(map(device.into_iter()));
         CelDevice {
-            value: map(device.into_iter()),
+            value: value.unwrap_or_else(|_| Box::new(cel::common::types::CelNull)),
             fingerprint,
         }
     }
@@ -343,119 +540,6 @@ impl CelDevice {
 fn map(entries: impl Iterator<Item = (Key, Value)>) -> Value {
     let entries: HashMap<Key, Value> = entries.collect();
     Value::from(entries)
-}
-
-/// Kubernetes' quantity and semver functions, on our representations of them:
-/// quantities are integers (thousandths), versions strings.
-fn add_functions(context: &mut Context) {
-    let _ = context.add_function("quantity", quantity);
-    let _ = context.add_function("isQuantity", |s: Arc<String>| parse_milli(&s).is_some());
-    let _ = context.add_function("semver", semver);
-    let _ = context.add_function("isSemver", |s: Arc<String>| Version::parse(&s).is_some());
-    let _ = context.add_function("compareTo", compare_to);
-    let _ = context.add_function("isGreaterThan", |This(a): This<Value>, b: Value| {
-        compare(&a, &b).map(|o| o == Ordering::Greater)
-    });
-    let _ = context.add_function("isLessThan", |This(a): This<Value>, b: Value| {
-        compare(&a, &b).map(|o| o == Ordering::Less)
-    });
-    let _ = context.add_function("asInteger", |This(milli): This<i64>| milli / 1000);
-    let _ = context.add_function("isInteger", |This(milli): This<i64>| milli % 1000 == 0);
-    let _ = context.add_function("asApproximateFloat", |This(milli): This<i64>| {
-        milli as f64 / 1000.0
-    });
-    let _ = context.add_function("sign", |This(milli): This<i64>| milli.signum());
-    let _ = context.add_function("major", |This(v): This<Arc<String>>| part(&v, 0));
-    let _ = context.add_function("minor", |This(v): This<Arc<String>>| part(&v, 1));
-    let _ = context.add_function("patch", |This(v): This<Arc<String>>| part(&v, 2));
-}
-
-fn quantity(text: Arc<String>) -> Result<i64, ExecutionError> {
-    parse_milli(&text).ok_or_else(|| ExecutionError::function_error("quantity", "not a quantity"))
-}
-
-fn parse_milli(text: &str) -> Option<i64> {
-    i64::try_from(Milli::parse(text).ok()?.0).ok()
-}
-
-fn semver(text: Arc<String>) -> Result<Arc<String>, ExecutionError> {
-    Version::parse(&text)
-        .map(|_| text.clone())
-        .ok_or_else(|| ExecutionError::function_error("semver", "not a semantic version"))
-}
-
-fn part(version: &str, index: usize) -> Result<i64, ExecutionError> {
-    let parsed = Version::parse(version)
-        .ok_or_else(|| ExecutionError::function_error("semver", "not a semantic version"))?;
-    Ok(parsed.numbers[index] as i64)
-}
-
-fn compare_to(This(a): This<Value>, b: Value) -> Result<i64, ExecutionError> {
-    compare(&a, &b).map(|o| o as i64)
-}
-
-/// Quantities (integers) by value, versions (strings) by semantic version order.
-fn compare(a: &Value, b: &Value) -> Result<Ordering, ExecutionError> {
-    match (a, b) {
-        (Value::Int(a), Value::Int(b)) => Ok(a.cmp(b)),
-        (Value::String(a), Value::String(b)) => {
-            let (a, b) = (Version::parse(a), Version::parse(b));
-            let (Some(a), Some(b)) = (a, b) else {
-                return Err(ExecutionError::function_error("compareTo", "not versions"));
-            };
-            Ok(a.cmp(&b))
-        }
-        _ => Err(ExecutionError::function_error(
-            "compareTo",
-            "mismatched types",
-        )),
-    }
-}
-
-/// `major.minor.patch[-pre][+build]`; a pre-release sorts before its release.
-#[derive(Debug, PartialEq, Eq)]
-struct Version {
-    numbers: [u64; 3],
-    pre: Option<String>,
-}
-
-impl Version {
-    fn parse(text: &str) -> Option<Version> {
-        let text = text.split_once('+').map_or(text, |(v, _)| v);
-        let (core, pre) = match text.split_once('-') {
-            Some((core, pre)) if !pre.is_empty() => (core, Some(pre.to_string())),
-            Some(_) => return None,
-            None => (text, None),
-        };
-        let mut numbers = [0u64; 3];
-        let mut parts = core.split('.');
-        for number in &mut numbers {
-            let part = parts.next()?;
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            *number = part.parse().ok()?;
-        }
-        parts.next().is_none().then_some(Version { numbers, pre })
-    }
-}
-
-impl PartialOrd for Version {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Version {
-    fn cmp(&self, other: &Self) -> Ordering {
-        let pre = match (&self.pre, &other.pre) {
-            (None, None) => Ordering::Equal,
-            (None, Some(_)) => Ordering::Greater,
-            (Some(_), None) => Ordering::Less,
-            (Some(a), Some(b)) => a.cmp(b),
-        };
-        self.numbers.cmp(&other.numbers).then(pre)
-    }
 }
 
 #[cfg(test)]

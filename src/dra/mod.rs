@@ -2,16 +2,19 @@
 //! ResourceClaims (docs/devices.md). Pure: which requests of a claim are for GPUs (their
 //! DeviceClass is configured, or its selectors can match the GPU driver's devices), which
 //! model each is charged for, what the claim is charged, and the selector that pins a
-//! request to its model.
+//! request to what it is charged for.
 //!
 //! A claim is charged per device, like Kubernetes' own quota counts claims: an
 //! `ExactCount` request its count, an `All` request the most devices one claim can be
 //! allocated (32), a request of prioritized alternatives (`firstAvailable`) the largest
 //! alternative per quota key. The model is decided by evaluating the request's CEL
-//! selectors and its DeviceClass's ([`cel`]) against the devices the ResourceSlices
-//! publish, or made-up devices of the models the quotas know ([`Catalog`]); the mutating
-//! webhook pins it (`productName in [...]`, ANDed with everything else), so the claim is
-//! allocated only the model it is charged for. Once allocated, the devices' own
+//! selectors and its DeviceClass's ([`cel`]) against samples of the devices the
+//! ResourceSlices publish, or made-up devices of the models the quotas know
+//! ([`Catalog`]). A sample cannot say what a selector matches among the devices it does
+//! not hold, so the charge is not taken from it: the mutating webhook pins every GPU
+//! request ([`Pin`]: the model, and whole GPUs or one MIG profile, ANDed with everything
+//! else) and the claim is charged by its pins, what the dearest device each lets the
+//! allocator choose costs (docs/devices.md, "The pin"). Once allocated, the devices' own
 //! attributes say what the claim holds.
 
 /// `kube::Resource` for a `resource.k8s.io/v1` type of ours that holds only the fields
@@ -48,14 +51,16 @@ use lite_resource;
 
 pub mod cel;
 pub mod classes;
+pub mod pin;
 pub mod slices;
+mod source;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cel::{AttributeValue, CelDevice, Selector};
-use classes::{ClassInfo, DeviceClasses};
+use classes::DeviceClasses;
 use slices::DeviceIndex;
 
 use serde::Deserialize;
@@ -64,6 +69,9 @@ use crate::placement::mig::{self, MigResources};
 use crate::placement::{GpuDemand, GpuRequest, MigDemand};
 use crate::quota::{ModelAmounts, add_charge, charge_on};
 
+pub use pin::Pin;
+pub use source::CatalogSource;
+use source::{GpuClass, gpu_classes};
 pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
 
 /// Kubernetes' `AllocationResultsMaxSize`: what an `All` request can be allocated at most.
@@ -130,40 +138,6 @@ impl Dra {
         products.dedup();
         products
     }
-
-    /// The CEL expression that pins a request to `label`'s devices: their model
-    /// attribute is one of `products` (the values the cluster's ResourceSlices carry for
-    /// that label; [`Dra::products_of_label`] when none is published yet).
-    pub fn pin_expression(&self, label: &str, products: &[String]) -> String {
-        let values = match products.is_empty() {
-            true => self.products_of_label(label),
-            false => products.to_vec(),
-        };
-        let quote = |v: &str| serde_json::to_string(v).unwrap_or_default();
-        let list: Vec<String> = values.iter().map(|v| quote(v)).collect();
-        format!(
-            "device.attributes[{}].{} in [{}]",
-            quote(&self.driver),
-            self.model_attribute,
-            list.join(", ")
-        )
-    }
-
-    /// The model label `expression` pins, if it is a pin ([`Dra::pin_expression`]): a
-    /// device it matches has that label and no other.
-    pub fn pinned_label(&self, expression: &str) -> Option<String> {
-        let quote = |v: &str| serde_json::to_string(v).unwrap_or_default();
-        let head = format!(
-            "device.attributes[{}].{} in ",
-            quote(&self.driver),
-            self.model_attribute
-        );
-        let list = expression.strip_prefix(head.as_str())?;
-        let products: Vec<String> = serde_json::from_str(list).ok()?;
-        let mut labels = products.iter().map(|p| self.label_of_product(p));
-        let first = labels.next()?;
-        labels.all(|l| l == first).then_some(first)
-    }
 }
 
 /// One GPU request (or alternative) of a claim: which models its selectors (and its
@@ -175,10 +149,10 @@ pub struct DeviceAsk {
     /// The model labels of devices the selectors match, each with the MIG profile it
     /// costs most as (`None`: a whole GPU).
     pub matched: BTreeMap<String, Option<String>>,
-    /// The model its DeviceClass implies (config), or its pin names.
+    /// The model its DeviceClass implies (config).
     pub named: Option<String>,
-    /// The model its pin selector names, if it has one.
-    pub pinned: Option<String>,
+    /// The pin it carries ([`Dra::pin_expression`]), if any: it is charged by it.
+    pub pinned: Option<Pin>,
     pub count: u32,
 }
 
@@ -196,7 +170,8 @@ impl DeviceAsk {
     /// One model the selectors match: that one. Several: the default if among them.
     /// None: the default.
     pub fn resolve(&self, default: Option<&str>) -> Resolved {
-        if let Some(named) = self.pinned.as_ref().or(self.named.as_ref()) {
+        let pinned = self.pinned.as_ref().map(|p| &p.label);
+        if let Some(named) = pinned.or(self.named.as_ref()) {
             return Resolved::Model(named.clone());
         }
         let mut labels = self.matched.keys();
@@ -214,6 +189,23 @@ impl DeviceAsk {
     /// The MIG profile it costs on `label` (`None`: whole GPUs).
     pub fn profile(&self, label: &str) -> Option<&str> {
         self.matched.get(label).and_then(|p| p.as_deref())
+    }
+
+    /// What the request is pinned to: the pin it carries, or else the model it is
+    /// charged for (with `default`) and the dearest of what its selectors matched of
+    /// that model — whole GPUs if any, else the largest profile — so that it is
+    /// allocated nothing dearer than it is charged. `None` when no model is decided.
+    pub fn pin(&self, default: Option<&str>) -> Option<Pin> {
+        if let Some(pin) = &self.pinned {
+            return Some(pin.clone());
+        }
+        match self.resolve(default) {
+            Resolved::Model(label) => Some(Pin {
+                profile: self.profile(&label).map(str::to_string),
+                label,
+            }),
+            Resolved::Ambiguous(_) | Resolved::Unnamed => None,
+        }
     }
 }
 
@@ -254,11 +246,21 @@ impl ClaimAsks {
     ) -> Result<Self, AskError> {
         let mut asks = ClaimAsks::default();
         let mut budget = cel::Budget::default();
-        let mut ask = |name: &str, exact: &ExactRequest| match catalog.ask(name, exact, &mut budget)
-        {
-            Err(error) if strict => Err(error),
-            Err(_) => Ok(catalog.unevaluated(name, exact)),
-            Ok(ask) => Ok(ask),
+        let mut ask = |name: &str, exact: &ExactRequest| {
+            let pinned = || {
+                catalog
+                    .unevaluated(name, exact)
+                    .filter(|a| a.pinned.is_some())
+            };
+            if !strict && let Some(ask) = pinned() {
+                // Charged by its pin: nothing to compile.
+                return Ok(Some(ask));
+            }
+            match catalog.ask(name, exact, &mut budget) {
+                Err(error) if strict => Err(error),
+                Err(_) => Ok(catalog.unevaluated(name, exact)),
+                Ok(ask) => Ok(ask),
+            }
         };
         for request in requests {
             if let Some(exact) = &request.exactly
@@ -323,12 +325,6 @@ pub struct Catalog {
     synthetic: Vec<(String, Option<String>, CelDevice)>,
 }
 
-#[derive(Debug)]
-struct GpuClass {
-    model: Option<String>,
-    selectors: Vec<Selector>,
-}
-
 impl Catalog {
     /// `known`: model labels and `<model>/<profile>` quota keys (the namespace's quotas,
     /// the nodes' labels).
@@ -338,10 +334,22 @@ impl Catalog {
         devices: &DeviceIndex,
         known: impl IntoIterator<Item = String>,
     ) -> Self {
-        let samples = devices.samples();
+        Self::from_source(CatalogSource::new(dra, classes, devices, known))
+    }
+
+    /// Built from what was copied out of the cluster state: this compiles (and for
+    /// DeviceClasses not in the config, evaluates) CEL, so it is never done under the
+    /// cache's lock.
+    pub fn from_source(source: CatalogSource) -> Self {
+        let CatalogSource {
+            dra,
+            classes,
+            samples,
+            products,
+            known,
+        } = source;
         let published: BTreeSet<&str> = samples.keys().map(|(l, _)| l.as_str()).collect();
         let mut synthetic = Vec::new();
-        let known: BTreeSet<String> = known.into_iter().collect();
         for key in &known {
             let (label, profile) = match key.split_once('/') {
                 Some((label, profile)) => (label, Some(profile.to_string())),
@@ -351,33 +359,42 @@ impl Catalog {
                 continue;
             }
             for product in dra.products_of_label(label) {
-                let device = synthetic_device(dra, &product, profile.as_deref());
+                let device = synthetic_device(&dra, &product, profile.as_deref());
                 synthetic.push((label.to_string(), profile.clone(), device));
             }
         }
         let mut catalog = Catalog {
-            dra: dra.clone(),
+            dra,
             gpu_classes: BTreeMap::new(),
             samples,
-            products: devices.products(),
+            products,
             synthetic,
         };
-        catalog.gpu_classes = gpu_classes(&catalog, classes);
+        catalog.gpu_classes = gpu_classes(&catalog, &classes);
         catalog
+    }
+
+    /// The DeviceClasses that are GPU classes without the config listing them.
+    pub fn found_gpu_classes(&self) -> impl Iterator<Item = &str> {
+        let listed = &self.dra.device_classes;
+        self.gpu_classes
+            .keys()
+            .map(String::as_str)
+            .filter(|c| !listed.contains_key(*c))
     }
 
     pub fn dra(&self) -> &Dra {
         &self.dra
     }
 
-    /// The selector that pins a request to `label`'s devices.
-    pub fn pin(&self, label: &str) -> String {
+    /// The selector that pins a request to `pin`'s devices.
+    pub fn pin(&self, pin: &Pin) -> String {
         let products = self
             .products
-            .get(label)
+            .get(&pin.label)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        self.dra.pin_expression(label, products)
+        self.dra.pin_expression(pin, products)
     }
 
     /// Whether requests for the class `name` get GPUs.
@@ -396,7 +413,7 @@ impl Catalog {
             return Ok(None);
         };
         let expressions = exact.expressions();
-        let pinned = expressions.iter().find_map(|e| self.dra.pinned_label(e));
+        let pinned = expressions.iter().find_map(|e| self.dra.pinned(e));
         let mut selectors = Vec::with_capacity(expressions.len());
         for expression in &expressions {
             let selector = Selector::compile_within(expression, budget)?;
@@ -405,9 +422,15 @@ impl Catalog {
                 error,
             })?);
         }
+        // A pinned request is charged by its pin: what its selectors match among the
+        // samples decides nothing (docs/devices.md, "The pin").
+        let matched = match pinned {
+            Some(_) => BTreeMap::new(),
+            None => self.matched(&selectors, &class.selectors, budget)?,
+        };
         Ok(Some(DeviceAsk {
             request: name.to_string(),
-            matched: self.matched(&selectors, &class.selectors, budget)?,
+            matched,
             named: class.model.clone(),
             pinned,
             count: count_of(exact),
@@ -415,14 +438,14 @@ impl Catalog {
     }
 
     /// A GPU request whose selectors were not evaluated: it matches no model.
-    fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
+    pub fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
         let expressions = exact.expressions();
         Some(DeviceAsk {
             request: name.to_string(),
             matched: BTreeMap::new(),
             named: class.model.clone(),
-            pinned: expressions.iter().find_map(|e| self.dra.pinned_label(e)),
+            pinned: expressions.iter().find_map(|e| self.dra.pinned(e)),
             count: count_of(exact),
         })
     }
@@ -504,51 +527,14 @@ fn synthetic_device(dra: &Dra, product: &str, profile: Option<&str>) -> CelDevic
     CelDevice::new(&dra.driver, &attributes, &BTreeMap::new())
 }
 
-/// The GPU classes: those the config lists, and those whose selectors match a published
-/// device of the GPU driver, or do not rule out a device of it (on a device of that
-/// driver with no attributes, each evaluates true or fails for want of one).
-fn gpu_classes(catalog: &Catalog, classes: &DeviceClasses) -> BTreeMap<String, GpuClass> {
-    let compile = |info: Option<&ClassInfo>| -> Option<Vec<Selector>> {
-        let expressions = info.map(|i| i.selectors.as_slice()).unwrap_or_default();
-        expressions
-            .iter()
-            .map(|e| Selector::compile(e).ok())
-            .collect()
-    };
-    let mut gpu = BTreeMap::new();
-    for (name, model) in &catalog.dra.device_classes {
-        let selectors = compile(classes.get(name)).unwrap_or_default();
-        let model = (!model.is_empty()).then(|| model.clone());
-        gpu.insert(name.clone(), GpuClass { model, selectors });
-    }
-    let bare = CelDevice::new(&catalog.dra.driver, &BTreeMap::new(), &BTreeMap::new());
-    for (name, info) in classes {
-        if gpu.contains_key(name) {
-            continue;
-        }
-        let Some(selectors) = compile(Some(info)) else {
-            continue;
-        };
-        let mut published = catalog.samples.values().flatten();
-        let matches = |d: &CelDevice| selectors.iter().all(|s| s.evaluate(d) == Some(true));
-        let is_gpu = published.any(|d| matches(d))
-            || selectors.iter().all(|s| s.evaluate(&bare) != Some(false));
-        if is_gpu {
-            gpu.insert(
-                name.clone(),
-                GpuClass {
-                    model: None,
-                    selectors,
-                },
-            );
-        }
-    }
-    gpu
-}
-
-/// One request's charge on its model (or `default`), as a pod asking for the same
-/// devices through the device plugin would be charged: whole GPUs, or MIG slices.
+/// One request's charge, as a pod asking for the same devices through the device plugin
+/// would be charged: whole GPUs, or MIG slices. A pinned request is charged by its pin
+/// (what its dearest allowed device costs); one without (a claim that did not pass the
+/// webhooks) by what its selectors matched, on its model or `default`.
 fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
+    if let Some(pin) = &ask.pinned {
+        return pin.charge(ask.count, mig);
+    }
     let label = match ask.resolve(default) {
         Resolved::Model(label) => label,
         Resolved::Ambiguous(labels) => labels.into_iter().next().unwrap_or_default(),

@@ -292,7 +292,7 @@ fn without_published_devices_the_selectors_pin_a_known_model_or_take_the_default
     assert_eq!(model(&unknown, Some("Tesla-T4"), &catalog), is("Tesla-T4"));
     assert_eq!(model(&unknown, None, &catalog), Resolved::Unnamed);
     // The pin of a model selects its made-up devices, and only those.
-    let pin = catalog.pin("Tesla-T4");
+    let pin = catalog.pin(&Pin::whole("Tesla-T4"));
     assert_eq!(model(&pin, None, &catalog), is("Tesla-T4"));
     assert_eq!(
         model(&format!("{pin} && {A100}"), None, &catalog),
@@ -314,23 +314,49 @@ fn a_mig_profile_is_matched_on_made_up_slices_of_known_profile_keys() {
 }
 
 #[test]
-fn a_pin_is_recognised_only_when_it_names_one_model() {
+fn a_pin_is_recognised_only_when_it_names_one_model_and_whole_gpus_or_one_profile() {
     let dra = Dra::default();
-    let pin = dra.pin_expression("A100-SXM4-80GB", &["NVIDIA A100-SXM4-80GB".into()]);
+    let a100 = ["NVIDIA A100-SXM4-80GB".to_string()];
+    let whole = dra.pin_expression(&Pin::whole("A100-SXM4-80GB"), &a100);
     assert_eq!(
-        pin,
-        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"]"#
+        whole,
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"] && !has(device.attributes["gpu.nvidia.com"].profile)"#
     );
-    assert_eq!(dra.pinned_label(&pin).as_deref(), Some("A100-SXM4-80GB"));
-    let unpublished = dra.pin_expression("Tesla-T4", &[]);
+    assert_eq!(dra.pinned(&whole), Some(Pin::whole("A100-SXM4-80GB")));
+    let slice = Pin {
+        label: "A100-SXM4-80GB".into(),
+        profile: Some("1g.10gb".into()),
+    };
+    let sliced = dra.pin_expression(&slice, &a100);
+    assert_eq!(
+        sliced,
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"] && has(device.attributes["gpu.nvidia.com"].profile) && device.attributes["gpu.nvidia.com"].profile == "1g.10gb""#
+    );
+    assert_eq!(dra.pinned(&sliced), Some(slice));
+    let unpublished = dra.pin_expression(&Pin::whole("Tesla-T4"), &[]);
     assert_eq!(
         unpublished,
-        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA Tesla T4", "NVIDIA Tesla-T4", "Tesla T4", "Tesla-T4"]"#
+        r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA Tesla T4", "NVIDIA Tesla-T4", "Tesla T4", "Tesla-T4"] && !has(device.attributes["gpu.nvidia.com"].profile)"#
     );
-    assert_eq!(dra.pinned_label(&unpublished).as_deref(), Some("Tesla-T4"));
-    let forged = r#"device.attributes["gpu.nvidia.com"].productName in ["Tesla T4", "NVIDIA A100-SXM4-80GB"]"#;
-    assert_eq!(dra.pinned_label(forged), None);
-    assert_eq!(dra.pinned_label(&format!("{pin} || true")), None);
+    assert_eq!(dra.pinned(&unpublished), Some(Pin::whole("Tesla-T4")));
+    let p = r#"device.attributes["gpu.nvidia.com"]"#;
+    let not_pins = [
+        // Two models.
+        format!(r#"{p}.productName in ["Tesla T4", "NVIDIA A100-SXM4-80GB"] && !has({p}.profile)"#),
+        // The model only (an earlier version's pin): any slice or whole GPU of it.
+        format!(r#"{p}.productName in ["NVIDIA A100-SXM4-80GB"]"#),
+        format!("{whole} || true"),
+        format!("{sliced} || true"),
+        format!(
+            r#"{p}.productName in ["NVIDIA A100-SXM4-80GB"] && has({p}.profile) && {p}.profile == "1g.10gb" || true"#
+        ),
+        format!(
+            r#"{p}.productName in ["NVIDIA A100-SXM4-80GB"] && has({p}.profile) && {p}.profile != "1g.10gb""#
+        ),
+    ];
+    for expression in not_pins {
+        assert_eq!(dra.pinned(&expression), None, "{expression}");
+    }
     assert_eq!(
         dra.label_of_product("NVIDIA H100 80GB HBM3"),
         "H100-80GB-HBM3"
@@ -403,4 +429,135 @@ fn a_claims_evaluations_are_bounded_by_its_budget() {
         .collect();
     let error = ClaimAsks::of(&claim(json!(requests)), &cluster()).unwrap_err();
     assert_eq!(error, AskError::OverBudget(cel::OverBudget));
+}
+
+/// The pins select, among every device of the driver, exactly the model and whole GPUs
+/// or the profile they name, and evaluate on each of them (Kubernetes aborts an
+/// allocation on a selector that fails on a device).
+#[test]
+fn a_pin_selects_its_model_and_whole_gpus_or_its_profile_and_fails_on_no_device() {
+    let dra = Dra::default();
+    let node = slice(
+        "a100-node",
+        &[
+            ("gpu-0", "NVIDIA A100-SXM4-80GB", "gpu", None, "80Gi"),
+            (
+                "gpu-1-mig-0",
+                "NVIDIA A100-SXM4-80GB",
+                "mig",
+                Some("1g.10gb"),
+                "10Gi",
+            ),
+            (
+                "gpu-1-mig-1",
+                "NVIDIA A100-SXM4-80GB",
+                "mig",
+                Some("3g.40gb"),
+                "40Gi",
+            ),
+            ("gpu-2", "Tesla T4", "gpu", None, "16Gi"),
+        ],
+    );
+    let devices = gpu_devices(&node, &dra);
+    let a100 = ["NVIDIA A100-SXM4-80GB".to_string()];
+    let slice_of = |profile: &str| Pin {
+        label: "A100-SXM4-80GB".into(),
+        profile: Some(profile.into()),
+    };
+    let cases = [
+        (Pin::whole("A100-SXM4-80GB"), vec!["gpu-0"]),
+        (slice_of("1g.10gb"), vec!["gpu-1-mig-0"]),
+        (slice_of("3g.40gb"), vec!["gpu-1-mig-1"]),
+        (slice_of("7g.80gb"), vec![]),
+    ];
+    for (pin, want) in cases {
+        let selector = cel::Selector::compile(&dra.pin_expression(&pin, &a100)).unwrap();
+        let mut matched = Vec::new();
+        for ((_, name), device) in &devices {
+            let value = selector.evaluate(&device.cel);
+            assert!(value.is_some(), "{pin:?} fails on {name}");
+            if value == Some(true) {
+                matched.push(name.as_str());
+            }
+        }
+        assert_eq!(matched, want, "{pin:?}");
+    }
+}
+
+/// A request is pinned to the dearest of what its selectors matched of its model, and a
+/// pinned request is charged by its pin.
+#[test]
+fn a_request_is_pinned_to_the_dearest_it_matched_and_charged_by_the_pin() {
+    let catalog = cluster();
+    let mig = MigResources::default();
+    let p = r#"device.attributes["gpu.nvidia.com"]"#;
+    let any_a100 = json!([{"name": "gpu", "exactly": {"deviceClassName": "vfio.example.com",
+        "count": 2, "selectors": [{"cel": {"expression": A100}}]}}]);
+    let classes: DeviceClasses = [(
+        "vfio.example.com".to_string(),
+        ClassInfo {
+            selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+            extended_resource: None,
+        },
+    )]
+    .into();
+    let mut index = DeviceIndex::default();
+    let published = slice(
+        "a100-node",
+        &[
+            ("gpu-0", "NVIDIA A100-SXM4-80GB", "gpu", None, "80Gi"),
+            (
+                "gpu-1-mig-0",
+                "NVIDIA A100-SXM4-80GB",
+                "mig",
+                Some("1g.10gb"),
+                "10Gi",
+            ),
+        ],
+    );
+    index.apply("a100-node", gpu_devices(&published, &Dra::default()));
+    let both = Catalog::new(&Dra::default(), &classes, &index, []);
+    // Whole GPUs and slices match: whole GPUs, the dearest.
+    let ask = &asks(any_a100, &both).exact[0];
+    assert_eq!(ask.pin(None), Some(Pin::whole("A100-SXM4-80GB")));
+    // Slices only: that profile.
+    let slices = json!([{"name": "slice", "exactly": {"deviceClassName": "mig.nvidia.com",
+        "count": 3, "selectors": [{"cel": {"expression": format!("{p}.uuid != \"\"")}}]}}]);
+    let ask = asks(slices, &catalog).exact[0].clone();
+    let pin = ask.pin(None).unwrap();
+    assert_eq!(pin.profile.as_deref(), Some("1g.10gb"));
+    // Charged by the pin it carries, whatever else its selectors say.
+    let pinned = json!([{"name": "slice", "exactly": {"deviceClassName": "mig.nvidia.com",
+        "count": 3, "selectors": [{"cel": {"expression": format!("{p}.uuid != \"\"")}},
+            {"cel": {"expression": catalog.pin(&pin)}}]}}]);
+    let asks = asks(pinned, &catalog);
+    assert_eq!(asks.exact[0].pinned, Some(pin.clone()));
+    assert_eq!(
+        asks.charge(None, &mig),
+        amounts(&[("A100-SXM4-80GB", 426), ("A100-SXM4-80GB/1g.10gb", 3000)])
+    );
+    assert_eq!(asks.charge(None, &mig), pin.charge(3, &mig));
+}
+
+/// A `matches` pattern that compiles past the size limit (Unicode `\w` repeated 200
+/// times) is refused before anything runs, naming the request and the pattern.
+#[test]
+fn a_pattern_over_the_compiled_size_limit_is_refused_naming_the_request() {
+    let catalog = Catalog::new(
+        &Dra::default(),
+        &DeviceClasses::new(),
+        &DeviceIndex::default(),
+        ["Tesla-T4".to_string()],
+    );
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "spec": {"devices": {"requests": [{"name": "big", "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": r#"device.attributes["gpu.nvidia.com"].productName.matches("\\w{1,200}")"#}}]}}]}}
+    }))
+    .unwrap();
+    let error = ClaimAsks::of(&claim, &catalog).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        r#"ResourceClaim request big: CEL selector matches "\\w{1,200}", which is not a regular expression compiling within 65536 bytes"#
+    );
 }

@@ -22,6 +22,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, GpuRequest, Outcome, Placer};
 use crate::quota::NamespaceLimits;
 use crate::quota::eligible::{Eligibility, needs_views};
+use crate::quota::pending::ChargeId;
 use crate::quota::{Costs, ModelAmounts};
 
 /// What the record step needs to know of the plan.
@@ -191,7 +192,7 @@ impl Plan {
             costs: Costs::single(model, charge.charge.clone()),
             rules: config.admit_rules(),
             created: charge.created,
-            pod: None,
+            charge_id: None,
             dry_run: false,
         };
         match backend.charge_at_placement(self.namespace(), ask).await {
@@ -236,7 +237,11 @@ impl Plan {
             return;
         };
         let released = backend
-            .release(self.namespace(), &charge.charge, (charge.created, None))
+            .release(
+                self.namespace(),
+                &charge.charge,
+                (charge.created, ChargeId::None),
+            )
             .await;
         if let Err(error) = released {
             tracing::warn!(pod = %self.key, %error, "could not release the quota charge; the reconciler will");

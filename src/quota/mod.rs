@@ -181,11 +181,12 @@ pub struct PendingCharges {
     /// How many pods the amount is for.
     #[serde(default)]
     pub pods: u32,
-    /// The uids of the pods the quota queue let go whose charges the amount holds (at
-    /// most `quota::pending::MAX_UIDS`): a releaser that lost the answer to its write
-    /// knows its own charge by them, and lets the pod go on it instead of charging again.
+    /// The ids of the charges in the amount that can be taken back exactly (at most
+    /// `quota::pending::MAX_IDS`): one per charge the quota queue's releaser wrote, so a
+    /// releaser whose write failed without an answer takes back its own, if it was stored,
+    /// and nothing else.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub uids: Vec<String>,
+    pub charge_ids: Vec<String>,
 }
 
 /// One admitted pod's charge, as versions before `pending` recorded it.

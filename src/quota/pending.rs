@@ -36,22 +36,44 @@ pub struct BucketKey<'a> {
     pub model: &'a str,
 }
 
-/// The most pod uids one total keeps: a release's charge past it is not recognisable,
+/// The most charge ids one total keeps: a charge past it cannot be taken back by its id,
 /// and holds its room until the total expires, as any other (a status write stays small).
-pub const MAX_UIDS: usize = 256;
+pub const MAX_IDS: usize = 256;
 
 /// One charge as the ledger writes it: `amount` of quota key `model`, in the total of
-/// second `created`, for the pod of uid `pod` when its charge must be recognisable (the
-/// quota queue's releases).
-pub type Entry<'a> = (&'a str, Milli, CreatedSecond, Option<&'a str>);
+/// second `created`, and how it is known (see [`ChargeId`]).
+pub type Entry<'a> = (&'a str, Milli, CreatedSecond, ChargeId<'a>);
+
+/// How a charge is known to the ledger, which decides how it is taken back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeId<'a> {
+    /// By its amount: a charge whose write is known to be stored, without an id
+    /// (admission's, the extender's).
+    None,
+    /// A quota queue release's charge (one id per attempt, never reused) whose write
+    /// may or may not have been stored: taken back only while its total holds the id.
+    Unsure(&'a str),
+    /// A quota queue release's charge whose write was stored: taken back by its id, or,
+    /// when its total was too full to keep the id, as one of the charges kept without one.
+    Stored(&'a str),
+}
+
+impl<'a> ChargeId<'a> {
+    fn id(self) -> Option<&'a str> {
+        match self {
+            ChargeId::None => None,
+            ChargeId::Unsure(id) | ChargeId::Stored(id) => Some(id),
+        }
+    }
+}
 
 /// One running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Total {
     amount: Milli,
     pods: u32,
-    /// The uids of the pods whose charges are recognisable (see [`Entry`]).
-    uids: Vec<String>,
+    /// The ids of the charges that can be taken back exactly (see [`Entry`]).
+    ids: Vec<String>,
 }
 
 /// The totals of one quota, by (second, model).
@@ -78,8 +100,10 @@ impl Pending {
             pending.add(created, &entry.model, amount, entry.pods);
             let total = pending.totals.get_mut(&(created, entry.model.clone()));
             if let Some(total) = total {
-                let room = MAX_UIDS.saturating_sub(total.uids.len());
-                total.uids.extend(entry.uids.iter().take(room).cloned());
+                let room = MAX_IDS.saturating_sub(total.ids.len());
+                total
+                    .ids
+                    .extend(entry.charge_ids.iter().take(room).cloned());
             }
         }
         Ok(pending)
@@ -93,7 +117,7 @@ impl Pending {
                 model: model.clone(),
                 amount: Quantity(total.amount.to_string()),
                 pods: total.pods,
-                uids: total.uids.clone(),
+                charge_ids: total.ids.clone(),
             })
             .collect()
     }
@@ -109,32 +133,36 @@ impl Pending {
         total.pods = total.pods.saturating_add(pods);
     }
 
-    /// Add one pod's charge, recognisable by its uid `pod` when given (and room is left).
-    pub fn add_entry(&mut self, (model, amount, created, pod): Entry<'_>) {
+    /// Add one pod's charge, with its id when given (and room is left).
+    pub fn add_entry(&mut self, (model, amount, created, id): Entry<'_>) {
         self.add(created, model, amount, 1);
         let total = self.totals.get_mut(&(created, model.to_string()));
-        if let (Some(total), Some(uid)) = (total, pod)
-            && total.uids.len() < MAX_UIDS
-            && !total.uids.iter().any(|u| u == uid)
+        if let (Some(total), Some(id)) = (total, id.id())
+            && total.ids.len() < MAX_IDS
         {
-            total.uids.push(uid.to_string());
+            total.ids.push(id.to_string());
         }
     }
 
-    /// Take back one pod's charge (a placement or release that could not be written). A
-    /// recognisable one (`pod` given) only if its total holds that pod's uid: taking it
-    /// back is then exact whether the write that added it was stored or not, and never
-    /// takes another pod's charge. `true` when something was taken back.
-    pub fn remove(&mut self, (model, amount, created, pod): Entry<'_>) -> bool {
+    /// Take back one pod's charge (a placement or release that could not be written). An
+    /// [`ChargeId::Unsure`] one only if its total holds its id: taking it back is then
+    /// exact whether the write that added it was stored or not, and never takes another
+    /// charge. A [`ChargeId::Stored`] one without its id (the total was full of ids) only
+    /// if the total holds a charge kept without one. `true` when something was taken back.
+    pub fn remove(&mut self, (model, amount, created, id): Entry<'_>) -> bool {
         let key = (created, model.to_string());
         let Some(total) = self.totals.get_mut(&key) else {
             return false;
         };
-        if let Some(uid) = pod {
-            let Some(at) = total.uids.iter().position(|u| u == uid) else {
-                return false;
-            };
-            total.uids.swap_remove(at);
+        let found = id
+            .id()
+            .and_then(|id| total.ids.iter().position(|i| i == id));
+        let anonymous = total.pods as usize > total.ids.len();
+        match (id, found) {
+            (_, Some(at)) => drop(total.ids.swap_remove(at)),
+            (ChargeId::None, None) => {}
+            (ChargeId::Stored(_), None) if anonymous => {}
+            (ChargeId::Stored(_) | ChargeId::Unsure(_), None) => return false,
         }
         total.amount = Milli(total.amount.0.saturating_sub(amount.0));
         total.pods = total.pods.saturating_sub(1);
@@ -142,13 +170,6 @@ impl Pending {
             self.totals.remove(&key);
         }
         true
-    }
-
-    /// The second of the total that holds the recognisable charge of the pod `uid`.
-    pub fn charged_second(&self, uid: &str) -> Option<CreatedSecond> {
-        let mut totals = self.totals.iter();
-        let found = totals.find(|(_, total)| total.uids.iter().any(|u| u == uid));
-        found.map(|((created, _), _)| *created)
     }
 
     /// What is still in flight, per model: each total less what the pods seen created in
@@ -294,49 +315,66 @@ mod tests {
         assert_eq!((status[0].amount.0.as_str(), status[0].pods), ("1.5", 2));
         let mut read = Pending::from_status(&status).unwrap();
         assert_eq!(read, pending);
-        read.remove(("A100", Milli(250), T + 3, None));
-        read.remove(("T4", Milli(500), T, None));
+        read.remove(("A100", Milli(250), T + 3, ChargeId::None));
+        read.remove(("T4", Milli(500), T, ChargeId::None));
         assert_eq!(read.to_status().len(), 1);
         assert_eq!(read.to_status()[0].amount.0, "1");
     }
 
-    /// A release's charge is recognisable by its pod's uid while its total lasts, in the
-    /// status as in memory, until it is taken back; other pods' charges are not.
+    /// A charge with an id is taken back exactly: all of it while its total holds the
+    /// id (in the status as in memory), nothing once it was taken back or if it was never
+    /// stored, and never another charge of the same pod in the same second.
     #[test]
-    fn a_released_pods_charge_is_known_by_its_uid_until_taken_back() {
+    fn a_charge_is_taken_back_by_its_id_exactly_once() {
         let mut pending = Pending::default();
-        pending.add_entry(("T4", Milli(1000), T, Some("uid-a")));
-        pending.add_entry(("T4", Milli(1000), T, None));
-        pending.add_entry(("T4", Milli(500), T + 1, Some("uid-b")));
-        let read = Pending::from_status(&pending.to_status()).unwrap();
-        assert_eq!(read, pending, "the uids ride in the status");
-        assert_eq!(read.charged_second("uid-a"), Some(T));
-        assert_eq!(read.charged_second("uid-b"), Some(T + 1));
-        assert_eq!(read.charged_second("uid-c"), None);
-        let mut read = read;
-        assert!(read.remove(("T4", Milli(1000), T, Some("uid-a"))));
-        assert_eq!(read.charged_second("uid-a"), None);
-        let (in_flight, _) = read.settle(seen_from(&[]), T + 2);
-        assert_eq!(in_flight["T4"], Milli(1500));
-        // Taken back again (the first take-back's answer was lost): nothing more goes.
-        assert!(!read.remove(("T4", Milli(1000), T, Some("uid-a"))));
+        pending.add_entry(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.1")));
+        pending.add_entry(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.2")));
+        pending.add_entry(("T4", Milli(500), T + 1, ChargeId::None));
+        let mut read = Pending::from_status(&pending.to_status()).unwrap();
+        assert_eq!(read, pending, "the ids ride in the status");
+        assert!(read.remove(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.1"))));
         assert!(
-            !read.remove(("T4", Milli(500), T + 1, Some("uid-a"))),
+            !read.remove(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.1"))),
+            "once"
+        );
+        assert!(
+            !read.remove(("T4", Milli(1000), T, ChargeId::Unsure("pod-a.3"))),
+            "never stored"
+        );
+        assert!(
+            !read.remove(("T4", Milli(500), T + 1, ChargeId::Unsure("pod-a.2"))),
             "not its total"
         );
-        assert_eq!(read.settle(seen_from(&[]), T + 2).0["T4"], Milli(1500));
+        let (in_flight, _) = read.settle(seen_from(&[]), T + 2);
+        assert_eq!(in_flight["T4"], Milli(1500), "the pod's other charge stays");
     }
 
     #[test]
-    fn a_total_keeps_a_bounded_number_of_uids() {
+    fn a_total_keeps_a_bounded_number_of_ids() {
         let mut pending = Pending::default();
-        let uids: Vec<String> = (0..MAX_UIDS + 10).map(|i| format!("u{i}")).collect();
-        for uid in &uids {
-            pending.add_entry(("T4", Milli(1), T, Some(uid)));
+        let ids: Vec<String> = (0..MAX_IDS + 10).map(|i| format!("c{i}")).collect();
+        for id in &ids {
+            pending.add_entry(("T4", Milli(1), T, ChargeId::Unsure(id)));
         }
-        assert_eq!(pending.to_status()[0].uids.len(), MAX_UIDS);
-        assert_eq!(pending.to_status()[0].pods as usize, MAX_UIDS + 10);
-        assert_eq!(pending.charged_second(&uids[MAX_UIDS]), None);
+        assert_eq!(pending.to_status()[0].charge_ids.len(), MAX_IDS);
+        assert_eq!(pending.to_status()[0].pods as usize, MAX_IDS + 10);
+        let past = |i: usize| ("T4", Milli(1), T, ChargeId::Unsure(&ids[MAX_IDS + i]));
+        assert!(
+            !pending.remove(past(0)),
+            "unsure: it may never have been stored"
+        );
+        // A charge known stored whose id the full total did not keep is taken back as one
+        // of the ten kept without an id: a second queue replica losing a race for a pod
+        // in a busy second gives its charge back (it held room for minutes before).
+        for i in 0..10 {
+            let stored = ("T4", Milli(1), T, ChargeId::Stored(&ids[MAX_IDS + i]));
+            assert!(pending.remove(stored), "stored charge {i}");
+        }
+        let stored = ("T4", Milli(1), T, ChargeId::Stored("never-added"));
+        assert!(!pending.remove(stored), "no charge is left without an id");
+        assert_eq!(pending.to_status()[0].pods as usize, MAX_IDS);
+        assert!(pending.remove(("T4", Milli(1), T, ChargeId::Stored(&ids[0]))));
+        assert_eq!(pending.to_status()[0].charge_ids.len(), MAX_IDS - 1);
     }
 
     #[test]
@@ -346,7 +384,7 @@ mod tests {
             model: "T4".into(),
             amount: Quantity("1".into()),
             pods: 1,
-            uids: vec![],
+            charge_ids: vec![],
         };
         let error = Pending::from_status(&[bad]).unwrap_err();
         assert_eq!(error.index, 0);

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::placement::quantity::Milli;
 
-use super::pending::{CreatedSecond, Entry, Pending};
+use super::pending::{ChargeId, CreatedSecond, Entry, Pending};
 use super::{GPUQuota, GpuQuotaStatus, QuotaReservation, StatusError, quota_name};
 use super::{ModelAmounts, QuotaView};
 
@@ -48,9 +48,9 @@ pub fn with_charges(
                 pending.add_entry(entry);
                 used.0.saturating_add(amount.0)
             }
-            // A recognisable charge that is not there (its write was never stored, or it
-            // was taken back already) leaves `used` alone too.
-            Direction::Remove if !pending.remove(entry) && entry.3.is_some() => continue,
+            // A charge with an id that is not there (its write was never stored, or it was
+            // taken back already) leaves `used` alone too.
+            Direction::Remove if !pending.remove(entry) && entry.3 != ChargeId::None => continue,
             Direction::Remove => used.0.saturating_sub(amount.0),
         };
         status

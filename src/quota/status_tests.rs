@@ -30,7 +30,7 @@ pub(crate) fn quota(used: &str, pending: &[(CreatedSecond, &str, u32)]) -> GPUQu
                 model: "T4".into(),
                 amount: Quantity(amount.to_string()),
                 pods: *pods,
-                uids: vec![],
+                charge_ids: vec![],
             })
             .collect(),
         reservations: vec![],
@@ -133,9 +133,9 @@ fn reconciled_status_shows_use_of_a_model_no_quota_lists() {
 fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
     let quota = quota("1", &[]);
     let charges = [
-        ("T4", Milli(500), T, None),
-        ("T4", Milli(1000), T, None),
-        ("T4", Milli(250), T + 1, None),
+        ("T4", Milli(500), T, ChargeId::None),
+        ("T4", Milli(1000), T, ChargeId::None),
+        ("T4", Milli(250), T + 1, ChargeId::None),
     ];
     let updated = with_charges(&quota, &charges, Direction::Add).unwrap();
     let status = updated.status.unwrap();
@@ -151,7 +151,7 @@ fn charges_add_to_used_and_one_pending_total_per_second_and_model() {
 #[test]
 fn a_release_takes_back_exactly_what_was_charged() {
     let quota = quota("1", &[]);
-    let charge = [("T4", Milli(500), T, Some("uid"))];
+    let charge = [("T4", Milli(500), T, ChargeId::Stored("pod.1"))];
     let charged = with_charges(&quota, &charge, Direction::Add).unwrap();
     let released = with_charges(&charged, &charge, Direction::Remove).unwrap();
     let status = released.status.unwrap();
@@ -160,13 +160,13 @@ fn a_release_takes_back_exactly_what_was_charged() {
 }
 
 /// A release whose charge write was cut (sent, its answer lost) takes back exactly its
-/// own charge by the pod's uid: all of it if the write was stored, nothing if it was not,
-/// and nothing the second time.
+/// own charge by its id: all of it if the write was stored, nothing if it was not, and
+/// nothing the second time; never the same pod's next attempt.
 #[test]
-fn a_release_taken_back_by_uid_is_exact_whether_or_not_its_write_was_stored() {
+fn a_release_taken_back_by_id_is_exact_whether_or_not_its_write_was_stored() {
     let quota = quota("1", &[]);
-    let mine = [("T4", Milli(500), T, Some("uid-mine"))];
-    let other = [("T4", Milli(500), T, Some("uid-other"))];
+    let mine = [("T4", Milli(500), T, ChargeId::Unsure("pod.1"))];
+    let other = [("T4", Milli(500), T, ChargeId::Unsure("pod.2"))];
     let stored = with_charges(&quota, &mine, Direction::Add).unwrap();
     let stored = with_charges(&stored, &other, Direction::Add).unwrap();
     let back = with_charges(&stored, &mine, Direction::Remove).unwrap();
@@ -185,7 +185,12 @@ fn a_release_taken_back_by_uid_is_exact_whether_or_not_its_write_was_stored() {
 #[test]
 fn a_charge_for_a_model_the_quota_does_not_list_leaves_it_alone() {
     let quota = quota("1", &[]);
-    let updated = with_charges(&quota, &[("A100", Milli(1000), T, None)], Direction::Add).unwrap();
+    let updated = with_charges(
+        &quota,
+        &[("A100", Milli(1000), T, ChargeId::None)],
+        Direction::Add,
+    )
+    .unwrap();
     assert_eq!(
         updated.status,
         quota.status.map(|mut s| {

@@ -152,10 +152,11 @@ fn judged(
         Err(error) => {
             trace::record_decision(error.kind());
             tracing::error!(kind, namespace, %error, "cannot judge");
-            (
-                error.kind(),
-                (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
-            )
+            let status = match error.overloaded() {
+                true => StatusCode::SERVICE_UNAVAILABLE,
+                false => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (error.kind(), (status, error.to_string()).into_response())
         }
     }
 }
@@ -261,8 +262,9 @@ pub async fn validate_claim_route(
                 return reply("allow", review.allow());
             };
             let dry_run = review.request.dry_run.unwrap_or(false);
+            let asker = (namespace.as_str(), &review.request.user_info);
             let verdict =
-                validate_claim(&state.backend, &state.config, &namespace, &claim, dry_run).await;
+                validate_claim(&state.backend, &state.config, asker, &claim, dry_run).await;
             let name = claim.metadata.name.as_deref().unwrap_or_default();
             judged(&state, &review, ("claim", &namespace, name), verdict)
         },
@@ -286,10 +288,20 @@ pub async fn mutate_claim_route(
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
-            let patch = mutate_claim(state.cache(), &namespace, &claim);
-            match patch.0.is_empty() {
-                true => reply("allow", review.allow()),
-                false => reply("patch", review.patch(&patch)),
+            let asker = (namespace.as_str(), &review.request.user_info);
+            match mutate_claim(state.cache(), &state.config, asker, claim).await {
+                Ok(patch) if patch.0.is_empty() => reply("allow", review.allow()),
+                Ok(patch) => reply("patch", review.patch(&patch)),
+                Err(error) => {
+                    // Our own failure, never a denial: the failure policy decides.
+                    tracing::error!(namespace, %error, "cannot pin the claim");
+                    let busy = matches!(error, crate::cache::pool::PoolError::Busy(_));
+                    let (decision, status) = match busy {
+                        true => ("busy", StatusCode::SERVICE_UNAVAILABLE),
+                        false => ("evaluation_failed", StatusCode::INTERNAL_SERVER_ERROR),
+                    };
+                    (decision, (status, error.to_string()).into_response())
+                }
             }
         },
     )

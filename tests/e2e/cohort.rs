@@ -589,7 +589,13 @@ async fn a_borrowers_budget_and_long_grace_hold_the_lenders_gpus_no_longer_than_
         ["b2", "b3"],
         "one reclaimer acted"
     );
-    assert_eq!(on("QuotaReclaimBlocked"), ["b2", "b3"], "told once each");
+    // b1 may have been tried too (evictable as far as reclaim knew, before its budget
+    // said no): each pod is told once.
+    let blocked = on("QuotaReclaimBlocked");
+    let mut once = blocked.clone();
+    once.dedup();
+    assert_eq!(blocked, once, "told once each");
+    assert!(blocked.contains(&"b2".to_string()) && blocked.contains(&"b3".to_string()));
 
     // The kubelet confirms their containers stopped.
     let now = DeleteParams {

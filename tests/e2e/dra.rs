@@ -70,8 +70,8 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
     assert_eq!(
         selectors,
         json!([{"cel": {"expression":
-            "device.attributes[\"gpu.nvidia.com\"].productName in [\"NVIDIA A100-SXM4-80GB\"]"}}]),
-        "the mutating webhook pins the default model with the products the slices publish"
+            "device.attributes[\"gpu.nvidia.com\"].productName in [\"NVIDIA A100-SXM4-80GB\"] && !has(device.attributes[\"gpu.nvidia.com\"].profile)"}}]),
+        "the mutating webhook pins the default model with the products the slices publish, and whole GPUs"
     );
     let allocated = cluster.run_pod_on_claim("uses-any", "any").await;
     let device = allocated[0]["device"].as_str().unwrap().to_string();
@@ -185,8 +185,10 @@ async fn claim_selectors_are_pinned_to_an_allowed_model_in_a_found_gpu_class() {
     let selectors = pinned.data["spec"]["devices"]["requests"][0]["exactly"]["selectors"].clone();
     assert_eq!(
         selectors[1]["cel"]["expression"],
-        json!(format!(r#"{product} in ["Tesla T4"]"#)),
-        "pinned to the T4 the slices publish: {selectors}"
+        json!(format!(
+            r#"{product} in ["Tesla T4"] && !has(device.attributes["gpu.nvidia.com"].profile)"#
+        )),
+        "pinned to the T4 the slices publish, whole GPUs: {selectors}"
     );
     cluster.wait_used("gpus", "Tesla-T4", 1000).await;
     let allocated = cluster.run_pod_on_claim("uses-sneaky", "sneaky").await;

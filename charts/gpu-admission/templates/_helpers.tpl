@@ -55,6 +55,15 @@ GPU scheduler's ServiceAccount, then .Values.placementWriters (gpu-manager's). J
 {{- toJson $writers -}}
 {{- end -}}
 
+{{/* The users whose ResourceClaims for a pod's DRA-backed extended resources are the
+pod's own GPUs (config schedulerUsers): kube-scheduler, the GPU scheduler's ServiceAccount,
+then .Values.schedulerUsers (other schedulers that bind GPU pods). JSON. */}}
+{{- define "gpu-admission.schedulerUsers" -}}
+{{- $users := list "system:kube-scheduler" (printf "system:serviceaccount:%s:gpu-scheduler" .Release.Namespace) -}}
+{{- range .Values.schedulerUsers }}{{ $users = append $users . }}{{ end -}}
+{{- toJson $users -}}
+{{- end -}}
+
 {{/* The users that may let a pod out of the quota queue (config queue.releasers): the
 GPU scheduler's ServiceAccount, whose sidecar runs the releaser. JSON. */}}
 {{- define "gpu-admission.queueReleasers" -}}

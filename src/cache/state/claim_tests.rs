@@ -74,11 +74,13 @@ fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
         key.clone(),
         CachedClaim::from_claim(&claim(&[]), &dra).unwrap(),
     );
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(2000)));
     // Allocated two A100 devices: charged by what they are.
     state.apply_slice("node-1-gpus", gpu_devices(&slice(), &dra));
     let allocated = CachedClaim::from_claim(&claim(&["gpu-0", "gpu-1"]), &dra).unwrap();
     state.apply_claim(key.clone(), allocated);
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), None);
     assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(2000)));
     // Three pods share it: still two GPUs (the pods themselves ask for none).
@@ -95,7 +97,7 @@ fn a_namespace_sees_only_its_own_claims_created_since() {
     let dra = Dra::default();
     let mut state = ClusterState::default();
     // Pinned to Tesla-T4, as the mutating webhook leaves a claim.
-    let pin = dra.pin_expression("Tesla-T4", &[]);
+    let pin = dra.pin_expression(&crate::dra::Pin::whole("Tesla-T4"), &[]);
     let typed = |namespace: &str| -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": namespace, "uid": namespace,
@@ -109,6 +111,7 @@ fn a_namespace_sees_only_its_own_claims_created_since() {
     for namespace in ["team-a", "team", "team0"] {
         let claim = CachedClaim::from_claim(&typed(namespace), &dra).unwrap();
         state.apply_claim(claim_key(namespace, "c"), claim);
+        state.evaluate_claims_now();
     }
     let created = CachedClaim::from_claim(&typed("team"), &dra)
         .unwrap()
@@ -137,6 +140,7 @@ fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
     .unwrap();
     let key = claim_key("team-a", "vfio");
     state.apply_claim(key, CachedClaim::from_claim(&claim, &dra).unwrap());
+    state.evaluate_claims_now();
     assert_eq!(
         used(&state, "Tesla-T4"),
         None,
@@ -147,14 +151,17 @@ fn claims_of_a_gpu_device_class_not_in_the_config_are_charged() {
         extended_resource: None,
     };
     state.apply_class("vfio.gpu.nvidia.com", class);
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
     state.delete_class("vfio.gpu.nvidia.com");
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), None);
     let nic = crate::dra::classes::ClassInfo {
         selectors: vec![r#"device.driver == "rdma.example.com""#.into()],
         extended_resource: None,
     };
     state.apply_class("vfio.gpu.nvidia.com", nic);
+    state.evaluate_claims_now();
     assert_eq!(used(&state, "Tesla-T4"), None);
 }
 
@@ -185,11 +192,9 @@ fn extended_claim(name: &str, owner: (&str, &str), class: &str) -> ResourceClaim
     .unwrap()
 }
 
-/// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
-/// charged once (by the pod); a claim that only pretends to be one is charged.
-#[test]
-fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
-    let dra = Dra::default();
+/// A namespace with the quota, a DeviceClass serving `nvidia.com/gpu` and one that
+/// serves no extended resource.
+fn extended_state() -> ClusterState {
     let mut state = ClusterState::default();
     state.apply_quota(quota());
     let class = crate::dra::classes::ClassInfo {
@@ -197,65 +202,117 @@ fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
         extended_resource: Some("nvidia.com/gpu".into()),
     };
     state.apply_class("gpu.nvidia.com", class);
-    let pinned = crate::dra::classes::ClassInfo {
+    state.evaluate_claims_now();
+    let plain = crate::dra::classes::ClassInfo {
         selectors: vec![],
         extended_resource: None,
     };
-    state.apply_class("plain.gpu.example.com", pinned);
-    let apply = |state: &mut ClusterState, claim: ResourceClaim| {
-        let name = claim.metadata.name.clone().unwrap();
-        let cached = CachedClaim::from_claim(&claim, &dra).unwrap();
-        state.apply_claim(claim_key("team-a", &name), cached);
-    };
+    state.apply_class("plain.gpu.example.com", plain);
+    state.evaluate_claims_now();
+    state
+}
+
+fn apply_extended(state: &mut ClusterState, claim: ResourceClaim) {
+    let name = claim.metadata.name.clone().unwrap();
+    let cached = CachedClaim::from_claim(&claim, &Dra::default()).unwrap();
+    state.apply_claim(claim_key("team-a", &name), cached);
+    state.evaluate_claims_now();
+}
+
+/// Issue 18, item 9: the claim serving a pod's `nvidia.com/gpu` is the pod's own GPU,
+/// charged once (by the pod); a claim that only pretends to be one is charged.
+#[test]
+fn a_claim_serving_a_pods_extended_resource_is_charged_to_the_pod_only() {
+    let mut state = extended_state();
     // The claim arrives before its pod (a relist): charged until the pod is seen.
-    apply(
+    apply_extended(
         &mut state,
         extended_claim("served", ("app", "u-app"), "gpu.nvidia.com"),
     );
     assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)));
     let (key, pod) = gpu_pod("app", "u-app");
-    state.apply_pod(key, pod);
+    state.apply_pod(key.clone(), pod.clone());
     assert_eq!(
         used(&state, "Tesla-T4"),
         Some(Milli(1000)),
         "the pod's GPU, once"
     );
-    // Forgeries: another uid, no such pod, a class serving no extended resource, more
-    // devices than the pod's GPUs, a selector, a claim made from the pod's template (its
-    // metadata is the tenant's).
-    apply(
-        &mut state,
-        extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
-    );
-    apply(
-        &mut state,
-        extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"),
-    );
-    apply(
-        &mut state,
-        extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
-    );
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(4000)));
+    // Forgeries, each alone beside the pod: another uid, no such pod, a class serving no
+    // extended resource, more devices than the pod's GPUs, a selector, a claim made from
+    // the pod's template (its metadata is the tenant's).
     let mut more = extended_claim("more", ("app", "u-app"), "gpu.nvidia.com");
     more.spec.devices.as_mut().unwrap().requests[0]
         .exactly
         .as_mut()
         .unwrap()
         .count = Some(2);
-    apply(&mut state, more);
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(6000)));
     let mut selected = extended_claim("selected", ("app", "u-app"), "gpu.nvidia.com");
     let exact = selected.spec.devices.as_mut().unwrap().requests[0]
         .exactly
         .as_mut()
         .unwrap();
     exact.selectors = serde_json::from_value(json!([{"cel": {"expression": "true"}}])).unwrap();
-    apply(&mut state, selected);
     let mut templated = extended_claim("templated", ("app", "u-app"), "gpu.nvidia.com");
     let annotations = templated.metadata.annotations.as_mut().unwrap();
     annotations.insert("resource.kubernetes.io/pod-claim-name".into(), "gpu".into());
-    apply(&mut state, templated);
-    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(8000)));
+    let forgeries = [
+        (
+            extended_claim("other-uid", ("app", "u-other"), "gpu.nvidia.com"),
+            1000,
+        ),
+        (
+            extended_claim("no-pod", ("ghost", "u-ghost"), "gpu.nvidia.com"),
+            1000,
+        ),
+        (
+            extended_claim("plain", ("app", "u-app"), "plain.gpu.example.com"),
+            1000,
+        ),
+        (more, 2000),
+        (selected, 1000),
+        (templated, 1000),
+    ];
+    for (forgery, charge) in forgeries {
+        let name = forgery.metadata.name.clone().unwrap();
+        let mut state = extended_state();
+        state.apply_pod(key.clone(), pod.clone());
+        apply_extended(&mut state, forgery);
+        assert_eq!(
+            used(&state, "Tesla-T4"),
+            Some(Milli(1000 + charge)),
+            "{name}"
+        );
+    }
+}
+
+/// A pod has one claim for its extended resources: while another claim names it too,
+/// neither is the pod's own (the cache cannot tell which one the scheduler made), and
+/// any number of them cannot make the namespace's use smaller than its devices.
+#[test]
+fn claims_naming_the_same_pod_are_all_charged_while_there_are_several() {
+    let mut state = extended_state();
+    let (key, pod) = gpu_pod("app", "u-app");
+    state.apply_pod(key, pod);
+    let claim = |name: &str| extended_claim(name, ("app", "u-app"), "gpu.nvidia.com");
+    apply_extended(&mut state, claim("served"));
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(1000)), "the pod's");
+    for (n, name) in ["forged-1", "forged-2", "forged-3"].into_iter().enumerate() {
+        apply_extended(&mut state, claim(name));
+        let claims = n as u64 + 2;
+        assert_eq!(
+            used(&state, "Tesla-T4"),
+            Some(Milli(1000 + claims * 1000)),
+            "the pod and {claims} claims"
+        );
+    }
+    for name in ["forged-1", "forged-2", "forged-3"] {
+        state.delete_claim(&claim_key("team-a", name));
+    }
+    assert_eq!(
+        used(&state, "Tesla-T4"),
+        Some(Milli(1000)),
+        "the only one again"
+    );
 }
 
 /// Nodes without GPU capacity whose GPUs a ResourceSlice publishes take a one-model pod
@@ -285,6 +342,56 @@ fn dra_nodes_are_those_publishing_the_pods_model_without_gpu_capacity() {
         extended_resource: Some("nvidia.com/gpu".into()),
     };
     state.apply_class("gpu.nvidia.com", class);
+    state.evaluate_claims_now();
     // The pod wants Tesla-T4 (its annotation); node-1 publishes A100s only.
     assert_eq!(state.dra_nodes(&key, &names), ["dra-t4"]);
+}
+
+/// Finding 21.2: the cache re-ran a claim's CEL in `apply_claim`, under its lock, every
+/// time the watch brought the claim and for every claim on each DeviceClass change. A
+/// claim joins with the asks its webhook evaluated off the lock and keeps them; the
+/// watch bringing it again runs no CEL; a DeviceClass change leaves it charged until it
+/// is evaluated again off the lock.
+#[test]
+fn an_admitted_claim_joins_the_cache_with_its_verdict_and_no_cel_runs_under_the_lock() {
+    use crate::dra::{Catalog, ClaimAsks};
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "t4", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": 3, "selectors": [{"cel": {"expression":
+                "device.attributes[\"gpu.nvidia.com\"].productName.startsWith(\"Tesla\")"}}]}}]}}
+    }))
+    .unwrap();
+    // The webhook's evaluation, off the lock.
+    let catalog = Catalog::from_source(state.catalog_source("team-a"));
+    let mut judged = CachedClaim::from_claim(&claim, &dra).unwrap();
+    judged.asks = ClaimAsks::of(&claim, &catalog).unwrap();
+    judged.evaluated = Some(state.classes_version());
+    let key = claim_key("team-a", "t4");
+    let work = crate::dra::cel::WORK.get();
+    state.apply_claim(key.clone(), judged);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    state.apply_claim(key.clone(), CachedClaim::from_claim(&claim, &dra).unwrap());
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert!(
+        state
+            .unevaluated(&mut [(key.clone(), CachedClaim::from_claim(&claim, &dra).unwrap())])
+            .is_empty()
+    );
+    let class = crate::dra::classes::ClassInfo {
+        selectors: vec![r#"device.driver == "gpu.nvidia.com""#.into()],
+        extended_resource: None,
+    };
+    state.apply_class("vfio.gpu.nvidia.com", class);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert_eq!(crate::dra::cel::WORK.get(), work, "no CEL under the lock");
+    // Evaluated again off the lock (here on this thread), the same charge.
+    let evaluated = state.unevaluated_claims().evaluate();
+    assert!(crate::dra::cel::WORK.get() > work);
+    state.apply_evaluated(evaluated);
+    assert_eq!(used(&state, "Tesla-T4"), Some(Milli(3000)));
+    assert!(state.unevaluated_claims().is_empty());
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::dra::classes::{ClassInfo, DeviceClasses};
 use crate::dra::slices::{GpuDevice, SliceDevices};
-use crate::dra::{self, Catalog, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
+use crate::dra::{self, CatalogSource, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
 use crate::placement::GpuDemand;
 use crate::placement::models::WantedModels;
 use crate::quota::{ModelAmounts, add_charge, charge_on};
@@ -28,8 +28,11 @@ pub struct CachedClaim {
     pub created: i64,
     /// Its device requests, evaluated again when the DeviceClasses change.
     pub requests: Arc<[DeviceRequest]>,
-    /// Its GPU requests, evaluated when it joined the cluster state.
+    /// Its GPU requests, evaluated off the cache's lock before it joined the cluster
+    /// state (`evaluation.rs`), or kept from when it was.
     pub asks: ClaimAsks,
+    /// The version of the DeviceClasses `asks` were evaluated under (`None`: not yet).
+    pub evaluated: Option<u64>,
     /// The GPU driver's devices allocated to it: (pool, device).
     pub allocated: Vec<(String, String)>,
     /// The pod it says it serves the extended resources of, if annotated so.
@@ -53,6 +56,7 @@ impl CachedClaim {
             created: created.map_or(0, |t| t.0.as_second()),
             requests: claim.requests().into(),
             asks: ClaimAsks::default(),
+            evaluated: None,
             allocated,
             extended_for: extended_owner(claim),
         })
@@ -95,17 +99,56 @@ pub fn claim_key(namespace: &str, name: &str) -> PodKey {
     format!("{namespace}/resourceclaims/{name}").into()
 }
 
+impl ExtendedFor {
+    /// Whether `other` says it serves the same pod (name and uid).
+    fn same_pod(&self, other: &ExtendedFor) -> bool {
+        self.pod == other.pod && self.uid == other.uid
+    }
+}
+
 impl ClusterState {
+    /// A claim arrived or changed, its asks evaluated (or not) off the lock: no CEL runs
+    /// here. One the cache holds with the same requests keeps the asks it was given
+    /// (an admitted claim keeps its verdict) unless these are newer.
     pub fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
-        let catalog = self.catalog(namespace_of(&key));
-        claim.asks = ClaimAsks::of_requests(&claim.requests, &catalog, false).unwrap_or_default();
-        self.claims.insert(key.clone(), claim);
+        if let Some(held) = self.claims.get(&key)
+            && held.requests == claim.requests
+            && held.evaluated >= claim.evaluated
+        {
+            claim.asks = held.asks.clone();
+            claim.evaluated = held.evaluated;
+        }
+        let extended_for = claim.extended_for.clone();
+        let old = self.claims.insert(key.clone(), claim);
         self.recharge_claim(&key);
+        for owner in [extended_for, old.and_then(|c| c.extended_for)] {
+            self.recharge_siblings(&key, owner.as_ref());
+        }
+    }
+
+    /// A claim naming the pod `owner` came or went: the other claims naming it are
+    /// charged again (a pod's claim is free only while it is the only one).
+    fn recharge_siblings(&mut self, key: &PodKey, owner: Option<&ExtendedFor>) {
+        let Some(owner) = owner else {
+            return;
+        };
+        let namespace = namespace_of(key);
+        let siblings: Vec<PodKey> = self
+            .namespace_claims(namespace)
+            .filter(|(k, c)| {
+                *k != key && c.extended_for.as_ref().is_some_and(|o| o.same_pod(owner))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for sibling in siblings {
+            self.recharge_claim(&sibling);
+        }
     }
 
     /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,
-    /// the published devices, and the models its quotas and the nodes name.
-    pub fn catalog(&self, namespace: &str) -> Catalog {
+    /// the published devices, and the models its quotas and the nodes name. Copied
+    /// out: the [`crate::dra::Catalog`] is built from it off the lock.
+    pub fn catalog_source(&self, namespace: &str) -> CatalogSource {
         let limits = self.namespace_limits(namespace);
         let mut known: Vec<String> = limits.models.clone();
         known.extend(limits.profile_caps.iter().cloned());
@@ -114,7 +157,12 @@ impl ClusterState {
             self.nodes()
                 .filter_map(|n| n.model.as_deref().map(str::to_string)),
         );
-        Catalog::new(&self.dra, &self.classes, &self.devices, known)
+        CatalogSource::new(&self.dra, &self.classes, &self.devices, known)
+    }
+
+    /// The version of the DeviceClasses (see [`CachedClaim::evaluated`]).
+    pub fn classes_version(&self) -> u64 {
+        self.classes_version
     }
 
     pub fn set_dra(&mut self, dra: Dra) {
@@ -125,32 +173,26 @@ impl ClusterState {
         &self.dra
     }
 
-    /// A DeviceClass arrived or changed: the claims' requests are evaluated again.
+    /// A DeviceClass arrived or changed: every claim's requests are to be evaluated
+    /// again, off the lock ([`ClusterState::unevaluated_claims`]); until then each keeps
+    /// its charge.
     pub fn apply_class(&mut self, name: &str, class: ClassInfo) {
         if self.classes.get(name) != Some(&class) {
             self.classes.insert(name.to_string(), class);
-            let listed = self.dra.device_classes.contains_key(name);
-            if !listed && self.catalog("").is_gpu_class(name) {
-                // Its claims are charged: say so, as the config does not.
-                tracing::info!(
-                    class = name,
-                    "DeviceClass can select GPUs: its claims are charged to the quota"
-                );
-            }
-            self.reevaluate_claims();
+            self.classes_version += 1;
         }
     }
 
     pub fn delete_class(&mut self, name: &str) {
         if self.classes.remove(name).is_some() {
-            self.reevaluate_claims();
+            self.classes_version += 1;
         }
     }
 
     pub fn replace_classes(&mut self, classes: DeviceClasses) {
         if self.classes != classes {
             self.classes = classes;
-            self.reevaluate_claims();
+            self.classes_version += 1;
         }
     }
 
@@ -158,21 +200,15 @@ impl ClusterState {
         &self.classes
     }
 
-    fn reevaluate_claims(&mut self) {
-        let keys: Vec<PodKey> = self.claims.keys().cloned().collect();
-        for key in keys {
-            if let Some(claim) = self.claims.get(&key).cloned() {
-                self.apply_claim(key, claim);
-            }
-        }
-    }
-
-    /// Whether a claim in `namespace` is the one kube-scheduler made for a pod's
+    /// Whether a claim in `namespace` may be the one kube-scheduler made for a pod's
     /// DRA-backed extended resources, so the pod is charged, not the claim: it names
     /// (`extended_for`) a pod of the namespace, with that uid, that asks for whole GPUs
     /// and does not name the claim in its spec; its requests are plain `exactly` ones
-    /// (no selectors) of classes serving a whole-GPU resource, for no more devices than
-    /// the pod's whole GPUs.
+    /// (no selectors: the mutating webhook pins every other GPU claim) of classes serving
+    /// a whole-GPU resource, for no more devices than the pod's whole GPUs; and no other
+    /// claim of the namespace names that pod. Who created the claim is not in the object:
+    /// the claim webhooks also ask that its creator be one of `schedulerUsers`
+    /// (docs/security.md, "What the quota trusts").
     pub fn serves_pod(
         &self,
         namespace: &str,
@@ -214,7 +250,18 @@ impl ClusterState {
             }
             devices += exact.count.unwrap_or(1).max(0) as u64;
         }
-        devices > 0 && devices <= u64::from(pod.request.whole_gpus())
+        devices > 0
+            && devices <= u64::from(pod.request.whole_gpus())
+            && !self.names_pod_besides(namespace, owner)
+    }
+
+    /// Whether a claim of `namespace` other than `owner.claim` names the same pod.
+    fn names_pod_besides(&self, namespace: &str, owner: &ExtendedFor) -> bool {
+        self.namespace_claims(namespace).any(|(_, c)| {
+            c.extended_for
+                .as_ref()
+                .is_some_and(|o| o.same_pod(owner) && o.claim != owner.claim)
+        })
     }
 
     /// The whole-GPU resource names (`resources.wholeGpu`).
@@ -261,11 +308,11 @@ impl ClusterState {
             .collect()
     }
 
-    /// A pod arrived: the claims serving its extended resources stop being charged.
-    pub(super) fn recharge_extended(&mut self, namespace: &str) {
+    /// A pod arrived: the claim serving its extended resources stops being charged.
+    pub(super) fn recharge_extended(&mut self, namespace: &str, pod: &str) {
         let keys: Vec<PodKey> = self
             .namespace_claims(namespace)
-            .filter(|(_, c)| c.extended_for.is_some())
+            .filter(|(_, c)| c.extended_for.as_ref().is_some_and(|o| o.pod == pod))
             .map(|(k, _)| k.clone())
             .collect();
         for key in keys {
@@ -275,13 +322,18 @@ impl ClusterState {
 
     pub fn delete_claim(&mut self, key: &str) {
         let namespace = namespace_of(key);
+        let Some(claim) = self.claims.get(key) else {
+            return;
+        };
+        // Its charge as it was, its siblings still there.
+        let charge = self.claim_charge(namespace, claim);
         let Some(claim) = self.claims.remove(key) else {
             return;
         };
-        self.remember_departed(namespace, claim.created, |state| {
-            Some(state.claim_charge(namespace, &claim))
-        });
+        self.remember_departed(namespace, claim.created, |_| Some(charge));
         self.tally.discharge(key, namespace);
+        let key: PodKey = key.into();
+        self.recharge_siblings(&key, claim.extended_for.as_ref());
     }
 
     pub fn replace_claims(&mut self, claims: Vec<(PodKey, CachedClaim)>) {

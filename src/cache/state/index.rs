@@ -128,7 +128,8 @@ impl ClusterState {
         self.put_pod(key.clone(), pod);
         if arrives && !self.claims.is_empty() {
             // A claim that serves this pod's extended resources is charged to the pod.
-            self.recharge_extended(namespace_of(&key));
+            let (namespace, name) = key.split_once('/').unwrap_or_default();
+            self.recharge_extended(namespace, name);
         }
     }
 

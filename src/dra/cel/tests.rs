@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+use super::functions::Version;
 use super::*;
 
 fn gpu(product: &str) -> CelDevice {
@@ -105,9 +106,15 @@ fn hostile_selectors_are_refused_before_they_run() {
     let wide = format!("[{list}].map(x, [{list}]).size() > 0");
     assert_eq!(Selector::compile(&wide).unwrap_err(), CelError::TooCostly);
     let pattern = r#""a".matches("(a{100}){100}{100}")"#;
-    assert_eq!(Selector::compile(pattern).unwrap_err(), CelError::Pattern);
+    assert!(matches!(
+        Selector::compile(pattern).unwrap_err(),
+        CelError::Pattern(_)
+    ));
     let computed = r#""a".matches("a" + "b")"#;
-    assert_eq!(Selector::compile(computed).unwrap_err(), CelError::Pattern);
+    assert_eq!(
+        Selector::compile(computed).unwrap_err(),
+        CelError::PatternNotLiteral
+    );
     assert!(matches!(
         Selector::compile("device.("),
         Err(CelError::Parse(_))
@@ -117,7 +124,7 @@ fn hostile_selectors_are_refused_before_they_run() {
 #[test]
 fn a_claims_evaluations_share_one_budget() {
     let selector = Selector::compile("true").unwrap();
-    let mut budget = Budget(selector.cost * 2);
+    let mut budget = Budget::new((EVALUATION_PRICE + selector.cost) * 2);
     let device = gpu("x");
     assert_eq!(selector.matches(&device, &mut budget), Ok(true));
     assert_eq!(selector.matches(&device, &mut budget), Ok(true));
@@ -156,4 +163,80 @@ fn long_chains_are_refused_before_the_parser_recurses() {
         ")".repeat(MAX_NESTING)
     );
     let _ = Selector::compile(&nested);
+}
+
+/// A device whose model attribute is `product`.
+fn named(product: &str) -> CelDevice {
+    let attributes = [(
+        "gpu.nvidia.com".to_string(),
+        [(
+            "productName".to_string(),
+            AttributeValue::String(product.into()),
+        )]
+        .into(),
+    )]
+    .into();
+    CelDevice::new("gpu.nvidia.com", &attributes, &BTreeMap::new())
+}
+
+/// What one evaluation of `expression` on `device` spends of a claim's budget.
+fn spent(expression: &str, device: &CelDevice) -> u64 {
+    let selector = Selector::compile(expression).unwrap();
+    let mut budget = Budget::claim();
+    selector.matches(device, &mut budget).unwrap();
+    CLAIM_BUDGET - budget.left()
+}
+
+/// The issue's term: the `cel` crate compiled `\w+` (some 300 µs) on every call. A
+/// pattern is compiled once per claim, charged once, and each match is charged by the
+/// length of what it reads.
+#[test]
+fn a_pattern_is_compiled_once_per_claim_and_its_matches_priced_by_length() {
+    let expression = vec![r#""".matches("\\w+")"#; 64].join(" || ");
+    let parse = PARSE_PRICE + expression.len() as u64 * PARSE_UNITS_PER_BYTE;
+    let mut budget = Budget::claim();
+    Selector::compile_within(&expression, &mut budget)
+        .unwrap()
+        .unwrap();
+    assert_eq!(CLAIM_BUDGET - budget.left(), parse + COMPILE_PRICE);
+    let before = budget.left();
+    Selector::compile_within(&expression, &mut budget)
+        .unwrap()
+        .unwrap();
+    assert_eq!(before - budget.left(), parse, "compiled once per claim");
+    let reads = r#"device.attributes["gpu.nvidia.com"].productName.matches("^\\w+$")"#;
+    let short = spent(reads, &named("T4"));
+    let long = spent(reads, &named(&"T".repeat(6400)));
+    assert!(long > short + 1000, "{long} against {short}");
+}
+
+/// A selector whose syntax tree is cheap but whose values are long: the meter charges
+/// what it reads while it runs, and stops it when the budget is spent.
+#[test]
+fn a_selectors_work_on_long_strings_is_charged_by_their_length() {
+    let word = format!("\"{}\"", "w".repeat(9000));
+    let compares = vec!["x == x"; 20].join(" && ");
+    let expression = format!("[{word}].all(x, {compares})");
+    let selector = Selector::compile(&expression).unwrap();
+    let cost = spent(&expression, &named("T4"));
+    // 40 reads of 9,000 bytes, at a unit per 64.
+    assert!(cost > 40 * 9000 / 64, "{cost}");
+    assert!(cost > 5 * selector.cost, "{cost} against {}", selector.cost);
+}
+
+#[test]
+fn an_evaluation_is_stopped_by_its_budget_while_it_runs() {
+    let device = named(&"T".repeat(64 * 1024));
+    let expression = r#"device.attributes["gpu.nvidia.com"].productName == device.attributes["gpu.nvidia.com"].productName"#;
+    let selector = Selector::compile(expression).unwrap();
+    // Enough for its syntax tree, not for reading 64 KiB twice.
+    let mut budget = Budget::new(EVALUATION_PRICE + selector.cost + 100);
+    assert_eq!(selector.matches(&device, &mut budget), Err(OverBudget));
+    let mut budget = Budget::claim();
+    assert_eq!(selector.matches(&device, &mut budget), Ok(true));
+    // The range of a loop is paid for before the loop runs.
+    let numbers = (0..90).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let looped = Selector::compile(&format!("[{numbers}].exists(x, x < 0)")).unwrap();
+    let mut budget = Budget::new(EVALUATION_PRICE + looped.cost + 50);
+    assert_eq!(looped.matches(&device, &mut budget), Err(OverBudget));
 }

@@ -123,8 +123,15 @@ fn audited(
             at.is_some_and(|at| excused.iter().any(|(from, to)| (*from..=*to).contains(&at)));
         // Any answer but 401 and 403 got past authorization (a 404 from a get of what
         // does not exist yet needed the permission as much as a 200).
+        // A 403 from an admission webhook (a scenario's own refusal) is not RBAC's.
+        let message = event["responseStatus"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        let admission = message.contains("admission webhook");
         match event["responseStatus"]["code"].as_u64().unwrap_or(0) {
             403 if excused => {}
+            // Past authorization: the permission was used.
+            403 if admission => drop(used.insert(grant)),
             403 => *refused.entry((grant, on)).or_default() += 1,
             401 => {}
             _ => drop(used.insert(grant)),

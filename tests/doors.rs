@@ -356,6 +356,55 @@ async fn idle_connections_are_closed() {
         .unwrap();
 }
 
+/// The opening deadline is for connections that make no request: one that made its
+/// request at once (the API server's keep-alive connection) still serves past it, over
+/// HTTP/1.1 and h2 (a GOAWAY at the deadline once cut every such connection 3 s after
+/// its connect).
+#[tokio::test]
+async fn a_connection_that_made_its_request_outlives_the_opening_deadline() {
+    let limits = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let version = || {
+        Request::get("/version")
+            .header("host", "localhost")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let tls = tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
+        .await
+        .unwrap();
+    let (mut http1, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tls = tls_support::connect(door.addr, tls_support::client_config(&door.ca), "localhost")
+        .await
+        .unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake::<_, _, Body>(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    assert_eq!(
+        http1.send_request(version()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        h2.send_request(version()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let again = http1.send_request(version()).await;
+    assert_eq!(again.unwrap().status(), StatusCode::OK, "HTTP/1.1");
+    let again = h2.send_request(version()).await;
+    assert_eq!(again.unwrap().status(), StatusCode::OK, "h2");
+}
+
 /// A TCP connection from `source` (a loopback address) to `addr`.
 async fn tcp_from(source: [u8; 4], addr: SocketAddr) -> tokio::net::TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();

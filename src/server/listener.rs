@@ -333,14 +333,17 @@ where
             // Closed gracefully (h2: GOAWAY), not dropped: an h2 client may have pooled the
             // connection unused and hand it a request just as the deadline passes (the API
             // server's Go client does, in bursts); after a GOAWAY it sends that request on
-            // another connection, while a dropped connection fails it.
+            // another connection, while a dropped connection fails it. The guard was read
+            // when this `select!` began: a request may have come since.
             () = tokio::time::sleep_until(conn.opening_deadline),
                 if !activity.has_requested() && evicted_until.is_none() =>
             {
-                tracing::debug!(peer = %conn.peer, "no request in time; closing");
-                connection.as_mut().graceful_shutdown();
-                closing = true;
-                evicted_until = Some(tokio::time::Instant::now() + EVICTED_GRACE);
+                if !activity.has_requested() {
+                    tracing::debug!(peer = %conn.peer, "no request in time; closing");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                    evicted_until = Some(tokio::time::Instant::now() + EVICTED_GRACE);
+                }
             }
             () = gives_up_its_slot(&activity), if evicted_until.is_none() => {
                 connection.as_mut().graceful_shutdown();

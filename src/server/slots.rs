@@ -64,18 +64,23 @@
 //! **Requests in flight.** As many as slots before fairness applies; beyond, a peer may
 //! open a new h2 stream only within its fair share of them ([`Slots::admits_stream`]).
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::pace::{Pace, Progress};
+use super::pace::Pace;
+
+mod activity;
+mod rule;
+pub use activity::{Activity, InFlight};
+pub use rule::{Admission, Holder, Newcomer, State, admission, seats};
+use rule::{Census, admit_in, eighth};
 
 /// How long a connection that has made no request yet counts as a handshake under way
 /// rather than a silent socket, from its connect and again from the end of its TLS
@@ -95,212 +100,6 @@ const RECHECK: Duration = Duration::from_millis(50);
 
 /// Least time between two passes over the waiting room.
 const PASS_SPACING: Duration = Duration::from_millis(5);
-
-/// Seats in the waiting room of a listener of `cap` slots: the slots again, and four
-/// more per slot or at least 1024 more (a small door, the admin port's 64, meets the same
-/// floods as the webhook door). Each waiter holds a file descriptor: a listener holds at
-/// most `cap` + this many, each waiter for at most `--handshake-timeout`.
-pub fn seats(cap: usize) -> usize {
-    cap + (4 * cap).max(1024)
-}
-
-/// The reserve, and the share a peer keeps however many compete: an eighth of the cap.
-fn eighth(cap: usize) -> usize {
-    cap / 8
-}
-
-/// What a connection is doing, as far as giving up its slot goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
-    /// In its TLS handshake (the server has not finished it; the client may not have
-    /// begun it). `young`: connected less than [`YOUNG`] ago.
-    Handshake { young: bool },
-    /// No request yet: TLS done (or plain HTTP). `young`: connected, or done with its
-    /// TLS handshake, less than [`YOUNG`] ago.
-    Opening { young: bool },
-    /// Has made requests, none in flight (a keep-alive connection between requests).
-    Idle,
-    /// Requests in flight; `starving`: every one of them waits for a body that arrives
-    /// behind the rate floor, and has for [`YOUNG`] or more.
-    Busy { starving: bool },
-    /// Cut for a body too slow: closing.
-    Closing,
-}
-
-/// One slot holder, as [`admission`] sees it. `age`: lower is older.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Holder {
-    pub age: u64,
-    pub peer: IpAddr,
-    pub state: State,
-    /// Completed a request on this connection within [`QUIET`].
-    pub served_lately: bool,
-    /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
-    pub peer_used: f64,
-}
-
-/// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
-/// held lately.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Newcomer {
-    pub peer: IpAddr,
-    pub used: f64,
-}
-
-impl From<IpAddr> for Newcomer {
-    /// A newcomer of a peer that has held nothing lately.
-    fn from(peer: IpAddr) -> Newcomer {
-        Newcomer { peer, used: 0.0 }
-    }
-}
-
-/// What a newcomer gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// A free slot.
-    Free,
-    /// The slot of the holder of this age, which closes.
-    Replace(u64),
-    /// Nothing yet.
-    Wait,
-}
-
-/// What the table says about its peers, for the rule, with its holders in the orders
-/// they give way in (so that each newcomer takes the first it may).
-struct Census {
-    cap: usize,
-    held: usize,
-    peers: HashMap<IpAddr, PeerCount>,
-    /// Indices of the holders that may give way (see [`rank`]), by (rank, the peer
-    /// holding the most first, the oldest first): the order of spare connections.
-    spare_order: Vec<usize>,
-    /// The same by (the peer holding the most first, rank, the oldest first): the order
-    /// in which peers over their share give up connections.
-    excess_order: Vec<usize>,
-}
-
-#[derive(Default)]
-struct PeerCount {
-    held: usize,
-    standing: bool,
-}
-
-impl Census {
-    fn of(holders: &[Holder], cap: usize) -> Census {
-        let mut peers: HashMap<IpAddr, PeerCount> = HashMap::new();
-        for holder in holders {
-            let count = peers.entry(holder.peer).or_default();
-            count.held += 1;
-            count.standing |= holder.served_lately;
-        }
-        let held_by = |i: usize| peers.get(&holders[i].peer).map_or(0, |c| c.held);
-        let mut spare_order: Vec<usize> = (0..holders.len())
-            .filter(|&i| rank(&holders[i]).is_some())
-            .collect();
-        let mut excess_order = spare_order.clone();
-        spare_order.sort_by_key(|&i| (rank(&holders[i]), Reverse(held_by(i)), holders[i].age));
-        excess_order.sort_by_key(|&i| (Reverse(held_by(i)), rank(&holders[i]), holders[i].age));
-        Census {
-            cap: cap.max(1),
-            held: holders.len(),
-            peers,
-            spare_order,
-            excess_order,
-        }
-    }
-
-    fn held_by(&self, peer: IpAddr) -> usize {
-        self.peers.get(&peer).map_or(0, |count| count.held)
-    }
-
-    fn standing(&self, peer: IpAddr) -> bool {
-        self.peers.get(&peer).is_some_and(|count| count.standing)
-    }
-
-    /// The cap over the peers competing (holders and `newcomer`'s), at least one slot.
-    fn fair_share(&self, newcomer: IpAddr) -> f64 {
-        let competing = self.peers.len() + usize::from(!self.peers.contains_key(&newcomer));
-        (self.cap as f64 / competing as f64).max(1.0)
-    }
-
-    /// Whether one more connection keeps `newcomer` within its fair share.
-    fn entitled(&self, newcomer: IpAddr) -> bool {
-        (self.held_by(newcomer) + 1) as f64 <= self.fair_share(newcomer)
-    }
-
-    /// Whether `peer` is over its share (see the module doc), `newcomer` competing.
-    fn over_share(&self, peer: IpAddr, newcomer: IpAddr) -> bool {
-        let kept = self.fair_share(newcomer).max(eighth(self.cap) as f64);
-        self.held_by(peer) as f64 > kept
-    }
-}
-
-/// The rule: what `newcomer` gets from a listener of `cap` slots held by `holders` (see
-/// the module doc).
-pub fn admission(holders: &[Holder], cap: usize, newcomer: impl Into<Newcomer>) -> Admission {
-    admit_in(&Census::of(holders, cap), holders, newcomer.into())
-}
-
-fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) -> Admission {
-    let cap = census.cap;
-    let entitled = census.entitled(newcomer.peer);
-    if census.held + eighth(cap) < cap || (census.held < cap && entitled) {
-        return Admission::Free;
-    }
-    let spare = census
-        .spare_order
-        .iter()
-        .map(|&i| &holders[i])
-        .find(|h| spare_to(h, census, newcomer, entitled));
-    if let Some(holder) = spare {
-        return Admission::Replace(holder.age);
-    }
-    if !entitled {
-        return Admission::Wait;
-    }
-    census
-        .excess_order
-        .iter()
-        .map(|&i| &holders[i])
-        .find(|h| h.peer != newcomer.peer && census.over_share(h.peer, newcomer.peer))
-        .map_or(Admission::Wait, |h| Admission::Replace(h.age))
-}
-
-/// Order of giving way: worthless connections (cut, starving, silent), then idle
-/// connections, then young handshakes; requests whose bodies arrive never.
-fn rank(holder: &Holder) -> Option<u8> {
-    match holder.state {
-        State::Closing
-        | State::Busy { starving: true }
-        | State::Handshake { young: false }
-        | State::Opening { young: false } => Some(0),
-        State::Idle => Some(1),
-        State::Handshake { young: true } | State::Opening { young: true } => Some(2),
-        State::Busy { starving: false } => None,
-    }
-}
-
-/// Whether `holder` gives way to `newcomer` as a worthless or unproven connection (the
-/// module doc's first two kinds).
-fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> bool {
-    let own = holder.peer == newcomer.peer;
-    let trusted = census.standing(holder.peer);
-    match holder.state {
-        State::Closing | State::Busy { starving: true } => true,
-        State::Busy { starving: false } => false,
-        // However old, its own client may be about to finish it on a starved machine.
-        State::Handshake { young: false } => !own && !trusted,
-        State::Opening { young: false } => own || !trusted,
-        State::Idle => entitled && !own && !trusted,
-        // A handshake under way is judged once it is a second old, unless its peer has
-        // held far more than the newcomer's lately (a kubelet probe does not wait a second
-        // for a flooder's sockets, reopened as soon as closed, to grow old).
-        State::Handshake { young: true } | State::Opening { young: true } => {
-            let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
-            entitled && !own && !trusted && heavier
-        }
-    }
-}
 
 /// What a newcomer gets from [`Slots::enter`].
 pub enum Entry {
@@ -322,11 +121,11 @@ pub struct Slots {
 }
 
 /// What connections tell the listener as they go.
-struct Signals {
+pub(super) struct Signals {
     /// Requests in flight on the listener.
-    in_flight: AtomicUsize,
+    pub(super) in_flight: AtomicUsize,
     /// A slot freed, a request ended, or a newcomer sat down: let waiters in.
-    changed: Notify,
+    pub(super) changed: Notify,
 }
 
 #[derive(Default)]
@@ -720,181 +519,6 @@ impl Drop for Slot {
         }
         drop(table);
         self.slots.signals.changed.notify_one();
-    }
-}
-
-/// One connection's requests: whether it has made one, which are in flight, when the
-/// last one ended and was last served whole; and whether it must give up its slot.
-pub struct Activity {
-    peer: IpAddr,
-    started: Instant,
-    requested: AtomicBool,
-    handshaking: AtomicBool,
-    /// Milliseconds after `started` when its TLS handshake ended (0 before). A slow
-    /// handshake that just ended is young again: on a starved machine the server ends
-    /// it late, with its client's first request already in the socket.
-    handshake_ended: AtomicU64,
-    in_flight: AtomicUsize,
-    /// The requests in flight and how their bodies arrive.
-    requests: Mutex<Vec<Arc<Progress>>>,
-    /// Milliseconds after `started` when a request last ended.
-    last_done: AtomicU64,
-    /// One more than the milliseconds after `started` when a request last completed
-    /// with its body whole (0: never).
-    last_served: AtomicU64,
-    /// Cancelled when a newcomer took this connection's slot: close it.
-    evicted: CancellationToken,
-    /// Cancelled when a request body arrived too slowly: close it.
-    too_slow: CancellationToken,
-    signals: Arc<Signals>,
-}
-
-impl Activity {
-    fn new(peer: IpAddr, signals: Arc<Signals>) -> Self {
-        Activity {
-            peer,
-            started: Instant::now(),
-            requested: AtomicBool::new(false),
-            handshaking: AtomicBool::new(false),
-            handshake_ended: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-            requests: Mutex::new(Vec::new()),
-            last_done: AtomicU64::new(0),
-            last_served: AtomicU64::new(0),
-            evicted: CancellationToken::new(),
-            too_slow: CancellationToken::new(),
-            signals,
-        }
-    }
-
-    pub fn peer(&self) -> IpAddr {
-        self.peer
-    }
-
-    fn holder(&self, age: u64, pace: Pace, now: Instant) -> Holder {
-        let served = self.last_served.load(Ordering::Acquire);
-        let since =
-            |ms: u64| now.saturating_duration_since(self.started + Duration::from_millis(ms));
-        Holder {
-            age,
-            peer: self.peer,
-            state: self.state(
-                pace,
-                now,
-                since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG,
-            ),
-            served_lately: served > 0 && since(served - 1) < QUIET,
-            peer_used: 0.0,
-        }
-    }
-
-    fn state(&self, pace: Pace, now: Instant, young: bool) -> State {
-        if self.too_slow.is_cancelled() {
-            State::Closing
-        } else if self.in_flight.load(Ordering::Acquire) > 0 {
-            let requests = self.requests.lock();
-            let starving = !requests.is_empty() && requests.iter().all(|p| p.starving(pace, now));
-            State::Busy { starving }
-        } else if self.requested.load(Ordering::Acquire) {
-            State::Idle
-        } else if self.handshaking.load(Ordering::Acquire) {
-            State::Handshake { young }
-        } else {
-            State::Opening { young }
-        }
-    }
-
-    /// Whether the connection is in its TLS handshake (set around the handshake).
-    pub fn set_handshaking(&self, handshaking: bool) {
-        if !handshaking {
-            self.handshake_ended.store(self.millis(), Ordering::Release);
-        }
-        self.handshaking.store(handshaking, Ordering::Release);
-    }
-
-    /// Milliseconds since the connection was accepted.
-    fn millis(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether a request has begun on this connection.
-    pub fn has_requested(&self) -> bool {
-        self.requested.load(Ordering::Acquire)
-    }
-
-    /// Whether a request on this connection was answered with its body whole.
-    fn has_served(&self) -> bool {
-        self.last_served.load(Ordering::Acquire) > 0
-    }
-
-    /// Resolves when a newcomer has taken this connection's slot.
-    pub async fn evicted(&self) {
-        self.evicted.cancelled().await
-    }
-
-    /// Resolves when a request body arrived too slowly: the connection gives up its slot.
-    pub async fn too_slow(&self) {
-        self.too_slow.cancelled().await
-    }
-
-    /// Marks the connection as cut for a body too slow (`server::pace`).
-    pub fn cut_for_slowness(&self) {
-        self.too_slow.cancel();
-        self.signals.changed.notify_one();
-    }
-
-    /// A request begins; `progress` follows its body.
-    pub fn begin(self: &Arc<Self>, progress: Arc<Progress>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.signals.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.requested.store(true, Ordering::Release);
-        self.requests.lock().push(progress.clone());
-        InFlight {
-            activity: self.clone(),
-            progress,
-        }
-    }
-
-    /// Resolves once no request has been in flight for `idle`.
-    pub async fn idle_for(&self, idle: Duration) {
-        loop {
-            let last = Duration::from_millis(self.last_done.load(Ordering::Acquire));
-            let wake = if self.in_flight.load(Ordering::Acquire) == 0 {
-                let deadline = self.started + last + idle;
-                if Instant::now() >= deadline {
-                    return;
-                }
-                deadline
-            } else {
-                Instant::now() + idle
-            };
-            tokio::time::sleep_until(wake.into()).await;
-        }
-    }
-}
-
-/// One request in flight; its end is recorded when dropped (also on cancellation).
-pub struct InFlight {
-    activity: Arc<Activity>,
-    progress: Arc<Progress>,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let activity = &self.activity;
-        let now = activity.millis();
-        activity.last_done.store(now, Ordering::Release);
-        if self.progress.is_done() {
-            activity.last_served.store(now + 1, Ordering::Release);
-        }
-        activity
-            .requests
-            .lock()
-            .retain(|p| !Arc::ptr_eq(p, &self.progress));
-        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
-        activity.signals.in_flight.fetch_sub(1, Ordering::AcqRel);
-        // A newcomer waiting at the cap may now take this connection's slot.
-        activity.signals.changed.notify_one();
     }
 }
 

@@ -2,6 +2,7 @@
 //! (`Slots`) with real connections' activities.
 
 use super::*;
+use crate::server::pace::Progress;
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::from([10, 0, 0, last])

@@ -1,0 +1,212 @@
+//! The pure rule of `server::slots`: who gives up a slot to a newcomer, over the table
+//! of who holds what (the shares, the reserve and the order are described there).
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// Seats in the waiting room of a listener of `cap` slots: the slots again, and four
+/// more per slot or at least 1024 more (a small door, the admin port's 64, meets the same
+/// floods as the webhook door). Each waiter holds a file descriptor: a listener holds at
+/// most `cap` + this many, each waiter for at most `--handshake-timeout`.
+pub fn seats(cap: usize) -> usize {
+    cap + (4 * cap).max(1024)
+}
+
+/// The reserve, and the share a peer keeps however many compete: an eighth of the cap.
+pub(super) fn eighth(cap: usize) -> usize {
+    cap / 8
+}
+
+/// What a connection is doing, as far as giving up its slot goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// In its TLS handshake (the server has not finished it; the client may not have
+    /// begun it). `young`: connected less than [`YOUNG`] ago.
+    Handshake { young: bool },
+    /// No request yet: TLS done (or plain HTTP). `young`: connected, or done with its
+    /// TLS handshake, less than [`YOUNG`] ago.
+    Opening { young: bool },
+    /// Has made requests, none in flight (a keep-alive connection between requests).
+    Idle,
+    /// Requests in flight; `starving`: every one of them waits for a body that arrives
+    /// behind the rate floor, and has for [`YOUNG`] or more.
+    Busy { starving: bool },
+    /// Cut for a body too slow: closing.
+    Closing,
+}
+
+/// One slot holder, as [`admission`] sees it. `age`: lower is older.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Holder {
+    pub age: u64,
+    pub peer: IpAddr,
+    pub state: State,
+    /// Completed a request on this connection within [`QUIET`].
+    pub served_lately: bool,
+    /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
+    pub peer_used: f64,
+}
+
+/// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
+/// held lately.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Newcomer {
+    pub peer: IpAddr,
+    pub used: f64,
+}
+
+impl From<IpAddr> for Newcomer {
+    /// A newcomer of a peer that has held nothing lately.
+    fn from(peer: IpAddr) -> Newcomer {
+        Newcomer { peer, used: 0.0 }
+    }
+}
+
+/// What a newcomer gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// A free slot.
+    Free,
+    /// The slot of the holder of this age, which closes.
+    Replace(u64),
+    /// Nothing yet.
+    Wait,
+}
+
+/// What the table says about its peers, for the rule, with its holders in the orders
+/// they give way in (so that each newcomer takes the first it may).
+pub(super) struct Census {
+    cap: usize,
+    held: usize,
+    peers: HashMap<IpAddr, PeerCount>,
+    /// Indices of the holders that may give way (see [`rank`]), by (rank, the peer
+    /// holding the most first, the oldest first): the order of spare connections.
+    spare_order: Vec<usize>,
+    /// The same by (the peer holding the most first, rank, the oldest first): the order
+    /// in which peers over their share give up connections.
+    excess_order: Vec<usize>,
+}
+
+#[derive(Default)]
+struct PeerCount {
+    held: usize,
+    standing: bool,
+}
+
+impl Census {
+    pub(super) fn of(holders: &[Holder], cap: usize) -> Census {
+        let mut peers: HashMap<IpAddr, PeerCount> = HashMap::new();
+        for holder in holders {
+            let count = peers.entry(holder.peer).or_default();
+            count.held += 1;
+            count.standing |= holder.served_lately;
+        }
+        let held_by = |i: usize| peers.get(&holders[i].peer).map_or(0, |c| c.held);
+        let mut spare_order: Vec<usize> = (0..holders.len())
+            .filter(|&i| rank(&holders[i]).is_some())
+            .collect();
+        let mut excess_order = spare_order.clone();
+        spare_order.sort_by_key(|&i| (rank(&holders[i]), Reverse(held_by(i)), holders[i].age));
+        excess_order.sort_by_key(|&i| (Reverse(held_by(i)), rank(&holders[i]), holders[i].age));
+        Census {
+            cap: cap.max(1),
+            held: holders.len(),
+            peers,
+            spare_order,
+            excess_order,
+        }
+    }
+
+    fn held_by(&self, peer: IpAddr) -> usize {
+        self.peers.get(&peer).map_or(0, |count| count.held)
+    }
+
+    fn standing(&self, peer: IpAddr) -> bool {
+        self.peers.get(&peer).is_some_and(|count| count.standing)
+    }
+
+    /// The cap over the peers competing (holders and `newcomer`'s), at least one slot.
+    fn fair_share(&self, newcomer: IpAddr) -> f64 {
+        let competing = self.peers.len() + usize::from(!self.peers.contains_key(&newcomer));
+        (self.cap as f64 / competing as f64).max(1.0)
+    }
+
+    /// Whether one more connection keeps `newcomer` within its fair share.
+    fn entitled(&self, newcomer: IpAddr) -> bool {
+        (self.held_by(newcomer) + 1) as f64 <= self.fair_share(newcomer)
+    }
+
+    /// Whether `peer` is over its share (see the module doc), `newcomer` competing.
+    fn over_share(&self, peer: IpAddr, newcomer: IpAddr) -> bool {
+        let kept = self.fair_share(newcomer).max(eighth(self.cap) as f64);
+        self.held_by(peer) as f64 > kept
+    }
+}
+
+/// The rule: what `newcomer` gets from a listener of `cap` slots held by `holders` (see
+/// the module doc).
+pub fn admission(holders: &[Holder], cap: usize, newcomer: impl Into<Newcomer>) -> Admission {
+    admit_in(&Census::of(holders, cap), holders, newcomer.into())
+}
+
+pub(super) fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) -> Admission {
+    let cap = census.cap;
+    let entitled = census.entitled(newcomer.peer);
+    if census.held + eighth(cap) < cap || (census.held < cap && entitled) {
+        return Admission::Free;
+    }
+    let spare = census
+        .spare_order
+        .iter()
+        .map(|&i| &holders[i])
+        .find(|h| spare_to(h, census, newcomer, entitled));
+    if let Some(holder) = spare {
+        return Admission::Replace(holder.age);
+    }
+    if !entitled {
+        return Admission::Wait;
+    }
+    census
+        .excess_order
+        .iter()
+        .map(|&i| &holders[i])
+        .find(|h| h.peer != newcomer.peer && census.over_share(h.peer, newcomer.peer))
+        .map_or(Admission::Wait, |h| Admission::Replace(h.age))
+}
+
+/// Order of giving way: worthless connections (cut, starving, silent), then idle
+/// connections, then young handshakes; requests whose bodies arrive never.
+fn rank(holder: &Holder) -> Option<u8> {
+    match holder.state {
+        State::Closing
+        | State::Busy { starving: true }
+        | State::Handshake { young: false }
+        | State::Opening { young: false } => Some(0),
+        State::Idle => Some(1),
+        State::Handshake { young: true } | State::Opening { young: true } => Some(2),
+        State::Busy { starving: false } => None,
+    }
+}
+
+/// Whether `holder` gives way to `newcomer` as a worthless or unproven connection (the
+/// module doc's first two kinds).
+fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> bool {
+    let own = holder.peer == newcomer.peer;
+    let trusted = census.standing(holder.peer);
+    match holder.state {
+        State::Closing | State::Busy { starving: true } => true,
+        State::Busy { starving: false } => false,
+        // However old, its own client may be about to finish it on a starved machine.
+        State::Handshake { young: false } => !own && !trusted,
+        State::Opening { young: false } => own || !trusted,
+        State::Idle => entitled && !own && !trusted,
+        // A handshake under way is judged once it is a second old, unless its peer has
+        // held far more than the newcomer's lately (a kubelet probe does not wait a second
+        // for a flooder's sockets, reopened as soon as closed, to grow old).
+        State::Handshake { young: true } | State::Opening { young: true } => {
+            let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
+            entitled && !own && !trusted && heavier
+        }
+    }
+}

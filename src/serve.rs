@@ -74,13 +74,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let waits = state.metrics.quota_queue_wait.clone();
     let leader = Leader::default();
     let releaser = state.backend.queue_releaser(rules, waits, leader.clone());
+    let mut lease_task = None;
     if let Some(releaser) = releaser.filter(|_| release_queue) {
         tokio::spawn(releaser.run(state.cache().queue_moved(), shutdown.clone()));
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
         // cohorts' reclaim; one such replica at a time reclaims and tells.
         if let Some(lease) = state.backend.controller_lease() {
             let span = tracing::info_span!("controller_lease");
-            tokio::spawn(lease.run(leader.clone(), shutdown.clone()).instrument(span));
+            let run = lease.run(leader.clone(), shutdown.clone()).instrument(span);
+            lease_task = Some(tokio::spawn(run));
         }
         let evictions = state.metrics.reclaim_evictions.clone();
         let bound = state.config.reclaim.clone();
@@ -177,6 +179,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     extender.context("extender listener")?;
     admin.context("admin listener")?;
     insecure.context("insecure extender listener")?;
+    if let Some(task) = lease_task {
+        // The Lease given up before the process ends (bounded inside the task).
+        let _ = task.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -92,13 +92,22 @@ impl Leadership {
     }
 
     /// Hold the Lease whenever it may, every [`RENEW`], until `shutdown`; `leader` says
-    /// whether it holds it now.
+    /// whether it holds it now. On shutdown a holder stops acting and gives the Lease up,
+    /// so another replica (or this one restarted) takes over at once instead of after
+    /// [`LEASE_DURATION`] (a rolling update, a restart).
     pub async fn run(mut self, leader: Leader, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(RENEW);
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    if leader.holds() {
+                        leader.set(None);
+                        let given_up = tokio::time::timeout(RENEW, self.give_up()).await;
+                        tracing::info!(lease = %self.name, given_up = matches!(given_up, Ok(Ok(true))), "controller lease given up at shutdown");
+                    }
+                    return;
+                }
             }
             let asked = Instant::now();
             let held = self.hold().await;
@@ -153,6 +162,22 @@ impl Leadership {
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
             Err(error) => Err(error),
         }
+    }
+
+    /// Clear the Lease's holder if it is still this replica: `true` when written.
+    async fn give_up(&self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.me.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        lease.metadata.managed_fields = None;
+        let params = PostParams::default();
+        self.api.replace(&self.name, &params, &lease).await?;
+        Ok(true)
     }
 
     /// `lease` renewed by this replica now (taken over when `new_holder`).

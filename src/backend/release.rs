@@ -48,6 +48,14 @@ const IN_FLIGHT: usize = 32;
 /// minute, the pause doubling from 0.25 s to 4 s.
 const SETTLE_ATTEMPTS: usize = 19;
 
+/// The pauses between the tries of a give-back or a settle ([`SETTLE_ATTEMPTS`] of
+/// them): doubling from 0.25 s to 4 s.
+fn retry_pauses() -> impl Iterator<Item = Duration> {
+    let first = Duration::from_millis(250);
+    std::iter::successors(Some(first), |p| Some((*p * 2).min(Duration::from_secs(4))))
+        .take(SETTLE_ATTEMPTS)
+}
+
 /// Why letting a pod go did not happen (logged; the pod keeps waiting).
 #[derive(Debug, thiserror::Error)]
 pub enum ReleaseError {
@@ -368,8 +376,7 @@ impl Releaser {
         let (charge, second, id) = (charge.clone(), attempt.second, attempt.id.clone());
         let span = tracing::info_span!("take_back", pod = %key);
         let task = async move {
-            let mut pause = Duration::from_millis(250);
-            for _ in 0..SETTLE_ATTEMPTS {
+            for pause in retry_pauses() {
                 let id = match stored {
                     true => ChargeId::Stored(&id),
                     false => ChargeId::Unsure(&id),
@@ -383,7 +390,6 @@ impl Releaser {
                     return;
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(4));
             }
             tracing::warn!(
                 "could not take back a charge whose write failed; it holds its room until its pending total expires"
@@ -408,10 +414,8 @@ impl Releaser {
     ) -> Result<bool, ReleaseError> {
         let (_, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let mut pause = Duration::from_millis(250);
-        for _ in 0..SETTLE_ATTEMPTS {
+        for pause in retry_pauses() {
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(4));
             match pods.get_opt(name).await {
                 Ok(Some(fresh)) if attempt.let_go(&fresh) => return Ok(true),
                 Ok(_) => {}
@@ -578,6 +582,19 @@ mod tests {
             "let go on the other's charge"
         );
         assert!(!mine.let_go(&pod(true, &mine.stamp)), "still waiting");
+    }
+
+    #[test]
+    fn retries_double_their_pause_up_to_four_seconds_for_about_a_minute() {
+        let pauses: Vec<Duration> = retry_pauses().collect();
+        assert_eq!(pauses.len(), SETTLE_ATTEMPTS);
+        assert_eq!(
+            pauses[..5],
+            [250, 500, 1000, 2000, 4000].map(Duration::from_millis)
+        );
+        assert_eq!(pauses.last(), Some(&Duration::from_secs(4)));
+        let total: Duration = pauses.iter().sum();
+        assert!((50..=70).contains(&total.as_secs()), "{total:?}");
     }
 
     #[tokio::test]

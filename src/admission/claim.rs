@@ -291,19 +291,11 @@ mod pin_tests;
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use super::pin_tests::limits;
     use super::*;
     use crate::dra::Dra;
     use crate::dra::classes::DeviceClasses;
     use crate::dra::slices::DeviceIndex;
-
-    fn limits(default: Option<&str>) -> NamespaceLimits {
-        NamespaceLimits {
-            has_quota: true,
-            default_type: default.map(str::to_string),
-            models: vec!["A100-SXM4-80GB".into(), "Tesla-T4".into()],
-            ..Default::default()
-        }
-    }
 
     fn catalog() -> Catalog {
         let known = ["A100-SXM4-80GB".to_string(), "Tesla-T4".to_string()];

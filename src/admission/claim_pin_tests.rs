@@ -115,7 +115,9 @@ fn classes() -> DeviceClasses {
     .into()
 }
 
-fn limits(default: Option<&str>) -> NamespaceLimits {
+/// The namespace the claims are judged for: a quota of A100s and T4s, `default` its
+/// default model.
+pub(super) fn limits(default: Option<&str>) -> NamespaceLimits {
     NamespaceLimits {
         has_quota: true,
         default_type: default.map(str::to_string),

@@ -41,7 +41,14 @@
 //! are other processes). The server's resident memory: before the flood, and its peak.
 //!
 //! Run: `cargo bench --bench flood` (the binary cargo built), or, to compare binaries
-//! in one run, `FLOOD_BINS=old=/path/a,new=/path/b cargo bench --bench flood`.
+//! in one run, `FLOOD_BINS=old=/path/a,new=/path/b cargo bench --bench flood`. The
+//! sieges churn some 1,000-5,000 connections a second: on a host whose connection
+//! tracking is on (a Kubernetes node's is) they fill its table within a minute or two,
+//! and the kernel then drops the SYNs of new connections, probes' included, before the
+//! server sees them (the `conntrack drops` column). To measure the server, not the host,
+//! run them in a network namespace of their own, where nothing tracks connections:
+//! `unshare -n sh -c 'ip link set lo up && cargo bench --offline --bench flood'` (as root,
+//! the bench built beforehand).
 //! Environment: `CALLS` (20), `WINDOW` (20), `SCENARIOS` (comma-separated parts of
 //! names: a scenario runs when its name holds one, e.g. `siege` or `quiet,metrics`; all
 //! by default).
@@ -332,6 +339,8 @@ struct Besieged {
     reviews: Outcome,
     probes: Outcome,
     opened: u64,
+    /// Packets the kernel dropped for a full conntrack table meanwhile (`None`: not loaded).
+    dropped: Option<u64>,
     idle_mib: f64,
     peak_mib: f64,
 }
@@ -371,6 +380,7 @@ async fn besiege(
         tls: None,
         path: "/livez",
     };
+    let drops = flood_support::conntrack_drops();
     let floods = {
         let _flooders = flooders.enter();
         let mut floods = siege.floods(&webhook, 0, for_at_most);
@@ -395,10 +405,12 @@ async fn besiege(
     for flood in floods {
         opened += flood.stop().await;
     }
+    let dropped = drops.zip(flood_support::conntrack_drops());
     Besieged {
         reviews,
         probes,
         opened,
+        dropped: dropped.map(|(before, after)| after.saturating_sub(before)),
         idle_mib,
         peak_mib,
     }
@@ -482,22 +494,29 @@ fn main() {
         .unwrap();
     if !sieges.is_empty() {
         println!(
-            "| binary | siege | reviews answered | reviews p50 / p99 ms | /livez answered | /livez p50 / p99 ms | flood connections | RSS idle / peak MiB |"
+            "| binary | siege | reviews answered | reviews p50 / p99 ms | /livez answered | /livez p50 / p99 ms | flood connections | conntrack drops | RSS idle / peak MiB |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
     }
     for siege in sieges {
         for (label, bin) in &bins {
             let seen = runtime.block_on(besiege(bin, siege, window, flooders.handle()));
             let (reviews, reviews_ms) = answered(&seen.reviews);
             let (probes, probes_ms) = answered(&seen.probes);
+            let dropped = seen.dropped.map_or("-".to_string(), |n| n.to_string());
             println!(
-                "| {label} | {} | {reviews} | {reviews_ms} | {probes} | {probes_ms} | {} | {:.0} / {:.0} |",
+                "| {label} | {} | {reviews} | {reviews_ms} | {probes} | {probes_ms} | {} | {dropped} | {:.0} / {:.0} |",
                 siege.name(),
                 seen.opened,
                 seen.idle_mib,
                 seen.peak_mib
             );
+            if seen.dropped.is_some_and(|n| n > 0) {
+                eprintln!(
+                    "  {label} {}: the kernel dropped packets for a full conntrack table: new connections failed before the server saw them (run the sieges in a network namespace of their own: docs/benchmarks.md)",
+                    siege.name()
+                );
+            }
             for failure in seen
                 .reviews
                 .failures

@@ -914,6 +914,7 @@ where
         tls: Some(tls),
         path: "/validate",
     };
+    let drops = flood_support::conntrack_drops();
     let floods = floods(&target);
     filled(&floods, SCALED_CAP as u64).await;
     let reviews = api.measure(REVIEWING_FOR).await;
@@ -927,10 +928,11 @@ where
     );
     assert!(
         reviews.answered_at_least(99),
-        "{what}: {} of {} reviews answered; {:?}",
+        "{what}: {} of {} reviews answered; {:?}{}",
         reviews.latencies.len(),
         reviews.total(),
-        &reviews.failures[..reviews.failures.len().min(5)]
+        &reviews.failures[..reviews.failures.len().min(5)],
+        flood_support::conntrack_note(drops),
     );
     assert!(opened >= SCALED_CAP as u64, "the flood ran: {opened}");
 }
@@ -1026,6 +1028,7 @@ where
         tls: None,
         path: "/livez",
     };
+    let drops = flood_support::conntrack_drops();
     let floods = floods(&target);
     filled(&floods, 64).await;
     let probes = flood_support::honest(60, Duration::from_millis(100), || {
@@ -1042,10 +1045,11 @@ where
     );
     assert!(
         probes.answered_at_least(99),
-        "{what}: {} of {} probes answered; {:?}",
+        "{what}: {} of {} probes answered; {:?}{}",
         probes.latencies.len(),
         probes.total(),
-        &probes.failures[..probes.failures.len().min(5)]
+        &probes.failures[..probes.failures.len().min(5)],
+        flood_support::conntrack_note(drops),
     );
 }
 

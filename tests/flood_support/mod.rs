@@ -407,10 +407,13 @@ pub async fn validate_once(
 }
 
 /// One `GET /livez` on a fresh plain connection from 127.0.0.1, as the kubelet probes.
+/// A probe not answered within its patience says how long its connect took.
 pub async fn probe_once(addr: SocketAddr, patience: Duration) -> Result<Duration, BoxError> {
     let started = Instant::now();
+    let connected = std::sync::Mutex::new(None);
     tokio::time::timeout(patience, async {
         let tcp = connect_from(IpAddr::V4(Ipv4Addr::LOCALHOST), addr).await?;
+        *connected.lock().unwrap() = Some(started.elapsed());
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tcp)).await?;
         tokio::spawn(conn);
@@ -419,7 +422,11 @@ pub async fn probe_once(addr: SocketAddr, patience: Duration) -> Result<Duration
             .body(Body::empty())?;
         expect_ok(sender.send_request(request).await?).await
     })
-    .await??;
+    .await
+    .map_err(|_| match *connected.lock().unwrap() {
+        Some(took) => format!("not answered in {patience:?}; connected in {took:?}"),
+        None => format!("not even connected in {patience:?}"),
+    })??;
     Ok(started.elapsed())
 }
 
@@ -600,6 +607,34 @@ impl Outcome {
             ms(self.quantile(0.99)),
             ms(self.quantile(1.0)),
         )
+    }
+}
+
+/// Packets the kernel's connection tracking has dropped in this network namespace
+/// because its table was full (`drop` in `/proc/net/stat/nf_conntrack`, summed over the
+/// CPUs), or `None` where it is not loaded. A flood that churns connections fills the
+/// table with closed ones (each kept two minutes, `nf_conntrack_tcp_timeout_time_wait`);
+/// then new connections (a probe's, a redial's) lose their SYNs before any server sees
+/// them. A bench or test that counts drops can tell that apart from the server's doing.
+pub fn conntrack_drops() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/net/stat/nf_conntrack").ok()?;
+    let mut lines = stat.lines();
+    let column = lines.next()?.split_whitespace().position(|h| h == "drop")?;
+    let per_cpu = lines.map(|line| {
+        let value = line.split_whitespace().nth(column).unwrap_or("0");
+        u64::from_str_radix(value, 16).unwrap_or(0)
+    });
+    Some(per_cpu.sum())
+}
+
+/// What [`conntrack_drops`] counted since `before`, as a phrase for a failure message.
+pub fn conntrack_note(before: Option<u64>) -> String {
+    match (before, conntrack_drops()) {
+        (Some(before), Some(now)) if now > before => format!(
+            "; meanwhile the kernel dropped {} packets for a full conntrack table",
+            now - before
+        ),
+        _ => String::new(),
     }
 }
 

@@ -158,6 +158,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
         shutdown_grace,
         admin_limits,
+        listener::Callers::Redialing,
     );
     let insecure = async {
         match insecure_listener {
@@ -168,6 +169,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     shutdown.clone(),
                     shutdown_grace,
                     limits,
+                    listener::Callers::KeepAlive,
                 )
                 .await
             }

@@ -23,7 +23,7 @@ use futures::StreamExt;
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::server::admin::admin_router;
-use gpu_admission::server::listener::{ConnectionLimits, serve_plain, serve_tls};
+use gpu_admission::server::listener::{Callers, ConnectionLimits, serve_plain, serve_tls};
 use gpu_admission::server::tls::{CertResolver, mutual_server_config, server_config};
 use gpu_admission::server::{extender_router, webhook_router};
 use hyper_util::rt::TokioIo;
@@ -757,6 +757,7 @@ async fn admin_door() -> (SocketAddr, CancellationToken) {
         shutdown.clone(),
         Duration::from_millis(100),
         limits,
+        Callers::Redialing,
     ));
     (addr, shutdown.drop_guard().disarm())
 }

@@ -250,6 +250,7 @@ async fn serve_plain_answers_http1_and_stops() {
         shutdown.clone(),
         PATIENCE,
         ConnectionLimits::default(),
+        gpu_admission::server::listener::Callers::Redialing,
     ));
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, axum::body::Body>(

@@ -17,6 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::pace::{MeteredBody, Pace, Progress};
+pub use super::slots::Callers;
 use super::slots::{Activity, Entry, Slot, Slots};
 pub use crate::cli::ConnectionLimits;
 
@@ -43,7 +44,8 @@ pub async fn serve_tls(
     limits: ConnectionLimits,
 ) -> io::Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    accept_loop(listener, shutdown, grace, limits, move |stream, conn| {
+    let callers = Callers::KeepAlive;
+    accept_loop(listener, shutdown, grace, limits, callers, move |stream, conn| {
         let acceptor = acceptor.clone();
         let app = app.clone();
         async move {
@@ -72,18 +74,24 @@ pub async fn serve_tls(
 }
 
 /// Serves `app` over plain HTTP/1.1 and h2c (prior knowledge) on `listener`;
-/// same shutdown behaviour and limits as [`serve_tls`]. For the admin and the
-/// insecure extender ports.
+/// same shutdown behaviour and limits as [`serve_tls`]. For the admin port (`callers`:
+/// probes and scrapes, [`Callers::Redialing`]) and the insecure extender port.
 pub async fn serve_plain(
     listener: TcpListener,
     app: axum::Router,
     shutdown: CancellationToken,
     grace: Duration,
     limits: ConnectionLimits,
+    callers: Callers,
 ) -> io::Result<()> {
-    accept_loop(listener, shutdown, grace, limits, move |stream, conn| {
-        serve_connection(stream, app.clone(), conn)
-    })
+    accept_loop(
+        listener,
+        shutdown,
+        grace,
+        limits,
+        callers,
+        move |stream, conn| serve_connection(stream, app.clone(), conn),
+    )
     .await
 }
 
@@ -107,6 +115,7 @@ async fn accept_loop<F, Fut>(
     shutdown: CancellationToken,
     grace: Duration,
     limits: ConnectionLimits,
+    callers: Callers,
     handle: F,
 ) -> io::Result<()>
 where
@@ -114,7 +123,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let connections = tokio_util::task::TaskTracker::new();
-    let slots = Slots::new(limits.max_connections, pace(&limits));
+    let slots = Slots::new(limits.max_connections, pace(&limits), callers);
     connections.spawn(slots.clone().keep_the_room(shutdown.clone()));
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);

@@ -23,16 +23,21 @@
 //! 1. *worthless*, of any peer: a connection cut for a body too slow, a request whose body
 //!    has been behind the rate floor (`server::pace`) for [`YOUNG`] or more, a silent
 //!    socket (no request within [`YOUNG`] of connecting, or of the end of a TLS handshake
-//!    that took longer), a TLS handshake under way for [`YOUNG`] or more. A peer that
-//!    completed a request within [`QUIET`] has *standing* (the API server sending
-//!    reviews): its slow handshakes and quiet openings are trusted, and only its own
-//!    newcomers take its silent openings (a flood from one address pays with its own);
+//!    that took longer), a TLS handshake under way for [`YOUNG`] or more. At a door of
+//!    [`Callers::KeepAlive`], a peer that completed a request within [`QUIET`] has
+//!    *standing* (the API server sending reviews): its slow handshakes and quiet openings
+//!    are trusted, and only its own newcomers take its silent openings (a flood from one
+//!    address pays with its own). At a door of [`Callers::Redialing`] (probes, scrapes)
+//!    nobody has standing: a flood from many addresses would earn it with one cheap
+//!    request per connection and, each address within its share, hold every slot;
 //! 2. for an entitled newcomer: an idle keep-alive connection of a peer without standing
 //!    (a flooder's that made one request; the pool of an API server with nothing to ask
-//!    for a while, which it dials again when it has), then a handshake younger than
-//!    [`YOUNG`] of a peer without standing that has held over twice the slot-seconds the
-//!    newcomer's has lately (a kubelet probe does not wait for a flooder's sockets, reopened
-//!    as soon as closed, to grow old; flooders do not churn each other's);
+//!    for a while, which it dials again when it has) whose last request ended [`YOUNG`]
+//!    or more ago, then a handshake younger than that, or an idle connection whose
+//!    request just ended, of a peer without standing that has held over twice the
+//!    slot-seconds the newcomer's has lately (a kubelet probe does not wait for a
+//!    flooder's sockets, reopened as soon as closed, to grow old; flooders do not churn
+//!    each other's faster than that);
 //! 3. for an entitled newcomer: a connection with no request in flight of a peer over its
 //!    share, the peer holding the most first: silent ones, idle ones, young ones.
 //!
@@ -112,10 +117,23 @@ pub enum Entry {
     Refused,
 }
 
+/// Who calls a listener, as far as keeping connections goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Callers {
+    /// Clients that keep connections open and send requests on them steadily (the API
+    /// server, the scheduler): a peer that completed a request lately has standing.
+    KeepAlive,
+    /// Clients that dial for each request or redial at no cost when closed (kubelet
+    /// probes, metric scrapes): no peer has standing, so a flood cannot earn it with one
+    /// cheap request per connection and hold every slot with it.
+    Redialing,
+}
+
 /// The slot table and waiting room of one listener.
 pub struct Slots {
     cap: usize,
     pace: Pace,
+    callers: Callers,
     table: Mutex<Table>,
     signals: Arc<Signals>,
 }
@@ -221,12 +239,16 @@ impl Table {
         (record.map_or(0, |r| r.held), (used * 1e3) as u64, seat)
     }
 
-    fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
+    fn holders(&self, pace: Pace, callers: Callers, now: Instant) -> Vec<Holder> {
         self.holders
             .iter()
-            .map(|(&age, activity)| Holder {
-                peer_used: self.held_secs(activity.peer, now),
-                ..activity.holder(age, pace, now)
+            .map(|(&age, activity)| {
+                let holder = activity.holder(age, pace, now);
+                Holder {
+                    peer_used: self.held_secs(activity.peer, now),
+                    served_lately: holder.served_lately && callers == Callers::KeepAlive,
+                    ..holder
+                }
             })
             .collect()
     }
@@ -284,10 +306,11 @@ impl Table {
 }
 
 impl Slots {
-    pub fn new(cap: usize, pace: Pace) -> Arc<Slots> {
+    pub fn new(cap: usize, pace: Pace, callers: Callers) -> Arc<Slots> {
         Arc::new(Slots {
             cap: cap.max(1),
             pace,
+            callers,
             table: Mutex::new(Table::default()),
             signals: Arc::new(Signals {
                 in_flight: AtomicUsize::new(0),
@@ -319,7 +342,7 @@ impl Slots {
         if table.holders.len() + eighth(self.cap) < self.cap {
             return Some(self.insert(table, peer, now));
         }
-        let holders = table.holders(self.pace, now);
+        let holders = table.holders(self.pace, self.callers, now);
         let decided = admission(&holders, self.cap, table.newcomer(peer, now));
         self.apply(table, decided, peer, now)
     }
@@ -394,7 +417,7 @@ impl Slots {
                 waiter.turn = table.turn(waiter.peer, waiter.turn.2, now);
             }
             room.sort_unstable_by_key(|w| w.turn);
-            let mut holders = table.holders(self.pace, now);
+            let mut holders = table.holders(self.pace, self.callers, now);
             let mut census = Census::of(&holders, self.cap);
             // A peer refused once in a pass is refused for all its waiters.
             let mut refused: HashSet<IpAddr> = HashSet::new();
@@ -408,7 +431,7 @@ impl Slots {
                 match self.apply(&mut table, decided, waiter.peer, now) {
                     Some(slot) => {
                         handed.push((waiter.handoff, slot));
-                        holders = table.holders(self.pace, now);
+                        holders = table.holders(self.pace, self.callers, now);
                         census = Census::of(&holders, self.cap);
                     }
                     None => {

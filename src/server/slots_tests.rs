@@ -23,7 +23,7 @@ fn holder(age: u64, peer: u8, state: State) -> Holder {
 fn in_use(age: u64, peer: u8) -> Holder {
     Holder {
         served_lately: true,
-        ..holder(age, peer, State::Idle)
+        ..holder(age, peer, State::Idle { young: false })
     }
 }
 
@@ -170,6 +170,34 @@ fn a_young_handshake_gives_way_to_a_newcomer_of_a_peer_that_has_held_far_less() 
 }
 
 #[test]
+fn a_connection_whose_request_just_ended_gives_way_only_to_a_peer_that_has_held_far_less() {
+    // Sixteen addresses, each holding one keep-alive connection whose one request ended
+    // just now, at a door where that earns no standing: a probe does not wait for them...
+    let holders: Vec<Holder> = (0..16u8)
+        .map(|i| Holder {
+            peer_used: 10.0,
+            ..holder(u64::from(i), 10 + i, State::Idle { young: true })
+        })
+        .collect();
+    assert_eq!(admission(&holders, 16, ip(STRANGER)), Admission::Replace(0));
+    // ...but the flooders do not churn each other's...
+    let flooder = Newcomer {
+        peer: ip(9),
+        used: 10.0,
+    };
+    assert_eq!(admission(&holders, 16, flooder), Admission::Wait);
+    // ...until a second has passed: then any newcomer below its share takes the oldest.
+    let quiet: Vec<Holder> = holders
+        .iter()
+        .map(|h| Holder {
+            state: State::Idle { young: false },
+            ..*h
+        })
+        .collect();
+    assert_eq!(admission(&quiet, 16, flooder), Admission::Replace(0));
+}
+
+#[test]
 fn a_peer_over_its_share_gives_up_connections_it_uses_to_peers_below_theirs() {
     // Two peers at 64 slots: a flooder holding 60 connections it uses, the API server 4.
     let mut holders = many(0, 4, API, BUSY);
@@ -225,7 +253,7 @@ fn a_newcomer_never_cuts_its_own_peers_young_handshake_or_idle_connection() {
     let holders = [holder(0, API, OPENING), holder(1, API, YOUNG_OPENING)];
     assert_eq!(admission(&holders, 2, ip(API)), Admission::Replace(0));
     // Its idle keep-alive connection is never its own newcomer's.
-    let holders = [in_use(0, API), holder(1, API, State::Idle)];
+    let holders = [in_use(0, API), holder(1, API, State::Idle { young: false })];
     assert_eq!(admission(&holders, 2, ip(API)), Admission::Wait);
 }
 
@@ -293,9 +321,13 @@ async fn slot_of(entry: Entry) -> Slot {
     }
 }
 
-/// A listener's table with its waiting room kept.
+/// A listener's table of keep-alive callers with its waiting room kept.
 fn slots(cap: usize) -> (Arc<Slots>, tokio_util::sync::DropGuard) {
-    let slots = Slots::new(cap, PACE);
+    slots_for(cap, Callers::KeepAlive)
+}
+
+fn slots_for(cap: usize, callers: Callers) -> (Arc<Slots>, tokio_util::sync::DropGuard) {
+    let slots = Slots::new(cap, PACE, callers);
     let stop = CancellationToken::new();
     tokio::spawn(slots.clone().keep_the_room(stop.clone()));
     (slots, stop.drop_guard())
@@ -398,6 +430,38 @@ async fn waiters_are_let_in_the_peer_holding_fewest_first_and_a_full_room_drops_
     let probe = slot_of(Entry::Waiting(probe)).await;
     assert_eq!(probe.activity().peer(), ip(STRANGER));
     drop((busy, flood));
+}
+
+#[tokio::test]
+async fn at_a_door_of_redialing_callers_a_request_earns_no_standing() {
+    // Two slots, two addresses each holding one connection whose request was answered.
+    for callers in [Callers::KeepAlive, Callers::Redialing] {
+        let (slots, _keeper) = slots_for(2, callers);
+        let first = slot_of(slots.enter(ip(1))).await;
+        let second = slot_of(slots.enter(ip(2))).await;
+        for slot in [&first, &second] {
+            drop(slot.activity().begin(Progress::new(true)));
+        }
+        // Their requests just ended: a stranger waits either way.
+        let Entry::Waiting(early) = slots.enter(ip(STRANGER)) else {
+            panic!("{callers:?}: a connection whose request just ended stays");
+        };
+        drop(early);
+        // A second on, still within the standing a request earns: only where the callers
+        // keep their connections is it kept.
+        tokio::time::sleep(YOUNG + RECHECK).await;
+        let entry = slots.enter(ip(STRANGER));
+        match callers {
+            Callers::KeepAlive => assert!(matches!(entry, Entry::Waiting(_))),
+            Callers::Redialing => {
+                assert!(matches!(entry, Entry::Admitted(_)));
+                assert!(
+                    first.activity().evicted.is_cancelled(),
+                    "the oldest gave way"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]

@@ -64,14 +64,17 @@ impl Activity {
         let served = self.last_served.load(Ordering::Acquire);
         let since =
             |ms: u64| now.saturating_duration_since(self.started + Duration::from_millis(ms));
+        // Young: just connected or done with its handshake (no request yet), or its last
+        // request just ended (idle).
+        let young = if self.has_requested() {
+            since(self.last_done.load(Ordering::Acquire)) < YOUNG
+        } else {
+            since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG
+        };
         Holder {
             age,
             peer: self.peer,
-            state: self.state(
-                pace,
-                now,
-                since(self.handshake_ended.load(Ordering::Acquire)) < YOUNG,
-            ),
+            state: self.state(pace, now, young),
             served_lately: served > 0 && since(served - 1) < QUIET,
             peer_used: 0.0,
         }
@@ -85,7 +88,7 @@ impl Activity {
             let starving = !requests.is_empty() && requests.iter().all(|p| p.starving(pace, now));
             State::Busy { starving }
         } else if self.requested.load(Ordering::Acquire) {
-            State::Idle
+            State::Idle { young }
         } else if self.handshaking.load(Ordering::Acquire) {
             State::Handshake { young }
         } else {

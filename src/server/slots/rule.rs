@@ -28,7 +28,8 @@ pub enum State {
     /// TLS handshake, less than [`YOUNG`] ago.
     Opening { young: bool },
     /// Has made requests, none in flight (a keep-alive connection between requests).
-    Idle,
+    /// `young`: its last request ended less than [`YOUNG`] ago.
+    Idle { young: bool },
     /// Requests in flight; `starving`: every one of them waits for a body that arrives
     /// behind the rate floor, and has for [`YOUNG`] or more.
     Busy { starving: bool },
@@ -183,8 +184,10 @@ fn rank(holder: &Holder) -> Option<u8> {
         | State::Busy { starving: true }
         | State::Handshake { young: false }
         | State::Opening { young: false } => Some(0),
-        State::Idle => Some(1),
-        State::Handshake { young: true } | State::Opening { young: true } => Some(2),
+        State::Idle { young: false } => Some(1),
+        State::Handshake { young: true }
+        | State::Opening { young: true }
+        | State::Idle { young: true } => Some(2),
         State::Busy { starving: false } => None,
     }
 }
@@ -200,11 +203,14 @@ fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool
         // However old, its own client may be about to finish it on a starved machine.
         State::Handshake { young: false } => !own && !trusted,
         State::Opening { young: false } => own || !trusted,
-        State::Idle => entitled && !own && !trusted,
-        // A handshake under way is judged once it is a second old, unless its peer has
-        // held far more than the newcomer's lately (a kubelet probe does not wait a second
-        // for a flooder's sockets, reopened as soon as closed, to grow old).
-        State::Handshake { young: true } | State::Opening { young: true } => {
+        State::Idle { young: false } => entitled && !own && !trusted,
+        // A handshake under way, or a connection whose request just ended, is judged once
+        // it is a second old, unless its peer has held far more than the newcomer's lately
+        // (a kubelet probe does not wait a second for a flooder's sockets, reopened as soon
+        // as closed, to grow old; flooders do not churn each other's faster than that).
+        State::Handshake { young: true }
+        | State::Opening { young: true }
+        | State::Idle { young: true } => {
             let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
             entitled && !own && !trusted && heavier
         }

@@ -64,7 +64,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => {
             let client = kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
             let (backend, run) = Backend::from_api(client, projection, shutdown.clone());
-            tokio::spawn(run);
+            tokio::spawn(run.instrument(tracing::info_span!("cluster_cache")));
             backend
         }
     };
@@ -76,7 +76,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let releaser = state.backend.queue_releaser(rules, waits, leader.clone());
     let mut lease_task = None;
     if let Some(releaser) = releaser.filter(|_| release_queue) {
-        tokio::spawn(releaser.run(state.cache().queue_moved(), shutdown.clone()));
+        let release = releaser.run(state.cache().queue_moved(), shutdown.clone());
+        tokio::spawn(release.instrument(tracing::info_span!("queue_release")));
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
         // cohorts' reclaim; one such replica at a time reclaims and tells.
         if let Some(lease) = state.backend.controller_lease() {
@@ -122,13 +123,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         policy = %state.config.placement.policy,
         "serving"
     );
-    tokio::spawn(watch_certificates(
-        resolver.clone(),
-        tls_reload_interval,
-        state.clone(),
-        shutdown.clone(),
-    ));
-    tokio::spawn(stop_on_signal(state.clone(), shutdown.clone()));
+    tokio::spawn(
+        watch_certificates(
+            resolver.clone(),
+            tls_reload_interval,
+            state.clone(),
+            shutdown.clone(),
+        )
+        .instrument(tracing::info_span!("cert_reload")),
+    );
+    tokio::spawn(
+        stop_on_signal(state.clone(), shutdown.clone()).instrument(tracing::info_span!("signals")),
+    );
 
     let webhooks = listener::serve_tls(
         tls_listener,

@@ -245,6 +245,20 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
     let logs: Vec<String> =
         std::iter::from_fn(|| server.logs.recv_timeout(Duration::from_secs(10)).ok()).collect();
     assert!(logs.iter().any(|l| l.contains("\"stopped\"")), "{logs:?}");
+    // A background task's lines carry its span: the signal handler's, here.
+    let signalled = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("shutting down"))
+        });
+    assert_eq!(
+        signalled.as_ref().map(|e| &e["span"]["name"]),
+        Some(&Value::from("signals")),
+        "{logs:?}"
+    );
 }
 
 fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {

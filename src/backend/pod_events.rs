@@ -55,10 +55,13 @@ impl PodEvents {
             secondary: None,
         };
         let recorder = self.recorder.clone();
-        tokio::spawn(async move {
+        // A child of the decision's span (when there is one), named for what it does.
+        let span = tracing::debug_span!("pod_event", reason = %event.reason);
+        let publish = async move {
             if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::debug!(%error, reason = %event.reason, "cannot publish a pod event");
+                tracing::debug!(%error, "cannot publish a pod event");
             }
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(publish, span));
     }
 }

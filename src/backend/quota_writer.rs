@@ -144,7 +144,9 @@ impl QuotaWriter {
             // A task of its own: the caller's request may be cancelled mid-write, the
             // charges of the others it carries must not be.
             let (writer, cache, namespace) = (self.clone(), cache.clone(), namespace.to_string());
-            tokio::spawn(async move { writer.drain(&cache, &namespace).await });
+            let span = tracing::info_span!("quota_write", %namespace);
+            let drain = async move { writer.drain(&cache, &namespace).await };
+            tokio::spawn(tracing::Instrument::instrument(drain, span));
         }
         answer.await.unwrap_or(Err(ChargeError::Abandoned))
     }

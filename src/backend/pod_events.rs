@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::Instrument;
 
 use crate::cache::pod::key_parts;
 
@@ -62,6 +63,6 @@ impl PodEvents {
                 tracing::debug!(%error, "cannot publish a pod event");
             }
         };
-        tokio::spawn(tracing::Instrument::instrument(publish, span));
+        tokio::spawn(publish.instrument(span));
     }
 }

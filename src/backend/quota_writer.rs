@@ -18,6 +18,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::cohort_lease::{Agreement, CohortLeases};
 use crate::cache::ClusterCache;
@@ -146,7 +147,7 @@ impl QuotaWriter {
             let (writer, cache, namespace) = (self.clone(), cache.clone(), namespace.to_string());
             let span = tracing::info_span!("quota_write", %namespace);
             let drain = async move { writer.drain(&cache, &namespace).await };
-            tokio::spawn(tracing::Instrument::instrument(drain, span));
+            tokio::spawn(drain.instrument(span));
         }
         answer.await.unwrap_or(Err(ChargeError::Abandoned))
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::pace::{MeteredBody, Pace, Progress};
 pub use super::slots::Callers;
@@ -124,7 +125,8 @@ where
 {
     let connections = tokio_util::task::TaskTracker::new();
     let slots = Slots::new(limits.max_connections, pace(&limits), callers);
-    connections.spawn(slots.clone().keep_the_room(shutdown.clone()));
+    let room = slots.clone().keep_the_room(shutdown.clone());
+    connections.spawn(room.instrument(tracing::debug_span!("waiting_room")));
     let hard_stop = CancellationToken::new();
     let handle = Arc::new(handle);
     loop {
@@ -140,18 +142,22 @@ where
             hard_stop: hard_stop.clone(),
             slot,
         };
+        // Debug level: disabled by default, so a connection costs no span of its own.
+        let span = tracing::debug_span!("connection", %peer);
         match slots.enter(peer.ip().to_canonical()) {
             Entry::Admitted(slot) => {
-                connections.spawn(start(&*handle, stream, conn(slot, &shutdown, &hard_stop)));
+                let served = start(&*handle, stream, conn(slot, &shutdown, &hard_stop));
+                connections.spawn(served.instrument(span));
             }
             Entry::Waiting(ticket) => {
                 let (handle, hard_stop) = (handle.clone(), hard_stop.clone());
                 let draining = shutdown.clone();
-                connections.spawn(async move {
+                let waited = async move {
                     if let Some(slot) = let_in(ticket, opening_deadline, &draining, peer).await {
                         start(&*handle, stream, conn(slot, &draining, &hard_stop)).await;
                     }
-                });
+                };
+                connections.spawn(waited.instrument(span));
             }
             Entry::Refused => {
                 tracing::debug!(%peer, "connection cap reached and the waiting room full of peers ranked first; closing");

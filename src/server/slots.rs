@@ -84,7 +84,7 @@ use super::pace::Pace;
 mod activity;
 mod rule;
 pub use activity::{Activity, InFlight};
-pub use rule::{Admission, Holder, Newcomer, State, admission, seats};
+pub use rule::{Admission, Callers, Holder, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
 
 /// How long a connection that has made no request yet counts as a handshake under way
@@ -115,18 +115,6 @@ pub enum Entry {
     Waiting(oneshot::Receiver<Slot>),
     /// The waiting room is full of newcomers ranked before this one: close it.
     Refused,
-}
-
-/// Who calls a listener, as far as keeping connections goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Callers {
-    /// Clients that keep connections open and send requests on them steadily (the API
-    /// server, the scheduler): a peer that completed a request lately has standing.
-    KeepAlive,
-    /// Clients that dial for each request or redial at no cost when closed (kubelet
-    /// probes, metric scrapes): no peer has standing, so a flood cannot earn it with one
-    /// cheap request per connection and hold every slot with it.
-    Redialing,
 }
 
 /// The slot table and waiting room of one listener.
@@ -239,16 +227,12 @@ impl Table {
         (record.map_or(0, |r| r.held), (used * 1e3) as u64, seat)
     }
 
-    fn holders(&self, pace: Pace, callers: Callers, now: Instant) -> Vec<Holder> {
+    fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
         self.holders
             .iter()
-            .map(|(&age, activity)| {
-                let holder = activity.holder(age, pace, now);
-                Holder {
-                    peer_used: self.held_secs(activity.peer, now),
-                    served_lately: holder.served_lately && callers == Callers::KeepAlive,
-                    ..holder
-                }
+            .map(|(&age, activity)| Holder {
+                peer_used: self.held_secs(activity.peer, now),
+                ..activity.holder(age, pace, now)
             })
             .collect()
     }
@@ -342,8 +326,8 @@ impl Slots {
         if table.holders.len() + eighth(self.cap) < self.cap {
             return Some(self.insert(table, peer, now));
         }
-        let holders = table.holders(self.pace, self.callers, now);
-        let decided = admission(&holders, self.cap, table.newcomer(peer, now));
+        let holders = table.holders(self.pace, now);
+        let decided = admission(&holders, self.cap, self.callers, table.newcomer(peer, now));
         self.apply(table, decided, peer, now)
     }
 
@@ -417,8 +401,8 @@ impl Slots {
                 waiter.turn = table.turn(waiter.peer, waiter.turn.2, now);
             }
             room.sort_unstable_by_key(|w| w.turn);
-            let mut holders = table.holders(self.pace, self.callers, now);
-            let mut census = Census::of(&holders, self.cap);
+            let mut holders = table.holders(self.pace, now);
+            let mut census = Census::of(&holders, self.cap, self.callers);
             // A peer refused once in a pass is refused for all its waiters.
             let mut refused: HashSet<IpAddr> = HashSet::new();
             let mut still = Vec::with_capacity(room.len());
@@ -431,8 +415,8 @@ impl Slots {
                 match self.apply(&mut table, decided, waiter.peer, now) {
                     Some(slot) => {
                         handed.push((waiter.handoff, slot));
-                        holders = table.holders(self.pace, self.callers, now);
-                        census = Census::of(&holders, self.cap);
+                        holders = table.holders(self.pace, now);
+                        census = Census::of(&holders, self.cap, self.callers);
                     }
                     None => {
                         refused.insert(waiter.peer);

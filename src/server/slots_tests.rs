@@ -34,6 +34,9 @@ const YOUNG_OPENING: State = State::Opening { young: true };
 const BUSY: State = State::Busy { starving: false };
 const STARVING: State = State::Busy { starving: true };
 
+/// The callers of the webhook door: the API server keeps its connections.
+const KEEP: Callers = Callers::KeepAlive;
+
 /// A newcomer from an address that holds nothing.
 const STRANGER: u8 = 200;
 /// The API server, in the tables below.
@@ -57,14 +60,14 @@ fn below_the_reserve_anyone_gets_a_free_slot_and_in_it_only_peers_below_their_sh
     // gets the 13th, not the 14th.
     let mut holders = vec![holder(0, API, BUSY)];
     holders.extend(many(1, 12, 9, SILENT));
-    assert_eq!(admission(&holders, 16, ip(9)), Admission::Free);
+    assert_eq!(admission(&holders, 16, KEEP, ip(9)), Admission::Free);
     holders.push(holder(13, 9, SILENT));
-    assert_eq!(admission(&holders, 16, ip(9)), Admission::Wait);
+    assert_eq!(admission(&holders, 16, KEEP, ip(9)), Admission::Wait);
     // A probe holding nothing is below its share: it takes one of the reserve.
-    assert_eq!(admission(&holders, 16, ip(STRANGER)), Admission::Free);
+    assert_eq!(admission(&holders, 16, KEEP, ip(STRANGER)), Admission::Free);
     // Alone at the listener, its fair share is every slot: the API server's burst fills it.
     let burst = many(0, 15, API, YOUNG_TLS);
-    assert_eq!(admission(&burst, 16, ip(API)), Admission::Free);
+    assert_eq!(admission(&burst, 16, KEEP, ip(API)), Admission::Free);
 }
 
 #[test]
@@ -75,25 +78,31 @@ fn a_flooder_from_one_address_never_takes_another_peers_connection_in_use() {
     let mut holders = api_pool(0, 19);
     holders.push(holder(19, API, YOUNG_TLS));
     holders.extend(many(20, 236, 9, SILENT));
-    assert_eq!(admission(&holders, 256, ip(9)), Admission::Wait);
+    assert_eq!(admission(&holders, 256, KEEP, ip(9)), Admission::Wait);
     // Idle after one request, its own idle ones stay too.
     let mut idle = api_pool(0, 20);
     idle.extend((20..256).map(|age| in_use(age, 9)));
-    assert_eq!(admission(&idle, 256, ip(9)), Admission::Wait);
+    assert_eq!(admission(&idle, 256, KEEP, ip(9)), Admission::Wait);
     // The API server's newcomer takes the flooder's oldest silent socket...
-    assert_eq!(admission(&holders, 256, ip(API)), Admission::Replace(20));
+    assert_eq!(
+        admission(&holders, 256, KEEP, ip(API)),
+        Admission::Replace(20)
+    );
     // ...and, its connections in use being no less, the flooder's oldest idle one.
-    assert_eq!(admission(&idle, 256, ip(API)), Admission::Replace(20));
+    assert_eq!(admission(&idle, 256, KEEP, ip(API)), Admission::Replace(20));
 }
 
 #[test]
 fn requests_in_flight_are_never_cut_unless_their_bodies_starve() {
     let holders = [holder(0, 9, BUSY), holder(1, 9, BUSY)];
-    assert_eq!(admission(&holders, 2, ip(STRANGER)), Admission::Wait);
+    assert_eq!(admission(&holders, 2, KEEP, ip(STRANGER)), Admission::Wait);
     let holders = [holder(0, 9, BUSY), holder(1, 9, STARVING)];
-    assert_eq!(admission(&holders, 2, ip(STRANGER)), Admission::Replace(1));
+    assert_eq!(
+        admission(&holders, 2, KEEP, ip(STRANGER)),
+        Admission::Replace(1)
+    );
     // Its own peer's newcomer too: a starving request is worth nothing to anyone.
-    assert_eq!(admission(&holders, 2, ip(9)), Admission::Replace(1));
+    assert_eq!(admission(&holders, 2, KEEP, ip(9)), Admission::Replace(1));
 }
 
 #[test]
@@ -109,17 +118,23 @@ fn slow_bodies_from_many_addresses_give_way_before_the_api_servers_pool() {
     }
     assert_eq!(holders.len(), 256);
     // A flooder's newcomer (its peer holds one) takes a starving one, the oldest.
-    assert_eq!(admission(&holders, 256, ip(10)), Admission::Replace(20));
+    assert_eq!(
+        admission(&holders, 256, KEEP, ip(10)),
+        Admission::Replace(20)
+    );
     // With none starving yet, a newcomer waits (a young handshake is judged at a second
     // old): the API server's pool is not its to take.
     for h in holders.iter_mut().filter(|h| h.state == STARVING) {
         h.state = BUSY;
     }
     holders[255].state = YOUNG_TLS;
-    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Wait);
+    assert_eq!(
+        admission(&holders, 256, KEEP, ip(STRANGER)),
+        Admission::Wait
+    );
     holders[255].state = SILENT;
     assert_eq!(
-        admission(&holders, 256, ip(STRANGER)),
+        admission(&holders, 256, KEEP, ip(STRANGER)),
         Admission::Replace(255)
     );
 }
@@ -130,13 +145,16 @@ fn an_idle_flood_from_many_addresses_gives_way_once_its_peers_are_quiet() {
     holders.extend((20..256).map(|age| in_use(age, (age % 180) as u8 + 10)));
     // Each flooding address made its one request lately: nothing is spare, and the API
     // server, within the eighth a peer keeps, is nobody's excess.
-    assert_eq!(admission(&holders, 256, ip(STRANGER)), Admission::Wait);
+    assert_eq!(
+        admission(&holders, 256, KEEP, ip(STRANGER)),
+        Admission::Wait
+    );
     // Quiet since: their idle connections give way, the API server's stays.
     for h in holders.iter_mut().skip(20) {
         h.served_lately = false;
     }
     assert_eq!(
-        admission(&holders, 256, ip(STRANGER)),
+        admission(&holders, 256, KEEP, ip(STRANGER)),
         Admission::Replace(20)
     );
 }
@@ -146,19 +164,13 @@ fn a_young_handshake_gives_way_to_a_newcomer_of_a_peer_that_has_held_far_less() 
     // Sixteen addresses reopening sockets as soon as they are closed, each holding one
     // slot for the last ten seconds: a probe (holding nothing lately) does not wait for
     // their youngest to grow old...
-    let holders: Vec<Holder> = (0..16u8)
-        .map(|i| Holder {
-            peer_used: 10.0,
-            ..holder(u64::from(i), 10 + i, YOUNG_TLS)
-        })
-        .collect();
-    assert_eq!(admission(&holders, 16, ip(STRANGER)), Admission::Replace(0));
+    let holders = reopening(YOUNG_TLS);
+    assert_eq!(
+        admission(&holders, 16, KEEP, ip(STRANGER)),
+        Admission::Replace(0)
+    );
     // ...but the flooders do not churn each other's.
-    let flooder = Newcomer {
-        peer: ip(9),
-        used: 10.0,
-    };
-    assert_eq!(admission(&holders, 16, flooder), Admission::Wait);
+    assert_eq!(admission(&holders, 16, KEEP, flooder()), Admission::Wait);
     // Nor is the young handshake of a peer with standing (the API server redialling) taken.
     let mut trusted = holders.clone();
     trusted[0].served_lately = true;
@@ -166,26 +178,52 @@ fn a_young_handshake_gives_way_to_a_newcomer_of_a_peer_that_has_held_far_less() 
         peer: trusted[0].peer,
         ..trusted[1]
     };
-    assert_eq!(admission(&trusted, 16, ip(STRANGER)), Admission::Replace(2));
+    assert_eq!(
+        admission(&trusted, 16, KEEP, ip(STRANGER)),
+        Admission::Replace(2)
+    );
+    // At a door of callers that redial, a request earns no standing.
+    let redialing = Callers::Redialing;
+    assert_eq!(
+        admission(&trusted, 16, redialing, ip(STRANGER)),
+        Admission::Replace(0)
+    );
+}
+
+/// Sixteen addresses, each holding one slot in `state`, that have held one each for the
+/// last ten seconds (reopening their sockets as soon as they are closed).
+fn reopening(state: State) -> Vec<Holder> {
+    (0..16u8)
+        .map(|i| Holder {
+            peer_used: 10.0,
+            ..holder(u64::from(i), 10 + i, state)
+        })
+        .collect()
+}
+
+/// A newcomer of another such address.
+fn flooder() -> Newcomer {
+    Newcomer {
+        peer: ip(9),
+        used: 10.0,
+    }
 }
 
 #[test]
 fn a_connection_whose_request_just_ended_gives_way_only_to_a_peer_that_has_held_far_less() {
     // Sixteen addresses, each holding one keep-alive connection whose one request ended
     // just now, at a door where that earns no standing: a probe does not wait for them...
-    let holders: Vec<Holder> = (0..16u8)
-        .map(|i| Holder {
-            peer_used: 10.0,
-            ..holder(u64::from(i), 10 + i, State::Idle { young: true })
-        })
-        .collect();
-    assert_eq!(admission(&holders, 16, ip(STRANGER)), Admission::Replace(0));
+    let holders = reopening(State::Idle { young: true });
+    let redialing = Callers::Redialing;
+    assert_eq!(
+        admission(&holders, 16, redialing, ip(STRANGER)),
+        Admission::Replace(0)
+    );
     // ...but the flooders do not churn each other's...
-    let flooder = Newcomer {
-        peer: ip(9),
-        used: 10.0,
-    };
-    assert_eq!(admission(&holders, 16, flooder), Admission::Wait);
+    assert_eq!(
+        admission(&holders, 16, redialing, flooder()),
+        Admission::Wait
+    );
     // ...until a second has passed: then any newcomer below its share takes the oldest.
     let quiet: Vec<Holder> = holders
         .iter()
@@ -194,7 +232,10 @@ fn a_connection_whose_request_just_ended_gives_way_only_to_a_peer_that_has_held_
             ..*h
         })
         .collect();
-    assert_eq!(admission(&quiet, 16, flooder), Admission::Replace(0));
+    assert_eq!(
+        admission(&quiet, 16, redialing, flooder()),
+        Admission::Replace(0)
+    );
 }
 
 #[test]
@@ -202,14 +243,20 @@ fn a_peer_over_its_share_gives_up_connections_it_uses_to_peers_below_theirs() {
     // Two peers at 64 slots: a flooder holding 60 connections it uses, the API server 4.
     let mut holders = many(0, 4, API, BUSY);
     holders.extend((4..64).map(|age| in_use(age, 9)));
-    assert_eq!(admission(&holders, 64, ip(API)), Admission::Replace(4));
-    assert_eq!(admission(&holders, 64, ip(STRANGER)), Admission::Replace(4));
+    assert_eq!(
+        admission(&holders, 64, KEEP, ip(API)),
+        Admission::Replace(4)
+    );
+    assert_eq!(
+        admission(&holders, 64, KEEP, ip(STRANGER)),
+        Admission::Replace(4)
+    );
     // The flooder's own newcomer waits.
-    assert_eq!(admission(&holders, 64, ip(9)), Admission::Wait);
+    assert_eq!(admission(&holders, 64, KEEP, ip(9)), Admission::Wait);
     // At equal shares, neither takes the other's.
     let mut even = many(0, 32, API, BUSY);
     even.extend((32..64).map(|age| in_use(age, 9)));
-    assert_eq!(admission(&even, 64, ip(API)), Admission::Wait);
+    assert_eq!(admission(&even, 64, KEEP, ip(API)), Admission::Wait);
 }
 
 #[test]
@@ -225,7 +272,7 @@ fn of_a_peer_over_its_share_silent_sockets_go_first_then_idle_then_young() {
         }));
         holders
     };
-    let take = |holders: Vec<Holder>| admission(&holders, holders.len(), ip(STRANGER));
+    let take = |holders: Vec<Holder>| admission(&holders, holders.len(), KEEP, ip(STRANGER));
     assert_eq!(
         take(table(vec![young, idle, silent])),
         Admission::Replace(2)
@@ -242,19 +289,23 @@ fn a_newcomer_never_cuts_its_own_peers_young_handshake_or_idle_connection() {
         holder(1, API, YOUNG_OPENING),
         holder(2, API, YOUNG_OPENING),
     ];
-    assert_eq!(admission(&holders, 3, ip(API)), Admission::Wait, "its own");
     assert_eq!(
-        admission(&holders, 3, ip(2)),
+        admission(&holders, 3, KEEP, ip(API)),
+        Admission::Wait,
+        "its own"
+    );
+    assert_eq!(
+        admission(&holders, 3, KEEP, ip(2)),
         Admission::Replace(1),
         "another peer may take one"
     );
     // Grown old without a request, a connection is a silent socket: its own peer's
     // newcomer takes it (a flood from one address pays with its own).
     let holders = [holder(0, API, OPENING), holder(1, API, YOUNG_OPENING)];
-    assert_eq!(admission(&holders, 2, ip(API)), Admission::Replace(0));
+    assert_eq!(admission(&holders, 2, KEEP, ip(API)), Admission::Replace(0));
     // Its idle keep-alive connection is never its own newcomer's.
     let holders = [in_use(0, API), holder(1, API, State::Idle { young: false })];
-    assert_eq!(admission(&holders, 2, ip(API)), Admission::Wait);
+    assert_eq!(admission(&holders, 2, KEEP, ip(API)), Admission::Wait);
 }
 
 #[test]
@@ -262,9 +313,9 @@ fn a_newcomer_never_cuts_its_own_peers_handshake_still_in_tls_however_old() {
     // On a starved machine the server finishes a handshake late; its client has
     // already written a review on it.
     let holders = [holder(0, API, SILENT), holder(1, API, YOUNG_OPENING)];
-    assert_eq!(admission(&holders, 2, ip(API)), Admission::Wait);
+    assert_eq!(admission(&holders, 2, KEEP, ip(API)), Admission::Wait);
     assert_eq!(
-        admission(&holders, 2, ip(2)),
+        admission(&holders, 2, KEEP, ip(2)),
         Admission::Replace(0),
         "another peer may"
     );
@@ -278,7 +329,7 @@ fn a_newcomer_never_cuts_its_own_peers_handshake_still_in_tls_however_old() {
         holder(1, API, BUSY),
     ];
     trusted.extend(many(2, 14, 9, BUSY));
-    assert_eq!(admission(&trusted, 16, ip(2)), Admission::Wait);
+    assert_eq!(admission(&trusted, 16, KEEP, ip(2)), Admission::Wait);
 }
 
 #[test]
@@ -294,7 +345,7 @@ fn a_slow_handshake_that_just_ended_is_young_again_until_its_first_request_is_du
     activity.set_handshaking(false);
     let done = activity.holder(0, PACE, Instant::now());
     assert_eq!(done.state, State::Opening { young: true });
-    assert_eq!(admission(&[done], 1, ip(1)), Admission::Wait);
+    assert_eq!(admission(&[done], 1, KEEP, ip(1)), Admission::Wait);
 }
 
 const PACE: Pace = Pace {

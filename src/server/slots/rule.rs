@@ -18,6 +18,18 @@ pub(super) fn eighth(cap: usize) -> usize {
     cap / 8
 }
 
+/// Who calls a listener, as far as keeping connections goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Callers {
+    /// Clients that keep connections open and send requests on them steadily (the API
+    /// server, the scheduler): a peer that completed a request lately has standing.
+    KeepAlive,
+    /// Clients that dial for each request or redial at no cost when closed (kubelet
+    /// probes, metric scrapes): no peer has standing, so a flood cannot earn it with one
+    /// cheap request per connection and hold every slot with it.
+    Redialing,
+}
+
 /// What a connection is doing, as far as giving up its slot goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -96,12 +108,14 @@ struct PeerCount {
 }
 
 impl Census {
-    pub(super) fn of(holders: &[Holder], cap: usize) -> Census {
+    /// The census of `holders` at a listener of `cap` slots; at a door of `callers` that
+    /// redial, nobody has standing.
+    pub(super) fn of(holders: &[Holder], cap: usize, callers: Callers) -> Census {
         let mut peers: HashMap<IpAddr, PeerCount> = HashMap::new();
         for holder in holders {
             let count = peers.entry(holder.peer).or_default();
             count.held += 1;
-            count.standing |= holder.served_lately;
+            count.standing |= holder.served_lately && callers == Callers::KeepAlive;
         }
         let held_by = |i: usize| peers.get(&holders[i].peer).map_or(0, |c| c.held);
         let mut spare_order: Vec<usize> = (0..holders.len())
@@ -147,8 +161,13 @@ impl Census {
 
 /// The rule: what `newcomer` gets from a listener of `cap` slots held by `holders` (see
 /// the module doc).
-pub fn admission(holders: &[Holder], cap: usize, newcomer: impl Into<Newcomer>) -> Admission {
-    admit_in(&Census::of(holders, cap), holders, newcomer.into())
+pub fn admission(
+    holders: &[Holder],
+    cap: usize,
+    callers: Callers,
+    newcomer: impl Into<Newcomer>,
+) -> Admission {
+    admit_in(&Census::of(holders, cap, callers), holders, newcomer.into())
 }
 
 pub(super) fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) -> Admission {

@@ -195,3 +195,166 @@ fn the_string_result_check_sees_what_it_must() {
     assert!(!result_error_is_string("Result<Vec<(u8, String)>, Error>"));
     assert!(!result_error_is_string("Result<String, Error>"));
 }
+
+/// The first path segments a `use` tree names: `a::b` gives `a`, `{a::b, c, d as e}`
+/// gives `a`, `c` and `d`.
+fn first_segments(tree: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = tree.trim_start().strip_prefix('{') else {
+        return vec![ident(tree)];
+    };
+    let mut depth = 0;
+    let mut items = vec![String::new()];
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        items.last_mut().unwrap().push(c);
+    }
+    items.iter().map(|item| ident(item)).collect()
+}
+
+/// The names a module root re-exports, each with the child file it comes from:
+/// `pub use admit::{Charge, admit};` maps `Charge` and `admit` to `admit`.
+fn re_exports(root: &str, children: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    for (at, _) in root.match_indices("use ") {
+        let rest = &root[at + "use ".len()..];
+        let child = first_segments(rest).remove(0);
+        if !children.contains(&child) {
+            continue;
+        }
+        let tree = &rest[child.len()..];
+        let Some(tree) = tree.strip_prefix("::") else {
+            continue;
+        };
+        let end = tree.find(';').unwrap_or(tree.len());
+        let leaves = tree[..end]
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty() && *w != "as" && *w != "self");
+        for leaf in leaves {
+            names.insert(leaf.to_string(), child.clone());
+        }
+    }
+    names
+}
+
+/// For each module that is a folder (`quota`, `cache/state`, ...), which of its files
+/// name which siblings: through `super::`, the module's `crate::` path, or a name the
+/// module's root (`mod.rs`, or the `.rs` beside the folder) re-exports from a sibling.
+/// The root itself is left out: it declares every child.
+fn sibling_imports() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let sources = production_sources();
+    let mut folders: BTreeMap<String, BTreeMap<String, &str>> = BTreeMap::new();
+    for (rel, text) in &sources {
+        if let Some((folder, file)) = rel.rsplit_once('/') {
+            let stem = file.strip_suffix(".rs").unwrap().to_string();
+            folders.entry(folder.into()).or_default().insert(stem, text);
+        }
+    }
+    let mut graphs = BTreeMap::new();
+    for (folder, files) in &folders {
+        let children: BTreeSet<String> = files.keys().filter(|s| *s != "mod").cloned().collect();
+        let beside = format!("{folder}.rs");
+        let root = (files.get("mod").copied())
+            .or_else(|| {
+                sources
+                    .iter()
+                    .find(|(r, _)| *r == beside)
+                    .map(|(_, t)| t.as_str())
+            })
+            .unwrap_or_default();
+        let exported = re_exports(root, &children);
+        let module_path = format!("crate::{}::", folder.replace('/', "::"));
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for from in &children {
+            let text = files[from];
+            for prefix in ["super::", module_path.as_str()] {
+                for (at, _) in text.match_indices(prefix) {
+                    // `super::super::` and a longer `crate::` path are not siblings.
+                    if prefix == "super::" && at >= 2 && &text[at - 2..at] == "::" {
+                        continue;
+                    }
+                    for name in first_segments(&text[at + prefix.len()..]) {
+                        let to = if children.contains(&name) {
+                            Some(name)
+                        } else {
+                            exported.get(&name).cloned()
+                        };
+                        if let Some(to) = to.filter(|to| to != from) {
+                            graph.entry(from.clone()).or_default().insert(to);
+                        }
+                    }
+                }
+            }
+        }
+        graphs.insert(folder.clone(), graph);
+    }
+    graphs
+}
+
+/// A cycle in `graph`, as the path that closes it, if there is one.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    for start in graph.keys() {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![vec![start.clone()]];
+        while let Some(path) = stack.pop() {
+            for next in graph.get(path.last().unwrap()).into_iter().flatten() {
+                let mut longer = path.clone();
+                longer.push(next.clone());
+                if next == start {
+                    return Some(longer);
+                }
+                if seen.insert(next.clone()) {
+                    stack.push(longer);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_import_circle_between_the_files_of_a_module() {
+    let circles: Vec<String> = sibling_imports()
+        .iter()
+        .filter_map(|(folder, graph)| {
+            Some(format!("{folder}: {}", find_cycle(graph)?.join(" -> ")))
+        })
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "import circles inside modules: {circles:#?}"
+    );
+}
+
+#[test]
+fn the_sibling_scan_sees_imports_through_groups_and_re_exports() {
+    assert_eq!(
+        first_segments("{admit::X, cohort, y as z}"),
+        ["admit", "cohort", "y"]
+    );
+    assert_eq!(first_segments("charge::Costs;"), ["charge"]);
+    let children: BTreeSet<String> = ["admit".into(), "charge".into()].into();
+    let names = re_exports("pub use admit::{Charge, admit as decide};", &children);
+    assert_eq!(names.get("Charge").map(String::as_str), Some("admit"));
+    assert_eq!(names.get("decide").map(String::as_str), Some("admit"));
+    let cycle: BTreeMap<String, BTreeSet<String>> = [
+        ("a".to_string(), ["b".to_string()].into()),
+        ("b".to_string(), ["a".to_string()].into()),
+    ]
+    .into();
+    assert_eq!(find_cycle(&cycle).unwrap(), ["a", "b", "a"]);
+}

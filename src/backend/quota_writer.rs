@@ -25,9 +25,10 @@ use crate::cache::ClusterCache;
 use crate::placement::models::WantedModels;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
-use crate::quota::cohort::{self, count_charge};
 use crate::quota::pending::{ChargeId, CreatedSecond, Entry};
+use crate::quota::pool;
 use crate::quota::status::{Direction, views_with_status, with_charges};
+use crate::quota::view::count_charge;
 use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, QuotaView, admit};
 
 /// How long one charge may keep losing write races before it is answered with an error
@@ -241,7 +242,7 @@ impl QuotaWriter {
             if decided.is_empty() {
                 continue;
             }
-            if agreement.is_none() && cohort::draws_from_pools(&before, &views) {
+            if agreement.is_none() && pool::draws_from_pools(&before, &views) {
                 agreeing = true;
                 requeue(decided, &mut waiting);
                 continue;
@@ -324,7 +325,7 @@ impl QuotaWriter {
         };
         let mut views = views_with_status(&quotas)?;
         if !members.is_empty() {
-            cohort::attach_pools(&mut views, &views_with_status(&members)?);
+            pool::attach_pools(&mut views, &views_with_status(&members)?);
         }
         Ok(Round {
             quotas,

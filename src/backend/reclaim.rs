@@ -29,7 +29,8 @@ use crate::config::ReclaimConfig;
 use crate::metrics::{EvictionCounter, ReasonLabels};
 use crate::placement::mig;
 use crate::quota::QuotaView;
-use crate::quota::cohort::{BORROWED_ANNOTATION, Standing, borrowing_pods, reclaim_plan};
+use crate::quota::cohort::{BORROWED_ANNOTATION, Standing};
+use crate::quota::pool::{borrowing_pods, reclaim_plan};
 
 use super::Backend;
 use super::leadership::Leader;

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::cache::ClusterCache;
-use crate::quota::cohort;
 use crate::quota::pending::PENDING_TTL;
+use crate::quota::pool;
 use crate::quota::status::reconciled_status;
 use crate::quota::status::views_with_status;
 use crate::quota::{GPUQuota, ModelAmounts, quota_name};
@@ -138,12 +138,12 @@ fn queued_status(quota: &GPUQuota, queued: &ModelAmounts) -> BTreeMap<String, Qu
     amounts_status(&listed.map(|(k, a)| (k.clone(), *a)).collect())
 }
 
-/// What each quota of a cohort lends (`quota::cohort::lent_by_quota`), from the members'
+/// What each quota of a cohort lends (`quota::pool::lent_by_quota`), from the members'
 /// statuses as this replica last saw them: computed once per pass.
 fn lent_by_quota(quotas: &[GPUQuota]) -> std::collections::HashMap<String, ModelAmounts> {
     let members = quotas.iter().filter(|q| q.spec.cohort.is_some());
     let views = members.filter_map(|q| views_with_status(std::slice::from_ref(q)).ok());
-    cohort::lent_by_quota(&views.flatten().collect::<Vec<_>>())
+    pool::lent_by_quota(&views.flatten().collect::<Vec<_>>())
 }
 
 fn amounts_status(amounts: &ModelAmounts) -> BTreeMap<String, Quantity> {

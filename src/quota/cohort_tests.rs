@@ -3,6 +3,8 @@
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::quota::pool::*;
+use crate::quota::view::{QuotaView, count_charge};
 
 fn gpus(n: u64) -> Milli {
     Milli::from_units(n)
@@ -272,7 +274,7 @@ fn random_charges_keep_the_cohort_within_what_it_owns() {
 #[test]
 fn admission_borrows_through_the_cohort_and_says_why_not() {
     use crate::placement::models::{ModelSource, WantedModels};
-    use crate::quota::admit::{AdmitRules, QuotaView, UntypedPods, admit};
+    use crate::quota::admit::{AdmitRules, UntypedPods, admit};
     use crate::quota::{Costs, OnExceed};
     let view = |used: u64, drawn: u128| QuotaView {
         namespace: "team-b".into(),

@@ -296,21 +296,26 @@ pub mod admit;
 mod admit_tests;
 pub mod charge;
 pub mod cohort;
+pub mod denial;
 pub mod eligible;
 pub mod legacy;
 #[cfg(test)]
 mod mig_tests;
 pub mod pending;
+pub mod pool;
 pub mod queue;
 #[cfg(test)]
 mod queue_tests;
 pub mod status;
+pub mod view;
 
 pub use admit::{
-    AdmitRules, Arrival, Charge, DEFAULT_SCHEDULER, Denial, Exceeded, NodeProblem, QuotaView,
-    UntypedPods, admit, listed_models, models_for_arrival, room,
+    AdmitRules, Arrival, Charge, DEFAULT_SCHEDULER, UntypedPods, admit, listed_models,
+    models_for_arrival, room,
 };
 pub use charge::{
     Costs, ModelAmounts, PodCharge, add_charge, admitted_model, charge_on, charged_model, excess,
     pending_label, reported_usage, usage,
 };
+pub use denial::{Denial, Exceeded, NodeProblem};
+pub use view::QuotaView;

@@ -17,9 +17,11 @@ use std::collections::BTreeSet;
 
 use crate::placement::models::WantedModels;
 
-use super::admit::{AdmitRules, Charge, Denial, QuotaView, admit};
+use super::admit::{AdmitRules, Charge, admit};
 use super::charge::Costs;
-use super::cohort::count_charge;
+use super::denial::Denial;
+use super::view::QuotaView;
+use super::view::count_charge;
 
 /// The scheduling gate a pod waiting in the quota queue is created with.
 pub const QUOTA_GATE: &str = "gpu-admission.io/quota";

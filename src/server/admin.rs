@@ -15,7 +15,7 @@ use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::mig;
 use crate::placement::quantity::Milli;
-use crate::quota::cohort;
+use crate::quota::pool;
 use crate::quota::{ModelAmounts, QuotaView, quota_name};
 
 /// One row of the quota metrics, in GPUs (pods for `queued_pods`).
@@ -85,7 +85,7 @@ fn lent_by_quota(
             members.push(view);
         }
     }
-    cohort::lent_by_quota(&members)
+    pool::lent_by_quota(&members)
 }
 
 pub fn admin_router(state: AppState) -> Router {

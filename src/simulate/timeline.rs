@@ -15,9 +15,10 @@ use std::collections::BinaryHeap;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, Placer, place_with_host};
-use crate::quota::admit::{AdmitRules, QuotaView, UntypedPods};
+use crate::quota::admit::{AdmitRules, UntypedPods};
 use crate::quota::cohort::{self, Borrower, CohortTerms, Pool, Reclaim, Share};
 use crate::quota::queue::{QueueRules, Turn, Waiting, plan};
+use crate::quota::view::QuotaView;
 use crate::quota::{Charge, Costs, ModelAmounts, OnExceed, admit};
 
 use super::replay::{SimNode, SimPod};

@@ -11,8 +11,8 @@ use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::StatusError;
-use crate::quota::cohort;
 use crate::quota::eligible::Charged;
+use crate::quota::pool;
 use crate::quota::{GPUQuota, NamespaceLimits};
 use crate::quota::{
     ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
@@ -245,11 +245,11 @@ impl ClusterState {
             .held_quotas(namespace)
             .map(&view)
             .collect::<Result<_, _>>()?;
-        let cohorts = cohort::cohorts_of(&views);
+        let cohorts = pool::cohorts_of(&views);
         if !cohorts.is_empty() {
             let members = (self.quotas.values()).filter(|h| in_cohorts(&h.crd, &cohorts));
             let members: Vec<QuotaView> = members.map(&view).collect::<Result<_, _>>()?;
-            cohort::attach_pools(&mut views, &members);
+            pool::attach_pools(&mut views, &members);
         }
         Ok(views)
     }

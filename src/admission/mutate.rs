@@ -15,8 +15,8 @@ use serde_json::Value;
 use crate::cache::AnnotationKeys;
 use crate::config::{Config, DEFAULT_SCHEDULER, SchedulerNamePolicy};
 use crate::placement::models::ModelSource;
-use crate::quota::NamespaceLimits;
 use crate::quota::queue::QUOTA_GATE;
+use crate::quota::{ChargedAt, NamespaceLimits};
 
 /// The fields of a pod the mutation sets, and nothing else: the annotations and, when
 /// the pod has a spec, its affinity and scheduler name.
@@ -149,7 +149,7 @@ fn steer(
         if nodes.dra_unlabelled {
             allow_unlabelled(&mut spec.affinity, &config.model_label);
         }
-        if let [model] = wanted.models.as_slice()
+        if let ChargedAt::Admission { model } = ChargedAt::of(&wanted.models)
             && limits.queues(model)
             && pod.spec.as_ref().is_none_or(|s| s.node_name.is_none())
         {

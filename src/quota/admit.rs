@@ -10,6 +10,7 @@ use crate::placement::quantity::Milli;
 use super::NamespaceLimits;
 use super::charge::{Costs, ModelAmounts};
 use super::denial::{Denial, Exceeded, NodeProblem};
+use super::price::ChargedAt;
 use super::view::QuotaView;
 
 /// What admission decided about a GPU pod.
@@ -88,52 +89,54 @@ pub fn admit(
     let allowed: Vec<String> = listed_models(quotas);
     // Only quotas that enforce refuse a model none of them lists (Warn: audit only).
     let enforced = quotas.iter().any(QuotaView::enforces);
+    let not_allowed = |model: &str| enforced && !allowed.iter().any(|a| a == mig::model_of(model));
+    if let ChargedAt::Admission { model } = ChargedAt::of(&wanted.models) {
+        if not_allowed(model) {
+            return Err(Denial::ModelNotAllowed {
+                namespace: namespace.into(),
+                model: model.into(),
+                allowed,
+            });
+        }
+        let charge = costs.on(model);
+        room(quotas, model, &charge).map_err(Denial::Exceeded)?;
+        let over = over_warn_quotas(quotas, model, &charge);
+        return Ok(Charge::Model {
+            model: model.into(),
+            charge,
+            over,
+        });
+    }
+    // Charged at placement: the models allowed that have room are its choices.
     let mut tried = Vec::new();
     let mut with_room = Vec::new();
     let mut over = Vec::new();
-    for model in &wanted.models {
-        if enforced && !allowed.iter().any(|a| a == mig::model_of(model)) {
-            if wanted.models.len() == 1 {
-                return Err(Denial::ModelNotAllowed {
-                    namespace: namespace.into(),
-                    model: model.clone(),
-                    allowed,
-                });
-            }
-            continue;
-        }
+    for model in wanted.models.iter().filter(|m| !not_allowed(m)) {
         let charge = costs.on(model);
         match room(quotas, model, &charge) {
             Ok(()) => {
                 over.extend(over_warn_quotas(quotas, model, &charge));
-                with_room.push((model.clone(), charge));
+                with_room.push(model.clone());
             }
             Err(exceeded) => tried.push(exceeded),
         }
     }
-    match (wanted.models.len(), with_room.len()) {
-        (1, 1) => {
-            let (model, charge) = with_room.remove(0);
-            Ok(Charge::Model {
-                model,
-                charge,
-                over,
-            })
-        }
-        (1, _) => Err(Denial::Exceeded(tried.remove(0))),
-        (_, 0) if tried.is_empty() => Err(Denial::ModelNotAllowed {
+    if !with_room.is_empty() {
+        Ok(Charge::AtPlacement {
+            models: with_room,
+            over,
+        })
+    } else if tried.is_empty() {
+        Err(Denial::ModelNotAllowed {
             namespace: namespace.into(),
             model: wanted.models.join(","),
             allowed,
-        }),
-        (_, 0) => Err(Denial::NoModelHasRoom {
+        })
+    } else {
+        Err(Denial::NoModelHasRoom {
             namespace: namespace.into(),
             tried,
-        }),
-        _ => Ok(Charge::AtPlacement {
-            models: with_room.into_iter().map(|(model, _)| model).collect(),
-            over,
-        }),
+        })
     }
 }
 
@@ -174,7 +177,9 @@ pub fn models_for_arrival(
     }
     match route {
         Arrival::GpuScheduler => Ok(wanted),
-        Arrival::OtherScheduler { .. } if wanted.models.len() < 2 => Ok(wanted),
+        Arrival::OtherScheduler { .. } if !ChargedAt::of(&wanted.models).at_placement() => {
+            Ok(wanted)
+        }
         Arrival::OtherScheduler {
             name,
             gpu_scheduler,

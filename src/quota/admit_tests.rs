@@ -305,16 +305,19 @@ fn usage_counts_live_pods_of_the_namespace_by_charged_model() {
 }
 
 #[test]
-fn charged_model_is_the_only_one_or_the_nodes() {
+fn a_pod_is_charged_by_its_only_model_or_by_its_nodes_label() {
     let one = vec!["T4".to_string()];
     let several = vec!["V100M16".to_string(), "V100M32".to_string()];
-    assert_eq!(charged_model(&one, None), Some("T4"));
-    assert_eq!(charged_model(&several, None), None);
-    assert_eq!(charged_model(&several, Some("V100M32")), Some("V100M32"));
+    assert_eq!(ChargedAt::of(&one).label(None, |m| m), Some("T4"));
+    assert_eq!(ChargedAt::of(&several).label(None, |m| m), None);
+    assert_eq!(
+        ChargedAt::of(&several).label(Some("V100M32"), |m| m),
+        Some("V100M32")
+    );
     // A node of a model the pod does not accept (only around admission): usage is
     // what the pod uses.
-    assert_eq!(charged_model(&several, Some("T4")), Some("T4"));
-    assert_eq!(charged_model(&[], Some("T4")), Some("T4"));
+    assert_eq!(ChargedAt::of(&several).label(Some("T4"), |m| m), Some("T4"));
+    assert_eq!(ChargedAt::of(&[]).label(Some("T4"), |m| m), Some("T4"));
 }
 
 #[test]

@@ -1,14 +1,12 @@
 //! What a pod is charged (docs/design.md, "Quota"), pure: its cost per quota key on a
-//! node label, the label a pending pod is charged by, what a dearer node adds, and a
-//! namespace's usage from its pods.
+//! node label, what a dearer node adds, and a namespace's usage from its pods. When it
+//! is charged, and by which label, is `quota::price`.
 
 use std::collections::BTreeMap;
 
 use crate::placement::GpuRequest;
 use crate::placement::mig::{self, MigResources};
 use crate::placement::quantity::Milli;
-
-use super::NamespaceLimits;
 
 /// GPUs per model, in thousandths of a GPU.
 pub type ModelAmounts = BTreeMap<String, Milli>;
@@ -48,45 +46,6 @@ pub fn charge_on(request: &GpuRequest, label: &str, mig: &MigResources) -> Model
         add(&mig::profile_key(model, &demand.profile), count * 1000);
     }
     charge
-}
-
-/// The node label a pod that wants only `model` is charged by until it is bound (and
-/// what admission charges it): of `labels` (the model labels of the nodes that existed
-/// when it was created), those of `model` that could take it, the one it costs most on
-/// ([`charge_on`]). Whole GPUs (`model` itself) cost the most, and are the charge when
-/// a whole-GPU node of the model is among them or no node of it is; on a cluster whose
-/// GPUs of the model are all cut into slices (single strategy, `<model>-MIG-<profile>`),
-/// the dearest slice. A slice label whose profile the namespace caps takes only pods
-/// that name it, so it does not count here. Placement refuses a node that costs more
-/// than this plus the namespace's room ([`excess`]).
-pub fn pending_label<'a>(
-    request: &GpuRequest,
-    model: &'a str,
-    labels: impl IntoIterator<Item = &'a str>,
-    limits: &NamespaceLimits,
-    mig: &MigResources,
-) -> &'a str {
-    if mig::split_product(model).1.is_some() {
-        return model; // it names a slice label: charged by it
-    }
-    let mut dearest: Option<(&str, u64)> = None;
-    for label in labels {
-        if label == model {
-            return model;
-        }
-        let (of, Some(profile)) = mig::split_product(label) else {
-            continue;
-        };
-        let capped = || limits.profile_caps.contains(&mig::profile_key(of, profile));
-        if of != model || capped() {
-            continue;
-        }
-        let cost = charge_on(request, label, mig).get(model).map_or(0, |m| m.0);
-        if dearest.is_none_or(|(_, most)| cost > most) {
-            dearest = Some((label, cost));
-        }
-    }
-    dearest.map_or(model, |(label, _)| label)
 }
 
 /// What `cost` (a pod's charge on a node) asks beyond `charged` (what it was charged
@@ -176,27 +135,4 @@ pub fn reported_usage(
         .filter(|(key, _)| lists(key) || !(listed.contains(*key) || mig::is_profile_key(key)))
         .map(|(model, amount)| (model.clone(), *amount))
         .collect()
-}
-
-/// The node label a pod is charged by ([`charge_on`]): its only wanted model, else
-/// (several accepted) the label of the node it was placed on, once placed; a pod that
-/// wants a model and is on a single-strategy MIG node of it (`<model>-MIG-<profile>`)
-/// is charged the node's slices. `None`: not charged (yet). A node of a model the pod
-/// does not accept (reachable only around admission, e.g. a node relabelled since)
-/// still charges its model: usage is what pods use.
-pub fn charged_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
-    match (wanted, node_model) {
-        ([only], Some(node)) if node != only && mig::model_of(node) == only => Some(node),
-        _ => admitted_model(wanted, node_model),
-    }
-}
-
-/// The node label a pod was charged by when it was admitted (a pod wanting one model)
-/// or placed (several): what its pending total in the ledger holds, even once it costs
-/// a MIG slice ([`charged_model`]).
-pub fn admitted_model<'a>(wanted: &'a [String], node_model: Option<&'a str>) -> Option<&'a str> {
-    match wanted {
-        [only] => Some(only),
-        _ => node_model,
-    }
 }

@@ -13,6 +13,7 @@ use crate::placement::{GpuRequest, Misfit, NodeGpus};
 
 use super::NamespaceLimits;
 use super::StatusError;
+use super::price::Charged;
 use super::{ModelAmounts, QuotaView, charge_on, excess, room};
 
 /// The namespace's quotas with their usage, when placement read them.
@@ -34,19 +35,6 @@ type KindAnswer = (Option<Arc<str>>, Option<Arc<str>>, Result<(), Misfit>);
 /// Most (model label, pool) answers kept per pod: beyond, each node is asked anew
 /// (a cluster with thousands of labels would make the search the cost).
 const KINDS_KEPT: usize = 64;
-
-/// What a pod is charged, as placement must respect it.
-pub enum Charged {
-    /// No quota applies (none in the namespace): any node's cost is fine.
-    Free,
-    /// The pod accepts several models: charged at placement, for the node's label, so
-    /// the quotas must have room for all of it there.
-    AtPlacement,
-    /// Charged this at admission (one model, by the dearest node label of it that
-    /// existed then): a node that costs more needs the namespace's room for the
-    /// difference (a whole-GPU node added after a slice-charged pod was admitted).
-    Admitted(ModelAmounts),
-}
 
 impl<'a> Eligibility<'a> {
     /// The rules for a pod that wants `wanted`, in a namespace limited by `limits`;

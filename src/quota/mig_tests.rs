@@ -70,11 +70,11 @@ fn single_strategy_gpus_on_a_mig_node_are_slices_of_its_profile() {
     // A pod that wants the model is charged the slice once it is on a slice node.
     let wanted = ["A100-SXM4-40GB".to_string()];
     assert_eq!(
-        charged_model(&wanted, Some("A100-SXM4-40GB-MIG-1g.5gb")),
+        ChargedAt::of(&wanted).label(Some("A100-SXM4-40GB-MIG-1g.5gb"), |m| m),
         Some("A100-SXM4-40GB-MIG-1g.5gb")
     );
     assert_eq!(
-        charged_model(&wanted, Some("Tesla-T4")),
+        ChargedAt::of(&wanted).label(Some("Tesla-T4"), |m| m),
         Some("A100-SXM4-40GB")
     );
 }
@@ -198,4 +198,50 @@ fn excess_is_what_a_node_costs_beyond_the_charge_per_key() {
         excess(&other, &charged),
         amounts(&[("A100-SXM4-40GB/2g.10gb", 1000)])
     );
+}
+
+/// The ledger holds what a pod was surely charged: one that wants a model, its slice
+/// charge by its pending label plus what the whole GPU it landed on costs beyond that;
+/// one that accepts several, nothing until it is bound (the extender may not have
+/// charged it yet), then its node's cost.
+#[test]
+fn the_ledger_holds_the_pending_charge_plus_a_dearer_node_and_a_placed_charge_once_bound() {
+    let mig = MigResources::default();
+    let one = request(&[("nvidia.com/gpu", "1")]);
+    let slice = "A100-SXM4-40GB-MIG-1g.5gb";
+    let wanted = ["A100-SXM4-40GB".to_string()];
+    let at = ChargedAt::of(&wanted);
+    assert_eq!(
+        at.in_ledger(&one, None, false, &mig, |_| slice),
+        Some(amounts(&[
+            ("A100-SXM4-40GB", 142),
+            ("A100-SXM4-40GB/1g.5gb", 1000)
+        ]))
+    );
+    assert_eq!(
+        at.in_ledger(&one, Some("A100-SXM4-40GB"), true, &mig, |_| slice),
+        Some(amounts(&[
+            ("A100-SXM4-40GB", 1000),
+            ("A100-SXM4-40GB/1g.5gb", 1000)
+        ]))
+    );
+    assert_eq!(
+        at.charged(&one, &mig, |_| slice),
+        Charged::Admitted(amounts(&[
+            ("A100-SXM4-40GB", 142),
+            ("A100-SXM4-40GB/1g.5gb", 1000)
+        ]))
+    );
+    let several = ["Tesla-T4".to_string(), "A100-SXM4-40GB".to_string()];
+    let at = ChargedAt::of(&several);
+    assert_eq!(
+        at.in_ledger(&one, Some("Tesla-T4"), false, &mig, |m| m),
+        None
+    );
+    assert_eq!(
+        at.in_ledger(&one, Some("Tesla-T4"), true, &mig, |m| m),
+        Some(amounts(&[("Tesla-T4", 1000)]))
+    );
+    assert_eq!(at.charged(&one, &mig, |m| m), Charged::AtPlacement);
+    assert_eq!(ChargedAt::of(&[]).charged(&one, &mig, |m| m), Charged::Free);
 }

@@ -303,6 +303,7 @@ pub mod legacy;
 mod mig_tests;
 pub mod pending;
 pub mod pool;
+pub mod price;
 pub mod queue;
 #[cfg(test)]
 mod queue_tests;
@@ -314,8 +315,8 @@ pub use admit::{
     models_for_arrival, room,
 };
 pub use charge::{
-    Costs, ModelAmounts, PodCharge, add_charge, admitted_model, charge_on, charged_model, excess,
-    pending_label, reported_usage, usage,
+    Costs, ModelAmounts, PodCharge, add_charge, charge_on, excess, reported_usage, usage,
 };
 pub use denial::{Denial, Exceeded, NodeProblem};
+pub use price::{Charged, ChargedAt, pending_label};
 pub use view::QuotaView;

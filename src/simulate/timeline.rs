@@ -15,6 +15,7 @@ use std::collections::BinaryHeap;
 use crate::placement::models::{ModelSource, WantedModels};
 use crate::placement::quantity::Milli;
 use crate::placement::{Assignment, Placer, place_with_host};
+use crate::quota::ChargedAt;
 use crate::quota::admit::{AdmitRules, UntypedPods};
 use crate::quota::cohort::{self, Borrower, CohortTerms, Pool, Reclaim, Share};
 use crate::quota::queue::{QueueRules, Turn, Waiting, plan};
@@ -267,7 +268,8 @@ impl Replay<'_> {
     /// Whether the pod waits in its namespace's line when the quota has no room: under
     /// `Queue` a pod of one model (others are judged at creation, as under `Deny`).
     fn queued(&self, pod: usize) -> bool {
-        self.mode != QuotaMode::Deny && self.wanted[pod].models.len() == 1
+        let at = ChargedAt::of(&self.wanted[pod].models);
+        self.mode != QuotaMode::Deny && matches!(at, ChargedAt::Admission { .. })
     }
 
     /// No quota of its namespace could ever take the pod (with its cohort, what all

@@ -12,7 +12,7 @@ use crate::dra::slices::{GpuDevice, SliceDevices};
 use crate::dra::{self, CatalogSource, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
 use crate::placement::GpuDemand;
 use crate::placement::models::WantedModels;
-use crate::quota::{ModelAmounts, add_charge, charge_on};
+use crate::quota::{ChargedAt, ModelAmounts, add_charge, charge_on};
 
 use super::super::pod::PodKey;
 use super::{ClusterState, namespace_of};
@@ -294,9 +294,9 @@ impl ClusterState {
         let limits = self.namespace_limits(namespace_of(key));
         let models =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        // One model: the pod was charged for it at admission (a pod accepting several is
-        // charged at placement, by the node the extender picks).
-        let [model] = models else {
+        // A pod accepting several models is charged at placement, by the node the
+        // extender picks: only one charged at admission has a model to look for.
+        let ChargedAt::Admission { model } = ChargedAt::of(models) else {
             return Vec::new();
         };
         let published = self.devices.node_models();

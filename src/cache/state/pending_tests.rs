@@ -13,7 +13,8 @@ use crate::config::Config;
 use crate::placement::models::WantedModels;
 use crate::placement::testing::node;
 use crate::placement::{Misfit, NodeGpus};
-use crate::quota::eligible::{self, Charged, Eligibility};
+use crate::quota::Charged;
+use crate::quota::eligible::{self, Eligibility};
 use crate::quota::{Charge, Denial, admit};
 
 const MODEL: &str = "A100-SXM4-40GB";

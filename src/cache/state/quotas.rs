@@ -11,20 +11,17 @@ use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::StatusError;
-use crate::quota::eligible::Charged;
 use crate::quota::pool;
+use crate::quota::{Charged, ChargedAt, ModelAmounts, QuotaView, charge_on, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
-use crate::quota::{
-    ModelAmounts, QuotaView, add_charge, admitted_model, charge_on, excess, reported_usage,
-};
 
 use super::{ClusterState, Departed, namespace_of, node_model};
 
 impl ClusterState {
-    /// What a pod that wants only `model` is charged before it is bound: its cost on
-    /// the dearest label of that model among the nodes that existed when it was created
-    /// (`quota::pending_label`; a node added later does not lower it, and
-    /// placement refuses a node that costs more than this plus the namespace's room).
+    /// The label a pod that wants only `model` is charged by before it is bound: the
+    /// dearest label of that model among the nodes that existed when it was created
+    /// (`quota::pending_label`; a node added later does not lower it, and placement
+    /// refuses a node that costs more than this plus the namespace's room).
     pub fn pending_label<'a>(
         &'a self,
         request: &crate::placement::GpuRequest,
@@ -36,10 +33,19 @@ impl ClusterState {
         crate::quota::pending_label(request, model, labels, limits, self.tally.mig())
     }
 
+    /// [`pending_label`](Self::pending_label) for a pod asking `request`, created at
+    /// `created`, in a namespace limited by `limits`: what [`ChargedAt`] asks for.
+    fn pending<'a>(
+        &'a self,
+        request: &'a crate::placement::GpuRequest,
+        created: i64,
+        limits: &'a NamespaceLimits,
+    ) -> impl FnOnce(&'a str) -> &'a str {
+        move |model| self.pending_label(request, model, created, limits)
+    }
+
     /// What a pod created at `created` (unix seconds) costs on each model it wants, as
-    /// admission charges it: a pod that wants one model, by its
-    /// [`pending_label`](Self::pending_label); one that accepts several is charged at
-    /// placement, on its node's label.
+    /// admission charges it ([`ChargedAt::costs`]).
     pub fn admission_costs(
         &self,
         request: &crate::placement::GpuRequest,
@@ -47,21 +53,13 @@ impl ClusterState {
         created: i64,
         limits: &NamespaceLimits,
     ) -> crate::quota::Costs {
-        let mig = self.tally.mig();
-        match wanted {
-            [only] => {
-                let label = self.pending_label(request, only, created, limits);
-                let charge = charge_on(request, label, mig);
-                crate::quota::Costs::single(only.clone(), charge)
-            }
-            _ => crate::quota::Costs::of(request, wanted, mig),
-        }
+        let pending = self.pending(request, created, limits);
+        ChargedAt::of(wanted).costs(request, self.tally.mig(), pending)
     }
 
     /// What a pod of a namespace limited by `limits` that wants `wanted` and asks
-    /// `request` was charged, for placement to respect ([`Charged`]): nothing without a
-    /// quota, its cost by its [`pending_label`](Self::pending_label) when it wants one
-    /// model, at placement when it accepts several. `created`: its creation second.
+    /// `request` was charged, for placement to respect: nothing without a quota, else
+    /// [`ChargedAt::charged`]. `created`: its creation second.
     pub fn charged(
         &self,
         limits: &NamespaceLimits,
@@ -72,14 +70,8 @@ impl ClusterState {
         if !limits.has_quota {
             return Charged::Free;
         }
-        match wanted.models.as_slice() {
-            [only] => {
-                let label = self.pending_label(request, only, created, limits);
-                Charged::Admitted(charge_on(request, label, self.tally.mig()))
-            }
-            [] => Charged::Free,
-            _ => Charged::AtPlacement,
-        }
+        let pending = self.pending(request, created, limits);
+        ChargedAt::of(&wanted.models).charged(request, self.tally.mig(), pending)
     }
 
     /// Bring the usage tally's charge of pod `key` up to date.
@@ -111,22 +103,14 @@ impl ClusterState {
         }
     }
 
-    /// The node label `pod` is charged by now: its node's, else, for a pod that wants
-    /// one model, the [`pending_label`](Self::pending_label) it was admitted by.
+    /// The node label `pod` is charged by now ([`ChargedAt::label`]).
     pub(super) fn charge_label(&self, namespace: &str, pod: &CachedPod) -> Option<String> {
-        if let Some(model) = node_model(&self.nodes, pod) {
-            return Some(model.to_string());
-        }
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        match wanted {
-            [only] => Some(
-                self.pending_label(&pod.request, only, pod.created, limits)
-                    .to_string(),
-            ),
-            _ => None,
-        }
+        let pending = self.pending(&pod.request, pod.created, limits);
+        let label = ChargedAt::of(wanted).label(node_model(&self.nodes, pod), pending);
+        label.map(str::to_string)
     }
 
     /// Stop charging the pods being deleted whose grace period has passed by `now`
@@ -294,32 +278,19 @@ impl ClusterState {
         self.tally.usage(namespace)
     }
 
-    /// What a pod was surely charged at admission or binding, per quota key: a pod
-    /// that wants one model, or a bound one (a merely annotated multi-model pod may
-    /// not have been charged yet).
+    /// What a pod was surely charged at admission or binding, per quota key
+    /// ([`ChargedAt::in_ledger`]); nothing for a pod still waiting in the quota queue.
     pub(super) fn admitted_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        if !(wanted.len() == 1 || pod.bound) || pod.created == 0 || pod.gated {
+        if pod.created == 0 || pod.gated {
             return None;
         }
-        let mig = self.tally.mig();
         let node = node_model(&self.nodes, pod);
-        match wanted {
-            // Admission charged it by the nodes that existed when it was created, and
-            // placement what a dearer node costs beyond that (`quota::excess`).
-            [only] => {
-                let label = self.pending_label(&pod.request, only, pod.created, limits);
-                let mut charge = charge_on(&pod.request, label, mig);
-                if let Some(node) = node.filter(|n| *n != label) {
-                    let beyond = excess(&charge_on(&pod.request, node, mig), &charge);
-                    add_charge(&mut charge, &beyond);
-                }
-                Some(charge)
-            }
-            _ => Some(charge_on(&pod.request, admitted_model(wanted, node)?, mig)),
-        }
+        let pending = self.pending(&pod.request, pod.created, limits);
+        let mig = self.tally.mig();
+        ChargedAt::of(wanted).in_ledger(&pod.request, node, pod.bound, mig, pending)
     }
 
     /// How MIG slices are charged (`resources.mig`); set once, before any pod arrives.

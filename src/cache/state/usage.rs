@@ -15,10 +15,9 @@ use std::sync::Arc;
 use foldhash::HashMap;
 
 use crate::placement::MigResources;
-use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::NamespaceLimits;
-use crate::quota::{ModelAmounts, charge_on, charged_model};
+use crate::quota::{ModelAmounts, charge_on};
 
 use super::super::pod::{CachedPod, PodKey};
 
@@ -95,29 +94,20 @@ impl Tally {
     }
 
     /// Charge `key` (a pod of `namespace`) for what it is at `now` (unix seconds): `pod`
-    /// is `None` once it is gone, `node_model` the model label of the node it is on, if
-    /// known.
+    /// is `None` once it is gone, `label` the node label it is charged by
+    /// (`ChargedAt::label`; `None`: not charged yet).
     pub(super) fn recharge(
         &mut self,
         key: &PodKey,
         namespace: &str,
         pod: Option<&CachedPod>,
-        node_model: Option<&str>,
+        label: Option<&str>,
         now: i64,
     ) {
-        let limits = self.limits.get(namespace).unwrap_or(&NO_LIMITS);
         // A pod waiting in the quota queue is charged when it is let go, not before.
         let now = pod
             .filter(|pod| pod.charged_at(now) && !pod.gated)
-            .and_then(|pod| {
-                let wanted = WantedModels::resolve(
-                    &pod.models,
-                    limits.default_type.as_ref(),
-                    &limits.models,
-                );
-                let label = charged_model(wanted, node_model)?;
-                Some(charge_on(&pod.request, label, &self.mig))
-            });
+            .and_then(|pod| Some(charge_on(&pod.request, label?, &self.mig)));
         self.set_charge(key, namespace, now);
     }
 

@@ -16,8 +16,8 @@ use crate::config::Config;
 use crate::placement::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::testing::node;
+use crate::quota::{ChargedAt, ModelAmounts, PodCharge, charge_on, usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
-use crate::quota::{ModelAmounts, PodCharge, charge_on, charged_model, usage};
 
 const NAMESPACES: [&str; 3] = ["team-a", "team-b", "team-c"];
 const NODES: [&str; 4] = ["n0", "n1", "n2", "n3"];
@@ -39,7 +39,8 @@ fn recount(state: &ClusterState, namespace: &str) -> ModelAmounts {
         let mig = MigResources::default();
         PodCharge {
             namespace,
-            charge: charged_model(wanted, node_model)
+            charge: ChargedAt::of(wanted)
+                .label(node_model, |m| m)
                 .map(|label| charge_on(&pod.request, label, &mig))
                 .unwrap_or_default(),
             live: pod.charged_at(crate::quota::pending::now_second()),

@@ -35,11 +35,8 @@ use crate::cache::pod::key_parts;
 use crate::cache::{
     CacheError, CachedPod, ClusterCache, ClusterState, PodKey, Projection, Subject,
 };
-use crate::placement::quantity::Milli;
-use crate::quota::GPUQuota;
-use crate::quota::StatusError;
 use crate::quota::pending::{ChargeId, CreatedSecond};
-use crate::quota::{Charge, ModelAmounts, QuotaView, admit};
+use crate::quota::{Charge, ModelAmounts};
 
 pub use quota_writer::{Ask, ChargeError, ChargeOutcome, QuotaWriter};
 
@@ -229,34 +226,6 @@ impl Backend {
         }
     }
 
-    /// The namespace's quotas with their usage: in API mode as `GPUQuota.status` says
-    /// (what every replica charges against), offline counted from the cached pods.
-    pub fn quota_views(
-        &self,
-        state: &ClusterState,
-        namespace: &str,
-    ) -> Result<Vec<QuotaView>, StatusError> {
-        match self.mode {
-            Mode::Api { .. } => state.recorded_quota_views(namespace),
-            Mode::Offline => state.quota_views(namespace),
-        }
-    }
-
-    /// What `quota` reports as used (its metrics): its status in API mode, the cached
-    /// pods' usage offline.
-    pub fn quota_used(&self, state: &ClusterState, quota: &GPUQuota) -> ModelAmounts {
-        match self.mode {
-            Mode::Api { .. } => {
-                let status = quota.status.iter().flat_map(|s| &s.used);
-                let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
-                    Milli::parse(&q.0).unwrap_or_default()
-                };
-                status.map(|(model, q)| (model.clone(), parse(q))).collect()
-            }
-            Mode::Offline => state.quota_usage(quota),
-        }
-    }
-
     /// Decide `ask` for an object in `namespace` and, when it is charged, make the
     /// charge stick before answering: in API mode written to the GPUQuota ledger;
     /// offline, `join` adds the object to the cluster under the lock the decision was
@@ -271,20 +240,18 @@ impl Backend {
             Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
             Mode::Offline => self.cache.with_state(|state| {
                 state.expire_deletions(crate::quota::pending::now_second());
-                let views = state.quota_views(namespace)?;
-                Ok(
-                    match admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules) {
-                        Err(denial) => ChargeOutcome::Denied(denial),
-                        Ok(charge) => {
-                            if !ask.dry_run {
-                                join(state, &charge);
-                            }
-                            ChargeOutcome::Charged {
-                                over: charge.into_over(),
-                            }
+                let quota = state.namespace_quota(namespace);
+                Ok(match quota.admit(&ask.wanted, &ask.costs, ask.rules)? {
+                    Err(denial) => ChargeOutcome::Denied(denial),
+                    Ok(charge) => {
+                        if !ask.dry_run {
+                            join(state, &charge);
                         }
-                    },
-                )
+                        ChargeOutcome::Charged {
+                            over: charge.into_over(),
+                        }
+                    }
+                })
             }),
         }
     }

@@ -195,7 +195,7 @@ impl Releaser {
         let now = now_second();
         let recent = self.recent_keys();
         let planned = self.backend.cache().with_state(|state| {
-            let views = self.backend.quota_views(state, namespace)?;
+            let views = state.namespace_quota(namespace).views()?;
             let max_pass_over = self.rules.max_pass_over;
             let mut waiting = state.waiting_line(namespace, now, max_pass_over, LINE_HEAD);
             waiting.retain(|w| !recent.contains(&w.key));

@@ -20,7 +20,10 @@ use crate::config::Config;
 use crate::placement::{NodeLabels, ResourceNames};
 
 pub use pod::{AnnotationKeys, CachedPod, PodKey, pod_key};
-pub use state::{Candidates, ClusterState, FilterDecision, Held, PlanError, Reservation, Subject};
+pub use state::{
+    Candidates, ClusterState, FilterDecision, Held, Ledger, NamespaceQuota, PlanError, Reservation,
+    Subject,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -79,8 +82,10 @@ struct Inner {
 }
 
 impl ClusterCache {
-    fn new(projection: Projection, ready: bool) -> Self {
+    /// A cache for the run mode its `ledger` says: `Recorded` in API mode.
+    fn new(projection: Projection, ready: bool, ledger: Ledger) -> Self {
         let mut state = ClusterState::default();
+        state.set_ledger(ledger);
         state.set_mig(projection.names.mig.clone());
         state.set_dra(projection.dra.clone());
         state.set_gpu_resources(projection.names.whole_gpu.clone());
@@ -98,7 +103,7 @@ impl ClusterCache {
 
     /// Offline mode: the YAML file is the cluster. Ready at once.
     pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
-        let cache = Self::new(projection, true);
+        let cache = Self::new(projection, true, Ledger::Counted);
         let objects = offline::load(path, &cache.inner.projection)?;
         cache.with_state(|state| objects.apply(state));
         Ok(cache)
@@ -106,7 +111,7 @@ impl ClusterCache {
 
     /// An empty offline cache (tests and benchmarks fill it through `with_state`).
     pub fn in_memory(projection: Projection) -> Self {
-        Self::new(projection, true)
+        Self::new(projection, true, Ledger::Counted)
     }
 
     /// API mode: returns the cache (not ready until every watch has listed once) and the
@@ -116,7 +121,7 @@ impl ClusterCache {
         projection: Projection,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()>) {
-        let cache = Self::new(projection, false);
+        let cache = Self::new(projection, false, Ledger::Recorded);
         let run = watch::run(cache.clone(), client, shutdown);
         (cache, run)
     }

@@ -22,6 +22,7 @@ use super::pod::{CachedPod, PodKey};
 use quotas::HeldQuota;
 
 pub use holds::{Candidates, FilterDecision, HOLD_TTL, Held, PlanError, Reservation, Subject};
+pub use namespace_quota::{Ledger, NamespaceQuota};
 
 /// How long a reservation the watch has not confirmed survives a relist without the pod.
 const RESERVATION_TTL: Duration = Duration::from_secs(120);
@@ -88,6 +89,8 @@ pub struct ClusterState {
     slots: u32,
     /// Placement's evaluations of nodes, by node slot and version.
     memo: PlacementMemo,
+    /// Whose usage the quotas' views count.
+    ledger: Ledger,
 }
 
 /// A pod created within `PENDING_TTL` that has left, and the charge it was counted with.
@@ -187,6 +190,7 @@ pub mod claims;
 pub mod evaluation;
 mod holds;
 mod index;
+mod namespace_quota;
 #[cfg(test)]
 mod pending_tests;
 mod queue;

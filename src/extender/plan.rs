@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::backend::{Ask, Backend, ChargeOutcome, WriteError};
 use crate::cache::pod::key_parts;
 use crate::cache::{
-    AnnotationKeys, CachedPod, Candidates, ClusterState, FilterDecision, PlanError, PodKey,
+    AnnotationKeys, CachedPod, Candidates, FilterDecision, NamespaceQuota, PlanError, PodKey,
     Reservation, Subject,
 };
 use crate::config::Config;
@@ -58,19 +58,18 @@ pub(super) struct Refusal {
     pub charged: bool,
 }
 
-/// The rules a node must pass for a pod of `namespace` wanting `wanted`: its quota's
-/// chain (model, pool, profile caps, room), with the usage read from the backend only
-/// when some node's cost may call for it (most pods: never, the hot path).
+/// The rules a node must pass for a pod that wants `wanted`: its namespace's quota
+/// chain (model, pool, profile caps, room), with the usage read only when some node's
+/// cost may call for it (most pods: never, the hot path). `limits`: a copy of the
+/// quota's, as the rules are asked while the cache changes.
 pub(super) fn eligibility<'a>(
-    backend: &Backend,
-    state: &ClusterState,
-    (namespace, limits): (&str, &'a NamespaceLimits),
+    (quota, limits): (NamespaceQuota<'_>, &'a NamespaceLimits),
     wanted: WantedModels,
     (request, created): (&GpuRequest, i64),
     mig: &'a MigResources,
 ) -> Eligibility<'a> {
-    let charged = state.charged(limits, &wanted, request, created);
-    let views = needs_views(&charged).then(|| backend.quota_views(state, namespace));
+    let charged = quota.charged(&wanted, request, created);
+    let views = needs_views(&charged).then(|| quota.views());
     Eligibility::new(limits, wanted, charged, mig, views)
 }
 
@@ -88,20 +87,20 @@ pub(super) fn plan(
     let cache = backend.cache();
     let mig = &cache.projection().names.mig;
     cache.with_state(|state| {
-        // Kept current as quotas change (not rebuilt from every quota per call); a copy,
-        // as the state is changed below.
-        let limits = state.namespace_limits(&namespace).clone();
         let held = state.take_subject(&key, subject)?;
         // The pod as the cluster has it decides what it wants and was charged.
         let pod = state.pod(&key);
         let uid = pod.map(|p| p.uid.to_string()).unwrap_or_default();
-        let default = limits.default_type.as_deref();
-        let own = pod.map(|p| p.models.as_slice()).unwrap_or_default();
-        let wanted = WantedModels::of_own(own, default, &limits.models);
         let request = pod.map(|p| p.request.clone()).unwrap_or_default();
         let created = pod.map_or(0, |p| p.created);
-        let scope = (namespace.as_str(), &limits);
-        let eligibility = eligibility(backend, state, scope, wanted, (&request, created), mig);
+        let quota = state.namespace_quota(&namespace);
+        let own = pod.map(|p| p.models.as_slice()).unwrap_or_default();
+        let wanted = quota.wanted(own);
+        // Kept current as quotas change (not rebuilt from every quota per call); a copy,
+        // as the state is changed below.
+        let limits = quota.limits.clone();
+        let scope = (quota, &limits);
+        let eligibility = eligibility(scope, wanted, (&request, created), mig);
         let choice = Choice {
             placer: &placer,
             eligibility: &eligibility,

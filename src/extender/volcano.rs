@@ -47,8 +47,8 @@ pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> Pre
         .filter(|(key, _)| *key != own)
         .collect();
     cache.with_state(|state| {
-        let limits = state.namespace_limits(namespace);
-        let wanted = config.wanted_models(&args.pod, limits);
+        let quota = state.namespace_quota(namespace);
+        let wanted = config.wanted_models(&args.pod, quota.limits);
         let Some(cached) = state.node(&args.node_name) else {
             return respond(
                 UNSCHEDULABLE,
@@ -77,8 +77,8 @@ pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> Pre
             None => created_second(&args.pod),
         };
         let mig = &projection.names.mig;
-        let scope = (namespace, limits);
-        let eligibility = eligibility(backend, state, scope, wanted, (&request, created), mig);
+        let scope = (quota, quota.limits);
+        let eligibility = eligibility(scope, wanted, (&request, created), mig);
         let verdict = eligibility
             .admits(node, &request)
             .and_then(|()| fit(node, &request).map(drop));

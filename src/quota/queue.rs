@@ -13,6 +13,7 @@
 //! behind an overdue pod that wants one of its models is let go before it is. Room that
 //! frees up then accumulates for it, so no pod waits forever behind younger ones.
 
+use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use crate::placement::models::WantedModels;
@@ -120,21 +121,52 @@ fn is_overdue(pod: &Waiting, now: i64, max_pass_over: i64) -> bool {
     now.saturating_sub(pod.created) >= max_pass_over
 }
 
-/// Sort into line order: overdue pods first, oldest first; then by priority (higher
-/// first), age (older first) and key.
+/// Where a waiting pod stands in its namespace's line: overdue pods first, oldest
+/// first; then the rest by priority (higher first), age (older first) and key. The one
+/// line order: [`line_up`] sorts by it, and the cache's index keeps its lines in it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LinePlace<K> {
+    Overdue {
+        created: i64,
+        key: K,
+    },
+    OnTime {
+        priority: Reverse<i32>,
+        created: i64,
+        key: K,
+    },
+}
+
+impl<K> LinePlace<K> {
+    pub fn of(priority: i32, created: i64, key: K, overdue: bool) -> Self {
+        match overdue {
+            true => LinePlace::Overdue { created, key },
+            false => LinePlace::OnTime {
+                priority: Reverse(priority),
+                created,
+                key,
+            },
+        }
+    }
+
+    pub fn created(&self) -> i64 {
+        match self {
+            LinePlace::Overdue { created, .. } | LinePlace::OnTime { created, .. } => *created,
+        }
+    }
+
+    pub fn key(&self) -> &K {
+        match self {
+            LinePlace::Overdue { key, .. } | LinePlace::OnTime { key, .. } => key,
+        }
+    }
+}
+
+/// Sort into line order ([`LinePlace`]) for second `now`.
 pub fn line_up(waiting: &mut [Waiting], now: i64, max_pass_over: i64) {
-    waiting.sort_by(|a, b| {
-        let (a_due, b_due) = (
-            is_overdue(a, now, max_pass_over),
-            is_overdue(b, now, max_pass_over),
-        );
-        b_due
-            .cmp(&a_due)
-            .then_with(|| match a_due {
-                true => std::cmp::Ordering::Equal,
-                false => b.priority.cmp(&a.priority),
-            })
-            .then_with(|| a.created.cmp(&b.created))
-            .then_with(|| a.key.cmp(&b.key))
-    });
+    fn place(pod: &Waiting, now: i64, max_pass_over: i64) -> LinePlace<&str> {
+        let overdue = is_overdue(pod, now, max_pass_over);
+        LinePlace::of(pod.priority, pod.created, pod.key.as_str(), overdue)
+    }
+    waiting.sort_by(|a, b| place(a, now, max_pass_over).cmp(&place(b, now, max_pass_over)));
 }

@@ -10,7 +10,6 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use super::AppState;
-use crate::backend::Backend;
 use crate::cache::ClusterState;
 use crate::metrics::{KindLabels, QuotaLabels};
 use crate::placement::mig;
@@ -32,16 +31,16 @@ struct QuotaRow {
 /// A row for every model of every GPUQuota, and for models no quota of the namespace
 /// lists that pods use anyway (hard 0). Used is the status (the ledger) in API mode, and
 /// counted from the pods offline; queued is what waits in the quota queue.
-fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
+fn quota_rows(state: &ClusterState) -> Vec<QuotaRow> {
     let gpus = |m: Milli| m.0 as f64 / 1000.0;
     let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
         Milli::parse(&q.0).unwrap_or_default()
     };
     let mut rows = Vec::new();
-    let lent = lent_by_quota(backend, state);
+    let lent = lent_by_quota(state);
     for quota in state.quotas() {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
-        let used: ModelAmounts = backend.quota_used(state, quota);
+        let used: ModelAmounts = state.quota_used(quota);
         let lent = lent.get(&quota_name(quota));
         let queued = state.queued_usage(&namespace);
         let queued_pods = state.queued_pods(&namespace);
@@ -74,14 +73,11 @@ fn quota_rows(backend: &Backend, state: &ClusterState) -> Vec<QuotaRow> {
 
 /// What each GPUQuota of a cohort lends now (`quota::cohort::lent`), by quota name, from
 /// the same usage its `used` metric shows.
-fn lent_by_quota(
-    backend: &Backend,
-    state: &ClusterState,
-) -> std::collections::HashMap<String, ModelAmounts> {
+fn lent_by_quota(state: &ClusterState) -> std::collections::HashMap<String, ModelAmounts> {
     let mut members: Vec<QuotaView> = Vec::new();
     for quota in state.quotas().filter(|q| q.spec.cohort.is_some()) {
         if let Ok(mut view) = QuotaView::from_crd(quota) {
-            view.used = backend.quota_used(state, quota);
+            view.used = state.quota_used(quota);
             members.push(view);
         }
     }
@@ -139,7 +135,7 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         (
             s.node_count(),
             s.pod_count(),
-            quota_rows(&state.backend, s),
+            quota_rows(s),
             mix.cluster_fragmentation(s.nodes()),
         )
     });

@@ -287,3 +287,34 @@ fn a_pod_being_deleted_stays_charged_until_its_grace_period_has_passed() {
         "a pod that is gone is not charged"
     );
 }
+
+/// A namespace's quota picture counts usage as the cache's ledger says: the status the
+/// API server holds (API mode), or the pods the cache holds (offline); the quota's
+/// `used` metric says the same.
+#[test]
+fn the_namespace_quota_counts_usage_as_its_ledger_says() {
+    let spec = json!({"hard": {"Tesla-T4": "4"}});
+    let status = json!({"used": {"Tesla-T4": "3"}});
+    let quota = gpu_quota("team-a", "1", spec, status);
+    let mut state = ClusterState::default();
+    state.apply_node(node("n", 4, 4));
+    state.apply_quota(quota.clone());
+    let pod = init_only("p"); // 4 GPUs on node n, which has no model label
+    let mut cached = cached(&pod);
+    cached.models = vec!["Tesla-T4".into()];
+    state.apply_pod(pod_key(&pod), cached);
+    let used = |state: &ClusterState| {
+        let views = state.namespace_quota("team-a").views().unwrap();
+        (
+            views[0].used.get("Tesla-T4").map(|m| m.0),
+            state.quota_used(&quota).get("Tesla-T4").map(|m| m.0),
+        )
+    };
+    assert_eq!(used(&state), (Some(4000), Some(4000)), "offline: the pods");
+    state.set_ledger(super::Ledger::Recorded);
+    assert_eq!(
+        used(&state),
+        (Some(3000), Some(3000)),
+        "API mode: the status"
+    );
+}

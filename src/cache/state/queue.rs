@@ -3,16 +3,14 @@
 //! releaser reads the head of a line (never the whole of a long one, under the lock) and
 //! the status and metrics read the totals.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use foldhash::HashMap;
 
-use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::ModelAmounts;
-use crate::quota::queue::Waiting;
+use crate::quota::queue::{LinePlace, Waiting};
 
 use super::super::pod::{CachedPod, PodKey};
 use super::{ClusterState, namespace_of};
@@ -30,10 +28,11 @@ struct Place {
 #[derive(Debug, Default)]
 struct Line {
     pods: HashMap<PodKey, Place>,
-    /// The line without overdue pods: higher priority first, then older, then key.
-    by_priority: BTreeSet<(Reverse<i32>, i64, PodKey)>,
-    /// Oldest first: overdue pods are a prefix of it.
-    by_age: BTreeSet<(i64, PodKey)>,
+    /// Every pod as if none were overdue, in line order ([`LinePlace::OnTime`]).
+    by_priority: BTreeSet<LinePlace<PodKey>>,
+    /// Every pod as if all were overdue, in line order ([`LinePlace::Overdue`]): those
+    /// that are overdue are a prefix of it.
+    by_age: BTreeSet<LinePlace<PodKey>>,
     /// GPUs per quota key the waiting pods would be charged, and how many pods.
     totals: BTreeMap<Arc<str>, (u128, usize)>,
 }
@@ -59,9 +58,9 @@ impl WaitingIndex {
             shares.push((model, amount.0));
         }
         let (priority, created) = (pod.priority, pod.created);
-        line.by_priority
-            .insert((Reverse(priority), created, key.clone()));
-        line.by_age.insert((created, key.clone()));
+        let place = |overdue| LinePlace::of(priority, created, key.clone(), overdue);
+        line.by_priority.insert(place(false));
+        line.by_age.insert(place(true));
         let charge = shares.into_boxed_slice();
         let place = Place {
             priority,
@@ -79,9 +78,11 @@ impl WaitingIndex {
         let Some((key, place)) = line.pods.remove_entry(key) else {
             return;
         };
+        let (priority, created) = (place.priority, place.created);
         line.by_priority
-            .remove(&(Reverse(place.priority), place.created, key.clone()));
-        line.by_age.remove(&(place.created, key));
+            .remove(&LinePlace::of(priority, created, key.clone(), false));
+        line.by_age
+            .remove(&LinePlace::of(priority, created, key, true));
         for (model, amount) in place.charge {
             if let Some(total) = line.totals.get_mut(&model) {
                 total.0 = total.0.saturating_sub(u128::from(amount));
@@ -102,20 +103,10 @@ impl WaitingIndex {
         let Some(line) = self.0.get(namespace) else {
             return Vec::new();
         };
-        let overdue = line
-            .by_age
-            .iter()
-            .take_while(|(created, _)| *created <= overdue_by);
-        let rest = line
-            .by_priority
-            .iter()
-            .filter(|(_, created, _)| *created > overdue_by);
-        let overdue = overdue.map(|(_, key)| key);
-        overdue
-            .chain(rest.map(|(_, _, key)| key))
-            .take(limit)
-            .cloned()
-            .collect()
+        let overdue = (line.by_age.iter()).take_while(|place| place.created() <= overdue_by);
+        let rest = (line.by_priority.iter()).filter(|place| place.created() > overdue_by);
+        let keys = overdue.chain(rest).map(LinePlace::key);
+        keys.take(limit).cloned().collect()
     }
 }
 
@@ -143,12 +134,11 @@ impl ClusterState {
         let keys = self
             .waiting
             .head(namespace, now.saturating_sub(max_pass_over), limit);
-        let limits = self.namespace_limits(namespace);
+        let quota = self.namespace_quota(namespace);
         let pods = keys.iter().filter_map(|key| Some((key, self.pod(key)?)));
         pods.map(|(key, pod)| {
-            let default = limits.default_type.as_deref();
-            let wanted = WantedModels::of_own(&pod.models, default, &limits.models);
-            let costs = self.admission_costs(&pod.request, &wanted.models, now, limits);
+            let wanted = quota.wanted(&pod.models);
+            let costs = quota.costs(&pod.request, &wanted.models, now);
             Waiting {
                 key: key.to_string(),
                 uid: pod.uid.to_string(),

@@ -1,0 +1,106 @@
+//! A namespace's quota picture, read from the cache for one decision (docs/design.md,
+//! "Quota"): what its quotas say about where its pods go, what a pod is charged
+//! (`quota::price`), and its quotas with their usage as the ledger counts it. Admission
+//! (pods and claims), placement (the extender's verbs and Volcano's), the quota queue
+//! and offline charging all build one [`NamespaceQuota`] and ask it.
+
+use crate::placement::GpuRequest;
+use crate::placement::models::WantedModels;
+use crate::quota::{
+    AdmitRules, Charge, Charged, Costs, Denial, GPUQuota, ModelAmounts, NamespaceLimits, QuotaView,
+    StatusError, admit,
+};
+
+use super::ClusterState;
+
+/// Whose count of usage a quota's view holds: decided once, when the cache is made for
+/// its run mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Ledger {
+    /// `GPUQuota.status` (API mode): the ledger every replica charges against.
+    Recorded,
+    /// The pods this cache holds (offline: the file is the cluster).
+    #[default]
+    Counted,
+}
+
+/// One namespace's quota picture, borrowed from the cache under its lock.
+#[derive(Clone, Copy)]
+pub struct NamespaceQuota<'a> {
+    state: &'a ClusterState,
+    pub namespace: &'a str,
+    pub limits: &'a NamespaceLimits,
+}
+
+impl ClusterState {
+    /// The quota picture of `namespace`, for one decision.
+    pub fn namespace_quota<'a>(&'a self, namespace: &'a str) -> NamespaceQuota<'a> {
+        NamespaceQuota {
+            state: self,
+            namespace,
+            limits: self.namespace_limits(namespace),
+        }
+    }
+
+    /// Say whose usage the quotas' views count ([`Ledger`]); set once, before use.
+    pub(crate) fn set_ledger(&mut self, ledger: Ledger) {
+        self.ledger = ledger;
+    }
+
+    /// What `quota` reports as used (its metrics): its status in API mode, the cached
+    /// pods' usage offline.
+    pub fn quota_used(&self, quota: &GPUQuota) -> ModelAmounts {
+        match self.ledger {
+            Ledger::Recorded => {
+                let status = quota.status.iter().flat_map(|s| &s.used);
+                let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+                    crate::placement::quantity::Milli::parse(&q.0).unwrap_or_default()
+                };
+                status.map(|(model, q)| (model.clone(), parse(q))).collect()
+            }
+            Ledger::Counted => self.quota_usage(quota),
+        }
+    }
+}
+
+impl<'a> NamespaceQuota<'a> {
+    /// The models a pod that names `own` (its own annotation's models, possibly none)
+    /// wants: the quotas' default and list applied.
+    pub fn wanted(&self, own: &[String]) -> WantedModels {
+        let default = self.limits.default_type.as_deref();
+        WantedModels::of_own(own, default, &self.limits.models)
+    }
+
+    /// What a pod asking `request` that wants `wanted`, created in second `created`,
+    /// costs on each model it may be charged to at admission ([`ChargedAt::costs`]).
+    pub fn costs(&self, request: &GpuRequest, wanted: &[String], created: i64) -> Costs {
+        self.state
+            .admission_costs(request, wanted, created, self.limits)
+    }
+
+    /// What such a pod was charged, for placement to respect ([`Charged`]).
+    pub fn charged(&self, wanted: &WantedModels, request: &GpuRequest, created: i64) -> Charged {
+        self.state.charged(self.limits, wanted, request, created)
+    }
+
+    /// The namespace's quotas with their usage as the [`Ledger`] counts it, with their
+    /// cohorts' pools.
+    pub fn views(&self) -> Result<Vec<QuotaView>, StatusError> {
+        match self.state.ledger {
+            Ledger::Recorded => self.state.recorded_quota_views(self.namespace),
+            Ledger::Counted => self.state.quota_views(self.namespace),
+        }
+    }
+
+    /// Whether the quotas, with their usage now, admit a pod that wants `wanted` at
+    /// `costs` ([`admit`]).
+    pub fn admit(
+        &self,
+        wanted: &WantedModels,
+        costs: &Costs,
+        rules: AdmitRules,
+    ) -> Result<Result<Charge, Denial>, StatusError> {
+        let views = self.views()?;
+        Ok(admit(self.namespace, &views, wanted, costs, rules))
+    }
+}

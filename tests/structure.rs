@@ -358,3 +358,23 @@ fn the_sibling_scan_sees_imports_through_groups_and_re_exports() {
     .into();
     assert_eq!(find_cycle(&cycle).unwrap(), ["a", "b", "a"]);
 }
+
+/// The pure core (`placement`, `quota`, `dra`) runs no async code, serves no HTTP and
+/// calls no API: it names no runtime, server or client (kube's derives and resource
+/// traits for its own types are fine).
+#[test]
+fn the_pure_core_names_no_runtime_server_or_client() {
+    let forbidden = [
+        "tokio", "axum", "hyper", "reqwest", "async ", ".await", "kube::Client", "kube::Api",
+        "kube::runtime", "crate::api_client",
+    ];
+    let found: Vec<String> = production_sources()
+        .into_iter()
+        .filter(|(rel, _)| ["placement", "quota", "dra"].contains(&module_of(rel)))
+        .flat_map(|(rel, text)| {
+            let named = forbidden.iter().filter(|word| text.contains(*word));
+            named.map(|word| format!("{rel}: {word}")).collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(found.is_empty(), "the pure core names {found:?}");
+}

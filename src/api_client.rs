@@ -82,7 +82,7 @@ struct Deadline<S> {
 /// The error of a request cut by [`Deadline`].
 #[derive(Debug, thiserror::Error)]
 #[error("the API server did not answer within {0:?}")]
-pub(crate) struct NoAnswer(Duration);
+struct NoAnswer(Duration);
 
 /// An answer's body, bounded or not.
 type AnswerBody = UnsyncBoxBody<Bytes, BoxError>;

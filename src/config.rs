@@ -117,10 +117,10 @@ pub struct ReclaimConfig {
 
 /// `reclaim.timeoutSeconds` and `reclaim.maxGraceSeconds` when the configuration does not
 /// say: with them a lender's pod runs within two minutes (docs/quota.md).
-pub(crate) const DEFAULT_RECLAIM_TIMEOUT_SECONDS: u32 = 45;
-pub(crate) const DEFAULT_RECLAIM_MAX_GRACE_SECONDS: u32 = 30;
+const DEFAULT_RECLAIM_TIMEOUT_SECONDS: u32 = 45;
+const DEFAULT_RECLAIM_MAX_GRACE_SECONDS: u32 = 30;
 /// The largest either may be: a bound a lender can rely on is minutes, not days.
-pub(crate) const MAX_RECLAIM_SECONDS: u32 = 3600;
+const MAX_RECLAIM_SECONDS: u32 = 3600;
 
 impl Default for ReclaimConfig {
     fn default() -> Self {
@@ -141,7 +141,7 @@ pub struct QueueConfig {
     pub(crate) releasers: Vec<String>,
     /// How long a pod that does not fit may be passed over by pods behind it; after
     /// that it goes to the front and holds its model until it fits.
-    pub(crate) max_pass_over_seconds: u32,
+    max_pass_over_seconds: u32,
 }
 
 /// `queue.maxPassOverSeconds` when the configuration does not say.

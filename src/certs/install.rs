@@ -25,7 +25,7 @@ use super::{CertFiles, Error, inspect};
 /// Field manager of the `caBundle` server-side apply.
 pub(crate) const FIELD_MANAGER: &str = "gpu-admission-certs";
 /// Name of both webhook configurations (the manifests and the chart create them).
-pub(crate) const WEBHOOK_CONFIGURATION: &str = "gpu-admission";
+const WEBHOOK_CONFIGURATION: &str = "gpu-admission";
 
 const CA_CRT: &str = "ca.crt";
 const TLS_CRT: &str = "tls.crt";
@@ -95,7 +95,7 @@ impl TlsMaterial {
 }
 
 /// The `kubernetes.io/tls` Secret holding `tls.crt`, `tls.key` and `ca.crt`.
-pub(crate) fn tls_secret(name: &str, namespace: &str, material: &TlsMaterial) -> Secret {
+fn tls_secret(name: &str, namespace: &str, material: &TlsMaterial) -> Secret {
     let data = BTreeMap::from([
         (CA_CRT.to_string(), ByteString(material.ca_cert.clone())),
         (TLS_CRT.to_string(), ByteString(material.cert.clone())),
@@ -119,7 +119,7 @@ pub(crate) fn tls_secret(name: &str, namespace: &str, material: &TlsMaterial) ->
 
 /// The two webhook configuration kinds whose `caBundle` is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WebhookKind {
+enum WebhookKind {
     Validating,
     Mutating,
 }
@@ -136,7 +136,7 @@ impl WebhookKind {
 /// The server-side apply body that sets `caBundle` (base64 of the CA PEM) on each
 /// named webhook and claims nothing else: `webhooks` is a list keyed by `name`, so
 /// the rest of every webhook stays owned by whoever created it.
-pub(crate) fn ca_bundle_patch(kind: WebhookKind, webhooks: &[String], ca_pem: &[u8]) -> Value {
+fn ca_bundle_patch(kind: WebhookKind, webhooks: &[String], ca_pem: &[u8]) -> Value {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let webhooks: Vec<Value> = webhooks
         .iter()

@@ -38,7 +38,7 @@ pub struct AdmissionRequest {
     pub(crate) object: Option<Object>,
     /// The object before an UPDATE (null for a CREATE).
     #[serde(default)]
-    pub(crate) old_object: Option<Object>,
+    old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }

@@ -25,7 +25,7 @@ const HOLDING: u32 = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6);
 
 /// Most tasks one request may list on its node (a kubelet runs at most a few hundred
 /// pods).
-pub(crate) const MAX_NODE_TASKS: usize = 10_000;
+const MAX_NODE_TASKS: usize = 10_000;
 
 /// The pod, node name and the pods of the node's holding tasks of a predicate request
 /// (`{"task": TaskInfo, "node": NodeInfo}`, Go field names). The rest of the node

@@ -31,10 +31,10 @@ mod functions;
 mod meter;
 mod pattern;
 
-pub(crate) use pattern::{COMPILE_PRICE, REGEX_SIZE};
+use pattern::{COMPILE_PRICE, REGEX_SIZE};
 
 /// Kubernetes' `CELSelectorExpressionMaxLength`: the API server refuses longer ones.
-pub(crate) const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
+const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
 /// Deepest nesting of brackets and conditionals (the parser recurses per level, a few
 /// dozen frames each: 24 levels overflow a 2 MiB thread stack in a debug build).
 const MAX_NESTING: usize = 8;
@@ -42,7 +42,7 @@ const MAX_NESTING: usize = 8;
 /// nests a chain of any of them one level deeper per link).
 const MAX_OPERATORS: usize = 128;
 /// Most syntax-tree cost units one expression may need per device.
-pub(crate) const MAX_COST: u64 = 10_000;
+const MAX_COST: u64 = 10_000;
 /// What a comprehension over a device's attribute map may iterate at most.
 const MAP_RANGE: u64 = 64;
 /// Most cost units one claim's selectors may spend, parsing and evaluating, over all

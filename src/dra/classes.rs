@@ -32,7 +32,7 @@ pub struct ClassSpec {
     /// The extended resource a pod asks for to get a device of this class
     /// (DRA-backed extended resources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) extended_resource_name: Option<String>,
+    extended_resource_name: Option<String>,
 }
 
 super::lite_resource!(

@@ -90,13 +90,13 @@ pub struct Dra {
     /// The device attribute that names the GPU model.
     pub(crate) model_attribute: String,
     /// The device attribute that names a MIG device's profile.
-    pub(crate) profile_attribute: String,
+    profile_attribute: String,
     /// DeviceClasses whose devices are GPUs, each with the model it implies (empty: the
     /// model comes from the claim's selectors).
-    pub(crate) device_classes: BTreeMap<String, String>,
+    device_classes: BTreeMap<String, String>,
     /// Stripped from the model attribute before spaces become dashes, so that
     /// `productName` "NVIDIA A100-SXM4-80GB" is the node label "A100-SXM4-80GB".
-    pub(crate) product_prefix: String,
+    product_prefix: String,
 }
 
 impl Default for Dra {
@@ -118,7 +118,7 @@ impl Default for Dra {
 
 impl Dra {
     /// The model label of a device's model attribute value.
-    pub(crate) fn label_of_product(&self, product: &str) -> String {
+    fn label_of_product(&self, product: &str) -> String {
         let name = product
             .strip_prefix(self.product_prefix.as_str())
             .unwrap_or(product);
@@ -127,7 +127,7 @@ impl Dra {
 
     /// The model attribute values a device of `label` may carry, when no device of it
     /// is published yet: with and without the prefix, with dashes or spaces.
-    pub(crate) fn products_of_label(&self, label: &str) -> Vec<String> {
+    fn products_of_label(&self, label: &str) -> Vec<String> {
         let spaced = label.replace('-', " ");
         let mut products = vec![
             format!("{}{label}", self.product_prefix),
@@ -396,7 +396,7 @@ impl Catalog {
 
     /// Whether requests for the class `name` get GPUs.
     #[cfg(test)]
-    pub(crate) fn is_gpu_class(&self, name: &str) -> bool {
+    fn is_gpu_class(&self, name: &str) -> bool {
         self.gpu_classes.contains_key(name)
     }
 

@@ -98,7 +98,7 @@ super::lite_resource!(
 );
 
 /// A device by the names an allocation result uses: (pool, device).
-pub(crate) type DeviceKey = (String, String);
+type DeviceKey = (String, String);
 
 /// A slice's GPU devices.
 pub(crate) type SliceDevices = Vec<(DeviceKey, GpuDevice)>;
@@ -152,7 +152,7 @@ pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> SliceDevices {
 
 /// `device` as CEL sees it: attributes and capacities by domain (unqualified names are
 /// the driver's), capacities in thousandths (an unreadable one is left out).
-pub(crate) fn cel_device(driver: &str, device: &Device) -> CelDevice {
+fn cel_device(driver: &str, device: &Device) -> CelDevice {
     let split = |name: &str| -> (String, String) {
         match name.rsplit_once('/') {
             Some((domain, name)) => (domain.to_string(), name.to_string()),

@@ -110,7 +110,7 @@ impl MigResources {
     }
 
     /// Compute slices in one whole GPU of `model`.
-    pub(crate) fn slices_per_gpu(&self, model: &str) -> u32 {
+    fn slices_per_gpu(&self, model: &str) -> u32 {
         let matching = self
             .compute_slices
             .iter()

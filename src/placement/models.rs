@@ -113,7 +113,7 @@ impl WantedModels {
 impl WantedModels {
     /// Whether a node labelled `label` is acceptable (see [`WantedModels::admits`]).
     /// (Asked of every candidate node: prefix comparisons, no search of the label.)
-    pub(crate) fn accepts_label(&self, label: &str) -> bool {
+    fn accepts_label(&self, label: &str) -> bool {
         self.models
             .iter()
             .any(|m| match label.strip_prefix(m.as_str()) {

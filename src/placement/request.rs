@@ -318,7 +318,7 @@ fn mig_demands(
 
 /// A native sidecar: an init container with `restartPolicy: Always` (the only value
 /// the API server accepts there), which keeps running beside the app containers.
-pub(crate) fn is_sidecar(container: &Container) -> bool {
+fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
 }
 

@@ -45,5 +45,5 @@ pub(crate) use fit::least_fragmenting_fit;
 pub(crate) use mix::RequestMix;
 pub use mix::TaskMix;
 #[cfg(test)]
-pub(crate) use mix::{MAX_GPU_SHAPES, MAX_SHAPES};
+use mix::{MAX_GPU_SHAPES, MAX_SHAPES};
 pub use shape::{GpuShape, HostRoom, TaskShape};

@@ -2,12 +2,12 @@
 //! through the extender's placement code and report how much GPU capacity each
 //! policy manages to allocate.
 
-pub(crate) mod plot;
-pub(crate) mod replay;
-pub(crate) mod tenancy;
-pub(crate) mod timeline;
+mod plot;
+mod replay;
+mod tenancy;
+mod timeline;
 pub(crate) mod trace;
-pub(crate) mod workload;
+mod workload;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -34,7 +34,7 @@ pub struct SimulateArgs {
     pub(crate) policy: Vec<Policy>,
     /// Stop adding copies of trace pods before the GPU demand passes this × capacity.
     #[arg(long, default_value_t = 1.3)]
-    pub(crate) inflate: f64,
+    inflate: f64,
     /// Seed of the workload (copies drawn and shuffle).
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
@@ -51,20 +51,20 @@ pub struct SimulateArgs {
     pub(crate) gpu_manager_compat: bool,
     /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
     #[arg(long)]
-    pub(crate) plot: Option<PathBuf>,
+    plot: Option<PathBuf>,
     /// Instead of the placement protocol, replay the trace over time through namespaces
     /// with GPU quotas (pods arrive at `creation_time` and run as long as they ran) and
     /// compare quota modes: `--namespaces`, `--quota-scale`, `--modes`; the first
     /// `--policy` places, `--seed` deals the pods to namespaces.
     #[arg(long)]
-    pub(crate) timeline: bool,
+    timeline: bool,
     /// `--timeline`: the namespaces the pods are dealt to (weights 1, 1/2, 1/3, ...).
     #[arg(long, default_value_t = 8)]
     pub(crate) namespaces: usize,
     /// `--timeline`: the namespaces' quotas together, as a multiple of the trace's peak
     /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs).
     #[arg(long, default_value_t = 1.0)]
-    pub(crate) quota_scale: f64,
+    quota_scale: f64,
     /// `--timeline`: `queue.maxPassOverSeconds`, how long a waiting pod that does not fit
     /// may be passed over before it holds its model.
     #[arg(long, default_value_t = crate::config::DEFAULT_MAX_PASS_OVER_SECONDS)]
@@ -91,7 +91,7 @@ pub struct Seeds(pub(crate) Vec<u64>);
 
 /// Why `--seeds` cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum SeedsError {
+enum SeedsError {
     #[error("{0:?} is not a seed (a whole number)")]
     NotANumber(String),
     #[error("empty seed range {0}")]
@@ -119,7 +119,7 @@ fn parse_seeds(text: &str) -> Result<Seeds, SeedsError> {
 
 /// One policy's runs over the seeds.
 #[derive(Debug, Clone)]
-pub(crate) struct PolicyReport {
+struct PolicyReport {
     pub(crate) policy: Policy,
     pub(crate) seeds: Vec<u64>,
     pub(crate) runs: Vec<RunResult>,

@@ -12,7 +12,7 @@ use super::trace::{NodeRow, PodRow};
 
 /// vcuda-memory per GPU in the simulation: 100, so a share's memory equals its cores
 /// and memory stays exactly proportional to the GPU share (docs/design.md).
-pub(crate) const MEMORY_PER_GPU: u32 = 100;
+const MEMORY_PER_GPU: u32 = 100;
 
 /// Where FGD's request mix comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]

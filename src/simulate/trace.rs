@@ -69,7 +69,7 @@ fn read(path: &Path) -> anyhow::Result<String> {
 }
 
 /// Parse node CSV text; `file` names it in errors.
-pub(crate) fn parse_nodes(file: &str, text: &str) -> anyhow::Result<Vec<NodeRow>> {
+fn parse_nodes(file: &str, text: &str) -> anyhow::Result<Vec<NodeRow>> {
     let columns = ["sn", "cpu_milli", "memory_mib", "gpu", "model"];
     let table = Table::new(file, text, &columns, columns.len())?;
     table

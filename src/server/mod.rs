@@ -37,11 +37,11 @@ use crate::wire::volcano::PredicateArgs;
 /// Largest AdmissionReview accepted. The API server refuses objects over 3 MiB, and
 /// the only reviews sent with two objects (an UPDATE's object and oldObject) are of
 /// pods, which etcd keeps under 1.5 MiB each.
-pub(crate) const WEBHOOK_BODY_LIMIT: usize = 4 << 20;
+const WEBHOOK_BODY_LIMIT: usize = 4 << 20;
 /// Largest extender request accepted. With `nodeCacheCapable` (what deploy/ sets) a
 /// request is the pod and up to 15,000 node names; the `Nodes` form carries whole Node
 /// objects, a few KiB each.
-pub(crate) const EXTENDER_BODY_LIMIT: usize = 32 << 20;
+const EXTENDER_BODY_LIMIT: usize = 32 << 20;
 /// Bodies at least this large are decoded on the blocking pool, so the async workers
 /// keep answering probes and small requests meanwhile.
 const DECODE_INLINE_MAX: usize = 64 << 10;
@@ -62,7 +62,7 @@ pub struct Shared {
     /// The placement policy, learning the request mix from the pods it places.
     pub placer: Arc<LearningPlacer>,
     /// How long a request body may take to arrive (then 408).
-    pub(crate) body_timeout: std::time::Duration,
+    body_timeout: std::time::Duration,
 }
 
 impl std::ops::Deref for AppState {
@@ -220,7 +220,7 @@ fn byte_size(bytes: usize) -> String {
 }
 
 /// How a route reads its body: its size limit and its decoder.
-pub(crate) struct Route<T> {
+struct Route<T> {
     pub(crate) name: &'static str,
     pub(crate) limit: usize,
     pub(crate) parse: fn(&[u8]) -> Result<T, DecodeError>,
@@ -228,7 +228,7 @@ pub(crate) struct Route<T> {
 
 /// A route whose decoder takes the body itself, shared, not copied: the filter answers
 /// with Node objects cut from its request (tens of MB in the `Nodes` form).
-pub(crate) struct BodyRoute<T> {
+struct BodyRoute<T> {
     pub(crate) name: &'static str,
     pub(crate) limit: usize,
     pub(crate) parse: fn(Bytes) -> Result<T, DecodeError>,

@@ -85,7 +85,7 @@ mod activity;
 mod rule;
 pub(crate) use activity::Activity;
 #[cfg(test)]
-pub(crate) use activity::InFlight;
+use activity::InFlight;
 pub use rule::Callers;
 pub(crate) use rule::{Admission, Holder, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
@@ -100,7 +100,7 @@ pub const YOUNG: Duration = Duration::from_secs(1);
 /// How long a peer keeps its standing after it last completed a request (its body
 /// whole, answered): the API server sending a review every few hundred milliseconds
 /// always has it; a flooder whose connections made one request loses it.
-pub(crate) const QUIET: Duration = Duration::from_secs(2);
+const QUIET: Duration = Duration::from_secs(2);
 
 /// How often the waiting room is looked at besides when a slot frees or a request ends:
 /// a young handshake grows old, and a peer loses its standing, without telling anyone.

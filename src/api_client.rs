@@ -24,12 +24,15 @@ use tower_http::timeout::TimeoutBody;
 
 /// A little past kube-apiserver's own `--request-timeout` (60 s by default), so no
 /// request the server would still answer is cut.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(70);
+pub(crate) const REQUEST_DEADLINE: Duration = Duration::from_secs(70);
 
 /// A kube client on `config`, with TCP_NODELAY (kube's default connector leaves Nagle
 /// on, and a small status write then waits out the apiserver's delayed ACK, ~40 ms, on
 /// every quota charge) and [`REQUEST_DEADLINE`] on each request that is not a watch.
-pub fn client(config: kube::Config, deadline: Duration) -> Result<kube::Client, kube::Error> {
+pub(crate) fn client(
+    config: kube::Config,
+    deadline: Duration,
+) -> Result<kube::Client, kube::Error> {
     use kube::client::ConfigExt;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
@@ -79,7 +82,7 @@ struct Deadline<S> {
 /// The error of a request cut by [`Deadline`].
 #[derive(Debug, thiserror::Error)]
 #[error("the API server did not answer within {0:?}")]
-pub struct NoAnswer(Duration);
+struct NoAnswer(Duration);
 
 /// An answer's body, bounded or not.
 type AnswerBody = UnsyncBoxBody<Bytes, BoxError>;

@@ -59,7 +59,7 @@ pub struct ServeArgs {
     /// TLS listener for the admission webhooks only (`/validate`, `/mutate`, `/version`):
     /// the door the API server calls.
     #[arg(long, env = "GPU_ADMISSION_ADDRESS", default_value = "0.0.0.0:3456")]
-    pub address: SocketAddr,
+    pub(crate) address: SocketAddr,
     /// TLS listener for the scheduler extender only (`/scheduler/*`, `/version`). Loopback
     /// by default: only the kube-scheduler in the same pod may call it.
     #[arg(
@@ -67,54 +67,54 @@ pub struct ServeArgs {
         env = "GPU_ADMISSION_EXTENDER_ADDRESS",
         default_value = "127.0.0.1:3458"
     )]
-    pub extender_address: SocketAddr,
+    pub(crate) extender_address: SocketAddr,
     /// CA (PEM) that signed the API server's client certificate. When set, the webhook
     /// listener refuses any client without a certificate it signed (mutual TLS).
     #[arg(long, env = "GPU_ADMISSION_CLIENT_CA")]
-    pub client_ca: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
     /// Serving certificate (PEM). Default: webhook-certs/tls.crt, created for development when absent.
     #[arg(long, env = "GPU_ADMISSION_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
+    pub(crate) tls_cert: Option<PathBuf>,
     /// Serving key (PEM). Default: webhook-certs/tls.key.
     #[arg(long, env = "GPU_ADMISSION_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
     /// How often to look for a changed certificate.
     #[arg(long, env = "GPU_ADMISSION_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub tls_reload_interval: Duration,
+    pub(crate) tls_reload_interval: Duration,
     /// Optional plain-HTTP listener with only the extender routes and probes (for a
     /// scheduler configured with `enableHTTPS: false`; bind it to loopback).
     #[arg(long, env = "GPU_ADMISSION_INSECURE_EXTENDER_ADDRESS")]
-    pub insecure_extender_address: Option<SocketAddr>,
+    pub(crate) insecure_extender_address: Option<SocketAddr>,
     /// Plain-HTTP listener for /livez, /readyz and /metrics.
     #[arg(
         long,
         env = "GPU_ADMISSION_ADMIN_ADDRESS",
         default_value = "0.0.0.0:3457"
     )]
-    pub admin_address: SocketAddr,
+    pub(crate) admin_address: SocketAddr,
     /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, env = "GPU_ADMISSION_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// API server URL, overriding the kubeconfig's.
     #[arg(long, env = "GPU_ADMISSION_MASTER")]
-    pub master: Option<String>,
+    pub(crate) master: Option<String>,
     /// Configuration file (YAML).
     #[arg(long, env = "GPU_ADMISSION_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Offline mode: this YAML file of Nodes, Pods and GPUQuotas is the cluster.
     #[arg(long, env = "GPU_ADMISSION_CLUSTER")]
-    pub cluster: Option<PathBuf>,
+    pub(crate) cluster: Option<PathBuf>,
     #[command(flatten)]
-    pub limits: ConnectionLimits,
+    pub(crate) limits: ConnectionLimits,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "GPU_ADMISSION_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// API mode: let pods out of the quota queue (`onExceed: Queue`) and evict borrowing
     /// pods when a cohort's lender takes its GPUs back (`reclaim: Evict`), which take the
     /// rights to patch and evict pods. deploy/ runs it in the GPU scheduler's sidecar and
     /// turns it off in the webhook servers, whose identity may not write pods.
     #[arg(long, env = "GPU_ADMISSION_RELEASE_QUEUE", default_value_t = true, action = clap::ArgAction::Set)]
-    pub release_queue: bool,
+    pub(crate) release_queue: bool,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -179,16 +179,16 @@ pub enum QuotaCommand {
 pub struct QuotaImportArgs {
     /// The legacy ConfigMap, as NAMESPACE/NAME (tkestack used kube-system/gpuquota).
     #[arg(long)]
-    pub configmap: Option<String>,
+    pub(crate) configmap: Option<String>,
     /// A file holding the legacy `gpu_quota` JSON instead.
     #[arg(long)]
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
     /// Print the GPUQuota objects as YAML; change nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, env = "GPU_ADMISSION_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use crate::placement::{NodeLabels, Policy, ResourceNames};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     Read {
         path: String,
@@ -41,7 +41,7 @@ pub enum ConfigProblem {
     ReclaimTooLong { key: &'static str },
 }
 
-pub use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
+pub(crate) use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -54,15 +54,15 @@ pub enum SchedulerNamePolicy {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Placement {
-    pub policy: Policy,
+    pub(crate) policy: Policy,
     /// Share-mode GPUs inside the chosen node are the ones gpu-manager itself picks
     /// (it refuses any other); turn off only for a node agent without that check.
-    pub gpu_manager_compat: bool,
+    pub(crate) gpu_manager_compat: bool,
     /// kube-scheduler's extender configuration sets `bindVerb: bind`: the filter only
     /// holds its choice in memory and the bind verb writes it, annotations and Binding
     /// in one API call, in the scheduler's parallel binding cycle. Off (the default,
     /// as tkestack's extender works), the filter writes the annotations itself.
-    pub bind_verb: bool,
+    pub(crate) bind_verb: bool,
 }
 
 impl Default for Placement {
@@ -78,30 +78,30 @@ impl Default for Placement {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Config {
-    pub scheduler_name: String,
-    pub scheduler_name_policy: SchedulerNamePolicy,
-    pub model_label: String,
-    pub pool_label: String,
-    pub type_annotation: String,
-    pub untyped_pods: UntypedPods,
-    pub quota_required: bool,
-    pub resources: ResourceNames,
-    pub placement: Placement,
+    pub(crate) scheduler_name: String,
+    pub(crate) scheduler_name_policy: SchedulerNamePolicy,
+    pub(crate) model_label: String,
+    pub(crate) pool_label: String,
+    pub(crate) type_annotation: String,
+    pub(crate) untyped_pods: UntypedPods,
+    pub(crate) quota_required: bool,
+    pub(crate) resources: ResourceNames,
+    pub(crate) placement: Placement,
     /// ResourceClaims (Dynamic Resource Allocation): how GPU devices and models are named.
     pub dra: crate::dra::Dra,
     /// The users (as the API server authenticates them) that may change a pod's
     /// placement annotations (`<annotationPrefix>/predicate-*`, `gpu-assigned`) once it
     /// exists: by protocol, the GPU scheduler's extender and gpu-manager on the nodes.
-    pub placement_writers: Vec<String>,
+    pub(crate) placement_writers: Vec<String>,
     /// The users (as the API server authenticates them) the schedulers that bind pods
     /// act as: a ResourceClaim one of them creates for a pod's DRA-backed extended
     /// resources is the pod's own GPUs, charged to the pod (docs/security.md, "What the
     /// quota trusts"). Anyone else's such claim is charged like any claim.
-    pub scheduler_users: Vec<String>,
+    pub(crate) scheduler_users: Vec<String>,
     /// The quota queue (`onExceed: Queue`).
-    pub queue: QueueConfig,
+    pub(crate) queue: QueueConfig,
     /// How a cohort's lender takes back what it lent (`reclaim: Evict`).
-    pub reclaim: ReclaimConfig,
+    pub(crate) reclaim: ReclaimConfig,
 }
 
 /// The reclaim bound (docs/quota.md, "The reclaim bound"): a borrowing pod that reclaim
@@ -111,16 +111,16 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ReclaimConfig {
-    pub timeout_seconds: u32,
-    pub max_grace_seconds: u32,
+    pub(crate) timeout_seconds: u32,
+    pub(crate) max_grace_seconds: u32,
 }
 
 /// `reclaim.timeoutSeconds` and `reclaim.maxGraceSeconds` when the configuration does not
 /// say: with them a lender's pod runs within two minutes (docs/quota.md).
-pub const DEFAULT_RECLAIM_TIMEOUT_SECONDS: u32 = 45;
-pub const DEFAULT_RECLAIM_MAX_GRACE_SECONDS: u32 = 30;
+const DEFAULT_RECLAIM_TIMEOUT_SECONDS: u32 = 45;
+const DEFAULT_RECLAIM_MAX_GRACE_SECONDS: u32 = 30;
 /// The largest either may be: a bound a lender can rely on is minutes, not days.
-pub const MAX_RECLAIM_SECONDS: u32 = 3600;
+const MAX_RECLAIM_SECONDS: u32 = 3600;
 
 impl Default for ReclaimConfig {
     fn default() -> Self {
@@ -138,14 +138,14 @@ pub struct QueueConfig {
     /// The users (as the API server authenticates them) that may let a pod out of the
     /// quota queue: remove the `gpu-admission.io/quota` gate and write the
     /// `gpu-admission.io/quota-released` annotation. gpu-admission's own identities.
-    pub releasers: Vec<String>,
+    pub(crate) releasers: Vec<String>,
     /// How long a pod that does not fit may be passed over by pods behind it; after
     /// that it goes to the front and holds its model until it fits.
-    pub max_pass_over_seconds: u32,
+    max_pass_over_seconds: u32,
 }
 
 /// `queue.maxPassOverSeconds` when the configuration does not say.
-pub const DEFAULT_MAX_PASS_OVER_SECONDS: u32 = 300;
+pub(crate) const DEFAULT_MAX_PASS_OVER_SECONDS: u32 = 300;
 
 /// The GPU scheduler's ServiceAccount in deploy/: its gpu-admission sidecar runs the
 /// releaser (`--release-queue`); the webhook servers' identity may not write pods.
@@ -207,14 +207,14 @@ impl Config {
     }
 
     /// The admission rules that are configuration, as the quota arithmetic takes them.
-    pub fn admit_rules(&self) -> crate::quota::AdmitRules {
+    pub(crate) fn admit_rules(&self) -> crate::quota::AdmitRules {
         crate::quota::AdmitRules {
             untyped: self.untyped_pods,
             quota_required: self.quota_required,
         }
     }
 
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
@@ -284,7 +284,7 @@ impl Config {
 
     /// The models `pod` may use in a namespace limited by `limits` (first match wins;
     /// docs/design.md): the configured annotation and model label, then the quota's.
-    pub fn wanted_models(
+    pub(crate) fn wanted_models(
         &self,
         pod: &k8s_openapi::api::core::v1::Pod,
         limits: &crate::quota::NamespaceLimits,
@@ -298,7 +298,7 @@ impl Config {
         )
     }
 
-    pub fn node_labels(&self) -> NodeLabels {
+    pub(crate) fn node_labels(&self) -> NodeLabels {
         NodeLabels {
             model: self.model_label.clone(),
             pool: self.pool_label.clone(),

@@ -9,7 +9,7 @@
 //! HTTP, no API calls and no async. `certs` bootstraps TLS.
 
 pub mod admission;
-pub mod api_client;
+pub(crate) mod api_client;
 pub mod backend;
 pub mod cache;
 pub mod certs;
@@ -18,7 +18,7 @@ pub mod config;
 pub mod dra;
 pub mod extender;
 pub mod import;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod placement;
 pub mod quota;
 pub mod serve;

@@ -9,59 +9,59 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub route: &'static str,
-    pub decision: &'static str,
+    pub(crate) route: &'static str,
+    pub(crate) decision: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub route: &'static str,
+    pub(crate) route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    pub result: &'static str,
+    pub(crate) result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// Reclaim's evictions of borrowing pods, by what became of them (`evicted`, `blocked`
 /// by a PodDisruptionBudget).
-pub type EvictionCounter = Family<ReasonLabels, Counter>;
+pub(crate) type EvictionCounter = Family<ReasonLabels, Counter>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
-    pub namespace: String,
-    pub quota: String,
-    pub model: String,
+    pub(crate) namespace: String,
+    pub(crate) quota: String,
+    pub(crate) model: String,
 }
 
 /// A namespace with a GPUQuota, a model some quota of it lists (or `unlisted`), and
 /// what the quota did (`deny`, `warn`): bounded by the quotas an operator writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ExceededLabels {
-    pub namespace: String,
-    pub model: String,
-    pub action: &'static str,
+    pub(crate) namespace: String,
+    pub(crate) model: String,
+    pub(crate) action: &'static str,
 }
 
 /// A namespace with pods in the quota queue and the model they wait for.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
-    pub namespace: String,
-    pub model: String,
+    pub(crate) namespace: String,
+    pub(crate) model: String,
 }
 
 /// How long pods waited in the quota queue: `gpu_admission_quota_queue_wait_seconds`.
-pub type WaitHistogram = Family<QueueLabels, Histogram, fn() -> Histogram>;
+pub(crate) type WaitHistogram = Family<QueueLabels, Histogram, fn() -> Histogram>;
 
 type QuotaGauge = Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
@@ -69,21 +69,21 @@ type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: Registry,
-    pub requests: Family<RequestLabels, Counter>,
-    pub duration: HistogramFamily,
-    pub cache_objects: Family<KindLabels, Gauge>,
-    pub tls_reloads: Family<ResultLabels, Counter>,
-    pub tls_not_after: Gauge,
-    pub quota_hard: QuotaGauge,
-    pub quota_used: QuotaGauge,
-    pub gpu_fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub quota_exceeded: Family<ExceededLabels, Counter>,
-    pub quota_queued_gpus: QuotaGauge,
-    pub quota_queued_pods: QuotaGauge,
-    pub quota_queue_wait: WaitHistogram,
-    pub quota_borrowed: QuotaGauge,
-    pub quota_lent: QuotaGauge,
-    pub reclaim_evictions: EvictionCounter,
+    pub(crate) requests: Family<RequestLabels, Counter>,
+    pub(crate) duration: HistogramFamily,
+    pub(crate) cache_objects: Family<KindLabels, Gauge>,
+    pub(crate) tls_reloads: Family<ResultLabels, Counter>,
+    pub(crate) tls_not_after: Gauge,
+    pub(crate) quota_hard: QuotaGauge,
+    pub(crate) quota_used: QuotaGauge,
+    pub(crate) gpu_fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub(crate) quota_exceeded: Family<ExceededLabels, Counter>,
+    pub(crate) quota_queued_gpus: QuotaGauge,
+    pub(crate) quota_queued_pods: QuotaGauge,
+    pub(crate) quota_queue_wait: WaitHistogram,
+    pub(crate) quota_borrowed: QuotaGauge,
+    pub(crate) quota_lent: QuotaGauge,
+    pub(crate) reclaim_evictions: EvictionCounter,
 }
 
 fn wait_histogram() -> Histogram {
@@ -211,7 +211,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe(&self, route: &'static str, decision: &'static str, seconds: f64) {
+    pub(crate) fn observe(&self, route: &'static str, decision: &'static str, seconds: f64) {
         self.requests
             .get_or_create(&RequestLabels { route, decision })
             .inc();

@@ -23,9 +23,9 @@ use time::OffsetDateTime;
 use super::{CertFiles, Error, inspect};
 
 /// Field manager of the `caBundle` server-side apply.
-pub const FIELD_MANAGER: &str = "gpu-admission-certs";
+pub(crate) const FIELD_MANAGER: &str = "gpu-admission-certs";
 /// Name of both webhook configurations (the manifests and the chart create them).
-pub const WEBHOOK_CONFIGURATION: &str = "gpu-admission";
+const WEBHOOK_CONFIGURATION: &str = "gpu-admission";
 
 const CA_CRT: &str = "ca.crt";
 const TLS_CRT: &str = "tls.crt";
@@ -36,8 +36,8 @@ const TLS_KEY: &str = "tls.key";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsMaterial {
     pub ca_cert: Vec<u8>,
-    pub cert: Vec<u8>,
-    pub key: Vec<u8>,
+    pub(crate) cert: Vec<u8>,
+    pub(crate) key: Vec<u8>,
 }
 
 impl TlsMaterial {
@@ -95,7 +95,7 @@ impl TlsMaterial {
 }
 
 /// The `kubernetes.io/tls` Secret holding `tls.crt`, `tls.key` and `ca.crt`.
-pub fn tls_secret(name: &str, namespace: &str, material: &TlsMaterial) -> Secret {
+fn tls_secret(name: &str, namespace: &str, material: &TlsMaterial) -> Secret {
     let data = BTreeMap::from([
         (CA_CRT.to_string(), ByteString(material.ca_cert.clone())),
         (TLS_CRT.to_string(), ByteString(material.cert.clone())),
@@ -119,13 +119,13 @@ pub fn tls_secret(name: &str, namespace: &str, material: &TlsMaterial) -> Secret
 
 /// The two webhook configuration kinds whose `caBundle` is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WebhookKind {
+enum WebhookKind {
     Validating,
     Mutating,
 }
 
 impl WebhookKind {
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             WebhookKind::Validating => "ValidatingWebhookConfiguration",
             WebhookKind::Mutating => "MutatingWebhookConfiguration",
@@ -136,7 +136,7 @@ impl WebhookKind {
 /// The server-side apply body that sets `caBundle` (base64 of the CA PEM) on each
 /// named webhook and claims nothing else: `webhooks` is a list keyed by `name`, so
 /// the rest of every webhook stays owned by whoever created it.
-pub fn ca_bundle_patch(kind: WebhookKind, webhooks: &[String], ca_pem: &[u8]) -> Value {
+fn ca_bundle_patch(kind: WebhookKind, webhooks: &[String], ca_pem: &[u8]) -> Value {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let webhooks: Vec<Value> = webhooks
         .iter()

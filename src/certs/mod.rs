@@ -58,20 +58,6 @@ pub enum Error {
     Generate(#[from] rcgen::Error),
 }
 
-impl Error {
-    /// A short stable label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Error::Read { .. } => "read",
-            Error::Write { .. } => "write",
-            Error::Parse { .. } => "parse",
-            Error::Pem { .. } => "pem",
-            Error::Request(_) => "request",
-            Error::Generate(_) => "generate",
-        }
-    }
-}
-
 /// What the serving certificate must cover.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertRequest {

@@ -31,10 +31,10 @@ mod functions;
 mod meter;
 mod pattern;
 
-pub use pattern::{COMPILE_PRICE, REGEX_SIZE};
+use pattern::{COMPILE_PRICE, REGEX_SIZE};
 
 /// Kubernetes' `CELSelectorExpressionMaxLength`: the API server refuses longer ones.
-pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
+const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
 /// Deepest nesting of brackets and conditionals (the parser recurses per level, a few
 /// dozen frames each: 24 levels overflow a 2 MiB thread stack in a debug build).
 const MAX_NESTING: usize = 8;
@@ -42,7 +42,7 @@ const MAX_NESTING: usize = 8;
 /// nests a chain of any of them one level deeper per link).
 const MAX_OPERATORS: usize = 128;
 /// Most syntax-tree cost units one expression may need per device.
-pub const MAX_COST: u64 = 10_000;
+const MAX_COST: u64 = 10_000;
 /// What a comprehension over a device's attribute map may iterate at most.
 const MAP_RANGE: u64 = 64;
 /// Most cost units one claim's selectors may spend, parsing and evaluating, over all
@@ -97,7 +97,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn new(units: u64) -> Self {
+    pub(crate) fn new(units: u64) -> Self {
         Budget {
             left: units,
             patterns: HashMap::new(),
@@ -105,7 +105,7 @@ impl Budget {
     }
 
     /// A claim's: [`CLAIM_BUDGET`].
-    pub fn claim() -> Self {
+    pub(crate) fn claim() -> Self {
         Self::new(CLAIM_BUDGET)
     }
 
@@ -163,7 +163,7 @@ pub struct OverBudget;
 impl Selector {
     /// Compile `expression`, charging its parsing (by its length) and its patterns'
     /// compiling to `budget`.
-    pub fn compile_within(
+    pub(crate) fn compile_within(
         expression: &str,
         budget: &mut Budget,
     ) -> Result<Result<Self, CelError>, OverBudget> {
@@ -216,7 +216,7 @@ impl Selector {
 
     /// The selector's value on `device`, with a claim's budget of its own: `None`
     /// when it fails, is not a boolean or spends the budget.
-    pub fn evaluate(&self, device: &CelDevice) -> Option<bool> {
+    pub(crate) fn evaluate(&self, device: &CelDevice) -> Option<bool> {
         let mut budget = Budget::claim();
         budget.spend(EVALUATION_PRICE + self.cost).ok()?;
         match meter::metered(budget.left, || self.run(device)) {
@@ -468,7 +468,7 @@ pub struct CelDevice {
     /// Built once: every evaluation borrows it.
     value: Box<dyn Val>,
     /// A hash of what a selector can see: equal devices have equal ones.
-    pub fingerprint: u64,
+    pub(crate) fingerprint: u64,
 }
 
 impl PartialEq for CelDevice {

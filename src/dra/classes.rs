@@ -15,9 +15,9 @@ const MAX_SELECTORS: usize = 64;
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct DeviceClass {
     #[serde(default)]
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     #[serde(default)]
-    pub spec: ClassSpec,
+    pub(crate) spec: ClassSpec,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -28,11 +28,11 @@ pub struct ClassSpec {
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "bounded::<_, MAX_SELECTORS, _>"
     )]
-    pub selectors: Vec<Selector>,
+    pub(crate) selectors: Vec<Selector>,
     /// The extended resource a pod asks for to get a device of this class
     /// (DRA-backed extended resources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub extended_resource_name: Option<String>,
+    extended_resource_name: Option<String>,
 }
 
 super::lite_resource!(
@@ -46,8 +46,8 @@ super::lite_resource!(
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClassInfo {
     /// Its selectors' CEL expressions.
-    pub selectors: Vec<String>,
-    pub extended_resource: Option<String>,
+    pub(crate) selectors: Vec<String>,
+    pub(crate) extended_resource: Option<String>,
 }
 
 impl ClassInfo {

@@ -51,10 +51,10 @@ use lite_resource;
 
 pub mod cel;
 pub mod classes;
-pub mod pin;
+pub(crate) mod pin;
 pub mod slices;
 mod source;
-pub mod wire;
+pub(crate) mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -69,13 +69,14 @@ use crate::placement::mig::{self, MigResources};
 use crate::placement::{GpuDemand, GpuRequest, MigDemand};
 use crate::quota::{ModelAmounts, add_charge, charge_on};
 
-pub use pin::Pin;
-pub use source::CatalogSource;
+pub(crate) use pin::Pin;
+pub(crate) use source::CatalogSource;
 use source::{GpuClass, gpu_classes};
-pub use wire::{DeviceRequest, ExactRequest, ResourceClaim};
+pub use wire::ResourceClaim;
+pub(crate) use wire::{DeviceRequest, ExactRequest};
 
 /// Kubernetes' `AllocationResultsMaxSize`: what an `All` request can be allocated at most.
-pub const ALL_DEVICES: u32 = 32;
+pub(crate) const ALL_DEVICES: u32 = 32;
 
 /// DRA configuration (`dra` in the config file); NVIDIA's DRA driver by default.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -83,19 +84,19 @@ pub const ALL_DEVICES: u32 = 32;
 pub struct Dra {
     /// Watch ResourceClaims and ResourceSlices and admit claims (needs
     /// `resource.k8s.io/v1`, Kubernetes ≥ 1.34).
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// The attribute domain of the GPU driver's devices (`device.attributes["<driver>"]`).
-    pub driver: String,
+    pub(crate) driver: String,
     /// The device attribute that names the GPU model.
-    pub model_attribute: String,
+    pub(crate) model_attribute: String,
     /// The device attribute that names a MIG device's profile.
-    pub profile_attribute: String,
+    profile_attribute: String,
     /// DeviceClasses whose devices are GPUs, each with the model it implies (empty: the
     /// model comes from the claim's selectors).
-    pub device_classes: BTreeMap<String, String>,
+    device_classes: BTreeMap<String, String>,
     /// Stripped from the model attribute before spaces become dashes, so that
     /// `productName` "NVIDIA A100-SXM4-80GB" is the node label "A100-SXM4-80GB".
-    pub product_prefix: String,
+    product_prefix: String,
 }
 
 impl Default for Dra {
@@ -117,7 +118,7 @@ impl Default for Dra {
 
 impl Dra {
     /// The model label of a device's model attribute value.
-    pub fn label_of_product(&self, product: &str) -> String {
+    fn label_of_product(&self, product: &str) -> String {
         let name = product
             .strip_prefix(self.product_prefix.as_str())
             .unwrap_or(product);
@@ -126,7 +127,7 @@ impl Dra {
 
     /// The model attribute values a device of `label` may carry, when no device of it
     /// is published yet: with and without the prefix, with dashes or spaces.
-    pub fn products_of_label(&self, label: &str) -> Vec<String> {
+    fn products_of_label(&self, label: &str) -> Vec<String> {
         let spaced = label.replace('-', " ");
         let mut products = vec![
             format!("{}{label}", self.product_prefix),
@@ -145,20 +146,20 @@ impl Dra {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAsk {
     /// The request's name (`<request>/<subrequest>` for an alternative).
-    pub request: String,
+    pub(crate) request: String,
     /// The model labels of devices the selectors match, each with the MIG profile it
     /// costs most as (`None`: a whole GPU).
-    pub matched: BTreeMap<String, Option<String>>,
+    pub(crate) matched: BTreeMap<String, Option<String>>,
     /// The model its DeviceClass implies (config).
-    pub named: Option<String>,
+    pub(crate) named: Option<String>,
     /// The pin it carries ([`Dra::pin_expression`]), if any: it is charged by it.
-    pub pinned: Option<Pin>,
-    pub count: u32,
+    pub(crate) pinned: Option<Pin>,
+    pub(crate) count: u32,
 }
 
 /// The model a request is charged for, given the namespace's default.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolved {
+pub(crate) enum Resolved {
     Model(String),
     /// Its selectors match several models, none of them the default.
     Ambiguous(Vec<String>),
@@ -169,7 +170,7 @@ pub enum Resolved {
 impl DeviceAsk {
     /// One model the selectors match: that one. Several: the default if among them.
     /// None: the default.
-    pub fn resolve(&self, default: Option<&str>) -> Resolved {
+    pub(crate) fn resolve(&self, default: Option<&str>) -> Resolved {
         let pinned = self.pinned.as_ref().map(|p| &p.label);
         if let Some(named) = pinned.or(self.named.as_ref()) {
             return Resolved::Model(named.clone());
@@ -187,7 +188,7 @@ impl DeviceAsk {
     }
 
     /// The MIG profile it costs on `label` (`None`: whole GPUs).
-    pub fn profile(&self, label: &str) -> Option<&str> {
+    pub(crate) fn profile(&self, label: &str) -> Option<&str> {
         self.matched.get(label).and_then(|p| p.as_deref())
     }
 
@@ -195,7 +196,7 @@ impl DeviceAsk {
     /// charged for (with `default`) and the dearest of what its selectors matched of
     /// that model — whole GPUs if any, else the largest profile — so that it is
     /// allocated nothing dearer than it is charged. `None` when no model is decided.
-    pub fn pin(&self, default: Option<&str>) -> Option<Pin> {
+    pub(crate) fn pin(&self, default: Option<&str>) -> Option<Pin> {
         if let Some(pin) = &self.pinned {
             return Some(pin.clone());
         }
@@ -213,8 +214,8 @@ impl DeviceAsk {
 /// of which one will be.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClaimAsks {
-    pub exact: Vec<DeviceAsk>,
-    pub alternatives: Vec<Vec<DeviceAsk>>,
+    pub(crate) exact: Vec<DeviceAsk>,
+    pub(crate) alternatives: Vec<Vec<DeviceAsk>>,
 }
 
 /// Why a claim's requests cannot be judged.
@@ -239,7 +240,7 @@ impl ClaimAsks {
     /// As [`ClaimAsks::of`]; unless `strict`, a request whose selectors cannot be
     /// evaluated (refused, or over the claim's budget) matches no model, rather than
     /// failing the claim (the cache charges what the webhook could not refuse).
-    pub fn of_requests(
+    pub(crate) fn of_requests(
         requests: &[DeviceRequest],
         catalog: &Catalog,
         strict: bool,
@@ -280,19 +281,19 @@ impl ClaimAsks {
         Ok(asks)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.alternatives.is_empty()
     }
 
     /// Every GPU request and alternative.
-    pub fn all(&self) -> impl Iterator<Item = &DeviceAsk> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &DeviceAsk> {
         self.exact.iter().chain(self.alternatives.iter().flatten())
     }
 
     /// What the claim is charged, per quota key, with `default` as the model of requests
     /// that name none (`None`: those are not charged); a request matching several models
     /// none of which is the default, the first. Alternatives: the largest per key.
-    pub fn charge(&self, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
+    pub(crate) fn charge(&self, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
         let mut total = ModelAmounts::new();
         for ask in &self.exact {
             add_charge(&mut total, &ask_charge(ask, default, mig));
@@ -340,7 +341,7 @@ impl Catalog {
     /// Built from what was copied out of the cluster state: this compiles (and for
     /// DeviceClasses not in the config, evaluates) CEL, so it is never done under the
     /// cache's lock.
-    pub fn from_source(source: CatalogSource) -> Self {
+    pub(crate) fn from_source(source: CatalogSource) -> Self {
         let CatalogSource {
             dra,
             classes,
@@ -375,7 +376,7 @@ impl Catalog {
     }
 
     /// The DeviceClasses that are GPU classes without the config listing them.
-    pub fn found_gpu_classes(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn found_gpu_classes(&self) -> impl Iterator<Item = &str> {
         let listed = &self.dra.device_classes;
         self.gpu_classes
             .keys()
@@ -383,12 +384,8 @@ impl Catalog {
             .filter(|c| !listed.contains_key(*c))
     }
 
-    pub fn dra(&self) -> &Dra {
-        &self.dra
-    }
-
     /// The selector that pins a request to `pin`'s devices.
-    pub fn pin(&self, pin: &Pin) -> String {
+    pub(crate) fn pin(&self, pin: &Pin) -> String {
         let products = self
             .products
             .get(&pin.label)
@@ -398,12 +395,13 @@ impl Catalog {
     }
 
     /// Whether requests for the class `name` get GPUs.
-    pub fn is_gpu_class(&self, name: &str) -> bool {
+    #[cfg(test)]
+    fn is_gpu_class(&self, name: &str) -> bool {
         self.gpu_classes.contains_key(name)
     }
 
     /// One request's ask, if its DeviceClass is a GPU class.
-    pub fn ask(
+    pub(crate) fn ask(
         &self,
         name: &str,
         exact: &ExactRequest,
@@ -438,7 +436,7 @@ impl Catalog {
     }
 
     /// A GPU request whose selectors were not evaluated: it matches no model.
-    pub fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
+    pub(crate) fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
         let expressions = exact.expressions();
         Some(DeviceAsk {
@@ -544,7 +542,7 @@ fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> Mod
 }
 
 /// `count` devices as a GPU request: whole GPUs, or slices of `profile`.
-pub fn devices(profile: Option<&str>, count: u32) -> GpuRequest {
+pub(crate) fn devices(profile: Option<&str>, count: u32) -> GpuRequest {
     match profile.and_then(|p| Some((p, mig::compute_slices(p).ok()?))) {
         Some((profile, compute)) => GpuRequest {
             mig: vec![MigDemand {

@@ -12,14 +12,14 @@ use crate::quota::{ModelAmounts, charge_on};
 /// [`Pin::charge`] of one.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Pin {
-    pub label: String,
+    pub(crate) label: String,
     /// The MIG profile (`None`: whole GPUs, devices without a profile attribute).
-    pub profile: Option<String>,
+    pub(crate) profile: Option<String>,
 }
 
 impl Pin {
     /// Whole GPUs of `label`.
-    pub fn whole(label: &str) -> Self {
+    pub(crate) fn whole(label: &str) -> Self {
         Pin {
             label: label.to_string(),
             profile: None,
@@ -27,7 +27,7 @@ impl Pin {
     }
 
     /// What `count` devices of the pinned set cost, per quota key.
-    pub fn charge(&self, count: u32, mig: &MigResources) -> ModelAmounts {
+    pub(crate) fn charge(&self, count: u32, mig: &MigResources) -> ModelAmounts {
         charge_on(&devices(self.profile.as_deref(), count), &self.label, mig)
     }
 }
@@ -39,7 +39,7 @@ impl Dra {
     /// (no profile attribute) or MIG slices of its profile. Each clause is guarded so
     /// that it evaluates on any device of the driver: Kubernetes aborts an allocation on
     /// an evaluation error.
-    pub fn pin_expression(&self, pin: &Pin, products: &[String]) -> String {
+    pub(crate) fn pin_expression(&self, pin: &Pin, products: &[String]) -> String {
         let values = match products.is_empty() {
             true => self.products_of_label(&pin.label),
             false => products.to_vec(),
@@ -65,7 +65,7 @@ impl Dra {
     /// What `expression` pins, if it is a pin ([`Dra::pin_expression`], exactly as it
     /// writes one): a device it matches has the pin's model label, and is a whole GPU or
     /// a slice of the pin's profile.
-    pub fn pinned(&self, expression: &str) -> Option<Pin> {
+    pub(crate) fn pinned(&self, expression: &str) -> Option<Pin> {
         let head = format!("{} in ", self.attribute(&self.model_attribute));
         let rest = expression.strip_prefix(head.as_str())?;
         let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Vec<String>>();

@@ -20,57 +20,57 @@ const MAX_DEVICES: usize = 256;
 const MAX_ATTRIBUTES: usize = 64;
 /// Most distinct devices of one model (and profile) a claim's selectors are evaluated
 /// against: devices that differ only in, say, their UUID say the same about models.
-pub const MAX_SAMPLES: usize = 8;
+pub(crate) const MAX_SAMPLES: usize = 8;
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct ResourceSlice {
     #[serde(default)]
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     #[serde(default)]
-    pub spec: SliceSpec,
+    pub(crate) spec: SliceSpec,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SliceSpec {
     #[serde(default)]
-    pub driver: String,
+    pub(crate) driver: String,
     #[serde(default)]
-    pub pool: Pool,
+    pub(crate) pool: Pool,
     /// The node whose devices these are (node-local drivers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     #[serde(default, deserialize_with = "bounded::<_, MAX_DEVICES, _>")]
-    pub devices: Vec<Device>,
+    pub(crate) devices: Vec<Device>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct Pool {
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct Device {
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
-    pub attributes: BTreeMap<String, Attribute>,
+    pub(crate) attributes: BTreeMap<String, Attribute>,
     #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
-    pub capacity: BTreeMap<String, Capacity>,
+    pub(crate) capacity: BTreeMap<String, Capacity>,
 }
 
 /// A device attribute: one of a string, an integer, a boolean or a version.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct Attribute {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub string: Option<String>,
+    pub(crate) string: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub int: Option<i64>,
+    pub(crate) int: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bool: Option<bool>,
+    pub(crate) bool: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
 }
 
 impl Attribute {
@@ -87,7 +87,7 @@ impl Attribute {
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 pub struct Capacity {
     #[serde(default)]
-    pub value: String,
+    pub(crate) value: String,
 }
 
 super::lite_resource!(
@@ -98,23 +98,23 @@ super::lite_resource!(
 );
 
 /// A device by the names an allocation result uses: (pool, device).
-pub type DeviceKey = (String, String);
+type DeviceKey = (String, String);
 
 /// A slice's GPU devices.
-pub type SliceDevices = Vec<(DeviceKey, GpuDevice)>;
+pub(crate) type SliceDevices = Vec<(DeviceKey, GpuDevice)>;
 
 /// One GPU device as quota sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuDevice {
     /// The model attribute as published (for pinning selectors).
-    pub product: String,
+    pub(crate) product: String,
     /// Its model label (`Dra::label_of_product`).
-    pub label: String,
-    pub profile: Option<String>,
+    pub(crate) label: String,
+    pub(crate) profile: Option<String>,
     /// The node the device is on, if its slice names one.
-    pub node: Option<String>,
+    pub(crate) node: Option<String>,
     /// The device as CEL selectors see it.
-    pub cel: Arc<CelDevice>,
+    pub(crate) cel: Arc<CelDevice>,
 }
 
 /// A slice's GPU devices: ((pool, device), what it is). Devices of other drivers, or
@@ -152,7 +152,7 @@ pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> SliceDevices {
 
 /// `device` as CEL sees it: attributes and capacities by domain (unqualified names are
 /// the driver's), capacities in thousandths (an unreadable one is left out).
-pub fn cel_device(driver: &str, device: &Device) -> CelDevice {
+fn cel_device(driver: &str, device: &Device) -> CelDevice {
     let split = |name: &str| -> (String, String) {
         match name.rsplit_once('/') {
             Some((domain, name)) => (domain.to_string(), name.to_string()),
@@ -219,27 +219,27 @@ impl DeviceIndex {
         self.by_slice.insert(slice.to_string(), devices);
     }
 
-    pub fn delete(&mut self, slice: &str) {
+    pub(crate) fn delete(&mut self, slice: &str) {
         self.derived = Default::default();
         for (key, _) in self.by_slice.remove(slice).into_iter().flatten() {
             self.devices.remove(&key);
         }
     }
 
-    pub fn replace(&mut self, slices: Vec<(String, SliceDevices)>) {
+    pub(crate) fn replace(&mut self, slices: Vec<(String, SliceDevices)>) {
         *self = DeviceIndex::default();
         for (name, devices) in slices {
             self.apply(&name, devices);
         }
     }
 
-    pub fn device(&self, pool: &str, device: &str) -> Option<&GpuDevice> {
+    pub(crate) fn device(&self, pool: &str, device: &str) -> Option<&GpuDevice> {
         self.devices.get(&(pool.to_string(), device.to_string()))
     }
 
     /// Up to [`MAX_SAMPLES`] distinct devices of each (model label, profile), in a
     /// stable order: what a claim's selectors are evaluated against.
-    pub fn samples(&self) -> Samples {
+    pub(crate) fn samples(&self) -> Samples {
         self.derived().samples.clone()
     }
 
@@ -270,7 +270,7 @@ impl DeviceIndex {
     }
 
     /// The model attribute values published, by model label, sorted.
-    pub fn products(&self) -> BTreeMap<String, Vec<String>> {
+    pub(crate) fn products(&self) -> BTreeMap<String, Vec<String>> {
         self.derived().products.clone()
     }
 
@@ -290,12 +290,12 @@ impl DeviceIndex {
     }
 
     /// Whether no GPU device is published.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.devices.is_empty()
     }
 
     /// The nodes with published GPU devices, and the model labels of each node's.
-    pub fn node_models(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    pub(crate) fn node_models(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
         let mut nodes: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
         for device in self.devices.values() {
             if let Some(node) = &device.node {

@@ -22,7 +22,7 @@ pub struct CatalogSource {
 }
 
 impl CatalogSource {
-    pub fn new(
+    pub(crate) fn new(
         dra: &Dra,
         classes: &DeviceClasses,
         devices: &DeviceIndex,

@@ -17,71 +17,71 @@ const MAX_RESULTS: usize = 64;
 #[serde(rename_all = "camelCase")]
 pub struct ResourceClaim {
     #[serde(default)]
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     #[serde(default)]
-    pub spec: ClaimSpec,
+    pub(crate) spec: ClaimSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<ClaimStatus>,
+    pub(crate) status: Option<ClaimStatus>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub devices: Option<DeviceClaim>,
+    pub(crate) devices: Option<DeviceClaim>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceClaim {
     #[serde(default, deserialize_with = "bounded::<_, MAX_REQUESTS, _>")]
-    pub requests: Vec<DeviceRequest>,
+    pub(crate) requests: Vec<DeviceRequest>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceRequest {
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exactly: Option<ExactRequest>,
+    pub(crate) exactly: Option<ExactRequest>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "bounded_opt::<_, MAX_REQUESTS, _>"
     )]
-    pub first_available: Option<Vec<SubRequest>>,
+    pub(crate) first_available: Option<Vec<SubRequest>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SubRequest {
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(flatten)]
-    pub request: ExactRequest,
+    pub(crate) request: ExactRequest,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExactRequest {
     #[serde(default)]
-    pub device_class_name: String,
+    pub(crate) device_class_name: String,
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "bounded::<_, MAX_SELECTORS, _>"
     )]
-    pub selectors: Vec<Selector>,
+    pub(crate) selectors: Vec<Selector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allocation_mode: Option<String>,
+    pub(crate) allocation_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<i64>,
+    pub(crate) count: Option<i64>,
 }
 
 impl ExactRequest {
     /// The CEL expressions of its selectors.
-    pub fn expressions(&self) -> Vec<&str> {
+    pub(crate) fn expressions(&self) -> Vec<&str> {
         let cel = self.selectors.iter().filter_map(|s| s.cel.as_ref());
         cel.map(|c| c.expression.as_str()).collect()
     }
@@ -90,49 +90,49 @@ impl ExactRequest {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct Selector {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cel: Option<CelSelector>,
+    pub(crate) cel: Option<CelSelector>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct CelSelector {
     #[serde(default)]
-    pub expression: String,
+    pub(crate) expression: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allocation: Option<Allocation>,
+    pub(crate) allocation: Option<Allocation>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct Allocation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub devices: Option<AllocatedDevices>,
+    pub(crate) devices: Option<AllocatedDevices>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct AllocatedDevices {
     #[serde(default, deserialize_with = "bounded::<_, MAX_RESULTS, _>")]
-    pub results: Vec<AllocatedDevice>,
+    pub(crate) results: Vec<AllocatedDevice>,
 }
 
 /// One allocated device: `driver`/`pool`/`device` name it in the ResourceSlices.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct AllocatedDevice {
     #[serde(default)]
-    pub request: String,
+    pub(crate) request: String,
     #[serde(default)]
-    pub driver: String,
+    pub(crate) driver: String,
     #[serde(default)]
-    pub pool: String,
+    pub(crate) pool: String,
     #[serde(default)]
-    pub device: String,
+    pub(crate) device: String,
 }
 
 impl ResourceClaim {
-    pub fn requests(&self) -> &[DeviceRequest] {
+    pub(crate) fn requests(&self) -> &[DeviceRequest] {
         self.spec
             .devices
             .as_ref()
@@ -140,7 +140,7 @@ impl ResourceClaim {
     }
 
     /// The devices allocated to the claim (empty until the scheduler allocates it).
-    pub fn allocated(&self) -> &[AllocatedDevice] {
+    pub(crate) fn allocated(&self) -> &[AllocatedDevice] {
         let status = self.status.as_ref().and_then(|s| s.allocation.as_ref());
         status
             .and_then(|a| a.devices.as_ref())

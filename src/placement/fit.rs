@@ -9,8 +9,8 @@ use super::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
 /// The GPUs chosen for one container.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GpuChoice {
-    pub container: u16,
-    pub demand: GpuDemand,
+    pub(crate) container: u16,
+    pub(crate) demand: GpuDemand,
     pub gpus: Vec<u8>,
 }
 
@@ -19,8 +19,8 @@ pub struct GpuChoice {
 /// no annotation for them: only our accounting of the node counts them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HeldGpus {
-    pub demand: GpuDemand,
-    pub gpus: Vec<u8>,
+    pub(crate) demand: GpuDemand,
+    pub(crate) gpus: Vec<u8>,
 }
 
 /// The GPUs chosen for every GPU container of a pod on one node, and those it holds
@@ -28,7 +28,7 @@ pub struct HeldGpus {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Assignment {
     pub choices: Vec<GpuChoice>,
-    pub held: Vec<HeldGpus>,
+    pub(crate) held: Vec<HeldGpus>,
 }
 
 impl Assignment {
@@ -44,7 +44,7 @@ impl Assignment {
 
     /// Whether the init-container hold is what `request` calls for (an assignment read
     /// back from the pod's annotations has none: the node's accounting adds it).
-    pub fn holds_init_of(&self, request: &GpuRequest) -> bool {
+    pub(crate) fn holds_init_of(&self, request: &GpuRequest) -> bool {
         self.held
             .iter()
             .map(|h| h.demand)
@@ -52,7 +52,7 @@ impl Assignment {
     }
 
     /// Add this assignment's use to the node. Indices the node lacks are ignored.
-    pub fn charge(&self, node: &mut NodeGpus) {
+    pub(crate) fn charge(&self, node: &mut NodeGpus) {
         for (gpu, each) in self.charges(node.memory_per_gpu) {
             if let Some(used) = node.used.get_mut(gpu) {
                 used.core += each.core;
@@ -62,7 +62,7 @@ impl Assignment {
     }
 
     /// Take this assignment's use off the node again.
-    pub fn release(&self, node: &mut NodeGpus) {
+    pub(crate) fn release(&self, node: &mut NodeGpus) {
         for (gpu, each) in self.charges(node.memory_per_gpu) {
             if let Some(used) = node.used.get_mut(gpu) {
                 used.core = used.core.saturating_sub(each.core);
@@ -72,7 +72,7 @@ impl Assignment {
     }
 
     /// The GPU indices of the container at `container`, comma-separated ("0,1").
-    pub fn indices_text(choice: &GpuChoice) -> String {
+    pub(crate) fn indices_text(choice: &GpuChoice) -> String {
         let parts: Vec<String> = choice.gpus.iter().map(u8::to_string).collect();
         parts.join(",")
     }
@@ -141,7 +141,7 @@ pub enum Misfit {
 }
 
 impl Misfit {
-    pub fn is_unresolvable(&self) -> bool {
+    pub(crate) fn is_unresolvable(&self) -> bool {
         !matches!(
             self,
             Misfit::NoShareFit { .. }
@@ -300,7 +300,7 @@ fn check_mig(node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
 
 /// Place the init-container hold of `request` on `node` as it is (its app containers
 /// already charged there), the way [`fit`] would.
-pub fn fit_held(node: &NodeGpus, request: &GpuRequest) -> Result<Vec<HeldGpus>, Misfit> {
+pub(crate) fn fit_held(node: &NodeGpus, request: &GpuRequest) -> Result<Vec<HeldGpus>, Misfit> {
     let held = request.held_for_init();
     if held.is_empty() {
         return Ok(Vec::new());
@@ -370,7 +370,7 @@ fn check_static(node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
 /// gpu-manager's share-mode evaluator: GPUs ordered by least free cores, then least
 /// free memory, then lowest index; the first that fits. gpu-manager re-checks this
 /// choice and fails the container if ours differs, so this order is not ours to change.
-pub fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, Misfit> {
+pub(crate) fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, Misfit> {
     let fits = |&i: &usize| node.free_core(i) >= core && node.free_memory(i) >= memory;
     let best = (0..node.gpu_count())
         .filter(fits)
@@ -395,7 +395,7 @@ pub fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, Misfit>
 
 /// Exclusive mode: wholly free GPUs, lowest indices first (tkestack's order once
 /// the busy GPUs are set aside).
-pub fn pick_whole(node: &NodeGpus, gpus: u32) -> Result<Vec<u8>, Misfit> {
+pub(crate) fn pick_whole(node: &NodeGpus, gpus: u32) -> Result<Vec<u8>, Misfit> {
     let free: Vec<u8> = (0..node.gpu_count())
         .filter(|&i| node.used[i].core == 0)
         .map(|i| i as u8)

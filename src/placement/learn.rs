@@ -23,7 +23,7 @@ pub struct LearningPlacer {
 }
 
 impl LearningPlacer {
-    pub fn new(policy: Policy, gpu_manager_compat: bool) -> Self {
+    pub(crate) fn new(policy: Policy, gpu_manager_compat: bool) -> Self {
         let base = Placer::new(policy).with_gpu_manager_compat(gpu_manager_compat);
         LearningPlacer {
             current: ArcSwap::from_pointee(base.clone()),
@@ -35,14 +35,14 @@ impl LearningPlacer {
     }
 
     /// The placer to use now.
-    pub fn placer(&self) -> Arc<Placer> {
+    pub(crate) fn placer(&self) -> Arc<Placer> {
         self.current.load_full()
     }
 
     /// Count the request of a pod that was placed into the mix. Only placements count:
     /// a caller that merely asks cannot shape the mix. Cheap: a short lock, and now and
     /// then a new snapshot.
-    pub fn observe(&self, request: &GpuRequest) {
+    pub(crate) fn observe(&self, request: &GpuRequest) {
         self.mix.observe(request);
         let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
         if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
@@ -58,10 +58,6 @@ impl LearningPlacer {
     /// The request mix learnt so far, whatever the policy.
     pub fn learned_mix(&self) -> Arc<TaskMix> {
         self.learned.load_full()
-    }
-
-    pub fn policy(&self) -> Policy {
-        self.base.policy
     }
 }
 

@@ -24,17 +24,17 @@ const TABLES: usize = 16;
 
 /// Where a node's evaluations are kept, and which state of the node they are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     /// Small and dense: the node's index in every table. Another node may get it once
     /// this one is gone.
-    pub slot: u32,
+    pub(crate) slot: u32,
     /// Names one state of one node (never 0): never given to another state or node.
-    pub version: u64,
+    pub(crate) version: u64,
 }
 
 /// Evaluations of nodes for recent (placer, request) pairs, by node slot.
 #[derive(Default)]
-pub struct PlacementMemo {
+pub(crate) struct PlacementMemo {
     tables: Vec<Table>,
     /// Counts lookups, to evict the least recently used table.
     clock: u64,
@@ -135,7 +135,7 @@ impl PlacementMemo {
 /// reusing the evaluations `memo` kept from earlier calls. The misfits are gathered only
 /// when no node is chosen (a placed pod's answer names its node alone, and most pods
 /// are placed): a second walk over `nodes`, reading the evaluations the first one left.
-pub fn place_versioned(
+pub(crate) fn place_versioned(
     placer: &Placer,
     request: &GpuRequest,
     nodes: &[&NodeGpus],

@@ -18,19 +18,19 @@ use serde::Deserialize;
 use super::quantity::Milli;
 
 /// What the single strategy puts between the model and the profile in the product label.
-pub const SINGLE_INFIX: &str = "-MIG-";
+pub(crate) const SINGLE_INFIX: &str = "-MIG-";
 
 /// MIG configuration (`resources.mig` in the config file).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct MigResources {
     /// Mixed strategy: `<prefix><profile>` is a MIG resource.
-    pub resource_prefix: String,
+    pub(crate) resource_prefix: String,
     /// Compute slices in one whole GPU, by a fragment of the model name; the longest
     /// fragment the model contains wins.
-    pub compute_slices: BTreeMap<String, u32>,
+    pub(crate) compute_slices: BTreeMap<String, u32>,
     /// Compute slices of a model no fragment matches.
-    pub default_compute_slices: u32,
+    pub(crate) default_compute_slices: u32,
 }
 
 impl Default for MigResources {
@@ -50,11 +50,11 @@ impl Default for MigResources {
 /// A MIG profile name that does not say how many compute slices it takes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a MIG profile (expected <compute slices>g.<memory>gb, e.g. 1g.10gb)")]
-pub struct ProfileError(pub String);
+pub struct ProfileError(pub(crate) String);
 
 /// The compute slices a profile takes: the number before `g.` (`3g.40gb` → 3). Suffixes
 /// after the memory (`1g.10gb+me`) are allowed.
-pub fn compute_slices(profile: &str) -> Result<u32, ProfileError> {
+pub(crate) fn compute_slices(profile: &str) -> Result<u32, ProfileError> {
     let bad = || ProfileError(profile.to_string());
     let (slices, memory) = profile.split_once("g.").ok_or_else(bad)?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -72,7 +72,7 @@ pub fn compute_slices(profile: &str) -> Result<u32, ProfileError> {
 /// its profile: `A100-SXM4-40GB-MIG-1g.5gb` → (`A100-SXM4-40GB`, `Some("1g.5gb")`).
 /// Placement asks this of every candidate node: a scan of the label's few bytes, not a
 /// substring searcher set up per call (that cost the filter 0.3 ms at 5,000 nodes).
-pub fn split_product(label: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_product(label: &str) -> (&str, Option<&str>) {
     let infix = SINGLE_INFIX.as_bytes();
     let at = label
         .as_bytes()
@@ -87,30 +87,30 @@ pub fn split_product(label: &str) -> (&str, Option<&str>) {
 }
 
 /// The GPU model a product label value is charged to (the label without a MIG suffix).
-pub fn model_of(label: &str) -> &str {
+pub(crate) fn model_of(label: &str) -> &str {
     split_product(label).0
 }
 
 /// The quota key of a profile of a model: `A100-SXM4-80GB/1g.10gb`.
-pub fn profile_key(model: &str, profile: &str) -> String {
+pub(crate) fn profile_key(model: &str, profile: &str) -> String {
     format!("{model}/{profile}")
 }
 
 /// Whether a quota key caps a MIG profile rather than a model.
-pub fn is_profile_key(key: &str) -> bool {
+pub(crate) fn is_profile_key(key: &str) -> bool {
     key.contains('/')
 }
 
 impl MigResources {
     /// The profile a resource name is for (`nvidia.com/mig-1g.10gb` → `1g.10gb`).
-    pub fn profile_of_resource<'a>(&self, resource: &'a str) -> Option<&'a str> {
+    pub(crate) fn profile_of_resource<'a>(&self, resource: &'a str) -> Option<&'a str> {
         resource
             .strip_prefix(self.resource_prefix.as_str())
             .filter(|p| !p.is_empty())
     }
 
     /// Compute slices in one whole GPU of `model`.
-    pub fn slices_per_gpu(&self, model: &str) -> u32 {
+    fn slices_per_gpu(&self, model: &str) -> u32 {
         let matching = self
             .compute_slices
             .iter()
@@ -123,7 +123,7 @@ impl MigResources {
 
     /// What one slice of `compute` compute slices costs of a GPU of `model`, in
     /// thousandths of a GPU, rounded down (never more than one GPU).
-    pub fn slice_fraction(&self, model: &str, compute: u32) -> Milli {
+    pub(crate) fn slice_fraction(&self, model: &str, compute: u32) -> Milli {
         let total = u64::from(self.slices_per_gpu(model));
         Milli(1000 * u64::from(compute).min(total) / total)
     }

@@ -3,26 +3,31 @@
 //! extender, the webhooks and `simulate` all call these functions.
 
 pub mod fit;
-pub mod fragment;
-pub mod learn;
-pub mod memo;
-pub mod mig;
+pub(crate) mod fragment;
+pub(crate) mod learn;
+pub(crate) mod memo;
+pub(crate) mod mig;
 pub mod models;
 pub mod node;
-pub mod policy;
+pub(crate) mod policy;
 pub mod quantity;
-pub mod request;
+pub(crate) mod request;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use fit::{Assignment, GpuChoice, HeldGpus, Misfit, fit};
-pub use fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
-pub use memo::{PlacementMemo, Stamp, place_versioned};
-pub use mig::MigResources;
+pub use fit::fit;
+pub(crate) use fit::{Assignment, GpuChoice, Misfit};
+pub use fragment::{GpuShape, HostRoom, TaskMix, TaskShape};
+pub(crate) use memo::{PlacementMemo, Stamp, place_versioned};
+pub(crate) use mig::MigResources;
 pub use node::{GpuUse, NodeGpus};
-pub use policy::{Candidate, DEFAULT_POLICY, Outcome, Placer, Policy, place, place_with_host};
-pub use request::{ContainerGpu, GpuDemand, GpuRequest, MigDemand, RequestError};
+pub(crate) use policy::{Candidate, DEFAULT_POLICY, place_with_host};
+pub use policy::{Outcome, Placer, Policy, place};
+#[cfg(test)]
+pub(crate) use request::ContainerGpu;
+pub use request::{GpuDemand, GpuRequest};
+pub(crate) use request::{MigDemand, RequestError};
 
 use serde::Deserialize;
 
@@ -30,11 +35,11 @@ use serde::Deserialize;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ResourceNames {
-    pub vcuda_core: String,
-    pub vcuda_memory: String,
+    pub(crate) vcuda_core: String,
+    pub(crate) vcuda_memory: String,
     /// Prefix of the gpu-manager annotations (`<prefix>/predicate-node`, ...).
-    pub annotation_prefix: String,
-    pub whole_gpu: Vec<String>,
+    pub(crate) annotation_prefix: String,
+    pub(crate) whole_gpu: Vec<String>,
     /// MIG slices: the mixed strategy's resource prefix and the slice table.
     pub mig: MigResources,
 }
@@ -54,14 +59,14 @@ impl Default for ResourceNames {
 impl ResourceNames {
     /// Every resource name that makes a pod a GPU pod, MIG resources aside
     /// ([`ResourceNames::is_gpu`] says for any name).
-    pub fn all(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &str> {
         [self.vcuda_core.as_str(), self.vcuda_memory.as_str()]
             .into_iter()
             .chain(self.whole_gpu.iter().map(String::as_str))
     }
 
     /// Whether `resource` makes a pod a GPU pod.
-    pub fn is_gpu(&self, resource: &str) -> bool {
+    pub(crate) fn is_gpu(&self, resource: &str) -> bool {
         self.all().any(|name| name == resource) || self.mig.profile_of_resource(resource).is_some()
     }
 }
@@ -69,8 +74,8 @@ impl ResourceNames {
 /// The node labels that carry a node's GPU model and pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeLabels {
-    pub model: String,
-    pub pool: String,
+    pub(crate) model: String,
+    pub(crate) pool: String,
 }
 
 impl Default for NodeLabels {

@@ -21,14 +21,14 @@ pub enum ModelSource {
 /// caller's to supply (`quota_default`, `quota_models`) since quotas live in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WantedModels {
-    pub models: Vec<String>,
-    pub source: ModelSource,
+    pub(crate) models: Vec<String>,
+    pub(crate) source: ModelSource,
 }
 
 impl WantedModels {
     /// Exactly `model`, as if the pod named it: a charge fixed to one model (a node's
     /// model at placement, a claim's pinned model).
-    pub fn one(model: impl Into<String>) -> Self {
+    pub(crate) fn one(model: impl Into<String>) -> Self {
         WantedModels {
             models: vec![model.into()],
             source: ModelSource::Annotation,
@@ -56,7 +56,11 @@ impl WantedModels {
 
     /// The models of a pod whose own choice (`own`, from [`WantedModels::of_pod`] without
     /// quota) is already known, e.g. the cache's copy of it: the same rule, in one place.
-    pub fn of_own(own: &[String], quota_default: Option<&str>, quota_models: &[String]) -> Self {
+    pub(crate) fn of_own(
+        own: &[String],
+        quota_default: Option<&str>,
+        quota_models: &[String],
+    ) -> Self {
         if own.is_empty() {
             Self::from_quota(quota_default, quota_models)
         } else {
@@ -69,7 +73,7 @@ impl WantedModels {
 
     /// [`WantedModels::of_own`]'s models without copying them (usage counting walks
     /// every pod of a namespace).
-    pub fn resolve<'a>(
+    pub(crate) fn resolve<'a>(
         own: &'a [String],
         quota_default: Option<&'a String>,
         quota_models: &'a [String],
@@ -92,7 +96,7 @@ impl WantedModels {
 
     /// Whether a node of this model is acceptable: its label is wanted, or it is a
     /// single-strategy MIG node (`<model>-MIG-<profile>`) of a wanted model.
-    pub fn admits(&self, node: &NodeGpus) -> Result<(), Misfit> {
+    pub(crate) fn admits(&self, node: &NodeGpus) -> Result<(), Misfit> {
         if self.models.is_empty() {
             return Ok(());
         }
@@ -109,7 +113,7 @@ impl WantedModels {
 impl WantedModels {
     /// Whether a node labelled `label` is acceptable (see [`WantedModels::admits`]).
     /// (Asked of every candidate node: prefix comparisons, no search of the label.)
-    pub fn accepts_label(&self, label: &str) -> bool {
+    fn accepts_label(&self, label: &str) -> bool {
         self.models
             .iter()
             .any(|m| match label.strip_prefix(m.as_str()) {
@@ -123,7 +127,7 @@ impl WantedModels {
 }
 
 /// Node pools a namespace may use; empty means any.
-pub fn pool_admits(pools: &[String], node: &NodeGpus) -> Result<(), Misfit> {
+pub(crate) fn pool_admits(pools: &[String], node: &NodeGpus) -> Result<(), Misfit> {
     if pools.is_empty() {
         return Ok(());
     }

@@ -39,20 +39,20 @@ impl NodeGpus {
     }
 
     /// Free vcuda-core on GPU `i` (never negative, even if over-committed by others).
-    pub fn free_core(&self, i: usize) -> u32 {
+    pub(crate) fn free_core(&self, i: usize) -> u32 {
         CORE_PER_GPU.saturating_sub(self.used[i].core)
     }
 
-    pub fn free_memory(&self, i: usize) -> u32 {
+    pub(crate) fn free_memory(&self, i: usize) -> u32 {
         self.memory_per_gpu.saturating_sub(self.used[i].memory)
     }
 
     /// Free vcuda-core summed over the node's GPUs.
-    pub fn total_free_core(&self) -> u32 {
+    pub(crate) fn total_free_core(&self) -> u32 {
         (0..self.gpu_count()).map(|i| self.free_core(i)).sum()
     }
 
-    pub fn total_free_memory(&self) -> u32 {
+    pub(crate) fn total_free_memory(&self) -> u32 {
         (0..self.gpu_count()).map(|i| self.free_memory(i)).sum()
     }
 
@@ -63,7 +63,7 @@ impl NodeGpus {
 
     /// Read GPU capacity, model and pool from a Node. vcuda resources win over whole-GPU
     /// ones when a node advertises both. A node with no GPU resource has zero GPUs.
-    pub fn from_node(node: &Node, names: &ResourceNames, labels: &NodeLabels) -> NodeGpus {
+    pub(crate) fn from_node(node: &Node, names: &ResourceNames, labels: &NodeLabels) -> NodeGpus {
         let name: Arc<str> = node.metadata.name.as_deref().unwrap_or_default().into();
         let label = |key: &str| -> Option<Arc<str>> {
             let value = node.metadata.labels.as_ref()?.get(key)?;
@@ -86,7 +86,7 @@ impl NodeGpus {
     }
 
     /// Slices of `profile` the node advertises (0 if none).
-    pub fn mig_capacity(&self, profile: &str) -> u32 {
+    pub(crate) fn mig_capacity(&self, profile: &str) -> u32 {
         let found = self.mig_slices.iter().find(|(p, _)| &**p == profile);
         found.map_or(0, |(_, count)| *count)
     }

@@ -32,10 +32,10 @@ pub enum Policy {
 }
 
 /// The policy that measures best on the openb traces (docs/simulate.md).
-pub const DEFAULT_POLICY: Policy = Policy::Fgd;
+pub(crate) const DEFAULT_POLICY: Policy = Policy::Fgd;
 
 impl Policy {
-    pub const fn name(self) -> &'static str {
+    pub(crate) const fn name(self) -> &'static str {
         match self {
             Policy::Original => "original",
             Policy::Binpack => "binpack",
@@ -56,13 +56,13 @@ impl std::fmt::Display for Policy {
 /// `Send + Sync`: share one between threads; swap in a new one to change the mix.
 #[derive(Debug, Clone)]
 pub struct Placer {
-    pub policy: Policy,
+    pub(crate) policy: Policy,
     /// The task shapes fragmentation is measured against.
     pub mix: Arc<TaskMix>,
     /// When true (the default) a share-mode container gets the GPU gpu-manager's own
     /// evaluator picks (`fit::pick_share`), which gpu-manager re-checks; only the node
     /// is chosen freely. When false, `fgd` also chooses the GPU inside the node.
-    pub gpu_manager_compat: bool,
+    pub(crate) gpu_manager_compat: bool,
 }
 
 impl Placer {
@@ -80,7 +80,7 @@ impl Placer {
         self
     }
 
-    pub fn with_gpu_manager_compat(mut self, compat: bool) -> Placer {
+    pub(crate) fn with_gpu_manager_compat(mut self, compat: bool) -> Placer {
         self.gpu_manager_compat = compat;
         self
     }
@@ -208,7 +208,7 @@ pub struct Outcome {
     pub chosen: Option<(usize, Assignment)>,
     /// Every node that could not take the pod, by index, with the reason
     /// ([`super::place_versioned`]: only when no node is chosen).
-    pub misfits: Vec<(usize, Misfit)>,
+    pub(crate) misfits: Vec<(usize, Misfit)>,
 }
 
 #[cfg(test)]
@@ -237,7 +237,7 @@ pub fn place<'a, C: Candidate + 'a>(
 /// [`place`] for a pod that also needs `host` CPU and memory on the node it gets, which
 /// `fgd` takes off the candidates' [`Candidate::room`] when it measures fragmentation.
 /// Feasibility of `host` is `allowed`'s to check.
-pub fn place_with_host<'a, C: Candidate + 'a>(
+pub(crate) fn place_with_host<'a, C: Candidate + 'a>(
     placer: &Placer,
     request: &GpuRequest,
     host: &HostRoom,

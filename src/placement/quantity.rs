@@ -44,7 +44,8 @@ impl Milli {
         Ok(milli.0 / 1000)
     }
 
-    pub fn from_units(units: u64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn from_units(units: u64) -> Self {
         Milli(units.saturating_mul(1000))
     }
 }

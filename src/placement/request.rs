@@ -9,7 +9,7 @@ use super::ResourceNames;
 use super::quantity::{Milli, QuantityError};
 
 /// vcuda-core units in one whole GPU.
-pub const CORE_PER_GPU: u32 = 100;
+pub(crate) const CORE_PER_GPU: u32 = 100;
 
 /// One container's GPU demand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,7 +33,7 @@ impl GpuDemand {
 /// A GPU container: its index in `spec.containers` (gpu-manager's annotation key) and demand.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerGpu {
-    pub container: u16,
+    pub(crate) container: u16,
     pub demand: GpuDemand,
 }
 
@@ -43,7 +43,7 @@ pub struct ContainerGpu {
 pub struct MigDemand {
     pub profile: Box<str>,
     /// Compute slices of one slice of the profile (`3g.40gb` → 3).
-    pub compute: u32,
+    pub(crate) compute: u32,
     pub count: u32,
 }
 
@@ -56,13 +56,13 @@ pub struct GpuRequest {
     /// GPU demands of the native sidecars (init containers with `restartPolicy:
     /// Always`), in order. They run beside the app containers for the pod's whole
     /// life, so Kubernetes adds them to the app containers' sum.
-    pub sidecars: Vec<GpuDemand>,
+    pub(crate) sidecars: Vec<GpuDemand>,
     /// The regular init container whose demand plus the sidecars started before it
     /// ([`init_beside`](Self::init_beside)) is the largest, if any asks for a GPU.
-    pub init: Option<GpuDemand>,
+    pub(crate) init: Option<GpuDemand>,
     /// How many of [`sidecars`](Self::sidecars) run beside [`init`](Self::init): those
     /// declared before it.
-    pub init_beside: usize,
+    pub(crate) init_beside: usize,
     /// MIG slices by profile (mixed strategy), in profile order.
     pub mig: Vec<MigDemand>,
 }
@@ -172,7 +172,7 @@ impl GpuRequest {
         Ok((!request.is_empty()).then_some(request))
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.has_gpu_demand() && self.mig.is_empty()
     }
 
@@ -318,7 +318,7 @@ fn mig_demands(
 
 /// A native sidecar: an init container with `restartPolicy: Always` (the only value
 /// the API server accepts there), which keeps running beside the app containers.
-pub fn is_sidecar(container: &Container) -> bool {
+fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
 }
 
@@ -374,7 +374,7 @@ fn init_order(demand: &GpuDemand, beside: u64) -> (u64, u32) {
 }
 
 /// Whether the pod asks for any GPU resource at all (cheap; no quantity parsing).
-pub fn asks_for_gpu(pod: &Pod, names: &ResourceNames) -> bool {
+pub(crate) fn asks_for_gpu(pod: &Pod, names: &ResourceNames) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };

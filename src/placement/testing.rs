@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::node::{GpuUse, NodeGpus};
 
 /// A pod with one container per slice entry, each with those resource limits.
-pub fn pod_with(containers: &[&[(&str, &str)]]) -> Pod {
+pub(crate) fn pod_with(containers: &[&[(&str, &str)]]) -> Pod {
     let containers = containers
         .iter()
         .enumerate()
@@ -37,7 +37,7 @@ pub fn pod_with(containers: &[&[(&str, &str)]]) -> Pod {
 }
 
 /// A node with `gpus` GPUs of `memory` vcuda-memory each, none used.
-pub fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
+pub(crate) fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
     NodeGpus {
         name: name.into(),
         model: None,
@@ -50,7 +50,7 @@ pub fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
 }
 
 /// The same node with GPU `index` charged `core` vcuda-core and `memory` vcuda-memory.
-pub fn with_used(mut node: NodeGpus, index: usize, core: u32, memory: u32) -> NodeGpus {
+pub(crate) fn with_used(mut node: NodeGpus, index: usize, core: u32, memory: u32) -> NodeGpus {
     node.used[index].core += core;
     node.used[index].memory += memory;
     node

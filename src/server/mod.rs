@@ -5,7 +5,7 @@
 
 pub mod admin;
 pub mod listener;
-pub mod pace;
+pub(crate) mod pace;
 pub mod slots;
 pub mod tls;
 mod trace;
@@ -37,11 +37,11 @@ use crate::wire::volcano::PredicateArgs;
 /// Largest AdmissionReview accepted. The API server refuses objects over 3 MiB, and
 /// the only reviews sent with two objects (an UPDATE's object and oldObject) are of
 /// pods, which etcd keeps under 1.5 MiB each.
-pub const WEBHOOK_BODY_LIMIT: usize = 4 << 20;
+const WEBHOOK_BODY_LIMIT: usize = 4 << 20;
 /// Largest extender request accepted. With `nodeCacheCapable` (what deploy/ sets) a
 /// request is the pod and up to 15,000 node names; the `Nodes` form carries whole Node
 /// objects, a few KiB each.
-pub const EXTENDER_BODY_LIMIT: usize = 32 << 20;
+const EXTENDER_BODY_LIMIT: usize = 32 << 20;
 /// Bodies at least this large are decoded on the blocking pool, so the async workers
 /// keep answering probes and small requests meanwhile.
 const DECODE_INLINE_MAX: usize = 64 << 10;
@@ -54,15 +54,15 @@ pub struct AppState(Arc<Shared>);
 /// The parts of [`AppState`].
 pub struct Shared {
     /// The run mode's seam: every charge, record and bind goes through it.
-    pub backend: Backend,
-    pub config: Arc<Config>,
+    pub(crate) backend: Backend,
+    pub(crate) config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     /// Set when shutdown begins, so `/readyz` turns away new traffic first.
-    pub shutting_down: Arc<AtomicBool>,
+    pub(crate) shutting_down: Arc<AtomicBool>,
     /// The placement policy, learning the request mix from the pods it places.
     pub placer: Arc<LearningPlacer>,
     /// How long a request body may take to arrive (then 408).
-    pub body_timeout: std::time::Duration,
+    body_timeout: std::time::Duration,
 }
 
 impl std::ops::Deref for AppState {
@@ -131,7 +131,7 @@ pub fn extender_router(state: AppState) -> Router {
 }
 
 /// Routes of the optional plain-HTTP extender port: the extender and the probes.
-pub fn insecure_extender_router(state: AppState) -> Router {
+pub(crate) fn insecure_extender_router(state: AppState) -> Router {
     let routes = extender_routes()
         .route("/livez", get(admin::livez))
         .route("/readyz", get(admin::readyz));
@@ -158,7 +158,7 @@ async fn version() -> impl IntoResponse {
 /// limit (413), a body too slow to arrive (408), or our own state not ready (503, so
 /// the caller's failure policy decides).
 #[derive(Debug)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     Undecodable(DecodeError),
     Unreadable(String),
     TooLarge { limit: usize },
@@ -167,7 +167,7 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Rejection::Undecodable(error) => error.kind(),
             Rejection::Unreadable(_) => "bad_request",
@@ -220,22 +220,22 @@ fn byte_size(bytes: usize) -> String {
 }
 
 /// How a route reads its body: its size limit and its decoder.
-pub struct Route<T> {
-    pub name: &'static str,
-    pub limit: usize,
-    pub parse: fn(&[u8]) -> Result<T, DecodeError>,
+struct Route<T> {
+    pub(crate) name: &'static str,
+    pub(crate) limit: usize,
+    pub(crate) parse: fn(&[u8]) -> Result<T, DecodeError>,
 }
 
 /// A route whose decoder takes the body itself, shared, not copied: the filter answers
 /// with Node objects cut from its request (tens of MB in the `Nodes` form).
-pub struct BodyRoute<T> {
-    pub name: &'static str,
-    pub limit: usize,
-    pub parse: fn(Bytes) -> Result<T, DecodeError>,
+struct BodyRoute<T> {
+    pub(crate) name: &'static str,
+    pub(crate) limit: usize,
+    pub(crate) parse: fn(Bytes) -> Result<T, DecodeError>,
 }
 
 /// What [`accept`] and [`answer`] need of a route.
-pub trait Decoder<T> {
+pub(crate) trait Decoder<T> {
     fn name(&self) -> &'static str;
     fn limit(&self) -> usize;
     fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, DecodeError> + Send + 'static;
@@ -268,7 +268,7 @@ impl<T: 'static> Decoder<T> for BodyRoute<T> {
 
 /// Read a body of at most `route.limit` bytes (413 beyond), decode it (off the async
 /// workers when large), and check readiness.
-pub async fn accept<T: Send + 'static>(
+pub(crate) async fn accept<T: Send + 'static>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -349,7 +349,7 @@ fn unreadable(error: axum::Error) -> Rejection {
 /// The shape of every POST handler: read and decode the body (400 on bad input, 413
 /// over the limit, 503 while not ready), judge it, count the request by route and
 /// decision, and record the decision on the request span.
-pub async fn answer<T, Judged>(
+pub(crate) async fn answer<T, Judged>(
     state: &AppState,
     route: &impl Decoder<T>,
     headers: &HeaderMap,

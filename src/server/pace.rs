@@ -28,23 +28,23 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body rate floor of a listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pace {
+pub(crate) struct Pace {
     /// Bytes per second a body must average; 0: no floor.
-    pub floor: u32,
+    pub(crate) floor: u32,
     /// How long after its head a body behind the floor is cut.
-    pub grace: Duration,
+    pub(crate) grace: Duration,
 }
 
 /// A request body arrived slower than the floor.
 #[derive(Debug, thiserror::Error)]
 #[error("request body arrived slower than {floor} bytes per second")]
-pub struct BodyTooSlow {
-    pub floor: u32,
+pub(crate) struct BodyTooSlow {
+    pub(crate) floor: u32,
 }
 
 /// How one request's body arrives.
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     begun: Instant,
     received: AtomicU64,
     done: AtomicBool,
@@ -54,7 +54,7 @@ pub struct Progress {
 
 impl Progress {
     /// A request whose head just arrived; `done` when it has no body.
-    pub fn new(done: bool) -> Arc<Progress> {
+    pub(crate) fn new(done: bool) -> Arc<Progress> {
         Arc::new(Progress::since(Instant::now(), done))
     }
 
@@ -68,12 +68,12 @@ impl Progress {
     }
 
     /// Whether the whole body arrived.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 
     /// Whether the handler waits for a body that has been behind the floor for [`YOUNG`].
-    pub fn starving(&self, pace: Pace, now: Instant) -> bool {
+    pub(crate) fn starving(&self, pace: Pace, now: Instant) -> bool {
         if pace.floor == 0 || self.is_done() || !self.awaiting.load(Ordering::Acquire) {
             return false;
         }
@@ -110,7 +110,7 @@ impl Progress {
 
 /// A request body that records how it arrives and fails with [`BodyTooSlow`] once it is
 /// behind the floor past the grace, telling its connection to give up its slot.
-pub struct MeteredBody<B> {
+pub(crate) struct MeteredBody<B> {
     inner: B,
     progress: Arc<Progress>,
     pace: Pace,
@@ -119,7 +119,12 @@ pub struct MeteredBody<B> {
 }
 
 impl<B> MeteredBody<B> {
-    pub fn new(inner: B, progress: Arc<Progress>, pace: Pace, activity: Arc<Activity>) -> Self {
+    pub(crate) fn new(
+        inner: B,
+        progress: Arc<Progress>,
+        pace: Pace,
+        activity: Arc<Activity>,
+    ) -> Self {
         MeteredBody {
             inner,
             progress,

@@ -83,8 +83,11 @@ use super::pace::Pace;
 
 mod activity;
 mod rule;
-pub use activity::{Activity, InFlight};
-pub use rule::{Admission, Callers, Holder, Newcomer, State, admission, seats};
+pub(crate) use activity::Activity;
+#[cfg(test)]
+use activity::InFlight;
+pub use rule::Callers;
+pub(crate) use rule::{Admission, Holder, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
 
 /// How long a connection that has made no request yet counts as a handshake under way
@@ -97,7 +100,7 @@ pub const YOUNG: Duration = Duration::from_secs(1);
 /// How long a peer keeps its standing after it last completed a request (its body
 /// whole, answered): the API server sending a review every few hundred milliseconds
 /// always has it; a flooder whose connections made one request loses it.
-pub const QUIET: Duration = Duration::from_secs(2);
+const QUIET: Duration = Duration::from_secs(2);
 
 /// How often the waiting room is looked at besides when a slot frees or a request ends:
 /// a young handshake grows old, and a peer loses its standing, without telling anyone.
@@ -107,7 +110,7 @@ const RECHECK: Duration = Duration::from_millis(50);
 const PASS_SPACING: Duration = Duration::from_millis(5);
 
 /// What a newcomer gets from [`Slots::enter`].
-pub enum Entry {
+pub(crate) enum Entry {
     /// A slot, now.
     Admitted(Slot),
     /// A seat in the waiting room: the slot comes through the ticket, or the ticket
@@ -118,7 +121,7 @@ pub enum Entry {
 }
 
 /// The slot table and waiting room of one listener.
-pub struct Slots {
+pub(crate) struct Slots {
     cap: usize,
     pace: Pace,
     callers: Callers,
@@ -290,7 +293,7 @@ impl Table {
 }
 
 impl Slots {
-    pub fn new(cap: usize, pace: Pace, callers: Callers) -> Arc<Slots> {
+    pub(crate) fn new(cap: usize, pace: Pace, callers: Callers) -> Arc<Slots> {
         Arc::new(Slots {
             cap: cap.max(1),
             pace,
@@ -303,12 +306,12 @@ impl Slots {
         })
     }
 
-    pub fn pace(&self) -> Pace {
+    pub(crate) fn pace(&self) -> Pace {
         self.pace
     }
 
     /// A slot for a newcomer from `peer` now, a seat to wait for one, or neither.
-    pub fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
+    pub(crate) fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
         let turn = table.turn(peer, table.next_seat, now);
@@ -436,7 +439,7 @@ impl Slots {
 
     /// Lets waiters in whenever something changes or [`RECHECK`] passes, until `stop`;
     /// at most once per [`PASS_SPACING`] (changes come with every request that ends).
-    pub async fn keep_the_room(self: Arc<Self>, stop: CancellationToken) {
+    pub(crate) async fn keep_the_room(self: Arc<Self>, stop: CancellationToken) {
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -477,7 +480,7 @@ impl Slots {
 
     /// Whether `peer` may open one more h2 stream: always while the listener has fewer
     /// requests in flight than slots; beyond, only within its fair share of them.
-    pub fn admits_stream(&self, peer: IpAddr) -> bool {
+    pub(crate) fn admits_stream(&self, peer: IpAddr) -> bool {
         if self.signals.in_flight.load(Ordering::Acquire) < self.cap {
             return true;
         }
@@ -494,24 +497,25 @@ impl Slots {
     }
 
     /// Connections holding a slot now.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
         self.table.lock().holders.len()
     }
 }
 
 /// A connection's slot, given back when dropped (unless it was taken from it).
-pub struct Slot {
+pub(crate) struct Slot {
     slots: Arc<Slots>,
     age: u64,
     activity: Arc<Activity>,
 }
 
 impl Slot {
-    pub fn activity(&self) -> &Arc<Activity> {
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
         &self.activity
     }
 
-    pub fn slots(&self) -> &Arc<Slots> {
+    pub(crate) fn slots(&self) -> &Arc<Slots> {
         &self.slots
     }
 }

@@ -16,11 +16,11 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 /// Name of the span every routed request runs in.
-pub const SPAN: &str = "request";
+pub(super) const SPAN: &str = "request";
 
 /// `router`, with each routed request inside a [`SPAN`] span. A route layer, so only
 /// requests that matched a route get one (a 404 has no route to name).
-pub fn trace_requests<S>(router: Router<S>) -> Router<S>
+pub(super) fn trace_requests<S>(router: Router<S>) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
 {
@@ -43,7 +43,7 @@ async fn traced(request: Request, next: Next) -> Response {
 /// What a request is about, on its span: `kind` is the field that takes the object's
 /// name (`pod` or `claim`). Empty parts are left unrecorded. Both in one record: the
 /// subscriber finds the span and formats its fields once, not once a field.
-pub fn record_object(kind: &'static str, namespace: &str, name: &str) {
+pub(super) fn record_object(kind: &'static str, namespace: &str, name: &str) {
     let span = tracing::Span::current();
     let Some(fields) = span.metadata().map(|m| m.fields()) else {
         return; // no subscriber, or outside a request span
@@ -64,7 +64,7 @@ fn given<'a>(value: &'a &str) -> Option<&'a dyn tracing::Value> {
 }
 
 /// [`record_object`] for a pod, from its metadata.
-pub fn record_pod(pod: &Pod) {
+pub(super) fn record_pod(pod: &Pod) {
     let meta = &pod.metadata;
     record_object(
         "pod",
@@ -74,7 +74,7 @@ pub fn record_pod(pod: &Pod) {
 }
 
 /// How the request was answered (the same label as the request metrics' `decision`).
-pub fn record_decision(decision: &str) {
+pub(super) fn record_decision(decision: &str) {
     tracing::Span::current().record("decision", decision);
 }
 

@@ -94,7 +94,7 @@ const MUTATE: Route<Created> = Route {
     parse: created_pod,
 };
 
-pub async fn validate_route(
+pub(super) async fn validate_route(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
@@ -173,7 +173,7 @@ fn count_exceeded(state: &AppState, verdict: &Verdict) {
     }
 }
 
-pub async fn mutate_route(
+pub(super) async fn mutate_route(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
@@ -245,7 +245,7 @@ const MUTATE_CLAIM: Route<ClaimReview> = Route {
     parse: created_claim,
 };
 
-pub async fn validate_claim_route(
+pub(super) async fn validate_claim_route(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
@@ -272,7 +272,7 @@ pub async fn validate_claim_route(
     .await
 }
 
-pub async fn mutate_claim_route(
+pub(super) async fn mutate_claim_route(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,

@@ -2,12 +2,12 @@
 //! through the extender's placement code and report how much GPU capacity each
 //! policy manages to allocate.
 
-pub mod plot;
-pub mod replay;
-pub mod tenancy;
-pub mod timeline;
-pub mod trace;
-pub mod workload;
+mod plot;
+mod replay;
+mod tenancy;
+mod timeline;
+pub(crate) mod trace;
+mod workload;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -25,50 +25,50 @@ use replay::{MixSource, RunResult, SimNode, SimPod};
 pub struct SimulateArgs {
     /// Node list CSV (`sn, cpu_milli, memory_mib, gpu, model`).
     #[arg(long)]
-    pub nodes: PathBuf,
+    pub(crate) nodes: PathBuf,
     /// Pod list CSV (`name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...`).
     #[arg(long)]
-    pub pods: PathBuf,
+    pub(crate) pods: PathBuf,
     /// Policies to compare, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = DEFAULT_POLICY.name())]
-    pub policy: Vec<Policy>,
+    pub(crate) policy: Vec<Policy>,
     /// Stop adding copies of trace pods before the GPU demand passes this × capacity.
     #[arg(long, default_value_t = 1.3)]
-    pub inflate: f64,
+    inflate: f64,
     /// Seed of the workload (copies drawn and shuffle).
     #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Several seeds: a range `42-51` or a list `42,43`; reports mean and sd. Overrides --seed.
     #[arg(long, value_parser = parse_seeds)]
-    pub seeds: Option<Seeds>,
+    pub(crate) seeds: Option<Seeds>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    pub(crate) format: Format,
     /// Whether FGD knows the request mix in advance or learns it from the pods so far.
     #[arg(long, value_enum, default_value_t = MixSource::Known)]
-    pub mix: MixSource,
+    pub(crate) mix: MixSource,
     /// Share-mode GPUs must be the ones gpu-manager picks (only the node is chosen).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub gpu_manager_compat: bool,
+    pub(crate) gpu_manager_compat: bool,
     /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
     #[arg(long)]
-    pub plot: Option<PathBuf>,
+    plot: Option<PathBuf>,
     /// Instead of the placement protocol, replay the trace over time through namespaces
     /// with GPU quotas (pods arrive at `creation_time` and run as long as they ran) and
     /// compare quota modes: `--namespaces`, `--quota-scale`, `--modes`; the first
     /// `--policy` places, `--seed` deals the pods to namespaces.
     #[arg(long)]
-    pub timeline: bool,
+    timeline: bool,
     /// `--timeline`: the namespaces the pods are dealt to (weights 1, 1/2, 1/3, ...).
     #[arg(long, default_value_t = 8)]
-    pub namespaces: usize,
+    pub(crate) namespaces: usize,
     /// `--timeline`: the namespaces' quotas together, as a multiple of the trace's peak
     /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs).
     #[arg(long, default_value_t = 1.0)]
-    pub quota_scale: f64,
+    quota_scale: f64,
     /// `--timeline`: `queue.maxPassOverSeconds`, how long a waiting pod that does not fit
     /// may be passed over before it holds its model.
     #[arg(long, default_value_t = crate::config::DEFAULT_MAX_PASS_OVER_SECONDS)]
-    pub max_pass_over: u32,
+    pub(crate) max_pass_over: u32,
     /// `--timeline`: the quota modes to compare.
     #[arg(
         long,
@@ -76,7 +76,7 @@ pub struct SimulateArgs {
         value_delimiter = ',',
         default_value = "deny,queue,cohort"
     )]
-    pub modes: Vec<timeline::QuotaMode>,
+    pub(crate) modes: Vec<timeline::QuotaMode>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -87,11 +87,11 @@ pub enum Format {
 
 /// The seeds of `--seeds`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seeds(pub Vec<u64>);
+pub struct Seeds(pub(crate) Vec<u64>);
 
 /// Why `--seeds` cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SeedsError {
+enum SeedsError {
     #[error("{0:?} is not a seed (a whole number)")]
     NotANumber(String),
     #[error("empty seed range {0}")]
@@ -119,11 +119,11 @@ fn parse_seeds(text: &str) -> Result<Seeds, SeedsError> {
 
 /// One policy's runs over the seeds.
 #[derive(Debug, Clone)]
-pub struct PolicyReport {
-    pub policy: Policy,
-    pub seeds: Vec<u64>,
-    pub runs: Vec<RunResult>,
-    pub seconds: f64,
+struct PolicyReport {
+    pub(crate) policy: Policy,
+    pub(crate) seeds: Vec<u64>,
+    pub(crate) runs: Vec<RunResult>,
+    pub(crate) seconds: f64,
 }
 
 /// Run `simulate`: print one report per policy on stdout.

@@ -12,7 +12,7 @@ use super::trace::{NodeRow, PodRow};
 
 /// vcuda-memory per GPU in the simulation: 100, so a share's memory equals its cores
 /// and memory stays exactly proportional to the GPU share (docs/design.md).
-pub const MEMORY_PER_GPU: u32 = 100;
+const MEMORY_PER_GPU: u32 = 100;
 
 /// Where FGD's request mix comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -26,17 +26,17 @@ pub enum MixSource {
 
 /// A trace pod read once into what placement needs.
 #[derive(Debug, Clone)]
-pub struct SimPod {
-    pub request: GpuRequest,
-    pub host: HostRoom,
-    pub models: Vec<Arc<str>>,
-    pub demand_milli: u64,
+pub(crate) struct SimPod {
+    pub(crate) request: GpuRequest,
+    pub(crate) host: HostRoom,
+    pub(crate) models: Vec<Arc<str>>,
+    pub(crate) demand_milli: u64,
     /// `None` for CPU-only pods, which take no part in the mix.
-    pub shape: Option<TaskShape>,
+    pub(crate) shape: Option<TaskShape>,
 }
 
 impl SimPod {
-    pub fn of(row: &PodRow) -> SimPod {
+    pub(crate) fn of(row: &PodRow) -> SimPod {
         let request = gpu_request(row);
         let host = HostRoom {
             cpu_milli: row.cpu_milli,
@@ -75,13 +75,13 @@ fn gpu_request(row: &PodRow) -> GpuRequest {
 
 /// A node during the run: its GPUs and its free CPU and memory.
 #[derive(Debug, Clone)]
-pub struct SimNode {
-    pub gpus: NodeGpus,
-    pub room: HostRoom,
+pub(crate) struct SimNode {
+    pub(crate) gpus: NodeGpus,
+    pub(crate) room: HostRoom,
 }
 
 impl SimNode {
-    pub fn of(row: &NodeRow) -> SimNode {
+    pub(crate) fn of(row: &NodeRow) -> SimNode {
         SimNode {
             gpus: NodeGpus {
                 name: row.name.as_str().into(),
@@ -113,7 +113,7 @@ impl SimNode {
 
     /// [`admits`](Self::admits), with the models the pod may go to (those its quota has
     /// room on) in place of the pod's own.
-    pub fn admits_models(&self, pod: &SimPod, models: &[String]) -> Result<(), Misfit> {
+    pub(crate) fn admits_models(&self, pod: &SimPod, models: &[String]) -> Result<(), Misfit> {
         let model = self.gpus.model.as_deref();
         if !models.iter().any(|m| Some(m.as_str()) == model) {
             return Err(Misfit::ModelNotWanted {
@@ -155,19 +155,19 @@ impl Candidate for SimNode {
 
 /// What one run measured.
 #[derive(Debug, Clone, Default)]
-pub struct RunResult {
-    pub pods: usize,
-    pub failed: usize,
-    pub capacity_milli: u64,
-    pub allocated_milli: u64,
+pub(crate) struct RunResult {
+    pub(crate) pods: usize,
+    pub(crate) failed: usize,
+    pub(crate) capacity_milli: u64,
+    pub(crate) allocated_milli: u64,
     /// Allocated share (%) when the arrived GPU demand first reached 100% of capacity.
-    pub allocated_pct_at_100: Option<f64>,
+    pub(crate) allocated_pct_at_100: Option<f64>,
     /// (arrived demand %, allocated %) after each GPU pod, thinned for plotting.
-    pub curve: Vec<(f64, f64)>,
+    pub(crate) curve: Vec<(f64, f64)>,
 }
 
 impl RunResult {
-    pub fn allocated_pct(&self) -> f64 {
+    pub(crate) fn allocated_pct(&self) -> f64 {
         percent(self.allocated_milli, self.capacity_milli)
     }
 }
@@ -185,7 +185,7 @@ fn percent(part: u64, whole: u64) -> f64 {
 const ONLINE_REFRESH: u64 = 64;
 
 /// Place `order` (indices into `pods`) on fresh `nodes`, one by one, never removing.
-pub fn run(
+pub(crate) fn run(
     placer: &Placer,
     mix: MixSource,
     nodes: &[SimNode],
@@ -255,6 +255,6 @@ fn learn(placer: &mut Placer, learnt: &RequestMix, pod: &SimPod) {
 }
 
 /// The mix FGD knows in advance: the trace's own GPU pods.
-pub fn known_mix(pods: &[SimPod]) -> TaskMix {
+pub(crate) fn known_mix(pods: &[SimPod]) -> TaskMix {
     TaskMix::from_shapes(pods.iter().filter_map(|p| p.shape.clone()))
 }

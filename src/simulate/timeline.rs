@@ -23,7 +23,7 @@ use crate::quota::view::QuotaView;
 use crate::quota::{Charge, Costs, ModelAmounts, OnExceed, admit};
 
 use super::replay::{SimNode, SimPod};
-pub use super::tenancy::{Tenancy, TimedPod, tenancy};
+pub(crate) use super::tenancy::{Tenancy, TimedPod, tenancy};
 
 /// How the namespaces' quotas treat a pod past them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -50,30 +50,30 @@ const PARKED: u32 = 6;
 
 /// What one mode's replay measured.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct TimelineResult {
-    pub pods: usize,
-    pub started: usize,
+pub(crate) struct TimelineResult {
+    pub(crate) pods: usize,
+    pub(crate) started: usize,
     /// Pods no quota (nor cohort) could ever take: refused at once, not replayed.
-    pub too_big: usize,
+    pub(crate) too_big: usize,
     /// Pods that never started: still waiting on quota when nothing was left to finish,
     /// or admitted and never placed (`no_node`).
-    pub never_started: usize,
+    pub(crate) never_started: usize,
     /// Of those, pods the quota admitted that no node could take (model, CPU, memory).
-    pub no_node: usize,
+    pub(crate) no_node: usize,
     /// Pods that waited on quota before they first started.
-    pub waited: usize,
-    pub wait_p50_s: u64,
-    pub wait_p99_s: u64,
-    pub wait_max_s: u64,
+    pub(crate) waited: usize,
+    pub(crate) wait_p50_s: u64,
+    pub(crate) wait_p99_s: u64,
+    pub(crate) wait_max_s: u64,
     /// GPU-hours during which GPUs sat idle while pods waited on quota (the smaller of
     /// the idle GPUs and the waiting pods' demand, over time).
-    pub stranded_gpu_hours: f64,
-    pub evictions: usize,
+    pub(crate) stranded_gpu_hours: f64,
+    pub(crate) evictions: usize,
     /// GPU-hours of work the evicted pods lost.
-    pub evicted_gpu_hours: f64,
+    pub(crate) evicted_gpu_hours: f64,
     /// Creates refused and made again (`Deny`, and multi-model pods under `Queue`).
-    pub retries: u64,
-    pub seconds: f64,
+    pub(crate) retries: u64,
+    pub(crate) seconds: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -132,7 +132,7 @@ struct Replay<'a> {
 }
 
 /// Replay `pods` over time on `nodes` under `mode`.
-pub fn run(
+pub(crate) fn run(
     mode: QuotaMode,
     placer: &Placer,
     nodes: &[SimNode],

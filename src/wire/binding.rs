@@ -9,17 +9,17 @@ use super::{self as wire, DecodeError, decode_raw, object_parts};
 /// `ExtenderBindingArgs`: bind this pod (by namespace, name and uid) to this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtenderBindingArgs {
-    pub pod_name: String,
-    pub pod_namespace: String,
-    pub pod_uid: String,
-    pub node: String,
+    pub(crate) pod_name: String,
+    pub(crate) pod_namespace: String,
+    pub(crate) pod_uid: String,
+    pub(crate) node: String,
 }
 
 /// `ExtenderBindingResult`: an empty `Error` means bound.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ExtenderBindingResult {
     #[serde(rename = "Error")]
-    pub error: String,
+    pub(crate) error: String,
 }
 
 /// Longest name a Kubernetes object can have (a DNS subdomain).
@@ -28,7 +28,7 @@ const MAX_NAME: usize = 253;
 impl ExtenderBindingArgs {
     /// Decode a request body (keys in any letter case, as Go reads them); every field is
     /// required and bounded.
-    pub fn from_json(body: &[u8]) -> Result<Self, DecodeError> {
+    pub(crate) fn from_json(body: &[u8]) -> Result<Self, DecodeError> {
         const KEYS: [&str; 4] = ["PodName", "PodNamespace", "PodUID", "Node"];
         let [name, namespace, uid, node] = object_parts("request", wire::text(body)?, KEYS)?;
         Ok(ExtenderBindingArgs {

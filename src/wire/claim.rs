@@ -7,7 +7,7 @@ use crate::dra::ResourceClaim;
 use super::{DecodeError, MAX_POD_VALUES, check_budget, decode_raw};
 
 /// Decode the claim in `raw` (its JSON text); `what` names the part in errors.
-pub fn decode(what: &str, raw: &str) -> Result<ResourceClaim, DecodeError> {
+pub(crate) fn decode(what: &str, raw: &str) -> Result<ResourceClaim, DecodeError> {
     check_budget(what, raw.as_bytes(), MAX_POD_VALUES)?;
     decode_raw(what, raw)
 }

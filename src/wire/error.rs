@@ -93,7 +93,7 @@ pub enum Fault {
 impl DecodeError {
     /// The metric label of this failure: one of a dozen fixed words, never text from
     /// the request.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             DecodeError::Malformed { .. } => "malformed_json",
             DecodeError::TooDeep { .. } => "too_deep",
@@ -114,7 +114,7 @@ impl DecodeError {
 
     /// The same error, saying what the part must be when it is not a JSON object (a
     /// caller knows the part's shape better than [`super::object_parts`]).
-    pub fn expecting(self, shape: &'static str) -> Self {
+    pub(crate) fn expecting(self, shape: &'static str) -> Self {
         match self {
             DecodeError::NotAnObject { what, .. } => DecodeError::NotAnObject {
                 what,

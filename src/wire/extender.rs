@@ -25,7 +25,7 @@ use super::{self as wire, Bounded, DecodeError, MAX_NODES, decode_raw, object_pa
 pub struct ExtenderArgs {
     pub pod: Pod,
     pub nodes: Option<Vec<GivenNode>>,
-    pub node_names: Option<Vec<String>>,
+    pub(crate) node_names: Option<Vec<String>>,
     /// The request's body: `nodes` are spans of it.
     body: RequestBody,
 }
@@ -33,7 +33,7 @@ pub struct ExtenderArgs {
 /// A node object from the request: its name, and where its JSON text is in the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GivenNode {
-    pub name: String,
+    pub(crate) name: String,
     pub(super) span: Range<usize>,
 }
 
@@ -52,7 +52,7 @@ impl ExtenderArgs {
     /// of MB: 5,000 objects of a few KB); of each node object only the start, up to
     /// its name, is read again. Only a body that fails is decoded again, part by part,
     /// to say where (docs/design.md, "The extender's filter").
-    pub fn from_body(body: Bytes) -> Result<Self, DecodeError> {
+    pub(crate) fn from_body(body: Bytes) -> Result<Self, DecodeError> {
         let text = wire::text(&body)?;
         let parts = match serde_json::from_str::<Parts>(text) {
             Ok(parts) => parts,

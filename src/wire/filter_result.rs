@@ -27,15 +27,15 @@ impl fmt::Debug for RequestBody {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ExtenderFilterResult {
     #[serde(rename = "Nodes")]
-    pub nodes: Option<NodeItems>,
+    pub(crate) nodes: Option<NodeItems>,
     #[serde(rename = "NodeNames")]
-    pub node_names: Option<Vec<String>>,
+    pub(crate) node_names: Option<Vec<String>>,
     #[serde(rename = "FailedNodes")]
-    pub failed_nodes: NodeReasons,
+    pub(crate) failed_nodes: NodeReasons,
     #[serde(rename = "FailedAndUnresolvableNodes")]
-    pub failed_and_unresolvable_nodes: NodeReasons,
+    pub(crate) failed_and_unresolvable_nodes: NodeReasons,
     #[serde(rename = "Error")]
-    pub error: String,
+    pub(crate) error: String,
 }
 
 /// A `NodeList` of node objects the request carried, echoed unchanged: spans of the
@@ -186,22 +186,19 @@ impl IntoResponse for ExtenderFilterResult {
 /// strings: an unschedulable pod has a reason for every candidate (thousands), and most
 /// candidates share a handful of distinct reasons.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct NodeReasons(pub Vec<(Arc<str>, Arc<str>)>);
+pub struct NodeReasons(pub(crate) Vec<(Arc<str>, Arc<str>)>);
 
 impl NodeReasons {
-    pub fn insert(&mut self, node: impl Into<Arc<str>>, reason: impl Into<Arc<str>>) {
+    pub(crate) fn insert(&mut self, node: impl Into<Arc<str>>, reason: impl Into<Arc<str>>) {
         self.0.push((node.into(), reason.into()));
     }
 
-    pub fn get(&self, node: &str) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, node: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(n, _)| &**n == node)
             .map(|(_, reason)| &**reason)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 

@@ -19,16 +19,16 @@
 //!
 //! With those, the memory a request takes is a small multiple of its body.
 
-pub mod binding;
-pub mod claim;
-pub mod error;
+pub(crate) mod binding;
+pub(crate) mod claim;
+pub(crate) mod error;
 pub mod extender;
-pub mod filter_result;
+pub(crate) mod filter_result;
 pub mod pod;
 pub mod review;
 pub mod volcano;
 
-pub use error::{DecodeError, Fault};
+pub(crate) use error::{DecodeError, Fault};
 
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -39,16 +39,16 @@ use std::marker::PhantomData;
 /// Most JSON values (objects, arrays, scalars) one pod may carry. A real pod of the
 /// apiserver's maximum size has far fewer; each value costs at most ~150 bytes once
 /// decoded, so this caps a pod at ~15 MiB of memory whatever its body.
-pub const MAX_POD_VALUES: usize = 100_000;
+const MAX_POD_VALUES: usize = 100_000;
 
 /// Most nodes or node names one extender request may carry (Kubernetes supports
 /// clusters of 5,000 nodes).
-pub const MAX_NODES: usize = 15_000;
+const MAX_NODES: usize = 15_000;
 
 /// Refuse `raw` when it holds more than `max` JSON values. An upper bound is enough:
 /// every value but the first follows a `[`, `{`, `,` or `:` outside a string, and a
 /// `:` always follows a key that was counted after its `{` or `,`.
-pub fn check_budget(what: &str, raw: &[u8], max: usize) -> Result<(), DecodeError> {
+fn check_budget(what: &str, raw: &[u8], max: usize) -> Result<(), DecodeError> {
     if !within_budget(raw, max) {
         return Err(DecodeError::OverBudget {
             what: what.to_string(),
@@ -60,7 +60,7 @@ pub fn check_budget(what: &str, raw: &[u8], max: usize) -> Result<(), DecodeErro
 
 /// Whether `raw` holds at most `max` JSON values, as [`check_budget`] counts them. A
 /// part of `raw` that is a JSON value holds at most as many as `raw`.
-pub fn within_budget(raw: &[u8], max: usize) -> bool {
+fn within_budget(raw: &[u8], max: usize) -> bool {
     // Each value counted after the first is one byte of `raw`, so a short `raw` is
     // within any budget it is shorter than, and the number of those bytes anywhere
     // (inside strings too: a count the compiler vectorizes) bounds the count from
@@ -107,7 +107,7 @@ fn count_values(raw: &[u8], max: usize) -> usize {
 /// the content is wrong, the path inside it. Decodes untracked first (tracking the
 /// path costs a third of decoding 5,000 node names); only a part that fails is decoded
 /// again with its path, for the message.
-pub fn decode_raw<'a, T: Deserialize<'a>>(what: &str, raw: &'a str) -> Result<T, DecodeError> {
+fn decode_raw<'a, T: Deserialize<'a>>(what: &str, raw: &'a str) -> Result<T, DecodeError> {
     serde_json::from_str(raw).or_else(|_| {
         let mut deserializer = serde_json::Deserializer::from_str(raw);
         serde_path_to_error::deserialize(&mut deserializer).map_err(|e| located(what, e))
@@ -126,7 +126,7 @@ fn located(what: &str, e: serde_path_to_error::Error<serde_json::Error>) -> Deco
 /// A JSON array of at most `MAX` elements, refused while decoding (before the rest of
 /// an oversized array is read into memory).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bounded<T, const MAX: usize>(pub Vec<T>);
+struct Bounded<T, const MAX: usize>(pub(crate) Vec<T>);
 
 impl<'de, T: serde::Deserialize<'de>, const MAX: usize> serde::Deserialize<'de>
     for Bounded<T, MAX>
@@ -158,7 +158,7 @@ impl<'de, T: serde::Deserialize<'de>, const MAX: usize> serde::Deserialize<'de>
 /// The values of `keys` in the JSON object `raw`, matched in any letter case (as Go's
 /// decoder matches struct fields); `null` counts as absent. Other keys are skipped
 /// without being stored, so an object of a million junk keys costs nothing.
-pub fn object_parts<'a, const N: usize>(
+fn object_parts<'a, const N: usize>(
     what: &str,
     raw: &'a str,
     keys: [&'static str; N],
@@ -181,7 +181,7 @@ pub fn object_parts<'a, const N: usize>(
 }
 
 /// `raw` as text: JSON bodies must be UTF-8.
-pub fn text(raw: &[u8]) -> Result<&str, DecodeError> {
+pub(crate) fn text(raw: &[u8]) -> Result<&str, DecodeError> {
     std::str::from_utf8(raw).map_err(|e| DecodeError::Malformed {
         what: "request".into(),
         detail: format!("not UTF-8 ({e})"),
@@ -216,7 +216,7 @@ impl<'de, const N: usize> Visitor<'de> for Parts<'_, N> {
 
 /// Which of `keys` an object key is, matched in any letter case ([`object_parts`]'s
 /// rule), for other visitors of request objects.
-pub(crate) struct KeyIndex<'k, const N: usize> {
+struct KeyIndex<'k, const N: usize> {
     pub(crate) keys: &'k [&'static str; N],
 }
 

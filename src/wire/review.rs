@@ -25,20 +25,20 @@ pub struct AdmissionRequest {
     pub operation: String,
     /// The object's kind, which must be the route's ([`Review::expect`]).
     #[serde(default)]
-    pub kind: Option<GroupVersionKind>,
+    pub(crate) kind: Option<GroupVersionKind>,
     /// The resource the request is made on, which must be the route's.
     #[serde(default)]
-    pub resource: Option<GroupVersionResource>,
+    pub(crate) resource: Option<GroupVersionResource>,
     /// Who asks: placement annotations may only be changed by the identities that
     /// write them by protocol (`placementWriters`).
     #[serde(default)]
-    pub user_info: UserInfo,
+    pub(crate) user_info: UserInfo,
     /// The object: JSON text until the handler decodes the pod (see `crate::wire::pod`).
     #[serde(default)]
-    pub object: Option<Object>,
+    pub(crate) object: Option<Object>,
     /// The object before an UPDATE (null for a CREATE).
     #[serde(default)]
-    pub old_object: Option<Object>,
+    old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
@@ -47,18 +47,18 @@ pub struct AdmissionRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct GroupVersionKind {
-    pub group: String,
-    pub version: String,
-    pub kind: String,
+    pub(crate) group: String,
+    pub(crate) version: String,
+    pub(crate) kind: String,
 }
 
 /// `request.resource`: the resource the request was made on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct GroupVersionResource {
-    pub group: String,
-    pub version: String,
-    pub resource: String,
+    pub(crate) group: String,
+    pub(crate) version: String,
+    pub(crate) resource: String,
 }
 
 /// `request.userInfo`: the authenticated user behind the request (the API server's
@@ -66,27 +66,27 @@ pub struct GroupVersionResource {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct UserInfo {
-    pub username: String,
-    pub groups: Vec<String>,
+    pub(crate) username: String,
+    pub(crate) groups: Vec<String>,
 }
 
 /// What a route judges: the group, kind and resource its reviews must be about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expected {
-    pub group: &'static str,
-    pub kind: &'static str,
-    pub resource: &'static str,
+    pub(crate) group: &'static str,
+    pub(crate) kind: &'static str,
+    pub(crate) resource: &'static str,
 }
 
 /// Reviews of Pods (`/validate`, `/mutate`).
-pub const PODS: Expected = Expected {
+pub(crate) const PODS: Expected = Expected {
     group: "",
     kind: "Pod",
     resource: "pods",
 };
 
 /// Reviews of ResourceClaims (`/validate/resourceclaims`, `/mutate/resourceclaims`).
-pub const RESOURCE_CLAIMS: Expected = Expected {
+pub(crate) const RESOURCE_CLAIMS: Expected = Expected {
     group: "resource.k8s.io",
     kind: "ResourceClaim",
     resource: "resourceclaims",
@@ -120,7 +120,7 @@ pub enum Mismatch {
 
 impl Mismatch {
     /// The metric label of the mismatch ([`DecodeError::kind`]).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Mismatch::Operation(_) => "bad_operation",
             Mismatch::NoNamespace(_) => "missing_field",
@@ -224,7 +224,7 @@ impl Review {
     /// operation the API server does not spell so, no namespace, or a kind or resource
     /// that is not the route's. The API server never sends these; a caller that does
     /// gets 400 naming the mismatch, and no namespace is charged for it.
-    pub fn expect(&self, route: Expected) -> Result<(), Mismatch> {
+    pub(crate) fn expect(&self, route: Expected) -> Result<(), Mismatch> {
         let request = &self.request;
         if !OPERATIONS.contains(&request.operation.as_str()) {
             return Err(Mismatch::Operation(request.operation.clone()));
@@ -250,7 +250,11 @@ impl Review {
 
     /// An object's own namespace must be the request's (the API server sets it so
     /// before admission), or absent; anything else is a forged review.
-    pub fn check_namespace(&self, field: &'static str, own: Option<&str>) -> Result<(), Mismatch> {
+    pub(crate) fn check_namespace(
+        &self,
+        field: &'static str,
+        own: Option<&str>,
+    ) -> Result<(), Mismatch> {
         let request = self.request.namespace.as_deref().unwrap_or_default();
         match own {
             Some(own) if !own.is_empty() && own != request => Err(Mismatch::Namespace {
@@ -284,7 +288,7 @@ impl Review {
 
     /// The ResourceClaim in `request.object` of a review read with [`Review::from_json`],
     /// decoded with bounded memory.
-    pub fn claim(&self) -> Result<crate::dra::ResourceClaim, DecodeError> {
+    pub(crate) fn claim(&self) -> Result<crate::dra::ResourceClaim, DecodeError> {
         match self.request.object.as_ref() {
             Some(Object::Raw(raw)) if raw.get() != "null" => {
                 wire::claim::decode("request.object", raw.get())
@@ -340,13 +344,13 @@ impl Review {
         }
     }
 
-    pub fn allow(&self) -> Answer<'_> {
+    pub(crate) fn allow(&self) -> Answer<'_> {
         self.respond(self.response(true))
     }
 
     /// Allowed, with warnings the client shows (`kubectl` prints each as
     /// `Warning: ...`); plain [`Review::allow`] when there are none.
-    pub fn allow_with<'a>(&'a self, warnings: &'a [String]) -> Answer<'a> {
+    pub(crate) fn allow_with<'a>(&'a self, warnings: &'a [String]) -> Answer<'a> {
         self.respond(Response {
             warnings,
             ..self.response(true)
@@ -354,7 +358,7 @@ impl Review {
     }
 
     /// A denial: code 403, reason Forbidden, the message a person reads.
-    pub fn deny<'a>(&'a self, message: &'a str) -> Answer<'a> {
+    pub(crate) fn deny<'a>(&'a self, message: &'a str) -> Answer<'a> {
         self.respond(Response {
             status: Some(Status {
                 code: 403,
@@ -366,7 +370,7 @@ impl Review {
     }
 
     /// Allowed with a JSON Patch (RFC 6902) as standard padded base64; none when empty.
-    pub fn patch(&self, patch: &json_patch::Patch) -> Answer<'_> {
+    pub(crate) fn patch(&self, patch: &json_patch::Patch) -> Answer<'_> {
         if patch.0.is_empty() {
             return self.allow();
         }
@@ -383,7 +387,7 @@ impl Review {
 /// (no `serde_json::Value` in between); the fields are in the order a `Value` would
 /// print them, so the bytes are the same.
 #[derive(Debug, Serialize)]
-pub struct Answer<'a> {
+pub(crate) struct Answer<'a> {
     #[serde(rename = "apiVersion")]
     api_version: &'a str,
     kind: &'static str,

@@ -13,8 +13,8 @@ use super::{self as wire, DecodeError, decode_raw, object_parts};
 /// Volcano's `PredicateResponse`: an empty status passes.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct PredicateResponse {
-    pub status: String,
-    pub code: i32,
+    pub(crate) status: String,
+    pub(crate) code: i32,
 }
 
 /// Volcano's `TaskStatus` bits of the tasks that hold their node's resources:
@@ -25,7 +25,7 @@ const HOLDING: u32 = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6);
 
 /// Most tasks one request may list on its node (a kubelet runs at most a few hundred
 /// pods).
-pub const MAX_NODE_TASKS: usize = 10_000;
+const MAX_NODE_TASKS: usize = 10_000;
 
 /// The pod, node name and the pods of the node's holding tasks of a predicate request
 /// (`{"task": TaskInfo, "node": NodeInfo}`, Go field names). The rest of the node
@@ -33,7 +33,7 @@ pub const MAX_NODE_TASKS: usize = 10_000;
 /// task list only adds what the cluster does not show yet.
 pub struct PredicateArgs {
     pub pod: Pod,
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// The pods of `node.Tasks` whose status holds the node ([`HOLDING`]).
     pub node_pods: Vec<Pod>,
 }

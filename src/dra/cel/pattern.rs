@@ -17,19 +17,19 @@ use super::meter;
 /// Most program size of a regular expression (the regex crate's limit, in bytes):
 /// Unicode `\w+` fits, `\w{1,200}` does not. Compiling, or refusing, a pattern within
 /// it took at most 0.8 ms (docs/benchmarks.md).
-pub const REGEX_SIZE: usize = 64 * 1024;
+pub(crate) const REGEX_SIZE: usize = 64 * 1024;
 /// Most memory one pattern's lazy DFA may use while matching.
 const REGEX_DFA_SIZE: usize = 256 * 1024;
 /// What compiling a pattern costs the claim's budget, whatever the pattern: about the
 /// longest a compile within [`REGEX_SIZE`] takes.
-pub const COMPILE_PRICE: u64 = 20_000;
+pub(crate) const COMPILE_PRICE: u64 = 20_000;
 
 /// Why a pattern cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused;
+pub(super) struct Refused;
 
 /// Compiled patterns by their text.
-pub type Patterns = HashMap<Box<str>, Arc<Regex>>;
+pub(super) type Patterns = HashMap<Box<str>, Arc<Regex>>;
 
 /// `text` compiled within the limits.
 pub(super) fn compile(text: &str) -> Result<Arc<Regex>, Refused> {

@@ -12,7 +12,7 @@ use super::shape::HostRoom;
 /// leaves the node least fragmented under `mix` (ties: gpu-manager's own order);
 /// whole GPUs as gpu-manager takes them (any wholly free GPU is as good as another).
 /// `None` if some container finds no GPU. Not gpu-manager compatible: see `Placer`.
-pub fn least_fragmenting_fit(
+pub(crate) fn least_fragmenting_fit(
     node: &NodeGpus,
     request: &GpuRequest,
     mix: &TaskMix,

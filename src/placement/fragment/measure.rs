@@ -19,7 +19,10 @@ impl TaskMix {
     /// The share (0..=1) of the free GPU capacity of `nodes` that a task drawn from
     /// the mix could not use; 0 when nothing is free. An empty mix (no pod seen yet)
     /// stands for one whole GPU: then free capacity on partly used GPUs is fragmented.
-    pub fn cluster_fragmentation<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeGpus>) -> f64 {
+    pub(crate) fn cluster_fragmentation<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = &'a NodeGpus>,
+    ) -> f64 {
         let whole;
         let mix = if self.is_empty() {
             whole = TaskMix::weighted([(TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }), 1.0)]);
@@ -81,7 +84,7 @@ impl TaskMix {
     /// alike get bitwise equal growths.
     ///
     /// Cost: O(GPUs + shapes × touched GPUs), no allocation for up to 16 touched GPUs.
-    pub fn growth(
+    pub(crate) fn growth(
         &self,
         node: &NodeGpus,
         charges: impl IntoIterator<Item = (usize, GpuUse)>,

@@ -14,7 +14,7 @@ use super::shape::{GpuShape, HostRoom, TaskShape};
 /// At most this many distinct GPU shapes (the most common) enter a mix: scoring a node
 /// costs O(GPUs × distinct GPU shapes), and the extender scores thousands per call.
 /// The rare tail is not dropped otherwise: it measured better kept (docs/simulate.md).
-pub const MAX_GPU_SHAPES: usize = 32;
+pub(crate) const MAX_GPU_SHAPES: usize = 32;
 
 /// A fixed request mix: task shapes with frequencies summing to 1 (or no shapes at
 /// all, under which every node's fragmentation is 0). Immutable, so `place()` can read
@@ -40,7 +40,7 @@ pub(super) struct MixEntry {
 
 impl TaskMix {
     /// The mix of `shapes`, each weighted by its frequency (see [`TaskMix::from_counts`]).
-    pub fn from_shapes(shapes: impl IntoIterator<Item = TaskShape>) -> TaskMix {
+    pub(crate) fn from_shapes(shapes: impl IntoIterator<Item = TaskShape>) -> TaskMix {
         let mut counts: HashMap<TaskShape, u64> = HashMap::new();
         for shape in shapes {
             *counts.entry(shape).or_default() += 1;
@@ -121,7 +121,8 @@ impl TaskMix {
     }
 
     /// The shapes and their weights (for reports).
-    pub fn shapes(&self) -> impl Iterator<Item = (GpuShape, HostRoom, f64)> + '_ {
+    #[cfg(test)]
+    pub(crate) fn shapes(&self) -> impl Iterator<Item = (GpuShape, HostRoom, f64)> + '_ {
         self.entries
             .iter()
             .map(|e| (self.demands[e.demand], e.host, e.weight))
@@ -178,24 +179,24 @@ fn intern<T: PartialEq>(list: &mut Vec<T>, item: T) -> usize {
 /// At most this many distinct task shapes are counted by a [`RequestMix`]; far more
 /// than a cluster's real mix has (the openb traces have at most a few hundred, CPU,
 /// memory and models included), and only [`MAX_GPU_SHAPES`] GPU shapes are scored.
-pub const MAX_SHAPES: usize = 1024;
+pub(crate) const MAX_SHAPES: usize = 1024;
 
 /// A request mix learnt online from the pods the extender sees. `observe` is cheap
 /// (one short lock) and callable from many threads through `&self`; `snapshot` builds
 /// the immutable [`TaskMix`] that placement reads.
 #[derive(Debug, Default)]
-pub struct RequestMix {
+pub(crate) struct RequestMix {
     pub(super) counts: Mutex<HashMap<TaskShape, u64>>,
 }
 
 impl RequestMix {
-    pub fn new() -> RequestMix {
+    pub(crate) fn new() -> RequestMix {
         RequestMix::default()
     }
 
     /// Count one pod's request (GPU shape only). Requests without GPU containers are
     /// ignored: their placement changes no GPU's usability.
-    pub fn observe(&self, request: &GpuRequest) {
+    pub(crate) fn observe(&self, request: &GpuRequest) {
         if let Some(gpu) = GpuShape::of_request(request) {
             self.observe_shape(TaskShape::gpu_only(gpu));
         }
@@ -204,7 +205,7 @@ impl RequestMix {
     /// Count one task of a fully known shape (CPU, memory, models as well). Once
     /// [`MAX_SHAPES`] distinct shapes are known, new ones are not counted (known ones
     /// still are): whoever can send filter calls must not grow this without bound.
-    pub fn observe_shape(&self, shape: TaskShape) {
+    pub(crate) fn observe_shape(&self, shape: TaskShape) {
         let mut counts = self.counts.lock();
         let full = counts.len() >= MAX_SHAPES;
         match counts.get_mut(&shape) {
@@ -217,12 +218,12 @@ impl RequestMix {
     }
 
     /// How many tasks were observed.
-    pub fn observed(&self) -> u64 {
+    pub(crate) fn observed(&self) -> u64 {
         self.counts.lock().values().sum()
     }
 
     /// The mix of the shapes seen so far (see [`TaskMix::from_counts`]).
-    pub fn snapshot(&self) -> TaskMix {
+    pub(crate) fn snapshot(&self) -> TaskMix {
         let counts: Vec<(TaskShape, u64)> = self
             .counts
             .lock()

@@ -41,6 +41,9 @@ mod shape;
 #[cfg(test)]
 mod tests;
 
-pub use fit::least_fragmenting_fit;
-pub use mix::{MAX_GPU_SHAPES, MAX_SHAPES, RequestMix, TaskMix};
+pub(crate) use fit::least_fragmenting_fit;
+pub(crate) use mix::RequestMix;
+pub use mix::TaskMix;
+#[cfg(test)]
+use mix::{MAX_GPU_SHAPES, MAX_SHAPES};
 pub use shape::{GpuShape, HostRoom, TaskShape};

@@ -14,12 +14,12 @@ pub struct HostRoom {
 
 impl HostRoom {
     /// Whether a task needing `need` fits in this room.
-    pub fn holds(&self, need: &HostRoom) -> bool {
+    pub(crate) fn holds(&self, need: &HostRoom) -> bool {
         self.cpu_milli >= need.cpu_milli && self.memory_mib >= need.memory_mib
     }
 
     /// The room left after `need` is taken (never negative).
-    pub fn minus(&self, need: &HostRoom) -> HostRoom {
+    pub(crate) fn minus(&self, need: &HostRoom) -> HostRoom {
         HostRoom {
             cpu_milli: self.cpu_milli.saturating_sub(need.cpu_milli),
             memory_mib: self.memory_mib.saturating_sub(need.memory_mib),
@@ -27,7 +27,7 @@ impl HostRoom {
     }
 
     /// The room after `freed` is given back.
-    pub fn plus(&self, freed: &HostRoom) -> HostRoom {
+    pub(crate) fn plus(&self, freed: &HostRoom) -> HostRoom {
         HostRoom {
             cpu_milli: self.cpu_milli.saturating_add(freed.cpu_milli),
             memory_mib: self.memory_mib.saturating_add(freed.memory_mib),
@@ -46,7 +46,7 @@ pub enum GpuShape {
 
 impl GpuShape {
     /// The shape's size in GPUs (0.5 for half a GPU).
-    pub fn gpus(self) -> f64 {
+    pub(crate) fn gpus(self) -> f64 {
         match self {
             GpuShape::Share { core, .. } => f64::from(core) / f64::from(CORE_PER_GPU),
             GpuShape::Whole { gpus } => f64::from(gpus),
@@ -57,7 +57,7 @@ impl GpuShape {
     /// sidecars, which run beside them) if it has any, else its largest share. `None`
     /// for a request without such containers. Pods with several GPU containers are
     /// rare; their dominant container stands for them.
-    pub fn of_request(request: &GpuRequest) -> Option<GpuShape> {
+    pub(crate) fn of_request(request: &GpuRequest) -> Option<GpuShape> {
         let sidecars = request.sidecars.iter().copied();
         let demands = || {
             request
@@ -89,9 +89,9 @@ impl GpuShape {
 /// constrained, the GPU models it accepts (sorted, no duplicates).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TaskShape {
-    pub gpu: GpuShape,
+    pub(crate) gpu: GpuShape,
     pub host: HostRoom,
-    pub models: Option<Arc<[Arc<str>]>>,
+    pub(crate) models: Option<Arc<[Arc<str>]>>,
 }
 
 impl TaskShape {

@@ -14,7 +14,7 @@ use super::{Holder, QUIET, Signals, State, YOUNG};
 
 /// One connection's requests: whether it has made one, which are in flight, when the
 /// last one ended and was last served whole; and whether it must give up its slot.
-pub struct Activity {
+pub(crate) struct Activity {
     pub(super) peer: IpAddr,
     pub(super) started: Instant,
     pub(super) requested: AtomicBool,
@@ -56,7 +56,7 @@ impl Activity {
         }
     }
 
-    pub fn peer(&self) -> IpAddr {
+    pub(crate) fn peer(&self) -> IpAddr {
         self.peer
     }
 
@@ -97,7 +97,7 @@ impl Activity {
     }
 
     /// Whether the connection is in its TLS handshake (set around the handshake).
-    pub fn set_handshaking(&self, handshaking: bool) {
+    pub(crate) fn set_handshaking(&self, handshaking: bool) {
         if !handshaking {
             self.handshake_ended.store(self.millis(), Ordering::Release);
         }
@@ -110,7 +110,7 @@ impl Activity {
     }
 
     /// Whether a request has begun on this connection.
-    pub fn has_requested(&self) -> bool {
+    pub(crate) fn has_requested(&self) -> bool {
         self.requested.load(Ordering::Acquire)
     }
 
@@ -120,23 +120,23 @@ impl Activity {
     }
 
     /// Resolves when a newcomer has taken this connection's slot.
-    pub async fn evicted(&self) {
+    pub(crate) async fn evicted(&self) {
         self.evicted.cancelled().await
     }
 
     /// Resolves when a request body arrived too slowly: the connection gives up its slot.
-    pub async fn too_slow(&self) {
+    pub(crate) async fn too_slow(&self) {
         self.too_slow.cancelled().await
     }
 
     /// Marks the connection as cut for a body too slow (`server::pace`).
-    pub fn cut_for_slowness(&self) {
+    pub(crate) fn cut_for_slowness(&self) {
         self.too_slow.cancel();
         self.signals.changed.notify_one();
     }
 
     /// A request begins; `progress` follows its body.
-    pub fn begin(self: &Arc<Self>, progress: Arc<Progress>) -> InFlight {
+    pub(crate) fn begin(self: &Arc<Self>, progress: Arc<Progress>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.signals.in_flight.fetch_add(1, Ordering::AcqRel);
         self.requested.store(true, Ordering::Release);
@@ -148,7 +148,7 @@ impl Activity {
     }
 
     /// Resolves once no request has been in flight for `idle`.
-    pub async fn idle_for(&self, idle: Duration) {
+    pub(crate) async fn idle_for(&self, idle: Duration) {
         loop {
             let last = Duration::from_millis(self.last_done.load(Ordering::Acquire));
             let wake = if self.in_flight.load(Ordering::Acquire) == 0 {
@@ -166,7 +166,7 @@ impl Activity {
 }
 
 /// One request in flight; its end is recorded when dropped (also on cancellation).
-pub struct InFlight {
+pub(crate) struct InFlight {
     pub(super) activity: Arc<Activity>,
     pub(super) progress: Arc<Progress>,
 }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 /// more per slot or at least 1024 more (a small door, the admin port's 64, meets the same
 /// floods as the webhook door). Each waiter holds a file descriptor: a listener holds at
 /// most `cap` + this many, each waiter for at most `--handshake-timeout`.
-pub fn seats(cap: usize) -> usize {
+pub(crate) fn seats(cap: usize) -> usize {
     cap + (4 * cap).max(1024)
 }
 
@@ -32,7 +32,7 @@ pub enum Callers {
 
 /// What a connection is doing, as far as giving up its slot goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     /// In its TLS handshake (the server has not finished it; the client may not have
     /// begun it). `young`: connected less than [`YOUNG`] ago.
     Handshake { young: bool },
@@ -51,22 +51,22 @@ pub enum State {
 
 /// One slot holder, as [`admission`] sees it. `age`: lower is older.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Holder {
-    pub age: u64,
-    pub peer: IpAddr,
-    pub state: State,
+pub(crate) struct Holder {
+    pub(crate) age: u64,
+    pub(crate) peer: IpAddr,
+    pub(crate) state: State,
     /// Completed a request on this connection within [`QUIET`].
-    pub served_lately: bool,
+    pub(crate) served_lately: bool,
     /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
-    pub peer_used: f64,
+    pub(crate) peer_used: f64,
 }
 
 /// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
 /// held lately.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Newcomer {
-    pub peer: IpAddr,
-    pub used: f64,
+pub(crate) struct Newcomer {
+    pub(crate) peer: IpAddr,
+    pub(crate) used: f64,
 }
 
 impl From<IpAddr> for Newcomer {
@@ -78,7 +78,7 @@ impl From<IpAddr> for Newcomer {
 
 /// What a newcomer gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// A free slot.
     Free,
     /// The slot of the holder of this age, which closes.
@@ -161,7 +161,7 @@ impl Census {
 
 /// The rule: what `newcomer` gets from a listener of `cap` slots held by `holders` (see
 /// the module doc).
-pub fn admission(
+pub(crate) fn admission(
     holders: &[Holder],
     cap: usize,
     callers: Callers,

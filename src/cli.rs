@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::server::listener::ConnectionLimits;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gpu-admission",
@@ -117,55 +119,6 @@ pub struct ServeArgs {
     pub(crate) release_queue: bool,
     #[command(flatten)]
     pub log: LogArgs,
-}
-
-/// What one listener grants a client: every limit has a default an operator rarely needs
-/// to touch; they exist so that no client can hold the server's memory or sockets.
-#[derive(Debug, Clone, Copy, Args)]
-pub struct ConnectionLimits {
-    /// Open connections per listener, shared fairly between peers (IP addresses): the
-    /// last eighth only for peers below their fair share, and at the cap a newcomer takes
-    /// the slot of a worthless connection (silent, or sending its body too slowly) or of a
-    /// peer over its share; requests whose bodies arrive are never cut. Requests in flight
-    /// beyond this many: an h2 stream past its peer's share is refused.
-    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256)]
-    pub max_connections: usize,
-    /// A connection with no request in flight and no bytes moving is closed after this.
-    #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub idle_timeout: Duration,
-    /// Time to receive a request's headers, and separately its body; and to answer it.
-    #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub request_timeout: Duration,
-    /// Time a new connection has to finish its TLS handshake and begin its first
-    /// request; a connection that has not is closed.
-    #[arg(long, env = "GPU_ADMISSION_HANDSHAKE_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
-    pub handshake_timeout: Duration,
-    /// Concurrent HTTP/2 streams per connection.
-    #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
-    pub max_streams: u32,
-    /// Slowest a request body may arrive, in bytes per second averaged from the end of
-    /// its head (0: no floor). Behind it, the body's connection may give its slot to a
-    /// newcomer; still behind after --body-rate-grace, the request is answered 408 and its
-    /// connection closed.
-    #[arg(long, env = "GPU_ADMISSION_MIN_BODY_RATE", default_value_t = 240)]
-    pub min_body_rate: u32,
-    /// How long after its head a body behind --min-body-rate is cut.
-    #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
-    pub body_rate_grace: Duration,
-}
-
-impl Default for ConnectionLimits {
-    /// The flags' defaults (one place for them: the `#[arg]` attributes above).
-    fn default() -> Self {
-        use clap::FromArgMatches;
-        let command = ConnectionLimits::augment_args(clap::Command::new("limits"));
-        let parsed = command
-            .no_binary_name(true)
-            .try_get_matches_from(std::iter::empty::<String>())
-            .and_then(|matches| ConnectionLimits::from_arg_matches(&matches));
-        // Startup invariant: the defaults above parse (`cli_is_well_formed` checks it).
-        parsed.expect("the default connection limits parse")
-    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,11 +16,11 @@ use crate::backend::Backend;
 use crate::backend::leadership::Leader;
 use crate::cache::Projection;
 use crate::certs::{self, CertFiles};
-use crate::cli::ConnectionLimits;
 use crate::cli::ServeArgs;
 use crate::config::Config;
 use crate::metrics::ResultLabels;
 use crate::server::listener;
+use crate::server::listener::ConnectionLimits;
 use crate::server::tls::{self, CertResolver, ReloadResult};
 use crate::server::{
     AppState, admin::admin_router, extender_router, insecure_extender_router, webhook_router,

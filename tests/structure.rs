@@ -1,5 +1,7 @@
 //! The layout's rules, held against the source (docs/design.md, "Layers"): no import
-//! cycle between the crate's top-level modules, no production file over 600 lines, no
+//! cycle between the crate's top-level modules, nor between the files of one module; the
+//! pure core imports nothing above it and names no runtime, server or client; nothing
+//! below the command line reads `cli`; no production file over 600 lines, no
 //! `Result<_, String>` in production code, and serde visitors only in `wire/`.
 #![allow(clippy::unwrap_used)]
 
@@ -116,6 +118,24 @@ fn no_import_cycle_between_top_level_modules() {
             .collect();
         assert!(wrong.is_empty(), "{core} imports {wrong:?}");
     }
+    // The command line is the top edge: what it configures below it is defined below
+    // it (a listener's limits in `server`), never read from `cli`.
+    let below_the_cli = [
+        "server",
+        "wire",
+        "admission",
+        "extender",
+        "backend",
+        "cache",
+        "quota",
+        "dra",
+        "placement",
+        "certs",
+    ];
+    let wrong: Vec<_> = (below_the_cli.iter())
+        .filter(|m| imports.get(**m).is_some_and(|to| to.contains("cli")))
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:?} import cli");
 }
 
 #[test]
@@ -365,15 +385,25 @@ fn the_sibling_scan_sees_imports_through_groups_and_re_exports() {
 #[test]
 fn the_pure_core_names_no_runtime_server_or_client() {
     let forbidden = [
-        "tokio", "axum", "hyper", "reqwest", "async ", ".await", "kube::Client", "kube::Api",
-        "kube::runtime", "crate::api_client",
+        "tokio",
+        "axum",
+        "hyper",
+        "reqwest",
+        "async ",
+        ".await",
+        "kube::Client",
+        "kube::Api",
+        "kube::runtime",
+        "crate::api_client",
     ];
     let found: Vec<String> = production_sources()
         .into_iter()
         .filter(|(rel, _)| ["placement", "quota", "dra"].contains(&module_of(rel)))
         .flat_map(|(rel, text)| {
             let named = forbidden.iter().filter(|word| text.contains(*word));
-            named.map(|word| format!("{rel}: {word}")).collect::<Vec<_>>()
+            named
+                .map(|word| format!("{rel}: {word}"))
+                .collect::<Vec<_>>()
         })
         .collect();
     assert!(found.is_empty(), "the pure core names {found:?}");

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod listener;
+pub(crate) mod metered;
 pub(crate) mod pace;
 pub mod slots;
 pub mod tls;
@@ -77,7 +78,7 @@ impl AppState {
         Self::with_body_timeout(
             backend,
             config,
-            crate::cli::ConnectionLimits::default().request_timeout,
+            listener::ConnectionLimits::default().request_timeout,
         )
     }
 

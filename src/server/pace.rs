@@ -13,18 +13,21 @@
 //! Request heads have deadlines instead: the first one `--handshake-timeout` after the
 //! connect, later ones `--request-timeout` after the previous answer.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::Frame;
 
-use super::slots::{Activity, YOUNG};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// How long a connection that has made no request yet counts as a handshake under way
+/// rather than a silent socket, from its connect and again from the end of its TLS
+/// handshake (an honest client sends its first request within milliseconds of either;
+/// the opening deadline, `--handshake-timeout`, is 3 s). Also how long a request body
+/// may be behind the rate floor before its connection counts as worthless. (Here, with
+/// the floor, so that the slot table and the metered body both read it from below.)
+pub const YOUNG: Duration = Duration::from_secs(1);
 
 /// The body rate floor of a listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,11 +91,17 @@ impl Progress {
     }
 
     /// When the request is cut if nothing more arrives: never before the grace.
-    fn due(&self, pace: Pace) -> Instant {
+    pub(super) fn due(&self, pace: Pace) -> Instant {
         self.behind_until(pace.floor).max(self.begun + pace.grace)
     }
 
-    fn arrived(&self, frame: Option<&Result<Frame<Bytes>, impl Sized>>, end: bool) {
+    /// The handler asked for more of the body and it was not there: from now the
+    /// wait counts against the floor.
+    pub(super) fn awaiting(&self) {
+        self.awaiting.store(true, Ordering::Release);
+    }
+
+    pub(super) fn arrived(&self, frame: Option<&Result<Frame<Bytes>, impl Sized>>, end: bool) {
         self.awaiting.store(false, Ordering::Release);
         match frame {
             Some(Ok(frame)) => {
@@ -105,97 +114,6 @@ impl Progress {
             None => self.done.store(true, Ordering::Release),
             Some(Err(_)) => {}
         }
-    }
-}
-
-/// A request body that records how it arrives and fails with [`BodyTooSlow`] once it is
-/// behind the floor past the grace, telling its connection to give up its slot.
-pub(crate) struct MeteredBody<B> {
-    inner: B,
-    progress: Arc<Progress>,
-    pace: Pace,
-    activity: Arc<Activity>,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl<B> MeteredBody<B> {
-    pub(crate) fn new(
-        inner: B,
-        progress: Arc<Progress>,
-        pace: Pace,
-        activity: Arc<Activity>,
-    ) -> Self {
-        MeteredBody {
-            inner,
-            progress,
-            pace,
-            activity,
-            timer: None,
-        }
-    }
-
-    /// Pending until the body is due; then the error that cuts it.
-    fn wait_or_cut(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.pace.floor == 0 {
-            return Poll::Pending;
-        }
-        loop {
-            let due = self.progress.due(self.pace);
-            if Instant::now() >= due {
-                tracing::debug!(peer = %self.activity.peer(), floor = self.pace.floor, "request body too slow; closing its connection");
-                self.activity.cut_for_slowness();
-                let error = BodyTooSlow {
-                    floor: self.pace.floor,
-                };
-                return Poll::Ready(Some(Err(error.into())));
-            }
-            let deadline = tokio::time::Instant::from_std(due);
-            let timer = self
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            timer.as_mut().reset(deadline);
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
-    }
-}
-
-impl<B> Body for MeteredBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                this.progress
-                    .arrived(frame.as_ref(), this.inner.is_end_stream());
-                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
-            }
-            Poll::Pending => {
-                this.progress.awaiting.store(true, Ordering::Release);
-                this.wait_or_cut(cx)
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -90,12 +90,7 @@ pub use rule::Callers;
 pub(crate) use rule::{Admission, Holder, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
 
-/// How long a connection that has made no request yet counts as a handshake under way
-/// rather than a silent socket, from its connect and again from the end of its TLS
-/// handshake (an honest client sends its first request within milliseconds of either;
-/// the opening deadline, `--handshake-timeout`, is 3 s). Also how long a request body
-/// may be behind the rate floor before its connection counts as worthless.
-pub const YOUNG: Duration = Duration::from_secs(1);
+pub use super::pace::YOUNG;
 
 /// How long a peer keeps its standing after it last completed a request (its body
 /// whole, answered): the API server sending a review every few hundred milliseconds

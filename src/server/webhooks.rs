@@ -17,7 +17,8 @@ use crate::admission::validate::{Verdict, validate, validate_update};
 use crate::metrics::ExceededLabels;
 use crate::placement::request::asks_for_gpu;
 use crate::wire::DecodeError;
-use crate::wire::review::{Answer, PODS, RESOURCE_CLAIMS, Review};
+use crate::wire::expect::{PODS, RESOURCE_CLAIMS};
+use crate::wire::review::{Answer, Review};
 
 use super::{AppState, Route, WEBHOOK_BODY_LIMIT, answer, trace};
 

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::review::Mismatch;
+use super::expect::Mismatch;
 
 /// A request body, or a part of it, that cannot be read as its route's request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,6 +22,7 @@
 pub(crate) mod binding;
 pub(crate) mod claim;
 pub(crate) mod error;
+pub(crate) mod expect;
 pub mod extender;
 pub(crate) mod filter_result;
 pub mod pod;

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
+use crate::wire::expect::{PODS, RESOURCE_CLAIMS};
 use serde_json::{Value, json};
 
 fn review(version: &str) -> Review {

@@ -1,0 +1,107 @@
+//! A request body metered against its listener's rate floor (`server::pace`): it records
+//! how the body arrives, and once the body is behind the floor past the grace it fails
+//! with `BodyTooSlow` and tells its connection (`server::slots`) to give up its slot.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
+use super::pace::{BodyTooSlow, Pace, Progress};
+use super::slots::Activity;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request body that records how it arrives and fails with [`BodyTooSlow`] once it is
+/// behind the floor past the grace, telling its connection to give up its slot.
+pub(crate) struct MeteredBody<B> {
+    inner: B,
+    progress: Arc<Progress>,
+    pace: Pace,
+    activity: Arc<Activity>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<B> MeteredBody<B> {
+    pub(crate) fn new(
+        inner: B,
+        progress: Arc<Progress>,
+        pace: Pace,
+        activity: Arc<Activity>,
+    ) -> Self {
+        MeteredBody {
+            inner,
+            progress,
+            pace,
+            activity,
+            timer: None,
+        }
+    }
+
+    /// Pending until the body is due; then the error that cuts it.
+    fn wait_or_cut(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.pace.floor == 0 {
+            return Poll::Pending;
+        }
+        loop {
+            let due = self.progress.due(self.pace);
+            if Instant::now() >= due {
+                tracing::debug!(peer = %self.activity.peer(), floor = self.pace.floor, "request body too slow; closing its connection");
+                self.activity.cut_for_slowness();
+                let error = BodyTooSlow {
+                    floor: self.pace.floor,
+                };
+                return Poll::Ready(Some(Err(error.into())));
+            }
+            let deadline = tokio::time::Instant::from_std(due);
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            timer.as_mut().reset(deadline);
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.progress
+                    .arrived(frame.as_ref(), this.inner.is_end_stream());
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                this.progress.awaiting();
+                this.wait_or_cut(cx)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

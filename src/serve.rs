@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::Backend;
+use crate::backend::controller;
 use crate::backend::leadership::Leader;
 use crate::cache::Projection;
 use crate::certs::{self, CertFiles};
@@ -76,7 +77,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let releaser = state.backend.queue_releaser(rules, waits, leader.clone());
     let mut lease_task = None;
     if let Some(releaser) = releaser.filter(|_| release_queue) {
-        let release = releaser.run(state.cache().queue_moved(), shutdown.clone());
+        let wake = Some(state.cache().queue_moved());
+        let release = controller::run(releaser, state.cache().clone(), wake, shutdown.clone());
         tokio::spawn(release.instrument(tracing::info_span!("queue_release")));
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
         // cohorts' reclaim; one such replica at a time reclaims and tells.
@@ -88,11 +90,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let evictions = state.metrics.reclaim_evictions.clone();
         let bound = state.config.reclaim.clone();
         if let Some(reclaimer) = state.backend.reclaimer(evictions, bound, leader) {
-            tokio::spawn(
-                reclaimer
-                    .run(shutdown.clone())
-                    .instrument(tracing::info_span!("reclaim")),
-            );
+            let reclaim = controller::run(reclaimer, state.cache().clone(), None, shutdown.clone());
+            tokio::spawn(reclaim.instrument(tracing::info_span!("reclaim")));
         }
     }
     state

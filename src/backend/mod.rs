@@ -15,6 +15,7 @@
 //! (docs/design.md, "Layers").
 
 mod cohort_lease;
+pub(crate) mod controller;
 pub mod leadership;
 mod pod_events;
 pub mod quota_writer;
@@ -108,13 +109,12 @@ impl Backend {
         shutdown: CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()>) {
         let (cache, watches) = ClusterCache::from_api(client.clone(), projection, shutdown.clone());
-        let reconciler = reconcile::run(
-            cache.clone(),
-            client.clone(),
-            QUOTA_RESYNC,
-            cache.released(),
-            shutdown,
-        );
+        let reconciler = reconcile::Reconciler {
+            cache: cache.clone(),
+            client: client.clone(),
+        };
+        let reconciler =
+            controller::run(reconciler, cache.clone(), Some(cache.released()), shutdown);
         let backend = Backend {
             cache,
             mode: Mode::Api {

@@ -21,7 +21,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
-use tokio_util::sync::CancellationToken;
 
 use crate::cache::ClusterState;
 use crate::cache::pod::{PodKey, key_parts};
@@ -33,6 +32,7 @@ use crate::quota::cohort::{BORROWED_ANNOTATION, Standing};
 use crate::quota::pool::{borrowing_pods, reclaim_plan};
 
 use super::Backend;
+use super::controller::{Controller, Recent};
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
 
@@ -123,8 +123,8 @@ pub struct Reclaimer {
     leader: Leader,
     /// The pods the current plans chose, by key.
     chosen: HashMap<PodKey, Chosen>,
-    /// Pods a budget protected, and when: taken after the others for a while.
-    protected: HashMap<PodKey, Instant>,
+    /// Pods a budget protected lately: taken after the others.
+    protected: Recent<PodKey>,
 }
 
 impl Reclaimer {
@@ -143,40 +143,19 @@ impl Reclaimer {
             evictions,
             bound,
             chosen: HashMap::default(),
-            protected: HashMap::default(),
-        }
-    }
-
-    /// Pass after pass, every [`TICK`], until `shutdown`; only while holding the Lease.
-    pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(TICK);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = shutdown.cancelled() => return,
-            }
-            if !self.backend.cache().is_ready() {
-                continue;
-            }
-            if self.leader.holds() {
-                self.pass().await;
-            } else {
-                // Another replica reclaims: what this one chose is its to finish.
-                self.chosen.clear();
-            }
+            protected: Recent::new(PROTECTED),
         }
     }
 
     /// One pass over every cohort; returns how many pods were evicted or deleted.
-    pub async fn pass(&mut self) -> usize {
+    async fn pass_all(&mut self) -> usize {
         let now = Instant::now();
-        self.protected
-            .retain(|_, at| now.duration_since(*at) < PROTECTED);
+        self.protected.forget(now, |_| true);
         let protected = &self.protected;
         let planned = self.backend.cache().with_state(|state| {
             plan(state, |key, leaving| match () {
                 _ if leaving => Standing::Leaving,
-                _ if protected.contains_key(key) => Standing::Protected,
+                _ if protected.contains(key) => Standing::Protected,
                 _ => Standing::Evictable,
             })
         });
@@ -251,7 +230,7 @@ impl Reclaimer {
                 true
             }
             Err(kube::Error::Api(status)) if status.code == 429 => {
-                self.protected.insert(planned.pod.clone(), now);
+                self.protected.note(planned.pod.clone(), now);
                 let chosen = self.chosen.get_mut(&planned.pod);
                 if chosen.is_some_and(|c| !std::mem::replace(&mut c.blocked, true)) {
                     tracing::info!(%namespace, pod = %name, %cohort, "a PodDisruptionBudget blocks reclaim");
@@ -405,6 +384,24 @@ fn marks(state: &ClusterState) -> (Vec<(PodKey, String)>, Vec<PodKey>) {
         }
     }
     (put, take)
+}
+
+impl Controller for Reclaimer {
+    const NAME: &'static str = "reclaim";
+    const EVERY: Duration = TICK;
+
+    async fn pass(&mut self) -> usize {
+        self.pass_all().await
+    }
+
+    fn lease(&self) -> Option<&Leader> {
+        Some(&self.leader)
+    }
+
+    /// Another replica reclaims: what this one chose is its to finish.
+    fn stand_by(&mut self) {
+        self.chosen.clear();
+    }
 }
 
 #[cfg(test)]

@@ -4,14 +4,10 @@
 //! never-created pods held.
 //! Writes carry the resourceVersion read, so a concurrent admission is never undone.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Api;
 use kube::Client;
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use std::collections::BTreeMap;
 
@@ -24,26 +20,23 @@ use crate::quota::status::reconciled_status;
 use crate::quota::status::views_with_status;
 use crate::quota::{GPUQuota, ModelAmounts, quota_name};
 
+use super::QUOTA_RESYNC;
+use super::controller::Controller;
 use super::quota_writer::replace_status;
 
-pub async fn run(
-    cache: ClusterCache,
-    client: Client,
-    every: Duration,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let mut ticker = tokio::time::interval(every);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = wake.notified() => {}
-            _ = shutdown.cancelled() => return,
-        }
-        if cache.is_ready() {
-            let pass = tracing::debug_span!("reconcile");
-            reconcile_once(&cache, &client).instrument(pass).await;
-        }
+/// The reconciler: every replica keeps the status true (its writes carry the version
+/// read, so replicas never undo each other).
+pub(crate) struct Reconciler {
+    pub(crate) cache: ClusterCache,
+    pub(crate) client: Client,
+}
+
+impl Controller for Reconciler {
+    const NAME: &'static str = "reconcile";
+    const EVERY: Duration = QUOTA_RESYNC;
+
+    async fn pass(&mut self) -> usize {
+        reconcile_once(&self.cache, &self.client).await
     }
 }
 

@@ -7,7 +7,6 @@
 //! once and the quota is never passed; at worst a pod is charged twice for the
 //! milliseconds between a losing replica's charge and its give-back.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
@@ -16,8 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::cache::pod::{is_gated, key_parts};
@@ -28,6 +26,7 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
+use super::controller::{Controller, Recent};
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
 use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
@@ -77,8 +76,8 @@ pub struct Releaser {
     rules: QueueRules,
     events: PodEvents,
     waits: WaitHistogram,
-    /// Pods this replica let go, and when.
-    recent: Mutex<HashMap<String, Instant>>,
+    /// Pods this replica let go lately.
+    recent: Mutex<Recent<String>>,
     /// Pods told (an Event) why they wait, while they wait, with what they were told:
     /// the pod ahead they wait behind, or `None` for room.
     told: Mutex<HashMap<String, Option<String>>>,
@@ -158,30 +157,14 @@ impl Releaser {
             client,
             rules,
             waits,
-            recent: Mutex::default(),
+            recent: Mutex::new(Recent::new(RECENT)),
             told: Mutex::default(),
             settling: Mutex::default(),
         }
     }
 
-    /// Pass after pass until `shutdown`: when `wake` says something changed while pods
-    /// wait, and every [`TICK`].
-    pub async fn run(self, wake: Arc<Notify>, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(TICK);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = wake.notified() => {}
-                _ = shutdown.cancelled() => return,
-            }
-            if self.backend.cache().is_ready() {
-                self.pass().await;
-            }
-        }
-    }
-
     /// One pass over every namespace where pods wait; returns how many were let go.
-    pub async fn pass(&self) -> usize {
+    async fn pass_all(&self) -> usize {
         let cache = self.backend.cache();
         let namespaces = cache.with_state(|state| state.waiting_namespaces());
         let mut released = 0;
@@ -261,7 +244,7 @@ impl Releaser {
         let waits = |key: &str| cache.with_state(|s| s.pod(key).is_some_and(|p| p.gated));
         self.told.lock().retain(|key, _| waits(key));
         let mut recent = self.recent.lock();
-        recent.retain(|key, at| at.elapsed() < RECENT && waits(key));
+        recent.forget(Instant::now(), |key| waits(key));
         let settling = self.settling.lock();
         recent.keys().chain(settling.iter()).cloned().collect()
     }
@@ -280,7 +263,7 @@ impl Releaser {
             .await
         {
             Ok(true) => {
-                self.recent.lock().insert(pod.key.clone(), Instant::now());
+                self.recent.lock().note(pod.key.clone(), Instant::now());
                 let model = pod.wanted.models.first().cloned().unwrap_or_default();
                 let labels = QueueLabels {
                     namespace: namespace.to_string(),
@@ -545,6 +528,15 @@ fn ungate_patch(pod: &Pod, second: &str) -> Option<json_patch::Patch> {
     }
     ops.push(serde_json::json!({"op": "add", "path": annotation, "value": second}));
     serde_json::from_value(serde_json::Value::Array(ops)).ok()
+}
+
+impl Controller for Releaser {
+    const NAME: &'static str = "queue_release";
+    const EVERY: Duration = TICK;
+
+    async fn pass(&mut self) -> usize {
+        self.pass_all().await
+    }
 }
 
 #[cfg(test)]

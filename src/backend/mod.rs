@@ -280,8 +280,8 @@ impl Backend {
     }
 
     /// Take back a charge (per quota key) written for a pod whose placement then failed.
-    /// Offline nothing was written: the released hold is the release.
-    pub async fn release(
+    /// Offline nothing was written: freeing the hold is the give-back.
+    pub async fn give_back(
         &self,
         namespace: &str,
         charge: &ModelAmounts,
@@ -290,7 +290,7 @@ impl Backend {
         match &self.mode {
             Mode::Api { quotas, .. } => {
                 quotas
-                    .release(&self.cache, namespace, charge, charged_at)
+                    .give_back(&self.cache, namespace, charge, charged_at)
                     .await
             }
             Mode::Offline => Ok(()),

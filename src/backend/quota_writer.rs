@@ -93,12 +93,13 @@ pub struct Ask {
 
 type Answer = Result<ChargeOutcome, ChargeError>;
 
-struct Waiting {
+/// A charge waiting for its namespace's next group write, and who waits for the answer.
+struct PendingWrite {
     ask: Ask,
     reply: oneshot::Sender<Answer>,
 }
 
-impl Waiting {
+impl PendingWrite {
     fn answer(self, answer: Answer) {
         let _ = self.reply.send(answer); // the caller may have gone (client timeout)
     }
@@ -106,7 +107,7 @@ impl Waiting {
 
 #[derive(Default)]
 struct Lane {
-    queue: Vec<Waiting>,
+    queue: Vec<PendingWrite>,
     draining: bool,
 }
 
@@ -139,7 +140,7 @@ impl QuotaWriter {
         let start = {
             let mut lanes = self.lanes.lock();
             let lane = lanes.entry(namespace.to_string()).or_default();
-            lane.queue.push(Waiting { ask, reply });
+            lane.queue.push(PendingWrite { ask, reply });
             !std::mem::replace(&mut lane.draining, true)
         };
         if start {
@@ -172,7 +173,7 @@ impl QuotaWriter {
 
     /// Take back a charge (per quota key) this writer wrote for a pod whose placement
     /// then failed.
-    pub async fn release(
+    pub async fn give_back(
         &self,
         cache: &ClusterCache,
         namespace: &str,
@@ -200,7 +201,7 @@ impl QuotaWriter {
 
 /// A charge decided in this round, waiting for its write.
 struct Decided {
-    waiting: Waiting,
+    waiting: PendingWrite,
     /// Per quota key.
     charge: ModelAmounts,
     /// The `Warn` quotas it goes past.
@@ -211,7 +212,7 @@ impl QuotaWriter {
     /// Decide and write one batch, retrying on fresh data until every charge is
     /// answered. A round whose charges draw on a cohort's pool is decided again under
     /// the cohort's agreement (`cohort_lease`) before anything is written.
-    async fn commit(&self, cache: &ClusterCache, namespace: &str, batch: Vec<Waiting>) {
+    async fn commit(&self, cache: &ClusterCache, namespace: &str, batch: Vec<PendingWrite>) {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let deadline = Instant::now() + COMMIT_DEADLINE;
         let mut waiting = batch;
@@ -358,8 +359,8 @@ impl QuotaWriter {
 
 /// Put a round's charges back in line to be decided again, ahead of those that arrived
 /// after them.
-fn requeue(decided: Vec<Decided>, waiting: &mut Vec<Waiting>) {
-    let mut again: Vec<Waiting> = decided.into_iter().map(|d| d.waiting).collect();
+fn requeue(decided: Vec<Decided>, waiting: &mut Vec<PendingWrite>) {
+    let mut again: Vec<PendingWrite> = decided.into_iter().map(|d| d.waiting).collect();
     again.append(waiting);
     *waiting = again;
 }
@@ -391,7 +392,7 @@ fn round_charges(decided: &[Decided]) -> Vec<Entry<'_>> {
         .collect()
 }
 
-fn answer_all(waiting: Vec<Waiting>, error: &ChargeError) {
+fn answer_all(waiting: Vec<PendingWrite>, error: &ChargeError) {
     let reason = error.to_string();
     for w in waiting {
         w.answer(Err(ChargeError::Write(reason.clone())));
@@ -420,9 +421,9 @@ pub(super) async fn read_quotas(
 fn decide_round(
     namespace: &str,
     views: &mut [QuotaView],
-    waiting: Vec<Waiting>,
+    waiting: Vec<PendingWrite>,
     fresh: bool,
-) -> (Vec<Decided>, Vec<Waiting>) {
+) -> (Vec<Decided>, Vec<PendingWrite>) {
     let (mut decided, mut retry) = (Vec::new(), Vec::new());
     for w in waiting {
         let ask = &w.ask;

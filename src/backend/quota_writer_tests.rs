@@ -19,10 +19,10 @@ fn ask(amount: u64, dry_run: bool) -> Ask {
     }
 }
 
-fn waiting(amount: u64, dry_run: bool) -> (Waiting, oneshot::Receiver<Answer>) {
+fn waiting(amount: u64, dry_run: bool) -> (PendingWrite, oneshot::Receiver<Answer>) {
     let (reply, answer) = oneshot::channel();
     (
-        Waiting {
+        PendingWrite {
             ask: ask(amount, dry_run),
             reply,
         },

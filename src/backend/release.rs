@@ -206,7 +206,7 @@ impl Releaser {
         }
         let turns = GateTurn::line(releases.len());
         let released = futures::stream::iter(releases.into_iter().zip(turns))
-            .map(|((pod, charge), turn)| self.release(namespace, pod, charge, now, turn))
+            .map(|((pod, charge), turn)| self.let_go(namespace, pod, charge, now, turn))
             .buffer_unordered(IN_FLIGHT)
             .filter(|released| std::future::ready(*released))
             .count()
@@ -250,7 +250,7 @@ impl Releaser {
     }
 
     /// Let `pod` go: charge, then ungate; give the charge back if the gate stays.
-    async fn release(
+    async fn let_go(
         &self,
         namespace: &str,
         pod: Waiting,
@@ -326,7 +326,7 @@ impl Releaser {
             Ok(true) => Ok(true),
             Ok(false) => {
                 let charged_at = (now, ChargeId::Stored(&attempt.id));
-                if let Err(error) = self.backend.release(namespace, charge, charged_at).await {
+                if let Err(error) = self.backend.give_back(namespace, charge, charged_at).await {
                     // Not left to hold its room until its pending total expires.
                     self.take_back(namespace, &pod.key, charge, &attempt, true);
                     return Err(error.into());
@@ -366,7 +366,7 @@ impl Releaser {
                 };
                 let charged_at = (second, id);
                 if backend
-                    .release(&namespace, &charge, charged_at)
+                    .give_back(&namespace, &charge, charged_at)
                     .await
                     .is_ok()
                 {
@@ -405,7 +405,7 @@ impl Releaser {
                 Err(_) => continue,
             }
             let charged_at = (attempt.second, ChargeId::Stored(&attempt.id));
-            match self.backend.release(namespace, charge, charged_at).await {
+            match self.backend.give_back(namespace, charge, charged_at).await {
                 Ok(()) => return Ok(false),
                 Err(_) => continue,
             }

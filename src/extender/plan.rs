@@ -236,7 +236,7 @@ impl Plan {
             return;
         };
         let released = backend
-            .release(
+            .give_back(
                 self.namespace(),
                 &charge.charge,
                 (charge.created, ChargeId::None),

@@ -16,7 +16,7 @@ pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod dra;
-pub mod extender;
+pub(crate) mod extender;
 pub mod import;
 pub(crate) mod metrics;
 pub mod placement;

@@ -158,7 +158,7 @@ impl Plan {
     /// The filter's record step (no bind verb): the charge the placement adds, then
     /// the annotations, with the pod's uid as a precondition. On a refusal the caller
     /// rolls the hold back.
-    pub async fn record(
+    pub(super) async fn record(
         &self,
         backend: &Backend,
         config: &Config,
@@ -181,7 +181,7 @@ impl Plan {
     /// Charge the quota what this placement adds (written to the GPUQuota ledger in API
     /// mode, the one the validating webhook charges in, so no replica can admit past
     /// `hard` meanwhile; offline the hold itself is counted).
-    pub async fn charge(&self, backend: &Backend, config: &Config) -> Result<(), Refusal> {
+    pub(super) async fn charge(&self, backend: &Backend, config: &Config) -> Result<(), Refusal> {
         let Some(charge) = self.charge_at_placement.as_ref().filter(|_| !self.recorded) else {
             return Ok(());
         };
@@ -210,7 +210,7 @@ impl Plan {
     }
 
     /// The bind verb's record step: annotations and `spec.nodeName` in one Binding.
-    pub async fn bind(
+    pub(super) async fn bind(
         &self,
         backend: &Backend,
         node: &str,
@@ -227,7 +227,7 @@ impl Plan {
     /// Undo a placement whose record step failed, the one way for the filter and the
     /// bind verb alike: the cache goes back to what it held before the hold (a pod only
     /// offered leaves it again), and a charge the step wrote (`charged`) is given back.
-    pub async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
+    pub(super) async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
         backend
             .cache()
             .with_state(|state| state.rollback(&self.key, reservation));
@@ -249,7 +249,7 @@ impl Plan {
 }
 
 /// The gpu-manager annotations for a placement (docs/design.md), written in one patch.
-pub fn annotations(
+fn annotations(
     keys: &AnnotationKeys,
     node: &str,
     assignment: &Assignment,

@@ -27,35 +27,35 @@ use crate::quota::{Costs, ModelAmounts};
 
 /// What the record step needs to know of the plan.
 pub(super) struct Plan {
-    pub key: PodKey,
-    pub uid: String,
+    pub(super) key: PodKey,
+    uid: String,
     /// The GPU request of the pod placed: the cluster's copy in API mode.
-    pub request: GpuRequest,
+    pub(super) request: GpuRequest,
     /// What the quota ledger is charged at placement: all of it for a pod that
     /// accepts several models, what a dearer node costs beyond its admission charge
     /// otherwise (`None`: nothing).
-    pub charge_at_placement: Option<PlacementCharge>,
+    charge_at_placement: Option<PlacementCharge>,
     /// The placement kept is one already written with its charge (by the filter, or
     /// seen on the pod): the bind verb must not charge it again.
-    pub recorded: bool,
+    recorded: bool,
 }
 
 pub(super) struct PlacementCharge {
     /// Per quota key, on the node's model.
-    pub charge: ModelAmounts,
-    pub node_model: Option<String>,
+    charge: ModelAmounts,
+    node_model: Option<String>,
     /// The pod's creation second (the ledger's pending total it joins).
-    pub created: i64,
+    created: i64,
 }
 
 /// Why a placement could not be recorded: the text goes to the node's reason.
 pub(super) struct Refusal {
-    pub reason: String,
+    pub(super) reason: String,
     /// The quota had no room (the scheduler may try elsewhere), not a failure of ours.
-    pub unfit: bool,
+    pub(super) unfit: bool,
     /// The placement's charge was written before the step that failed: undo gives it
     /// back.
-    pub charged: bool,
+    pub(super) charged: bool,
 }
 
 /// The rules a node must pass for a pod that wants `wanted`: its namespace's quota

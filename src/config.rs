@@ -45,7 +45,7 @@ pub(crate) use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum SchedulerNamePolicy {
+pub(crate) enum SchedulerNamePolicy {
     IfDefault,
     Always,
     Never,
@@ -53,7 +53,7 @@ pub enum SchedulerNamePolicy {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct Placement {
+pub(crate) struct Placement {
     pub(crate) policy: Policy,
     /// Share-mode GPUs inside the chosen node are the ones gpu-manager itself picks
     /// (it refuses any other); turn off only for a node agent without that check.
@@ -134,7 +134,7 @@ impl Default for ReclaimConfig {
 /// The quota queue (docs/quota.md).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct QueueConfig {
+pub(crate) struct QueueConfig {
     /// The users (as the API server authenticates them) that may let a pod out of the
     /// quota queue: remove the `gpu-admission.io/quota` gate and write the
     /// `gpu-admission.io/quota-released` annotation. gpu-admission's own identities.

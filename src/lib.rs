@@ -8,7 +8,7 @@
 //! watches or the file; and the pure core — `quota`, `dra`, `placement` — with no
 //! HTTP, no API calls and no async. `certs` bootstraps TLS.
 
-pub mod admission;
+pub(crate) mod admission;
 pub(crate) mod api_client;
 pub mod backend;
 pub mod cache;
@@ -16,7 +16,7 @@ pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod dra;
-pub mod extender;
+pub(crate) mod extender;
 pub mod import;
 pub(crate) mod metrics;
 pub mod placement;

@@ -8,23 +8,23 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub(crate) route: &'static str,
-    pub(crate) decision: &'static str,
+struct RequestLabels {
+    route: &'static str,
+    decision: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
-    pub(crate) route: &'static str,
+struct RouteLabels {
+    route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
+pub(crate) struct KindLabels {
     pub(crate) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
+pub(crate) struct ResultLabels {
     pub(crate) result: &'static str,
 }
 
@@ -38,7 +38,7 @@ pub struct ReasonLabels {
 pub(crate) type EvictionCounter = Family<ReasonLabels, Counter>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QuotaLabels {
+pub(crate) struct QuotaLabels {
     pub(crate) namespace: String,
     pub(crate) quota: String,
     pub(crate) model: String,
@@ -47,7 +47,7 @@ pub struct QuotaLabels {
 /// A namespace with a GPUQuota, a model some quota of it lists (or `unlisted`), and
 /// what the quota did (`deny`, `warn`): bounded by the quotas an operator writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ExceededLabels {
+pub(crate) struct ExceededLabels {
     pub(crate) namespace: String,
     pub(crate) model: String,
     pub(crate) action: &'static str,
@@ -69,8 +69,8 @@ type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: Registry,
-    pub(crate) requests: Family<RequestLabels, Counter>,
-    pub(crate) duration: HistogramFamily,
+    requests: Family<RequestLabels, Counter>,
+    duration: HistogramFamily,
     pub(crate) cache_objects: Family<KindLabels, Gauge>,
     pub(crate) tls_reloads: Family<ResultLabels, Counter>,
     pub(crate) tls_not_after: Gauge,

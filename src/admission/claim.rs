@@ -47,7 +47,7 @@ struct Seen {
 /// What the review says of the claim's creator: whether it is one of the schedulers
 /// (`schedulerUsers`), the only ones whose extended-resource claims are a pod's own
 /// GPUs. The API server's word (docs/security.md, "What the quota trusts").
-pub fn by_scheduler(config: &Config, user: &UserInfo) -> bool {
+fn by_scheduler(config: &Config, user: &UserInfo) -> bool {
     config.scheduler_users.contains(&user.username)
 }
 
@@ -71,7 +71,7 @@ fn copied(
 /// Judge the creation of `claim` in `namespace`, asked by `user`. `dry_run` evaluates
 /// without charging. Its selectors are evaluated in the CEL pool: a full pool is our
 /// own failure (a 503), never a denial.
-pub async fn validate_claim(
+pub(crate) async fn validate_claim(
     backend: &Backend,
     config: &Config,
     (namespace, user): (&str, &UserInfo),
@@ -219,7 +219,7 @@ fn charged(
 /// selector that pins it to what it is charged for: its model, and whole GPUs or one MIG
 /// profile (`DeviceAsk::pin`; none for a request whose model cannot be decided: the
 /// validating webhook refuses it).
-pub fn pin_patch(
+fn pin_patch(
     claim: &ResourceClaim,
     catalog: &Catalog,
     limits: &NamespaceLimits,
@@ -269,7 +269,7 @@ fn add_selector(path: &str, request: &ExactRequest, expression: &str) -> Value {
 /// The mutating webhook's patch for `claim` in `namespace`, created by `user` (none for
 /// a scheduler's claim that serves a pod's extended resources), worked out in the CEL
 /// pool: a full pool is our own failure (a 503), never a denial.
-pub async fn mutate_claim(
+pub(crate) async fn mutate_claim(
     cache: &ClusterCache,
     config: &Config,
     (namespace, user): (&str, &UserInfo),

@@ -3,7 +3,7 @@
 //! ResourceClaims, `/mutate/resourceclaims` pins a model and `/validate/resourceclaims`
 //! charges the claim's GPU devices.
 
-pub mod claim;
-pub mod mutate;
-pub mod validate;
-pub mod verdict;
+pub(crate) mod claim;
+pub(crate) mod mutate;
+pub(crate) mod validate;
+mod verdict;

@@ -57,7 +57,7 @@ impl Steered {
 
 /// The pod as it should be, or why it cannot be admitted as it is. `keys` are the
 /// placement annotations' (`Projection::keys`).
-pub fn desired_pod(
+fn desired_pod(
     pod: &Pod,
     config: &Config,
     keys: &AnnotationKeys,
@@ -77,7 +77,7 @@ pub fn desired_pod(
 /// serializing and comparing whole pods was most of the cost of a `/mutate`
 /// (docs/benchmarks.md). The patch is the one `json_patch::diff` of the whole pods
 /// gives, operation for operation.
-pub fn mutation(
+pub(crate) fn mutation(
     pod: &Pod,
     config: &Config,
     keys: &AnnotationKeys,
@@ -176,13 +176,13 @@ fn gate(gates: &mut Option<Vec<PodSchedulingGate>>) {
 /// What the cluster's GPU nodes say about steering: the single-strategy MIG labels they
 /// carry, and whether GPUs may come from DRA on nodes without a model label.
 #[derive(Debug, Clone, Default)]
-pub struct GpuNodes {
-    pub mig_labels: Vec<String>,
+pub(crate) struct GpuNodes {
+    pub(crate) mig_labels: Vec<String>,
     /// A DeviceClass serves an extended resource (DRA-backed extended resources): its
     /// nodes may have no model label (the ResourceSlices name their GPUs' model), so a
     /// pod may also go to a node without one, where the extender admits only nodes whose
     /// published GPUs are of the pod's model.
-    pub dra_unlabelled: bool,
+    pub(crate) dra_unlabelled: bool,
 }
 
 /// Each node selector term that requires a model label gets a twin that requires, in
@@ -266,7 +266,7 @@ fn set_scheduler_name(scheduler_name: &mut Option<String>, config: &Config) {
     "the pod's nodeSelector {label}={value} conflicts with the {what} it may use ({})",
     allowed.join(", ")
 )]
-pub struct SelectorConflict {
+pub(crate) struct SelectorConflict {
     label: String,
     value: String,
     what: &'static str,

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-pub use crate::admission::verdict::{Reason, Verdict};
+pub(crate) use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
 use crate::cache::pod::is_gated;
 use crate::cache::pool::PoolError;
@@ -21,7 +21,7 @@ use crate::wire::review::UserInfo;
 
 /// Our own failure: answered with HTTP 5xx so the apiserver's failure policy decides.
 #[derive(Debug, thiserror::Error)]
-pub enum ValidateError {
+pub(crate) enum ValidateError {
     #[error("cannot judge the object: {0}")]
     Charge(#[from] ChargeError),
     /// The CEL pool is full or failed (docs/security.md, finding 21.2).
@@ -30,7 +30,7 @@ pub enum ValidateError {
 }
 
 impl ValidateError {
-    pub const fn kind(&self) -> &'static str {
+    pub(crate) const fn kind(&self) -> &'static str {
         match self {
             ValidateError::Charge(error) => error.kind(),
             ValidateError::Evaluation(PoolError::Busy(_)) => "busy",
@@ -39,7 +39,7 @@ impl ValidateError {
     }
 
     /// 503 while we are too busy to judge (try again), 500 otherwise.
-    pub const fn overloaded(&self) -> bool {
+    pub(crate) const fn overloaded(&self) -> bool {
         matches!(self, ValidateError::Evaluation(PoolError::Busy(_)))
     }
 }
@@ -48,7 +48,7 @@ impl ValidateError {
 /// The charge is decided and made by the backend: written to the GPUQuota ledger in
 /// API mode, or offline decided and joined to the cluster under one lock, so that
 /// concurrent creates never over-admit.
-pub async fn validate(
+pub(crate) async fn validate(
     backend: &Backend,
     config: &Config,
     namespace: &str,
@@ -188,7 +188,7 @@ fn wanted_on_route(
 /// in which second that charge was made.
 ///
 /// Every other update is allowed and reserves nothing.
-pub fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -> Verdict {
+pub(crate) fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -> Verdict {
     let key = &config.type_annotation;
     let annotation = |pod: &Pod, key: &str| {
         let annotations = pod.metadata.annotations.as_ref();

@@ -7,7 +7,7 @@ use crate::placement::RequestError;
 use crate::quota::{Denial, Exceeded, OnExceed};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Allow,
     /// Allowed past the `Warn` quotas listed: the answer carries a warning for each,
     /// which `kubectl` prints.
@@ -18,7 +18,7 @@ pub enum Verdict {
 impl Verdict {
     /// The warnings the answer carries: the denial each quota would have given, marked
     /// as not enforced.
-    pub fn warnings(&self) -> Vec<String> {
+    pub(crate) fn warnings(&self) -> Vec<String> {
         let Verdict::Warn(over) = self else {
             return Vec::new();
         };
@@ -30,7 +30,7 @@ impl Verdict {
     /// Every quota that had no room, with what it did: (namespace, model, action). A
     /// model no quota lists is the pod's own word: it is given as `unlisted`, so what
     /// is counted by it stays bounded by what the operator wrote.
-    pub fn exceeded(&self) -> Vec<(&str, &str, &'static str)> {
+    pub(crate) fn exceeded(&self) -> Vec<(&str, &str, &'static str)> {
         fn of<'e>(e: &'e Exceeded, action: &'static str) -> (&'e str, &'e str, &'static str) {
             let model = if e.listed {
                 e.model.as_str()
@@ -60,7 +60,7 @@ impl Verdict {
 
 /// Why an object is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The namespace's quotas do not admit the charge (the quota arithmetic's own).
     #[error("{0}")]
     Quota(Denial),
@@ -95,7 +95,7 @@ pub enum Reason {
 
 impl Reason {
     /// A bounded label for metrics and logs.
-    pub const fn kind(&self) -> &'static str {
+    pub(crate) const fn kind(&self) -> &'static str {
         match self {
             Reason::Quota(_) => "quota",
             Reason::Request(_) => "request",
@@ -110,7 +110,7 @@ impl Reason {
 
 /// Why a claim is refused (a denial, a value: its text is what `kubectl` prints).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClaimDenial {
+pub(crate) enum ClaimDenial {
     #[error("{0}")]
     Quota(Denial),
     /// `attribute`: the driver and the model attribute a CEL selector names.

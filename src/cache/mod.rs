@@ -3,12 +3,12 @@
 //! state: it holds no client and writes nothing to the cluster — that is the
 //! backend's (`crate::backend`), the one place that knows the run mode.
 
-pub mod offline;
-pub mod pod;
-pub mod pool;
+mod offline;
+pub(crate) mod pod;
+pub(crate) mod pool;
 #[cfg(test)]
 mod reserve_tests;
-pub mod state;
+pub(crate) mod state;
 mod watch;
 
 use std::sync::Arc;
@@ -19,10 +19,11 @@ use parking_lot::Mutex;
 use crate::config::Config;
 use crate::placement::{NodeLabels, ResourceNames};
 
-pub use pod::{AnnotationKeys, CachedPod, PodKey, pod_key};
-pub use state::{
-    Candidates, ClusterState, FilterDecision, Held, Ledger, NamespaceQuota, PlanError, Reservation,
-    Subject,
+pub(crate) use pod::{AnnotationKeys, PodKey};
+pub use pod::{CachedPod, pod_key};
+pub use state::ClusterState;
+pub(crate) use state::{
+    Candidates, FilterDecision, Ledger, NamespaceQuota, PlanError, Reservation, Subject,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -43,13 +44,13 @@ pub enum CacheError {
 /// What the cache needs to project objects: resource names, labels, annotation keys.
 #[derive(Debug, Clone)]
 pub struct Projection {
-    pub names: ResourceNames,
-    pub labels: NodeLabels,
-    pub keys: AnnotationKeys,
+    pub(crate) names: ResourceNames,
+    labels: NodeLabels,
+    pub(crate) keys: AnnotationKeys,
     /// The pod annotation that names wanted GPU models.
-    pub type_annotation: String,
+    type_annotation: String,
     /// How ResourceClaims and ResourceSlices name GPUs.
-    pub dra: crate::dra::Dra,
+    dra: crate::dra::Dra,
 }
 
 impl Projection {
@@ -102,7 +103,10 @@ impl ClusterCache {
     }
 
     /// Offline mode: the YAML file is the cluster. Ready at once.
-    pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
+    pub(crate) fn from_file(
+        path: &std::path::Path,
+        projection: Projection,
+    ) -> Result<Self, CacheError> {
         let cache = Self::new(projection, true, Ledger::Counted);
         let objects = offline::load(path, &cache.inner.projection)?;
         cache.with_state(|state| objects.apply(state));
@@ -116,7 +120,7 @@ impl ClusterCache {
 
     /// API mode: returns the cache (not ready until every watch has listed once) and the
     /// future that runs the watches until `shutdown`.
-    pub fn from_api(
+    pub(crate) fn from_api(
         client: kube::Client,
         projection: Projection,
         shutdown: tokio_util::sync::CancellationToken,
@@ -127,7 +131,7 @@ impl ClusterCache {
     }
 
     /// True once the cache holds a complete first list of nodes, pods and quotas.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
     }
 
@@ -136,13 +140,13 @@ impl ClusterCache {
     }
 
     /// Notified whenever the watch removes an object (the quota reconciler listens).
-    pub fn released(&self) -> Arc<tokio::sync::Notify> {
+    pub(crate) fn released(&self) -> Arc<tokio::sync::Notify> {
         self.inner.released.clone()
     }
 
     /// Notified when the watch brings any change while pods wait in the quota queue,
     /// and when the reconciler rewrites a quota's usage (the releaser listens).
-    pub fn queue_moved(&self) -> Arc<tokio::sync::Notify> {
+    pub(crate) fn queue_moved(&self) -> Arc<tokio::sync::Notify> {
         self.inner.queue_moved.clone()
     }
 
@@ -151,13 +155,13 @@ impl ClusterCache {
     }
 
     /// Where claims' CEL selectors are evaluated (never under the lock).
-    pub fn cel_pool(&self) -> &pool::CelPool {
+    pub(crate) fn cel_pool(&self) -> &pool::CelPool {
         &self.inner.pool
     }
 
     /// Evaluate, in the CEL pool, the claims whose asks are not from the current
     /// DeviceClasses, and apply them; again while a DeviceClass changed meanwhile.
-    pub async fn evaluate_claims(&self) {
+    async fn evaluate_claims(&self) {
         loop {
             let unevaluated = self.with_state(|s| s.unevaluated_claims());
             if unevaluated.is_empty() {

@@ -19,7 +19,7 @@ use super::state::claims::{CachedClaim, claim_key};
 use super::{CacheError, ClusterState, Projection};
 
 #[derive(Default)]
-pub struct Objects {
+pub(super) struct Objects {
     nodes: Vec<NodeGpus>,
     pods: Vec<(PodKey, CachedPod)>,
     quotas: Vec<GPUQuota>,
@@ -32,7 +32,7 @@ impl Objects {
     /// Claims last: their model is decided with the quotas, classes and devices known.
     /// Their selectors are evaluated here, with the state borrowed: loading comes
     /// before anything else reads the cache.
-    pub fn apply(self, state: &mut ClusterState) {
+    pub(super) fn apply(self, state: &mut ClusterState) {
         state.replace_nodes(self.nodes);
         state.replace_pods(self.pods, Instant::now());
         state.replace_quotas(self.quotas);
@@ -43,7 +43,7 @@ impl Objects {
     }
 }
 
-pub fn load(path: &Path, projection: &Projection) -> Result<Objects, CacheError> {
+pub(super) fn load(path: &Path, projection: &Projection) -> Result<Objects, CacheError> {
     let text = std::fs::read_to_string(path).map_err(|source| CacheError::Read {
         path: path.display().to_string(),
         source,

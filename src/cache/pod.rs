@@ -11,7 +11,7 @@ use crate::placement::{Assignment, GpuChoice, GpuRequest};
 use super::Projection;
 
 /// A pod's identity in the cache: `namespace/name` (unique among live pods).
-pub type PodKey = Arc<str>;
+pub(crate) type PodKey = Arc<str>;
 
 pub fn pod_key(pod: &Pod) -> PodKey {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -21,15 +21,15 @@ pub fn pod_key(pod: &Pod) -> PodKey {
 
 /// The namespace and name of a [`pod_key`] (a key without a slash: `default`, as
 /// `pod_key` names a pod without a namespace).
-pub fn key_parts(key: &str) -> (&str, &str) {
+pub(crate) fn key_parts(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("default", key))
 }
 
 /// Where a pod's GPUs are: its node and, when its annotations say so, the GPU indices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedPod {
-    pub uid: Box<str>,
-    pub request: GpuRequest,
+    pub(crate) uid: Box<str>,
+    pub(crate) request: GpuRequest,
     /// `spec.nodeName`, else the extender's predicate-node annotation.
     pub node: Option<Arc<str>>,
     /// `spec.nodeName` is set: the pod is bound and no longer the extender's to place.
@@ -38,51 +38,51 @@ pub struct CachedPod {
     pub assignment: Option<Assignment>,
     /// Set while the placement is only our own in-memory choice, not yet seen on the
     /// pod object (API mode: the annotation patch has not come back through the watch).
-    pub reserved: Option<std::time::Instant>,
+    pub(super) reserved: Option<std::time::Instant>,
     /// Our filter wrote this placement onto the pod and took the quota charge it adds
     /// (kept through the watch's echo of that write), so the bind verb must not charge
     /// it again.
-    pub recorded: bool,
+    pub(super) recorded: bool,
     /// Being deleted (`deletionTimestamp` set): the unix second until which it is still
     /// charged, its deletion time plus its grace period (`i64::MAX` without one), as
     /// Kubernetes' ResourceQuota counts it; see [`CachedPod::charged_at`]. It holds its
     /// GPUs on its node until it is gone.
-    pub terminating: Option<i64>,
+    pub(crate) terminating: Option<i64>,
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
     /// empty when it names none and its namespace's quota decides.
-    pub models: Vec<String>,
+    pub(crate) models: Vec<String>,
     /// The second its admission charge was made, in unix seconds (0 when absent): which
     /// pending quota total it went to (`quota::pending`). `creationTimestamp`, or for a
     /// pod let out of the quota queue the second its release annotation names.
-    pub created: i64,
+    pub(crate) created: i64,
     /// Waiting in the quota queue (the `gpu-admission.io/quota` gate): charged nothing,
     /// and not the scheduler's to place yet.
-    pub gated: bool,
+    pub(crate) gated: bool,
     /// `spec.priority` (0 when absent): its place in the quota queue.
-    pub priority: i32,
+    pub(super) priority: i32,
     /// Carries the borrowed annotation (`quota::cohort::BORROWED_ANNOTATION`), which
     /// gpu-admission keeps on the pods of a cohort's borrowers. Shown, never charged by.
-    pub marked_borrowed: bool,
+    pub(crate) marked_borrowed: bool,
     /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
     /// changes, the scheduler has given the pod up: a hold the filter made is released.
-    pub unscheduled: u64,
+    pub(super) unscheduled: u64,
     /// The ResourceClaims its spec names (`resourceClaims[].resourceClaimName`).
-    pub claim_names: Box<[Box<str>]>,
+    pub(super) claim_names: Box<[Box<str>]>,
 }
 
 /// Annotation keys of the gpu-manager protocol under a configurable prefix.
 #[derive(Debug, Clone)]
-pub struct AnnotationKeys {
-    pub node: String,
-    pub assigned: String,
-    pub time: String,
+pub(crate) struct AnnotationKeys {
+    pub(crate) node: String,
+    pub(crate) assigned: String,
+    pub(crate) time: String,
     idx_prefix: String,
     /// `<prefix>/predicate-`: every key under it is placement (gpu-manager's protocol).
     predicate_prefix: String,
 }
 
 impl AnnotationKeys {
-    pub fn new(prefix: &str) -> Self {
+    pub(crate) fn new(prefix: &str) -> Self {
         AnnotationKeys {
             node: format!("{prefix}/predicate-node"),
             assigned: format!("{prefix}/gpu-assigned"),
@@ -92,13 +92,13 @@ impl AnnotationKeys {
         }
     }
 
-    pub fn gpu_idx(&self, container: u16) -> String {
+    pub(crate) fn gpu_idx(&self, container: u16) -> String {
         format!("{}{container}", self.idx_prefix)
     }
 
     /// Whether `key` is a placement annotation: one the extender or gpu-manager writes
     /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), and nobody else may.
-    pub fn is_placement(&self, key: &str) -> bool {
+    pub(crate) fn is_placement(&self, key: &str) -> bool {
         key == self.assigned || key.starts_with(&self.predicate_prefix)
     }
 }
@@ -170,7 +170,7 @@ impl CachedPod {
     /// until its deletion time plus that grace period has passed, as Kubernetes'
     /// ResourceQuota counts it (docs/design.md, "How long a pod counts"), whatever grace
     /// the tenant gave it.
-    pub fn charged_at(&self, now: i64) -> bool {
+    pub(super) fn charged_at(&self, now: i64) -> bool {
         self.terminating.is_none_or(|until| now <= until)
     }
 }
@@ -195,7 +195,7 @@ fn claim_names(pod: &Pod) -> Box<[Box<str>]> {
 
 /// Whether the quota queue holds `pod` (its scheduling gates include
 /// [`QUOTA_GATE`](crate::quota::queue::QUOTA_GATE)).
-pub fn is_gated(pod: &Pod) -> bool {
+pub(crate) fn is_gated(pod: &Pod) -> bool {
     let gates = pod
         .spec
         .as_ref()
@@ -217,7 +217,7 @@ fn charged_second(pod: &Pod) -> i64 {
 }
 
 /// `creationTimestamp` in unix seconds; 0 when absent.
-pub fn created_second(pod: &Pod) -> i64 {
+pub(super) fn created_second(pod: &Pod) -> i64 {
     pod.metadata
         .creation_timestamp
         .as_ref()
@@ -247,7 +247,7 @@ fn unscheduled_fingerprint(pod: &Pod) -> u64 {
     hasher.finish().max(1)
 }
 
-pub fn is_terminal(pod: &Pod) -> bool {
+fn is_terminal(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     matches!(phase, Some("Succeeded" | "Failed"))
 }

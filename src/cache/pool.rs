@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 const QUEUE_PER_WORKER: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PoolError {
+pub(crate) enum PoolError {
     #[error("{0} ResourceClaim evaluations are running or waiting: try again")]
     Busy(usize),
     #[error("a ResourceClaim evaluation stopped before it finished")]
@@ -25,7 +25,7 @@ pub enum PoolError {
 }
 
 #[derive(Debug, Clone)]
-pub struct CelPool {
+pub(crate) struct CelPool {
     running: Arc<Semaphore>,
     /// Reviews running or waiting.
     admitted: Arc<AtomicUsize>,
@@ -34,7 +34,7 @@ pub struct CelPool {
 
 impl CelPool {
     /// `workers` evaluations at once, and `queue` reviews waiting beside them.
-    pub fn new(workers: usize, queue: usize) -> Self {
+    fn new(workers: usize, queue: usize) -> Self {
         let workers = workers.max(1);
         CelPool {
             running: Arc::new(Semaphore::new(workers)),
@@ -44,14 +44,14 @@ impl CelPool {
     }
 
     /// Half the machine's cores (at least one): the other half keeps answering.
-    pub fn for_this_machine() -> Self {
+    pub(super) fn for_this_machine() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = (cores / 2).max(1);
         Self::new(workers, workers * QUEUE_PER_WORKER)
     }
 
     /// Run a review's `job`, or refuse at once when the queue is full.
-    pub async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, PoolError> {
@@ -64,7 +64,7 @@ impl CelPool {
     }
 
     /// Run the cache's own `job`, waiting its turn however long the queue.
-    pub async fn run_waiting<T: Send + 'static>(
+    pub(super) async fn run_waiting<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, PoolError> {

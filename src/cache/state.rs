@@ -21,8 +21,10 @@ use crate::quota::{GPUQuota, NamespaceLimits};
 use super::pod::{CachedPod, PodKey};
 use quotas::HeldQuota;
 
-pub use holds::{Candidates, FilterDecision, HOLD_TTL, Held, PlanError, Reservation, Subject};
-pub use namespace_quota::{Ledger, NamespaceQuota};
+#[cfg(test)]
+pub(super) use holds::HOLD_TTL;
+pub(crate) use holds::{Candidates, FilterDecision, PlanError, Reservation, Subject};
+pub(crate) use namespace_quota::{Ledger, NamespaceQuota};
 
 /// How long a reservation the watch has not confirmed survives a relist without the pod.
 const RESERVATION_TTL: Duration = Duration::from_secs(120);
@@ -114,7 +116,7 @@ impl ClusterState {
         self.pods.len()
     }
 
-    pub fn node_count(&self) -> usize {
+    pub(crate) fn node_count(&self) -> usize {
         self.nodes.values().filter(|n| n.gpus.is_some()).count()
     }
 
@@ -122,12 +124,12 @@ impl ClusterState {
         self.nodes.values().filter_map(|n| n.gpus.as_ref())
     }
 
-    pub fn quotas(&self) -> impl Iterator<Item = &GPUQuota> {
+    pub(crate) fn quotas(&self) -> impl Iterator<Item = &GPUQuota> {
         self.quotas.values().map(|held| &held.crd)
     }
 
     /// The GPUQuotas of one namespace.
-    pub fn namespace_quotas<'a>(
+    pub(crate) fn namespace_quotas<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a GPUQuota> + 'a {
@@ -145,24 +147,25 @@ impl ClusterState {
 
     /// What the namespace's GPUQuotas say ([`NamespaceLimits::of`] them), kept with
     /// the quotas rather than recomputed.
-    pub fn namespace_limits(&self, namespace: &str) -> &NamespaceLimits {
+    pub(crate) fn namespace_limits(&self, namespace: &str) -> &NamespaceLimits {
         self.tally.limits(namespace)
     }
 
     /// How MIG slices are charged (`resources.mig`).
-    pub fn mig(&self) -> &crate::placement::MigResources {
+    #[cfg(test)]
+    fn mig(&self) -> &crate::placement::MigResources {
         self.tally.mig()
     }
 
     /// The single-strategy MIG model labels the cluster's nodes carry, in order.
-    pub fn mig_labels(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn mig_labels(&self) -> impl Iterator<Item = &str> {
         let labels = self.model_labels.keys().map(|l| &**l);
         labels.filter(|l| crate::placement::mig::split_product(l).1.is_some())
     }
 
     /// The model labels of nodes created at or before `created` (unix seconds; 0: any
     /// node), in order.
-    pub fn labels_born_by(&self, created: i64) -> impl Iterator<Item = &str> {
+    fn labels_born_by(&self, created: i64) -> impl Iterator<Item = &str> {
         let born = move |births: &BTreeMap<i64, u32>| {
             created == 0 || births.keys().next().is_some_and(|first| *first <= created)
         };
@@ -186,8 +189,8 @@ fn namespace_of(key: &str) -> &str {
 mod charge_tests;
 #[cfg(test)]
 mod claim_tests;
-pub mod claims;
-pub mod evaluation;
+pub(crate) mod claims;
+mod evaluation;
 mod holds;
 mod index;
 mod namespace_quota;

@@ -24,7 +24,7 @@ use super::{ClusterCache, ClusterState, Projection};
 /// Run the watches until `shutdown`; mark the cache ready once all have listed. Nodes,
 /// pods and GPUQuotas always; ResourceClaims, ResourceSlices and DeviceClasses with
 /// `dra.enabled`.
-pub async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToken) {
+pub(super) async fn run(cache: ClusterCache, client: Client, shutdown: CancellationToken) {
     let dra = cache.projection().dra.enabled;
     let kinds = if dra { 6 } else { 3 };
     let listed = Arc::new(Listed {

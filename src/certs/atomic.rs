@@ -16,7 +16,7 @@ pub(super) const CERT_MODE: u32 = 0o644;
 ///
 /// Dropping an uncommitted `Staged` removes the temp file, so a failed run
 /// leaves no litter and never a half-written destination.
-pub(super) struct Staged {
+struct Staged {
     tmp: PathBuf,
     dest: PathBuf,
     committed: bool,
@@ -26,7 +26,7 @@ impl Staged {
     /// Writes `contents` to a fresh temp file beside `dest` (created with
     /// `mode`, so a key is never readable by others, not even briefly) and
     /// fsyncs it.
-    pub(super) fn write(dest: &Path, contents: &[u8], mode: u32) -> Result<Self, Error> {
+    fn write(dest: &Path, contents: &[u8], mode: u32) -> Result<Self, Error> {
         let dir = parent_dir(dest);
         fs::create_dir_all(dir).map_err(|source| Error::Write {
             path: dir.to_path_buf(),
@@ -49,7 +49,7 @@ impl Staged {
     }
 
     /// Atomically replaces the destination with the staged file.
-    pub(super) fn commit(mut self) -> Result<(), Error> {
+    fn commit(mut self) -> Result<(), Error> {
         fs::rename(&self.tmp, &self.dest).map_err(|source| Error::Write {
             path: self.dest.clone(),
             source,

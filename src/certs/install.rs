@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 use super::{CertFiles, Error, inspect};
 
 /// Field manager of the `caBundle` server-side apply.
-pub(crate) const FIELD_MANAGER: &str = "gpu-admission-certs";
+const FIELD_MANAGER: &str = "gpu-admission-certs";
 /// Name of both webhook configurations (the manifests and the chart create them).
 const WEBHOOK_CONFIGURATION: &str = "gpu-admission";
 
@@ -36,8 +36,8 @@ const TLS_KEY: &str = "tls.key";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsMaterial {
     pub ca_cert: Vec<u8>,
-    pub(crate) cert: Vec<u8>,
-    pub(crate) key: Vec<u8>,
+    cert: Vec<u8>,
+    key: Vec<u8>,
 }
 
 impl TlsMaterial {
@@ -125,7 +125,7 @@ enum WebhookKind {
 }
 
 impl WebhookKind {
-    pub(crate) fn kind(self) -> &'static str {
+    fn kind(self) -> &'static str {
         match self {
             WebhookKind::Validating => "ValidatingWebhookConfiguration",
             WebhookKind::Mutating => "MutatingWebhookConfiguration",

@@ -97,7 +97,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub(crate) fn new(units: u64) -> Self {
+    fn new(units: u64) -> Self {
         Budget {
             left: units,
             patterns: HashMap::new(),
@@ -105,7 +105,7 @@ impl Budget {
     }
 
     /// A claim's: [`CLAIM_BUDGET`].
-    pub(crate) fn claim() -> Self {
+    fn claim() -> Self {
         Self::new(CLAIM_BUDGET)
     }
 
@@ -163,7 +163,7 @@ pub struct OverBudget;
 impl Selector {
     /// Compile `expression`, charging its parsing (by its length) and its patterns'
     /// compiling to `budget`.
-    pub(crate) fn compile_within(
+    pub(super) fn compile_within(
         expression: &str,
         budget: &mut Budget,
     ) -> Result<Result<Self, CelError>, OverBudget> {
@@ -468,7 +468,7 @@ pub struct CelDevice {
     /// Built once: every evaluation borrows it.
     value: Box<dyn Val>,
     /// A hash of what a selector can see: equal devices have equal ones.
-    pub(crate) fingerprint: u64,
+    pub(super) fingerprint: u64,
 }
 
 impl PartialEq for CelDevice {

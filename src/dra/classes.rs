@@ -17,18 +17,18 @@ pub struct DeviceClass {
     #[serde(default)]
     pub(crate) metadata: ObjectMeta,
     #[serde(default)]
-    pub(crate) spec: ClassSpec,
+    spec: ClassSpec,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ClassSpec {
+struct ClassSpec {
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "bounded::<_, MAX_SELECTORS, _>"
     )]
-    pub(crate) selectors: Vec<Selector>,
+    selectors: Vec<Selector>,
     /// The extended resource a pod asks for to get a device of this class
     /// (DRA-backed extended resources).
     #[serde(default, skip_serializing_if = "Option::is_none")]

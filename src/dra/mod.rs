@@ -51,10 +51,10 @@ use lite_resource;
 
 pub mod cel;
 pub mod classes;
-pub(crate) mod pin;
+mod pin;
 pub mod slices;
 mod source;
-pub(crate) mod wire;
+mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -144,17 +144,17 @@ impl Dra {
 /// One GPU request (or alternative) of a claim: which models its selectors (and its
 /// DeviceClass's) can be allocated, and how many devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceAsk {
+pub(crate) struct DeviceAsk {
     /// The request's name (`<request>/<subrequest>` for an alternative).
     pub(crate) request: String,
     /// The model labels of devices the selectors match, each with the MIG profile it
     /// costs most as (`None`: a whole GPU).
-    pub(crate) matched: BTreeMap<String, Option<String>>,
+    matched: BTreeMap<String, Option<String>>,
     /// The model its DeviceClass implies (config).
-    pub(crate) named: Option<String>,
+    named: Option<String>,
     /// The pin it carries ([`Dra::pin_expression`]), if any: it is charged by it.
     pub(crate) pinned: Option<Pin>,
-    pub(crate) count: u32,
+    count: u32,
 }
 
 /// The model a request is charged for, given the namespace's default.
@@ -188,7 +188,7 @@ impl DeviceAsk {
     }
 
     /// The MIG profile it costs on `label` (`None`: whole GPUs).
-    pub(crate) fn profile(&self, label: &str) -> Option<&str> {
+    fn profile(&self, label: &str) -> Option<&str> {
         self.matched.get(label).and_then(|p| p.as_deref())
     }
 
@@ -214,8 +214,8 @@ impl DeviceAsk {
 /// of which one will be.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClaimAsks {
-    pub(crate) exact: Vec<DeviceAsk>,
-    pub(crate) alternatives: Vec<Vec<DeviceAsk>>,
+    exact: Vec<DeviceAsk>,
+    alternatives: Vec<Vec<DeviceAsk>>,
 }
 
 /// Why a claim's requests cannot be judged.
@@ -436,7 +436,7 @@ impl Catalog {
     }
 
     /// A GPU request whose selectors were not evaluated: it matches no model.
-    pub(crate) fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
+    fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
         let expressions = exact.expressions();
         Some(DeviceAsk {

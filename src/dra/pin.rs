@@ -11,8 +11,8 @@ use crate::quota::{ModelAmounts, charge_on};
 /// slices of one profile. Every device the pin lets the allocator choose costs exactly
 /// [`Pin::charge`] of one.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Pin {
-    pub(crate) label: String,
+pub(crate) struct Pin {
+    pub(super) label: String,
     /// The MIG profile (`None`: whole GPUs, devices without a profile attribute).
     pub(crate) profile: Option<String>,
 }
@@ -27,7 +27,7 @@ impl Pin {
     }
 
     /// What `count` devices of the pinned set cost, per quota key.
-    pub(crate) fn charge(&self, count: u32, mig: &MigResources) -> ModelAmounts {
+    pub(super) fn charge(&self, count: u32, mig: &MigResources) -> ModelAmounts {
         charge_on(&devices(self.profile.as_deref(), count), &self.label, mig)
     }
 }
@@ -65,7 +65,7 @@ impl Dra {
     /// What `expression` pins, if it is a pin ([`Dra::pin_expression`], exactly as it
     /// writes one): a device it matches has the pin's model label, and is a whole GPU or
     /// a slice of the pin's profile.
-    pub(crate) fn pinned(&self, expression: &str) -> Option<Pin> {
+    pub(super) fn pinned(&self, expression: &str) -> Option<Pin> {
         let head = format!("{} in ", self.attribute(&self.model_attribute));
         let rest = expression.strip_prefix(head.as_str())?;
         let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Vec<String>>();

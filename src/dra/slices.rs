@@ -27,50 +27,50 @@ pub struct ResourceSlice {
     #[serde(default)]
     pub(crate) metadata: ObjectMeta,
     #[serde(default)]
-    pub(crate) spec: SliceSpec,
+    spec: SliceSpec,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SliceSpec {
+struct SliceSpec {
     #[serde(default)]
-    pub(crate) driver: String,
+    driver: String,
     #[serde(default)]
-    pub(crate) pool: Pool,
+    pool: Pool,
     /// The node whose devices these are (node-local drivers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) node_name: Option<String>,
+    node_name: Option<String>,
     #[serde(default, deserialize_with = "bounded::<_, MAX_DEVICES, _>")]
-    pub(crate) devices: Vec<Device>,
+    devices: Vec<Device>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
-pub struct Pool {
+struct Pool {
     #[serde(default)]
-    pub(crate) name: String,
+    name: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
-pub struct Device {
+struct Device {
     #[serde(default)]
-    pub(crate) name: String,
+    name: String,
     #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
-    pub(crate) attributes: BTreeMap<String, Attribute>,
+    attributes: BTreeMap<String, Attribute>,
     #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
-    pub(crate) capacity: BTreeMap<String, Capacity>,
+    capacity: BTreeMap<String, Capacity>,
 }
 
 /// A device attribute: one of a string, an integer, a boolean or a version.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
-pub struct Attribute {
+struct Attribute {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) string: Option<String>,
+    string: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) int: Option<i64>,
+    int: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) bool: Option<bool>,
+    bool: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) version: Option<String>,
+    version: Option<String>,
 }
 
 impl Attribute {
@@ -85,9 +85,9 @@ impl Attribute {
 
 /// A device capacity (`value` is a quantity).
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
-pub struct Capacity {
+struct Capacity {
     #[serde(default)]
-    pub(crate) value: String,
+    value: String,
 }
 
 super::lite_resource!(
@@ -107,12 +107,12 @@ pub(crate) type SliceDevices = Vec<(DeviceKey, GpuDevice)>;
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuDevice {
     /// The model attribute as published (for pinning selectors).
-    pub(crate) product: String,
+    product: String,
     /// Its model label (`Dra::label_of_product`).
     pub(crate) label: String,
     pub(crate) profile: Option<String>,
     /// The node the device is on, if its slice names one.
-    pub(crate) node: Option<String>,
+    node: Option<String>,
     /// The device as CEL selectors see it.
     pub(crate) cel: Arc<CelDevice>,
 }
@@ -239,7 +239,7 @@ impl DeviceIndex {
 
     /// Up to [`MAX_SAMPLES`] distinct devices of each (model label, profile), in a
     /// stable order: what a claim's selectors are evaluated against.
-    pub(crate) fn samples(&self) -> Samples {
+    pub(super) fn samples(&self) -> Samples {
         self.derived().samples.clone()
     }
 
@@ -270,7 +270,7 @@ impl DeviceIndex {
     }
 
     /// The model attribute values published, by model label, sorted.
-    pub(crate) fn products(&self) -> BTreeMap<String, Vec<String>> {
+    pub(super) fn products(&self) -> BTreeMap<String, Vec<String>> {
         self.derived().products.clone()
     }
 

@@ -13,7 +13,7 @@ use super::{Catalog, Dra};
 /// What a [`Catalog`] is built from, copied out of the cluster state (cheap: the
 /// sampled devices are shared).
 #[derive(Debug, Clone)]
-pub struct CatalogSource {
+pub(crate) struct CatalogSource {
     pub(super) dra: Dra,
     pub(super) classes: DeviceClasses,
     pub(super) samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,

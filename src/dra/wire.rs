@@ -21,26 +21,26 @@ pub struct ResourceClaim {
     #[serde(default)]
     pub(crate) spec: ClaimSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) status: Option<ClaimStatus>,
+    status: Option<ClaimStatus>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ClaimSpec {
+pub(crate) struct ClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) devices: Option<DeviceClaim>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DeviceClaim {
+pub(crate) struct DeviceClaim {
     #[serde(default, deserialize_with = "bounded::<_, MAX_REQUESTS, _>")]
     pub(crate) requests: Vec<DeviceRequest>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DeviceRequest {
+pub(crate) struct DeviceRequest {
     #[serde(default)]
     pub(crate) name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,7 +55,7 @@ pub struct DeviceRequest {
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SubRequest {
+pub(crate) struct SubRequest {
     #[serde(default)]
     pub(crate) name: String,
     #[serde(flatten)]
@@ -64,7 +64,7 @@ pub struct SubRequest {
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ExactRequest {
+pub(crate) struct ExactRequest {
     #[serde(default)]
     pub(crate) device_class_name: String,
     #[serde(
@@ -88,41 +88,41 @@ impl ExactRequest {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-pub struct Selector {
+pub(crate) struct Selector {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) cel: Option<CelSelector>,
+    pub(super) cel: Option<CelSelector>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-pub struct CelSelector {
+pub(super) struct CelSelector {
     #[serde(default)]
-    pub(crate) expression: String,
+    pub(super) expression: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ClaimStatus {
+struct ClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) allocation: Option<Allocation>,
+    allocation: Option<Allocation>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-pub struct Allocation {
+struct Allocation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) devices: Option<AllocatedDevices>,
+    devices: Option<AllocatedDevices>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-pub struct AllocatedDevices {
+struct AllocatedDevices {
     #[serde(default, deserialize_with = "bounded::<_, MAX_RESULTS, _>")]
-    pub(crate) results: Vec<AllocatedDevice>,
+    results: Vec<AllocatedDevice>,
 }
 
 /// One allocated device: `driver`/`pool`/`device` name it in the ResourceSlices.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-pub struct AllocatedDevice {
+pub(crate) struct AllocatedDevice {
     #[serde(default)]
-    pub(crate) request: String,
+    request: String,
     #[serde(default)]
     pub(crate) driver: String,
     #[serde(default)]
@@ -156,7 +156,7 @@ super::lite_resource!(
 );
 
 /// A list of at most `N` items: longer ones are refused while decoding.
-pub(crate) fn bounded<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
+pub(super) fn bounded<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Vec<T>, D::Error> {
     let items: Vec<T> = Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default();

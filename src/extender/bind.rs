@@ -17,7 +17,7 @@ use super::plan::plan;
 
 /// How a bind call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BindOutcome {
+pub(crate) enum BindOutcome {
     Bound,
     /// The pod was already bound to that node (a retried call).
     AlreadyBound,
@@ -28,7 +28,7 @@ pub enum BindOutcome {
 }
 
 impl BindOutcome {
-    pub const fn label(self) -> &'static str {
+    pub(crate) const fn label(self) -> &'static str {
         match self {
             BindOutcome::Bound => "bound",
             BindOutcome::AlreadyBound => "already_bound",
@@ -42,7 +42,7 @@ impl BindOutcome {
 /// on that node held by the filter (or recorded on the pod) is used as it is; without
 /// one — the hold expired, or this replica restarted — the pod is placed again on that
 /// node alone, with every check the filter makes.
-pub async fn bind(
+pub(crate) async fn bind(
     backend: &Backend,
     config: &Config,
     placer: &LearningPlacer,

@@ -18,7 +18,7 @@ use super::plan::plan;
 
 /// How a filter call ended, for metrics and logs (a bounded set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FilterOutcome {
+pub(crate) enum FilterOutcome {
     /// Not a GPU pod: every node passes unchanged.
     Passthrough,
     Placed,
@@ -33,7 +33,7 @@ pub enum FilterOutcome {
 }
 
 impl FilterOutcome {
-    pub const fn label(self) -> &'static str {
+    pub(crate) const fn label(self) -> &'static str {
         match self {
             FilterOutcome::Passthrough => "passthrough",
             FilterOutcome::Placed => "placed",
@@ -48,7 +48,7 @@ impl FilterOutcome {
 /// Filter one pod over the candidate nodes through the placement transaction
 /// (`plan`): plan and hold, record (unless the bind verb will), answer. The request is
 /// read-only input; in API mode only the pod's identity is read from it.
-pub async fn filter(
+pub(crate) async fn filter(
     backend: &Backend,
     config: &Config,
     placer: &LearningPlacer,

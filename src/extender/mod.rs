@@ -2,10 +2,10 @@
 //! predicate, each around the one placement transaction (`plan`). Their requests are
 //! decoded in `crate::wire`; the HTTP routes live in `server`.
 
-pub mod bind;
-pub mod filter;
-pub mod plan;
-pub mod volcano;
+pub(crate) mod bind;
+pub(crate) mod filter;
+mod plan;
+pub(crate) mod volcano;
 
-pub use bind::{BindOutcome, bind};
-pub use filter::{FilterOutcome, filter};
+pub(crate) use bind::bind;
+pub(crate) use filter::filter;

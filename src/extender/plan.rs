@@ -27,35 +27,35 @@ use crate::quota::{Costs, ModelAmounts};
 
 /// What the record step needs to know of the plan.
 pub(super) struct Plan {
-    pub key: PodKey,
-    pub uid: String,
+    pub(super) key: PodKey,
+    uid: String,
     /// The GPU request of the pod placed: the cluster's copy in API mode.
-    pub request: GpuRequest,
+    pub(super) request: GpuRequest,
     /// What the quota ledger is charged at placement: all of it for a pod that
     /// accepts several models, what a dearer node costs beyond its admission charge
     /// otherwise (`None`: nothing).
-    pub charge_at_placement: Option<PlacementCharge>,
+    charge_at_placement: Option<PlacementCharge>,
     /// The placement kept is one already written with its charge (by the filter, or
     /// seen on the pod): the bind verb must not charge it again.
-    pub recorded: bool,
+    recorded: bool,
 }
 
 pub(super) struct PlacementCharge {
     /// Per quota key, on the node's model.
-    pub charge: ModelAmounts,
-    pub node_model: Option<String>,
+    charge: ModelAmounts,
+    node_model: Option<String>,
     /// The pod's creation second (the ledger's pending total it joins).
-    pub created: i64,
+    created: i64,
 }
 
 /// Why a placement could not be recorded: the text goes to the node's reason.
 pub(super) struct Refusal {
-    pub reason: String,
+    pub(super) reason: String,
     /// The quota had no room (the scheduler may try elsewhere), not a failure of ours.
-    pub unfit: bool,
+    pub(super) unfit: bool,
     /// The placement's charge was written before the step that failed: undo gives it
     /// back.
-    pub charged: bool,
+    pub(super) charged: bool,
 }
 
 /// The rules a node must pass for a pod that wants `wanted`: its namespace's quota
@@ -158,7 +158,7 @@ impl Plan {
     /// The filter's record step (no bind verb): the charge the placement adds, then
     /// the annotations, with the pod's uid as a precondition. On a refusal the caller
     /// rolls the hold back.
-    pub async fn record(
+    pub(super) async fn record(
         &self,
         backend: &Backend,
         config: &Config,
@@ -181,7 +181,7 @@ impl Plan {
     /// Charge the quota what this placement adds (written to the GPUQuota ledger in API
     /// mode, the one the validating webhook charges in, so no replica can admit past
     /// `hard` meanwhile; offline the hold itself is counted).
-    pub async fn charge(&self, backend: &Backend, config: &Config) -> Result<(), Refusal> {
+    pub(super) async fn charge(&self, backend: &Backend, config: &Config) -> Result<(), Refusal> {
         let Some(charge) = self.charge_at_placement.as_ref().filter(|_| !self.recorded) else {
             return Ok(());
         };
@@ -210,7 +210,7 @@ impl Plan {
     }
 
     /// The bind verb's record step: annotations and `spec.nodeName` in one Binding.
-    pub async fn bind(
+    pub(super) async fn bind(
         &self,
         backend: &Backend,
         node: &str,
@@ -227,7 +227,7 @@ impl Plan {
     /// Undo a placement whose record step failed, the one way for the filter and the
     /// bind verb alike: the cache goes back to what it held before the hold (a pod only
     /// offered leaves it again), and a charge the step wrote (`charged`) is given back.
-    pub async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
+    pub(super) async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
         backend
             .cache()
             .with_state(|state| state.rollback(&self.key, reservation));
@@ -249,7 +249,7 @@ impl Plan {
 }
 
 /// The gpu-manager annotations for a placement (docs/design.md), written in one patch.
-pub fn annotations(
+fn annotations(
     keys: &AnnotationKeys,
     node: &str,
     assignment: &Assignment,

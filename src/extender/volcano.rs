@@ -25,7 +25,11 @@ const ERROR: i32 = 1;
 const UNSCHEDULABLE: i32 = 2;
 const UNRESOLVABLE: i32 = 3;
 
-pub fn predicate(backend: &Backend, config: &Config, args: PredicateArgs) -> PredicateResponse {
+pub(crate) fn predicate(
+    backend: &Backend,
+    config: &Config,
+    args: PredicateArgs,
+) -> PredicateResponse {
     let cache = backend.cache();
     let projection = cache.projection();
     let request = match GpuRequest::from_pod(&args.pod, &projection.names) {

@@ -18,8 +18,8 @@ pub struct GpuChoice {
 /// ([`GpuRequest::held_for_init`]). They belong to no container, so gpu-manager gets
 /// no annotation for them: only our accounting of the node counts them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct HeldGpus {
-    pub(crate) demand: GpuDemand,
+pub(crate) struct HeldGpus {
+    demand: GpuDemand,
     pub(crate) gpus: Vec<u8>,
 }
 
@@ -370,7 +370,7 @@ fn check_static(node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
 /// gpu-manager's share-mode evaluator: GPUs ordered by least free cores, then least
 /// free memory, then lowest index; the first that fits. gpu-manager re-checks this
 /// choice and fails the container if ours differs, so this order is not ours to change.
-pub(crate) fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, Misfit> {
+fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, Misfit> {
     let fits = |&i: &usize| node.free_core(i) >= core && node.free_memory(i) >= memory;
     let best = (0..node.gpu_count())
         .filter(fits)
@@ -395,7 +395,7 @@ pub(crate) fn pick_share(node: &NodeGpus, core: u32, memory: u32) -> Result<u8, 
 
 /// Exclusive mode: wholly free GPUs, lowest indices first (tkestack's order once
 /// the busy GPUs are set aside).
-pub(crate) fn pick_whole(node: &NodeGpus, gpus: u32) -> Result<Vec<u8>, Misfit> {
+pub(super) fn pick_whole(node: &NodeGpus, gpus: u32) -> Result<Vec<u8>, Misfit> {
     let free: Vec<u8> = (0..node.gpu_count())
         .filter(|&i| node.used[i].core == 0)
         .map(|i| i as u8)

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::quantity::Milli;
 
 /// What the single strategy puts between the model and the profile in the product label.
-pub(crate) const SINGLE_INFIX: &str = "-MIG-";
+pub(super) const SINGLE_INFIX: &str = "-MIG-";
 
 /// MIG configuration (`resources.mig` in the config file).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -50,7 +50,7 @@ impl Default for MigResources {
 /// A MIG profile name that does not say how many compute slices it takes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a MIG profile (expected <compute slices>g.<memory>gb, e.g. 1g.10gb)")]
-pub struct ProfileError(pub(crate) String);
+pub struct ProfileError(String);
 
 /// The compute slices a profile takes: the number before `g.` (`3g.40gb` → 3). Suffixes
 /// after the memory (`1g.10gb+me`) are allowed.
@@ -103,7 +103,7 @@ pub(crate) fn is_profile_key(key: &str) -> bool {
 
 impl MigResources {
     /// The profile a resource name is for (`nvidia.com/mig-1g.10gb` → `1g.10gb`).
-    pub(crate) fn profile_of_resource<'a>(&self, resource: &'a str) -> Option<&'a str> {
+    pub(super) fn profile_of_resource<'a>(&self, resource: &'a str) -> Option<&'a str> {
         resource
             .strip_prefix(self.resource_prefix.as_str())
             .filter(|p| !p.is_empty())

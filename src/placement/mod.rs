@@ -5,7 +5,7 @@
 pub mod fit;
 pub(crate) mod fragment;
 pub(crate) mod learn;
-pub(crate) mod memo;
+mod memo;
 pub(crate) mod mig;
 pub mod models;
 pub mod node;
@@ -59,21 +59,21 @@ impl Default for ResourceNames {
 impl ResourceNames {
     /// Every resource name that makes a pod a GPU pod, MIG resources aside
     /// ([`ResourceNames::is_gpu`] says for any name).
-    pub(crate) fn all(&self) -> impl Iterator<Item = &str> {
+    fn all(&self) -> impl Iterator<Item = &str> {
         [self.vcuda_core.as_str(), self.vcuda_memory.as_str()]
             .into_iter()
             .chain(self.whole_gpu.iter().map(String::as_str))
     }
 
     /// Whether `resource` makes a pod a GPU pod.
-    pub(crate) fn is_gpu(&self, resource: &str) -> bool {
+    fn is_gpu(&self, resource: &str) -> bool {
         self.all().any(|name| name == resource) || self.mig.profile_of_resource(resource).is_some()
     }
 }
 
 /// The node labels that carry a node's GPU model and pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeLabels {
+pub(crate) struct NodeLabels {
     pub(crate) model: String,
     pub(crate) pool: String,
 }

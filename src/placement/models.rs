@@ -7,7 +7,7 @@ use super::node::NodeGpus;
 
 /// Where the pod's wanted models came from; the webhooks report and record this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelSource {
+pub(crate) enum ModelSource {
     Annotation,
     NodeSelector,
     NodeAffinity,

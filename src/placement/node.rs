@@ -39,20 +39,20 @@ impl NodeGpus {
     }
 
     /// Free vcuda-core on GPU `i` (never negative, even if over-committed by others).
-    pub(crate) fn free_core(&self, i: usize) -> u32 {
+    pub(super) fn free_core(&self, i: usize) -> u32 {
         CORE_PER_GPU.saturating_sub(self.used[i].core)
     }
 
-    pub(crate) fn free_memory(&self, i: usize) -> u32 {
+    pub(super) fn free_memory(&self, i: usize) -> u32 {
         self.memory_per_gpu.saturating_sub(self.used[i].memory)
     }
 
     /// Free vcuda-core summed over the node's GPUs.
-    pub(crate) fn total_free_core(&self) -> u32 {
+    pub(super) fn total_free_core(&self) -> u32 {
         (0..self.gpu_count()).map(|i| self.free_core(i)).sum()
     }
 
-    pub(crate) fn total_free_memory(&self) -> u32 {
+    pub(super) fn total_free_memory(&self) -> u32 {
         (0..self.gpu_count()).map(|i| self.free_memory(i)).sum()
     }
 
@@ -86,7 +86,7 @@ impl NodeGpus {
     }
 
     /// Slices of `profile` the node advertises (0 if none).
-    pub(crate) fn mig_capacity(&self, profile: &str) -> u32 {
+    pub(super) fn mig_capacity(&self, profile: &str) -> u32 {
         let found = self.mig_slices.iter().find(|(p, _)| &**p == profile);
         found.map_or(0, |(_, count)| *count)
     }

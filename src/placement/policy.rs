@@ -62,7 +62,7 @@ pub struct Placer {
     /// When true (the default) a share-mode container gets the GPU gpu-manager's own
     /// evaluator picks (`fit::pick_share`), which gpu-manager re-checks; only the node
     /// is chosen freely. When false, `fgd` also chooses the GPU inside the node.
-    pub(crate) gpu_manager_compat: bool,
+    pub(super) gpu_manager_compat: bool,
 }
 
 impl Placer {

@@ -172,7 +172,7 @@ impl GpuRequest {
         Ok((!request.is_empty()).then_some(request))
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         !self.has_gpu_demand() && self.mig.is_empty()
     }
 

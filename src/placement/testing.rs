@@ -50,7 +50,7 @@ pub(crate) fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
 }
 
 /// The same node with GPU `index` charged `core` vcuda-core and `memory` vcuda-memory.
-pub(crate) fn with_used(mut node: NodeGpus, index: usize, core: u32, memory: u32) -> NodeGpus {
+pub(super) fn with_used(mut node: NodeGpus, index: usize, core: u32, memory: u32) -> NodeGpus {
     node.used[index].core += core;
     node.used[index].memory += memory;
     node

@@ -36,7 +36,7 @@ pub enum Charge {
 
 impl Charge {
     /// The `Warn` quotas this charge goes past.
-    pub fn into_over(self) -> Vec<Exceeded> {
+    pub(crate) fn into_over(self) -> Vec<Exceeded> {
         match self {
             Charge::Model { over, .. } | Charge::AtPlacement { over, .. } => over,
             Charge::Unlimited => Vec::new(),
@@ -47,18 +47,18 @@ impl Charge {
 /// Admission rules that are configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmitRules {
-    pub untyped: UntypedPods,
-    pub quota_required: bool,
+    pub(crate) untyped: UntypedPods,
+    pub(crate) quota_required: bool,
 }
 
 /// The scheduler a pod with an empty `schedulerName` gets.
-pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+pub(crate) const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// What becomes of a GPU pod that names no model in a namespace whose quota has no
 /// default model (`untypedPods` in the configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum UntypedPods {
+pub(crate) enum UntypedPods {
     Allow,
     Deny,
 }
@@ -66,7 +66,7 @@ pub enum UntypedPods {
 /// Decide how a GPU pod in `namespace` is charged, given the namespace's quotas with
 /// their current usage. Every quota that lists a model limits it; a model no quota
 /// lists is not allowed once the namespace has a quota.
-pub fn admit(
+pub(crate) fn admit(
     namespace: &str,
     quotas: &[QuotaView],
     wanted: &WantedModels,
@@ -143,7 +143,7 @@ pub fn admit(
 /// How a pod reaches its node, which decides when a pod accepting several models can
 /// be charged: the extender charges it at placement only if it is the one placing it.
 #[derive(Debug, Clone, Copy)]
-pub enum Arrival<'a> {
+pub(crate) enum Arrival<'a> {
     /// Placed by the GPU scheduler (whose extender charges it at placement).
     GpuScheduler,
     /// Placed by another scheduler (`name`; an empty schedulerName is
@@ -166,7 +166,7 @@ pub enum Arrival<'a> {
 /// (which it must accept, in an allowed pool), and a pod accepting several models must
 /// go through the GPU scheduler. Namespaces without a quota charge nothing: `wanted`
 /// is returned as it is.
-pub fn models_for_arrival(
+pub(crate) fn models_for_arrival(
     namespace: &str,
     limits: &NamespaceLimits,
     wanted: WantedModels,
@@ -238,7 +238,11 @@ fn bound_model(
 /// no quota lists is not limited beyond its model (admission and placement both ask
 /// here, so the rule is one). Without quotas there is no limit.
 /// `Warn` quotas never refuse (see [`over_warn_quotas`]).
-pub fn room(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Result<(), Exceeded> {
+pub(crate) fn room(
+    quotas: &[QuotaView],
+    label: &str,
+    charge: &ModelAmounts,
+) -> Result<(), Exceeded> {
     let enforcing = quotas.iter().any(QuotaView::enforces);
     if let Some(exceeded) = unlisted_in(quotas, label, charge).filter(|_| enforcing) {
         return Err(exceeded);
@@ -257,7 +261,11 @@ pub fn room(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Result<
 /// What [`room`] lets through only because the quotas in the way say `Warn`: every
 /// `Warn` quota that `charge` goes past, and a model no quota lists when none enforces.
 /// The admission reports each (a warning, a metric).
-pub fn over_warn_quotas(quotas: &[QuotaView], label: &str, charge: &ModelAmounts) -> Vec<Exceeded> {
+pub(super) fn over_warn_quotas(
+    quotas: &[QuotaView],
+    label: &str,
+    charge: &ModelAmounts,
+) -> Vec<Exceeded> {
     // With a quota that enforces, an unlisted model is refused, never let through.
     let enforcing = quotas.iter().any(QuotaView::enforces);
     if let Some(exceeded) = unlisted_in(quotas, label, charge).filter(|_| !enforcing) {
@@ -304,7 +312,7 @@ fn unlisted(quotas: &[QuotaView], model: &str, amount: Milli) -> Exceeded {
 }
 
 /// The GPU models the quotas list (MIG profile keys aside).
-pub fn listed_models(quotas: &[QuotaView]) -> Vec<String> {
+fn listed_models(quotas: &[QuotaView]) -> Vec<String> {
     let keys = quotas.iter().flat_map(|q| q.hard.keys());
     let mut models: Vec<String> = keys.filter(|k| !mig::is_profile_key(k)).cloned().collect();
     models.sort();

@@ -9,7 +9,7 @@ use crate::placement::mig::{self, MigResources};
 use crate::placement::quantity::Milli;
 
 /// GPUs per model, in thousandths of a GPU.
-pub type ModelAmounts = BTreeMap<String, Milli>;
+pub(crate) type ModelAmounts = BTreeMap<String, Milli>;
 
 /// What a pod on (or wanting) a node labelled `label` is charged, per quota key: its
 /// GPUs (the effective request) to the label's GPU model, and MIG slices at their
@@ -50,7 +50,7 @@ pub fn charge_on(request: &GpuRequest, label: &str, mig: &MigResources) -> Model
 
 /// What `cost` (a pod's charge on a node) asks beyond `charged` (what it was charged
 /// at admission), per quota key: the keys where it costs more, by how much.
-pub fn excess(cost: &ModelAmounts, charged: &ModelAmounts) -> ModelAmounts {
+pub(crate) fn excess(cost: &ModelAmounts, charged: &ModelAmounts) -> ModelAmounts {
     let more = cost.iter().filter_map(|(key, amount)| {
         let before = charged.get(key).map_or(0, |m| m.0);
         (amount.0 > before).then(|| (key.clone(), Milli(amount.0 - before)))
@@ -59,7 +59,7 @@ pub fn excess(cost: &ModelAmounts, charged: &ModelAmounts) -> ModelAmounts {
 }
 
 /// Add `charge` to `total`, key by key.
-pub fn add_charge(total: &mut ModelAmounts, charge: &ModelAmounts) {
+pub(crate) fn add_charge(total: &mut ModelAmounts, charge: &ModelAmounts) {
     for (key, amount) in charge {
         let entry = total.entry(key.clone()).or_default();
         entry.0 = entry.0.saturating_add(amount.0);
@@ -71,7 +71,7 @@ pub fn add_charge(total: &mut ModelAmounts, charge: &ModelAmounts) {
 pub struct Costs(Vec<(String, ModelAmounts)>);
 
 impl Costs {
-    pub fn of(request: &GpuRequest, labels: &[String], mig: &MigResources) -> Self {
+    pub(super) fn of(request: &GpuRequest, labels: &[String], mig: &MigResources) -> Self {
         let each = labels
             .iter()
             .map(|l| (l.clone(), charge_on(request, l, mig)));
@@ -79,34 +79,39 @@ impl Costs {
     }
 
     /// Costs given per label (tests, and callers that computed them).
-    pub fn from_charges(charges: Vec<(String, ModelAmounts)>) -> Self {
+    pub(crate) fn from_charges(charges: Vec<(String, ModelAmounts)>) -> Self {
         Costs(charges)
     }
 
     /// The cost of a pod already placed on a node labelled `label`.
-    pub fn single(label: String, charge: ModelAmounts) -> Self {
+    pub(crate) fn single(label: String, charge: ModelAmounts) -> Self {
         Costs(vec![(label, charge)])
     }
 
     /// The charge on `label` (empty for a label the costs were not computed for).
-    pub fn on(&self, label: &str) -> ModelAmounts {
+    pub(crate) fn on(&self, label: &str) -> ModelAmounts {
         let found = self.0.iter().find(|(l, _)| l == label);
         found.map(|(_, charge)| charge.clone()).unwrap_or_default()
     }
 }
 
 /// A pod as usage counting sees it.
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodCharge<'a> {
-    pub namespace: &'a str,
+pub(crate) struct PodCharge<'a> {
+    pub(crate) namespace: &'a str,
     /// What it is charged per quota key (empty: nothing, or not yet).
-    pub charge: ModelAmounts,
+    pub(crate) charge: ModelAmounts,
     /// Finished or being deleted pods are not charged.
-    pub live: bool,
+    pub(crate) live: bool,
 }
 
 /// Usage per model of one namespace, from its pods.
-pub fn usage<'a>(namespace: &str, pods: impl IntoIterator<Item = PodCharge<'a>>) -> ModelAmounts {
+#[cfg(test)]
+pub(crate) fn usage<'a>(
+    namespace: &str,
+    pods: impl IntoIterator<Item = PodCharge<'a>>,
+) -> ModelAmounts {
     let mut used = ModelAmounts::new();
     for pod in pods
         .into_iter()
@@ -125,7 +130,7 @@ pub fn usage<'a>(namespace: &str, pods: impl IntoIterator<Item = PodCharge<'a>>)
 /// model some quota lists). A pod charged to an unlisted model got around admission
 /// (created before the quota, or while the webhook was down); its use is shown against
 /// a quota of zero in every quota of the namespace rather than hidden.
-pub fn reported_usage(
+pub(crate) fn reported_usage(
     usage: &ModelAmounts,
     lists: impl Fn(&str) -> bool,
     listed: &[String],

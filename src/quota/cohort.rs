@@ -26,7 +26,7 @@ use super::{GPUQuota, StatusError, quota_name};
 /// The annotation on a pod whose GPUs its namespace borrows from its cohort, naming the
 /// model: the member's pods reclaim would take first, as many as its use past `hard`
 /// (see [`borrowing_pods`](super::pool::borrowing_pods)). For people and tools to read; nothing charges by it.
-pub const BORROWED_ANNOTATION: &str = "gpu-admission.io/borrowed";
+pub(crate) const BORROWED_ANNOTATION: &str = "gpu-admission.io/borrowed";
 
 /// How a member takes back what it lent.
 #[derive(
@@ -40,7 +40,7 @@ pub const BORROWED_ANNOTATION: &str = "gpu-admission.io/borrowed";
     Eq,
     schemars::JsonSchema,
 )]
-pub enum Reclaim {
+pub(crate) enum Reclaim {
     /// Its pod is admitted (or let go) at once, and borrowing pods are evicted.
     #[default]
     Evict,
@@ -49,7 +49,7 @@ pub enum Reclaim {
 }
 
 impl Reclaim {
-    pub fn is_evict(&self) -> bool {
+    pub(super) fn is_evict(&self) -> bool {
         *self == Reclaim::Evict
     }
 }
@@ -57,22 +57,22 @@ impl Reclaim {
 /// One member's standing in its cohort, for one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Share {
-    pub hard: Milli,
-    pub used: Milli,
+    pub(crate) hard: Milli,
+    pub(crate) used: Milli,
     /// How far past `hard` it may go; `None`: as far as the pool allows.
-    pub borrowing_limit: Option<Milli>,
+    pub(crate) borrowing_limit: Option<Milli>,
     /// How much of its `hard` it lends at most; `None`: all of it.
-    pub lending_limit: Option<Milli>,
+    pub(crate) lending_limit: Option<Milli>,
 }
 
 impl Share {
     /// What no other member can ever use.
-    pub fn guaranteed(&self) -> Milli {
+    fn guaranteed(&self) -> Milli {
         Milli(self.hard.0 - self.lendable().0)
     }
 
     /// What this member puts in the cohort's pool.
-    pub fn lendable(&self) -> Milli {
+    pub(super) fn lendable(&self) -> Milli {
         Milli(self.lending_limit.unwrap_or(self.hard).0.min(self.hard.0))
     }
 
@@ -82,25 +82,25 @@ impl Share {
     }
 
     /// Its use past its own `hard`.
-    pub fn borrowed(&self) -> Milli {
+    pub(super) fn borrowed(&self) -> Milli {
         Milli(self.used.0.saturating_sub(self.hard.0))
     }
 
     /// What it leaves for others to borrow: its lendable part less what it uses of it.
-    pub fn lends(&self) -> Milli {
+    pub(super) fn lends(&self) -> Milli {
         Milli(self.lendable().0.saturating_sub(self.from_pool().0))
     }
 }
 
 /// A cohort's pool, for one model: what its members lend, and what is drawn from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Pool {
-    pub size: u128,
-    pub drawn: u128,
+pub(crate) struct Pool {
+    pub(crate) size: u128,
+    pub(crate) drawn: u128,
 }
 
 impl Pool {
-    pub fn of<'a>(shares: impl IntoIterator<Item = &'a Share>) -> Pool {
+    pub(crate) fn of<'a>(shares: impl IntoIterator<Item = &'a Share>) -> Pool {
         shares
             .into_iter()
             .fold(Pool::default(), |pool, share| Pool {
@@ -110,19 +110,19 @@ impl Pool {
     }
 
     /// What may still be drawn.
-    pub fn free(&self) -> u128 {
+    fn free(&self) -> u128 {
         self.size.saturating_sub(self.drawn)
     }
 
     /// How far it is overdrawn (a member took back what it lent, `reclaim: Evict`).
-    pub fn overdrawn(&self) -> u128 {
+    pub(crate) fn overdrawn(&self) -> u128 {
         self.drawn.saturating_sub(self.size)
     }
 }
 
 /// How a charge fits a member of a cohort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fits {
+pub(super) enum Fits {
     /// Within its own `hard`.
     Own,
     /// Past its own `hard`: this much of the charge is borrowed.
@@ -131,7 +131,7 @@ pub enum Fits {
 
 /// Why a cohort has no room for a member's charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Short {
+pub(super) enum Short {
     /// Past `hard` by more than its `borrowingLimit`.
     BorrowingLimit { limit: Milli },
     /// Past `hard`, and the others lend less than that.
@@ -156,7 +156,12 @@ impl std::fmt::Display for Short {
 
 /// Whether `share` may be charged `amount` more, in a cohort whose pool is `pool` (which
 /// counts `share` among its members).
-pub fn fits(share: &Share, pool: &Pool, amount: Milli, reclaim: Reclaim) -> Result<Fits, Short> {
+pub(super) fn fits(
+    share: &Share,
+    pool: &Pool,
+    amount: Milli,
+    reclaim: Reclaim,
+) -> Result<Fits, Short> {
     let after = share.used.0.saturating_add(amount.0);
     let guaranteed = share.guaranteed().0;
     let drawn = after.saturating_sub(guaranteed) - share.from_pool().0;
@@ -184,7 +189,7 @@ pub fn fits(share: &Share, pool: &Pool, amount: Milli, reclaim: Reclaim) -> Resu
 /// it may evict within its PodDisruptionBudget, would do (docs/quota.md, "The reclaim
 /// bound").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// Being deleted: it gives its GPUs back without another eviction.
     Leaving,
     /// May be evicted, as far as reclaim knows.
@@ -196,22 +201,25 @@ pub enum Standing {
 
 /// A pod that borrows, as reclaim chooses among them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Borrower<K> {
-    pub key: K,
+pub(crate) struct Borrower<K> {
+    pub(crate) key: K,
     /// Index of its member in the shares given to [`reclaim`].
-    pub member: usize,
-    pub priority: i32,
+    pub(crate) member: usize,
+    pub(crate) priority: i32,
     /// When it was admitted (or let go), in seconds: the most recent goes first.
-    pub admitted: i64,
-    pub amount: Milli,
-    pub standing: Standing,
+    pub(crate) admitted: i64,
+    pub(crate) amount: Milli,
+    pub(crate) standing: Standing,
 }
 
 /// The pods to take back so the pool is no longer overdrawn: by [`Standing`] (leaving
 /// first, protected last), then lowest priority first, then the most recently
 /// admitted, each only while its member still borrows. Fewer than needed when the
 /// candidates do not suffice.
-pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'a Borrower<K>> {
+pub(crate) fn reclaim<'a, K>(
+    shares: &[Share],
+    candidates: &'a [Borrower<K>],
+) -> Vec<&'a Borrower<K>> {
     let mut shares = shares.to_vec();
     let mut order: Vec<&Borrower<K>> = candidates.iter().collect();
     order.sort_by_key(|b| (b.standing, b.priority, std::cmp::Reverse(b.admitted)));
@@ -234,21 +242,21 @@ pub fn reclaim<'a, K>(shares: &[Share], candidates: &'a [Borrower<K>]) -> Vec<&'
 
 /// A quota's place in its cohort (`quota::cohort`): its limits and the cohort's pools.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CohortTerms {
-    pub name: String,
+pub(crate) struct CohortTerms {
+    pub(crate) name: String,
     /// Per model, how far past `hard` it may go; a model not listed: no limit.
-    pub borrowing_limit: ModelAmounts,
+    pub(crate) borrowing_limit: ModelAmounts,
     /// Per model, how much of its `hard` it lends; a model not listed: all of it.
-    pub lending_limit: ModelAmounts,
-    pub reclaim: Reclaim,
+    pub(crate) lending_limit: ModelAmounts,
+    pub(crate) reclaim: Reclaim,
     /// Per model, the cohort's pool, this quota's own part included.
-    pub pools: BTreeMap<String, Pool>,
+    pub(crate) pools: BTreeMap<String, Pool>,
 }
 
 impl CohortTerms {
     /// The terms `quota` sets (`None` without a cohort), its pools still empty: see
     /// [`attach_pools`](super::pool::attach_pools).
-    pub fn from_crd(quota: &GPUQuota) -> Result<Option<Self>, StatusError> {
+    pub(super) fn from_crd(quota: &GPUQuota) -> Result<Option<Self>, StatusError> {
         let Some(name) = quota.spec.cohort.clone() else {
             return Ok(None);
         };

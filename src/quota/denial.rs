@@ -63,17 +63,17 @@ pub enum NodeProblem {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exceeded {
     /// A quota key: a model or a MIG profile key (`<model>/<profile>`).
-    pub model: String,
-    pub requested: Milli,
-    pub used: Milli,
-    pub hard: Milli,
+    pub(crate) model: String,
+    pub(super) requested: Milli,
+    pub(super) used: Milli,
+    pub(super) hard: Milli,
     /// `<namespace>/<name>` of the quota, or of every quota when none lists `model`.
-    pub quota: String,
+    pub(super) quota: String,
     /// Whether some quota lists `model`; when none does, `model` is the pod's own word.
-    pub listed: bool,
+    pub(crate) listed: bool,
     /// The quota's cohort, and why it lends no more (boxed: rare, and a denial is
     /// passed by value).
-    pub cohort: Option<Box<(String, Short)>>,
+    pub(super) cohort: Option<Box<(String, Short)>>,
 }
 
 /// The refusal of one quota, as `kubectl` prints it (a `Warn` quota's warning too).
@@ -98,7 +98,7 @@ impl fmt::Display for Exceeded {
 
 impl Exceeded {
     /// The namespace of the quota (or quotas) that had no room.
-    pub fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &str {
         self.quota.split('/').next().unwrap_or_default()
     }
 

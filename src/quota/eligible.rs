@@ -17,10 +17,10 @@ use super::price::Charged;
 use super::{ModelAmounts, QuotaView, charge_on, excess, room};
 
 /// The namespace's quotas with their usage, when placement read them.
-pub type Views = Result<Vec<QuotaView>, StatusError>;
+type Views = Result<Vec<QuotaView>, StatusError>;
 
 /// The rules a node must pass for one pod of a namespace.
-pub struct Eligibility<'a> {
+pub(crate) struct Eligibility<'a> {
     limits: &'a NamespaceLimits,
     wanted: WantedModels,
     quota: PlacementQuota<'a>,
@@ -39,7 +39,7 @@ const KINDS_KEPT: usize = 64;
 impl<'a> Eligibility<'a> {
     /// The rules for a pod that wants `wanted`, in a namespace limited by `limits`;
     /// `views`: the namespace's quotas with their usage, read when [`needs_views`].
-    pub fn new(
+    pub(crate) fn new(
         limits: &'a NamespaceLimits,
         wanted: WantedModels,
         charged: Charged,
@@ -60,14 +60,14 @@ impl<'a> Eligibility<'a> {
         }
     }
 
-    pub fn wanted(&self) -> &WantedModels {
-        &self.wanted
-    }
-
     /// What the quota ledger is charged when the pod is placed on a node labelled
     /// `label`: for a pod that accepts several models, its cost there; for one charged
     /// at admission, what the node costs beyond that (`None`: nothing).
-    pub fn placement_charge(&self, label: &str, request: &GpuRequest) -> Option<ModelAmounts> {
+    pub(crate) fn placement_charge(
+        &self,
+        label: &str,
+        request: &GpuRequest,
+    ) -> Option<ModelAmounts> {
         if !self.quota.checks {
             return None; // charged the most it can cost (or nothing applies)
         }
@@ -83,7 +83,7 @@ impl<'a> Eligibility<'a> {
     /// Whether `node` may take the pod asking `request`, fit aside. (`request` is the
     /// pod's, the same in every call: the answers are kept by the node's model label
     /// and pool.)
-    pub fn admits(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
+    pub(crate) fn admits(&self, node: &NodeGpus, request: &GpuRequest) -> Result<(), Misfit> {
         let known = self
             .by_kind
             .borrow()
@@ -114,7 +114,7 @@ impl<'a> Eligibility<'a> {
 /// A pod charged at admission for a model, not for a MIG profile, may not take a
 /// single-strategy slice of a profile its namespace caps: the cap would not see it
 /// (a pod that names the profile's node label is charged for it at admission).
-pub fn profile_admits(
+fn profile_admits(
     limits: &NamespaceLimits,
     wanted: &WantedModels,
     node: &NodeGpus,
@@ -145,7 +145,7 @@ pub fn profile_admits(
 /// charged at placement always; one charged at admission by a single-strategy slice
 /// label, when a dearer node of its model is a candidate. A pod charged whole GPUs at
 /// admission costs no more anywhere it may go, and the ledger is not read for it.
-pub fn needs_views(charged: &Charged) -> bool {
+pub(crate) fn needs_views(charged: &Charged) -> bool {
     match charged {
         Charged::Free => false,
         Charged::AtPlacement => true,

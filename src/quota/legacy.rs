@@ -11,9 +11,9 @@ use super::{GPUQuota, GpuQuotaSpec};
 use crate::placement::quantity::Milli;
 
 /// The name given to imported quotas in each namespace.
-pub const IMPORTED_NAME: &str = "default";
+const IMPORTED_NAME: &str = "default";
 /// The ConfigMap key tkestack read.
-pub const CONFIGMAP_KEY: &str = "gpu_quota";
+pub(crate) const CONFIGMAP_KEY: &str = "gpu_quota";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,7 +26,7 @@ struct LegacyNamespace {
 
 /// Why the legacy JSON cannot be imported.
 #[derive(Debug, thiserror::Error)]
-pub enum LegacyError {
+pub(crate) enum LegacyError {
     #[error("legacy quota JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("namespace {namespace:?}, model {model:?}: {source}")]
@@ -38,7 +38,7 @@ pub enum LegacyError {
 }
 
 /// Parse the legacy JSON; errors name the namespace and model at fault.
-pub fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, LegacyError> {
+pub(crate) fn quotas_from_legacy(json: &str) -> Result<Vec<GPUQuota>, LegacyError> {
     let namespaces: BTreeMap<String, LegacyNamespace> = serde_json::from_str(json)?;
     namespaces
         .into_iter()

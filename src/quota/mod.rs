@@ -47,32 +47,32 @@ pub struct GpuQuotaSpec {
     pub hard: BTreeMap<String, Quantity>,
     /// Node pools this namespace may use; empty or absent means any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pools: Vec<String>,
+    pub(crate) pools: Vec<String>,
     /// The model a pod that names none is charged to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_type: Option<String>,
+    pub(crate) default_type: Option<String>,
     /// What becomes of a pod this quota has no room for (docs/quota.md).
     #[serde(default, skip_serializing_if = "OnExceed::is_deny")]
-    pub on_exceed: OnExceed,
+    pub(crate) on_exceed: OnExceed,
     /// GPUQuotas with the same cohort, in any namespaces, lend each other per model what
     /// they leave unused (docs/quota.md, "Cohorts").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "cohort_name")]
-    pub cohort: Option<String>,
+    pub(crate) cohort: Option<String>,
     /// Per model, how far past `hard` this quota may borrow; a model not listed: as far
     /// as the cohort lends.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "gpu_amounts")]
-    pub borrowing_limit: BTreeMap<String, Quantity>,
+    pub(crate) borrowing_limit: BTreeMap<String, Quantity>,
     /// Per model, how much of `hard` this quota lends at most; a model not listed: all
     /// that it leaves unused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "gpu_amounts")]
-    pub lending_limit: BTreeMap<String, Quantity>,
+    pub(crate) lending_limit: BTreeMap<String, Quantity>,
     /// How this quota takes back what it lent: `Evict` (the default) admits its pod at
     /// once and evicts borrowing pods; `Never` waits for them to finish.
     #[serde(default, skip_serializing_if = "cohort::Reclaim::is_evict")]
-    pub reclaim: cohort::Reclaim,
+    pub(crate) reclaim: cohort::Reclaim,
 }
 
 fn cohort_name(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -86,7 +86,7 @@ fn cohort_name(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 /// What becomes of a pod a quota has no room for.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-pub enum OnExceed {
+pub(crate) enum OnExceed {
     /// Refused at creation (tkestack's behaviour, the default).
     #[default]
     Deny,
@@ -99,12 +99,12 @@ pub enum OnExceed {
 }
 
 impl OnExceed {
-    pub fn is_deny(&self) -> bool {
+    fn is_deny(&self) -> bool {
         *self == OnExceed::Deny
     }
 
     /// A bounded label for metrics.
-    pub const fn label(self) -> &'static str {
+    pub(crate) const fn label(self) -> &'static str {
         match self {
             OnExceed::Deny => "deny",
             OnExceed::Warn => "warn",
@@ -174,10 +174,10 @@ pub struct GpuQuotaStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PendingCharges {
     /// The pods' `creationTimestamp` (RFC 3339, whole seconds).
-    pub created: String,
+    created: String,
     pub model: String,
     #[schemars(schema_with = "gpu_amount")]
-    pub amount: Quantity,
+    amount: Quantity,
     /// How many pods the amount is for.
     #[serde(default)]
     pub pods: u32,
@@ -186,7 +186,7 @@ pub struct PendingCharges {
     /// releaser whose write failed without an answer takes back its own, if it was stored,
     /// and nothing else.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub charge_ids: Vec<String>,
+    charge_ids: Vec<String>,
 }
 
 /// One admitted pod's charge, as versions before `pending` recorded it.
@@ -194,45 +194,45 @@ pub struct PendingCharges {
 #[serde(rename_all = "camelCase")]
 pub struct QuotaReservation {
     /// `name` of the pod in the quota's namespace.
-    pub pod: String,
+    pod: String,
     #[serde(default)]
-    pub uid: String,
-    pub model: String,
+    uid: String,
+    model: String,
     #[schemars(schema_with = "gpu_amount")]
-    pub amount: Quantity,
+    amount: Quantity,
     /// RFC 3339 time after which an unseen pod's reservation is released.
-    pub expires: String,
+    expires: String,
 }
 
 /// What a namespace's GPUQuotas say about where its pods may go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamespaceLimits {
     /// True when the namespace has at least one GPUQuota.
-    pub has_quota: bool,
-    pub default_type: Option<String>,
+    pub(crate) has_quota: bool,
+    pub(crate) default_type: Option<String>,
     /// Every model some quota lists (others have a quota of zero); MIG profile keys
     /// (`<model>/<profile>`) are not models.
-    pub models: Vec<String>,
+    pub(crate) models: Vec<String>,
     /// MIG profile keys (`<model>/<profile>`) some quota lists.
-    pub profile_caps: Vec<String>,
+    pub(crate) profile_caps: Vec<String>,
     /// Pools every quota that names pools allows (each limit must hold); empty = any.
-    pub pools: Vec<String>,
+    pub(crate) pools: Vec<String>,
     /// The models some `onExceed: Queue` quota lists: a pod wanting one of them waits in
     /// the quota queue (created gated, `quota::queue`).
-    pub queued_models: Vec<String>,
+    pub(crate) queued_models: Vec<String>,
 }
 
 impl NamespaceLimits {
     /// Whether a pod that wants only `model` (a model or a MIG slice label) is created
     /// gated, to wait in the quota queue.
-    pub fn queues(&self, model: &str) -> bool {
+    pub(crate) fn queues(&self, model: &str) -> bool {
         let model = crate::placement::mig::model_of(model);
         self.queued_models.iter().any(|m| m == model)
     }
 }
 
 impl NamespaceLimits {
-    pub fn of<'a>(quotas: impl IntoIterator<Item = &'a GPUQuota>, namespace: &str) -> Self {
+    pub(crate) fn of<'a>(quotas: impl IntoIterator<Item = &'a GPUQuota>, namespace: &str) -> Self {
         let mut limits = NamespaceLimits::default();
         let mut pools: Option<Vec<String>> = None;
         let in_namespace = quotas
@@ -278,12 +278,12 @@ impl NamespaceLimits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("GPUQuota {quota}: {reason}")]
 pub struct StatusError {
-    pub quota: String,
-    pub reason: String,
+    pub(crate) quota: String,
+    pub(crate) reason: String,
 }
 
 /// `namespace/name` of a quota, for messages.
-pub fn quota_name(quota: &GPUQuota) -> String {
+pub(crate) fn quota_name(quota: &GPUQuota) -> String {
     format!(
         "{}/{}",
         quota.metadata.namespace.as_deref().unwrap_or_default(),
@@ -291,32 +291,33 @@ pub fn quota_name(quota: &GPUQuota) -> String {
     )
 }
 
-pub mod admit;
+pub(crate) mod admit;
 #[cfg(test)]
 mod admit_tests;
-pub mod charge;
+mod charge;
 pub mod cohort;
-pub mod denial;
-pub mod eligible;
-pub mod legacy;
+mod denial;
+pub(crate) mod eligible;
+pub(crate) mod legacy;
 #[cfg(test)]
 mod mig_tests;
-pub mod pending;
-pub mod pool;
-pub mod price;
+pub(crate) mod pending;
+pub(crate) mod pool;
+mod price;
 pub mod queue;
 #[cfg(test)]
 mod queue_tests;
-pub mod status;
-pub mod view;
+pub(crate) mod status;
+pub(crate) mod view;
 
-pub use admit::{
-    AdmitRules, Arrival, Charge, DEFAULT_SCHEDULER, UntypedPods, admit, listed_models,
-    models_for_arrival, room,
+pub(crate) use admit::{
+    AdmitRules, Arrival, Charge, DEFAULT_SCHEDULER, UntypedPods, admit, models_for_arrival, room,
 };
-pub use charge::{
-    Costs, ModelAmounts, PodCharge, add_charge, charge_on, excess, reported_usage, usage,
-};
-pub use denial::{Denial, Exceeded, NodeProblem};
-pub use price::{Charged, ChargedAt, pending_label};
-pub use view::QuotaView;
+pub use charge::charge_on;
+pub(crate) use charge::{Costs, ModelAmounts, add_charge, excess, reported_usage};
+#[cfg(test)]
+pub(crate) use charge::{PodCharge, usage};
+pub(crate) use denial::{Denial, Exceeded};
+pub use price::pending_label;
+pub(crate) use price::{Charged, ChargedAt};
+pub(crate) use view::QuotaView;

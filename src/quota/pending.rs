@@ -24,25 +24,25 @@ use super::PendingCharges;
 /// will be. Kept that long because another replica's reconciler may write from a pod view
 /// that lags: while the total is there, pods it has not seen yet count through the total,
 /// never through nothing (docs/design.md, "The ledger").
-pub const PENDING_TTL: Duration = Duration::from_secs(120);
+pub(crate) const PENDING_TTL: Duration = Duration::from_secs(120);
 
 /// Which second a pod was created in: unix seconds of its `creationTimestamp`.
-pub type CreatedSecond = i64;
+pub(crate) type CreatedSecond = i64;
 
 /// One running total: charges of pods created in second `created`, to `model`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct BucketKey<'a> {
-    pub created: CreatedSecond,
-    pub model: &'a str,
+pub(super) struct BucketKey<'a> {
+    pub(super) created: CreatedSecond,
+    pub(super) model: &'a str,
 }
 
 /// The most charge ids one total keeps: a charge past it cannot be taken back by its id,
 /// and holds its room until the total expires, as any other (a status write stays small).
-pub const MAX_IDS: usize = 256;
+const MAX_IDS: usize = 256;
 
 /// One charge as the ledger writes it: `amount` of quota key `model`, in the total of
 /// second `created`, and how it is known (see [`ChargeId`]).
-pub type Entry<'a> = (&'a str, Milli, CreatedSecond, ChargeId<'a>);
+pub(crate) type Entry<'a> = (&'a str, Milli, CreatedSecond, ChargeId<'a>);
 
 /// How a charge is known to the ledger, which decides how it is taken back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,20 +78,20 @@ struct Total {
 
 /// The totals of one quota, by (second, model).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pending {
+pub(super) struct Pending {
     totals: BTreeMap<(CreatedSecond, String), Total>,
 }
 
 /// Why a status's pending totals cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("status.pending[{index}]: {reason}")]
-pub struct PendingError {
-    pub index: usize,
-    pub reason: String,
+pub(super) struct PendingError {
+    index: usize,
+    reason: String,
 }
 
 impl Pending {
-    pub fn from_status(entries: &[PendingCharges]) -> Result<Self, PendingError> {
+    pub(super) fn from_status(entries: &[PendingCharges]) -> Result<Self, PendingError> {
         let mut pending = Pending::default();
         for (index, entry) in entries.iter().enumerate() {
             let error = |reason: String| PendingError { index, reason };
@@ -109,7 +109,7 @@ impl Pending {
         Ok(pending)
     }
 
-    pub fn to_status(&self) -> Vec<PendingCharges> {
+    pub(super) fn to_status(&self) -> Vec<PendingCharges> {
         self.totals
             .iter()
             .map(|((created, model), total)| PendingCharges {
@@ -122,19 +122,20 @@ impl Pending {
             .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.totals.is_empty()
     }
 
     /// Add `pods` pods' charge of `amount` to the total of (`created`, `model`).
-    pub fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
+    fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
         let total = self.totals.entry((created, model.to_string())).or_default();
         total.amount = Milli(total.amount.0.saturating_add(amount.0));
         total.pods = total.pods.saturating_add(pods);
     }
 
     /// Add one pod's charge, with its id when given (and room is left).
-    pub fn add_entry(&mut self, (model, amount, created, id): Entry<'_>) {
+    pub(super) fn add_entry(&mut self, (model, amount, created, id): Entry<'_>) {
         self.add(created, model, amount, 1);
         let total = self.totals.get_mut(&(created, model.to_string()));
         if let (Some(total), Some(id)) = (total, id.id())
@@ -149,7 +150,7 @@ impl Pending {
     /// exact whether the write that added it was stored or not, and never takes another
     /// charge. A [`ChargeId::Stored`] one without its id (the total was full of ids) only
     /// if the total holds a charge kept without one. `true` when something was taken back.
-    pub fn remove(&mut self, (model, amount, created, id): Entry<'_>) -> bool {
+    pub(super) fn remove(&mut self, (model, amount, created, id): Entry<'_>) -> bool {
         let key = (created, model.to_string());
         let Some(total) = self.totals.get_mut(&key) else {
             return false;
@@ -175,7 +176,7 @@ impl Pending {
     /// What is still in flight, per model: each total less what the pods seen created in
     /// its second account for (never below zero), and the totals worth keeping. `seen`
     /// answers for (second, model); `now` is unix seconds.
-    pub fn settle(
+    pub(super) fn settle(
         &self,
         seen: impl Fn(BucketKey<'_>) -> Milli,
         now: CreatedSecond,
@@ -205,13 +206,13 @@ impl Pending {
 /// A time that is not RFC 3339.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?} is not an RFC 3339 time: {source}")]
-pub struct BadTime {
+pub(crate) struct BadTime {
     text: String,
     source: time::error::Parse,
 }
 
 /// Unix seconds of an RFC 3339 time (a `creationTimestamp`).
-pub fn parse_second(text: &str) -> Result<CreatedSecond, BadTime> {
+pub(crate) fn parse_second(text: &str) -> Result<CreatedSecond, BadTime> {
     time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
         .map(|t| t.unix_timestamp())
         .map_err(|source| BadTime {
@@ -220,7 +221,7 @@ pub fn parse_second(text: &str) -> Result<CreatedSecond, BadTime> {
         })
 }
 
-pub fn format_second(second: CreatedSecond) -> String {
+pub(crate) fn format_second(second: CreatedSecond) -> String {
     time::OffsetDateTime::from_unix_timestamp(second)
         .ok()
         .and_then(|t| {
@@ -231,7 +232,7 @@ pub fn format_second(second: CreatedSecond) -> String {
 }
 
 /// Now, in unix seconds.
-pub fn now_second() -> CreatedSecond {
+pub(crate) fn now_second() -> CreatedSecond {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 

@@ -13,15 +13,15 @@ use super::cohort::{Borrower, Pool, Share, Standing, reclaim};
 use super::view::QuotaView;
 
 /// One pod as [`reclaim_plan`] sees it: its key, priority, creation second and charge.
-pub type MemberPod<K> = (K, i32, i64, Milli);
+type MemberPod<K> = (K, i32, i64, Milli);
 
 /// What reclaim does in one cohort for one model: the pods to take back (with their
 /// member's index), and the members taking back what they lent (using their lendable
 /// part within their own `hard`), for the Events.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReclaimPlan<K> {
-    pub evict: Vec<(K, usize)>,
-    pub by: Vec<usize>,
+pub(crate) struct ReclaimPlan<K> {
+    pub(crate) evict: Vec<(K, usize)>,
+    pub(crate) by: Vec<usize>,
 }
 
 /// The pods to take back so that `members` (one cohort) are back within what they own
@@ -31,7 +31,7 @@ pub struct ReclaimPlan<K> {
 /// before any other, so its charge is never taken back twice. Counting from pods rather
 /// than from the ledger leaves out what is still being created, so a plan can only take
 /// too few (the next one takes the rest), never too many.
-pub fn reclaim_plan<K: Clone>(
+pub(crate) fn reclaim_plan<K: Clone>(
     members: &[QuotaView],
     model: &str,
     pods: &[Vec<MemberPod<K>>],
@@ -81,7 +81,11 @@ pub fn reclaim_plan<K: Clone>(
 /// The pods of `member` that borrow `model`: of its pods (`pods`), those reclaim would take
 /// first (lowest priority, then the most recently created), until they cover its use past
 /// its own `hard`.
-pub fn borrowing_pods<K: Clone>(member: &QuotaView, model: &str, pods: &[MemberPod<K>]) -> Vec<K> {
+pub(crate) fn borrowing_pods<K: Clone>(
+    member: &QuotaView,
+    model: &str,
+    pods: &[MemberPod<K>],
+) -> Vec<K> {
     let used: u64 = pods.iter().map(|p| p.3.0).sum();
     let hard = member.hard.get(model).copied().unwrap_or_default().0;
     let mut past = used.saturating_sub(hard);
@@ -99,7 +103,7 @@ pub fn borrowing_pods<K: Clone>(member: &QuotaView, model: &str, pods: &[MemberP
 }
 
 /// The cohorts `views` belong to.
-pub fn cohorts_of(views: &[QuotaView]) -> BTreeSet<String> {
+pub(crate) fn cohorts_of(views: &[QuotaView]) -> BTreeSet<String> {
     views
         .iter()
         .filter_map(|v| v.cohort.as_ref().map(|t| t.name.clone()))
@@ -120,7 +124,7 @@ fn shares(member: &QuotaView) -> impl Iterator<Item = (&String, Share)> {
 }
 
 /// A cohort's pools, per model, from its members' views (each with its use).
-pub fn pools_of<'a>(members: impl IntoIterator<Item = &'a QuotaView>) -> BTreeMap<String, Pool> {
+fn pools_of<'a>(members: impl IntoIterator<Item = &'a QuotaView>) -> BTreeMap<String, Pool> {
     let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
     for member in members {
         for (model, share) in shares(member) {
@@ -134,7 +138,7 @@ pub fn pools_of<'a>(members: impl IntoIterator<Item = &'a QuotaView>) -> BTreeMa
 
 /// Give each view that belongs to a cohort its cohort's pools, from `members`: every
 /// quota of those cohorts, these included, each with its use.
-pub fn attach_pools(views: &mut [QuotaView], members: &[QuotaView]) {
+pub(crate) fn attach_pools(views: &mut [QuotaView], members: &[QuotaView]) {
     for view in views.iter_mut() {
         let Some(terms) = view.cohort.as_mut() else {
             continue;
@@ -152,7 +156,7 @@ pub fn attach_pools(views: &mut [QuotaView], members: &[QuotaView]) {
 /// borrowing (the members' use past their `hard`) attributed to the lenders in proportion
 /// to what each leaves unused of its lendable part. `members`: every quota of the
 /// cohorts, each with its use; the totals are summed once per cohort and model.
-pub fn lent_by_quota(members: &[QuotaView]) -> HashMap<String, ModelAmounts> {
+pub(crate) fn lent_by_quota(members: &[QuotaView]) -> HashMap<String, ModelAmounts> {
     let mut totals: HashMap<(&str, &str), (u128, u128)> = HashMap::new();
     for member in members {
         let Some(terms) = member.cohort.as_ref() else {
@@ -188,7 +192,7 @@ pub fn lent_by_quota(members: &[QuotaView]) -> HashMap<String, ModelAmounts> {
 
 /// Whether counting `charge` changed what views draw from their cohorts' pools: such a
 /// charge needed the cohort's room, so the cohort must agree on it.
-pub fn draws_from_pools(before: &[QuotaView], after: &[QuotaView]) -> bool {
+pub(crate) fn draws_from_pools(before: &[QuotaView], after: &[QuotaView]) -> bool {
     let drawn = |view: &QuotaView| {
         view.cohort
             .as_ref()

@@ -15,7 +15,7 @@ use super::charge::{Costs, ModelAmounts, add_charge, charge_on, excess};
 
 /// When a pod is charged: the rule's one branch, by the models it wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChargedAt<'a> {
+pub(crate) enum ChargedAt<'a> {
     /// It wants one model: charged at admission, by the pending label of `model`.
     Admission { model: &'a str },
     /// It accepts several models (or names none): charged at placement, by its node's
@@ -25,7 +25,7 @@ pub enum ChargedAt<'a> {
 
 /// What a pod is charged, as placement must respect it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Charged {
+pub(crate) enum Charged {
     /// No quota applies (none in the namespace): any node's cost is fine.
     Free,
     /// The pod accepts several models: charged at placement, for the node's label, so
@@ -39,7 +39,7 @@ pub enum Charged {
 
 impl<'a> ChargedAt<'a> {
     /// When a pod that wants `wanted` (its models, resolved) is charged.
-    pub fn of(wanted: &'a [String]) -> Self {
+    pub(crate) fn of(wanted: &'a [String]) -> Self {
         match wanted {
             [model] => ChargedAt::Admission { model },
             models => ChargedAt::Placement { models },
@@ -48,14 +48,14 @@ impl<'a> ChargedAt<'a> {
 
     /// Whether the pod is charged when it is placed: it accepts several models (one that
     /// names none, in a namespace whose quotas default none, is charged nothing).
-    pub fn at_placement(self) -> bool {
+    pub(super) fn at_placement(self) -> bool {
         matches!(self, ChargedAt::Placement { models } if !models.is_empty())
     }
 
     /// What admission decides on: the pod's charge on each label it may be charged by
     /// (one, its pending label, when it wants one model). `pending` gives a model's
     /// pending label.
-    pub fn costs(
+    pub(crate) fn costs(
         self,
         request: &GpuRequest,
         mig: &MigResources,
@@ -71,7 +71,7 @@ impl<'a> ChargedAt<'a> {
     }
 
     /// What the pod was charged, for placement to respect, in a namespace with a quota.
-    pub fn charged(
+    pub(crate) fn charged(
         self,
         request: &GpuRequest,
         mig: &MigResources,
@@ -93,7 +93,7 @@ impl<'a> ChargedAt<'a> {
     /// label. A node of another model than the one a pod wants (reachable only around
     /// admission, e.g. a node relabelled since) charges the pod's model: what it was
     /// admitted for.
-    pub fn label(
+    pub(crate) fn label(
         self,
         node: Option<&'a str>,
         pending: impl FnOnce(&'a str) -> &'a str,
@@ -113,7 +113,7 @@ impl<'a> ChargedAt<'a> {
     /// (several: on its node; `None` before, as a pod the extender placed may not have
     /// been charged yet). `node`: the model label of its node; `bound`: whether it is
     /// bound to it.
-    pub fn in_ledger(
+    pub(crate) fn in_ledger(
         self,
         request: &GpuRequest,
         node: Option<&str>,

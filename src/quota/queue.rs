@@ -25,23 +25,23 @@ use super::view::QuotaView;
 use super::view::count_charge;
 
 /// The scheduling gate a pod waiting in the quota queue is created with.
-pub const QUOTA_GATE: &str = "gpu-admission.io/quota";
+pub(crate) const QUOTA_GATE: &str = "gpu-admission.io/quota";
 
 /// Set by gpu-admission when it lets a pod go from the queue: the second (RFC 3339)
 /// whose pending total its charge went to (`quota::pending`). Only gpu-admission writes it.
-pub const RELEASED_ANNOTATION: &str = "gpu-admission.io/quota-released";
+pub(crate) const RELEASED_ANNOTATION: &str = "gpu-admission.io/quota-released";
 
 /// A pod waiting in its namespace's quota queue, as the order sees it.
 #[derive(Debug, Clone)]
 pub struct Waiting {
     /// `namespace/name`: the last tie-break, and how the caller finds the pod again.
-    pub key: String,
-    pub uid: String,
-    pub priority: i32,
+    pub(crate) key: String,
+    pub(crate) uid: String,
+    pub(crate) priority: i32,
     /// `creationTimestamp`, unix seconds: when it started waiting.
-    pub created: i64,
-    pub wanted: WantedModels,
-    pub costs: Costs,
+    pub(crate) created: i64,
+    pub(crate) wanted: WantedModels,
+    pub(crate) costs: Costs,
 }
 
 /// What the queue says about one waiting pod.
@@ -65,7 +65,7 @@ pub enum WaitReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueRules {
     pub max_pass_over: i64,
-    pub admit: AdmitRules,
+    pub(crate) admit: AdmitRules,
 }
 
 /// Decide, for every pod waiting in `namespace`, whether it is let go now (and with what
@@ -125,7 +125,7 @@ fn is_overdue(pod: &Waiting, now: i64, max_pass_over: i64) -> bool {
 /// first; then the rest by priority (higher first), age (older first) and key. The one
 /// line order: [`line_up`] sorts by it, and the cache's index keeps its lines in it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LinePlace<K> {
+pub(crate) enum LinePlace<K> {
     Overdue {
         created: i64,
         key: K,
@@ -138,7 +138,7 @@ pub enum LinePlace<K> {
 }
 
 impl<K> LinePlace<K> {
-    pub fn of(priority: i32, created: i64, key: K, overdue: bool) -> Self {
+    pub(crate) fn of(priority: i32, created: i64, key: K, overdue: bool) -> Self {
         match overdue {
             true => LinePlace::Overdue { created, key },
             false => LinePlace::OnTime {
@@ -149,13 +149,13 @@ impl<K> LinePlace<K> {
         }
     }
 
-    pub fn created(&self) -> i64 {
+    pub(crate) fn created(&self) -> i64 {
         match self {
             LinePlace::Overdue { created, .. } | LinePlace::OnTime { created, .. } => *created,
         }
     }
 
-    pub fn key(&self) -> &K {
+    pub(crate) fn key(&self) -> &K {
         match self {
             LinePlace::Overdue { key, .. } | LinePlace::OnTime { key, .. } => key,
         }
@@ -163,7 +163,7 @@ impl<K> LinePlace<K> {
 }
 
 /// Sort into line order ([`LinePlace`]) for second `now`.
-pub fn line_up(waiting: &mut [Waiting], now: i64, max_pass_over: i64) {
+pub(crate) fn line_up(waiting: &mut [Waiting], now: i64, max_pass_over: i64) {
     fn place(pod: &Waiting, now: i64, max_pass_over: i64) -> LinePlace<&str> {
         let overdue = is_overdue(pod, now, max_pass_over);
         LinePlace::of(pod.priority, pod.created, pod.key.as_str(), overdue)

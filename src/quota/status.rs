@@ -13,14 +13,14 @@ use super::{GPUQuota, GpuQuotaStatus, QuotaReservation, StatusError, quota_name}
 use super::{ModelAmounts, QuotaView};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
+pub(crate) enum Direction {
     Add,
     Remove,
 }
 
 /// `quota` with `charges` added to (or taken from) `used` and the pending totals, for the
 /// models it lists.
-pub fn with_charges(
+pub(crate) fn with_charges(
     quota: &GPUQuota,
     charges: &[Entry<'_>],
     direction: Direction,
@@ -62,13 +62,16 @@ pub fn with_charges(
 }
 
 /// Quota views whose `used` is what the status says (pending charges included).
-pub fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusError> {
+pub(crate) fn views_with_status(quotas: &[GPUQuota]) -> Result<Vec<QuotaView>, StatusError> {
     let view = |quota: &GPUQuota| with_recorded_use(QuotaView::from_crd(quota)?, quota);
     quotas.iter().map(view).collect()
 }
 
 /// `view` (of `quota`'s spec) with `used` as `quota`'s status records it.
-pub fn with_recorded_use(mut view: QuotaView, quota: &GPUQuota) -> Result<QuotaView, StatusError> {
+pub(crate) fn with_recorded_use(
+    mut view: QuotaView,
+    quota: &GPUQuota,
+) -> Result<QuotaView, StatusError> {
     let invalid = |reason: String| StatusError {
         quota: quota_name(quota),
         reason,
@@ -86,7 +89,7 @@ pub fn with_recorded_use(mut view: QuotaView, quota: &GPUQuota) -> Result<QuotaV
 /// the pods seen created in their second (`seen`, per second and model: see
 /// `quota::pending`), plus reservations of earlier versions for pods not seen yet that
 /// have not expired (`seen_pod(name, uid)`).
-pub fn reconciled_status(
+pub(crate) fn reconciled_status(
     quota: &GPUQuota,
     pod_usage: &ModelAmounts,
     seen: impl Fn(CreatedSecond, &str) -> Milli,

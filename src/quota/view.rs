@@ -13,20 +13,20 @@ use super::{GPUQuota, OnExceed, StatusError, quota_name};
 /// One GPUQuota as arithmetic sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaView {
-    pub namespace: String,
-    pub name: String,
-    pub hard: ModelAmounts,
-    pub used: ModelAmounts,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) hard: ModelAmounts,
+    pub(crate) used: ModelAmounts,
     /// A `Warn` quota never refuses: a charge past its `hard` is admitted and reported
     /// ([`over_warn_quotas`](super::admit::over_warn_quotas)).
-    pub on_exceed: OnExceed,
+    pub(crate) on_exceed: OnExceed,
     /// Its cohort's terms, when it lends and borrows (`None`: `hard` is a wall).
-    pub cohort: Option<CohortTerms>,
+    pub(crate) cohort: Option<CohortTerms>,
 }
 
 impl QuotaView {
     /// `used` is left empty: usage is counted by the caller, from pods and reservations.
-    pub fn from_crd(quota: &GPUQuota) -> Result<Self, StatusError> {
+    pub(crate) fn from_crd(quota: &GPUQuota) -> Result<Self, StatusError> {
         let mut hard = ModelAmounts::new();
         for (model, quantity) in &quota.spec.hard {
             let amount = Milli::parse(&quantity.0).map_err(|e| StatusError {
@@ -46,7 +46,7 @@ impl QuotaView {
     }
 
     /// Whether this quota refuses what it has no room for.
-    pub fn enforces(&self) -> bool {
+    pub(super) fn enforces(&self) -> bool {
         self.on_exceed != OnExceed::Warn
     }
 
@@ -85,14 +85,14 @@ impl QuotaView {
 impl QuotaView {
     /// The quota as if nothing used it, nor anything of its cohort's pools: what could
     /// ever be admitted.
-    pub fn forget_use(&mut self) {
+    pub(crate) fn forget_use(&mut self) {
         self.used.clear();
         let pools = self.cohort.iter_mut().flat_map(|t| t.pools.values_mut());
         pools.for_each(|pool| pool.drawn = 0);
     }
 
     /// Count `amount` more of `key` as used (and drawn from its cohort's pool).
-    pub fn add_used(&mut self, key: &str, amount: Milli) {
+    fn add_used(&mut self, key: &str, amount: Milli) {
         let hard = self.hard.get(key).copied().unwrap_or_default();
         let used = self.used.entry(key.to_string()).or_default();
         if let Some(terms) = self.cohort.as_mut() {
@@ -108,7 +108,7 @@ impl QuotaView {
 
 /// Count `charge` (per quota key) as used in every view that lists its key, so the
 /// next decision on these views sees it (a batch of admissions, the queue's plan).
-pub fn count_charge(views: &mut [QuotaView], charge: &ModelAmounts) {
+pub(crate) fn count_charge(views: &mut [QuotaView], charge: &ModelAmounts) {
     for view in views.iter_mut() {
         for (key, amount) in charge {
             if view.hard.contains_key(key) {

@@ -114,12 +114,12 @@ async fn metrics_once(
     metrics(state).into_response()
 }
 
-pub(crate) async fn livez() -> &'static str {
+pub(super) async fn livez() -> &'static str {
     "ok"
 }
 
 /// Ready once the cache holds a complete first list, and until shutdown begins.
-pub(crate) async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
+pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
     if state.shutting_down.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
     } else if !state.cache().is_ready() {

@@ -17,7 +17,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A request body that records how it arrives and fails with [`BodyTooSlow`] once it is
 /// behind the floor past the grace, telling its connection to give up its slot.
-pub(crate) struct MeteredBody<B> {
+pub(super) struct MeteredBody<B> {
     inner: B,
     progress: Arc<Progress>,
     pace: Pace,
@@ -26,7 +26,7 @@ pub(crate) struct MeteredBody<B> {
 }
 
 impl<B> MeteredBody<B> {
-    pub(crate) fn new(
+    pub(super) fn new(
         inner: B,
         progress: Arc<Progress>,
         pace: Pace,

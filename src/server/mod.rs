@@ -5,8 +5,8 @@
 
 pub mod admin;
 pub mod listener;
-pub(crate) mod metered;
-pub(crate) mod pace;
+mod metered;
+mod pace;
 pub mod slots;
 pub mod tls;
 mod trace;
@@ -159,7 +159,7 @@ async fn version() -> impl IntoResponse {
 /// limit (413), a body too slow to arrive (408), or our own state not ready (503, so
 /// the caller's failure policy decides).
 #[derive(Debug)]
-pub(crate) enum Rejection {
+enum Rejection {
     Undecodable(DecodeError),
     Unreadable(String),
     TooLarge { limit: usize },
@@ -168,7 +168,7 @@ pub(crate) enum Rejection {
 }
 
 impl Rejection {
-    pub(crate) fn label(&self) -> &'static str {
+    fn label(&self) -> &'static str {
         match self {
             Rejection::Undecodable(error) => error.kind(),
             Rejection::Unreadable(_) => "bad_request",
@@ -222,21 +222,21 @@ fn byte_size(bytes: usize) -> String {
 
 /// How a route reads its body: its size limit and its decoder.
 struct Route<T> {
-    pub(crate) name: &'static str,
-    pub(crate) limit: usize,
-    pub(crate) parse: fn(&[u8]) -> Result<T, DecodeError>,
+    name: &'static str,
+    limit: usize,
+    parse: fn(&[u8]) -> Result<T, DecodeError>,
 }
 
 /// A route whose decoder takes the body itself, shared, not copied: the filter answers
 /// with Node objects cut from its request (tens of MB in the `Nodes` form).
 struct BodyRoute<T> {
-    pub(crate) name: &'static str,
-    pub(crate) limit: usize,
-    pub(crate) parse: fn(Bytes) -> Result<T, DecodeError>,
+    name: &'static str,
+    limit: usize,
+    parse: fn(Bytes) -> Result<T, DecodeError>,
 }
 
 /// What [`accept`] and [`answer`] need of a route.
-pub(crate) trait Decoder<T> {
+trait Decoder<T> {
     fn name(&self) -> &'static str;
     fn limit(&self) -> usize;
     fn decoder(&self) -> impl FnOnce(Bytes) -> Result<T, DecodeError> + Send + 'static;
@@ -269,7 +269,7 @@ impl<T: 'static> Decoder<T> for BodyRoute<T> {
 
 /// Read a body of at most `route.limit` bytes (413 beyond), decode it (off the async
 /// workers when large), and check readiness.
-pub(crate) async fn accept<T: Send + 'static>(
+async fn accept<T: Send + 'static>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -350,7 +350,7 @@ fn unreadable(error: axum::Error) -> Rejection {
 /// The shape of every POST handler: read and decode the body (400 on bad input, 413
 /// over the limit, 503 while not ready), judge it, count the request by route and
 /// decision, and record the decision on the request span.
-pub(crate) async fn answer<T, Judged>(
+async fn answer<T, Judged>(
     state: &AppState,
     route: &impl Decoder<T>,
     headers: &HeaderMap,

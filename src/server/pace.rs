@@ -31,23 +31,23 @@ pub const YOUNG: Duration = Duration::from_secs(1);
 
 /// The body rate floor of a listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Pace {
+pub(super) struct Pace {
     /// Bytes per second a body must average; 0: no floor.
-    pub(crate) floor: u32,
+    pub(super) floor: u32,
     /// How long after its head a body behind the floor is cut.
-    pub(crate) grace: Duration,
+    pub(super) grace: Duration,
 }
 
 /// A request body arrived slower than the floor.
 #[derive(Debug, thiserror::Error)]
 #[error("request body arrived slower than {floor} bytes per second")]
-pub(crate) struct BodyTooSlow {
-    pub(crate) floor: u32,
+pub(super) struct BodyTooSlow {
+    pub(super) floor: u32,
 }
 
 /// How one request's body arrives.
 #[derive(Debug)]
-pub(crate) struct Progress {
+pub(super) struct Progress {
     begun: Instant,
     received: AtomicU64,
     done: AtomicBool,
@@ -57,7 +57,7 @@ pub(crate) struct Progress {
 
 impl Progress {
     /// A request whose head just arrived; `done` when it has no body.
-    pub(crate) fn new(done: bool) -> Arc<Progress> {
+    pub(super) fn new(done: bool) -> Arc<Progress> {
         Arc::new(Progress::since(Instant::now(), done))
     }
 
@@ -71,12 +71,12 @@ impl Progress {
     }
 
     /// Whether the whole body arrived.
-    pub(crate) fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 
     /// Whether the handler waits for a body that has been behind the floor for [`YOUNG`].
-    pub(crate) fn starving(&self, pace: Pace, now: Instant) -> bool {
+    pub(super) fn starving(&self, pace: Pace, now: Instant) -> bool {
         if pace.floor == 0 || self.is_done() || !self.awaiting.load(Ordering::Acquire) {
             return false;
         }

@@ -83,11 +83,11 @@ use super::pace::Pace;
 
 mod activity;
 mod rule;
-pub(crate) use activity::Activity;
+pub(super) use activity::Activity;
 #[cfg(test)]
 use activity::InFlight;
 pub use rule::Callers;
-pub(crate) use rule::{Admission, Holder, Newcomer, State, admission, seats};
+use rule::{Admission, Holder, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
 
 pub use super::pace::YOUNG;
@@ -105,7 +105,7 @@ const RECHECK: Duration = Duration::from_millis(50);
 const PASS_SPACING: Duration = Duration::from_millis(5);
 
 /// What a newcomer gets from [`Slots::enter`].
-pub(crate) enum Entry {
+pub(super) enum Entry {
     /// A slot, now.
     Admitted(Slot),
     /// A seat in the waiting room: the slot comes through the ticket, or the ticket
@@ -116,7 +116,7 @@ pub(crate) enum Entry {
 }
 
 /// The slot table and waiting room of one listener.
-pub(crate) struct Slots {
+pub(super) struct Slots {
     cap: usize,
     pace: Pace,
     callers: Callers,
@@ -125,11 +125,11 @@ pub(crate) struct Slots {
 }
 
 /// What connections tell the listener as they go.
-pub(super) struct Signals {
+struct Signals {
     /// Requests in flight on the listener.
-    pub(super) in_flight: AtomicUsize,
+    in_flight: AtomicUsize,
     /// A slot freed, a request ended, or a newcomer sat down: let waiters in.
-    pub(super) changed: Notify,
+    changed: Notify,
 }
 
 #[derive(Default)]
@@ -288,7 +288,7 @@ impl Table {
 }
 
 impl Slots {
-    pub(crate) fn new(cap: usize, pace: Pace, callers: Callers) -> Arc<Slots> {
+    pub(super) fn new(cap: usize, pace: Pace, callers: Callers) -> Arc<Slots> {
         Arc::new(Slots {
             cap: cap.max(1),
             pace,
@@ -301,12 +301,12 @@ impl Slots {
         })
     }
 
-    pub(crate) fn pace(&self) -> Pace {
+    pub(super) fn pace(&self) -> Pace {
         self.pace
     }
 
     /// A slot for a newcomer from `peer` now, a seat to wait for one, or neither.
-    pub(crate) fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
+    pub(super) fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
         let turn = table.turn(peer, table.next_seat, now);
@@ -434,7 +434,7 @@ impl Slots {
 
     /// Lets waiters in whenever something changes or [`RECHECK`] passes, until `stop`;
     /// at most once per [`PASS_SPACING`] (changes come with every request that ends).
-    pub(crate) async fn keep_the_room(self: Arc<Self>, stop: CancellationToken) {
+    pub(super) async fn keep_the_room(self: Arc<Self>, stop: CancellationToken) {
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -475,7 +475,7 @@ impl Slots {
 
     /// Whether `peer` may open one more h2 stream: always while the listener has fewer
     /// requests in flight than slots; beyond, only within its fair share of them.
-    pub(crate) fn admits_stream(&self, peer: IpAddr) -> bool {
+    pub(super) fn admits_stream(&self, peer: IpAddr) -> bool {
         if self.signals.in_flight.load(Ordering::Acquire) < self.cap {
             return true;
         }
@@ -493,24 +493,24 @@ impl Slots {
 
     /// Connections holding a slot now.
     #[cfg(test)]
-    pub(crate) fn held(&self) -> usize {
+    fn held(&self) -> usize {
         self.table.lock().holders.len()
     }
 }
 
 /// A connection's slot, given back when dropped (unless it was taken from it).
-pub(crate) struct Slot {
+pub(super) struct Slot {
     slots: Arc<Slots>,
     age: u64,
     activity: Arc<Activity>,
 }
 
 impl Slot {
-    pub(crate) fn activity(&self) -> &Arc<Activity> {
+    pub(super) fn activity(&self) -> &Arc<Activity> {
         &self.activity
     }
 
-    pub(crate) fn slots(&self) -> &Arc<Slots> {
+    pub(super) fn slots(&self) -> &Arc<Slots> {
         &self.slots
     }
 }

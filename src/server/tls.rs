@@ -55,7 +55,7 @@ pub enum TlsError {
 
 impl TlsError {
     /// A short stable label for metrics and logs.
-    pub(crate) fn kind(&self) -> &'static str {
+    fn kind(&self) -> &'static str {
         match self {
             TlsError::Missing { .. } => "missing",
             TlsError::Read { .. } => "read",

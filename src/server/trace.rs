@@ -16,7 +16,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 /// Name of the span every routed request runs in.
-pub(super) const SPAN: &str = "request";
+const SPAN: &str = "request";
 
 /// `router`, with each routed request inside a [`SPAN`] span. A route layer, so only
 /// requests that matched a route get one (a 404 has no route to name).

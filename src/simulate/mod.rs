@@ -6,7 +6,7 @@ mod plot;
 mod replay;
 mod tenancy;
 mod timeline;
-pub(crate) mod trace;
+mod trace;
 mod workload;
 
 use std::io::IsTerminal;
@@ -25,30 +25,30 @@ use replay::{MixSource, RunResult, SimNode, SimPod};
 pub struct SimulateArgs {
     /// Node list CSV (`sn, cpu_milli, memory_mib, gpu, model`).
     #[arg(long)]
-    pub(crate) nodes: PathBuf,
+    nodes: PathBuf,
     /// Pod list CSV (`name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...`).
     #[arg(long)]
-    pub(crate) pods: PathBuf,
+    pods: PathBuf,
     /// Policies to compare, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = DEFAULT_POLICY.name())]
-    pub(crate) policy: Vec<Policy>,
+    policy: Vec<Policy>,
     /// Stop adding copies of trace pods before the GPU demand passes this × capacity.
     #[arg(long, default_value_t = 1.3)]
     inflate: f64,
     /// Seed of the workload (copies drawn and shuffle).
     #[arg(long, default_value_t = 42)]
-    pub(crate) seed: u64,
+    seed: u64,
     /// Several seeds: a range `42-51` or a list `42,43`; reports mean and sd. Overrides --seed.
     #[arg(long, value_parser = parse_seeds)]
-    pub(crate) seeds: Option<Seeds>,
+    seeds: Option<Seeds>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub(crate) format: Format,
+    format: Format,
     /// Whether FGD knows the request mix in advance or learns it from the pods so far.
     #[arg(long, value_enum, default_value_t = MixSource::Known)]
-    pub(crate) mix: MixSource,
+    mix: MixSource,
     /// Share-mode GPUs must be the ones gpu-manager picks (only the node is chosen).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub(crate) gpu_manager_compat: bool,
+    gpu_manager_compat: bool,
     /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -60,7 +60,7 @@ pub struct SimulateArgs {
     timeline: bool,
     /// `--timeline`: the namespaces the pods are dealt to (weights 1, 1/2, 1/3, ...).
     #[arg(long, default_value_t = 8)]
-    pub(crate) namespaces: usize,
+    namespaces: usize,
     /// `--timeline`: the namespaces' quotas together, as a multiple of the trace's peak
     /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs).
     #[arg(long, default_value_t = 1.0)]
@@ -68,7 +68,7 @@ pub struct SimulateArgs {
     /// `--timeline`: `queue.maxPassOverSeconds`, how long a waiting pod that does not fit
     /// may be passed over before it holds its model.
     #[arg(long, default_value_t = crate::config::DEFAULT_MAX_PASS_OVER_SECONDS)]
-    pub(crate) max_pass_over: u32,
+    max_pass_over: u32,
     /// `--timeline`: the quota modes to compare.
     #[arg(
         long,
@@ -76,18 +76,18 @@ pub struct SimulateArgs {
         value_delimiter = ',',
         default_value = "deny,queue,cohort"
     )]
-    pub(crate) modes: Vec<timeline::QuotaMode>,
+    modes: Vec<timeline::QuotaMode>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+enum Format {
     Text,
     Json,
 }
 
 /// The seeds of `--seeds`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seeds(pub(crate) Vec<u64>);
+struct Seeds(Vec<u64>);
 
 /// Why `--seeds` cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,10 +120,10 @@ fn parse_seeds(text: &str) -> Result<Seeds, SeedsError> {
 /// One policy's runs over the seeds.
 #[derive(Debug, Clone)]
 struct PolicyReport {
-    pub(crate) policy: Policy,
-    pub(crate) seeds: Vec<u64>,
-    pub(crate) runs: Vec<RunResult>,
-    pub(crate) seconds: f64,
+    policy: Policy,
+    seeds: Vec<u64>,
+    runs: Vec<RunResult>,
+    seconds: f64,
 }
 
 /// Run `simulate`: print one report per policy on stdout.

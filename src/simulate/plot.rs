@@ -17,7 +17,7 @@ const COLOURS: [RGBColor; 6] = [
 ];
 
 /// Write the plot of `reports` to `path`.
-pub(crate) fn write(path: &Path, reports: &[PolicyReport]) -> anyhow::Result<()> {
+pub(super) fn write(path: &Path, reports: &[PolicyReport]) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (800, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let mut chart = ChartBuilder::on(&root)

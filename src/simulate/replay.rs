@@ -17,7 +17,7 @@ const MEMORY_PER_GPU: u32 = 100;
 /// Where FGD's request mix comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum MixSource {
+pub(super) enum MixSource {
     /// Known in advance: the shapes of the trace's GPU pods (the paper's setup).
     Known,
     /// Learnt from the pods seen so far, as the extender must.
@@ -26,17 +26,17 @@ pub enum MixSource {
 
 /// A trace pod read once into what placement needs.
 #[derive(Debug, Clone)]
-pub(crate) struct SimPod {
-    pub(crate) request: GpuRequest,
-    pub(crate) host: HostRoom,
-    pub(crate) models: Vec<Arc<str>>,
-    pub(crate) demand_milli: u64,
+pub(super) struct SimPod {
+    pub(super) request: GpuRequest,
+    pub(super) host: HostRoom,
+    pub(super) models: Vec<Arc<str>>,
+    pub(super) demand_milli: u64,
     /// `None` for CPU-only pods, which take no part in the mix.
-    pub(crate) shape: Option<TaskShape>,
+    shape: Option<TaskShape>,
 }
 
 impl SimPod {
-    pub(crate) fn of(row: &PodRow) -> SimPod {
+    pub(super) fn of(row: &PodRow) -> SimPod {
         let request = gpu_request(row);
         let host = HostRoom {
             cpu_milli: row.cpu_milli,
@@ -75,13 +75,13 @@ fn gpu_request(row: &PodRow) -> GpuRequest {
 
 /// A node during the run: its GPUs and its free CPU and memory.
 #[derive(Debug, Clone)]
-pub(crate) struct SimNode {
-    pub(crate) gpus: NodeGpus,
-    pub(crate) room: HostRoom,
+pub(super) struct SimNode {
+    pub(super) gpus: NodeGpus,
+    pub(super) room: HostRoom,
 }
 
 impl SimNode {
-    pub(crate) fn of(row: &NodeRow) -> SimNode {
+    pub(super) fn of(row: &NodeRow) -> SimNode {
         SimNode {
             gpus: NodeGpus {
                 name: row.name.as_str().into(),
@@ -113,7 +113,7 @@ impl SimNode {
 
     /// [`admits`](Self::admits), with the models the pod may go to (those its quota has
     /// room on) in place of the pod's own.
-    pub(crate) fn admits_models(&self, pod: &SimPod, models: &[String]) -> Result<(), Misfit> {
+    pub(super) fn admits_models(&self, pod: &SimPod, models: &[String]) -> Result<(), Misfit> {
         let model = self.gpus.model.as_deref();
         if !models.iter().any(|m| Some(m.as_str()) == model) {
             return Err(Misfit::ModelNotWanted {
@@ -155,19 +155,19 @@ impl Candidate for SimNode {
 
 /// What one run measured.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct RunResult {
-    pub(crate) pods: usize,
-    pub(crate) failed: usize,
-    pub(crate) capacity_milli: u64,
-    pub(crate) allocated_milli: u64,
+pub(super) struct RunResult {
+    pub(super) pods: usize,
+    pub(super) failed: usize,
+    pub(super) capacity_milli: u64,
+    pub(super) allocated_milli: u64,
     /// Allocated share (%) when the arrived GPU demand first reached 100% of capacity.
-    pub(crate) allocated_pct_at_100: Option<f64>,
+    pub(super) allocated_pct_at_100: Option<f64>,
     /// (arrived demand %, allocated %) after each GPU pod, thinned for plotting.
-    pub(crate) curve: Vec<(f64, f64)>,
+    pub(super) curve: Vec<(f64, f64)>,
 }
 
 impl RunResult {
-    pub(crate) fn allocated_pct(&self) -> f64 {
+    pub(super) fn allocated_pct(&self) -> f64 {
         percent(self.allocated_milli, self.capacity_milli)
     }
 }
@@ -185,7 +185,7 @@ fn percent(part: u64, whole: u64) -> f64 {
 const ONLINE_REFRESH: u64 = 64;
 
 /// Place `order` (indices into `pods`) on fresh `nodes`, one by one, never removing.
-pub(crate) fn run(
+pub(super) fn run(
     placer: &Placer,
     mix: MixSource,
     nodes: &[SimNode],
@@ -255,6 +255,6 @@ fn learn(placer: &mut Placer, learnt: &RequestMix, pod: &SimPod) {
 }
 
 /// The mix FGD knows in advance: the trace's own GPU pods.
-pub(crate) fn known_mix(pods: &[SimPod]) -> TaskMix {
+pub(super) fn known_mix(pods: &[SimPod]) -> TaskMix {
     TaskMix::from_shapes(pods.iter().filter_map(|p| p.shape.clone()))
 }

@@ -14,23 +14,23 @@ use super::replay::{SimNode, SimPod};
 
 /// A trace GPU pod with its arrival and run time.
 #[derive(Debug, Clone)]
-pub(crate) struct TimedPod {
-    pub(crate) pod: SimPod,
-    pub(crate) arrival: u64,
-    pub(crate) runtime: u64,
+pub(super) struct TimedPod {
+    pub(super) pod: SimPod,
+    pub(super) arrival: u64,
+    pub(super) runtime: u64,
 }
 
 /// The tenants the trace does not have: which namespace each pod belongs to, and each
 /// namespace's quota and default model.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Tenancy {
-    pub(crate) namespace_of: Vec<usize>,
+pub(super) struct Tenancy {
+    pub(super) namespace_of: Vec<usize>,
     /// Per namespace: the model a pod that names none is charged to.
-    pub(crate) default_model: Vec<String>,
+    pub(super) default_model: Vec<String>,
     /// Per namespace: `hard` per model (the models its pods want).
-    pub(crate) hard: Vec<ModelAmounts>,
+    pub(super) hard: Vec<ModelAmounts>,
     /// The trace's peak concurrent GPU demand, milli-GPUs.
-    pub(crate) peak_milli: u64,
+    pub(super) peak_milli: u64,
 }
 
 /// `namespaces` tenants of unequal size — pods are dealt at random (seeded) with weights
@@ -40,7 +40,7 @@ pub(crate) struct Tenancy {
 /// model is `quota_scale` × its own peak concurrent demand there, and never less than
 /// its largest pod there (so every pod can run in every mode, and the modes differ only
 /// in how long pods wait).
-pub(crate) fn tenancy(
+pub(super) fn tenancy(
     pods: &[TimedPod],
     nodes: &[SimNode],
     namespaces: usize,
@@ -129,7 +129,7 @@ fn peak_demand<'a>(pods: impl IntoIterator<Item = &'a TimedPod>) -> u64 {
 }
 
 /// The run's setting, for the text report: the trace, then one line per namespace.
-pub(crate) fn describe(
+pub(super) fn describe(
     pods: &[TimedPod],
     tenancy: &Tenancy,
     policy: crate::placement::Policy,

@@ -23,12 +23,12 @@ use crate::quota::view::QuotaView;
 use crate::quota::{Charge, Costs, ModelAmounts, OnExceed, admit};
 
 use super::replay::{SimNode, SimPod};
-pub(crate) use super::tenancy::{Tenancy, TimedPod, tenancy};
+pub(super) use super::tenancy::{Tenancy, TimedPod, tenancy};
 
 /// How the namespaces' quotas treat a pod past them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum QuotaMode {
+pub(super) enum QuotaMode {
     /// Refused; its controller creates it again after a back-off.
     Deny,
     /// Waits in its namespace's line (a pod of one model; others as `Deny`).
@@ -50,30 +50,30 @@ const PARKED: u32 = 6;
 
 /// What one mode's replay measured.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub(crate) struct TimelineResult {
-    pub(crate) pods: usize,
-    pub(crate) started: usize,
+pub(super) struct TimelineResult {
+    pub(super) pods: usize,
+    pub(super) started: usize,
     /// Pods no quota (nor cohort) could ever take: refused at once, not replayed.
-    pub(crate) too_big: usize,
+    pub(super) too_big: usize,
     /// Pods that never started: still waiting on quota when nothing was left to finish,
     /// or admitted and never placed (`no_node`).
-    pub(crate) never_started: usize,
+    pub(super) never_started: usize,
     /// Of those, pods the quota admitted that no node could take (model, CPU, memory).
-    pub(crate) no_node: usize,
+    pub(super) no_node: usize,
     /// Pods that waited on quota before they first started.
-    pub(crate) waited: usize,
-    pub(crate) wait_p50_s: u64,
-    pub(crate) wait_p99_s: u64,
-    pub(crate) wait_max_s: u64,
+    pub(super) waited: usize,
+    pub(super) wait_p50_s: u64,
+    pub(super) wait_p99_s: u64,
+    pub(super) wait_max_s: u64,
     /// GPU-hours during which GPUs sat idle while pods waited on quota (the smaller of
     /// the idle GPUs and the waiting pods' demand, over time).
-    pub(crate) stranded_gpu_hours: f64,
-    pub(crate) evictions: usize,
+    pub(super) stranded_gpu_hours: f64,
+    pub(super) evictions: usize,
     /// GPU-hours of work the evicted pods lost.
-    pub(crate) evicted_gpu_hours: f64,
+    pub(super) evicted_gpu_hours: f64,
     /// Creates refused and made again (`Deny`, and multi-model pods under `Queue`).
-    pub(crate) retries: u64,
-    pub(crate) seconds: f64,
+    pub(super) retries: u64,
+    pub(super) seconds: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -132,7 +132,7 @@ struct Replay<'a> {
 }
 
 /// Replay `pods` over time on `nodes` under `mode`.
-pub(crate) fn run(
+pub(super) fn run(
     mode: QuotaMode,
     placer: &Placer,
     nodes: &[SimNode],

@@ -8,42 +8,42 @@ use anyhow::Context;
 
 /// One row of the node CSV (`sn, cpu_milli, memory_mib, gpu, model`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NodeRow {
-    pub(crate) name: String,
-    pub(crate) cpu_milli: u64,
-    pub(crate) memory_mib: u64,
-    pub(crate) gpus: u32,
-    pub(crate) model: String,
+pub(super) struct NodeRow {
+    pub(super) name: String,
+    pub(super) cpu_milli: u64,
+    pub(super) memory_mib: u64,
+    pub(super) gpus: u32,
+    pub(super) model: String,
 }
 
 /// One row of the pod CSV (`name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PodRow {
-    pub(crate) name: String,
-    pub(crate) cpu_milli: u64,
-    pub(crate) memory_mib: u64,
-    pub(crate) num_gpu: u32,
+pub(super) struct PodRow {
+    pub(super) name: String,
+    pub(super) cpu_milli: u64,
+    pub(super) memory_mib: u64,
+    pub(super) num_gpu: u32,
     /// Share of one GPU in milli-GPU when `num_gpu` is 1 (1000 = whole).
-    pub(crate) gpu_milli: u32,
+    pub(super) gpu_milli: u32,
     /// Allowed GPU models (`gpu_spec` split on `|`); empty = any.
-    pub(crate) models: Vec<String>,
+    pub(super) models: Vec<String>,
     /// When it arrived and how long it ran, in seconds, when the trace says
     /// (`creation_time`, `deletion_time`, `scheduled_time`): what `--timeline` replays.
-    pub(crate) life: Option<Life>,
+    pub(super) life: Option<Life>,
 }
 
 /// A pod's life in the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Life {
+pub(super) struct Life {
     /// `creation_time`.
-    pub(crate) arrival: u64,
+    pub(super) arrival: u64,
     /// `deletion_time` less `scheduled_time` (less `creation_time` if it never ran).
-    pub(crate) runtime: u64,
+    pub(super) runtime: u64,
 }
 
 impl PodRow {
     /// The GPU the pod asks for, in milli-GPU (1000 = one GPU).
-    pub(crate) fn gpu_demand_milli(&self) -> u64 {
+    pub(super) fn gpu_demand_milli(&self) -> u64 {
         match self.num_gpu {
             0 => 0,
             1 => u64::from(self.gpu_milli),
@@ -53,13 +53,13 @@ impl PodRow {
 }
 
 /// Read the node CSV at `path`.
-pub(crate) fn read_nodes(path: &Path) -> anyhow::Result<Vec<NodeRow>> {
+pub(super) fn read_nodes(path: &Path) -> anyhow::Result<Vec<NodeRow>> {
     let text = read(path)?;
     parse_nodes(&path.display().to_string(), &text)
 }
 
 /// Read the pod CSV at `path`.
-pub(crate) fn read_pods(path: &Path) -> anyhow::Result<Vec<PodRow>> {
+pub(super) fn read_pods(path: &Path) -> anyhow::Result<Vec<PodRow>> {
     let text = read(path)?;
     parse_pods(&path.display().to_string(), &text)
 }
@@ -87,7 +87,7 @@ fn parse_nodes(file: &str, text: &str) -> anyhow::Result<Vec<NodeRow>> {
 }
 
 /// Parse pod CSV text; `file` names it in errors.
-pub(crate) fn parse_pods(file: &str, text: &str) -> anyhow::Result<Vec<PodRow>> {
+pub(super) fn parse_pods(file: &str, text: &str) -> anyhow::Result<Vec<PodRow>> {
     let columns = [
         "name",
         "cpu_milli",

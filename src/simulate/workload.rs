@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 
 /// Indices into the trace's pods, in arrival order. `demands` are the pods' GPU demands
 /// and `capacity_milli` the cluster's GPU capacity, both in milli-GPU.
-pub(crate) fn build(demands: &[u64], capacity_milli: u64, inflate: f64, seed: u64) -> Vec<usize> {
+pub(super) fn build(demands: &[u64], capacity_milli: u64, inflate: f64, seed: u64) -> Vec<usize> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let limit = inflate * capacity_milli as f64;
     let mut order: Vec<usize> = (0..demands.len()).collect();

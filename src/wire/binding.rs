@@ -8,7 +8,7 @@ use super::{self as wire, DecodeError, decode_raw, object_parts};
 
 /// `ExtenderBindingArgs`: bind this pod (by namespace, name and uid) to this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExtenderBindingArgs {
+pub(crate) struct ExtenderBindingArgs {
     pub(crate) pod_name: String,
     pub(crate) pod_namespace: String,
     pub(crate) pod_uid: String,
@@ -17,7 +17,7 @@ pub struct ExtenderBindingArgs {
 
 /// `ExtenderBindingResult`: an empty `Error` means bound.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ExtenderBindingResult {
+pub(crate) struct ExtenderBindingResult {
     #[serde(rename = "Error")]
     pub(crate) error: String,
 }

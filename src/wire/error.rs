@@ -114,7 +114,7 @@ impl DecodeError {
 
     /// The same error, saying what the part must be when it is not a JSON object (a
     /// caller knows the part's shape better than [`super::object_parts`]).
-    pub(crate) fn expecting(self, shape: &'static str) -> Self {
+    pub(super) fn expecting(self, shape: &'static str) -> Self {
         match self {
             DecodeError::NotAnObject { what, .. } => DecodeError::NotAnObject {
                 what,
@@ -125,7 +125,7 @@ impl DecodeError {
     }
 
     /// `what` is not valid JSON, as serde_json says why (its depth limit apart).
-    pub(crate) fn syntax(what: &str, error: &serde_json::Error) -> Self {
+    pub(super) fn syntax(what: &str, error: &serde_json::Error) -> Self {
         let (what, detail) = (what.to_string(), error.to_string());
         match Fault::of(error) {
             Fault::TooDeep => DecodeError::TooDeep { what, detail },
@@ -138,7 +138,7 @@ impl Fault {
     /// The fault serde_json reports. Its errors carry no more than a category and a
     /// text, and bounded lists (`Bounded`, `dra::wire`'s lists) speak through the text:
     /// the kinds below are read from its start.
-    pub(crate) fn of(error: &serde_json::Error) -> Fault {
+    pub(super) fn of(error: &serde_json::Error) -> Fault {
         use serde_json::error::Category;
         let text = error.to_string();
         match error.classify() {

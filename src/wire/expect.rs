@@ -5,9 +5,9 @@
 /// What a route judges: the group, kind and resource its reviews must be about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expected {
-    pub(crate) group: &'static str,
-    pub(crate) kind: &'static str,
-    pub(crate) resource: &'static str,
+    pub(super) group: &'static str,
+    pub(super) kind: &'static str,
+    pub(super) resource: &'static str,
 }
 
 /// Reviews of Pods (`/validate`, `/mutate`).
@@ -52,7 +52,7 @@ pub enum Mismatch {
 
 impl Mismatch {
     /// The metric label of the mismatch (`DecodeError::kind`).
-    pub(crate) fn kind(&self) -> &'static str {
+    pub(super) fn kind(&self) -> &'static str {
         match self {
             Mismatch::Operation(_) => "bad_operation",
             Mismatch::NoNamespace(_) => "missing_field",

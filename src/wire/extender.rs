@@ -34,7 +34,7 @@ pub struct ExtenderArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GivenNode {
     pub(crate) name: String,
-    pub(super) span: Range<usize>,
+    span: Range<usize>,
 }
 
 impl ExtenderArgs {

@@ -25,7 +25,7 @@ impl fmt::Debug for RequestBody {
 
 /// `ExtenderFilterResult`.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ExtenderFilterResult {
+pub(crate) struct ExtenderFilterResult {
     #[serde(rename = "Nodes")]
     pub(crate) nodes: Option<NodeItems>,
     #[serde(rename = "NodeNames")]
@@ -186,7 +186,7 @@ impl IntoResponse for ExtenderFilterResult {
 /// strings: an unschedulable pod has a reason for every candidate (thousands), and most
 /// candidates share a handful of distinct reasons.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct NodeReasons(pub(crate) Vec<(Arc<str>, Arc<str>)>);
+pub(crate) struct NodeReasons(pub(crate) Vec<(Arc<str>, Arc<str>)>);
 
 impl NodeReasons {
     pub(crate) fn insert(&mut self, node: impl Into<Arc<str>>, reason: impl Into<Arc<str>>) {
@@ -194,7 +194,7 @@ impl NodeReasons {
     }
 
     #[cfg(test)]
-    pub(crate) fn get(&self, node: &str) -> Option<&str> {
+    pub(super) fn get(&self, node: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(n, _)| &**n == node)

@@ -21,7 +21,7 @@
 
 pub(crate) mod binding;
 pub(crate) mod claim;
-pub(crate) mod error;
+mod error;
 pub(crate) mod expect;
 pub mod extender;
 pub(crate) mod filter_result;
@@ -127,7 +127,7 @@ fn located(what: &str, e: serde_path_to_error::Error<serde_json::Error>) -> Deco
 /// A JSON array of at most `MAX` elements, refused while decoding (before the rest of
 /// an oversized array is read into memory).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Bounded<T, const MAX: usize>(pub(crate) Vec<T>);
+struct Bounded<T, const MAX: usize>(Vec<T>);
 
 impl<'de, T: serde::Deserialize<'de>, const MAX: usize> serde::Deserialize<'de>
     for Bounded<T, MAX>
@@ -182,7 +182,7 @@ fn object_parts<'a, const N: usize>(
 }
 
 /// `raw` as text: JSON bodies must be UTF-8.
-pub(crate) fn text(raw: &[u8]) -> Result<&str, DecodeError> {
+fn text(raw: &[u8]) -> Result<&str, DecodeError> {
     std::str::from_utf8(raw).map_err(|e| DecodeError::Malformed {
         what: "request".into(),
         detail: format!("not UTF-8 ({e})"),
@@ -218,7 +218,7 @@ impl<'de, const N: usize> Visitor<'de> for Parts<'_, N> {
 /// Which of `keys` an object key is, matched in any letter case ([`object_parts`]'s
 /// rule), for other visitors of request objects.
 struct KeyIndex<'k, const N: usize> {
-    pub(crate) keys: &'k [&'static str; N],
+    keys: &'k [&'static str; N],
 }
 
 impl<'de, const N: usize> DeserializeSeed<'de> for KeyIndex<'_, N> {

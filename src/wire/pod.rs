@@ -31,7 +31,7 @@ pub fn decode(what: &str, raw: &str) -> Result<Pod, DecodeError> {
 /// (`crate::wire::within_budget`), which bounds every part of it.
 /// Boxed: a `Pod` is 2 KiB, moved several times on its way to the handler.
 #[derive(Debug)]
-pub(crate) struct Lite(pub(crate) Box<Pod>);
+pub(super) struct Lite(pub(super) Box<Pod>);
 
 impl<'de> Deserialize<'de> for Lite {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

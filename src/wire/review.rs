@@ -26,17 +26,17 @@ pub struct AdmissionRequest {
     pub operation: String,
     /// The object's kind, which must be the route's ([`Review::expect`]).
     #[serde(default)]
-    pub(crate) kind: Option<GroupVersionKind>,
+    kind: Option<GroupVersionKind>,
     /// The resource the request is made on, which must be the route's.
     #[serde(default)]
-    pub(crate) resource: Option<GroupVersionResource>,
+    resource: Option<GroupVersionResource>,
     /// Who asks: placement annotations may only be changed by the identities that
     /// write them by protocol (`placementWriters`).
     #[serde(default)]
     pub(crate) user_info: UserInfo,
     /// The object: JSON text until the handler decodes the pod (see `crate::wire::pod`).
     #[serde(default)]
-    pub(crate) object: Option<Object>,
+    object: Option<Object>,
     /// The object before an UPDATE (null for a CREATE).
     #[serde(default)]
     old_object: Option<Object>,
@@ -47,28 +47,28 @@ pub struct AdmissionRequest {
 /// `request.kind`: the kind of the object under review.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
-pub struct GroupVersionKind {
-    pub(crate) group: String,
-    pub(crate) version: String,
-    pub(crate) kind: String,
+struct GroupVersionKind {
+    group: String,
+    version: String,
+    kind: String,
 }
 
 /// `request.resource`: the resource the request was made on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
-pub struct GroupVersionResource {
-    pub(crate) group: String,
-    pub(crate) version: String,
-    pub(crate) resource: String,
+struct GroupVersionResource {
+    group: String,
+    version: String,
+    resource: String,
 }
 
 /// `request.userInfo`: the authenticated user behind the request (the API server's
 /// word; only the API server gets past the webhook door's client-certificate check).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
-pub struct UserInfo {
+pub(crate) struct UserInfo {
     pub(crate) username: String,
-    pub(crate) groups: Vec<String>,
+    groups: Vec<String>,
 }
 
 /// The operations the API server sends, spelled as it spells them.
@@ -77,7 +77,7 @@ const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
 /// A review's object: its JSON text ([`Review::from_json`]), or the pod already decoded
 /// from it ([`Review::decode`]'s single pass).
 #[derive(Debug, Clone)]
-pub enum Object {
+enum Object {
     Raw(Box<RawValue>),
     Pod(Box<Pod>),
 }

@@ -12,7 +12,7 @@ use super::{self as wire, DecodeError, decode_raw, object_parts};
 
 /// Volcano's `PredicateResponse`: an empty status passes.
 #[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct PredicateResponse {
+pub(crate) struct PredicateResponse {
     pub(crate) status: String,
     pub(crate) code: i32,
 }

@@ -19,29 +19,29 @@ use super::{ClusterState, namespace_of};
 
 /// The annotation kube-scheduler puts on the claim it creates for a pod's DRA-backed
 /// extended resources (the pod owns the claim).
-pub const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
+const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
 
 /// A claim as quota sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CachedClaim {
+pub(crate) struct CachedClaim {
     /// `creationTimestamp`, unix seconds (the ledger's pending total it joined).
-    pub created: i64,
+    pub(super) created: i64,
     /// Its device requests, evaluated again when the DeviceClasses change.
-    pub requests: Arc<[DeviceRequest]>,
+    pub(crate) requests: Arc<[DeviceRequest]>,
     /// Its GPU requests, evaluated off the cache's lock before it joined the cluster
     /// state (`evaluation.rs`), or kept from when it was.
-    pub asks: ClaimAsks,
+    pub(crate) asks: ClaimAsks,
     /// The version of the DeviceClasses `asks` were evaluated under (`None`: not yet).
-    pub evaluated: Option<u64>,
+    pub(crate) evaluated: Option<u64>,
     /// The GPU driver's devices allocated to it: (pool, device).
-    pub allocated: Vec<(String, String)>,
+    allocated: Vec<(String, String)>,
     /// The pod it says it serves the extended resources of, if annotated so.
-    pub extended_for: Option<ExtendedFor>,
+    extended_for: Option<ExtendedFor>,
 }
 
 impl CachedClaim {
     /// `None` for a claim that asks for no device and holds no GPU.
-    pub fn from_claim(claim: &ResourceClaim, dra: &Dra) -> Option<Self> {
+    pub(crate) fn from_claim(claim: &ResourceClaim, dra: &Dra) -> Option<Self> {
         let allocated: Vec<(String, String)> = claim
             .allocated()
             .iter()
@@ -65,17 +65,17 @@ impl CachedClaim {
 
 /// What a claim says of the pod whose extended resources it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExtendedFor {
-    pub pod: String,
-    pub uid: String,
+pub(crate) struct ExtendedFor {
+    pod: String,
+    uid: String,
     /// The claim's own name (a pod that names it in its spec uses it as any claim).
-    pub claim: String,
+    claim: String,
 }
 
 /// The pod a claim says it serves the extended resources of: annotated so, controlled by
 /// that pod, and not made from the pod's ResourceClaimTemplate (whose metadata the
 /// tenant writes). Whether the pod exists and asks for them is the cluster state's to say.
-pub fn extended_owner(claim: &ResourceClaim) -> Option<ExtendedFor> {
+pub(crate) fn extended_owner(claim: &ResourceClaim) -> Option<ExtendedFor> {
     let meta = &claim.metadata;
     let annotations = meta.annotations.as_ref()?;
     if annotations.get(EXTENDED_RESOURCE_CLAIM)? != "true"
@@ -95,7 +95,7 @@ pub fn extended_owner(claim: &ResourceClaim) -> Option<ExtendedFor> {
 }
 
 /// The key of a claim among the namespace's charged objects (pod names have no `/`).
-pub fn claim_key(namespace: &str, name: &str) -> PodKey {
+pub(crate) fn claim_key(namespace: &str, name: &str) -> PodKey {
     format!("{namespace}/resourceclaims/{name}").into()
 }
 
@@ -110,7 +110,7 @@ impl ClusterState {
     /// A claim arrived or changed, its asks evaluated (or not) off the lock: no CEL runs
     /// here. One the cache holds with the same requests keeps the asks it was given
     /// (an admitted claim keeps its verdict) unless these are newer.
-    pub fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
+    pub(crate) fn apply_claim(&mut self, key: PodKey, mut claim: CachedClaim) {
         if let Some(held) = self.claims.get(&key)
             && held.requests == claim.requests
             && held.evaluated >= claim.evaluated
@@ -148,7 +148,7 @@ impl ClusterState {
     /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,
     /// the published devices, and the models its quotas and the nodes name. Copied
     /// out: the [`crate::dra::Catalog`] is built from it off the lock.
-    pub fn catalog_source(&self, namespace: &str) -> CatalogSource {
+    pub(crate) fn catalog_source(&self, namespace: &str) -> CatalogSource {
         let limits = self.namespace_limits(namespace);
         let mut known: Vec<String> = limits.models.clone();
         known.extend(limits.profile_caps.iter().cloned());
@@ -161,16 +161,12 @@ impl ClusterState {
     }
 
     /// The version of the DeviceClasses (see [`CachedClaim::evaluated`]).
-    pub fn classes_version(&self) -> u64 {
+    pub(crate) fn classes_version(&self) -> u64 {
         self.classes_version
     }
 
-    pub fn set_dra(&mut self, dra: Dra) {
+    pub(crate) fn set_dra(&mut self, dra: Dra) {
         self.dra = dra;
-    }
-
-    pub fn dra(&self) -> &Dra {
-        &self.dra
     }
 
     /// A DeviceClass arrived or changed: every claim's requests are to be evaluated
@@ -183,20 +179,20 @@ impl ClusterState {
         }
     }
 
-    pub fn delete_class(&mut self, name: &str) {
+    pub(crate) fn delete_class(&mut self, name: &str) {
         if self.classes.remove(name).is_some() {
             self.classes_version += 1;
         }
     }
 
-    pub fn replace_classes(&mut self, classes: DeviceClasses) {
+    pub(crate) fn replace_classes(&mut self, classes: DeviceClasses) {
         if self.classes != classes {
             self.classes = classes;
             self.classes_version += 1;
         }
     }
 
-    pub fn classes(&self) -> &DeviceClasses {
+    pub(crate) fn classes(&self) -> &DeviceClasses {
         &self.classes
     }
 
@@ -209,7 +205,7 @@ impl ClusterState {
     /// claim of the namespace names that pod. Who created the claim is not in the object:
     /// the claim webhooks also ask that its creator be one of `schedulerUsers`
     /// (docs/security.md, "What the quota trusts").
-    pub fn serves_pod(
+    pub(crate) fn serves_pod(
         &self,
         namespace: &str,
         requests: &[DeviceRequest],
@@ -265,7 +261,7 @@ impl ClusterState {
     }
 
     /// The whole-GPU resource names (`resources.wholeGpu`).
-    pub fn set_gpu_resources(&mut self, names: Vec<String>) {
+    pub(crate) fn set_gpu_resources(&mut self, names: Vec<String>) {
         self.gpu_resources = names;
     }
 
@@ -273,7 +269,7 @@ impl ClusterState {
     /// DRA-backed extended resources: no GPU capacity of their own, GPUs published in
     /// ResourceSlices, of a model the pod may use (docs/devices.md). kube-scheduler's
     /// DRA plugin allocates them (in a claim it makes for the pod, charged to the pod).
-    pub fn dra_nodes(&self, key: &str, names: &[&str]) -> Vec<String> {
+    pub(crate) fn dra_nodes(&self, key: &str, names: &[&str]) -> Vec<String> {
         let Some(pod) = self.pod(key) else {
             return Vec::new();
         };
@@ -320,7 +316,7 @@ impl ClusterState {
         }
     }
 
-    pub fn delete_claim(&mut self, key: &str) {
+    pub(crate) fn delete_claim(&mut self, key: &str) {
         let namespace = namespace_of(key);
         let Some(claim) = self.claims.get(key) else {
             return;
@@ -336,7 +332,7 @@ impl ClusterState {
         self.recharge_siblings(&key, claim.extended_for.as_ref());
     }
 
-    pub fn replace_claims(&mut self, claims: Vec<(PodKey, CachedClaim)>) {
+    pub(crate) fn replace_claims(&mut self, claims: Vec<(PodKey, CachedClaim)>) {
         let listed: HashSet<&PodKey> = claims.iter().map(|(key, _)| key).collect();
         let gone: Vec<PodKey> = self
             .claims
@@ -359,12 +355,12 @@ impl ClusterState {
         self.recharge_allocated();
     }
 
-    pub fn delete_slice(&mut self, name: &str) {
+    pub(crate) fn delete_slice(&mut self, name: &str) {
         self.devices.delete(name);
         self.recharge_allocated();
     }
 
-    pub fn replace_slices(&mut self, slices: Vec<(String, SliceDevices)>) {
+    pub(crate) fn replace_slices(&mut self, slices: Vec<(String, SliceDevices)>) {
         self.devices.replace(slices);
         self.recharge_allocated();
     }

@@ -18,7 +18,7 @@ use super::{ClusterState, namespace_of};
 
 /// Claims to evaluate, with what evaluating them needs.
 #[derive(Debug, Default)]
-pub struct Unevaluated {
+pub(crate) struct Unevaluated {
     /// The DeviceClasses' version the sources were copied under.
     version: u64,
     claims: Vec<(PodKey, Arc<[DeviceRequest]>)>,
@@ -28,7 +28,7 @@ pub struct Unevaluated {
 
 /// Claims' asks, evaluated.
 #[derive(Debug, Default)]
-pub struct Evaluated {
+pub(crate) struct Evaluated {
     version: u64,
     asks: Vec<(PodKey, Arc<[DeviceRequest]>, ClaimAsks)>,
     /// The GPU classes the config does not list, if looked for.
@@ -36,13 +36,13 @@ pub struct Evaluated {
 }
 
 impl Unevaluated {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.claims.is_empty() && self.sources.is_empty()
     }
 
     /// Evaluate them: the CEL runs here (a claim whose selectors cannot be evaluated
     /// within its budget matches no model).
-    pub fn evaluate(self) -> Evaluated {
+    pub(crate) fn evaluate(self) -> Evaluated {
         let mut catalogs: BTreeMap<String, Catalog> = self
             .sources
             .into_iter()
@@ -69,7 +69,7 @@ impl Unevaluated {
 
 impl Evaluated {
     /// Give `claims` the asks evaluated for them.
-    pub fn give(self, claims: &mut [(PodKey, CachedClaim)]) {
+    pub(crate) fn give(self, claims: &mut [(PodKey, CachedClaim)]) {
         let mut asks: BTreeMap<PodKey, ClaimAsks> =
             self.asks.into_iter().map(|(k, _, a)| (k, a)).collect();
         for (key, claim) in claims {
@@ -85,7 +85,7 @@ impl ClusterState {
     /// Of `claims` arriving from the watch, those to evaluate: the others are held with
     /// the same requests and asks evaluated under the current DeviceClasses, which they
     /// keep (an admitted claim keeps its verdict; no CEL runs again).
-    pub fn unevaluated(&self, claims: &mut [(PodKey, CachedClaim)]) -> Unevaluated {
+    pub(crate) fn unevaluated(&self, claims: &mut [(PodKey, CachedClaim)]) -> Unevaluated {
         let mut unevaluated = self.nothing_evaluated();
         for (key, claim) in claims.iter_mut() {
             match self.claims.get(key) {
@@ -104,7 +104,7 @@ impl ClusterState {
 
     /// The held claims whose asks were not evaluated under the current DeviceClasses
     /// (a DeviceClass changed since).
-    pub fn unevaluated_claims(&self) -> Unevaluated {
+    pub(crate) fn unevaluated_claims(&self) -> Unevaluated {
         let stale = self
             .claims
             .iter()
@@ -140,7 +140,7 @@ impl ClusterState {
 
     /// Apply what was evaluated off the lock to the claims still held with the
     /// requests evaluated, if the DeviceClasses are still those it was evaluated under.
-    pub fn apply_evaluated(&mut self, evaluated: Evaluated) {
+    pub(crate) fn apply_evaluated(&mut self, evaluated: Evaluated) {
         if evaluated.version != self.classes_version {
             return;
         }
@@ -173,7 +173,7 @@ impl ClusterState {
 
     /// Evaluate the claims due on the calling thread, the state borrowed throughout:
     /// offline loading (before anything else reads the cache) and tests only.
-    pub fn evaluate_claims_now(&mut self) {
+    pub(crate) fn evaluate_claims_now(&mut self) {
         let evaluated = self.unevaluated_claims().evaluate();
         self.apply_evaluated(evaluated);
     }

@@ -17,16 +17,16 @@ use super::index::fits_indices;
 /// How long a placement the filter holds in memory waits for the scheduler's bind call.
 /// Letting go early is safe (bind places again on the node it is given, or refuses);
 /// holding on keeps GPUs idle for a pod the scheduler gave up on.
-pub const HOLD_TTL: Duration = Duration::from_secs(30);
+pub(crate) const HOLD_TTL: Duration = Duration::from_secs(30);
 
 /// A placement the filter made: the node, its GPUs, and what to restore if recording
 /// the choice on the pod fails.
 #[derive(Debug, Clone)]
-pub struct Reservation {
-    pub node: Arc<str>,
-    pub assignment: Assignment,
+pub(crate) struct Reservation {
+    pub(crate) node: Arc<str>,
+    pub(crate) assignment: Assignment,
     /// True when the pod already held this placement (a re-filter): nothing to write.
-    pub kept: bool,
+    pub(crate) kept: bool,
     previous: Option<CachedPod>,
 }
 
@@ -34,13 +34,13 @@ pub struct Reservation {
 /// candidate that could not take the pod, by name (a placed pod's answer names only
 /// its node, so nothing gathers reasons nobody reads).
 #[derive(Debug)]
-pub struct FilterDecision {
-    pub reservation: Option<Reservation>,
-    pub misfits: Vec<(Arc<str>, Misfit)>,
+pub(crate) struct FilterDecision {
+    pub(crate) reservation: Option<Reservation>,
+    pub(crate) misfits: Vec<(Arc<str>, Misfit)>,
 }
 
 impl FilterDecision {
-    pub(super) fn none(misfits: Vec<(Arc<str>, Misfit)>) -> Self {
+    fn none(misfits: Vec<(Arc<str>, Misfit)>) -> Self {
         FilterDecision {
             reservation: None,
             misfits,
@@ -50,7 +50,7 @@ impl FilterDecision {
 
 /// What the cache held for a pod before a filter call took it as its subject.
 #[derive(Debug)]
-pub struct Held(Option<CachedPod>);
+pub(crate) struct Held(Option<CachedPod>);
 
 /// Which pod a filter call places.
 #[derive(Debug)]
@@ -69,7 +69,7 @@ pub enum Subject {
 /// Why a filter call cannot place the pod it names at all (answered as the
 /// extender's `Error`, so the scheduler retries the pod later).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     #[error(
         "pod {pod} is not in gpu-admission's view of the cluster (not created, or not seen yet)"
     )]
@@ -92,7 +92,8 @@ impl ClusterState {
     /// only once placed). A pod that already holds a placement on a candidate keeps
     /// it; one placed elsewhere is released and placed anew, so a re-filter never
     /// charges twice. `choose` runs the placement policy.
-    pub fn reserve(
+    #[cfg(test)]
+    pub(crate) fn reserve(
         &mut self,
         key: &PodKey,
         subject: Subject,
@@ -107,7 +108,7 @@ impl ClusterState {
     /// [`ClusterState::reserve`]'s second half, for a caller that reads the pod in
     /// between (the extender reads the ledger only for pods that need it): `held` is
     /// what [`ClusterState::take_subject`] returned.
-    pub fn place_subject(
+    pub(crate) fn place_subject(
         &mut self,
         key: &PodKey,
         held: Held,
@@ -186,7 +187,7 @@ impl ClusterState {
 
     /// Let go of placements held longer than [`HOLD_TTL`] that no bind (and no
     /// annotation coming back through the watch) confirmed.
-    pub(super) fn expire_holds(&mut self, now: Instant) {
+    fn expire_holds(&mut self, now: Instant) {
         while let Some((at, _)) = self.holds.front() {
             if now.saturating_duration_since(*at) < HOLD_TTL {
                 break;
@@ -206,7 +207,7 @@ impl ClusterState {
 
     /// The binding of a held placement went through: the pod is bound (the watch will
     /// show it; until then the cache keeps the placement as it is).
-    pub fn mark_bound(&mut self, key: &str) {
+    pub(crate) fn mark_bound(&mut self, key: &str) {
         if let Some(pod) = self.pods.get_mut(key) {
             pod.bound = true;
         }
@@ -216,7 +217,7 @@ impl ClusterState {
     /// quota charge it adds (see [`CachedPod::recorded`]).
     /// The watch may have brought the write's echo already (the pod then no longer
     /// `reserved`): the record holds for the placement the pod has either way.
-    pub fn mark_recorded(&mut self, key: &str) {
+    pub(crate) fn mark_recorded(&mut self, key: &str) {
         if let Some(pod) = self.pods.get_mut(key).filter(|p| p.node.is_some()) {
             pod.recorded = true;
         }
@@ -225,14 +226,14 @@ impl ClusterState {
     /// Whether the placement pod `key` holds is one our filter wrote with its charge.
     /// Placement annotations on the pod object alone do not say so: the pod's owner can
     /// put them there, and the bind must then charge.
-    pub fn placement_recorded(&self, key: &str) -> bool {
+    pub(crate) fn placement_recorded(&self, key: &str) -> bool {
         self.pod(key)
             .is_some_and(|p| p.node.is_some() && p.recorded)
     }
 
     /// Let go of the placement held in memory for a pod (its bind failed). A placement
     /// the cluster shows (annotations, or a binding) is not ours to drop.
-    pub fn release_hold(&mut self, key: &str) {
+    pub(crate) fn release_hold(&mut self, key: &str) {
         let Some(pod) = self
             .pods
             .get(key)
@@ -252,7 +253,7 @@ impl ClusterState {
     /// Undo a reservation whose recording failed: a pod only offered by the call leaves
     /// the cache again; any other loses the hold, as [`release_hold`](Self::release_hold)
     /// (not put back as it was before: the watch may have brought news of it meanwhile).
-    pub fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
+    pub(crate) fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
         let held = self.pods.get(&**key);
         if !held.is_some_and(|p| p.reserved.is_some() && !p.bound) {
             return;
@@ -266,15 +267,15 @@ impl ClusterState {
     /// The pod to place, checked: it must be the pod the cluster has (same uid) and not
     /// yet bound. Afterwards the cache holds it under `key`; the result remembers what
     /// the cache held before (nothing for a pod just offered).
-    pub fn take_subject(&mut self, key: &PodKey, subject: Subject) -> Result<Held, PlanError> {
-        self.subject(key, subject).map(Held)
-    }
-
-    pub(super) fn subject(
+    pub(crate) fn take_subject(
         &mut self,
         key: &PodKey,
         subject: Subject,
-    ) -> Result<Option<CachedPod>, PlanError> {
+    ) -> Result<Held, PlanError> {
+        self.subject(key, subject).map(Held)
+    }
+
+    fn subject(&mut self, key: &PodKey, subject: Subject) -> Result<Option<CachedPod>, PlanError> {
         let held = match subject {
             Subject::Known { uid } => {
                 let held = self.pods.get(key).ok_or_else(|| PlanError::NotInCluster {
@@ -317,11 +318,7 @@ impl ClusterState {
         Ok(Some((**held).clone()))
     }
 
-    pub(super) fn keep_existing(
-        &self,
-        key: &PodKey,
-        candidates: &[&str],
-    ) -> Option<FilterDecision> {
+    fn keep_existing(&self, key: &PodKey, candidates: &[&str]) -> Option<FilterDecision> {
         let pod = self.pods.get(key)?;
         let node = pod.node.clone()?;
         let assignment = pod.assignment.clone()?;
@@ -344,7 +341,7 @@ impl ClusterState {
 /// The candidates of a filter call that the cache knows, in the request's order: each
 /// node's GPUs (the slice this derefs to) and stamp, and what placement kept from
 /// earlier calls.
-pub struct Candidates<'a> {
+pub(crate) struct Candidates<'a> {
     nodes: Vec<&'a NodeGpus>,
     stamps: Vec<Stamp>,
     memo: &'a mut PlacementMemo,
@@ -360,7 +357,7 @@ impl<'a> std::ops::Deref for Candidates<'a> {
 impl Candidates<'_> {
     /// `placement::place` over these candidates, reusing the evaluations of nodes that
     /// have not changed since an earlier call with the same placer and request.
-    pub fn place(
+    pub(crate) fn place(
         &mut self,
         placer: &Placer,
         request: &GpuRequest,
@@ -377,7 +374,7 @@ impl Candidates<'_> {
     }
 }
 
-pub(super) fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {
+fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {
     match pod.node.as_deref().filter(|_| pod.bound) {
         Some(node) => Err(PlanError::AlreadyBound {
             pod: key.to_string(),

@@ -13,7 +13,7 @@ use super::{ClusterState, NodeEntry, RESERVATION_TTL, namespace_of};
 
 impl ClusterState {
     /// Count (`add`) or uncount a node's model label, by the node's creation second.
-    pub(super) fn count_label(&mut self, label: Option<Arc<str>>, created: i64, add: bool) {
+    fn count_label(&mut self, label: Option<Arc<str>>, created: i64, add: bool) {
         let Some(label) = label else {
             return;
         };
@@ -69,7 +69,7 @@ impl ClusterState {
         }
     }
 
-    pub fn delete_node(&mut self, name: &str) {
+    pub(crate) fn delete_node(&mut self, name: &str) {
         if let Some((model, created)) = self.node(name).map(|n| (n.model.clone(), n.created)) {
             self.count_label(model, created, false);
         }
@@ -81,7 +81,7 @@ impl ClusterState {
     }
 
     /// Replace all nodes with a complete list (a relist).
-    pub fn replace_nodes(&mut self, nodes: Vec<NodeGpus>) {
+    pub(crate) fn replace_nodes(&mut self, nodes: Vec<NodeGpus>) {
         let names: Vec<Arc<str>> = self.nodes.keys().cloned().collect();
         let fresh: std::collections::HashSet<Arc<str>> =
             nodes.iter().map(|n| n.name.clone()).collect();
@@ -133,7 +133,7 @@ impl ClusterState {
         }
     }
 
-    pub fn delete_pod(&mut self, key: &str) {
+    pub(crate) fn delete_pod(&mut self, key: &str) {
         let namespace = namespace_of(key);
         self.remember_departure(namespace, key);
         let Some(old) = self.pods.remove(key) else {
@@ -155,7 +155,7 @@ impl ClusterState {
 
     /// Replace all pods with a complete list (a relist). Recent reservations of pods the
     /// list does not hold yet survive; older ones belonged to pods that are gone.
-    pub fn replace_pods(&mut self, pods: Vec<(PodKey, CachedPod)>, now: Instant) {
+    pub(crate) fn replace_pods(&mut self, pods: Vec<(PodKey, CachedPod)>, now: Instant) {
         let listed: std::collections::HashSet<PodKey> =
             pods.iter().map(|(k, _)| k.clone()).collect();
         let stale: Vec<PodKey> = self
@@ -208,7 +208,7 @@ impl ClusterState {
         }
     }
 
-    pub(super) fn unlink(&mut self, node: &str, key: &str) {
+    fn unlink(&mut self, node: &str, key: &str) {
         if let Some(entry) = self.nodes.get_mut(node) {
             entry.pods.retain(|k| &**k != key);
         }
@@ -216,7 +216,7 @@ impl ClusterState {
         self.drop_empty(node);
     }
 
-    pub(super) fn drop_empty(&mut self, node: &str) {
+    fn drop_empty(&mut self, node: &str) {
         if self
             .nodes
             .get(node)
@@ -228,7 +228,7 @@ impl ClusterState {
     }
 
     /// The node's entry, created with a slot of its own if new.
-    pub(super) fn entry(&mut self, name: Arc<str>) -> &mut NodeEntry {
+    fn entry(&mut self, name: Arc<str>) -> &mut NodeEntry {
         let (free, slots) = (&mut self.free_slots, &mut self.slots);
         self.nodes.entry(name).or_insert_with(|| {
             let slot = free.pop().unwrap_or_else(|| {
@@ -249,7 +249,7 @@ impl ClusterState {
     /// What a pod holds for its init containers has no annotation: unless our own
     /// reservation placed it, it is placed on the node as it is, after the annotated
     /// pods, so the node holds each pod's whole effective request.
-    pub(super) fn recompute(&mut self, name: &str) {
+    fn recompute(&mut self, name: &str) {
         let Some(entry) = self.nodes.get_mut(name) else {
             return;
         };

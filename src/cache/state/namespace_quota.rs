@@ -16,7 +16,7 @@ use super::ClusterState;
 /// Whose count of usage a quota's view holds: decided once, when the cache is made for
 /// its run mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Ledger {
+pub(crate) enum Ledger {
     /// `GPUQuota.status` (API mode): the ledger every replica charges against.
     Recorded,
     /// The pods this cache holds (offline: the file is the cluster).
@@ -26,15 +26,15 @@ pub enum Ledger {
 
 /// One namespace's quota picture, borrowed from the cache under its lock.
 #[derive(Clone, Copy)]
-pub struct NamespaceQuota<'a> {
+pub(crate) struct NamespaceQuota<'a> {
     state: &'a ClusterState,
-    pub namespace: &'a str,
-    pub limits: &'a NamespaceLimits,
+    namespace: &'a str,
+    pub(crate) limits: &'a NamespaceLimits,
 }
 
 impl ClusterState {
     /// The quota picture of `namespace`, for one decision.
-    pub fn namespace_quota<'a>(&'a self, namespace: &'a str) -> NamespaceQuota<'a> {
+    pub(crate) fn namespace_quota<'a>(&'a self, namespace: &'a str) -> NamespaceQuota<'a> {
         NamespaceQuota {
             state: self,
             namespace,
@@ -49,7 +49,7 @@ impl ClusterState {
 
     /// What `quota` reports as used (its metrics): its status in API mode, the cached
     /// pods' usage offline.
-    pub fn quota_used(&self, quota: &GPUQuota) -> ModelAmounts {
+    pub(crate) fn quota_used(&self, quota: &GPUQuota) -> ModelAmounts {
         match self.ledger {
             Ledger::Recorded => {
                 let status = quota.status.iter().flat_map(|s| &s.used);
@@ -66,26 +66,31 @@ impl ClusterState {
 impl<'a> NamespaceQuota<'a> {
     /// The models a pod that names `own` (its own annotation's models, possibly none)
     /// wants: the quotas' default and list applied.
-    pub fn wanted(&self, own: &[String]) -> WantedModels {
+    pub(crate) fn wanted(&self, own: &[String]) -> WantedModels {
         let default = self.limits.default_type.as_deref();
         WantedModels::of_own(own, default, &self.limits.models)
     }
 
     /// What a pod asking `request` that wants `wanted`, created in second `created`,
     /// costs on each model it may be charged to at admission ([`ChargedAt::costs`]).
-    pub fn costs(&self, request: &GpuRequest, wanted: &[String], created: i64) -> Costs {
+    pub(crate) fn costs(&self, request: &GpuRequest, wanted: &[String], created: i64) -> Costs {
         self.state
             .admission_costs(request, wanted, created, self.limits)
     }
 
     /// What such a pod was charged, for placement to respect ([`Charged`]).
-    pub fn charged(&self, wanted: &WantedModels, request: &GpuRequest, created: i64) -> Charged {
+    pub(crate) fn charged(
+        &self,
+        wanted: &WantedModels,
+        request: &GpuRequest,
+        created: i64,
+    ) -> Charged {
         self.state.charged(self.limits, wanted, request, created)
     }
 
     /// The namespace's quotas with their usage as the [`Ledger`] counts it, with their
     /// cohorts' pools.
-    pub fn views(&self) -> Result<Vec<QuotaView>, StatusError> {
+    pub(crate) fn views(&self) -> Result<Vec<QuotaView>, StatusError> {
         match self.state.ledger {
             Ledger::Recorded => self.state.recorded_quota_views(self.namespace),
             Ledger::Counted => self.state.quota_views(self.namespace),
@@ -94,7 +99,7 @@ impl<'a> NamespaceQuota<'a> {
 
     /// Whether the quotas, with their usage now, admit a pod that wants `wanted` at
     /// `costs` ([`admit`]).
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         wanted: &WantedModels,
         costs: &Costs,

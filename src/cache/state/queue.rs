@@ -112,7 +112,7 @@ impl WaitingIndex {
 
 impl ClusterState {
     /// The namespaces where pods wait in the quota queue.
-    pub fn waiting_namespaces(&self) -> Vec<String> {
+    pub(crate) fn waiting_namespaces(&self) -> Vec<String> {
         self.waiting.0.keys().map(|n| n.to_string()).collect()
     }
 
@@ -154,7 +154,7 @@ impl ClusterState {
     /// GPUs per quota key the pods waiting in `namespace` would be charged (by the node
     /// label each is charged by while it waits): what `status.queued` reports. A pod that
     /// accepts several models counts on none.
-    pub fn queued_usage(&self, namespace: &str) -> ModelAmounts {
+    pub(crate) fn queued_usage(&self, namespace: &str) -> ModelAmounts {
         let line = self.waiting.0.get(namespace);
         let totals = line.into_iter().flat_map(|line| &line.totals);
         totals
@@ -166,7 +166,7 @@ impl ClusterState {
     }
 
     /// How many pods wait in `namespace`, by the quota key each would be charged to.
-    pub fn queued_pods(&self, namespace: &str) -> BTreeMap<String, usize> {
+    pub(crate) fn queued_pods(&self, namespace: &str) -> BTreeMap<String, usize> {
         let line = self.waiting.0.get(namespace);
         let totals = line.into_iter().flat_map(|line| &line.totals);
         totals

@@ -22,7 +22,7 @@ impl ClusterState {
     /// dearest label of that model among the nodes that existed when it was created
     /// (`quota::pending_label`; a node added later does not lower it, and placement
     /// refuses a node that costs more than this plus the namespace's room).
-    pub fn pending_label<'a>(
+    fn pending_label<'a>(
         &'a self,
         request: &crate::placement::GpuRequest,
         model: &'a str,
@@ -46,7 +46,7 @@ impl ClusterState {
 
     /// What a pod created at `created` (unix seconds) costs on each model it wants, as
     /// admission charges it ([`ChargedAt::costs`]).
-    pub fn admission_costs(
+    pub(super) fn admission_costs(
         &self,
         request: &crate::placement::GpuRequest,
         wanted: &[String],
@@ -60,7 +60,7 @@ impl ClusterState {
     /// What a pod of a namespace limited by `limits` that wants `wanted` and asks
     /// `request` was charged, for placement to respect: nothing without a quota, else
     /// [`ChargedAt::charged`]. `created`: its creation second.
-    pub fn charged(
+    pub(super) fn charged(
         &self,
         limits: &NamespaceLimits,
         wanted: &WantedModels,
@@ -104,7 +104,7 @@ impl ClusterState {
     }
 
     /// The node label `pod` is charged by now ([`ChargedAt::label`]).
-    pub(super) fn charge_label(&self, namespace: &str, pod: &CachedPod) -> Option<String> {
+    fn charge_label(&self, namespace: &str, pod: &CachedPod) -> Option<String> {
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
@@ -116,7 +116,7 @@ impl ClusterState {
     /// Stop charging the pods being deleted whose grace period has passed by `now`
     /// (unix seconds): no event marks that moment, so the reconciler (and offline
     /// admission) call this before they count.
-    pub fn expire_deletions(&mut self, now: i64) {
+    pub(crate) fn expire_deletions(&mut self, now: i64) {
         let expired: Vec<PodKey> = (self.deleting.iter())
             .filter(|key| self.tally.is_charged(key))
             .filter(|key| self.pods.get(*key).is_some_and(|p| !p.charged_at(now)))
@@ -139,7 +139,7 @@ impl ClusterState {
     }
 
     /// Recharge the pods of `namespace` after its quotas changed.
-    pub(super) fn recharge_namespace(&mut self, namespace: &str) {
+    fn recharge_namespace(&mut self, namespace: &str) {
         let limits = NamespaceLimits::of(self.namespace_quotas(namespace), namespace);
         self.tally.set_limits(namespace, limits);
         let keys: Vec<PodKey> = self
@@ -177,13 +177,13 @@ impl ClusterState {
         self.recharge_namespace(&namespace);
     }
 
-    pub fn delete_quota(&mut self, quota: &GPUQuota) {
+    pub(crate) fn delete_quota(&mut self, quota: &GPUQuota) {
         let key = quota_key(quota);
         self.quotas.remove(&key);
         self.recharge_namespace(&key.0);
     }
 
-    pub fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
+    pub(crate) fn replace_quotas(&mut self, quotas: Vec<GPUQuota>) {
         let fresh = (quotas.into_iter())
             .map(|q| (quota_key(&q), HeldQuota::from(q)))
             .collect();
@@ -214,7 +214,10 @@ impl ClusterState {
 
     /// The namespace's GPUQuotas with `used` as their status records it (API mode's
     /// ledger, which every replica charges against), with their cohorts' pools.
-    pub fn recorded_quota_views(&self, namespace: &str) -> Result<Vec<QuotaView>, StatusError> {
+    pub(super) fn recorded_quota_views(
+        &self,
+        namespace: &str,
+    ) -> Result<Vec<QuotaView>, StatusError> {
         self.views_of(namespace, |held| held.recorded.clone())
     }
 
@@ -241,7 +244,11 @@ impl ClusterState {
     /// The pods of `namespace` charged to `key` (admitted or let go; those being deleted
     /// while their grace period runs, as the usage counts them), with their priority,
     /// creation second and charge of it: the pods reclaim chooses among.
-    pub fn charged_pods(&self, namespace: &str, key: &str) -> Vec<(PodKey, i32, i64, Milli)> {
+    pub(crate) fn charged_pods(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Vec<(PodKey, i32, i64, Milli)> {
         let now = crate::quota::pending::now_second();
         let keys = self.by_namespace.get(namespace).into_iter().flatten();
         keys.filter_map(|pod_key| {
@@ -256,7 +263,7 @@ impl ClusterState {
     }
 
     /// Every GPUQuota, in any namespace, of one of `cohorts`.
-    pub fn cohort_quotas<'a>(
+    pub(crate) fn cohort_quotas<'a>(
         &'a self,
         cohorts: &'a BTreeSet<String>,
     ) -> impl Iterator<Item = &'a GPUQuota> {
@@ -265,7 +272,7 @@ impl ClusterState {
 
     /// The part of its namespace's usage `quota` reports in its status and metrics
     /// (see [`reported_usage`]).
-    pub fn quota_usage(&self, quota: &GPUQuota) -> ModelAmounts {
+    pub(crate) fn quota_usage(&self, quota: &GPUQuota) -> ModelAmounts {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
         let listed = &self.namespace_limits(namespace).models;
         let lists = |model: &str| quota.spec.hard.contains_key(model);
@@ -280,7 +287,7 @@ impl ClusterState {
 
     /// What a pod was surely charged at admission or binding, per quota key
     /// ([`ChargedAt::in_ledger`]); nothing for a pod still waiting in the quota queue.
-    pub(super) fn admitted_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
+    fn admitted_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {
         let limits = self.namespace_limits(namespace);
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
@@ -294,14 +301,18 @@ impl ClusterState {
     }
 
     /// How MIG slices are charged (`resources.mig`); set once, before any pod arrives.
-    pub fn set_mig(&mut self, mig: crate::placement::MigResources) {
+    pub(crate) fn set_mig(&mut self, mig: crate::placement::MigResources) {
         self.tally.set_mig(mig);
     }
 
     /// What the pods seen created in each recent second account for, per (second,
     /// model): the namespace's live pods created at or after `since` (unix seconds) and
     /// those that have left since. The quota reconciler settles pending charges with it.
-    pub fn seen_charges(&self, namespace: &str, since: i64) -> HashMap<(i64, String), Milli> {
+    pub(crate) fn seen_charges(
+        &self,
+        namespace: &str,
+        since: i64,
+    ) -> HashMap<(i64, String), Milli> {
         let mut seen: HashMap<(i64, String), Milli> = HashMap::default();
         let mut add = |created: i64, model: String, amount: Milli| {
             let entry = seen.entry((created, model)).or_default();
@@ -367,11 +378,11 @@ impl ClusterState {
 
 /// A resourceVersion as a number: the API server's are etcd revisions, which only
 /// grow. `None` for any other form (then the newest event wins, as before).
-pub(super) fn resource_version(quota: &GPUQuota) -> Option<u64> {
+fn resource_version(quota: &GPUQuota) -> Option<u64> {
     quota.metadata.resource_version.as_deref()?.parse().ok()
 }
 
-pub(super) fn quota_key(quota: &GPUQuota) -> (String, String) {
+fn quota_key(quota: &GPUQuota) -> (String, String) {
     (
         quota.metadata.namespace.clone().unwrap_or_default(),
         quota.metadata.name.clone().unwrap_or_default(),

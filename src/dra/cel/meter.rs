@@ -68,7 +68,7 @@ pub(super) fn charge(units: u64) -> Result<(), ExecutionError> {
 }
 
 /// What handling `value` once costs: one, plus its bytes and elements.
-pub(super) fn weight(value: &dyn Val) -> u64 {
+fn weight(value: &dyn Val) -> u64 {
     let bytes = |n: usize| 1 + n as u64 / BYTES_PER_UNIT;
     if let Some(s) = value.downcast_ref::<CelString>() {
         return bytes(s.inner().len());

@@ -17,12 +17,12 @@ use super::meter;
 /// Most program size of a regular expression (the regex crate's limit, in bytes):
 /// Unicode `\w+` fits, `\w{1,200}` does not. Compiling, or refusing, a pattern within
 /// it took at most 0.8 ms (docs/benchmarks.md).
-pub(crate) const REGEX_SIZE: usize = 64 * 1024;
+pub(super) const REGEX_SIZE: usize = 64 * 1024;
 /// Most memory one pattern's lazy DFA may use while matching.
 const REGEX_DFA_SIZE: usize = 256 * 1024;
 /// What compiling a pattern costs the claim's budget, whatever the pattern: about the
 /// longest a compile within [`REGEX_SIZE`] takes.
-pub(crate) const COMPILE_PRICE: u64 = 20_000;
+pub(super) const COMPILE_PRICE: u64 = 20_000;
 
 /// Why a pattern cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub(super) fn with_patterns<T>(patterns: &Arc<Patterns>, evaluate: impl FnOnce()
 
 /// What matching `input` bytes against `pattern` costs: the regex crate's worst case
 /// grows with both (Kubernetes prices it the same way).
-pub(super) fn match_price(input: usize, pattern: usize) -> u64 {
+fn match_price(input: usize, pattern: usize) -> u64 {
     let (input, pattern) = (input as u64, pattern as u64);
     1 + (input + 1).saturating_mul(pattern + 8) / 64
 }

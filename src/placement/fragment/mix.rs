@@ -14,7 +14,7 @@ use super::shape::{GpuShape, HostRoom, TaskShape};
 /// At most this many distinct GPU shapes (the most common) enter a mix: scoring a node
 /// costs O(GPUs × distinct GPU shapes), and the extender scores thousands per call.
 /// The rare tail is not dropped otherwise: it measured better kept (docs/simulate.md).
-pub(crate) const MAX_GPU_SHAPES: usize = 32;
+pub(super) const MAX_GPU_SHAPES: usize = 32;
 
 /// A fixed request mix: task shapes with frequencies summing to 1 (or no shapes at
 /// all, under which every node's fragmentation is 0). Immutable, so `place()` can read
@@ -122,7 +122,7 @@ impl TaskMix {
 
     /// The shapes and their weights (for reports).
     #[cfg(test)]
-    pub(crate) fn shapes(&self) -> impl Iterator<Item = (GpuShape, HostRoom, f64)> + '_ {
+    pub(super) fn shapes(&self) -> impl Iterator<Item = (GpuShape, HostRoom, f64)> + '_ {
         self.entries
             .iter()
             .map(|e| (self.demands[e.demand], e.host, e.weight))
@@ -179,7 +179,7 @@ fn intern<T: PartialEq>(list: &mut Vec<T>, item: T) -> usize {
 /// At most this many distinct task shapes are counted by a [`RequestMix`]; far more
 /// than a cluster's real mix has (the openb traces have at most a few hundred, CPU,
 /// memory and models included), and only [`MAX_GPU_SHAPES`] GPU shapes are scored.
-pub(crate) const MAX_SHAPES: usize = 1024;
+pub(super) const MAX_SHAPES: usize = 1024;
 
 /// A request mix learnt online from the pods the extender sees. `observe` is cheap
 /// (one short lock) and callable from many threads through `&self`; `snapshot` builds

@@ -41,7 +41,7 @@ mod shape;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use fit::least_fragmenting_fit;
+pub(super) use fit::least_fragmenting_fit;
 pub(crate) use mix::RequestMix;
 pub use mix::TaskMix;
 #[cfg(test)]

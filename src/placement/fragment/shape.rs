@@ -14,7 +14,7 @@ pub struct HostRoom {
 
 impl HostRoom {
     /// Whether a task needing `need` fits in this room.
-    pub(crate) fn holds(&self, need: &HostRoom) -> bool {
+    pub(super) fn holds(&self, need: &HostRoom) -> bool {
         self.cpu_milli >= need.cpu_milli && self.memory_mib >= need.memory_mib
     }
 
@@ -46,7 +46,7 @@ pub enum GpuShape {
 
 impl GpuShape {
     /// The shape's size in GPUs (0.5 for half a GPU).
-    pub(crate) fn gpus(self) -> f64 {
+    pub(super) fn gpus(self) -> f64 {
         match self {
             GpuShape::Share { core, .. } => f64::from(core) / f64::from(CORE_PER_GPU),
             GpuShape::Whole { gpus } => f64::from(gpus),

@@ -17,25 +17,25 @@ use super::{Holder, QUIET, Signals, State, YOUNG};
 pub(crate) struct Activity {
     pub(super) peer: IpAddr,
     pub(super) started: Instant,
-    pub(super) requested: AtomicBool,
-    pub(super) handshaking: AtomicBool,
+    requested: AtomicBool,
+    handshaking: AtomicBool,
     /// Milliseconds after `started` when its TLS handshake ended (0 before). A slow
     /// handshake that just ended is young again: on a starved machine the server ends
     /// it late, with its client's first request already in the socket.
-    pub(super) handshake_ended: AtomicU64,
+    handshake_ended: AtomicU64,
     pub(super) in_flight: AtomicUsize,
     /// The requests in flight and how their bodies arrive.
-    pub(super) requests: Mutex<Vec<Arc<Progress>>>,
+    requests: Mutex<Vec<Arc<Progress>>>,
     /// Milliseconds after `started` when a request last ended.
-    pub(super) last_done: AtomicU64,
+    last_done: AtomicU64,
     /// One more than the milliseconds after `started` when a request last completed
     /// with its body whole (0: never).
-    pub(super) last_served: AtomicU64,
+    last_served: AtomicU64,
     /// Cancelled when a newcomer took this connection's slot: close it.
     pub(super) evicted: CancellationToken,
     /// Cancelled when a request body arrived too slowly: close it.
-    pub(super) too_slow: CancellationToken,
-    pub(super) signals: Arc<Signals>,
+    too_slow: CancellationToken,
+    signals: Arc<Signals>,
 }
 
 impl Activity {
@@ -167,8 +167,8 @@ impl Activity {
 
 /// One request in flight; its end is recorded when dropped (also on cancellation).
 pub(crate) struct InFlight {
-    pub(super) activity: Arc<Activity>,
-    pub(super) progress: Arc<Progress>,
+    activity: Arc<Activity>,
+    progress: Arc<Progress>,
 }
 
 impl Drop for InFlight {

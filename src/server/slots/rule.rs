@@ -9,7 +9,7 @@ use std::net::IpAddr;
 /// more per slot or at least 1024 more (a small door, the admin port's 64, meets the same
 /// floods as the webhook door). Each waiter holds a file descriptor: a listener holds at
 /// most `cap` + this many, each waiter for at most `--handshake-timeout`.
-pub(crate) fn seats(cap: usize) -> usize {
+pub(super) fn seats(cap: usize) -> usize {
     cap + (4 * cap).max(1024)
 }
 
@@ -32,7 +32,7 @@ pub enum Callers {
 
 /// What a connection is doing, as far as giving up its slot goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum State {
+pub(super) enum State {
     /// In its TLS handshake (the server has not finished it; the client may not have
     /// begun it). `young`: connected less than [`YOUNG`] ago.
     Handshake { young: bool },
@@ -51,22 +51,22 @@ pub(crate) enum State {
 
 /// One slot holder, as [`admission`] sees it. `age`: lower is older.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Holder {
-    pub(crate) age: u64,
-    pub(crate) peer: IpAddr,
-    pub(crate) state: State,
+pub(super) struct Holder {
+    pub(super) age: u64,
+    pub(super) peer: IpAddr,
+    pub(super) state: State,
     /// Completed a request on this connection within [`QUIET`].
-    pub(crate) served_lately: bool,
+    pub(super) served_lately: bool,
     /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
-    pub(crate) peer_used: f64,
+    pub(super) peer_used: f64,
 }
 
 /// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
 /// held lately.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Newcomer {
-    pub(crate) peer: IpAddr,
-    pub(crate) used: f64,
+pub(super) struct Newcomer {
+    pub(super) peer: IpAddr,
+    pub(super) used: f64,
 }
 
 impl From<IpAddr> for Newcomer {
@@ -78,7 +78,7 @@ impl From<IpAddr> for Newcomer {
 
 /// What a newcomer gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Admission {
+pub(super) enum Admission {
     /// A free slot.
     Free,
     /// The slot of the holder of this age, which closes.
@@ -161,7 +161,7 @@ impl Census {
 
 /// The rule: what `newcomer` gets from a listener of `cap` slots held by `holders` (see
 /// the module doc).
-pub(crate) fn admission(
+pub(super) fn admission(
     holders: &[Holder],
     cap: usize,
     callers: Callers,

@@ -113,8 +113,12 @@ impl Backend {
             cache: cache.clone(),
             client: client.clone(),
         };
-        let reconciler =
-            controller::run(reconciler, cache.clone(), Some(cache.released()), shutdown);
+        let reconciler = controller::run(
+            reconciler,
+            cache.clone(),
+            Some(cache.usage_moved()),
+            shutdown,
+        );
         let backend = Backend {
             cache,
             mode: Mode::Api {

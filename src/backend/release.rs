@@ -192,7 +192,7 @@ impl Releaser {
             }
         };
         let uncharged =
-            |(_, turn): &(Waiting, Turn)| matches!(turn, Turn::Release(Charge::Unlimited));
+            |(_, turn): &(Waiting, Turn)| matches!(turn, Turn::LetGo(Charge::Unlimited));
         if turns.iter().any(uncharged) && !self.no_quota_covers(namespace).await {
             return 0; // planned again, with the quotas the API server has, next pass
         }
@@ -200,7 +200,7 @@ impl Releaser {
         let mut told = false;
         for (pod, turn) in turns {
             match turn {
-                Turn::Release(charge) => releases.push((pod, charge)),
+                Turn::LetGo(charge) => releases.push((pod, charge)),
                 Turn::Wait { place, why } => told |= self.tell(pod, place, why),
             }
         }
@@ -213,7 +213,7 @@ impl Releaser {
             .await;
         if released > 0 || told {
             // The quota's status (`queued`, `used`) has moved: have it rewritten soon.
-            self.backend.cache().released().notify_one();
+            self.backend.cache().usage_moved().notify_one();
         }
         released
     }

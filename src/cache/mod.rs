@@ -74,8 +74,8 @@ struct Inner {
     state: Mutex<ClusterState>,
     ready: AtomicBool,
     projection: Projection,
-    /// Woken when objects leave the cluster (a pod finished or was deleted).
-    released: Arc<tokio::sync::Notify>,
+    /// Woken when the quotas' usage moved (a pod finished or was deleted, or was let go).
+    usage_moved: Arc<tokio::sync::Notify>,
     /// Woken when anything changes while pods wait in the quota queue.
     queue_moved: Arc<tokio::sync::Notify>,
     /// Where claims' CEL selectors are evaluated, off the lock and the async workers.
@@ -95,7 +95,7 @@ impl ClusterCache {
                 state: Mutex::new(state),
                 ready: AtomicBool::new(ready),
                 projection,
-                released: Arc::new(tokio::sync::Notify::new()),
+                usage_moved: Arc::new(tokio::sync::Notify::new()),
                 queue_moved: Arc::new(tokio::sync::Notify::new()),
                 pool: pool::CelPool::for_this_machine(),
             }),
@@ -139,9 +139,10 @@ impl ClusterCache {
         self.inner.ready.store(true, Ordering::Release);
     }
 
-    /// Notified whenever the watch removes an object (the quota reconciler listens).
-    pub(crate) fn released(&self) -> Arc<tokio::sync::Notify> {
-        self.inner.released.clone()
+    /// Notified whenever the quotas' usage moved: the watch removed an object, or the
+    /// releaser let pods go (the quota reconciler listens).
+    pub(crate) fn usage_moved(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.usage_moved.clone()
     }
 
     /// Notified when the watch brings any change while pods wait in the quota queue,

@@ -213,7 +213,7 @@ fn a_hold_no_bind_confirmed_is_let_go_after_its_ttl() {
     ));
     assert_eq!(used_gpus(&state), 2);
     // ...one after it lets go of the first hold (the second is younger).
-    state.release_hold(&b);
+    state.drop_hold(&b);
     let later = start + super::state::HOLD_TTL;
     assert!(reserve_at(&mut state, &b, "uid-b", later));
     assert!(state.pod(&a).unwrap().node.is_none(), "a's hold released");
@@ -239,7 +239,7 @@ fn a_bound_hold_is_not_let_go() {
         start + super::state::HOLD_TTL * 2
     ));
     assert_eq!(used_gpus(&state), 2);
-    state.release_hold(&a);
+    state.drop_hold(&a);
     assert_eq!(
         used_gpus(&state),
         2,
@@ -355,7 +355,7 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
         "a kept placement stays recorded"
     );
 
-    state.release_hold(&key);
+    state.drop_hold(&key);
     assert!(!state.placement_recorded(&key), "let go: nothing placed");
     assert_eq!(reserve(&mut state, &key, known()), Ok(true));
     assert!(

@@ -194,13 +194,13 @@ async fn watch<K, W>(
                 }
                 None => {
                     cache.with_state(|state| kind.delete(state, &object));
-                    cache.released().notify_one();
+                    cache.usage_moved().notify_one();
                     kind.applied(&cache).await;
                 }
             },
             watcher::Event::Delete(object) => {
                 cache.with_state(|state| kind.delete(state, &object));
-                cache.released().notify_one();
+                cache.usage_moved().notify_one();
                 kind.applied(&cache).await;
             }
         }

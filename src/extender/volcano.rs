@@ -71,7 +71,7 @@ pub(crate) fn predicate(
         for (_, request) in unseen {
             let node = copy.get_or_insert_with(|| cached.clone());
             if let Ok(assignment) = fit(node, request) {
-                assignment.charge(node);
+                assignment.occupy(node);
             }
         }
         let node = copy.as_ref().unwrap_or(cached);

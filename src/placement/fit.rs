@@ -52,7 +52,7 @@ impl Assignment {
     }
 
     /// Add this assignment's use to the node. Indices the node lacks are ignored.
-    pub(crate) fn charge(&self, node: &mut NodeGpus) {
+    pub(crate) fn occupy(&self, node: &mut NodeGpus) {
         for (gpu, each) in self.charges(node.memory_per_gpu) {
             if let Some(used) = node.used.get_mut(gpu) {
                 used.core += each.core;
@@ -62,7 +62,7 @@ impl Assignment {
     }
 
     /// Take this assignment's use off the node again.
-    pub(crate) fn release(&self, node: &mut NodeGpus) {
+    pub(crate) fn vacate(&self, node: &mut NodeGpus) {
         for (gpu, each) in self.charges(node.memory_per_gpu) {
             if let Some(used) = node.used.get_mut(gpu) {
                 used.core = used.core.saturating_sub(each.core);
@@ -274,7 +274,7 @@ pub fn fit(node: &NodeGpus, request: &GpuRequest) -> Result<Assignment, Misfit> 
             choices: vec![choice.clone()],
             held: Vec::new(),
         }
-        .charge(&mut scratch);
+        .occupy(&mut scratch);
         assignment.choices.push(choice);
     }
     // After the app containers: their GPUs must be the ones gpu-manager picks on the
@@ -320,7 +320,7 @@ fn hold(scratch: &mut NodeGpus, demands: &[GpuDemand]) -> Result<Vec<HeldGpus>, 
             choices: Vec::new(),
             held: vec![part.clone()],
         }
-        .charge(scratch);
+        .occupy(scratch);
         held.push(part);
     }
     Ok(held)
@@ -516,7 +516,7 @@ mod tests {
         assert_eq!(a.held[0].gpus, vec![0, 1, 2, 3]);
         assert_eq!(core_charged(&a, &n), init_only.core_units());
         let mut taken = n.clone();
-        a.charge(&mut taken);
+        a.occupy(&mut taken);
         assert_eq!(
             fit(&taken, &init_only).unwrap_err(),
             Misfit::NotEnoughFreeGpus { need: 4, free: 0 }
@@ -565,7 +565,7 @@ mod tests {
         assert_eq!(a.held[0].gpus, vec![2, 3]);
         assert_eq!(core_charged(&a, &n), pod.core_units());
         let mut taken = n.clone();
-        a.charge(&mut taken);
+        a.occupy(&mut taken);
         assert!(fit(&taken, &pod).is_err());
         assert_eq!(
             fit(&node("small", 3, 4), &pod).unwrap_err(),
@@ -578,7 +578,7 @@ mod tests {
         let n = node("n", 2, 4);
         let a = fit(&n, &request(&[share(30, 2), GpuDemand::Whole { gpus: 1 }])).unwrap();
         let mut changed = n.clone();
-        a.charge(&mut changed);
+        a.occupy(&mut changed);
         assert_eq!(
             changed.used[0],
             GpuUse {
@@ -593,7 +593,7 @@ mod tests {
                 memory: 4
             }
         );
-        a.release(&mut changed);
+        a.vacate(&mut changed);
         assert_eq!(changed, n);
     }
 }

@@ -311,7 +311,7 @@ mod tests {
             assert_eq!(got, expected, "call {call}");
             // Charge the choice (as the cluster does), or free a random GPU.
             match got.chosen {
-                Some((i, assignment)) if random.below(4) > 0 => assignment.charge(&mut nodes[i]),
+                Some((i, assignment)) if random.below(4) > 0 => assignment.occupy(&mut nodes[i]),
                 _ => {
                     let i = random.below(nodes.len() as u64) as usize;
                     let gpu = random.below(nodes[i].gpu_count() as u64) as usize;

@@ -48,7 +48,7 @@ pub struct Waiting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Turn {
     /// Let it go now, with this charge (made before the gate is removed).
-    Release(Charge),
+    LetGo(Charge),
     /// It keeps waiting: `place` in its namespace's line (1 = next), and why.
     Wait { place: usize, why: WaitReason },
 }
@@ -101,7 +101,7 @@ pub fn plan(
                     if let Charge::Model { charge, .. } = &charge {
                         count_charge(&mut views, charge); // at placement: counted then
                     }
-                    turns.push((pod, Turn::Release(charge)));
+                    turns.push((pod, Turn::LetGo(charge)));
                     continue;
                 }
                 Err(denial) => WaitReason::NoRoom(denial),

@@ -45,14 +45,14 @@ fn outcome(turns: &[(Waiting, Turn)]) -> (Vec<String>, Vec<String>) {
     let name = |w: &Waiting| w.key.trim_start_matches("team/").to_string();
     let released = turns
         .iter()
-        .filter(|(_, t)| matches!(t, Turn::Release(_)))
+        .filter(|(_, t)| matches!(t, Turn::LetGo(_)))
         .map(|(w, _)| name(w))
         .collect();
     let waiting = turns
         .iter()
         .filter_map(|(w, t)| match t {
             Turn::Wait { place, .. } => Some(format!("{}#{place}", name(w))),
-            Turn::Release(_) => None,
+            Turn::LetGo(_) => None,
         })
         .collect();
     (released, waiting)
@@ -182,7 +182,7 @@ fn the_plan_never_goes_past_hard_and_wastes_no_room() {
         for (pod, turn) in &turns {
             let gpus = pod.costs.on("T4")["T4"].0 / 1000;
             match turn {
-                Turn::Release(_) => {
+                Turn::LetGo(_) => {
                     assert!(!overdue_waiting, "let go past an overdue pod: {turns:?}");
                     total += gpus;
                 }

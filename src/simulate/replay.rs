@@ -238,7 +238,7 @@ fn place_one(placer: &Placer, cluster: &mut [SimNode], pod: &SimPod) -> bool {
         return false;
     };
     let node = &mut cluster[chosen];
-    assignment.charge(&mut node.gpus);
+    assignment.occupy(&mut node.gpus);
     node.room = node.room.minus(&pod.host);
     true
 }

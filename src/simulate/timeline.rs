@@ -243,7 +243,7 @@ impl Replay<'_> {
             let k = self.namespace(pod);
             self.set_over_quota(pod, true);
             self.lines[k].push((pod, self.now));
-            self.release(k);
+            self.let_go(k);
             return;
         }
         match self.attempt(pod) {
@@ -344,7 +344,7 @@ impl Replay<'_> {
         let k = self.namespace(pod);
         let demand = self.demand(pod);
         let chosen = &mut self.nodes[node];
-        assignment.charge(&mut chosen.gpus);
+        assignment.occupy(&mut chosen.gpus);
         chosen.room = chosen.room.minus(&self.pods[pod].pod.host);
         let used = self.used[k].entry(model.clone()).or_default();
         used.0 += demand.0;
@@ -379,7 +379,7 @@ impl Replay<'_> {
         let k = self.namespace(pod);
         let demand = self.demand(pod);
         let node = &mut self.nodes[run.node];
-        run.assignment.release(&mut node.gpus);
+        run.assignment.vacate(&mut node.gpus);
         node.room = node.room.plus(&self.pods[pod].pod.host);
         if let Some(used) = self.used[k].get_mut(&run.model) {
             used.0 -= demand.0;
@@ -399,8 +399,8 @@ impl Replay<'_> {
         }
         match self.mode {
             QuotaMode::Deny => {}
-            QuotaMode::Queue => self.release(k),
-            QuotaMode::Cohort => (0..self.lines.len()).for_each(|k| self.release(k)),
+            QuotaMode::Queue => self.let_go(k),
+            QuotaMode::Cohort => (0..self.lines.len()).for_each(|k| self.let_go(k)),
         }
         let cohort = self.mode == QuotaMode::Cohort;
         self.unpark(|j| cohort || j == k);
@@ -423,12 +423,12 @@ impl Replay<'_> {
 
     /// Let go what the quota queue's planner lets go in namespace `k`, pass after pass
     /// while a pass lets one go (the releaser's next pass comes within seconds).
-    fn release(&mut self, k: usize) {
-        while self.release_pass(k) {}
+    fn let_go(&mut self, k: usize) {
+        while self.let_go_pass(k) {}
     }
 
     /// One pass of the releaser; whether it let a pod go.
-    fn release_pass(&mut self, k: usize) -> bool {
+    fn let_go_pass(&mut self, k: usize) -> bool {
         if self.lines[k].is_empty() {
             return false;
         }
@@ -453,7 +453,7 @@ impl Replay<'_> {
         };
         let turns = plan("", &self.views(k), waiting, self.now as i64, rules);
         for (waiting, turn) in turns {
-            let Turn::Release(_) = turn else { continue };
+            let Turn::LetGo(_) = turn else { continue };
             let Ok(pod) = waiting.key.parse::<usize>() else {
                 continue;
             };

@@ -200,7 +200,7 @@ impl ClusterState {
             };
             if pod.reserved == Some(at) && !pod.bound {
                 tracing::info!(pod = %key, "placement held for a bind that never came; released");
-                self.release_hold(&key);
+                self.drop_hold(&key);
             }
         }
     }
@@ -233,7 +233,7 @@ impl ClusterState {
 
     /// Let go of the placement held in memory for a pod (its bind failed). A placement
     /// the cluster shows (annotations, or a binding) is not ours to drop.
-    pub(crate) fn release_hold(&mut self, key: &str) {
+    pub(crate) fn drop_hold(&mut self, key: &str) {
         let Some(pod) = self
             .pods
             .get(key)
@@ -251,7 +251,7 @@ impl ClusterState {
     }
 
     /// Undo a reservation whose recording failed: a pod only offered by the call leaves
-    /// the cache again; any other loses the hold, as [`release_hold`](Self::release_hold)
+    /// the cache again; any other loses the hold, as [`drop_hold`](Self::drop_hold)
     /// (not put back as it was before: the watch may have brought news of it meanwhile).
     pub(crate) fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
         let held = self.pods.get(&**key);
@@ -259,7 +259,7 @@ impl ClusterState {
             return;
         }
         match reservation.previous {
-            Some(_) => self.release_hold(key),
+            Some(_) => self.drop_hold(key),
             None => self.delete_pod(key),
         }
     }

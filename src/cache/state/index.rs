@@ -267,7 +267,7 @@ impl ClusterState {
             };
             match &pod.assignment {
                 Some(a) if fits_indices(a, gpus.gpu_count()) => {
-                    a.charge(gpus);
+                    a.occupy(gpus);
                     if !a.holds_init_of(&pod.request) {
                         unheld.push(key.clone());
                     }
@@ -284,7 +284,7 @@ impl ClusterState {
                     choices: Vec::new(),
                     held,
                 }
-                .charge(gpus),
+                .occupy(gpus),
                 Err(misfit) => {
                     tracing::warn!(pod = %key, node = name, %misfit, "pod's init-container GPUs do not fit its node; not charged")
                 }
@@ -295,7 +295,7 @@ impl ClusterState {
                 continue;
             };
             match fit(gpus, &pod.request) {
-                Ok(a) => a.charge(gpus),
+                Ok(a) => a.occupy(gpus),
                 Err(misfit) => {
                     tracing::warn!(pod = %key, node = name, %misfit, "pod on node does not fit its GPUs; not charged")
                 }

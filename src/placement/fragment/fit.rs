@@ -37,7 +37,7 @@ pub(crate) fn least_fragmenting_fit(
             }],
             held: Vec::new(),
         };
-        choice.charge(&mut scratch);
+        choice.occupy(&mut scratch);
         assignment.choices.extend(choice.choices);
     }
     assignment.held = fit_held(&scratch, request).ok()?;

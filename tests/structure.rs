@@ -1,7 +1,8 @@
 //! The layout's rules, held against the source (docs/design.md, "Layers"): no import
 //! cycle between the crate's top-level modules, nor between the files of one module; the
 //! pure core imports nothing above it and names no runtime, server or client; nothing
-//! below the command line reads `cli`; no production file over 600 lines, no
+//! below the command line reads `cli`; every spawned task runs in a span; nothing under
+//! the cache's lock calls the backend; no production file over 600 lines, no
 //! `Result<_, String>` in production code, and serde visitors only in `wire/`.
 #![allow(clippy::unwrap_used)]
 
@@ -407,4 +408,75 @@ fn the_pure_core_names_no_runtime_server_or_client() {
         })
         .collect();
     assert!(found.is_empty(), "the pure core names {found:?}");
+}
+
+/// The text of the call whose argument list opens at `open` (a `(`), to its `)`.
+fn call_at(text: &str, open: usize) -> &str {
+    let mut depth = 0;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 1 => return &text[open..open + i + 1],
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    &text[open..]
+}
+
+/// Every task the product spawns runs in a span, so its lines can be tied to what
+/// started it: a `tokio::spawn` is given an instrumented future (directly, or a
+/// variable bound to one), and a blocking task enters its caller's span.
+#[test]
+fn every_spawned_task_runs_in_a_span() {
+    let mut bare = Vec::new();
+    for (rel, text) in production_sources() {
+        for (at, call) in text.match_indices("tokio::spawn(") {
+            let argument = call_at(&text, at + call.len() - 1);
+            let name = argument.trim_matches(|c| c == '(' || c == ')').trim();
+            let bound = format!("let {name} =");
+            let instrumented = argument.contains("instrument")
+                || text
+                    .split(';')
+                    .any(|s| s.contains(&bound) && s.contains(".instrument("));
+            if !instrumented {
+                bare.push(format!("{rel}: tokio::spawn{argument}"));
+            }
+        }
+        for (at, call) in text.match_indices("spawn_blocking(") {
+            let argument = call_at(&text, at + call.len() - 1);
+            if !argument.contains("in_scope") {
+                bare.push(format!("{rel}: spawn_blocking{argument}"));
+            }
+        }
+    }
+    assert!(bare.is_empty(), "spawned outside a span: {bare:#?}");
+}
+
+/// The cache's lock is held for state only: nothing under it calls the backend (the
+/// run mode's writes and reads of the API server), whose calls may wait.
+#[test]
+fn no_backend_call_runs_under_the_cache_lock() {
+    let mut under = Vec::new();
+    for (rel, text) in production_sources() {
+        for (at, call) in text.match_indices("with_state(") {
+            let closure = call_at(&text, at + call.len() - 1);
+            for (found, _) in closure.match_indices("backend.") {
+                let method: String = closure[found + "backend.".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if method != "cache" {
+                    under.push(format!("{rel}: backend.{method} under with_state"));
+                }
+            }
+        }
+    }
+    assert!(under.is_empty(), "{under:#?}");
+}
+
+#[test]
+fn the_span_and_lock_scans_see_what_they_must() {
+    let text = "with_state(|s| { backend.charge(s); f(g(x)) }); backend.cache()";
+    assert_eq!(call_at(text, 10), "(|s| { backend.charge(s); f(g(x)) })");
 }

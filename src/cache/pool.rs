@@ -77,10 +77,12 @@ impl CelPool {
     ) -> Result<T, PoolError> {
         let permit = self.running.clone().acquire_owned().await;
         let permit = permit.map_err(|_| PoolError::Failed)?;
+        // The job runs in its caller's span (a review's, the watch's).
+        let span = tracing::Span::current();
         let running = tokio::task::spawn_blocking(move || {
             // Held until the job ends, even if its caller has gone.
             let _permit = permit;
-            job()
+            span.in_scope(job)
         });
         running.await.map_err(|_| PoolError::Failed)
     }

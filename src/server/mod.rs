@@ -297,7 +297,9 @@ async fn accept<T: Send + 'static>(
     let parsed = if bytes.len() < DECODE_INLINE_MAX {
         parse(bytes)
     } else {
-        tokio::task::spawn_blocking(move || parse(bytes))
+        // Off the async workers, in the request's span.
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(|| parse(bytes)))
             .await
             .unwrap_or_else(|error| Err(DecodeError::Aborted(error.to_string())))
     };

@@ -409,7 +409,8 @@ pub async fn reload_loop(
             _ = ticks.tick() => {}
         }
         let r = Arc::clone(&resolver);
-        let result = tokio::task::spawn_blocking(move || r.reload_if_changed())
+        let span = tracing::Span::current();
+        let result = tokio::task::spawn_blocking(move || span.in_scope(|| r.reload_if_changed()))
             .await
             .unwrap_or_else(|err| {
                 tracing::error!(error = %err, "TLS reload task panicked");

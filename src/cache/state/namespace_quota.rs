@@ -1,8 +1,9 @@
 //! A namespace's quota picture, read from the cache for one decision (docs/design.md,
 //! "Quota"): what its quotas say about where its pods go, what a pod is charged
-//! (`quota::price`), and its quotas with their usage as the ledger counts it. Admission
-//! (pods and claims), placement (the extender's verbs and Volcano's), the quota queue
-//! and offline charging all build one [`NamespaceQuota`] and ask it.
+//! (`quota::price`), and its quotas with their usage as the ledger counts it. Pod
+//! admission, placement (the extender's verbs and Volcano's), the quota queue and
+//! offline charging all build one [`NamespaceQuota`] and ask it (claim admission copies
+//! only the limits out of the lock: its selectors are evaluated off it).
 
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;

@@ -8,8 +8,8 @@
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::quota::{
-    AdmitRules, Charge, Charged, Costs, Denial, GPUQuota, ModelAmounts, NamespaceLimits, QuotaView,
-    StatusError, admit,
+    AdmitRules, Charge, Charged, ChargedAt, Costs, Denial, GPUQuota, ModelAmounts, NamespaceLimits,
+    QuotaView, StatusError, admit,
 };
 
 use super::ClusterState;
@@ -75,18 +75,23 @@ impl<'a> NamespaceQuota<'a> {
     /// What a pod asking `request` that wants `wanted`, created in second `created`,
     /// costs on each model it may be charged to at admission ([`ChargedAt::costs`]).
     pub(crate) fn costs(&self, request: &GpuRequest, wanted: &[String], created: i64) -> Costs {
-        self.state
-            .admission_costs(request, wanted, created, self.limits)
+        let pending = self.state.pending(request, created, self.limits);
+        ChargedAt::of(wanted).costs(request, self.state.tally.mig(), pending)
     }
 
-    /// What such a pod was charged, for placement to respect ([`Charged`]).
+    /// What such a pod was charged, for placement to respect: nothing without a quota,
+    /// else [`ChargedAt::charged`].
     pub(crate) fn charged(
         &self,
         wanted: &WantedModels,
         request: &GpuRequest,
         created: i64,
     ) -> Charged {
-        self.state.charged(self.limits, wanted, request, created)
+        if !self.limits.has_quota {
+            return Charged::Free;
+        }
+        let pending = self.state.pending(request, created, self.limits);
+        ChargedAt::of(&wanted.models).charged(request, self.state.tally.mig(), pending)
     }
 
     /// The namespace's quotas with their usage as the [`Ledger`] counts it, with their

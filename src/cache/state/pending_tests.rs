@@ -73,8 +73,8 @@ fn wanted() -> WantedModels {
 /// namespace's usage), and let it join the cluster if admitted.
 fn admit_pod(state: &mut ClusterState, pod: &Pod) -> Result<Charge, Denial> {
     let cached = cached(pod);
-    let limits = state.namespace_limits("team-a").clone();
-    let costs = state.admission_costs(&cached.request, &wanted().models, pod_second(), &limits);
+    let quota = state.namespace_quota("team-a");
+    let costs = quota.costs(&cached.request, &wanted().models, pod_second());
     let views = state.quota_views("team-a").unwrap();
     let rules = Config::default().admit_rules();
     let decision = admit("team-a", &views, &wanted(), &costs, rules)?;
@@ -87,7 +87,9 @@ fn admit_pod(state: &mut ClusterState, pod: &Pod) -> Result<Charge, Denial> {
 fn admits(state: &ClusterState, name: &str, node: &NodeGpus) -> Result<(), Misfit> {
     let pod = state.pod(&format!("team-a/{name}")).unwrap();
     let limits = state.namespace_limits("team-a");
-    let charged = state.charged(limits, &wanted(), &pod.request, pod.created);
+    let charged = state
+        .namespace_quota("team-a")
+        .charged(&wanted(), &pod.request, pod.created);
     let views = eligible::needs_views(&charged).then(|| state.quota_views("team-a"));
     let eligibility = Eligibility::new(limits, wanted(), charged, state.mig(), views);
     eligibility.admits(node, &pod.request)
@@ -151,7 +153,9 @@ fn a_dearer_node_is_taken_only_with_room_for_the_difference() {
     let placed = state.pod("team-a/p0").unwrap();
     let (request, created) = (&placed.request, placed.created);
     let limits = state.namespace_limits("team-a");
-    let charged = state.charged(limits, &wanted(), request, created);
+    let charged = state
+        .namespace_quota("team-a")
+        .charged(&wanted(), request, created);
     let eligibility = Eligibility::new(limits, wanted(), charged, state.mig(), None);
     let beyond = eligibility.placement_charge(MODEL, request).unwrap();
     assert_eq!(beyond.get(MODEL).map(|m| m.0), Some(858));
@@ -180,8 +184,9 @@ fn a_pod_charged_whole_reads_no_quota_at_placement() {
     state.apply_node(gpu_node("whole", MODEL, 0));
     admit_pod(&mut state, &pod("p0")).unwrap();
     let pod = state.pod("team-a/p0").unwrap();
-    let limits = state.namespace_limits("team-a");
-    let charged = state.charged(limits, &wanted(), &pod.request, pod.created);
+    let charged = state
+        .namespace_quota("team-a")
+        .charged(&wanted(), &pod.request, pod.created);
     assert!(matches!(charged, Charged::Admitted(_)));
     assert!(!eligible::needs_views(&charged), "the filter's hot path");
 }

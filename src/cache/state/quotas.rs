@@ -12,7 +12,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::StatusError;
 use crate::quota::pool;
-use crate::quota::{Charged, ChargedAt, ModelAmounts, QuotaView, charge_on, reported_usage};
+use crate::quota::{ChargedAt, ModelAmounts, QuotaView, charge_on, reported_usage};
 use crate::quota::{GPUQuota, NamespaceLimits};
 
 use super::{ClusterState, Departed, namespace_of, node_model};
@@ -35,43 +35,13 @@ impl ClusterState {
 
     /// [`pending_label`](Self::pending_label) for a pod asking `request`, created at
     /// `created`, in a namespace limited by `limits`: what [`ChargedAt`] asks for.
-    fn pending<'a>(
+    pub(super) fn pending<'a>(
         &'a self,
         request: &'a crate::placement::GpuRequest,
         created: i64,
         limits: &'a NamespaceLimits,
     ) -> impl FnOnce(&'a str) -> &'a str {
         move |model| self.pending_label(request, model, created, limits)
-    }
-
-    /// What a pod created at `created` (unix seconds) costs on each model it wants, as
-    /// admission charges it ([`ChargedAt::costs`]).
-    pub(super) fn admission_costs(
-        &self,
-        request: &crate::placement::GpuRequest,
-        wanted: &[String],
-        created: i64,
-        limits: &NamespaceLimits,
-    ) -> crate::quota::Costs {
-        let pending = self.pending(request, created, limits);
-        ChargedAt::of(wanted).costs(request, self.tally.mig(), pending)
-    }
-
-    /// What a pod of a namespace limited by `limits` that wants `wanted` and asks
-    /// `request` was charged, for placement to respect: nothing without a quota, else
-    /// [`ChargedAt::charged`]. `created`: its creation second.
-    pub(super) fn charged(
-        &self,
-        limits: &NamespaceLimits,
-        wanted: &WantedModels,
-        request: &crate::placement::GpuRequest,
-        created: i64,
-    ) -> Charged {
-        if !limits.has_quota {
-            return Charged::Free;
-        }
-        let pending = self.pending(request, created, limits);
-        ChargedAt::of(&wanted.models).charged(request, self.tally.mig(), pending)
     }
 
     /// Bring the usage tally's charge of pod `key` up to date.

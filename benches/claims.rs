@@ -41,7 +41,7 @@ const PRODUCT: &str = r#"device.attributes["gpu.nvidia.com"].productName"#;
 const UID: &str = "7e1d2c3b-0000-4000-8000-000000000003";
 
 fn fill(cache: &ClusterCache, dra: &gpu_admission::dra::Dra) {
-    cache.with_state(|state| {
+    cache.write(|state| {
         for kind in ["gpu", "mig"] {
             let class: DeviceClass = serde_json::from_value(json!({
                 "metadata": {"name": format!("{kind}.nvidia.com")},

@@ -57,7 +57,7 @@ fn pod_json(namespace: &str, name: &str, core: u32, memory: u32) -> serde_json::
 /// 5,000 nodes, then 40,000 running share-mode pods spread over them (20% of a GPU each),
 /// projected from real Pod objects as the watch would deliver them.
 fn fill_uniform(cache: &ClusterCache) -> f64 {
-    cache.with_state(|s| {
+    cache.write(|s| {
         for i in 0..NODES {
             s.apply_node(NodeGpus {
                 name: node_name(i).into(),
@@ -79,7 +79,7 @@ fn fill_uniform(cache: &ClusterCache) -> f64 {
             json!({"tencent.com/predicate-gpu-idx-0": ((i / NODES) % GPUS).to_string()});
         let pod: Pod = serde_json::from_value(value).unwrap();
         let cached = gpu_admission::cache::CachedPod::from_pod(&pod, &projection).unwrap();
-        cache.with_state(|s| s.apply_pod(pod_key(&pod), cached));
+        cache.write(|s| s.apply_pod(pod_key(&pod), cached));
     }
     (resident_bytes().saturating_sub(before)) as f64 / PODS as f64
 }
@@ -134,7 +134,7 @@ fn fill_mixed(cache: &ClusterCache) -> f64 {
         "spec": {"hard": hard}
     }))
     .unwrap();
-    cache.with_state(|s| s.apply_quota(quota));
+    cache.write(|s| s.apply_quota(quota));
     cluster::add_nodes(cache, NODES, GPUS, node_name);
     // The quota first: its namespace's pods are charged as they come (the ledger's
     // entries count in the memory per pod).
@@ -169,7 +169,7 @@ fn queue(cache: &ClusterCache, config: &Config) {
         "spec": {"hard": {"Tesla-T4": "10"}, "defaultType": "Tesla-T4", "onExceed": "Queue"}
     }))
     .unwrap();
-    cache.with_state(|s| s.apply_quota(quota));
+    cache.write(|s| s.apply_quota(quota));
     let waiting = |i: usize| -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": format!("wait-{i:06}"), "namespace": "team-line",
@@ -186,23 +186,23 @@ fn queue(cache: &ClusterCache, config: &Config) {
     let before = resident_bytes();
     for pod in &pods {
         let cached = gpu_admission::cache::CachedPod::from_pod(pod, &projection).unwrap();
-        cache.with_state(|s| s.apply_pod(pod_key(pod), cached));
+        cache.write(|s| s.apply_pod(pod_key(pod), cached));
     }
     let per_pod = resident_bytes().saturating_sub(before) as f64 / WAITING as f64;
     drop(pods);
     // The plan over the first 1,000 of the line (the releaser plans one namespace at a
     // time; a line this long in one namespace is the heavy case).
     let rules = config.queue_rules();
-    let head = |s: &mut gpu_admission::cache::ClusterState| {
+    let head = |s: &gpu_admission::cache::ClusterState| {
         s.waiting_line("team-line", 1_795_600_900, rules.max_pass_over, 1_000)
     };
-    let line = cache.with_state(head);
+    let line = cache.read(head);
     let started = Instant::now();
     for _ in 0..20 {
-        std::hint::black_box(cache.with_state(head));
+        std::hint::black_box(cache.read(head));
     }
     let read_time = started.elapsed() / 20;
-    let views = cache.with_state(|s| s.quota_views("team-line").unwrap());
+    let views = cache.read(|s| s.quota_views("team-line").unwrap());
     let rounds = 200;
     let started = Instant::now();
     for _ in 0..rounds {
@@ -266,7 +266,7 @@ async fn main() {
         "spec": {"hard": {"Tesla-T4": "10000"}, "defaultType": "Tesla-T4"}
     }))
     .unwrap();
-    uniform.with_state(|s| s.apply_quota(quota));
+    uniform.write(|s| s.apply_quota(quota));
     println!(
         "cache, uniform: {NODES} nodes x {GPUS} GPUs, {PODS} pods loaded in {:.2?}",
         started.elapsed()
@@ -917,7 +917,7 @@ async fn interleaved(sender: &mut Sender, uniform: &mut Sender) -> (usize, usize
 /// the order sent: a digest to compare two builds' decisions, and the list itself in
 /// the file `DECISIONS` names.
 fn decisions(cluster: &str, cache: &ClusterCache, sent: usize, prefix: &str) {
-    let lines: Vec<String> = cache.with_state(|s| {
+    let lines: Vec<String> = cache.read(|s| {
         (1..=sent)
             .map(|i| {
                 let key = format!("{prefix}{i:06}");

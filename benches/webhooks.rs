@@ -110,7 +110,7 @@ fn placed_pod(namespace: &str, i: usize) -> Pod {
 }
 
 fn fill(cache: &ClusterCache, quota_pods: usize) {
-    cache.with_state(|s| {
+    cache.write(|s| {
         for i in 0..NODES {
             let (model, memory, _) = cluster::MODELS[cluster::model_of(i)];
             s.apply_node(NodeGpus {
@@ -129,7 +129,7 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
         for i in 0..count {
             let pod = placed_pod(namespace, i);
             let cached = CachedPod::from_pod(&pod, &projection).unwrap();
-            cache.with_state(|s| s.apply_pod(pod_key(&pod), cached));
+            cache.write(|s| s.apply_pod(pod_key(&pod), cached));
         }
     }
     let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
@@ -139,7 +139,7 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
             "A100-SXM4-40GB": "100000"}, "defaultType": "Tesla-T4"}
     }))
     .unwrap();
-    cache.with_state(|s| s.apply_quota(quota));
+    cache.write(|s| s.apply_quota(quota));
     // A namespace whose quota has no room at all: every GPU pod of it is refused.
     let full: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
         "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
@@ -147,7 +147,7 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
         "spec": {"hard": {"Tesla-T4": "0"}, "defaultType": "Tesla-T4"}
     }))
     .unwrap();
-    cache.with_state(|s| s.apply_quota(full));
+    cache.write(|s| s.apply_quota(full));
 }
 
 /// A Deployment's GPU pod as kube-apiserver hands it to the webhooks on CREATE: named

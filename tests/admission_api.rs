@@ -868,9 +868,9 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     }
     let used = state
         .cache()
-        .with_state(|s| s.usage("team-a").get("Tesla-T4").copied());
+        .read(|s| s.usage("team-a").get("Tesla-T4").copied());
     assert_eq!(used, None, "waiting pods are charged nothing");
-    assert_eq!(state.cache().with_state(|s| s.waiting_count()), 3);
+    assert_eq!(state.cache().read(|s| s.waiting_count()), 3);
     // Three GPUs can never fit a quota of two: refused now, not left to wait forever.
     let big = patched(
         &whole_gpu_pod("team-a", "big", 3),
@@ -1053,7 +1053,7 @@ async fn an_extended_resource_claim_is_the_pods_own_only_when_a_scheduler_create
     let used = |state: &gpu_admission::server::AppState| {
         state
             .cache()
-            .with_state(|s| s.usage("team-a").get("Tesla-T4").copied())
+            .read(|s| s.usage("team-a").get("Tesla-T4").copied())
             .map_or(0, |m| m.0)
     };
     let tenant = "system:serviceaccount:team-a:default";

@@ -18,7 +18,7 @@ fn tkestack_cluster() -> String {
 }
 
 fn annotations_of(cache: &ClusterCache, key: &str) -> (String, Vec<Vec<u8>>) {
-    cache.with_state(|s| {
+    cache.read(|s| {
         let pod = s.pod(key).unwrap();
         let gpus = pod
             .assignment
@@ -168,7 +168,7 @@ async fn nodes_form_is_answered_with_node_objects_but_the_cluster_decides() {
         body["FailedAndUnresolvableNodes"]["ghost"],
         "node is not in gpu-admission's cache"
     );
-    state.cache().with_state(|s| {
+    state.cache().read(|s| {
         let n1 = s.node("n1").unwrap();
         assert_eq!((n1.model.as_deref(), n1.gpu_count()), (Some("Tesla-T4"), 1));
         assert!(s.node("ghost").is_none(), "a call never adds a node");
@@ -314,7 +314,7 @@ async fn volcano_predicate_answers_feasibility_only() {
         (StatusCode::OK, json!({"status": "", "code": 0}))
     );
     assert!(
-        state.cache().with_state(|s| s.pod("default/p").is_none()),
+        state.cache().read(|s| s.pod("default/p").is_none()),
         "vpredicates must not reserve"
     );
     let two = gpu_pod("default", "two", &[(200, 8)]);
@@ -381,12 +381,12 @@ async fn only_placed_pods_teach_the_request_mix_and_unplaced_ones_are_not_cached
         assert_eq!(body["NodeNames"], json!([]), "{body}");
     }
     assert_eq!(state.placer.learned_mix().len(), 0);
-    assert_eq!(state.cache().with_state(|s| s.pod_count()), 0);
+    assert_eq!(state.cache().read(|s| s.pod_count()), 0);
     let pod = gpu_pod("default", "real", &[(50, 2)]);
     let (_, body) = post(&router, "/scheduler/predicates", filter_args(&pod, &["n1"])).await;
     assert_eq!(body["NodeNames"], json!(["n1"]));
     assert_eq!(state.placer.learned_mix().len(), 1);
-    assert_eq!(state.cache().with_state(|s| s.pod_count()), 1);
+    assert_eq!(state.cache().read(|s| s.pod_count()), 1);
 }
 
 #[tokio::test]
@@ -418,10 +418,10 @@ async fn a_model_no_quota_lists_is_never_where_a_multi_model_pod_lands() {
             "{body}"
         );
     }
-    let used = state.cache().with_state(|s| s.usage("team-a"));
+    let used = state.cache().read(|s| s.usage("team-a"));
     assert!(!used.contains_key("A100-SXM4-80GB"), "{used:?}");
     assert_eq!(
-        state.cache().with_state(|s| s
+        state.cache().read(|s| s
             .node("a100")
             .unwrap()
             .used
@@ -463,7 +463,7 @@ async fn the_bind_verb_binds_the_held_placement_and_checks_what_it_is_given() {
     let bound = |state: &gpu_admission::server::AppState| {
         state
             .cache()
-            .with_state(|s| s.pod("default/held").map(|p| p.bound))
+            .read(|s| s.pod("default/held").map(|p| p.bound))
     };
     assert_eq!(bound(&state), Some(false), "held, not bound");
 

@@ -15,7 +15,7 @@ use serde_json::json;
 fn assert_no_gpu_overcommitted(cache: &ClusterCache, keys: &[String]) -> usize {
     let mut held: HashMap<(String, u8), (u32, u32)> = HashMap::new();
     let mut placed = 0;
-    cache.with_state(|s| {
+    cache.read(|s| {
         for key in keys {
             let Some(pod) = s.pod(key) else { continue };
             let (Some(node), Some(assignment)) = (&pod.node, &pod.assignment) else {
@@ -109,7 +109,7 @@ async fn refiltering_a_pod_keeps_its_choice_and_never_charges_twice() {
     assert_eq!(body["NodeNames"], json!([other]));
     let free_on_first = state
         .cache()
-        .with_state(|s| s.node(&first).unwrap().free_whole_gpus());
+        .read(|s| s.node(&first).unwrap().free_whole_gpus());
     assert_eq!(free_on_first, 1, "the earlier choice must be released");
     // And a new whole-GPU pod can now use the first node.
     let next = gpu_pod("default", "q", &[(100, 4)]);
@@ -142,7 +142,7 @@ async fn refilter_with_preexisting_annotations_does_not_double_charge() {
     assert_eq!(
         state
             .cache()
-            .with_state(|s| s.node("n").unwrap().free_whole_gpus()),
+            .read(|s| s.node("n").unwrap().free_whole_gpus()),
         1
     );
 }
@@ -175,7 +175,7 @@ async fn concurrent_filters_never_double_book() {
     let placed = assert_no_gpu_overcommitted(state.cache(), &keys);
     assert_eq!(placed, answered_with_node);
     assert!(placed < 60, "the cluster cannot hold all 60 pods");
-    let total_core: u32 = state.cache().with_state(|s| {
+    let total_core: u32 = state.cache().read(|s| {
         s.nodes()
             .map(|n| n.used.iter().map(|u| u.core).sum::<u32>())
             .sum()

@@ -106,7 +106,7 @@ pub fn add_nodes(
     gpus: usize,
     node_name: impl Fn(usize) -> String,
 ) {
-    cache.with_state(|s| {
+    cache.write(|s| {
         for i in 0..nodes {
             let (model, memory, _) = MODELS[model_of(i)];
             s.apply_node(NodeGpus {
@@ -166,7 +166,7 @@ pub fn fill(
         annotations["tencent.com/predicate-gpu-idx-0"] = json!(indices);
         let pod: Pod = serde_json::from_value(value).unwrap();
         let cached = CachedPod::from_pod(&pod, &projection).unwrap();
-        cache.with_state(|s| s.apply_pod(pod_key(&pod), cached));
+        cache.write(|s| s.apply_pod(pod_key(&pod), cached));
         placed += 1;
     }
     placed

@@ -57,7 +57,7 @@ fn copied(
     claim: &ResourceClaim,
     by_scheduler: bool,
 ) -> Copied {
-    cache.with_state(|s| {
+    cache.read(|s| {
         let owner = extended_owner(claim).filter(|_| by_scheduler);
         Copied {
             source: s.catalog_source(namespace),

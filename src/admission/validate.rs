@@ -65,7 +65,7 @@ pub(crate) async fn validate(
         return Ok(Verdict::Deny(Reason::ReleasedAtCreation));
     }
     let created = created_or_now(&pod.metadata);
-    let decided: Result<_, Denial> = cache.with_state(|state| {
+    let decided: Result<_, Denial> = cache.read(|state| {
         let quota = state.namespace_quota(namespace);
         let wanted = wanted_on_route(state, config, quota.limits, namespace, pod, &request)?;
         let costs = quota.costs(&request, &wanted.models, created);
@@ -79,7 +79,7 @@ pub(crate) async fn validate(
         // It waits in the quota queue, charged nothing until it is let go; but a pod
         // no quota could ever take, or that its quotas refuse for another reason than
         // room, is refused now rather than left to wait forever.
-        let views = cache.with_state(|state| state.namespace_quota(namespace).views());
+        let views = cache.read(|state| state.namespace_quota(namespace).views());
         let mut views = views.map_err(ChargeError::from)?;
         views.iter_mut().for_each(QuotaView::forget_use);
         let admitted = admit(namespace, &views, &wanted, &costs, config.admit_rules());

@@ -172,7 +172,7 @@ mod tests {
             },
         );
         quota.metadata.namespace = Some("team".into());
-        cache.with_state(|state| {
+        cache.write(|state| {
             let mut t4 = node("n", 4, 16);
             t4.model = Some("T4".into());
             state.apply_node(t4);

@@ -87,7 +87,7 @@ enum Mode {
 }
 
 impl Backend {
-    /// Offline mode over `cache` (tests and benchmarks fill it through `with_state`).
+    /// Offline mode over `cache` (tests and benchmarks fill it through `write`).
     pub fn offline(cache: ClusterCache) -> Self {
         Backend {
             cache,
@@ -242,7 +242,7 @@ impl Backend {
     ) -> Result<ChargeOutcome, ChargeError> {
         match &self.mode {
             Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
-            Mode::Offline => self.cache.with_state(|state| {
+            Mode::Offline => self.cache.write(|state| {
                 state.expire_deletions(crate::quota::pending::now_second());
                 let quota = state.namespace_quota(namespace);
                 Ok(match quota.admit(&ask.wanted, &ask.costs, ask.rules)? {
@@ -279,7 +279,7 @@ impl Backend {
     /// cache now; in API mode the watch brings it.
     pub fn admitted(&self, join: impl FnOnce(&mut ClusterState)) {
         if let Mode::Offline = self.mode {
-            self.cache.with_state(join);
+            self.cache.write(join);
         }
     }
 
@@ -368,9 +368,7 @@ impl Backend {
     /// than refuse it (the scheduler would back off a second), read the cluster's copy.
     pub async fn ensure_pod(&self, key: &PodKey) {
         // The hot path (every filter and bind call): offline, or cached already.
-        if matches!(self.mode, Mode::Offline)
-            || self.cache.with_state(|state| state.pod(key).is_some())
-        {
+        if matches!(self.mode, Mode::Offline) || self.cache.read(|state| state.pod(key).is_some()) {
             return;
         }
         let Some((pods, _, name)) = self.pods_of(key) else {
@@ -382,7 +380,7 @@ impl Backend {
         let Ok(cached) = CachedPod::from_pod(&pod, self.cache.projection()) else {
             return;
         };
-        self.cache.with_state(|state| {
+        self.cache.write(|state| {
             if state.pod(key).is_none() {
                 state.apply_pod(key.clone(), cached);
             }

@@ -181,7 +181,7 @@ impl QuotaWriter {
         (created, id): (CreatedSecond, ChargeId<'_>),
     ) -> Result<(), ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
-        let listing: Vec<String> = cache.with_state(|state| {
+        let listing: Vec<String> = cache.read(|state| {
             state
                 .namespace_quotas(namespace)
                 .filter(|q| charge.keys().any(|key| q.spec.hard.contains_key(key)))
@@ -301,7 +301,7 @@ impl QuotaWriter {
         fresh: bool,
         agreeing: bool,
     ) -> Result<Round, ChargeError> {
-        let cohorts = cache.with_state(|state| {
+        let cohorts = cache.read(|state| {
             let quotas = state.namespace_quotas(namespace);
             quotas
                 .filter_map(|q| q.spec.cohort.clone())
@@ -311,7 +311,7 @@ impl QuotaWriter {
             let agreement = self.leases.read(&cohorts).await?;
             let every: Api<GPUQuota> = Api::all(self.client.clone());
             let all = every.list(&Default::default()).await?.items;
-            cache.with_state(|state| all.iter().for_each(|q| state.apply_quota(q.clone())));
+            cache.write(|state| all.iter().for_each(|q| state.apply_quota(q.clone())));
             let in_namespace = |q: &&GPUQuota| q.metadata.namespace.as_deref() == Some(namespace);
             let quotas: Vec<GPUQuota> = all.iter().filter(in_namespace).cloned().collect();
             let in_cohorts =
@@ -320,8 +320,7 @@ impl QuotaWriter {
             (quotas, members, Some(agreement))
         } else {
             let quotas = read_quotas(api, cache, namespace, fresh).await?;
-            let members =
-                cache.with_state(|state| state.cohort_quotas(&cohorts).cloned().collect());
+            let members = cache.read(|state| state.cohort_quotas(&cohorts).cloned().collect());
             (quotas, members, None)
         };
         let mut views = views_with_status(&quotas)?;
@@ -408,10 +407,10 @@ pub(super) async fn read_quotas(
     fresh: bool,
 ) -> Result<Vec<GPUQuota>, ChargeError> {
     if !fresh {
-        return Ok(cache.with_state(|state| state.namespace_quotas(namespace).cloned().collect()));
+        return Ok(cache.read(|state| state.namespace_quotas(namespace).cloned().collect()));
     }
     let quotas = api.list(&Default::default()).await?.items;
-    cache.with_state(|state| quotas.iter().for_each(|q| state.apply_quota(q.clone())));
+    cache.write(|state| quotas.iter().for_each(|q| state.apply_quota(q.clone())));
     Ok(quotas)
 }
 
@@ -468,7 +467,7 @@ async fn write_round(
         match replace_status(api, &updated).await {
             Ok(stored) => {
                 written.push(stored.metadata.name.clone().unwrap_or_default());
-                cache.with_state(|state| state.apply_quota(stored));
+                cache.write(|state| state.apply_quota(stored));
             }
             // 409: stale resourceVersion; 404: the quota is gone. Decide again, fresh.
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
@@ -511,7 +510,7 @@ async fn release_one(
         let updated = with_charges(&quota, charges, Direction::Remove)?;
         match replace_status(api, &updated).await {
             Ok(stored) => {
-                cache.with_state(|state| state.apply_quota(stored));
+                cache.write(|state| state.apply_quota(stored));
                 return Ok(());
             }
             Err(kube::Error::Api(status)) if status.code == 409 => continue,

@@ -152,7 +152,7 @@ impl Reclaimer {
         let now = Instant::now();
         self.protected.forget(now, |_| true);
         let protected = &self.protected;
-        let planned = self.backend.cache().with_state(|state| {
+        let planned = self.backend.cache().read(|state| {
             plan(state, |key, leaving| match () {
                 _ if leaving => Standing::Leaving,
                 _ if protected.contains(key) => Standing::Protected,
@@ -183,7 +183,7 @@ impl Reclaimer {
 
     /// Put the borrowed annotations on the pods that borrow, and take them off the others.
     async fn mark_borrowers(&self) {
-        let (put, take) = self.backend.cache().with_state(|state| marks(state));
+        let (put, take) = self.backend.cache().read(marks);
         let marks = put.into_iter().map(|(pod, model)| (pod, Some(model)));
         let marks = marks.chain(take.into_iter().map(|pod| (pod, None)));
         futures::stream::iter(marks)

@@ -43,10 +43,8 @@ impl Controller for Reconciler {
 /// One pass over every quota; returns how many statuses were rewritten.
 pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
     let now = time::OffsetDateTime::now_utc();
-    let quotas: Vec<GPUQuota> = cache.with_state(|state| {
-        state.expire_deletions(now.unix_timestamp());
-        state.quotas().cloned().collect()
-    });
+    cache.write(|state| state.expire_deletions(now.unix_timestamp()));
+    let quotas: Vec<GPUQuota> = cache.read(|state| state.quotas().cloned().collect());
     let lent = lent_by_quota(&quotas);
     let mut written = 0;
     for cached in quotas {
@@ -64,7 +62,7 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
             };
             match replace_status(&api, &updated).await {
                 Ok(stored) => {
-                    cache.with_state(|state| state.apply_quota(stored));
+                    cache.write(|state| state.apply_quota(stored));
                     cache.queue_moved().notify_one();
                     written += 1;
                     break;
@@ -90,7 +88,7 @@ fn reconciled(
     lent: Option<&ModelAmounts>,
     now: time::OffsetDateTime,
 ) -> Option<GPUQuota> {
-    cache.with_state(|state| {
+    cache.read(|state| {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
         let usage = state.quota_usage(quota);
         let since = now.unix_timestamp() - PENDING_TTL.as_secs() as i64;

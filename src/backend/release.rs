@@ -166,7 +166,7 @@ impl Releaser {
     /// One pass over every namespace where pods wait; returns how many were let go.
     async fn pass_all(&self) -> usize {
         let cache = self.backend.cache();
-        let namespaces = cache.with_state(|state| state.waiting_namespaces());
+        let namespaces = cache.read(|state| state.waiting_namespaces());
         let mut released = 0;
         for namespace in namespaces {
             released += self.pass_namespace(&namespace).await;
@@ -177,7 +177,7 @@ impl Releaser {
     async fn pass_namespace(&self, namespace: &str) -> usize {
         let now = now_second();
         let recent = self.recent_keys();
-        let planned = self.backend.cache().with_state(|state| {
+        let planned = self.backend.cache().read(|state| {
             let views = state.namespace_quota(namespace).views()?;
             let max_pass_over = self.rules.max_pass_over;
             let mut waiting = state.waiting_line(namespace, now, max_pass_over, LINE_HEAD);
@@ -241,7 +241,7 @@ impl Releaser {
     /// settling; and forget those told why they wait that wait no more.
     fn recent_keys(&self) -> Vec<String> {
         let cache = self.backend.cache();
-        let waits = |key: &str| cache.with_state(|s| s.pod(key).is_some_and(|p| p.gated));
+        let waits = |key: &str| cache.read(|s| s.pod(key).is_some_and(|p| p.gated));
         self.told.lock().retain(|key, _| waits(key));
         let mut recent = self.recent.lock();
         recent.forget(Instant::now(), |key| waits(key));

@@ -14,7 +14,7 @@ mod watch;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use crate::config::Config;
 use crate::placement::{NodeLabels, ResourceNames};
@@ -71,7 +71,8 @@ pub struct ClusterCache {
 }
 
 struct Inner {
-    state: Mutex<ClusterState>,
+    /// Read through `read` (many at once), changed through `write` (one at a time).
+    state: RwLock<ClusterState>,
     ready: AtomicBool,
     projection: Projection,
     /// Woken when the quotas' usage moved (a pod finished or was deleted, or was let go).
@@ -92,7 +93,7 @@ impl ClusterCache {
         state.set_gpu_resources(projection.names.whole_gpu.clone());
         ClusterCache {
             inner: Arc::new(Inner {
-                state: Mutex::new(state),
+                state: RwLock::new(state),
                 ready: AtomicBool::new(ready),
                 projection,
                 usage_moved: Arc::new(tokio::sync::Notify::new()),
@@ -109,11 +110,11 @@ impl ClusterCache {
     ) -> Result<Self, CacheError> {
         let cache = Self::new(projection, true, Ledger::Counted);
         let objects = offline::load(path, &cache.inner.projection)?;
-        cache.with_state(|state| objects.apply(state));
+        cache.write(|state| objects.apply(state));
         Ok(cache)
     }
 
-    /// An empty offline cache (tests and benchmarks fill it through `with_state`).
+    /// An empty offline cache (tests and benchmarks fill it through `write`).
     pub fn in_memory(projection: Projection) -> Self {
         Self::new(projection, true, Ledger::Counted)
     }
@@ -164,7 +165,7 @@ impl ClusterCache {
     /// DeviceClasses, and apply them; again while a DeviceClass changed meanwhile.
     async fn evaluate_claims(&self) {
         loop {
-            let unevaluated = self.with_state(|s| s.unevaluated_claims());
+            let unevaluated = self.read(|s| s.unevaluated_claims());
             if unevaluated.is_empty() {
                 return;
             }
@@ -172,12 +173,21 @@ impl ClusterCache {
             let Ok(evaluated) = self.inner.pool.run_waiting(job).await else {
                 return;
             };
-            self.with_state(|s| s.apply_evaluated(evaluated));
+            self.write(|s| s.apply_evaluated(evaluated));
         }
     }
 
-    /// Run `f` with the state locked. Never hold this across an await: `f` is sync.
-    pub fn with_state<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
-        f(&mut self.inner.state.lock())
+    /// The reader's door: run `f` on the state, shared with other readers. Lookups,
+    /// quota pictures (`NamespaceQuota`) and copies out; never hold it across an await.
+    pub fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        f(&self.inner.state.read())
+    }
+
+    /// The writer's door: run `f` on the state, alone. The watch applies objects here,
+    /// the extender holds and rolls back placements, and the backend records what it
+    /// wrote; `tests/structure.rs` keeps the list (docs/design.md, "The cache").
+    /// Tests and benchmarks fill an in-memory cache through it.
+    pub fn write<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
+        f(&mut self.inner.state.write())
     }
 }

@@ -175,7 +175,7 @@ async fn watch<K, W>(
             watcher::Event::InitDone => {
                 let items = kind.prepare(&cache, std::mem::take(&mut buffer)).await;
                 let count = items.len();
-                cache.with_state(|state| kind.replace(state, items));
+                cache.write(|state| kind.replace(state, items));
                 kind.applied(&cache).await;
                 tracing::info!(count, "listed");
                 if std::mem::take(&mut first_list)
@@ -188,23 +188,23 @@ async fn watch<K, W>(
             watcher::Event::Apply(object) => match kind.project(&object, projection) {
                 Some(item) => {
                     for item in kind.prepare(&cache, vec![item]).await {
-                        cache.with_state(|state| kind.apply(state, item));
+                        cache.write(|state| kind.apply(state, item));
                     }
                     kind.applied(&cache).await;
                 }
                 None => {
-                    cache.with_state(|state| kind.delete(state, &object));
+                    cache.write(|state| kind.delete(state, &object));
                     cache.usage_moved().notify_one();
                     kind.applied(&cache).await;
                 }
             },
             watcher::Event::Delete(object) => {
-                cache.with_state(|state| kind.delete(state, &object));
+                cache.write(|state| kind.delete(state, &object));
                 cache.usage_moved().notify_one();
                 kind.applied(&cache).await;
             }
         }
-        if cache.with_state(|state| state.waiting_count() > 0) {
+        if cache.read(|state| state.waiting_count() > 0) {
             cache.queue_moved().notify_one();
         }
     }
@@ -288,7 +288,7 @@ impl Kind<ResourceClaim> for ClaimKind {
     ) -> impl Future<Output = Vec<(PodKey, CachedClaim)>> + Send {
         let cache = cache.clone();
         async move {
-            let unevaluated = cache.with_state(|s| s.unevaluated(&mut items));
+            let unevaluated = cache.read(|s| s.unevaluated(&mut items));
             if !unevaluated.is_empty() {
                 let job = move || unevaluated.evaluate();
                 if let Ok(evaluated) = cache.cel_pool().run_waiting(job).await {

@@ -52,7 +52,7 @@ pub(crate) async fn bind(
     backend.note_bind_call(config.placement.bind_verb);
     let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
     backend.ensure_pod(&key).await;
-    let bound_here = cache.with_state(|state| {
+    let bound_here = cache.read(|state| {
         let pod = state.pod(&key)?;
         Some(pod.bound && *pod.uid == *args.pod_uid && pod.node.as_deref() == Some(&*args.node))
     });
@@ -67,7 +67,7 @@ pub(crate) async fn bind(
         Err(error) => return failed(error.to_string(), BindOutcome::Error),
     };
     let Some(reservation) = decision.reservation else {
-        let dra = cache.with_state(|state| state.dra_nodes(&key, &[&args.node]));
+        let dra = cache.read(|state| state.dra_nodes(&key, &[&args.node]));
         if !dra.is_empty() {
             // DRA allocated its GPUs (kube-scheduler's claim): only the binding is ours.
             return match plan.bind(backend, &args.node, None).await {
@@ -96,7 +96,7 @@ pub(crate) async fn bind(
         plan.undo(backend, reservation, true).await;
         return failed(error.to_string(), BindOutcome::Error);
     }
-    cache.with_state(|state| state.mark_bound(&key));
+    cache.write(|state| state.mark_bound(&key));
     tracing::info!(pod = %key, node = %args.node, "bound");
     (ExtenderBindingResult::default(), BindOutcome::Bound)
 }

@@ -71,7 +71,7 @@ pub(crate) async fn filter(
     let Some(reservation) = decision.reservation else {
         let result = failed_nodes(&decision.misfits);
         // No GPU of a device plugin fits: nodes whose GPUs only DRA hands out may.
-        let dra = cache.with_state(|state| state.dra_nodes(&plan.key, &names));
+        let dra = cache.read(|state| state.dra_nodes(&plan.key, &names));
         if !dra.is_empty() {
             tracing::info!(pod = %plan.key, nodes = dra.len(), "left to DRA-backed extended resources");
             return (with_dra_nodes(result, &dra, args), FilterOutcome::Dra);

@@ -86,7 +86,7 @@ pub(super) fn plan(
     let placer = placer.placer();
     let cache = backend.cache();
     let mig = &cache.projection().names.mig;
-    cache.with_state(|state| {
+    cache.write(|state| {
         let held = state.take_subject(&key, subject)?;
         // The pod as the cluster has it decides what it wants and was charged.
         let pod = state.pod(&key);
@@ -174,7 +174,7 @@ impl Plan {
             charged: true,
         })?;
         let cache = backend.cache();
-        cache.with_state(|state| state.mark_recorded(&self.key));
+        cache.write(|state| state.mark_recorded(&self.key));
         Ok(())
     }
 
@@ -230,7 +230,7 @@ impl Plan {
     pub(super) async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
         backend
             .cache()
-            .with_state(|state| state.rollback(&self.key, reservation));
+            .write(|state| state.rollback(&self.key, reservation));
         let charge = self.charge_at_placement.as_ref();
         let Some(charge) = charge.filter(|_| charged && !self.recorded) else {
             return;

@@ -50,7 +50,7 @@ pub(crate) fn predicate(
         })
         .filter(|(key, _)| *key != own)
         .collect();
-    cache.with_state(|state| {
+    cache.read(|state| {
         let quota = state.namespace_quota(namespace);
         let wanted = config.wanted_models(&args.pod, quota.limits);
         let Some(cached) = state.node(&args.node_name) else {
@@ -120,7 +120,7 @@ mod tests {
         let config = Config::default();
         let projection = Projection::from_config(&config);
         let cache = ClusterCache::in_memory(projection.clone());
-        cache.with_state(|state| {
+        cache.write(|state| {
             state.apply_node(node("n", 2, 16));
             for pod in bound {
                 let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
@@ -160,7 +160,7 @@ mod tests {
         let itself = [task(&a, 2), task(&c, 2)];
         assert_eq!(judge(&cache, &config, &request(&c, &itself)).code, SUCCESS);
         // The cache is not written.
-        assert!(cache.with_state(|s| s.pod("team/a").is_none()));
+        assert!(cache.read(|s| s.pod("team/a").is_none()));
     }
 
     /// The finding: Volcano's predicate skipped the MIG profile cap that the filter and
@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn a_capped_mig_profile_is_refused_as_the_filter_refuses_it() {
         let (cache, config) = cache_with(&[]);
-        cache.with_state(|state| {
+        cache.write(|state| {
             let mut slices = node("n", 7, 0);
             slices.model = Some("A100-SXM4-40GB-MIG-1g.5gb".into());
             state.apply_node(slices);

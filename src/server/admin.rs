@@ -131,7 +131,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, &'stat
 
 fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mix = state.placer.learned_mix();
-    let (nodes, pods, quotas, fragmentation) = state.cache().with_state(|s| {
+    let (nodes, pods, quotas, fragmentation) = state.cache().read(|s| {
         (
             s.node_count(),
             s.pod_count(),

@@ -189,7 +189,7 @@ pub(super) async fn mutate_route(
         else {
             return reply("allow", review.allow());
         };
-        let (limits, nodes) = state.cache().with_state(|s| {
+        let (limits, nodes) = state.cache().read(|s| {
             let nodes = GpuNodes {
                 mig_labels: s.mig_labels().map(str::to_string).collect(),
                 dra_unlabelled: s.classes().values().any(|c| c.extended_resource.is_some()),

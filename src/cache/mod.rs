@@ -3,11 +3,11 @@
 //! state: it holds no client and writes nothing to the cluster — that is the
 //! backend's (`crate::backend`), the one place that knows the run mode.
 
+#[cfg(test)]
+mod hold_tests;
 mod offline;
 pub(crate) mod pod;
 pub(crate) mod pool;
-#[cfg(test)]
-mod reserve_tests;
 pub(crate) mod state;
 mod watch;
 
@@ -23,7 +23,7 @@ pub(crate) use pod::{AnnotationKeys, PodKey};
 pub use pod::{CachedPod, pod_key};
 pub use state::ClusterState;
 pub(crate) use state::{
-    Candidates, FilterDecision, Ledger, NamespaceQuota, PlanError, Reservation, Subject,
+    Candidates, FilterDecision, Hold, Ledger, NamespaceQuota, PlanError, Subject,
 };
 
 #[derive(Debug, thiserror::Error)]

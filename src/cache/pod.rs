@@ -38,7 +38,7 @@ pub struct CachedPod {
     pub assignment: Option<Assignment>,
     /// Set while the placement is only our own in-memory choice, not yet seen on the
     /// pod object (API mode: the annotation patch has not come back through the watch).
-    pub(super) reserved: Option<std::time::Instant>,
+    pub(super) held_since: Option<std::time::Instant>,
     /// Our filter wrote this placement onto the pod and took the quota charge it adds
     /// (kept through the watch's echo of that write), so the bind verb must not charge
     /// it again.
@@ -139,7 +139,7 @@ impl CachedPod {
             node,
             bound: node_name.is_some(),
             assignment,
-            reserved: None,
+            held_since: None,
             recorded: false,
             terminating: charged_until(pod),
             models: WantedModels::of_pod(

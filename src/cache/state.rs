@@ -23,11 +23,11 @@ use quotas::HeldQuota;
 
 #[cfg(test)]
 pub(super) use holds::HOLD_TTL;
-pub(crate) use holds::{Candidates, FilterDecision, PlanError, Reservation, Subject};
+pub(crate) use holds::{Candidates, FilterDecision, Hold, PlanError, Subject};
 pub(crate) use namespace_quota::{Ledger, NamespaceQuota};
 
-/// How long a reservation the watch has not confirmed survives a relist without the pod.
-const RESERVATION_TTL: Duration = Duration::from_secs(120);
+/// How long a hold the watch has not confirmed survives a relist without the pod.
+const UNCONFIRMED_HOLD_TTL: Duration = Duration::from_secs(120);
 
 #[derive(Debug)]
 struct NodeEntry {

@@ -66,7 +66,7 @@ pub(crate) async fn bind(
         Ok(planned) => planned,
         Err(error) => return failed(error.to_string(), BindOutcome::Error),
     };
-    let Some(reservation) = decision.reservation else {
+    let Some(hold) = decision.hold else {
         let dra = cache.read(|state| state.dra_nodes(&key, &[&args.node]));
         if !dra.is_empty() {
             // DRA allocated its GPUs (kube-scheduler's claim): only the binding is ours.
@@ -80,9 +80,9 @@ pub(crate) async fn bind(
         let error = format!("pod {key} cannot go to node {}: {reason}", args.node);
         return failed(error, BindOutcome::Unfit);
     };
-    let assignment = reservation.assignment.clone();
+    let assignment = hold.assignment.clone();
     if let Err(refusal) = plan.charge(backend, config).await {
-        plan.undo(backend, reservation, refusal.charged).await;
+        plan.undo(backend, hold, refusal.charged).await;
         return failed(refusal.reason, BindOutcome::Unfit);
     }
     let bound = plan.bind(backend, &args.node, Some(&assignment)).await;
@@ -93,7 +93,7 @@ pub(crate) async fn bind(
             return failed(error.to_string(), BindOutcome::Error);
         }
         tracing::warn!(pod = %key, node = %args.node, %error, "binding failed; placement released");
-        plan.undo(backend, reservation, true).await;
+        plan.undo(backend, hold, true).await;
         return failed(error.to_string(), BindOutcome::Error);
     }
     cache.write(|state| state.mark_bound(&key));

@@ -68,7 +68,7 @@ pub(crate) async fn filter(
         Ok(planned) => planned,
         Err(error) => return error_result(error.to_string()),
     };
-    let Some(reservation) = decision.reservation else {
+    let Some(hold) = decision.hold else {
         let result = failed_nodes(&decision.misfits);
         // No GPU of a device plugin fits: nodes whose GPUs only DRA hands out may.
         let dra = cache.read(|state| state.dra_nodes(&plan.key, &names));
@@ -81,19 +81,19 @@ pub(crate) async fn filter(
             FilterOutcome::Unschedulable,
         );
     };
-    let node = reservation.node.clone();
-    if reservation.kept {
+    let node = hold.node.clone();
+    if hold.kept {
         tracing::info!(pod = %plan.key, %node, "kept its placement");
         return (placed_on(&node, args), FilterOutcome::Kept);
     }
     // With the bind verb, the choice stays held in memory until the scheduler binds.
     let recorded = match backend.filter_records(config.placement.bind_verb) {
-        true => plan.record(backend, config, &reservation).await,
+        true => plan.record(backend, config, &hold).await,
         false => Ok(()),
     };
     if let Err(refusal) = recorded {
         tracing::warn!(pod = %plan.key, %node, reason = %refusal.reason, "placement not recorded; rolled back");
-        plan.undo(backend, reservation, refusal.charged).await;
+        plan.undo(backend, hold, refusal.charged).await;
         // A placed decision gathered no other reasons (`FilterDecision`): the chosen
         // node's is the one that counts.
         let mut result = ExtenderFilterResult::default();

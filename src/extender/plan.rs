@@ -12,8 +12,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::backend::{Ask, Backend, ChargeOutcome, WriteError};
 use crate::cache::pod::key_parts;
 use crate::cache::{
-    AnnotationKeys, CachedPod, Candidates, FilterDecision, NamespaceQuota, PlanError, PodKey,
-    Reservation, Subject,
+    AnnotationKeys, CachedPod, Candidates, FilterDecision, Hold, NamespaceQuota, PlanError, PodKey,
+    Subject,
 };
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
@@ -112,7 +112,7 @@ pub(super) fn plan(
             |cached, candidates| choice.choose(cached, candidates),
             Instant::now(),
         );
-        let node = decision.reservation.as_ref().map(|r| &*r.node);
+        let node = decision.hold.as_ref().map(|r| &*r.node);
         let charge_at_placement = node.and_then(|n| {
             let node_model = state.node(n)?.model.as_deref().map(str::to_string);
             let label = node_model.as_deref().unwrap_or_default();
@@ -122,7 +122,7 @@ pub(super) fn plan(
                 created,
             })
         });
-        let kept = decision.reservation.as_ref().is_some_and(|r| r.kept);
+        let kept = decision.hold.as_ref().is_some_and(|r| r.kept);
         let recorded = kept && state.placement_recorded(&key);
         let plan = Plan {
             key,
@@ -162,11 +162,11 @@ impl Plan {
         &self,
         backend: &Backend,
         config: &Config,
-        reservation: &Reservation,
+        hold: &Hold,
     ) -> Result<(), Refusal> {
         self.charge(backend, config).await?;
         let keys = &backend.cache().projection().keys;
-        let annotations = annotations(keys, &reservation.node, &reservation.assignment);
+        let annotations = annotations(keys, &hold.node, &hold.assignment);
         let recorded = backend.record(&self.key, &self.uid, annotations).await;
         recorded.map_err(|error| Refusal {
             reason: error.to_string(),
@@ -227,10 +227,10 @@ impl Plan {
     /// Undo a placement whose record step failed, the one way for the filter and the
     /// bind verb alike: the cache goes back to what it held before the hold (a pod only
     /// offered leaves it again), and a charge the step wrote (`charged`) is given back.
-    pub(super) async fn undo(&self, backend: &Backend, reservation: Reservation, charged: bool) {
+    pub(super) async fn undo(&self, backend: &Backend, hold: Hold, charged: bool) {
         backend
             .cache()
-            .write(|state| state.rollback(&self.key, reservation));
+            .write(|state| state.rollback(&self.key, hold));
         let charge = self.charge_at_placement.as_ref();
         let Some(charge) = charge.filter(|_| charged && !self.recorded) else {
             return;

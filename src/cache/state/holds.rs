@@ -1,5 +1,5 @@
 //! The filter transaction's half in memory: which pod a call places (`Subject`), the
-//! hold on the GPUs chosen for it (`Reservation`), keeping a placement a re-filter
+//! hold on the GPUs chosen for it (`Hold`), keeping a placement a re-filter
 //! finds, the expiry of holds the scheduler never bound, and rollback.
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub(crate) const HOLD_TTL: Duration = Duration::from_secs(30);
 /// A placement the filter made: the node, its GPUs, and what to restore if recording
 /// the choice on the pod fails.
 #[derive(Debug, Clone)]
-pub(crate) struct Reservation {
+pub(crate) struct Hold {
     pub(crate) node: Arc<str>,
     pub(crate) assignment: Assignment,
     /// True when the pod already held this placement (a re-filter): nothing to write.
@@ -30,19 +30,19 @@ pub(crate) struct Reservation {
     previous: Option<CachedPod>,
 }
 
-/// What one filter call decided: the reservation, if any; when there is none, every
+/// What one filter call decided: the hold, if any; when there is none, every
 /// candidate that could not take the pod, by name (a placed pod's answer names only
 /// its node, so nothing gathers reasons nobody reads).
 #[derive(Debug)]
 pub(crate) struct FilterDecision {
-    pub(crate) reservation: Option<Reservation>,
+    pub(crate) hold: Option<Hold>,
     pub(crate) misfits: Vec<(Arc<str>, Misfit)>,
 }
 
 impl FilterDecision {
     fn none(misfits: Vec<(Arc<str>, Misfit)>) -> Self {
         FilterDecision {
-            reservation: None,
+            hold: None,
             misfits,
         }
     }
@@ -85,7 +85,7 @@ pub(crate) enum PlanError {
 }
 
 impl ClusterState {
-    /// Choose a node for a pod among `candidates` and reserve its GPUs, atomically with
+    /// Choose a node for a pod among `candidates` and hold its GPUs, atomically with
     /// respect to every other call. `subject` says which pod: one the cluster shows (API
     /// mode: the request names it, the cache's copy is what gets placed) or one the
     /// caller offers (offline mode: the file is the cluster, and a new pod joins it
@@ -93,7 +93,7 @@ impl ClusterState {
     /// it; one placed elsewhere is released and placed anew, so a re-filter never
     /// charges twice. `choose` runs the placement policy.
     #[cfg(test)]
-    pub(crate) fn reserve(
+    pub(crate) fn hold(
         &mut self,
         key: &PodKey,
         subject: Subject,
@@ -105,7 +105,7 @@ impl ClusterState {
         Ok(self.place_subject(key, held, candidates, choose, now))
     }
 
-    /// [`ClusterState::reserve`]'s second half, for a caller that reads the pod in
+    /// [`ClusterState::hold`]'s second half, for a caller that reads the pod in
     /// between (the extender reads the ledger only for pods that need it): `held` is
     /// what [`ClusterState::take_subject`] returned.
     pub(crate) fn place_subject(
@@ -124,7 +124,7 @@ impl ClusterState {
         if let Some(mut released) = previous.clone().filter(|p| p.node.is_some()) {
             released.node = None;
             released.assignment = None;
-            released.reserved = None;
+            released.held_since = None;
             released.recorded = false;
             self.put_pod(key.clone(), released);
         }
@@ -169,13 +169,13 @@ impl ClusterState {
         if let Some(mut pod) = self.pods.get(key).cloned() {
             pod.node = Some(node.clone());
             pod.assignment = Some(assignment.clone());
-            pod.reserved = Some(now);
+            pod.held_since = Some(now);
             pod.recorded = false;
             self.put_pod(key.clone(), *pod);
             self.holds.push_back((now, key.clone()));
         }
         FilterDecision {
-            reservation: Some(Reservation {
+            hold: Some(Hold {
                 node,
                 assignment,
                 kept: false,
@@ -198,7 +198,7 @@ impl ClusterState {
             let Some(pod) = self.pods.get(&key) else {
                 continue;
             };
-            if pod.reserved == Some(at) && !pod.bound {
+            if pod.held_since == Some(at) && !pod.bound {
                 tracing::info!(pod = %key, "placement held for a bind that never came; released");
                 self.drop_hold(&key);
             }
@@ -216,7 +216,7 @@ impl ClusterState {
     /// The filter wrote the placement held for pod `key` onto the pod, and took the
     /// quota charge it adds (see [`CachedPod::recorded`]).
     /// The watch may have brought the write's echo already (the pod then no longer
-    /// `reserved`): the record holds for the placement the pod has either way.
+    /// `held_since`): the record holds for the placement the pod has either way.
     pub(crate) fn mark_recorded(&mut self, key: &str) {
         if let Some(pod) = self.pods.get_mut(key).filter(|p| p.node.is_some()) {
             pod.recorded = true;
@@ -237,28 +237,28 @@ impl ClusterState {
         let Some(pod) = self
             .pods
             .get(key)
-            .filter(|p| p.reserved.is_some() && !p.bound)
+            .filter(|p| p.held_since.is_some() && !p.bound)
         else {
             return;
         };
         let mut released = pod.clone();
         released.node = None;
         released.assignment = None;
-        released.reserved = None;
+        released.held_since = None;
         released.recorded = false;
         let key: PodKey = key.into();
         self.put_pod(key, *released);
     }
 
-    /// Undo a reservation whose recording failed: a pod only offered by the call leaves
+    /// Undo a hold whose recording failed: a pod only offered by the call leaves
     /// the cache again; any other loses the hold, as [`drop_hold`](Self::drop_hold)
     /// (not put back as it was before: the watch may have brought news of it meanwhile).
-    pub(crate) fn rollback(&mut self, key: &PodKey, reservation: Reservation) {
+    pub(crate) fn rollback(&mut self, key: &PodKey, hold: Hold) {
         let held = self.pods.get(&**key);
-        if !held.is_some_and(|p| p.reserved.is_some() && !p.bound) {
+        if !held.is_some_and(|p| p.held_since.is_some() && !p.bound) {
             return;
         }
-        match reservation.previous {
+        match hold.previous {
             Some(_) => self.drop_hold(key),
             None => self.delete_pod(key),
         }
@@ -327,7 +327,7 @@ impl ClusterState {
             return None;
         }
         Some(FilterDecision {
-            reservation: Some(Reservation {
+            hold: Some(Hold {
                 node,
                 assignment,
                 kept: true,

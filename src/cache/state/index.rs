@@ -9,7 +9,7 @@ use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::fit::fit_held;
 use crate::placement::{Assignment, NodeGpus, Stamp, fit};
 
-use super::{ClusterState, NodeEntry, RESERVATION_TTL, namespace_of};
+use super::{ClusterState, NodeEntry, UNCONFIRMED_HOLD_TTL, namespace_of};
 
 impl ClusterState {
     /// Count (`add`) or uncount a node's model label, by the node's creation second.
@@ -96,7 +96,7 @@ impl ClusterState {
     // === pods ===
 
     /// Insert or update a pod as the cluster shows it. A pod object that does not yet
-    /// show our reservation (the annotation patch is still on its way) keeps it.
+    /// show our hold (the annotation patch is still on its way) keeps it.
     ///
     /// Once a pod is bound with its GPUs known, they stay what they were: gpu-manager
     /// has acted on them, and the pod's owner can still edit its annotations, which
@@ -108,10 +108,10 @@ impl ClusterState {
             // The scheduler wrote a new "not scheduled" condition: it gave the pod up, and
             // a placement held for its bind goes with it.
             let given_up = pod.unscheduled != 0 && pod.unscheduled != old.unscheduled;
-            if old.reserved.is_some() && pod.node.is_none() && same_pod && !given_up {
+            if old.held_since.is_some() && pod.node.is_none() && same_pod && !given_up {
                 pod.node = old.node.clone();
                 pod.assignment = old.assignment.clone();
-                pod.reserved = old.reserved;
+                pod.held_since = old.held_since;
                 pod.recorded = old.recorded;
                 pod.bound = old.bound;
             }
@@ -153,7 +153,7 @@ impl ClusterState {
         }
     }
 
-    /// Replace all pods with a complete list (a relist). Recent reservations of pods the
+    /// Replace all pods with a complete list (a relist). Recent holds of pods the
     /// list does not hold yet survive; older ones belonged to pods that are gone.
     pub(crate) fn replace_pods(&mut self, pods: Vec<(PodKey, CachedPod)>, now: Instant) {
         let listed: std::collections::HashSet<PodKey> =
@@ -164,8 +164,8 @@ impl ClusterState {
             .filter(|(key, pod)| {
                 !listed.contains(*key)
                     && pod
-                        .reserved
-                        .is_none_or(|at| now.duration_since(at) >= RESERVATION_TTL)
+                        .held_since
+                        .is_none_or(|at| now.duration_since(at) >= UNCONFIRMED_HOLD_TTL)
             })
             .map(|(key, _)| key.clone())
             .collect();
@@ -247,7 +247,7 @@ impl ClusterState {
     /// charged there; pods without (or with indices the node lacks) are charged where
     /// gpu-manager would put them, so capacity is never silently handed out twice.
     /// What a pod holds for its init containers has no annotation: unless our own
-    /// reservation placed it, it is placed on the node as it is, after the annotated
+    /// hold placed it, it is placed on the node as it is, after the annotated
     /// pods, so the node holds each pod's whole effective request.
     fn recompute(&mut self, name: &str) {
         let Some(entry) = self.nodes.get_mut(name) else {

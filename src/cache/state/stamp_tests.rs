@@ -54,7 +54,7 @@ fn every_change_to_a_nodes_gpus_gives_it_a_new_version() {
     let (pod, offered) = gpu_pod("q", None, share(50));
     let placer = Placer::new(Policy::Binpack);
     let decision = state
-        .reserve(
+        .hold(
             &pod_key(&pod),
             Subject::Offered(Box::new(offered)),
             &["a"],
@@ -62,9 +62,9 @@ fn every_change_to_a_nodes_gpus_gives_it_a_new_version() {
             Instant::now(),
         )
         .unwrap();
-    changed(&state, "a", "a reservation on a");
-    state.rollback(&pod_key(&pod), decision.reservation.unwrap());
-    changed(&state, "a", "the reservation rolled back");
+    changed(&state, "a", "a hold on a");
+    state.rollback(&pod_key(&pod), decision.hold.unwrap());
+    changed(&state, "a", "the hold rolled back");
 
     let mut relabelled = node("a", 2, 8);
     relabelled.model = Some("Tesla-T4".into());
@@ -122,7 +122,7 @@ fn placements_with_the_memo_are_those_made_from_scratch() {
         );
         let placer = &placers[call % 2];
         state
-            .reserve(
+            .hold(
                 &pod_key(&pod),
                 Subject::Offered(Box::new(offered)),
                 &candidates,

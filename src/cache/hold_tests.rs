@@ -28,17 +28,17 @@ fn cluster() -> ClusterState {
     state
 }
 
-fn reserve(state: &mut ClusterState, key: &PodKey, subject: Subject) -> Result<bool, PlanError> {
+fn hold(state: &mut ClusterState, key: &PodKey, subject: Subject) -> Result<bool, PlanError> {
     let placer = Placer::new(Policy::Binpack);
     state
-        .reserve(
+        .hold(
             key,
             subject,
             &["n1"],
             |pod, nodes| place(&placer, &pod.request, nodes.iter().copied(), |_| Ok(())),
             Instant::now(),
         )
-        .map(|decision| decision.reservation.is_some())
+        .map(|decision| decision.hold.is_some())
 }
 
 fn used_gpus(state: &ClusterState) -> u32 {
@@ -59,7 +59,7 @@ fn a_known_pod_is_placed_only_with_its_own_uid_and_only_while_unbound() {
     let known = |uid: &str| Subject::Known { uid: uid.into() };
 
     assert_eq!(
-        reserve(&mut state, &key, known("uid-1")),
+        hold(&mut state, &key, known("uid-1")),
         Err(PlanError::NotInCluster {
             pod: "team-a/p".into()
         }),
@@ -70,19 +70,19 @@ fn a_known_pod_is_placed_only_with_its_own_uid_and_only_while_unbound() {
     state.apply_pod(key.clone(), pod);
     for forged in ["uid-2", ""] {
         assert!(matches!(
-            reserve(&mut state, &key, known(forged)),
+            hold(&mut state, &key, known(forged)),
             Err(PlanError::OtherUid { .. })
         ));
     }
     assert_eq!(used_gpus(&state), 0, "a forged uid books nothing");
-    assert_eq!(reserve(&mut state, &key, known("uid-1")), Ok(true));
+    assert_eq!(hold(&mut state, &key, known("uid-1")), Ok(true));
     assert_eq!(used_gpus(&state), 1);
 
     let (bound_key, bound) = cached("running", "uid-3", Some("n1"));
     state.apply_pod(bound_key.clone(), bound);
     assert_eq!(used_gpus(&state), 2);
     assert_eq!(
-        reserve(&mut state, &bound_key, known("uid-3")),
+        hold(&mut state, &bound_key, known("uid-3")),
         Err(PlanError::AlreadyBound {
             pod: "team-a/running".into(),
             node: "n1".into()
@@ -105,14 +105,14 @@ fn an_offered_pod_joins_the_cache_only_once_placed_and_never_bound() {
     );
     let (key, pod) = cached("late", "uid-l", None);
     assert_eq!(
-        reserve(&mut state, &key, Subject::Offered(Box::new(pod))),
+        hold(&mut state, &key, Subject::Offered(Box::new(pod))),
         Ok(false)
     );
     assert!(state.pod(&key).is_none(), "an unplaced offer is not kept");
 
     let (key, pod) = cached("claims-bound", "uid-c", Some("n9"));
     assert!(matches!(
-        reserve(&mut state, &key, Subject::Offered(Box::new(pod))),
+        hold(&mut state, &key, Subject::Offered(Box::new(pod))),
         Err(PlanError::AlreadyBound { .. })
     ));
     assert!(state.pod(&key).is_none());
@@ -129,7 +129,7 @@ fn an_offer_under_a_running_pods_name_with_another_uid_frees_nothing() {
     let usage = state.usage("team-a");
     let (_, forged) = cached("train", "uid-forged", None);
     assert!(matches!(
-        reserve(&mut state, &key, Subject::Offered(Box::new(forged))),
+        hold(&mut state, &key, Subject::Offered(Box::new(forged))),
         Err(PlanError::OtherUid { .. })
     ));
     assert_eq!(&*state.pod(&key).unwrap().uid, "uid-run");
@@ -179,10 +179,10 @@ fn a_bound_pods_gpus_do_not_move_when_its_annotations_are_edited() {
     );
 }
 
-fn reserve_at(state: &mut ClusterState, key: &PodKey, uid: &str, now: Instant) -> bool {
+fn hold_at(state: &mut ClusterState, key: &PodKey, uid: &str, now: Instant) -> bool {
     let placer = Placer::new(Policy::Binpack);
     state
-        .reserve(
+        .hold(
             key,
             Subject::Known { uid: uid.into() },
             &["n1"],
@@ -190,7 +190,7 @@ fn reserve_at(state: &mut ClusterState, key: &PodKey, uid: &str, now: Instant) -
             now,
         )
         .unwrap()
-        .reservation
+        .hold
         .is_some()
 }
 
@@ -202,10 +202,10 @@ fn a_hold_no_bind_confirmed_is_let_go_after_its_ttl() {
     state.apply_pod(a.clone(), pod_a);
     state.apply_pod(b.clone(), pod_b);
     let start = Instant::now();
-    assert!(reserve_at(&mut state, &a, "uid-a", start));
+    assert!(hold_at(&mut state, &a, "uid-a", start));
     assert_eq!(used_gpus(&state), 1);
     // Another placement before the TTL leaves the hold alone...
-    assert!(reserve_at(
+    assert!(hold_at(
         &mut state,
         &b,
         "uid-b",
@@ -215,7 +215,7 @@ fn a_hold_no_bind_confirmed_is_let_go_after_its_ttl() {
     // ...one after it lets go of the first hold (the second is younger).
     state.drop_hold(&b);
     let later = start + super::state::HOLD_TTL;
-    assert!(reserve_at(&mut state, &b, "uid-b", later));
+    assert!(hold_at(&mut state, &b, "uid-b", later));
     assert!(state.pod(&a).unwrap().node.is_none(), "a's hold released");
     assert_eq!(used_gpus(&state), 1);
 }
@@ -226,13 +226,13 @@ fn a_bound_hold_is_not_let_go() {
     let (a, pod_a) = cached("a", "uid-a", None);
     state.apply_pod(a.clone(), pod_a.clone());
     let start = Instant::now();
-    assert!(reserve_at(&mut state, &a, "uid-a", start));
+    assert!(hold_at(&mut state, &a, "uid-a", start));
     state.mark_bound(&a);
     // The watch brings an older copy of the pod (not bound yet): the placement stays.
     state.apply_pod(a.clone(), pod_a);
     let (b, pod_b) = cached("b", "uid-b", None);
     state.apply_pod(b.clone(), pod_b);
-    assert!(reserve_at(
+    assert!(hold_at(
         &mut state,
         &b,
         "uid-b",
@@ -252,7 +252,7 @@ fn a_new_scheduling_failure_releases_the_hold() {
     let mut state = cluster();
     let (a, pod_a) = cached("a", "uid-a", None);
     state.apply_pod(a.clone(), pod_a.clone());
-    assert!(reserve_at(&mut state, &a, "uid-a", Instant::now()));
+    assert!(hold_at(&mut state, &a, "uid-a", Instant::now()));
     // An unrelated update of the pod keeps the hold.
     state.apply_pod(a.clone(), pod_a.clone());
     assert_eq!(used_gpus(&state), 1);
@@ -340,7 +340,7 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
     let known = || Subject::Known {
         uid: "uid-1".into(),
     };
-    assert_eq!(reserve(&mut state, &key, known()), Ok(true));
+    assert_eq!(hold(&mut state, &key, known()), Ok(true));
     assert!(!state.placement_recorded(&key), "held in memory only");
 
     state.mark_recorded(&key);
@@ -349,7 +349,7 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
     // still recorded.
     state.apply_pod(key.clone(), pod.clone());
     assert!(state.placement_recorded(&key));
-    assert_eq!(reserve(&mut state, &key, known()), Ok(true), "kept");
+    assert_eq!(hold(&mut state, &key, known()), Ok(true), "kept");
     assert!(
         state.placement_recorded(&key),
         "a kept placement stays recorded"
@@ -357,7 +357,7 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
 
     state.drop_hold(&key);
     assert!(!state.placement_recorded(&key), "let go: nothing placed");
-    assert_eq!(reserve(&mut state, &key, known()), Ok(true));
+    assert_eq!(hold(&mut state, &key, known()), Ok(true));
     assert!(
         !state.placement_recorded(&key),
         "a new hold is not recorded"
@@ -374,7 +374,7 @@ fn a_placement_the_filter_wrote_is_known_as_recorded_until_it_is_let_go() {
     let own = Subject::Known {
         uid: "uid-3".into(),
     };
-    assert_eq!(reserve(&mut state, &early, own), Ok(true));
+    assert_eq!(hold(&mut state, &early, own), Ok(true));
     let (_, early_echo) = cached("r", "uid-3", Some("n1"));
     state.apply_pod(early.clone(), early_echo);
     state.mark_recorded(&early);

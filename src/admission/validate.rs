@@ -65,21 +65,26 @@ pub(crate) async fn validate(
         return Ok(Verdict::Deny(Reason::ReleasedAtCreation));
     }
     let created = created_or_now(&pod.metadata);
+    let gated = is_gated(pod);
+    // One look at the quota picture: what the pod wants and costs, and, for a pod that
+    // will wait in the queue, the views it is judged against now.
     let decided: Result<_, Denial> = cache.read(|state| {
         let quota = state.namespace_quota(namespace);
         let wanted = wanted_on_route(state, config, quota.limits, namespace, pod, &request)?;
         let costs = quota.costs(&request, &wanted.models, created);
-        Ok((wanted, costs))
+        let views = gated.then(|| quota.views());
+        Ok((wanted, costs, views))
     });
-    let (wanted, costs) = match decided {
+    let (wanted, costs, views) = match decided {
         Ok(decided) => decided,
         Err(denial) => return Ok(Verdict::Deny(Reason::Quota(denial))),
     };
-    if is_gated(pod) {
+    if let Some(views) = views {
         // It waits in the quota queue, charged nothing until it is let go; but a pod
         // no quota could ever take, or that its quotas refuse for another reason than
-        // room, is refused now rather than left to wait forever.
-        let views = cache.read(|state| state.namespace_quota(namespace).views());
+        // room, is refused now rather than left to wait forever. (Its turn comes with
+        // two more decisions, each on fresher use: the releaser's plan, then the quota
+        // writer's, on the status it writes.)
         let mut views = views.map_err(ChargeError::from)?;
         views.iter_mut().for_each(QuotaView::forget_use);
         let admitted = admit(namespace, &views, &wanted, &costs, config.admit_rules());

@@ -65,6 +65,9 @@ pub(crate) type WaitHistogram = Family<QueueLabels, Histogram, fn() -> Histogram
 
 type QuotaGauge = Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
+/// GPU-seconds per namespace and model: `gpu_admission_gpu_seconds_total`.
+type ShowbackCounter = Family<QueueLabels, Counter<f64, std::sync::atomic::AtomicU64>>;
+
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -84,6 +87,10 @@ pub struct Metrics {
     pub(crate) quota_borrowed: QuotaGauge,
     pub(crate) quota_lent: QuotaGauge,
     pub(crate) reclaim_evictions: EvictionCounter,
+    gpu_seconds: ShowbackCounter,
+    /// One scrape brings the counters up to the cache's meters at a time, so two
+    /// scrapes never add the same seconds twice.
+    showback_scrape: parking_lot::Mutex<()>,
 }
 
 fn wait_histogram() -> Histogram {
@@ -189,8 +196,16 @@ impl Default for Metrics {
             "Borrowing pods this replica took back for a cohort's reclaim, by reason (evicted; blocked by a PodDisruptionBudget; deleted with a capped grace period past reclaim.timeoutSeconds)",
             reclaim_evictions.clone(),
         );
+        let gpu_seconds = ShowbackCounter::default();
+        registry.register(
+            "gpu_seconds",
+            "GPU-seconds allocated to bound pods (shares and MIG slices as fractions of a GPU), per namespace and model",
+            gpu_seconds.clone(),
+        );
         Metrics {
             registry,
+            gpu_seconds,
+            showback_scrape: parking_lot::Mutex::new(()),
             quota_borrowed,
             quota_lent,
             reclaim_evictions,
@@ -218,6 +233,26 @@ impl Metrics {
         self.duration
             .get_or_create(&RouteLabels { route })
             .observe(seconds);
+    }
+
+    /// Bring `gpu_seconds_total` up to the cache's meters: `(namespace, model, seconds)`,
+    /// each never less than it read before.
+    pub(crate) fn set_gpu_seconds<'a>(
+        &self,
+        meters: impl IntoIterator<Item = (&'a str, &'a str, f64)>,
+    ) {
+        let _one_scrape = self.showback_scrape.lock();
+        for (namespace, model, seconds) in meters {
+            let labels = QueueLabels {
+                namespace: namespace.to_string(),
+                model: model.to_string(),
+            };
+            let counter = self.gpu_seconds.get_or_create(&labels);
+            let gained = seconds - counter.get();
+            if gained > 0.0 {
+                counter.inc_by(gained);
+            }
+        }
     }
 
     /// The text exposition format.

@@ -210,6 +210,34 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
         metrics.contains(r#"gpu_admission_quota_used_gpus{namespace="team-c",quota="default",model="A100-SXM4-40GB"} 1.0"#),
         "{metrics}"
     );
+    // Showback: GPU-seconds grow at what bound pods and allocated claims hold (team-a:
+    // notebook-1's half T4; inference-1 is placed but not bound; team-c: its claim's A100).
+    let gpu_seconds = |metrics: &str, namespace: &str, model: &str| {
+        let series = format!(
+            r#"gpu_admission_gpu_seconds_total{{namespace="{namespace}",model="{model}"}} "#
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let before = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, later) = plain(server.admin, "GET", "/metrics", String::new()).await;
+    let elapsed = before.elapsed().as_secs_f64();
+    for (namespace, model, held) in [
+        ("team-a", "Tesla-T4", 0.5),
+        ("team-c", "A100-SXM4-40GB", 1.0),
+    ] {
+        let grew = gpu_seconds(&later, namespace, model) - gpu_seconds(&metrics, namespace, model);
+        // Between the scrapes: at least the sleep, at most the time measured around it
+        // (and the first answer's way back).
+        assert!(
+            grew >= held * 0.99 && grew <= held * (elapsed + 0.5),
+            "{namespace} {model}: {grew} GPU-s in {elapsed} s\n{later}"
+        );
+    }
     let review = std::fs::read_to_string(example("review-claim.json")).unwrap();
     let (status, body) = tls(server.tls, &ca, "POST", "/validate/resourceclaims", review).await;
     assert_eq!(status, 200, "{body}");

@@ -200,6 +200,7 @@ mod queue;
 #[cfg(test)]
 mod queue_tests;
 mod quotas;
+mod showback;
 #[cfg(test)]
 mod stamp_tests;
 mod usage;

@@ -132,6 +132,8 @@ pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, &'stat
 fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mix = state.placer.learned_mix();
     let (nodes, pods, quotas, fragmentation) = state.cache().read(|s| {
+        let now = std::time::Instant::now();
+        state.metrics.set_gpu_seconds(s.gpu_seconds(now));
         (
             s.node_count(),
             s.pod_count(),

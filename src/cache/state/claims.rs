@@ -409,11 +409,11 @@ impl ClusterState {
 
     pub(super) fn recharge_claim(&mut self, key: &PodKey) {
         let namespace = namespace_of(key);
-        let charge = self
-            .claims
-            .get(key)
-            .map(|c| self.claim_charge(namespace, c));
-        self.tally.set_charge(key, namespace, charge);
+        let claim = self.claims.get(key);
+        let charge = claim.map(|c| self.claim_charge(namespace, c));
+        // An allocated claim holds its devices, whichever pod uses them.
+        let bound = claim.is_some_and(|c| !c.allocated.is_empty());
+        self.tally.set_charge(key, namespace, charge, bound);
     }
 
     fn recharge_allocated(&mut self) {

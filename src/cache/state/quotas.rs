@@ -249,6 +249,15 @@ impl ClusterState {
         reported_usage(&self.usage(namespace), lists, listed)
     }
 
+    /// GPU-seconds that bound pods held, per namespace and model, up to `now`
+    /// (`gpu_admission_gpu_seconds_total`).
+    pub(crate) fn gpu_seconds(
+        &self,
+        now: std::time::Instant,
+    ) -> impl Iterator<Item = (&str, &str, f64)> {
+        self.tally.gpu_seconds(now)
+    }
+
     /// GPUs per model that the namespace's live pods are charged (kept up to date as
     /// pods, nodes and quotas change: one entry per model, not a walk over the pods).
     pub fn usage(&self, namespace: &str) -> ModelAmounts {

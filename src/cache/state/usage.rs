@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use foldhash::HashMap;
 
@@ -20,12 +21,17 @@ use crate::quota::NamespaceLimits;
 use crate::quota::{ModelAmounts, charge_on};
 
 use super::super::pod::{CachedPod, PodKey};
+use super::showback::Showback;
 
 /// What one pod adds to its namespace's usage, per quota key (a model, and a MIG
-/// profile's key for slices). The keys are those of the namespace's totals (shared, not
-/// copied).
+/// profile's key for slices), and whether it holds that on a node now (bound; a claim:
+/// allocated), which the showback meters count. The keys are those of the namespace's
+/// totals (shared, not copied).
 #[derive(Debug)]
-struct Charge(Vec<(Arc<str>, Milli)>);
+struct Charge {
+    amounts: Vec<(Arc<str>, Milli)>,
+    bound: bool,
+}
 
 /// One model's total in a namespace: exact (no saturation while adding and
 /// subtracting), and the number of pods in it, so the entry leaves with its last pod as
@@ -46,6 +52,8 @@ pub(super) struct Tally {
     mig: MigResources,
     /// Totals per namespace and model.
     totals: HashMap<Box<str>, BTreeMap<Arc<str>, Total>>,
+    /// GPU-seconds of bound pods per namespace and model.
+    showback: Showback,
 }
 
 static NO_LIMITS: NamespaceLimits = NamespaceLimits {
@@ -105,19 +113,26 @@ impl Tally {
         now: i64,
     ) {
         // A pod waiting in the quota queue is charged when it is let go, not before.
-        let now = pod
-            .filter(|pod| pod.charged_at(now) && !pod.gated)
-            .and_then(|pod| Some(charge_on(&pod.request, label?, &self.mig)));
-        self.set_charge(key, namespace, now);
+        let charged = pod.filter(|pod| pod.charged_at(now) && !pod.gated);
+        let bound = charged.is_some_and(|pod| pod.bound && pod.node.is_some());
+        let now = charged.and_then(|pod| Some(charge_on(&pod.request, label?, &self.mig)));
+        self.set_charge(key, namespace, now, bound);
     }
 
     /// Make `key` (a pod or claim of `namespace`) add `now` to the namespace's totals
-    /// (`None`: nothing).
-    pub(super) fn set_charge(&mut self, key: &PodKey, namespace: &str, now: Option<ModelAmounts>) {
+    /// (`None`: nothing); `bound`: it holds that on a node now.
+    pub(super) fn set_charge(
+        &mut self,
+        key: &PodKey,
+        namespace: &str,
+        now: Option<ModelAmounts>,
+        bound: bool,
+    ) {
         let unchanged = self.charged.get(&**key).is_some_and(|before| {
-            let before = before.0.iter().map(|(key, amount)| (&**key, amount));
-            now.as_ref()
-                .is_some_and(|now| before.eq(now.iter().map(|(k, a)| (k.as_str(), a))))
+            let amounts = before.amounts.iter().map(|(key, amount)| (&**key, amount));
+            now.as_ref().is_some_and(|now| {
+                before.bound == bound && amounts.eq(now.iter().map(|(k, a)| (k.as_str(), a)))
+            })
         });
         if unchanged {
             return;
@@ -138,7 +153,26 @@ impl Tally {
             total.pods += 1;
             charge.push((model, amount));
         }
-        self.charged.insert(key.clone(), Charge(charge));
+        if bound {
+            let held = charge.iter().map(|(model, amount)| (&**model, *amount));
+            self.showback.moved(namespace, held, true, Instant::now());
+        }
+        let charge = Charge {
+            amounts: charge,
+            bound,
+        };
+        self.charged.insert(key.clone(), charge);
+    }
+
+    /// What the showback meters say `namespace`'s bound pods hold now, per model.
+    #[cfg(test)]
+    pub(super) fn held(&self, namespace: &str) -> BTreeMap<String, u128> {
+        self.showback.held(namespace)
+    }
+
+    /// GPU-seconds that bound pods held, per namespace and model, up to `now`.
+    pub(super) fn gpu_seconds(&self, now: Instant) -> impl Iterator<Item = (&str, &str, f64)> {
+        self.showback.gpu_seconds(now)
     }
 
     /// Whether `key` adds anything to its namespace's totals.
@@ -151,10 +185,17 @@ impl Tally {
         let Some(before) = self.charged.remove(key) else {
             return;
         };
+        if before.bound {
+            let held = before
+                .amounts
+                .iter()
+                .map(|(model, amount)| (&**model, *amount));
+            self.showback.moved(namespace, held, false, Instant::now());
+        }
         let Some(models) = self.totals.get_mut(namespace) else {
             return;
         };
-        for (model, amount) in &before.0 {
+        for (model, amount) in &before.amounts {
             if let Some(total) = models.get_mut(model) {
                 total.milli = total.milli.saturating_sub(u128::from(amount.0));
                 total.pods = total.pods.saturating_sub(1);

@@ -49,6 +49,37 @@ fn recount(state: &ClusterState, namespace: &str) -> ModelAmounts {
     usage(namespace, pods)
 }
 
+/// What the namespace's bound pods hold, per model, counted one by one: what the
+/// showback meters must read after any sequence of changes.
+fn recount_held(state: &ClusterState, namespace: &str) -> std::collections::BTreeMap<String, u128> {
+    let limits = NamespaceLimits::of(state.quotas(), namespace);
+    let mut held = std::collections::BTreeMap::new();
+    let keys = state.by_namespace.get(namespace).into_iter().flatten();
+    let now = crate::quota::pending::now_second();
+    for pod in keys.filter_map(|key| state.pods.get(key)) {
+        if !(pod.bound && pod.node.is_some() && pod.charged_at(now) && !pod.gated) {
+            continue;
+        }
+        let wanted =
+            WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
+        let node_model = pod
+            .node
+            .as_deref()
+            .and_then(|n| state.node(n))
+            .and_then(|n| n.model.as_deref());
+        let pending = state.pending(&pod.request, pod.created, &limits);
+        let Some(label) = ChargedAt::of(wanted).label(node_model, pending) else {
+            continue;
+        };
+        for (model, amount) in charge_on(&pod.request, label, &MigResources::default()) {
+            if !model.contains('/') && amount.0 > 0 {
+                *held.entry(model).or_default() += u128::from(amount.0);
+            }
+        }
+    }
+    held
+}
+
 fn random_node(rng: &mut ChaCha8Rng) -> crate::placement::NodeGpus {
     let mut gpus = node(NODES.choose(rng).unwrap(), *[2, 4].choose(rng).unwrap(), 16);
     gpus.model = [None, Some("Tesla-T4"), Some("A100")]
@@ -206,6 +237,11 @@ fn kept_usage_is_a_recount_after_every_change() {
                     state.usage(namespace),
                     recount(&state, namespace),
                     "seed {seed}, step {i} ({what}), namespace {namespace}"
+                );
+                assert_eq!(
+                    state.tally.held(namespace),
+                    recount_held(&state, namespace),
+                    "showback, seed {seed}, step {i} ({what}), namespace {namespace}"
                 );
                 assert_eq!(
                     *state.namespace_limits(namespace),

@@ -46,7 +46,10 @@ impl DefragSummary {
             let values: Vec<f64> = runs.iter().map(|r| f(r) as f64).collect();
             mean_sd(&values).0
         };
-        let mut times: Vec<f64> = runs.iter().flat_map(|r| r.plan_ms.iter().copied()).collect();
+        let mut times: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.plan_ms.iter().copied())
+            .collect();
         times.sort_by(f64::total_cmp);
         DefragSummary {
             max_moves,
@@ -158,7 +161,11 @@ mod tests {
         assert_eq!(json["plan_ms_p99"], 40.0);
         assert_eq!(json["max_moves"], 2);
         assert_eq!(json["unplanned"]["no_destination"], 2.0);
-        assert!(summary.text().starts_with("defrag (at most 2 moves): 15.0 pods"));
+        assert!(
+            summary
+                .text()
+                .starts_with("defrag (at most 2 moves): 15.0 pods")
+        );
     }
 
     #[test]

@@ -380,9 +380,9 @@ fn summarise(report: &PolicyReport) -> Summary {
             .map(|values| mean_sd(&values)),
         failed: mean_sd(&of(&|r| r.failed as f64)).0,
         pods: mean_sd(&of(&|r| r.pods as f64)).0,
-        defrag: report.max_moves.map(|max_moves| {
-            DefragSummary::of(report.runs.iter().map(|r| &r.defrag), max_moves)
-        }),
+        defrag: report
+            .max_moves
+            .map(|max_moves| DefragSummary::of(report.runs.iter().map(|r| &r.defrag), max_moves)),
     }
 }
 
@@ -418,7 +418,10 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
                 String::new()
             };
             let compat = if args.gpu_manager_compat { "on" } else { "off" };
-            let defrag = s.defrag.as_ref().map_or(String::new(), |d| format!("; {}", d.text()));
+            let defrag = s
+                .defrag
+                .as_ref()
+                .map_or(String::new(), |d| format!("; {}", d.text()));
             format!(
                 "{policy} (gpu-manager compat {compat}{mix}; seeds {seeds:?}, inflate {inflate}): \
                  allocated {a:.2}% ± {sd:.2} at the end, {at} when arrived demand reached 100%; \

@@ -38,7 +38,9 @@ pub(super) fn write(path: &Path, reports: &[PolicyReport]) -> anyhow::Result<()>
         let Some(run) = report.runs.first() else {
             continue;
         };
-        let defrag = report.max_moves.map_or(String::new(), |k| format!(", defrag ≤ {k} moves"));
+        let defrag = report
+            .max_moves
+            .map_or(String::new(), |k| format!(", defrag ≤ {k} moves"));
         let label = format!("{}{defrag} ({:.2}%)", report.policy, run.allocated_pct());
         chart
             .draw_series(LineSeries::new(

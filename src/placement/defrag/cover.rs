@@ -123,7 +123,10 @@ impl Search<'_> {
                 let residents = candidate.residents();
                 covers.push(Cover {
                     node: target.node,
-                    core_moved: movers.iter().map(|&m| residents[m].request.core_units()).sum(),
+                    core_moved: movers
+                        .iter()
+                        .map(|&m| residents[m].request.core_units())
+                        .sum(),
                     movers: movers.clone(),
                 });
                 target.found.push(movers);
@@ -191,7 +194,12 @@ fn gpu_deficit(gpus: &NodeGpus, request: &GpuRequest) -> (u64, u64) {
         }
         Some(GpuDemand::Whole { gpus: want }) => {
             let missing = want.saturating_sub(gpus.free_whole_gpus()) as usize;
-            let mut busy: Vec<u32> = gpus.used.iter().map(|u| u.core).filter(|&c| c > 0).collect();
+            let mut busy: Vec<u32> = gpus
+                .used
+                .iter()
+                .map(|u| u.core)
+                .filter(|&c| c > 0)
+                .collect();
             busy.sort_unstable();
             (busy.iter().take(missing).map(|&c| u64::from(c)).sum(), 0)
         }
@@ -212,7 +220,12 @@ fn frees<K>(resident: &Resident<K>, memory_per_gpu: u32) -> Amounts {
         .fold((0, 0), |(c, m), (_, u)| {
             (c + u64::from(u.core), m + u64::from(u.memory))
         });
-    [core, memory, resident.host.cpu_milli, resident.host.memory_mib]
+    [
+        core,
+        memory,
+        resident.host.cpu_milli,
+        resident.host.memory_mib,
+    ]
 }
 
 /// Whether freeing `freed` helps with `deficit` (`misfit`: the pod's GPUs do not fit).
@@ -295,11 +308,7 @@ mod tests {
     #[test]
     fn sets_are_cut_by_what_the_largest_amounts_left_can_free() {
         // Need 90 cores: no single helper has them, pairs of 50 + 40 or more do.
-        let helpers = [
-            (0, [50, 0, 0, 0]),
-            (1, [40, 0, 0, 0]),
-            (2, [10, 0, 0, 0]),
-        ];
+        let helpers = [(0, [50, 0, 0, 0]), (1, [40, 0, 0, 0]), (2, [10, 0, 0, 0])];
         let deficit = [90, 0, 0, 0];
         let collect = |size| {
             let mut seen = Vec::new();

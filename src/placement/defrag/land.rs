@@ -60,7 +60,13 @@ impl Scratch {
     }
 
     /// Charge `node` with a pod's GPUs and host ask, copying it in if unchanged yet.
-    fn occupy<C: Ground>(&mut self, cluster: &[C], node: usize, assignment: &Assignment, host: &HostRoom) {
+    fn occupy<C: Ground>(
+        &mut self,
+        cluster: &[C],
+        node: usize,
+        assignment: &Assignment,
+        host: &HostRoom,
+    ) {
         let at = match self.nodes.iter().position(|(n, _, _)| *n == node) {
             Some(at) => at,
             None => {
@@ -222,7 +228,8 @@ impl<'c, C: Ground> Lander<'c, C> {
                 break;
             }
             let Ok((assignment, score)) =
-                self.placer.evaluate(gpus, &shape.request, room, &shape.host)
+                self.placer
+                    .evaluate(gpus, &shape.request, room, &shape.host)
             else {
                 continue;
             };
@@ -251,9 +258,14 @@ impl<'c, C: Ground> Lander<'c, C> {
 }
 
 /// Whether a pod of `shape` may go to a node with `gpus` and free `room`: its model,
-/// its pools, its CPU and memory.
+/// its pools, its CPU and memory, and as many free GPU cores in all as it needs (a
+/// cheap test that spares the budget the nodes of a full cluster).
 fn admits(shape: &Shape, gpus: &NodeGpus, room: Option<HostRoom>) -> bool {
-    shape.model.as_ref().is_none_or(|model| gpus.model == *model)
+    shape
+        .model
+        .as_ref()
+        .is_none_or(|model| gpus.model == *model)
+        && u64::from(gpus.total_free_core()) >= shape.request.core_units()
         && pool_admits(&shape.pools, gpus).is_ok()
         && host_admits(room, &shape.host).is_ok()
 }

@@ -297,7 +297,9 @@ impl Planner<'_> {
         let mix = self.mix();
         let mut best: Option<Plan<C::Pod>> = None;
         for cover in &covers {
-            let worse = best.as_ref().is_some_and(|b| cover.core_moved > b.core_moved);
+            let worse = best
+                .as_ref()
+                .is_some_and(|b| cover.core_moved > b.core_moved);
             if worse || !budget.spend() {
                 break;
             }
@@ -337,10 +339,7 @@ fn better<C: Ground>(a: &Plan<C::Pod>, b: &Plan<C::Pod>, cluster: &[C]) -> bool 
 /// vcuda-core free on every node of the GPU models of the nodes `allowed` lets the pod
 /// use. A move keeps a GPU pod on its model, so this total never grows: a pod that
 /// needs more can never fit.
-fn free_core<C: Ground>(
-    cluster: &[C],
-    allowed: &impl Fn(&NodeGpus) -> Result<(), Misfit>,
-) -> u64 {
+fn free_core<C: Ground>(cluster: &[C], allowed: &impl Fn(&NodeGpus) -> Result<(), Misfit>) -> u64 {
     let mut models: Vec<&Option<Arc<str>>> = Vec::new();
     for gpus in cluster.iter().map(Candidate::gpus) {
         if !models.contains(&&gpus.model) && allowed(gpus).is_ok() {
@@ -383,7 +382,10 @@ impl<K: Clone + PartialEq> Plan<K> {
             let from = cluster.get_mut(step.from).ok_or(Stale::NoNode(step.from))?;
             let mut moved = take(from, &step.pod).ok_or(Stale::PodGone(step.from))?;
             moved.assignment = step.assignment.clone();
-            put(cluster.get_mut(step.to).ok_or(Stale::NoNode(step.to))?, moved);
+            put(
+                cluster.get_mut(step.to).ok_or(Stale::NoNode(step.to))?,
+                moved,
+            );
         }
         pending.assignment = self.assignment.clone();
         put(

@@ -131,7 +131,10 @@ fn check(
         moved.assignment.vacate(&mut from.gpus);
         from.room = from.room.map(|r| r.plus(&moved.host));
         let to = &state[step.to];
-        assert!(fits_room(to, &moved.host), "{step:?} short of CPU or memory");
+        assert!(
+            fits_room(to, &moved.host),
+            "{step:?} short of CPU or memory"
+        );
         assert_eq!(fit(&to.gpus, &moved.request).as_ref(), Ok(&step.assignment));
         let mut landed = moved;
         landed.assignment = step.assignment.clone();
@@ -140,7 +143,10 @@ fn check(
     }
     let target = &state[plan.node];
     assert!(fits_room(target, &ask.host));
-    assert_eq!(fit(&target.gpus, ask.request).as_ref(), Ok(&plan.assignment));
+    assert_eq!(
+        fit(&target.gpus, ask.request).as_ref(),
+        Ok(&plan.assignment)
+    );
     let seated = Resident {
         pod: "pending".to_string(),
         request: ask.request.clone(),
@@ -159,7 +165,13 @@ fn placer(fgd: bool) -> Placer {
         return Placer::new(Policy::Binpack);
     }
     let shapes = [
-        (GpuShape::Share { core: 30, memory: 30 }, 2.0),
+        (
+            GpuShape::Share {
+                core: 30,
+                memory: 30,
+            },
+            2.0,
+        ),
         (GpuShape::Whole { gpus: 1 }, 1.0),
     ];
     let mix = TaskMix::weighted(shapes.map(|(s, w)| (TaskShape::gpu_only(s), w)));

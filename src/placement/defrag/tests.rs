@@ -61,7 +61,11 @@ fn moves(plan: &Plan<String>, cluster: &[Site]) -> Vec<String> {
 }
 
 fn gpus_of(assignment: &Assignment) -> Vec<u8> {
-    assignment.choices.iter().flat_map(|c| c.gpus.clone()).collect()
+    assignment
+        .choices
+        .iter()
+        .flat_map(|c| c.gpus.clone())
+        .collect()
 }
 
 /// Two 2-GPU nodes, one GPU busy on each: a 2-GPU pod fits nowhere.
@@ -95,13 +99,7 @@ fn a_pod_may_need_two_moves_and_gets_none_with_one() {
         v100("d", 2).with_priority("w", whole(1), 1_000, 5),
     ];
     let plan = plan(&cluster, &whole(2), 2).unwrap();
-    assert_eq!(
-        moves(&plan, &cluster),
-        [
-            "x: a -> c",
-            "y: a -> d"
-        ]
-    );
+    assert_eq!(moves(&plan, &cluster), ["x: a -> c", "y: a -> d"]);
     assert_eq!(plan.node, 0);
     assert_eq!(
         self::plan(&cluster, &whole(2), 1).unwrap_err(),
@@ -121,10 +119,7 @@ fn a_node_short_of_cpu_is_freed_by_moving_a_cpu_pod() {
     ];
     let limits = Limits::default();
     let plan = plan_with(&cluster, &whole(1), 8_000, limits, |_| true).unwrap();
-    assert_eq!(
-        moves(&plan, &cluster),
-        ["batch: a -> b"]
-    );
+    assert_eq!(moves(&plan, &cluster), ["batch: a -> b"]);
     assert_eq!((plan.node, plan.core_moved), (0, 0));
     // Not movable, the batch job leaves no plan: the GPUs alone do not help.
     let pinned = plan_with(&cluster, &whole(1), 8_000, limits, |r| r.pod != "batch");
@@ -237,7 +232,12 @@ fn applying_a_plan_moves_the_pods_and_seats_the_pending_one() {
         pools: Arc::from(Vec::new()),
     };
     plan.apply(&mut cluster, pending.clone()).unwrap();
-    let names = |s: &Site| s.residents.iter().map(|r| r.pod.clone()).collect::<Vec<_>>();
+    let names = |s: &Site| {
+        s.residents
+            .iter()
+            .map(|r| r.pod.clone())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(names(&cluster[0]), ["new"]);
     assert_eq!(names(&cluster[1]), ["y", "x"]);
     assert!(cluster.iter().all(|s| s.gpus.free_whole_gpus() == 0));

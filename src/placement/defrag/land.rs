@@ -222,6 +222,9 @@ impl<'c, C: Ground> Lander<'c, C> {
         for (node, candidate) in self.cluster.iter().enumerate() {
             let (gpus, room) = (candidate.gpus(), candidate.room());
             if !admits(shape, gpus, room) {
+                if !budget.glance() {
+                    break;
+                }
                 continue;
             }
             if !budget.spend() {

@@ -102,6 +102,22 @@ impl Placer {
         Ok(assignment)
     }
 
+    /// Fit `request` on `node` and score the placement, the node's free CPU and memory
+    /// (if tracked) going from `room` to `room` less `host`: one candidate as
+    /// [`place_with_host`] weighs it.
+    pub(super) fn evaluate(
+        &self,
+        node: &NodeGpus,
+        request: &GpuRequest,
+        room: Option<HostRoom>,
+        host: &HostRoom,
+    ) -> Result<(Assignment, [f64; 2]), Misfit> {
+        let room_after = room.map(|r| r.minus(host));
+        let assignment = self.assign(node, request, room_after.as_ref())?;
+        let score = self.score(node, &assignment, (room.as_ref(), room_after.as_ref()));
+        Ok((assignment, score))
+    }
+
     /// Score a feasible placement; lower is better, compared first by the first number.
     pub(super) fn score(
         &self,
@@ -248,18 +264,15 @@ pub(crate) fn place_with_host<'a, C: Candidate + 'a>(
     let mut misfits = Vec::new();
     for (index, candidate) in nodes.into_iter().enumerate() {
         let node = candidate.gpus();
-        let room = candidate.room();
-        let room_after = room.map(|r| r.minus(host));
-        let assigned =
-            allowed(candidate).and_then(|()| placer.assign(node, request, room_after.as_ref()));
-        let assignment = match assigned {
-            Ok(assignment) => assignment,
+        let evaluated = allowed(candidate)
+            .and_then(|()| placer.evaluate(node, request, candidate.room(), host));
+        let (assignment, score) = match evaluated {
+            Ok(evaluated) => evaluated,
             Err(misfit) => {
                 misfits.push((index, misfit));
                 continue;
             }
         };
-        let score = placer.score(node, &assignment, (room.as_ref(), room_after.as_ref()));
         let better = match &best {
             None => true,
             Some((_, held, _, held_score)) => match compare(&score, held_score) {

@@ -31,7 +31,7 @@ impl GpuDemand {
 }
 
 /// A GPU container: its index in `spec.containers` (gpu-manager's annotation key) and demand.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ContainerGpu {
     pub(crate) container: u16,
     pub demand: GpuDemand,
@@ -50,7 +50,7 @@ pub struct MigDemand {
 /// A pod's GPU request: the app containers that need GPUs, in order, the native
 /// sidecars' demands (held beside them for the pod's life), the regular init container
 /// that weighs most by the effective-request rule, and MIG slices by profile.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct GpuRequest {
     pub containers: Vec<ContainerGpu>,
     /// GPU demands of the native sidecars (init containers with `restartPolicy:

@@ -2,6 +2,7 @@
 //! through the extender's placement code and report how much GPU capacity each
 //! policy manages to allocate.
 
+mod defrag;
 mod plot;
 mod replay;
 mod tenancy;
@@ -17,7 +18,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use crate::placement::defrag::{DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits};
 use crate::placement::{DEFAULT_POLICY, Placer, Policy};
+use defrag::DefragSummary;
 use replay::{MixSource, RunResult, SimNode, SimPod};
 
 /// Flags of `simulate`.
@@ -49,6 +52,18 @@ pub struct SimulateArgs {
     /// Share-mode GPUs must be the ones gpu-manager picks (only the node is chosen).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     gpu_manager_compat: bool,
+    /// Run the defragmentation planner on every GPU pod that fits nowhere on arrival
+    /// and carry its plan out (moves of running pods, then the pod).
+    #[arg(long)]
+    defrag: bool,
+    /// `--defrag`: at most this many moves per plan; a list (`0,1,2,4`) runs and
+    /// reports each in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = [DEFAULT_MAX_MOVES])]
+    max_moves: Vec<usize>,
+    /// `--defrag`: the evaluations (candidate sets fitted, destinations scored) one
+    /// plan may spend.
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    defrag_budget: u64,
     /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -121,12 +136,15 @@ fn parse_seeds(text: &str) -> Result<Seeds, SeedsError> {
 #[derive(Debug, Clone)]
 struct PolicyReport {
     policy: Policy,
+    /// `--defrag`'s limit on moves, when on.
+    max_moves: Option<usize>,
     seeds: Vec<u64>,
     runs: Vec<RunResult>,
     seconds: f64,
 }
 
-/// Run `simulate`: print one report per policy on stdout.
+/// Run `simulate`: print one report per policy (and per `--max-moves` with
+/// `--defrag`) on stdout.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let nodes: Vec<SimNode> = trace::read_nodes(&args.nodes)?
         .iter()
@@ -147,9 +165,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         let placer = Placer::new(policy)
             .with_mix(mix.clone())
             .with_gpu_manager_compat(args.gpu_manager_compat);
-        let report = simulate_policy(&placer, &args, &nodes, &pods, &seeds);
-        println!("{}", render(&report, &args));
-        reports.push(report);
+        for defrag in defrag_limits(&args) {
+            let report = simulate_policy(&placer, &args, (&nodes, &pods), &seeds, defrag);
+            println!("{}", render(&report, &args));
+            reports.push(report);
+        }
     }
     if let Some(path) = &args.plot {
         plot::write(path, &reports)
@@ -245,12 +265,13 @@ fn span(seconds: u64) -> String {
     }
 }
 
+/// Every seed of one policy (with the planner when `defrag` says).
 fn simulate_policy(
     placer: &Placer,
     args: &SimulateArgs,
-    nodes: &[SimNode],
-    pods: &[SimPod],
+    (nodes, pods): (&[SimNode], &[SimPod]),
     seeds: &[u64],
+    defrag: Option<Limits>,
 ) -> PolicyReport {
     let progress = std::io::stderr().is_terminal();
     let capacity: u64 = nodes.iter().map(|n| n.gpus.gpu_count() as u64 * 1000).sum();
@@ -259,7 +280,7 @@ fn simulate_policy(
     let done = AtomicUsize::new(0);
     let run_seed = |seed: u64| {
         let order = workload::build(&demands, capacity, args.inflate, seed);
-        let result = replay::run(placer, args.mix, nodes, pods, &order);
+        let result = replay::run(placer, args.mix, nodes, pods, &order, defrag);
         let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
         if progress {
             eprint!("\r{} {finished}/{} seeds   ", placer.policy, seeds.len());
@@ -272,10 +293,24 @@ fn simulate_policy(
     }
     PolicyReport {
         policy: placer.policy,
+        max_moves: defrag.map(|limits| limits.max_moves),
         seeds: seeds.to_vec(),
         runs,
         seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// The runs to make for one policy: without the planner, or with `--defrag` one per
+/// `--max-moves`.
+fn defrag_limits(args: &SimulateArgs) -> Vec<Option<Limits>> {
+    if !args.defrag {
+        return vec![None];
+    }
+    let limits = |max_moves| Limits {
+        max_moves,
+        budget: args.defrag_budget,
+    };
+    args.max_moves.iter().map(|&k| Some(limits(k))).collect()
 }
 
 /// `work` over `seeds` on all cores, results in seed order. Runs are independent and
@@ -329,6 +364,8 @@ struct Summary {
     at_100: Option<(f64, f64)>,
     failed: f64,
     pods: f64,
+    /// With `--defrag`.
+    defrag: Option<DefragSummary>,
 }
 
 fn summarise(report: &PolicyReport) -> Summary {
@@ -343,6 +380,9 @@ fn summarise(report: &PolicyReport) -> Summary {
             .map(|values| mean_sd(&values)),
         failed: mean_sd(&of(&|r| r.failed as f64)).0,
         pods: mean_sd(&of(&|r| r.pods as f64)).0,
+        defrag: report
+            .max_moves
+            .map(|max_moves| DefragSummary::of(report.runs.iter().map(|r| &r.defrag), max_moves)),
     }
 }
 
@@ -366,6 +406,9 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
             if fgd {
                 object["mix"] = serde_json::json!(args.mix);
             }
+            if let Some(defrag) = &s.defrag {
+                defrag.add_to(&mut object);
+            }
             object.to_string()
         }
         Format::Text => {
@@ -375,10 +418,14 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
                 String::new()
             };
             let compat = if args.gpu_manager_compat { "on" } else { "off" };
+            let defrag = s
+                .defrag
+                .as_ref()
+                .map_or(String::new(), |d| format!("; {}", d.text()));
             format!(
                 "{policy} (gpu-manager compat {compat}{mix}; seeds {seeds:?}, inflate {inflate}): \
                  allocated {a:.2}% ± {sd:.2} at the end, {at} when arrived demand reached 100%; \
-                 failed pods {failed} of {pods}; {secs:.2} s ({per:.2} s per seed)",
+                 failed pods {failed} of {pods}; {secs:.2} s ({per:.2} s per seed){defrag}",
                 policy = report.policy,
                 seeds = report.seeds,
                 inflate = args.inflate,
@@ -439,9 +486,11 @@ mod tests {
             allocated_milli,
             allocated_pct_at_100: at_100,
             curve: Vec::new(),
+            defrag: Default::default(),
         };
         let report = PolicyReport {
             policy: Policy::Fgd,
+            max_moves: None,
             seeds: vec![42, 43],
             runs: vec![run(940, Some(90.0)), run(960, Some(92.0))],
             seconds: 1.0,

@@ -1,5 +1,5 @@
 //! The SVG of `--plot`: allocated GPU % against arrived GPU demand %, one curve per
-//! policy (its first seed).
+//! policy and `--max-moves` (its first seed).
 
 use std::path::Path;
 
@@ -38,7 +38,10 @@ pub(super) fn write(path: &Path, reports: &[PolicyReport]) -> anyhow::Result<()>
         let Some(run) = report.runs.first() else {
             continue;
         };
-        let label = format!("{} ({:.2}%)", report.policy, run.allocated_pct());
+        let defrag = report
+            .max_moves
+            .map_or(String::new(), |k| format!(", defrag ≤ {k} moves"));
+        let label = format!("{}{defrag} ({:.2}%)", report.policy, run.allocated_pct());
         chart
             .draw_series(LineSeries::new(
                 run.curve.iter().copied(),

@@ -2,12 +2,15 @@
 //! `place_with_host()`, CPU and memory checked by the `allowed` callback.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::placement::fit::Misfit;
+use crate::placement::defrag::{Ask, Ground, Limits, NodeParts, Planner, Resident, put};
+use crate::placement::fit::{Assignment, Misfit};
 use crate::placement::fragment::{GpuShape, HostRoom, RequestMix, TaskMix, TaskShape};
 use crate::placement::request::{CORE_PER_GPU, GpuDemand, GpuRequest};
 use crate::placement::{Candidate, GpuUse, NodeGpus, Placer, place_with_host};
 
+use super::defrag::DefragStats;
 use super::trace::{NodeRow, PodRow};
 
 /// vcuda-memory per GPU in the simulation: 100, so a share's memory equals its cores
@@ -73,11 +76,13 @@ fn gpu_request(row: &PodRow) -> GpuRequest {
     demand.map(GpuRequest::one).unwrap_or_default()
 }
 
-/// A node during the run: its GPUs and its free CPU and memory.
+/// A node during the run: its GPUs, its free CPU and memory and, in the placement
+/// protocol, the pods placed on it (by arrival step), which `--defrag` may move.
 #[derive(Debug, Clone)]
 pub(super) struct SimNode {
     pub(super) gpus: NodeGpus,
     pub(super) room: HostRoom,
+    pub(super) residents: Vec<Resident<usize>>,
 }
 
 impl SimNode {
@@ -96,18 +101,13 @@ impl SimNode {
                 cpu_milli: row.cpu_milli,
                 memory_mib: row.memory_mib,
             },
+            residents: Vec::new(),
         }
     }
 
     /// The scheduler's own filters: GPU model, CPU, memory.
     fn admits(&self, pod: &SimPod) -> Result<(), Misfit> {
-        let model = self.gpus.model.as_deref();
-        if !pod.models.is_empty() && !pod.models.iter().any(|m| Some(&**m) == model) {
-            return Err(Misfit::ModelNotWanted {
-                model: self.gpus.model.clone(),
-                wanted: pod.models.iter().map(|m| m.to_string()).collect(),
-            });
-        }
+        model_admits(&self.gpus, pod)?;
         self.host_admits(pod)
     }
 
@@ -144,12 +144,40 @@ impl SimNode {
     }
 }
 
+/// Whether `pod` accepts the GPU model of `gpus` (any, when it names none).
+fn model_admits(gpus: &NodeGpus, pod: &SimPod) -> Result<(), Misfit> {
+    let model = gpus.model.as_deref();
+    if !pod.models.is_empty() && !pod.models.iter().any(|m| Some(&**m) == model) {
+        return Err(Misfit::ModelNotWanted {
+            model: gpus.model.clone(),
+            wanted: pod.models.iter().map(|m| m.to_string()).collect(),
+        });
+    }
+    Ok(())
+}
+
 impl Candidate for SimNode {
     fn gpus(&self) -> &NodeGpus {
         &self.gpus
     }
     fn room(&self) -> Option<HostRoom> {
         Some(self.room)
+    }
+}
+
+impl Ground for SimNode {
+    type Pod = usize;
+
+    fn residents(&self) -> &[Resident<usize>] {
+        &self.residents
+    }
+
+    fn parts_mut(&mut self) -> NodeParts<'_, usize> {
+        NodeParts {
+            gpus: &mut self.gpus,
+            room: Some(&mut self.room),
+            residents: &mut self.residents,
+        }
     }
 }
 
@@ -164,6 +192,8 @@ pub(super) struct RunResult {
     pub(super) allocated_pct_at_100: Option<f64>,
     /// (arrived demand %, allocated %) after each GPU pod, thinned for plotting.
     pub(super) curve: Vec<(f64, f64)>,
+    /// What `--defrag`'s planner did (nothing without it).
+    pub(super) defrag: DefragStats,
 }
 
 impl RunResult {
@@ -184,13 +214,15 @@ fn percent(part: u64, whole: u64) -> f64 {
 /// before): the mix changes slowly, a snapshot is not free.
 const ONLINE_REFRESH: u64 = 64;
 
-/// Place `order` (indices into `pods`) on fresh `nodes`, one by one, never removing.
+/// Place `order` (indices into `pods`) on fresh `nodes`, one by one, never removing;
+/// with `defrag`, a GPU pod that fits nowhere is seated by a plan of moves if one exists.
 pub(super) fn run(
     placer: &Placer,
     mix: MixSource,
     nodes: &[SimNode],
     pods: &[SimPod],
     order: &[usize],
+    defrag: Option<Limits>,
 ) -> RunResult {
     let mut cluster = nodes.to_vec();
     let mut placer = placer.clone();
@@ -211,7 +243,12 @@ pub(super) fn run(
         if mix == MixSource::Online {
             learn(&mut placer, &learnt, pod);
         }
-        if place_one(&placer, &mut cluster, pod) {
+        let plan_for = defrag.filter(|_| pod.request.has_gpu_demand());
+        let seated = place_one(&placer, &mut cluster, pod, step)
+            || plan_for.is_some_and(|limits| {
+                seat_by_plan(&placer, limits, &mut cluster, pod, step, &mut result.defrag)
+            });
+        if seated {
             result.allocated_milli += pod.demand_milli;
         } else {
             result.failed += 1;
@@ -229,18 +266,29 @@ pub(super) fn run(
     result
 }
 
-/// Place `pod` and charge the node it gets; false if no node can take it.
-fn place_one(placer: &Placer, cluster: &mut [SimNode], pod: &SimPod) -> bool {
+/// Place `pod` (arrival `step`) and charge the node it gets; false if no node can take it.
+fn place_one(placer: &Placer, cluster: &mut [SimNode], pod: &SimPod, step: usize) -> bool {
     let outcome = place_with_host(placer, &pod.request, &pod.host, &*cluster, |n| {
         n.admits(pod)
     });
     let Some((chosen, assignment)) = outcome.chosen else {
         return false;
     };
-    let node = &mut cluster[chosen];
-    assignment.occupy(&mut node.gpus);
-    node.room = node.room.minus(&pod.host);
+    put(&mut cluster[chosen], resident(pod, step, assignment));
     true
+}
+
+/// `pod` (arrival `step`) running on the GPUs `assignment` names. The trace has no
+/// priorities or pools: every pod has priority 0 and may go to any pool.
+fn resident(pod: &SimPod, step: usize, assignment: Assignment) -> Resident<usize> {
+    Resident {
+        pod: step,
+        request: pod.request.clone(),
+        host: pod.host,
+        assignment,
+        priority: 0,
+        pools: Arc::from(Vec::new()),
+    }
 }
 
 /// Online mode: the pod is seen (as the extender sees it when asked to filter it)
@@ -257,4 +305,86 @@ fn learn(placer: &mut Placer, learnt: &RequestMix, pod: &SimPod) {
 /// The mix FGD knows in advance: the trace's own GPU pods.
 pub(super) fn known_mix(pods: &[SimPod]) -> TaskMix {
     TaskMix::from_shapes(pods.iter().filter_map(|p| p.shape.clone()))
+}
+
+/// `--defrag`: seat `pod` (arrival `step`), which fits on no node as the cluster is,
+/// by the planner's plan, carried out here (the moves in order, then the pod); false
+/// if there is none. The trace has no priorities and no opt-in: every pod may move.
+fn seat_by_plan(
+    placer: &Placer,
+    limits: Limits,
+    cluster: &mut [SimNode],
+    pod: &SimPod,
+    step: usize,
+    stats: &mut DefragStats,
+) -> bool {
+    let planner = Planner { placer, limits };
+    let ask = Ask {
+        request: &pod.request,
+        host: pod.host,
+        priority: 0,
+    };
+    let started = Instant::now();
+    let plan = planner.plan(&*cluster, &ask, |gpus| model_admits(gpus, pod), |_| true);
+    stats.plan_ms.push(started.elapsed().as_secs_f64() * 1e3);
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(why) => {
+            *stats.unplanned.entry(why.kind()).or_default() += 1;
+            return false;
+        }
+    };
+    // The plan was made for this very cluster, so carrying it out cannot go stale.
+    let seated = plan
+        .apply(cluster, resident(pod, step, Assignment::default()))
+        .is_ok();
+    stats.moves += plan.moves.len();
+    stats.seated += usize::from(seated);
+    seated
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::Policy;
+
+    fn node(name: &str, cpu_milli: u64) -> SimNode {
+        SimNode::of(&NodeRow {
+            name: name.into(),
+            cpu_milli,
+            memory_mib: 262_144,
+            gpus: 2,
+            model: "T4".into(),
+        })
+    }
+
+    fn pod(cpu_milli: u64, num_gpu: u32) -> SimPod {
+        SimPod::of(&PodRow {
+            name: "p".into(),
+            cpu_milli,
+            memory_mib: 1_024,
+            num_gpu,
+            gpu_milli: if num_gpu == 0 { 0 } else { 1000 },
+            models: Vec::new(),
+            life: None,
+        })
+    }
+
+    /// A batch job takes n0's CPU; the first 2-GPU pod goes to n1, the second finds
+    /// n0's GPUs free but no CPU there, until `--defrag` moves the batch job to n1.
+    #[test]
+    fn defrag_seats_a_pod_by_moving_a_cpu_pod_off_its_node() {
+        let nodes = [node("n0", 32_000), node("n1", 64_000)];
+        let pods = [pod(30_000, 0), pod(4_000, 2)];
+        let order = [0, 1, 1];
+        let placer = Placer::new(Policy::Binpack);
+        let plain = run(&placer, MixSource::Known, &nodes, &pods, &order, None);
+        assert_eq!((plain.failed, plain.allocated_milli), (1, 2000));
+        assert!(plain.defrag.plan_ms.is_empty());
+        let limits = Some(Limits::default());
+        let moved = run(&placer, MixSource::Known, &nodes, &pods, &order, limits);
+        assert_eq!((moved.failed, moved.allocated_milli), (0, 4000));
+        assert_eq!((moved.defrag.seated, moved.defrag.moves), (1, 1));
+        assert_eq!(moved.defrag.plan_ms.len(), 1);
+    }
 }

@@ -1,0 +1,246 @@
+//! The planner on small clusters an operator would recognise.
+#![allow(clippy::unwrap_used)]
+
+use super::testing::{Site, cpu_only, share, site, whole};
+use super::*;
+use crate::placement::policy::DEFAULT_POLICY;
+
+const GB: u64 = 1024;
+
+/// How a test asks: at most `max_moves`, a generous budget, V100 nodes only, every pod
+/// movable, the pending pod at priority 0.
+fn plan_with(
+    cluster: &[Site],
+    request: &GpuRequest,
+    cpu: u64,
+    limits: Limits,
+    movable: impl Fn(&Resident<String>) -> bool,
+) -> Result<Plan<String>, NoPlan> {
+    let placer = Placer::new(DEFAULT_POLICY);
+    let planner = Planner {
+        placer: &placer,
+        limits,
+    };
+    let ask = Ask {
+        request,
+        host: HostRoom {
+            cpu_milli: cpu,
+            memory_mib: 0,
+        },
+        priority: 0,
+    };
+    let v100 = |gpus: &NodeGpus| match gpus.model.as_deref() {
+        Some("V100") => Ok(()),
+        _ => Err(Misfit::ModelNotWanted {
+            model: gpus.model.clone(),
+            wanted: vec!["V100".to_string()].into(),
+        }),
+    };
+    planner.plan(cluster, &ask, v100, movable)
+}
+
+fn plan(cluster: &[Site], request: &GpuRequest, max_moves: usize) -> Result<Plan<String>, NoPlan> {
+    let limits = Limits {
+        max_moves,
+        ..Limits::default()
+    };
+    plan_with(cluster, request, 1_000, limits, |_| true)
+}
+
+fn v100(name: &str, gpus: usize) -> Site {
+    site(name, "V100", gpus, 32_000, 256 * GB)
+}
+
+/// Each move as "pod: from -> to", by node name.
+fn moves(plan: &Plan<String>, cluster: &[Site]) -> Vec<String> {
+    let name = |i: usize| &cluster[i].gpus.name;
+    let steps = plan.moves.iter();
+    steps
+        .map(|m| format!("{}: {} -> {}", m.pod, name(m.from), name(m.to)))
+        .collect()
+}
+
+fn gpus_of(assignment: &Assignment) -> Vec<u8> {
+    assignment
+        .choices
+        .iter()
+        .flat_map(|c| c.gpus.clone())
+        .collect()
+}
+
+/// Two 2-GPU nodes, one GPU busy on each: a 2-GPU pod fits nowhere.
+fn half_busy() -> Vec<Site> {
+    vec![
+        v100("a", 2).with("x", whole(1), 1_000),
+        v100("b", 2).with("y", whole(1), 1_000),
+    ]
+}
+
+#[test]
+fn a_pod_that_fits_nowhere_fits_after_one_move() {
+    let cluster = half_busy();
+    let plan = plan(&cluster, &whole(2), 2).unwrap();
+    // Either move works and changes the same; the tie goes to the target's name.
+    assert_eq!(moves(&plan, &cluster), ["x: a -> b"]);
+    assert_eq!(gpus_of(&plan.moves[0].assignment), [1]);
+    assert_eq!((plan.node, gpus_of(&plan.assignment)), (0, vec![0, 1]));
+    assert_eq!(plan.core_moved, 100);
+}
+
+#[test]
+fn a_pod_may_need_two_moves_and_gets_none_with_one() {
+    // a's two GPUs are held by two movable pods; c and d have one free GPU each next
+    // to a pod of higher priority. Emptying a takes both moves.
+    let cluster = vec![
+        v100("a", 2)
+            .with("x", whole(1), 1_000)
+            .with("y", whole(1), 1_000),
+        v100("c", 2).with_priority("z", whole(1), 1_000, 5),
+        v100("d", 2).with_priority("w", whole(1), 1_000, 5),
+    ];
+    let plan = plan(&cluster, &whole(2), 2).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["x: a -> c", "y: a -> d"]);
+    assert_eq!(plan.node, 0);
+    assert_eq!(
+        self::plan(&cluster, &whole(2), 1).unwrap_err(),
+        NoPlan::TooManyMoves { max_moves: 1 }
+    );
+}
+
+#[test]
+fn a_node_short_of_cpu_is_freed_by_moving_a_cpu_pod() {
+    // a has both GPUs free but a batch job holds 28 of its 32 cores; b has CPU to
+    // spare and no free GPU. Moving the GPU share off a would free nothing it lacks.
+    let cluster = vec![
+        v100("a", 2)
+            .with("batch", cpu_only(), 28_000)
+            .with("share", share(20), 0),
+        site("b", "V100", 1, 64_000, 256 * GB).with_priority("t", whole(1), 1_000, 5),
+    ];
+    let limits = Limits::default();
+    let plan = plan_with(&cluster, &whole(1), 8_000, limits, |_| true).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["batch: a -> b"]);
+    assert_eq!((plan.node, plan.core_moved), (0, 0));
+    // Not movable, the batch job leaves no plan: the GPUs alone do not help.
+    let pinned = plan_with(&cluster, &whole(1), 8_000, limits, |r| r.pod != "batch");
+    assert_eq!(pinned.unwrap_err(), NoPlan::NoNode);
+}
+
+#[test]
+fn a_pod_that_may_not_move_is_never_chosen() {
+    let cluster = half_busy();
+    let limits = Limits::default();
+    let plan = plan_with(&cluster, &whole(2), 1_000, limits, |r| r.pod != "x").unwrap();
+    assert_eq!(moves(&plan, &cluster), ["y: b -> a"]);
+    assert_eq!(plan.node, 1);
+}
+
+#[test]
+fn a_pod_of_higher_priority_is_never_moved() {
+    let cluster = vec![
+        v100("a", 2).with_priority("x", whole(1), 1_000, 1),
+        v100("b", 2).with("y", whole(1), 1_000),
+    ];
+    let plan = plan(&cluster, &whole(2), 2).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["y: b -> a"]);
+    let both = vec![
+        v100("a", 2).with_priority("x", whole(1), 1_000, 1),
+        v100("b", 2).with_priority("y", whole(1), 1_000, 1),
+    ];
+    assert_eq!(self::plan(&both, &whole(2), 2).unwrap_err(), NoPlan::NoNode);
+}
+
+#[test]
+fn a_moved_pod_keeps_its_model() {
+    // x could go to the idle T4 node, but it runs on a V100 and is charged for one;
+    // the V100s' other free capacity is in shares too small for it.
+    let mut cluster = vec![
+        v100("a", 2).with("x", whole(1), 1_000),
+        site("b", "T4", 2, 32_000, 256 * GB),
+        v100("c", 1).with_priority("y", whole(1), 1_000, 5),
+    ];
+    // Only one V100 GPU is free in all: no move can make room for two.
+    assert_eq!(
+        plan(&cluster, &whole(2), 2).unwrap_err(),
+        NoPlan::TooLittleFree {
+            need: 200,
+            free: 100
+        }
+    );
+    let mut shared = v100("e", 3);
+    for s in ["s1", "s2", "s3"] {
+        shared = shared.with_priority(s, share(60), 0, 5);
+    }
+    cluster.push(shared);
+    assert_eq!(
+        plan(&cluster, &whole(2), 2).unwrap_err(),
+        NoPlan::NoDestination { max_moves: 2 }
+    );
+    cluster.push(v100("d", 1));
+    let plan = plan(&cluster, &whole(2), 2).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["x: a -> d"]);
+}
+
+#[test]
+fn the_fewest_gpus_are_moved() {
+    // Room for an 80% share on a (move x, half a GPU) or on b (move y, 30%).
+    let cluster = vec![
+        v100("a", 1).with("x", share(50), 0),
+        v100("b", 1).with("y", share(30), 0),
+        v100("d", 1).with_priority("z", share(40), 0, 5),
+    ];
+    let plan = plan(&cluster, &share(80), 2).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["y: b -> a"]);
+    assert_eq!((plan.node, plan.core_moved), (1, 30));
+}
+
+#[test]
+fn a_spent_budget_is_an_answer_not_a_hang() {
+    let cluster: Vec<Site> = (0..40)
+        .map(|i| v100(&format!("n{i:02}"), 2).with(&format!("p{i}"), whole(1), 1_000))
+        .collect();
+    let tight = Limits {
+        max_moves: 2,
+        budget: 3,
+    };
+    let spent = plan_with(&cluster, &whole(2), 1_000, tight, |_| true);
+    assert_eq!(spent.unwrap_err(), NoPlan::BudgetSpent { budget: 3 });
+    assert_eq!(plan(&cluster, &whole(2), 2).unwrap().moves.len(), 1);
+}
+
+#[test]
+fn no_moves_are_made_with_a_limit_of_zero() {
+    assert_eq!(
+        plan(&half_busy(), &whole(2), 0).unwrap_err(),
+        NoPlan::TooManyMoves { max_moves: 0 }
+    );
+    // A pod that fits as the cluster is gets a plan without moves, whatever the limit.
+    let plan = plan(&half_busy(), &whole(1), 0).unwrap();
+    assert!(plan.moves.is_empty());
+}
+
+#[test]
+fn applying_a_plan_moves_the_pods_and_seats_the_pending_one() {
+    let mut cluster = half_busy();
+    let plan = plan(&cluster, &whole(2), 2).unwrap();
+    let pending = Resident {
+        pod: "new".to_string(),
+        request: whole(2),
+        host: HostRoom::default(),
+        assignment: Assignment::default(),
+        priority: 0,
+        pools: Arc::from(Vec::new()),
+    };
+    plan.apply(&mut cluster, pending.clone()).unwrap();
+    let names = |s: &Site| {
+        s.residents
+            .iter()
+            .map(|r| r.pod.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&cluster[0]), ["new"]);
+    assert_eq!(names(&cluster[1]), ["y", "x"]);
+    assert!(cluster.iter().all(|s| s.gpus.free_whole_gpus() == 0));
+    // The same plan again finds x gone from a.
+    assert_eq!(plan.apply(&mut cluster, pending), Err(Stale::PodGone(0)));
+}

@@ -53,20 +53,20 @@ pub(crate) struct ExceededLabels {
     pub(crate) action: &'static str,
 }
 
-/// A namespace with pods in the quota queue and the model they wait for.
+/// A namespace and a GPU model: the quota queue's waits, and GPU-seconds (showback).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueLabels {
+pub struct NamespaceModelLabels {
     pub(crate) namespace: String,
     pub(crate) model: String,
 }
 
 /// How long pods waited in the quota queue: `gpu_admission_quota_queue_wait_seconds`.
-pub(crate) type WaitHistogram = Family<QueueLabels, Histogram, fn() -> Histogram>;
+pub(crate) type WaitHistogram = Family<NamespaceModelLabels, Histogram, fn() -> Histogram>;
 
 type QuotaGauge = Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
 /// GPU-seconds per namespace and model: `gpu_admission_gpu_seconds_total`.
-type ShowbackCounter = Family<QueueLabels, Counter<f64, std::sync::atomic::AtomicU64>>;
+type ShowbackCounter = Family<NamespaceModelLabels, Counter<f64, std::sync::atomic::AtomicU64>>;
 
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
@@ -237,16 +237,10 @@ impl Metrics {
 
     /// Bring `gpu_seconds_total` up to the cache's meters: `(namespace, model, seconds)`,
     /// each never less than it read before.
-    pub(crate) fn set_gpu_seconds<'a>(
-        &self,
-        meters: impl IntoIterator<Item = (&'a str, &'a str, f64)>,
-    ) {
+    pub(crate) fn set_gpu_seconds(&self, meters: Vec<(String, String, f64)>) {
         let _one_scrape = self.showback_scrape.lock();
         for (namespace, model, seconds) in meters {
-            let labels = QueueLabels {
-                namespace: namespace.to_string(),
-                model: model.to_string(),
-            };
+            let labels = NamespaceModelLabels { namespace, model };
             let counter = self.gpu_seconds.get_or_create(&labels);
             let gained = seconds - counter.get();
             if gained > 0.0 {

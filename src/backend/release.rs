@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::cache::pod::{is_gated, key_parts};
-use crate::metrics::{QueueLabels, WaitHistogram};
+use crate::metrics::{NamespaceModelLabels, WaitHistogram};
 use crate::quota::pending::{ChargeId, CreatedSecond, format_second, now_second};
 use crate::quota::queue::{
     QUOTA_GATE, QueueRules, RELEASED_ANNOTATION, Turn, WaitReason, Waiting, plan,
@@ -265,7 +265,7 @@ impl Releaser {
             Ok(true) => {
                 self.recent.lock().note(pod.key.clone(), Instant::now());
                 let model = pod.wanted.models.first().cloned().unwrap_or_default();
-                let labels = QueueLabels {
+                let labels = NamespaceModelLabels {
                     namespace: namespace.to_string(),
                     model,
                 };

@@ -131,16 +131,21 @@ pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, &'stat
 
 fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mix = state.placer.learned_mix();
-    let (nodes, pods, quotas, fragmentation) = state.cache().read(|s| {
+    let (nodes, pods, quotas, fragmentation, gpu_seconds) = state.cache().read(|s| {
         let now = std::time::Instant::now();
-        state.metrics.set_gpu_seconds(s.gpu_seconds(now));
+        let meters = s.gpu_seconds(now);
+        let gpu_seconds: Vec<_> = meters
+            .map(|(n, m, secs)| (n.to_string(), m.to_string(), secs))
+            .collect();
         (
             s.node_count(),
             s.pod_count(),
             quota_rows(s),
             mix.cluster_fragmentation(s.nodes()),
+            gpu_seconds,
         )
     });
+    state.metrics.set_gpu_seconds(gpu_seconds);
     state.metrics.gpu_fragmentation.set(fragmentation);
     let m = &state.metrics;
     for family in [

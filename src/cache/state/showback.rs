@@ -44,12 +44,12 @@ impl Meter {
     }
 }
 
-/// The meters, by (namespace, model). A meter stays when its last pod leaves: its
+/// The meters, by namespace, then model. A meter stays when its last pod leaves: its
 /// GPU-seconds are a counter and never go back. What each pod holds is kept by the
 /// tally beside its charge (`usage.rs`), which moves the meters as it changes.
 #[derive(Debug, Default)]
 pub(super) struct Showback {
-    meters: BTreeMap<(Box<str>, Box<str>), Meter>,
+    meters: BTreeMap<Box<str>, BTreeMap<Box<str>, Meter>>,
 }
 
 impl Showback {
@@ -67,8 +67,22 @@ impl Showback {
             if model.contains('/') || amount.0 == 0 {
                 continue;
             }
-            let key = (namespace.into(), model.into());
-            let meter = self.meters.entry(key).or_insert_with(|| Meter::new(now));
+            // Looked up by reference: a key is allocated once, when its meter is made.
+            if !self
+                .meters
+                .get(namespace)
+                .is_some_and(|m| m.contains_key(model))
+            {
+                let models = self.meters.entry(namespace.into()).or_default();
+                models.insert(model.into(), Meter::new(now));
+            }
+            let Some(meter) = self
+                .meters
+                .get_mut(namespace)
+                .and_then(|m| m.get_mut(model))
+            else {
+                continue;
+            };
             let milli = match add {
                 true => meter.milli + u128::from(amount.0),
                 false => meter.milli.saturating_sub(u128::from(amount.0)),
@@ -80,18 +94,18 @@ impl Showback {
     /// The thousandths of a GPU each model's bound pods in `namespace` hold now.
     #[cfg(test)]
     pub(super) fn held(&self, namespace: &str) -> BTreeMap<String, u128> {
-        let meters = self
-            .meters
-            .iter()
-            .filter(|((n, _), m)| &**n == namespace && m.milli > 0);
-        meters
-            .map(|((_, model), m)| (model.to_string(), m.milli))
+        let meters = self.meters.get(namespace).into_iter().flatten();
+        let held = meters.filter(|(_, m)| m.milli > 0);
+        held.map(|(model, m)| (model.to_string(), m.milli))
             .collect()
     }
 
     /// GPU-seconds per (namespace, model) up to `now`.
     pub(super) fn gpu_seconds(&self, now: Instant) -> impl Iterator<Item = (&str, &str, f64)> {
-        self.meters.iter().map(move |((namespace, model), meter)| {
+        let meters = self.meters.iter();
+        let meters =
+            meters.flat_map(|(namespace, models)| models.iter().map(move |m| (namespace, m)));
+        meters.map(move |(namespace, (model, meter))| {
             // milli-GPU × ns → GPU × s.
             let seconds = meter.at(now) as f64 / 1e12;
             (&**namespace, &**model, seconds)

@@ -23,6 +23,12 @@ const NAMESPACES: [&str; 3] = ["team-a", "team-b", "team-c"];
 const NODES: [&str; 4] = ["n0", "n1", "n2", "n3"];
 const MODELS: [&str; 2] = ["Tesla-T4", "A100"];
 
+/// The model of the node `pod` is on, as the state knows it.
+fn node_model_of<'a>(state: &'a ClusterState, pod: &CachedPod) -> Option<&'a str> {
+    let node = state.node(pod.node.as_deref()?)?;
+    node.model.as_deref()
+}
+
 /// Usage counted from the namespace's pods, one by one: what `ClusterState::usage`
 /// computed on every call before it kept totals.
 fn recount(state: &ClusterState, namespace: &str) -> ModelAmounts {
@@ -31,11 +37,7 @@ fn recount(state: &ClusterState, namespace: &str) -> ModelAmounts {
     let pods = keys.filter_map(|key| state.pods.get(key)).map(|pod| {
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        let node_model = pod
-            .node
-            .as_deref()
-            .and_then(|n| state.node(n))
-            .and_then(|n| n.model.as_deref());
+        let node_model = node_model_of(state, pod);
         let mig = MigResources::default();
         PodCharge {
             namespace,
@@ -62,11 +64,7 @@ fn recount_held(state: &ClusterState, namespace: &str) -> std::collections::BTre
         }
         let wanted =
             WantedModels::resolve(&pod.models, limits.default_type.as_ref(), &limits.models);
-        let node_model = pod
-            .node
-            .as_deref()
-            .and_then(|n| state.node(n))
-            .and_then(|n| n.model.as_deref());
+        let node_model = node_model_of(state, pod);
         let pending = state.pending(&pod.request, pod.created, &limits);
         let Some(label) = ChargedAt::of(wanted).label(node_model, pending) else {
             continue;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::placement::fit::fit;
 use crate::placement::fragment::HostRoom;
-use crate::placement::node::{GpuUse, NodeGpus};
+use crate::placement::node::NodeGpus;
 use crate::placement::policy::Candidate;
 use crate::placement::request::{GpuDemand, GpuRequest};
 
@@ -50,16 +50,10 @@ impl Ground for Site {
 
 /// A node `name` of `model` with `gpus` idle GPUs, `cpu` milli-CPU and `memory` MiB free.
 pub(super) fn site(name: &str, model: &str, gpus: usize, cpu: u64, memory: u64) -> Site {
+    let mut gpus = crate::placement::testing::node(name, gpus, MEMORY);
+    gpus.model = Some(model.into());
     Site {
-        gpus: NodeGpus {
-            name: name.into(),
-            model: Some(model.into()),
-            pool: None,
-            memory_per_gpu: MEMORY,
-            used: vec![GpuUse::default(); gpus],
-            mig_slices: Vec::new(),
-            created: 0,
-        },
+        gpus,
         room: Some(HostRoom {
             cpu_milli: cpu,
             memory_mib: memory,

@@ -12,10 +12,12 @@
 //! timeout) and are left alone.
 
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use axum::body::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -122,6 +124,29 @@ where
             Ok(answer.map(|body| bounded(body).boxed_unsync()))
         })
     }
+}
+
+/// A kube client from `--kubeconfig` (or the usual inference) and an optional `--master`.
+pub async fn kube_client(
+    kubeconfig: Option<&Path>,
+    master: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig found and not running in a cluster")?,
+    };
+    if let Some(master) = master {
+        config.cluster_url = master
+            .parse()
+            .with_context(|| format!("--master {master:?} is not a URL"))?;
+    }
+    Ok(client(config, REQUEST_DEADLINE)?)
 }
 
 #[cfg(test)]

@@ -29,6 +29,9 @@ pub enum Command {
     /// GPUQuota tools.
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// For each pending GPU pod, the fewest moves of running pods after which it fits
+    /// (or why there are none). Reads the cluster; never evicts.
+    Defrag(crate::defrag::DefragArgs),
     /// Replay a GPU cluster trace (openb format) through the placement policies.
     Simulate(crate::simulate::SimulateArgs),
     /// Print the version.

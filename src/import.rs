@@ -26,7 +26,7 @@ pub async fn run(args: QuotaImportArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let client = crate::serve::kube_client(args.kubeconfig.as_deref(), None).await?;
+    let client = crate::api_client::kube_client(args.kubeconfig.as_deref(), None).await?;
     for quota in &quotas {
         let namespace = quota.metadata.namespace.clone().unwrap_or_default();
         let name = quota.metadata.name.clone().unwrap_or_default();
@@ -47,7 +47,7 @@ async fn read_configmap(args: &QuotaImportArgs, reference: &str) -> anyhow::Resu
     let Some((namespace, name)) = reference.split_once('/') else {
         bail!("--configmap {reference:?}: expected NAMESPACE/NAME");
     };
-    let client = crate::serve::kube_client(args.kubeconfig.as_deref(), None).await?;
+    let client = crate::api_client::kube_client(args.kubeconfig.as_deref(), None).await?;
     let configmap = Api::<ConfigMap>::namespaced(client, namespace)
         .get(name)
         .await

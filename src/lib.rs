@@ -15,6 +15,7 @@ pub mod cache;
 pub mod certs;
 pub mod cli;
 pub mod config;
+pub mod defrag;
 pub mod dra;
 pub(crate) mod extender;
 pub mod import;

@@ -31,6 +31,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(import::run(args))
         }
         Command::Simulate(args) => gpu_admission::simulate::run(args),
+        Command::Defrag(args) => gpu_admission::defrag::run(args),
         Command::Version => {
             println!("gpu-admission {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -27,6 +27,9 @@ use crate::server::{
     AppState, admin::admin_router, extender_router, insecure_extender_router, webhook_router,
 };
 
+/// For the binary's `certs --install`.
+pub use crate::api_client::kube_client;
+
 const DEV_CERT_DIR: &str = "webhook-certs";
 /// Connection cap of the admin listener (probes and metrics scrapes).
 const ADMIN_CONNECTIONS: usize = 64;
@@ -63,7 +66,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let backend = match &cluster {
         Some(path) => Backend::from_file(path, projection)?,
         None => {
-            let client = kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
+            let client =
+                crate::api_client::kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
             let (backend, run) = Backend::from_api(client, projection, shutdown.clone());
             tokio::spawn(run.instrument(tracing::info_span!("cluster_cache")));
             backend
@@ -238,32 +242,6 @@ async fn bind(address: std::net::SocketAddr, flag: &str) -> anyhow::Result<TcpLi
         socket.listen(LISTEN_BACKLOG)
     };
     listen().with_context(|| format!("{flag} {address}: cannot listen"))
-}
-
-/// A kube client from `--kubeconfig` (or the usual inference) and an optional `--master`.
-pub async fn kube_client(
-    kubeconfig: Option<&Path>,
-    master: Option<&str>,
-) -> anyhow::Result<kube::Client> {
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &Default::default()).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig found and not running in a cluster")?,
-    };
-    if let Some(master) = master {
-        config.cluster_url = master
-            .parse()
-            .with_context(|| format!("--master {master:?} is not a URL"))?;
-    }
-    Ok(crate::api_client::client(
-        config,
-        crate::api_client::REQUEST_DEADLINE,
-    )?)
 }
 
 async fn watch_certificates(

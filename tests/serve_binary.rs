@@ -390,6 +390,41 @@ fn startup_errors_name_the_problem() {
     assert!(err.contains("bad.yaml, document 1"), "{err}");
 }
 
+/// `defrag` on the bundled fragmented cluster: the one pod that may move is moved,
+/// printed as JSON a tool can read and as text; a broken file names its document.
+#[test]
+fn defrag_prints_the_plan_for_the_bundled_fragmented_cluster() {
+    let cluster = example("fragmented.yaml");
+    let run = |args: &[&str]| Command::new(BIN).arg("defrag").args(args).output().unwrap();
+    let out = run(&["--cluster", &cluster, "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &report["plans"][0];
+    assert_eq!(plan["pod"], "team-a/train-0");
+    assert_eq!(plan["node"], "t4-a");
+    let moves = plan["moves"].as_array().unwrap();
+    assert_eq!(moves.len(), 1, "{report}");
+    assert_eq!(moves[0]["pod"], "team-b/infer-a-7f9-x2");
+    assert_eq!(report["unplanned"][0]["pod"], "team-a/train-big");
+
+    let out = run(&["--cluster", &cluster, "--pod", "team-a/train-0"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("team-a/train-0: fits on t4-a"), "{text}");
+    assert!(!text.contains("train-big"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "kind: Node\nmetadata: {name: n}\n---\nkind: Pod\nspec: 7\n",
+    )
+    .unwrap();
+    let out = run(&["--cluster", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("document 2"), "{err}");
+}
+
 /// Kibibytes of a `/proc/<pid>/status` field (VmRSS now, VmHWM the peak so far).
 fn proc_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -19,6 +19,9 @@ use parking_lot::RwLock;
 use crate::config::Config;
 use crate::placement::{NodeLabels, ResourceNames};
 
+#[cfg(test)]
+pub(crate) use offline::parse_objects;
+pub(crate) use offline::{FileObject, read_objects};
 pub(crate) use pod::{AnnotationKeys, PodKey};
 pub use pod::{CachedPod, pod_key};
 pub use state::ClusterState;
@@ -28,7 +31,7 @@ pub(crate) use state::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    #[error("cannot read cluster file {path}: {source}")]
+    #[error("cannot read cluster file {path}")]
     Read {
         path: String,
         source: std::io::Error,
@@ -108,9 +111,20 @@ impl ClusterCache {
         path: &std::path::Path,
         projection: Projection,
     ) -> Result<Self, CacheError> {
+        let objects = offline::read_objects(path)?;
+        Self::from_objects(&objects, &path.display().to_string(), projection)
+    }
+
+    /// Offline mode over `objects` already read (from `source`: a file's path, or the
+    /// API server's for `defrag --kubeconfig`). Ready at once.
+    pub(crate) fn from_objects(
+        objects: &[FileObject],
+        source: &str,
+        projection: Projection,
+    ) -> Result<Self, CacheError> {
         let cache = Self::new(projection, true, Ledger::Counted);
-        let objects = offline::load(path, &cache.inner.projection)?;
-        cache.write(|state| objects.apply(state));
+        let loaded = offline::load(objects, source, &cache.inner.projection)?;
+        cache.write(|state| loaded.apply(state));
         Ok(cache)
     }
 

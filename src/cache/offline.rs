@@ -1,6 +1,8 @@
 //! Offline mode: a multi-document YAML file of Node, Pod, GPUQuota, ResourceClaim,
 //! ResourceSlice and DeviceClass objects (or `kind: List`s of them, as `kubectl get -o
-//! yaml` prints) is the cluster; claims are charged as in API mode.
+//! yaml` prints) is the cluster; claims are charged as in API mode. The file may also
+//! hold what the `defrag` command reads (PodDisruptionBudgets and the controllers pods
+//! name as owners), which the cache skips.
 
 use std::path::Path;
 use std::time::Instant;
@@ -43,26 +45,75 @@ impl Objects {
     }
 }
 
-pub(super) fn load(path: &Path, projection: &Projection) -> Result<Objects, CacheError> {
+/// One object of a cluster file, with the number (from 1) of the YAML document it
+/// came from: the unit the cache and the `defrag` command read.
+#[derive(Debug, Clone)]
+pub(crate) struct FileObject {
+    pub(crate) document: usize,
+    pub(crate) value: serde_yaml::Value,
+}
+
+/// The objects of the cluster file at `path`, `kind: List`s unrolled.
+pub(crate) fn read_objects(path: &Path) -> Result<Vec<FileObject>, CacheError> {
     let text = std::fs::read_to_string(path).map_err(|source| CacheError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    let error = |document: usize, problem: DocumentError| CacheError::Document {
-        path: path.display().to_string(),
-        document,
-        problem: Box::new(problem),
-    };
-    let mut objects = Objects::default();
-    for (index, document) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-        let value = serde_yaml::Value::deserialize(document)
-            .map_err(|e| error(index + 1, DocumentError::Yaml(e)))?;
-        if value.is_null() {
-            continue;
-        }
-        add(value, projection, &mut objects).map_err(|m| error(index + 1, m))?;
+    parse_objects(&text, &path.display().to_string())
+}
+
+/// The objects of a cluster file's `text` (read from `source`).
+pub(crate) fn parse_objects(text: &str, source: &str) -> Result<Vec<FileObject>, CacheError> {
+    let mut objects = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml::Value::deserialize(document).map_err(|e| CacheError::Document {
+            path: source.to_string(),
+            document: index + 1,
+            problem: Box::new(DocumentError::Yaml(e)),
+        })?;
+        unroll(value, index + 1, &mut objects);
     }
     Ok(objects)
+}
+
+/// Add `value` to `objects`, the items of a list one by one (an item of a typed list
+/// may omit its kind).
+fn unroll(value: serde_yaml::Value, document: usize, objects: &mut Vec<FileObject>) {
+    if value.is_null() {
+        return;
+    }
+    let kind = value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or_default();
+    if !kind.ends_with("List") {
+        objects.push(FileObject { document, value });
+        return;
+    }
+    let kind = kind.to_string();
+    let items = value.get("items").and_then(|i| i.as_sequence()).cloned();
+    for item in items.unwrap_or_default() {
+        unroll(with_kind(item, &kind), document, objects);
+    }
+}
+
+/// Project `objects` (read from `source`, a file's path) for the cache.
+pub(super) fn load(
+    objects: &[FileObject],
+    source: &str,
+    projection: &Projection,
+) -> Result<Objects, CacheError> {
+    let mut loaded = Objects::default();
+    for object in objects {
+        add(object.value.clone(), projection, &mut loaded).map_err(|problem| {
+            CacheError::Document {
+                path: source.to_string(),
+                document: object.document,
+                problem: Box::new(problem),
+            }
+        })?;
+    }
+    Ok(loaded)
 }
 
 /// What is wrong with one YAML document of the cluster file.
@@ -83,10 +134,19 @@ pub enum DocumentError {
     #[error("object has no kind")]
     NoKind,
     #[error(
-        "kind {0} is not one of Node, Pod, GPUQuota, ResourceClaim, ResourceSlice, DeviceClass, List"
+        "kind {0} is not one of Node, Pod, GPUQuota, ResourceClaim, ResourceSlice, DeviceClass, PodDisruptionBudget, ReplicaSet, StatefulSet, Job, Deployment, List"
     )]
     UnknownKind(String),
 }
+
+/// Kinds a cluster file may hold for the `defrag` command, which the cache skips.
+const IGNORED_KINDS: [&str; 5] = [
+    "PodDisruptionBudget",
+    "ReplicaSet",
+    "StatefulSet",
+    "Job",
+    "Deployment",
+];
 
 fn add(
     value: serde_yaml::Value,
@@ -103,17 +163,9 @@ fn add(
         source,
     };
     match kind.as_str() {
-        "List" | "NodeList" | "PodList" | "GPUQuotaList" | "ResourceClaimList"
-        | "ResourceSliceList" | "DeviceClassList" => {
-            let items = value
-                .get("items")
-                .and_then(|i| i.as_sequence())
-                .cloned()
-                .unwrap_or_default();
-            for item in items {
-                add(with_kind(item, &kind), projection, objects)?;
-            }
-        }
+        // What `defrag` reads (PodDisruptionBudgets, the controllers pods name as
+        // owners): no part of the cache.
+        kind if IGNORED_KINDS.contains(&kind) => {}
         "Node" => {
             let node: Node = serde_yaml::from_value(value).map_err(named)?;
             objects.nodes.push(NodeGpus::from_node(

@@ -59,7 +59,7 @@ pub struct CachedPod {
     /// and not the scheduler's to place yet.
     pub(crate) gated: bool,
     /// `spec.priority` (0 when absent): its place in the quota queue.
-    pub(super) priority: i32,
+    pub(crate) priority: i32,
     /// Carries the borrowed annotation (`quota::cohort::BORROWED_ANNOTATION`), which
     /// gpu-admission keeps on the pods of a cohort's borrowers. Shown, never charged by.
     pub(crate) marked_borrowed: bool,

@@ -112,6 +112,11 @@ impl ClusterState {
         self.pods.get(key).map(|pod| &**pod)
     }
 
+    /// Every GPU pod the cache holds, in no order.
+    pub(crate) fn pods(&self) -> impl Iterator<Item = (&PodKey, &CachedPod)> {
+        self.pods.iter().map(|(key, pod)| (key, &**pod))
+    }
+
     pub fn pod_count(&self) -> usize {
         self.pods.len()
     }

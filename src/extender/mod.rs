@@ -4,7 +4,7 @@
 
 pub(crate) mod bind;
 pub(crate) mod filter;
-mod plan;
+pub(crate) mod plan;
 pub(crate) mod volcano;
 
 pub(crate) use bind::bind;

@@ -62,7 +62,7 @@ pub(super) struct Refusal {
 /// chain (model, pool, profile caps, room), with the usage read only when some node's
 /// cost may call for it (most pods: never, the hot path). `limits`: a copy of the
 /// quota's, as the rules are asked while the cache changes.
-pub(super) fn eligibility<'a>(
+pub(crate) fn eligibility<'a>(
     (quota, limits): (NamespaceQuota<'_>, &'a NamespaceLimits),
     wanted: WantedModels,
     (request, created): (&GpuRequest, i64),

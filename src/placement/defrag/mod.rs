@@ -75,6 +75,40 @@ pub(crate) struct NodeParts<'a, K> {
     pub(crate) residents: &'a mut Vec<Resident<K>>,
 }
 
+/// A node as the planner's callers hold it: its GPUs, its free CPU and memory where
+/// they are tracked, and its pods (the `defrag` command; the planner's tests).
+#[derive(Debug, Clone)]
+pub(crate) struct Site<K> {
+    pub(crate) gpus: NodeGpus,
+    pub(crate) room: Option<HostRoom>,
+    pub(crate) residents: Vec<Resident<K>>,
+}
+
+impl<K> Candidate for Site<K> {
+    fn gpus(&self) -> &NodeGpus {
+        &self.gpus
+    }
+    fn room(&self) -> Option<HostRoom> {
+        self.room
+    }
+}
+
+impl<K: Clone + PartialEq + std::fmt::Debug> Ground for Site<K> {
+    type Pod = K;
+
+    fn residents(&self) -> &[Resident<K>] {
+        &self.residents
+    }
+
+    fn parts_mut(&mut self) -> NodeParts<'_, K> {
+        NodeParts {
+            gpus: &mut self.gpus,
+            room: self.room.as_mut(),
+            residents: &mut self.residents,
+        }
+    }
+}
+
 /// The pending pod: what it asks and its priority (no pod of higher priority moves
 /// for it).
 #[derive(Debug, Clone, Copy)]

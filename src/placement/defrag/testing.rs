@@ -6,47 +6,15 @@ use std::sync::Arc;
 
 use crate::placement::fit::fit;
 use crate::placement::fragment::HostRoom;
-use crate::placement::node::NodeGpus;
-use crate::placement::policy::Candidate;
 use crate::placement::request::{GpuDemand, GpuRequest};
 
-use super::{Ground, NodeParts, Resident, put};
+use super::{Resident, put};
 
 /// vcuda-memory per GPU on test nodes: a share's memory equals its cores.
 pub(super) const MEMORY: u32 = 100;
 
 /// A node of the test clusters.
-#[derive(Debug, Clone)]
-pub(super) struct Site {
-    pub(super) gpus: NodeGpus,
-    pub(super) room: Option<HostRoom>,
-    pub(super) residents: Vec<Resident<String>>,
-}
-
-impl Candidate for Site {
-    fn gpus(&self) -> &NodeGpus {
-        &self.gpus
-    }
-    fn room(&self) -> Option<HostRoom> {
-        self.room
-    }
-}
-
-impl Ground for Site {
-    type Pod = String;
-
-    fn residents(&self) -> &[Resident<String>] {
-        &self.residents
-    }
-
-    fn parts_mut(&mut self) -> NodeParts<'_, String> {
-        NodeParts {
-            gpus: &mut self.gpus,
-            room: self.room.as_mut(),
-            residents: &mut self.residents,
-        }
-    }
-}
+pub(super) type Site = super::Site<String>;
 
 /// A node `name` of `model` with `gpus` idle GPUs, `cpu` milli-CPU and `memory` MiB free.
 pub(super) fn site(name: &str, model: &str, gpus: usize, cpu: u64, memory: u64) -> Site {

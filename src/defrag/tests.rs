@@ -1,0 +1,257 @@
+#![allow(clippy::unwrap_used)]
+
+use crate::cache::parse_objects;
+use crate::config::Config;
+use crate::placement::defrag::Limits;
+
+use super::movable::Mobility;
+use super::report::{Output, Report};
+use super::world::World;
+
+const EXAMPLE: &str = include_str!("../../examples/fragmented.yaml");
+
+fn plan_text(text: &str, only: Option<&str>) -> Report {
+    let objects = parse_objects(text, "test").unwrap();
+    super::plan_objects(
+        &objects,
+        "test",
+        &Config::default(),
+        Limits::default(),
+        only,
+    )
+    .unwrap()
+}
+
+fn moved(report: &Report, pod: &str) -> Vec<String> {
+    let plan = report.plans.iter().find(|p| p.pod == pod).unwrap();
+    plan.moves.iter().map(|m| m.pod.clone()).collect()
+}
+
+fn reason<'r>(report: &'r Report, pod: &str) -> &'r str {
+    let no = report.unplanned.iter().find(|u| u.pod == pod);
+    &no.unwrap_or_else(|| panic!("{pod} has a plan: {report:?}"))
+        .reason
+}
+
+#[test]
+fn the_example_moves_the_one_pod_that_may_move() {
+    let report = plan_text(EXAMPLE, None);
+    let plan = &report.plans[0];
+    assert_eq!(plan.pod, "team-a/train-0");
+    assert_eq!(
+        (plan.node.as_str(), plan.gpus.as_slice()),
+        ("t4-a", &[0, 1][..])
+    );
+    assert_eq!(moved(&report, "team-a/train-0"), ["team-b/infer-a-7f9-x2"]);
+    let step = &plan.moves[0];
+    assert_eq!(step.from, "t4-a");
+    // The PDB-guarded pod's node or the other one; never the cordoned t4-d.
+    assert!(["t4-b", "t4-c"].contains(&step.to.as_str()), "{step:?}");
+    assert_eq!(step.gpus, [1]);
+    assert!(
+        reason(&report, "team-a/train-big").contains("needs 400"),
+        "{report:?}"
+    );
+    let kept: Vec<(&str, usize)> = report.kept.iter().map(|(k, n)| (*k, *n)).collect();
+    assert_eq!(
+        kept,
+        [
+            ("disruption_budget", 1),
+            ("movable", 1),
+            ("not_opted_in", 1)
+        ]
+    );
+}
+
+#[test]
+fn the_json_report_has_the_documented_fields() {
+    let report = plan_text(EXAMPLE, None);
+    let json: serde_json::Value =
+        serde_json::from_str(&report.render(Output::Json).unwrap()).unwrap();
+    let plan = &json["plans"][0];
+    assert_eq!(plan["pod"], "team-a/train-0");
+    assert_eq!(plan["node"], "t4-a");
+    assert_eq!(plan["moves"][0]["pod"], "team-b/infer-a-7f9-x2");
+    assert_eq!(plan["moves"][0]["from"], "t4-a");
+    assert!(plan["moves"][0]["to"].is_string());
+    assert_eq!(json["unplanned"][0]["pod"], "team-a/train-big");
+    assert!(json["unplanned"][0]["reason"].is_string());
+    let text = report.render(Output::Text).unwrap();
+    assert!(
+        text.contains("team-a/train-0: fits on t4-a (GPUs 0,1) after 1 move:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("move team-b/infer-a-7f9-x2 from t4-a to t4-"),
+        "{text}"
+    );
+}
+
+/// The example with `from` replaced by `to` (once; it must be there).
+fn edited(from: &str, to: &str) -> String {
+    assert!(EXAMPLE.contains(from), "{from}");
+    EXAMPLE.replacen(from, to, 1)
+}
+
+#[test]
+fn a_pod_that_did_not_opt_in_or_lost_its_controller_never_moves() {
+    let not_opted = edited(
+        "    gpu-admission.io/movable: \"true\"\n    tencent.com/predicate-node: t4-a",
+        "    tencent.com/predicate-node: t4-a",
+    );
+    let report = plan_text(&not_opted, Some("team-a/train-0"));
+    assert!(report.plans.is_empty(), "{report:?}");
+    assert!(
+        reason(&report, "team-a/train-0").contains("movable"),
+        "{report:?}"
+    );
+
+    let orphan = edited(
+        "kind: ReplicaSet\nmetadata: {name: infer-a-7f9,",
+        "kind: ReplicaSet\nmetadata: {name: someone-else,",
+    );
+    let report = plan_text(&orphan, Some("team-a/train-0"));
+    assert!(report.plans.is_empty(), "{report:?}");
+    assert_eq!(report.kept.get("controller_absent"), Some(&1));
+}
+
+#[test]
+fn a_pod_of_higher_priority_never_moves_for_a_lower_one() {
+    let higher = edited(
+        "spec:\n  nodeName: t4-a\n",
+        "spec:\n  nodeName: t4-a\n  priority: 1000\n",
+    );
+    let report = plan_text(&higher, Some("team-a/train-0"));
+    assert!(report.plans.is_empty(), "{report:?}");
+}
+
+/// A pod on t4-b's GPU 0 that did not opt in to moves.
+const STAY_ON_B: &str = r#"---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: stay-b
+  namespace: team-c
+  annotations: {tencent.com/predicate-gpu-idx-0: "0"}
+spec:
+  nodeName: t4-b
+  containers:
+  - name: w
+    resources: {limits: {tencent.com/vcuda-core: "100", tencent.com/vcuda-memory: "64"}}
+"#;
+
+#[test]
+fn a_budget_that_allows_one_disruption_is_never_drawn_twice() {
+    // t4-a runs two movable pods of the same app under one budget, one GPU each; t4-b
+    // and t4-c have one free GPU each, beside pods that did not opt in. Room for the
+    // pending pod's two GPUs takes both moves.
+    let two_on_a = |allowed: u32| {
+        let mut text = edited(
+            "  labels: {app: infer-b}\n  annotations:\n    gpu-admission.io/movable: \"true\"\n    tencent.com/predicate-node: t4-b\n    tencent.com/predicate-gpu-idx-0: \"0\"",
+            "  labels: {app: infer-a}\n  annotations:\n    gpu-admission.io/movable: \"true\"\n    tencent.com/predicate-node: t4-a\n    tencent.com/predicate-gpu-idx-0: \"1\"",
+        )
+        .replacen("  nodeName: t4-b", "  nodeName: t4-a", 1)
+        .replacen("name: infer-b-5c4, uid", "name: infer-a-7f9, uid", 1);
+        text = text.replacen(
+            "metadata: {name: infer-b, namespace: team-b}\nspec:\n  maxUnavailable: 0\n  selector: {matchLabels: {app: infer-b}}",
+            &format!(
+                "metadata: {{name: infer-a, namespace: team-b}}\nspec:\n  maxUnavailable: {allowed}\n  selector: {{matchLabels: {{app: infer-a}}}}"
+            ),
+            1,
+        );
+        text + STAY_ON_B
+    };
+    let report = plan_text(&two_on_a(2), Some("team-a/train-0"));
+    assert_eq!(moved(&report, "team-a/train-0").len(), 2, "{report:?}");
+
+    let report = plan_text(&two_on_a(1), Some("team-a/train-0"));
+    assert!(report.plans.is_empty(), "{report:?}");
+}
+
+#[test]
+fn a_queued_or_placed_pod_gets_no_plan() {
+    let report = plan_text(EXAMPLE, Some("team-b/infer-a-7f9-x2"));
+    assert!(reason(&report, "team-b/infer-a-7f9-x2").contains("bound to node t4-a"));
+    let gated = edited(
+        "  name: train-0\n  namespace: team-a\nspec:\n",
+        "  name: train-0\n  namespace: team-a\nspec:\n  schedulingGates: [{name: gpu-admission.io/quota}]\n",
+    );
+    let report = plan_text(&gated, Some("team-a/train-0"));
+    assert!(reason(&report, "team-a/train-0").contains("quota queue"));
+}
+
+#[test]
+fn a_pod_not_in_the_cluster_is_an_error() {
+    let objects = parse_objects(EXAMPLE, "test").unwrap();
+    let error = super::plan_objects(
+        &objects,
+        "test",
+        &Config::default(),
+        Limits::default(),
+        Some("team-a/nobody"),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("team-a/nobody"), "{error}");
+}
+
+#[test]
+fn pods_count_their_sidecars_init_peak_and_overhead() {
+    let text = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: n}
+spec:
+  nodeName: node-1
+  overhead: {cpu: 100m}
+  initContainers:
+  - {name: setup, resources: {requests: {cpu: "6", memory: 1Gi}}}
+  - {name: proxy, restartPolicy: Always, resources: {requests: {cpu: 500m, memory: 256Mi}}}
+  containers:
+  - {name: a, resources: {requests: {cpu: "1"}, limits: {cpu: "2", memory: 2Gi}}}
+  - {name: b, resources: {limits: {cpu: 250m, memory: 512Mi}}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status: {allocatable: {cpu: "8", memory: 16Gi}}
+"#;
+    let world = World::read(&parse_objects(text, "test").unwrap()).unwrap();
+    let pod = &world.pods["n/p"];
+    // CPU: the setup container (6) beats proxy + a + b (0.5 + 1 + 0.25); memory: the
+    // running set (256 + 2048 + 512 MiB) beats setup (1024 on top of nothing before it).
+    assert_eq!(pod.host.cpu_milli, 6_000 + 100);
+    assert_eq!(pod.host.memory_mib, 256 + 2048 + 512);
+    let room = world.room("node-1").unwrap();
+    assert_eq!((room.cpu_milli, room.memory_mib), (1_900, 16 * 1024 - 2816));
+}
+
+#[test]
+fn a_bad_quantity_names_the_pod_and_resource() {
+    let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: n}\nspec:\n  containers: [{name: a, resources: {requests: {cpu: lots}}}]\n";
+    let error = World::read(&parse_objects(text, "test").unwrap()).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("Pod n/p cpu") && message.contains("lots"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_budget_without_status_counts_its_healthy_pods() {
+    // Three healthy pods of app x, minAvailable 2: one disruption allowed; 67% rounds
+    // up to 3 (none allowed).
+    let pods: String = (0..3)
+        .map(|i| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: x-{i}, namespace: n, labels: {{app: x}}}}\nspec: {{nodeName: node-1, containers: []}}\nstatus: {{phase: Running}}\n---\n"))
+        .collect();
+    let budget = |spec: &str| {
+        let text = format!(
+            "{pods}apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: b, namespace: n}}\nspec: {{{spec}, selector: {{matchLabels: {{app: x}}}}}}\n"
+        );
+        let world = World::read(&parse_objects(&text, "test").unwrap()).unwrap();
+        Mobility::new(&world).budgets[0].allowed
+    };
+    assert_eq!(budget("minAvailable: 2"), 1);
+    assert_eq!(budget("minAvailable: 67%"), 0);
+    assert_eq!(budget("maxUnavailable: 2"), 2);
+    assert_eq!(budget("maxUnavailable: 34%"), 2);
+}

@@ -40,6 +40,7 @@ mod support;
 
 mod cohort;
 mod controllers;
+mod defrag;
 mod devices;
 mod doors;
 mod dra;

@@ -53,6 +53,7 @@ fn cluster(rng: &mut ChaCha8Rng) -> Vec<NodeGpus> {
                 used,
                 mig_slices: Vec::new(),
                 created: 0,
+                closed: None,
             }
         })
         .collect()

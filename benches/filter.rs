@@ -67,6 +67,7 @@ fn fill_uniform(cache: &ClusterCache) -> f64 {
                 used: vec![GpuUse::default(); GPUS],
                 mig_slices: Vec::new(),
                 created: 0,
+                closed: None,
             })
         }
     });

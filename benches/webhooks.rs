@@ -121,6 +121,7 @@ fn fill(cache: &ClusterCache, quota_pods: usize) {
                 used: vec![GpuUse::default(); GPUS],
                 mig_slices: Vec::new(),
                 created: 0,
+                closed: None,
             })
         }
     });

@@ -53,6 +53,14 @@ pub(crate) struct ExceededLabels {
     pub(crate) action: &'static str,
 }
 
+/// A node model label (`unlabelled` for nodes without one) and why its free GPUs are
+/// unused: bounded by the models of the cluster's nodes, times four causes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FreeLabels {
+    pub(crate) model: String,
+    pub(crate) cause: &'static str,
+}
+
 /// A namespace and a GPU model: the quota queue's waits, and GPU-seconds (showback).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceModelLabels {
@@ -80,6 +88,7 @@ pub struct Metrics {
     pub(crate) quota_hard: QuotaGauge,
     pub(crate) quota_used: QuotaGauge,
     pub(crate) gpu_fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub(crate) free_gpus: Family<FreeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub(crate) quota_exceeded: Family<ExceededLabels, Counter>,
     pub(crate) quota_queued_gpus: QuotaGauge,
     pub(crate) quota_queued_pods: QuotaGauge,
@@ -196,6 +205,12 @@ impl Default for Metrics {
             "Borrowing pods this replica took back for a cohort's reclaim, by reason (evicted; blocked by a PodDisruptionBudget; deleted with a capped grace period past reclaim.timeoutSeconds)",
             reclaim_evictions.clone(),
         );
+        let free_gpus = Family::<FreeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "free_gpus",
+            "Free GPUs (fractions count) by node model and cause: unavailable (cordoned, tainted, not Ready), fragmented (no task of the request mix could start on them), quota_blocked (usable while pods that could use them wait in the quota queue), idle; the causes sum to the free capacity",
+            free_gpus.clone(),
+        );
         let gpu_seconds = ShowbackCounter::default();
         registry.register(
             "gpu_seconds",
@@ -214,6 +229,7 @@ impl Default for Metrics {
             quota_queue_wait,
             quota_exceeded,
             gpu_fragmentation,
+            free_gpus,
             requests,
             duration,
             cache_objects,

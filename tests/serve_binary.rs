@@ -257,6 +257,29 @@ async fn serves_extender_over_tls_and_probes_then_stops_on_sigterm() {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(f64::NAN);
     assert!((fragmentation - 150.0 / 1320.0).abs() < 1e-9, "{metrics}");
+    // Free GPUs by cause, with the same mix: on t4-node-1's shared GPU the 20 cores
+    // left fit no 0.3 task (fragmented); every other free GPU is usable and nobody
+    // waits on quota (idle). Per model the causes sum to the free capacity.
+    let free = |model: &str, cause: &str| {
+        let series = format!(r#"gpu_admission_free_gpus{{model="{model}",cause="{cause}"}} "#);
+        let line = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()));
+        line.and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN)
+    };
+    for (model, fragmented, idle, capacity) in [
+        ("Tesla-T4", 0.2, 7.0, 8.0 - 0.8),
+        ("A100-SXM4-80GB", 0.0, 6.0, 8.0 - 2.0),
+    ] {
+        assert!(
+            (free(model, "fragmented") - fragmented).abs() < 1e-9,
+            "{metrics}"
+        );
+        assert!((free(model, "idle") - idle).abs() < 1e-9, "{metrics}");
+        let causes = ["unavailable", "fragmented", "quota_blocked", "idle"];
+        let sum: f64 = causes.iter().map(|c| free(model, c)).sum();
+        assert!((sum - capacity).abs() < 1e-9, "{model}: {sum}\n{metrics}");
+    }
 
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])

@@ -117,6 +117,7 @@ pub fn add_nodes(
                 used: vec![GpuUse::default(); gpus],
                 mig_slices: Vec::new(),
                 created: 0,
+                closed: None,
             })
         }
     });

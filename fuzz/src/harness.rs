@@ -306,6 +306,7 @@ fn placement(request: &GpuRequest) {
         used: vec![GpuUse::default(); 8],
         mig_slices: Vec::new(),
         created: 0,
+        closed: None,
     };
     if !request.has_gpu_demand() {
         return;

@@ -160,10 +160,7 @@ fn pending<'s>(
 fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
     let mut sites: Vec<Site<PodKey>> = state
         .nodes()
-        .filter(|gpus| {
-            let facts = world.nodes.get(&*gpus.name);
-            facts.is_some_and(|f| f.closed.is_none())
-        })
+        .filter(|gpus| gpus.closed.is_none() && world.nodes.contains_key(&*gpus.name))
         .map(|gpus| Site {
             gpus: gpus.clone(),
             room: world.room(&gpus.name),

@@ -1,6 +1,6 @@
 //! What the `defrag` command reads beyond the cache's projection: every pod's CPU and
 //! memory (GPU pods or not) and its owner, opt-in and labels; every node's allocatable
-//! CPU and memory and whether new pods may land on it; PodDisruptionBudgets; the
+//! CPU and memory; PodDisruptionBudgets; the
 //! controllers pods name as owners.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,8 +38,6 @@ pub(crate) struct NodeFacts {
     /// Allocatable CPU and memory (`status.allocatable`, else `capacity`); a dimension
     /// the node does not state is unbounded.
     pub(crate) allocatable: HostRoom,
-    /// Why no pod may be placed there (cordoned, not Ready), if so.
-    pub(crate) closed: Option<&'static str>,
 }
 
 /// A pod's controller, as its ownerReference names it.
@@ -166,22 +164,7 @@ fn node_facts(node: &Node, document: usize) -> Result<NodeFacts, WorldError> {
             None => UNSTATED,
         },
     };
-    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-    let conditions = status
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
-    let ready = conditions.iter().find(|c| c.type_ == "Ready");
-    let closed = if cordoned {
-        Some("cordoned")
-    } else if ready.is_some_and(|c| c.status != "True") {
-        Some("not Ready")
-    } else {
-        None
-    };
-    Ok(NodeFacts {
-        allocatable,
-        closed,
-    })
+    Ok(NodeFacts { allocatable })
 }
 
 fn pod_facts(pod: &Pod, document: usize) -> Result<PodFacts, WorldError> {

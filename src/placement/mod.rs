@@ -5,6 +5,7 @@
 pub(crate) mod defrag;
 pub mod fit;
 pub(crate) mod fragment;
+pub(crate) mod free;
 pub(crate) mod learn;
 mod memo;
 pub(crate) mod mig;

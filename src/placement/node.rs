@@ -31,6 +31,10 @@ pub struct NodeGpus {
     /// `creationTimestamp`, unix seconds (0: unknown). A pending pod is charged by the
     /// nodes that existed when it was created (`quota::pending_label`).
     pub created: i64,
+    /// Why no new pod may land here (cordoned, tainted `NoSchedule`/`NoExecute`, not
+    /// Ready), if so. kube-scheduler never offers such a node to the extender; the
+    /// free-GPU causes and the planner read it.
+    pub closed: Option<&'static str>,
 }
 
 impl NodeGpus {
@@ -82,6 +86,7 @@ impl NodeGpus {
                 .creation_timestamp
                 .as_ref()
                 .map_or(0, |t| t.0.as_second()),
+            closed: closed(node),
         }
     }
 
@@ -90,6 +95,28 @@ impl NodeGpus {
         let found = self.mig_slices.iter().find(|(p, _)| &**p == profile);
         found.map_or(0, |(_, count)| *count)
     }
+}
+
+/// Why `node` takes no new pods, if so: cordoned, a `NoSchedule` or `NoExecute`
+/// taint, or a `Ready` condition that is not `True`.
+fn closed(node: &Node) -> Option<&'static str> {
+    let spec = node.spec.as_ref();
+    if spec.and_then(|s| s.unschedulable) == Some(true) {
+        return Some("cordoned");
+    }
+    let taints = spec.and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    if taints
+        .iter()
+        .any(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+    {
+        return Some("tainted");
+    }
+    let status = node.status.as_ref();
+    let conditions = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let ready = conditions.iter().find(|c| c.type_ == "Ready");
+    ready.filter(|c| c.status != "True").map(|_| "not Ready")
 }
 
 /// MIG resources in `status.capacity` (else `allocatable`), per profile.
@@ -201,5 +228,29 @@ mod tests {
         assert_eq!(cpu.gpu_count(), 0);
         let bogus = k8s_node(&[("tencent.com/vcuda-core", "1e9")], &[]);
         assert_eq!(NodeGpus::from_node(&bogus, &names, &labels).gpu_count(), 0);
+    }
+
+    #[test]
+    fn a_node_is_closed_when_cordoned_tainted_or_not_ready() {
+        let closed = |patch: serde_json::Value| {
+            let mut node = serde_json::to_value(k8s_node(&[("nvidia.com/gpu", "1")], &[])).unwrap();
+            json_patch::merge(&mut node, &patch);
+            let node: Node = serde_json::from_value(node).unwrap();
+            NodeGpus::from_node(&node, &ResourceNames::default(), &NodeLabels::default()).closed
+        };
+        assert_eq!(closed(serde_json::json!({})), None);
+        assert_eq!(
+            closed(serde_json::json!({"spec": {"unschedulable": true}})),
+            Some("cordoned")
+        );
+        let taint =
+            |effect| serde_json::json!({"spec": {"taints": [{"key": "k", "effect": effect}]}});
+        assert_eq!(closed(taint("NoSchedule")), Some("tainted"));
+        assert_eq!(closed(taint("NoExecute")), Some("tainted"));
+        assert_eq!(closed(taint("PreferNoSchedule")), None);
+        let ready = |status| serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": status}]}});
+        assert_eq!(closed(ready("False")), Some("not Ready"));
+        assert_eq!(closed(ready("Unknown")), Some("not Ready"));
+        assert_eq!(closed(ready("True")), None);
     }
 }

@@ -46,6 +46,7 @@ pub(crate) fn node(name: &str, gpus: usize, memory: u32) -> NodeGpus {
         used: vec![GpuUse::default(); gpus],
         mig_slices: Vec::new(),
         created: 0,
+        closed: None,
     }
 }
 

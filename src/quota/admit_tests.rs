@@ -387,6 +387,7 @@ fn gpu_node(model: Option<&str>, pool: Option<&str>) -> NodeGpus {
         used: vec![Default::default(); 4],
         mig_slices: Vec::new(),
         created: 0,
+        closed: None,
     }
 }
 

@@ -11,7 +11,8 @@ use axum::routing::get;
 
 use super::AppState;
 use crate::cache::ClusterState;
-use crate::metrics::{KindLabels, QuotaLabels};
+use crate::metrics::{FreeLabels, KindLabels, QuotaLabels};
+use crate::placement::free::FreeByCause;
 use crate::placement::mig;
 use crate::placement::quantity::Milli;
 use crate::quota::pool;
@@ -131,7 +132,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, &'stat
 
 fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mix = state.placer.learned_mix();
-    let (nodes, pods, quotas, fragmentation, gpu_seconds) = state.cache().read(|s| {
+    let (nodes, pods, quotas, fragmentation, gpu_seconds, free) = state.cache().read(|s| {
         let now = std::time::Instant::now();
         let meters = s.gpu_seconds(now);
         let gpu_seconds: Vec<_> = meters
@@ -143,8 +144,10 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             quota_rows(s),
             mix.cluster_fragmentation(s.nodes()),
             gpu_seconds,
+            s.free_gpus(&mix),
         )
     });
+    set_free_gpus(&state.metrics, free);
     state.metrics.set_gpu_seconds(gpu_seconds);
     state.metrics.gpu_fragmentation.set(fragmentation);
     let m = &state.metrics;
@@ -192,4 +195,18 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         )],
         state.metrics.encode(),
     )
+}
+
+/// `gpu_admission_free_gpus`: this scrape's counts only (a model whose nodes are gone
+/// leaves the family).
+fn set_free_gpus(metrics: &crate::metrics::Metrics, free: FreeByCause) {
+    metrics.free_gpus.clear();
+    for ((model, cause), core) in free {
+        let labels = FreeLabels {
+            model: model.as_deref().unwrap_or("unlabelled").to_string(),
+            cause: cause.as_str(),
+        };
+        let gpus = core as f64 / f64::from(crate::placement::request::CORE_PER_GPU);
+        metrics.free_gpus.get_or_create(&labels).set(gpus);
+    }
 }

@@ -96,6 +96,7 @@ impl SimNode {
                 used: vec![GpuUse::default(); row.gpus as usize],
                 mig_slices: Vec::new(),
                 created: 0,
+                closed: None,
             },
             room: HostRoom {
                 cpu_milli: row.cpu_milli,

@@ -57,6 +57,7 @@ impl ClusterState {
                 old.model = gpus.model;
                 old.pool = gpus.pool;
                 old.mig_slices = gpus.mig_slices;
+                old.closed = gpus.closed;
                 entry.stamp.version = version;
             }
             _ => {

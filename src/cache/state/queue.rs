@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 
+use crate::placement::TaskMix;
+use crate::placement::free::{FreeByCause, free_by_cause};
+use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::ModelAmounts;
 use crate::quota::queue::{LinePlace, Waiting};
@@ -166,6 +169,18 @@ impl ClusterState {
     }
 
     /// How many pods wait in `namespace`, by the quota key each would be charged to.
+    /// Free GPUs by cause ([`free_by_cause`]): usable capacity on nodes of a model some
+    /// pod in the quota queue would be charged for is quota-blocked.
+    pub(crate) fn free_gpus(&self, mix: &TaskMix) -> FreeByCause {
+        let lines = self.waiting.0.values();
+        let keys = lines.flat_map(|line| line.totals.iter().filter(|(_, (_, pods))| *pods > 0));
+        let keys: BTreeSet<&str> = keys.map(|(key, _)| &**key).collect();
+        let wanted: Vec<WantedModels> = keys.into_iter().map(WantedModels::one).collect();
+        free_by_cause(self.nodes(), mix, |node| {
+            wanted.iter().any(|w| w.admits(node).is_ok())
+        })
+    }
+
     pub(crate) fn queued_pods(&self, namespace: &str) -> BTreeMap<String, usize> {
         let line = self.waiting.0.get(namespace);
         let totals = line.into_iter().flat_map(|line| &line.totals);

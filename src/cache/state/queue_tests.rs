@@ -184,3 +184,33 @@ fn the_kept_line_is_the_queue_order_and_its_head_a_prefix() {
         assert_eq!(state.queued_usage("team"), want, "round {round}");
     }
 }
+
+/// Free GPUs by cause: while a pod waits in the quota queue for Tesla-T4, the usable
+/// free T4 capacity is quota-blocked; another model's stays idle; once it leaves the
+/// queue, idle again.
+#[test]
+fn usable_gpus_of_a_model_a_queued_pod_wants_are_quota_blocked() {
+    use crate::placement::TaskMix;
+    use crate::placement::free::FreeCause;
+    use crate::placement::testing::node;
+
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    for (name, model) in [("t4", "Tesla-T4"), ("a100", "A100")] {
+        let mut gpus = node(name, 2, 16);
+        gpus.model = Some(model.into());
+        state.apply_node(gpus);
+    }
+    let (key, waiting) = pod("w", true, None);
+    state.apply_pod(key.clone(), waiting);
+    let count = |state: &ClusterState, model: &str, cause| {
+        let free = state.free_gpus(&TaskMix::default());
+        free.get(&(Some(model.into()), cause)).copied().unwrap_or(0)
+    };
+    assert_eq!(count(&state, "Tesla-T4", FreeCause::QuotaBlocked), 200);
+    assert_eq!(count(&state, "Tesla-T4", FreeCause::Idle), 0);
+    assert_eq!(count(&state, "A100", FreeCause::Idle), 200);
+    state.delete_pod(&key);
+    assert_eq!(count(&state, "Tesla-T4", FreeCause::QuotaBlocked), 0);
+    assert_eq!(count(&state, "Tesla-T4", FreeCause::Idle), 200);
+}

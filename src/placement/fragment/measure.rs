@@ -76,6 +76,34 @@ impl TaskMix {
 }
 
 impl TaskMix {
+    /// Of `node`'s free vcuda-core, what some task of the mix that accepts the node's
+    /// model could start on now: a GPU's whole free capacity when one such task fits on
+    /// it, none of it otherwise. An empty mix stands for one whole GPU, as in
+    /// [`TaskMix::cluster_fragmentation`]. CPU and memory are not weighed (the extender
+    /// does not track them). The free-GPU causes (`placement::free`) count the rest as
+    /// fragmented.
+    pub(crate) fn usable_core(&self, node: &NodeGpus) -> u32 {
+        let whole;
+        let mix = if self.is_empty() {
+            whole = TaskMix::weighted([(TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }), 1.0)]);
+            &whole
+        } else {
+            self
+        };
+        let state = GpuState::of(&node.used, node.memory_per_gpu);
+        let model = mix.model_bit(node.model.as_deref());
+        let accepted = || {
+            let groups = mix.groups();
+            groups.filter(move |(_, entries)| entries.iter().any(|e| e.accepts(model)))
+        };
+        let usable = |gpu: &GpuUse| accepted().any(|(shape, _)| state.starts_on(*gpu, shape));
+        node.used
+            .iter()
+            .filter(|gpu| usable(gpu))
+            .map(|gpu| CORE_PER_GPU.saturating_sub(gpu.core))
+            .sum()
+    }
+
     /// How much `node`'s fragmentation grows when `charges` (GPU index, use added) are
     /// placed on it and its free CPU and memory go from `before` to `after`: exactly
     /// `fragmentation` after minus `fragmentation` before, but computed from the GPUs
@@ -258,6 +286,18 @@ impl GpuState {
             None => by_core,
         };
         free - fit * core
+    }
+
+    /// Whether one task of `shape` could start on `gpu` now (a whole-GPU task: on this
+    /// GPU and others wholly free).
+    fn starts_on(&self, gpu: GpuUse, shape: GpuShape) -> bool {
+        match shape {
+            GpuShape::Share { core, memory } => {
+                let free = CORE_PER_GPU.saturating_sub(gpu.core);
+                free > 0 && self.share_fragment(gpu, core, memory) < free
+            }
+            GpuShape::Whole { gpus } => gpu.core == 0 && gpus <= self.whole_free,
+        }
     }
 
     /// Free cores a task of `need` whole GPUs cannot use.

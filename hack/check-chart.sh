@@ -28,6 +28,7 @@ for mode in certManager "secret --set certificates.caBundle=Q0EK"; do
     --set metrics.serviceMonitor.enabled=true >/dev/null
 done
 "$helm" lint "$chart" --quiet --set gpuScheduler.enabled=false >/dev/null
+"$helm" lint "$chart" --quiet --set grafana.dashboard.enabled=true >/dev/null
 # The options off the default path: mutual TLS (a Secret or a ConfigMap), no NetworkPolicy,
 # an existing PriorityClass.
 "$helm" lint "$chart" --quiet --set webhooks.clientCA.enabled=true \

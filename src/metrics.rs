@@ -273,3 +273,135 @@ impl Metrics {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The Grafana dashboard the chart and deploy/ ship (tests/manifests.rs keeps the
+    /// two equal).
+    const DASHBOARD: &str = include_str!("../charts/gpu-admission/dashboards/gpu-admission.json");
+
+    /// Every series name the exposition can hold: each family given one series, then
+    /// encoded as `/metrics` encodes it, names read off its `# TYPE` lines.
+    fn exported() -> BTreeSet<String> {
+        let m = Metrics::default();
+        m.observe("validate", "allowed", 0.001);
+        let quota = QuotaLabels {
+            namespace: "n".into(),
+            quota: "q".into(),
+            model: "m".into(),
+        };
+        let family = NamespaceModelLabels {
+            namespace: "n".into(),
+            model: "m".into(),
+        };
+        m.cache_objects
+            .get_or_create(&KindLabels { kind: "pod" })
+            .set(1);
+        let result = ResultLabels { result: "ok" };
+        m.tls_reloads.get_or_create(&result).inc();
+        for gauge in [
+            &m.quota_hard,
+            &m.quota_used,
+            &m.quota_queued_gpus,
+            &m.quota_queued_pods,
+            &m.quota_borrowed,
+            &m.quota_lent,
+        ] {
+            gauge.get_or_create(&quota).set(1.0);
+        }
+        let exceeded = ExceededLabels {
+            namespace: "n".into(),
+            model: "m".into(),
+            action: "deny",
+        };
+        m.quota_exceeded.get_or_create(&exceeded).inc();
+        m.quota_queue_wait.get_or_create(&family).observe(1.0);
+        let reason = ReasonLabels { reason: "evicted" };
+        m.reclaim_evictions.get_or_create(&reason).inc();
+        let free = FreeLabels {
+            model: "m".into(),
+            cause: "idle",
+        };
+        m.free_gpus.get_or_create(&free).set(1.0);
+        m.set_gpu_seconds(vec![("n".into(), "m".into(), 1.0)]);
+        let text = m.encode();
+        let mut names = BTreeSet::new();
+        for line in text.lines() {
+            let Some(typed) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, kind) = typed.split_once(' ').unwrap();
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        }
+        names
+    }
+
+    /// The metric names a dashboard's queries use.
+    fn queried(dashboard: &serde_json::Value) -> BTreeSet<String> {
+        let name = regex::Regex::new(r"gpu_admission_[a-z_]+").unwrap();
+        let panels = dashboard["panels"].as_array().unwrap();
+        let targets = panels.iter().flat_map(|p| p["targets"].as_array().unwrap());
+        let mut exprs: Vec<String> = targets
+            .map(|t| t["expr"].as_str().unwrap().to_string())
+            .collect();
+        let variables = dashboard["templating"]["list"].as_array().unwrap();
+        exprs.extend(
+            variables
+                .iter()
+                .filter_map(|v| v["definition"].as_str().map(str::to_string)),
+        );
+        let names = exprs
+            .iter()
+            .flat_map(|e| name.find_iter(e).map(|m| m.as_str().to_string()));
+        names.collect()
+    }
+
+    #[test]
+    fn the_dashboard_queries_only_metrics_the_binary_exports() {
+        let dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).unwrap();
+        let queried = queried(&dashboard);
+        let exported = exported();
+        let missing: Vec<&String> = queried.difference(&exported).collect();
+        assert!(
+            missing.is_empty(),
+            "not exported: {missing:?}; exported: {exported:?}"
+        );
+        // The panels the dashboard promises, by what they query.
+        for needed in [
+            "gpu_admission_quota_used_gpus",
+            "gpu_admission_quota_queued_gpus",
+            "gpu_admission_quota_borrowed_gpus",
+            "gpu_admission_quota_lent_gpus",
+            "gpu_admission_free_gpus",
+            "gpu_admission_gpu_fragmentation_ratio",
+            "gpu_admission_request_duration_seconds_bucket",
+            "gpu_admission_gpu_seconds_total",
+        ] {
+            assert!(queried.contains(needed), "no panel queries {needed}");
+        }
+    }
+
+    #[test]
+    fn a_name_the_binary_does_not_export_is_caught() {
+        let dashboard = serde_json::json!({
+            "panels": [{"targets": [{"expr": "rate(gpu_admission_requests_total[5m]) + gpu_admission_no_such_gpus"}]}],
+            "templating": {"list": []},
+        });
+        let missing: Vec<String> = queried(&dashboard)
+            .difference(&exported())
+            .cloned()
+            .collect();
+        assert_eq!(missing, ["gpu_admission_no_such_gpus"]);
+    }
+}

@@ -700,3 +700,24 @@ fn network_policies_open_only_the_ports_that_must_be_reachable() {
         selects(&p["spec"]["podSelector"]["matchLabels"], job) && p["spec"].get("ingress").is_none()
     }));
 }
+
+/// deploy/grafana's dashboard ConfigMap carries the chart's dashboard JSON, unchanged,
+/// under the label Grafana's dashboard sidecar looks for.
+#[test]
+fn the_dashboard_config_map_is_the_charts_dashboard() {
+    let docs = documents();
+    let map = object(&docs, "ConfigMap", "gpu-admission-dashboard");
+    assert_eq!(
+        str_at(map, &["metadata", "labels", "grafana_dashboard"]),
+        Some("1")
+    );
+    let shipped = str_at(map, &["data", "gpu-admission.json"]).unwrap();
+    let shipped: serde_json::Value = serde_json::from_str(shipped).unwrap();
+    let chart = std::fs::read_to_string(repo::path(
+        "charts/gpu-admission/dashboards/gpu-admission.json",
+    ))
+    .unwrap();
+    let chart: serde_json::Value = serde_json::from_str(&chart).unwrap();
+    assert_eq!(shipped, chart);
+    assert_eq!(shipped["uid"], "gpu-admission");
+}

@@ -32,6 +32,9 @@ pub enum Command {
     /// For each pending GPU pod, the fewest moves of running pods after which it fits
     /// (or why there are none). Reads the cluster; never evicts.
     Defrag(crate::defrag::DefragArgs),
+    /// Why a GPU pod waits: a reason code per stage (admission, placement) with its
+    /// numbers, and what would change it. Reads the cluster; writes nothing.
+    Explain(crate::explain::ExplainArgs),
     /// Replay a GPU cluster trace (openb format) through the placement policies.
     Simulate(crate::simulate::SimulateArgs),
     /// Print the version.

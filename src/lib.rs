@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod defrag;
 pub mod dra;
+pub mod explain;
 pub(crate) mod extender;
 pub mod import;
 pub(crate) mod metrics;

@@ -32,6 +32,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Simulate(args) => gpu_admission::simulate::run(args),
         Command::Defrag(args) => gpu_admission::defrag::run(args),
+        Command::Explain(args) => gpu_admission::explain::run(args),
         Command::Version => {
             println!("gpu-admission {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -27,8 +27,9 @@ use crate::placement::defrag::{
 use crate::placement::learn::LearningPlacer;
 
 use movable::Mobility;
+pub(crate) use report::gpu_indices;
 pub(crate) use report::{Output, Report};
-use report::{PlanOut, Step, Unplanned, gpu_indices};
+use report::{PlanOut, Step, Unplanned};
 use world::World;
 
 #[derive(Debug, Args)]
@@ -65,21 +66,7 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
-    let (objects, source) = match (&args.cluster, &args.kubeconfig) {
-        (Some(path), _) => (
-            crate::cache::read_objects(path)?,
-            path.display().to_string(),
-        ),
-        (None, Some(kubeconfig)) => {
-            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            let objects = runtime.block_on(listed(kubeconfig))?;
-            (
-                objects,
-                format!("the API server of {}", kubeconfig.display()),
-            )
-        }
-        (None, None) => anyhow::bail!("give --cluster FILE or --kubeconfig FILE"),
-    };
+    let (objects, source) = read_cluster(args.cluster.as_deref(), args.kubeconfig.as_deref())?;
     let limits = Limits {
         max_moves: args.max_moves,
         budget: args.budget,
@@ -87,6 +74,29 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
     let report = plan_objects(&objects, &source, &config, limits, args.pod.as_deref())?;
     print!("{}", report.render(args.output)?);
     Ok(())
+}
+
+/// The cluster's objects, from a file or the API server `kubeconfig` names, and what to
+/// call their source in messages.
+pub(crate) fn read_cluster(
+    cluster: Option<&std::path::Path>,
+    kubeconfig: Option<&std::path::Path>,
+) -> anyhow::Result<(Vec<FileObject>, String)> {
+    match (cluster, kubeconfig) {
+        (Some(path), _) => Ok((
+            crate::cache::read_objects(path)?,
+            path.display().to_string(),
+        )),
+        (None, Some(kubeconfig)) => {
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            let objects = runtime.block_on(listed(kubeconfig))?;
+            Ok((
+                objects,
+                format!("the API server of {}", kubeconfig.display()),
+            ))
+        }
+        (None, None) => anyhow::bail!("give --cluster FILE or --kubeconfig FILE"),
+    }
 }
 
 /// The plans for the pending GPU pods among `objects` (or for `only`).

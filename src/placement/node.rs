@@ -52,7 +52,7 @@ impl NodeGpus {
     }
 
     /// Free vcuda-core summed over the node's GPUs.
-    pub(super) fn total_free_core(&self) -> u32 {
+    pub(crate) fn total_free_core(&self) -> u32 {
         (0..self.gpu_count()).map(|i| self.free_core(i)).sum()
     }
 

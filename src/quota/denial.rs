@@ -102,6 +102,12 @@ impl Exceeded {
         self.quota.split('/').next().unwrap_or_default()
     }
 
+    /// Whether the quota is in a cohort that lends it no more (`explain`'s
+    /// `CohortLimit`).
+    pub(crate) fn by_cohort(&self) -> bool {
+        self.cohort.is_some()
+    }
+
     fn short(&self) -> String {
         format!("{}: used {} of {}", self.model, self.used, self.hard)
     }

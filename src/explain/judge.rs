@@ -1,0 +1,274 @@
+//! The stages of a GPU pod's way, judged on the cache with the same rules the webhooks
+//! and the extender apply: admission (`NamespaceQuota::admit`, the quota queue's line)
+//! and placement (the extender's `eligibility` and the placer's fit). Nothing is
+//! charged, held or written.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::cache::{CachedPod, ClusterState};
+use crate::extender::plan::eligibility;
+use crate::placement::mig::MigResources;
+use crate::placement::models::WantedModels;
+use crate::placement::{Misfit, NodeGpus, Placer, place};
+use crate::quota::{AdmitRules, Denial, StatusError};
+
+use super::verdict::{Code, Counterfactual, Stage};
+
+/// Most pods of a quota queue's line read to find a pod's place.
+const LINE_READ: usize = 10_000;
+
+/// What judging needs besides the pod.
+pub(crate) struct Judge<'a> {
+    pub(crate) state: &'a ClusterState,
+    pub(crate) placer: &'a Placer,
+    pub(crate) mig: &'a MigResources,
+    pub(crate) rules: AdmitRules,
+    pub(crate) max_pass_over: i64,
+    /// Unix seconds: a manifest is judged as if created now.
+    pub(crate) now: i64,
+}
+
+/// The pod judged: its key, its projection, and whether it exists (else: what-if).
+pub(crate) struct Subject<'p> {
+    pub(crate) key: &'p str,
+    pub(crate) pod: &'p CachedPod,
+    pub(crate) exists: bool,
+}
+
+impl Subject<'_> {
+    fn namespace(&self) -> &str {
+        crate::cache::pod::key_parts(self.key).0
+    }
+
+    fn created(&self, now: i64) -> i64 {
+        if self.exists { self.pod.created } else { now }
+    }
+}
+
+impl Judge<'_> {
+    /// Admission: bound, admitted at creation, or (waiting in the quota queue, or not
+    /// yet created) what the quota says now.
+    pub(crate) fn admission(&self, subject: &Subject<'_>) -> Result<Stage, StatusError> {
+        let stage = |code, message| Stage {
+            stage: "admission",
+            code,
+            message,
+        };
+        let pod = subject.pod;
+        if subject.exists && !pod.gated {
+            let message = if pod.bound {
+                "admitted; bound".to_string()
+            } else {
+                "admitted at creation and charged".to_string()
+            };
+            return Ok(stage(Code::Fits, message));
+        }
+        let quota = self.state.namespace_quota(subject.namespace());
+        let wanted = quota.wanted(&pod.models);
+        let costs = quota.costs(&pod.request, &wanted.models, subject.created(self.now));
+        let verdict = quota.admit(&wanted, &costs, self.rules)?;
+        let queues = wanted.models.len() == 1 && quota.limits.queues(&wanted.models[0]);
+        Ok(match verdict {
+            Ok(_) if pod.gated => {
+                let (place, of) = self.line_place(subject);
+                let message = format!(
+                    "its quota has room now; it waits in the quota queue, {place} of {of} in line"
+                );
+                stage(Code::QueuedBehind, message)
+            }
+            Ok(_) => stage(
+                Code::Fits,
+                "its quota has room: it would be admitted".into(),
+            ),
+            Err(denial) => {
+                let mut message = denial.to_string();
+                if pod.gated {
+                    let (place, of) = self.line_place(subject);
+                    message += &format!("; it waits in the quota queue, {place} of {of} in line");
+                } else if queues {
+                    message += "; it would wait in the quota queue (onExceed: Queue)";
+                }
+                stage(denial_code(&denial), message)
+            }
+        })
+    }
+
+    /// The pod's place in its namespace's quota queue (from 1), and the line's length
+    /// (as far as read).
+    fn line_place(&self, subject: &Subject<'_>) -> (usize, usize) {
+        let line =
+            self.state
+                .waiting_line(subject.namespace(), self.now, self.max_pass_over, LINE_READ);
+        let at = line.iter().position(|w| w.key == subject.key);
+        (at.map_or(line.len(), |at| at + 1), line.len())
+    }
+
+    /// Placement: bound or held, else the extender's rules and fit over every open node.
+    pub(crate) fn placement(&self, subject: &Subject<'_>) -> Stage {
+        let stage = |code, message| Stage {
+            stage: "placement",
+            code,
+            message,
+        };
+        let pod = subject.pod;
+        if let (Some(node), true) = (&pod.node, subject.exists) {
+            return if pod.bound {
+                stage(Code::Placed, format!("bound to node {node}"))
+            } else {
+                stage(
+                    Code::Fits,
+                    format!("placed on node {node}, waiting for the bind"),
+                )
+            };
+        }
+        let quota = self.state.namespace_quota(subject.namespace());
+        let wanted = quota.wanted(&pod.models);
+        self.place_as(subject, wanted, stage)
+    }
+
+    /// Judge placement for `subject` wanting `wanted` (its own models, or another).
+    fn place_as(
+        &self,
+        subject: &Subject<'_>,
+        wanted: WantedModels,
+        stage: impl Fn(Code, String) -> Stage,
+    ) -> Stage {
+        let pod = subject.pod;
+        let quota = self.state.namespace_quota(subject.namespace());
+        let limits = quota.limits.clone();
+        let created = subject.created(self.now);
+        let models = wanted.models.clone();
+        let rules = eligibility((quota, &limits), wanted, (&pod.request, created), self.mig);
+        let nodes: Vec<&NodeGpus> = self.open_nodes().collect();
+        let outcome = place(self.placer, &pod.request, nodes.iter().copied(), |n| {
+            rules.admits(n, &pod.request)
+        });
+        if let Some((at, assignment)) = outcome.chosen {
+            let gpus = crate::defrag::gpu_indices(&assignment);
+            let gpus: Vec<String> = gpus.iter().map(u8::to_string).collect();
+            let message = format!(
+                "fits now on node {} (GPUs {})",
+                nodes[at].name,
+                gpus.join(",")
+            );
+            return stage(Code::Fits, message);
+        }
+        let wanted = if models.is_empty() {
+            "any model".to_string()
+        } else {
+            models.join(", ")
+        };
+        // Nodes of its models that could take it once free (`of_model`), those too small
+        // ever to (`too_small`, e.g. fewer GPUs than it asks).
+        let (mut of_model, mut too_small) = (Vec::new(), None);
+        let (mut capped, mut quota_full) = (None, None);
+        for (at, misfit) in &outcome.misfits {
+            match misfit {
+                Misfit::ModelNotWanted { .. } | Misfit::PoolNotAllowed { .. } => {}
+                Misfit::QuotaFull { model, detail } if model.contains('/') => {
+                    capped = Some(detail.clone());
+                }
+                Misfit::QuotaFull { detail, .. } => quota_full = Some(detail.clone()),
+                misfit if misfit.is_unresolvable() => too_small = Some(misfit.to_string()),
+                _ => of_model.push(nodes[*at]),
+            }
+        }
+        let closed = self.state.nodes().filter(|n| n.closed.is_some()).count();
+        if of_model.is_empty() {
+            if let Some(why) = too_small {
+                let message = format!("no open node of {wanted} could ever take it: {why}");
+                return stage(Code::NoNodeOfModel, message);
+            }
+            if let Some(detail) = capped {
+                return stage(Code::ProfileCap, detail);
+            }
+            if let Some(detail) = quota_full {
+                return stage(Code::QuotaExceeded, detail);
+            }
+            let message = format!(
+                "no open node of {wanted} in the pools it may use ({closed} nodes closed: cordoned, tainted or not Ready)"
+            );
+            return stage(Code::NoNodeOfModel, message);
+        }
+        let need = pod.request.core_units();
+        let free: u64 = of_model
+            .iter()
+            .map(|n| u64::from(n.total_free_core()))
+            .sum();
+        let gpus = |core: u64| core as f64 / 100.0;
+        if free >= need {
+            let message = format!(
+                "{} GPUs of {wanted} are free on {} nodes, it needs {} on one node: no node or GPU set fits",
+                gpus(free),
+                of_model.len(),
+                gpus(need)
+            );
+            stage(Code::Fragmented, message)
+        } else {
+            let message = format!(
+                "{} GPUs of {wanted} are free on {} nodes, it needs {}",
+                gpus(free),
+                of_model.len(),
+                gpus(need)
+            );
+            stage(Code::InsufficientGpus, message)
+        }
+    }
+
+    fn open_nodes(&self) -> impl Iterator<Item = &NodeGpus> {
+        let open = self.state.nodes().filter(|n| n.closed.is_none());
+        open.filter(|n| n.gpu_count() > 0)
+    }
+
+    /// Models the pod does not want whose quota and nodes would take it now.
+    pub(crate) fn other_models(&self, subject: &Subject<'_>) -> Vec<Counterfactual> {
+        let quota = self.state.namespace_quota(subject.namespace());
+        let own = quota.wanted(&subject.pod.models);
+        let labels: BTreeSet<Arc<str>> = self
+            .open_nodes()
+            .filter(|n| own.admits(n).is_err())
+            .filter_map(|n| n.model.clone())
+            .collect();
+        let mut found = Vec::new();
+        for label in labels {
+            let wanted = WantedModels::one(label.to_string());
+            let costs = quota.costs(&subject.pod.request, &wanted.models, self.now);
+            if !matches!(quota.admit(&wanted, &costs, self.rules), Ok(Ok(_))) {
+                continue;
+            }
+            let placed = self.place_as(subject, wanted, |code, message| Stage {
+                stage: "placement",
+                code,
+                message,
+            });
+            if placed.code == Code::Fits {
+                let message = format!(
+                    "fits now as model {label}: {} (set the gpu-admission.io/gpu-type annotation)",
+                    placed.message
+                );
+                found.push(Counterfactual {
+                    kind: "other_model",
+                    message,
+                });
+            }
+        }
+        found
+    }
+}
+
+/// The code of a refusal at admission.
+fn denial_code(denial: &Denial) -> Code {
+    match denial {
+        Denial::Exceeded(e) if e.by_cohort() => Code::CohortLimit,
+        Denial::NoModelHasRoom { tried, .. } if tried.iter().all(|e| e.by_cohort()) => {
+            Code::CohortLimit
+        }
+        Denial::Exceeded(_) | Denial::NoModelHasRoom { .. } => Code::QuotaExceeded,
+        Denial::ModelNotAllowed { .. }
+        | Denial::QuotaRequired { .. }
+        | Denial::UntypedDenied { .. }
+        | Denial::NeedsGpuScheduler { .. } => Code::ModelNotAllowed,
+        Denial::BoundNode { .. } => Code::NoNodeOfModel,
+    }
+}

@@ -1,0 +1,214 @@
+//! `gpu-admission explain` (docs/explain.md): why a GPU pod waits, as a reason code per
+//! stage with its numbers, and what would change it. It reads the cluster (a file, or
+//! the API server), judges with the webhooks' and the extender's own rules (`judge`),
+//! asks the defragmentation planner for "fits after N moves" (`defrag`), and writes
+//! nothing.
+
+mod judge;
+mod verdict;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{ArgGroup, Args};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cache::{CachedPod, ClusterCache, FileObject, Projection};
+use crate::config::Config;
+use crate::placement::defrag::Limits;
+use crate::placement::learn::LearningPlacer;
+
+use judge::{Judge, Subject};
+use verdict::Counterfactual;
+pub(crate) use verdict::{Code, Explanation};
+
+#[derive(Debug, Args)]
+#[command(group = ArgGroup::new("subject").required(true).args(["pod", "filename"]))]
+#[command(group = ArgGroup::new("source").required(true).args(["cluster", "kubeconfig"]))]
+pub struct ExplainArgs {
+    /// The pod, as NAMESPACE/NAME.
+    #[arg(value_name = "NAMESPACE/NAME")]
+    pod: Option<String>,
+    /// A Pod manifest not yet created, judged as if it were created now.
+    #[arg(short = 'f', long)]
+    filename: Option<PathBuf>,
+    /// The cluster as a YAML file (as `serve --cluster` and `defrag` read it).
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Read the cluster from the API server this kubeconfig names.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Configuration file (YAML), as `serve` reads it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    output: crate::defrag::Output,
+}
+
+pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
+    let config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let (objects, source) =
+        crate::defrag::read_cluster(args.cluster.as_deref(), args.kubeconfig.as_deref())?;
+    let manifest = match &args.filename {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let pod: Pod = serde_yaml::from_str(&text)
+                .with_context(|| format!("{} is not a Pod manifest", path.display()))?;
+            Some(pod)
+        }
+        None => None,
+    };
+    let subject = match (&args.pod, manifest) {
+        (Some(key), _) => Asked::Existing(key.clone()),
+        (None, Some(pod)) => Asked::Manifest(Box::new(pod)),
+        (None, None) => anyhow::bail!("name a pod (NAMESPACE/NAME) or give -f FILE"),
+    };
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let explanation = explain(&objects, &source, &config, subject, now)?;
+    match args.output {
+        crate::defrag::Output::Json => {
+            println!("{}", serde_json::to_string_pretty(&explanation)?)
+        }
+        crate::defrag::Output::Text => print!("{}", explanation.text()),
+    }
+    Ok(())
+}
+
+/// The pod asked about.
+pub(crate) enum Asked {
+    /// A pod of the cluster, `namespace/name`.
+    Existing(String),
+    /// A manifest not yet created (what-if).
+    Manifest(Box<Pod>),
+}
+
+/// Judge the pod `asked` names on the cluster `objects` hold, at unix second `now`.
+pub(crate) fn explain(
+    objects: &[FileObject],
+    source: &str,
+    config: &Config,
+    asked: Asked,
+    now: i64,
+) -> anyhow::Result<Explanation> {
+    let projection = Projection::from_config(config);
+    let cache = ClusterCache::from_objects(objects, source, projection.clone())?;
+    let learning =
+        LearningPlacer::new(config.placement.policy, config.placement.gpu_manager_compat);
+    cache.read(|state| {
+        let placed = state.pods().filter(|(_, p)| p.node.is_some());
+        placed.for_each(|(_, p)| learning.observe(&p.request));
+    });
+    let placer = learning.placer();
+    let (key, what_if) = match asked {
+        Asked::Existing(key) => (key, None),
+        Asked::Manifest(mut pod) => {
+            let namespace = pod
+                .metadata
+                .namespace
+                .get_or_insert_with(|| "default".into());
+            let name = pod
+                .metadata
+                .name
+                .clone()
+                .or(pod.metadata.generate_name.clone());
+            let key = format!("{namespace}/{}", name.unwrap_or_else(|| "what-if".into()));
+            let cached = CachedPod::from_pod(&pod, &projection)
+                .map_err(|e| anyhow::anyhow!("the manifest cannot be judged: {e}"))?;
+            (key, Some((cached, pod)))
+        }
+    };
+    let (mut explanation, fragmented) = cache.read(|state| -> anyhow::Result<_> {
+        let existing = state.pod(&key);
+        let pod = match (&what_if, existing) {
+            (Some((cached, _)), _) => cached,
+            (None, Some(pod)) => pod,
+            (None, None) => anyhow::bail!("pod {key} is not in {source}, or asks for no GPU"),
+        };
+        let subject = Subject {
+            key: &key,
+            pod,
+            exists: what_if.is_none(),
+        };
+        let judge = Judge {
+            state,
+            placer: &placer,
+            mig: &cache.projection().names.mig,
+            rules: config.admit_rules(),
+            max_pass_over: config.queue_rules().max_pass_over,
+            now,
+        };
+        let admission = judge.admission(&subject)?;
+        let placement = judge.placement(&subject);
+        let mut counterfactuals = Vec::new();
+        if !admission.code.passes() || !placement.code.passes() {
+            counterfactuals = judge.other_models(&subject);
+        }
+        let fragmented = placement.code == Code::Fragmented;
+        let stages = vec![admission, placement];
+        Ok((
+            Explanation::new(key.clone(), stages, counterfactuals),
+            fragmented,
+        ))
+    })?;
+    if fragmented {
+        let mut objects = objects.to_vec();
+        if let Some((_, pod)) = &what_if {
+            let value = serde_yaml::to_value(pod).context("encoding the manifest")?;
+            objects.push(FileObject {
+                document: 0,
+                value: with_kind(value),
+            });
+        }
+        explanation
+            .counterfactuals
+            .extend(moves(&objects, source, config, &key)?);
+    }
+    Ok(explanation)
+}
+
+/// A manifest's object as a cluster file holds it (kind and version set).
+fn with_kind(mut value: serde_yaml::Value) -> serde_yaml::Value {
+    if let Some(map) = value.as_mapping_mut() {
+        map.insert("kind".into(), "Pod".into());
+        map.insert("apiVersion".into(), "v1".into());
+    }
+    value
+}
+
+/// "Fits after N moves", from the defragmentation planner with its movability rules.
+fn moves(
+    objects: &[FileObject],
+    source: &str,
+    config: &Config,
+    key: &str,
+) -> anyhow::Result<Option<Counterfactual>> {
+    let report =
+        crate::defrag::plan_objects(objects, source, config, Limits::default(), Some(key))?;
+    let Some(plan) = report.plans.first().filter(|p| !p.moves.is_empty()) else {
+        return Ok(None);
+    };
+    let steps: Vec<String> = plan
+        .moves
+        .iter()
+        .map(|m| format!("{} from {} to {}", m.pod, m.from, m.to))
+        .collect();
+    let n = plan.moves.len();
+    let message = format!(
+        "fits on node {} after {n} move{}: {} (`gpu-admission defrag` plans it)",
+        plan.node,
+        if n == 1 { "" } else { "s" },
+        steps.join("; ")
+    );
+    Ok(Some(Counterfactual {
+        kind: "moves",
+        message,
+    }))
+}

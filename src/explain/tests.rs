@@ -1,0 +1,297 @@
+//! One pod for each code `explain` gives, on the fragmented example cluster plus a
+//! namespace with a queueing quota in a cohort, an A100 node and a V100 quota without
+//! nodes.
+#![allow(clippy::unwrap_used)]
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use crate::cache::parse_objects;
+use crate::config::Config;
+
+use super::{Asked, Code, Explanation, explain};
+
+const EXAMPLE: &str = include_str!("../../examples/fragmented.yaml");
+
+const EXTRA: &str = r#"
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: a100-a
+  labels: {nvidia.com/gpu.product: A100}
+status:
+  allocatable: {cpu: "32", memory: 128Gi, tencent.com/vcuda-core: "200", tencent.com/vcuda-memory: "160"}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-q}
+spec:
+  hard: {Tesla-T4: "1", A100: "2", V100: "1", L4: "4"}
+  onExceed: Queue
+  cohort: research
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-r}
+spec:
+  hard: {Tesla-T4: "1"}
+  cohort: research
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: l4-a
+  labels: {nvidia.com/gpu.product: L4}
+status:
+  allocatable: {cpu: "32", memory: 128Gi, tencent.com/vcuda-core: "200", tencent.com/vcuda-memory: "96"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: l4-run
+  namespace: team-q
+  annotations: {gpu-admission.io/gpu-type: L4, tencent.com/predicate-gpu-idx-0: "0"}
+spec:
+  nodeName: l4-a
+  containers:
+  - name: c
+    resources: {limits: {tencent.com/vcuda-core: "100"}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: wait-1
+  namespace: team-q
+  creationTimestamp: "2026-11-29T00:00:00Z"
+  annotations: {gpu-admission.io/gpu-type: Tesla-T4}
+spec:
+  schedulingGates: [{name: gpu-admission.io/quota}]
+  containers:
+  - name: c
+    resources: {limits: {tencent.com/vcuda-core: "100"}}
+"#;
+
+/// 2026-11-29T01:00:00Z
+const NOW: i64 = 1_796_000_400;
+
+fn cluster() -> String {
+    format!("{EXAMPLE}{EXTRA}")
+}
+
+fn existing(key: &str) -> Explanation {
+    let objects = parse_objects(&cluster(), "test").unwrap();
+    explain(
+        &objects,
+        "test",
+        &Config::default(),
+        Asked::Existing(key.into()),
+        NOW,
+    )
+    .unwrap()
+}
+
+/// A manifest in `namespace` naming `model`, asking for `gpus` whole GPUs.
+fn what_if(namespace: &str, model: &str, gpus: u32) -> Explanation {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "new", "namespace": namespace,
+            "annotations": {"gpu-admission.io/gpu-type": model}},
+        "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"tencent.com/vcuda-core": (100 * gpus).to_string()}}}]},
+    }))
+    .unwrap();
+    let objects = parse_objects(&cluster(), "test").unwrap();
+    let asked = Asked::Manifest(Box::new(pod));
+    explain(&objects, "test", &Config::default(), asked, NOW).unwrap()
+}
+
+fn stage<'e>(explanation: &'e Explanation, name: &str) -> &'e super::verdict::Stage {
+    explanation.stages.iter().find(|s| s.stage == name).unwrap()
+}
+
+fn says(explanation: &Explanation, kind: &str, needle: &str) -> bool {
+    explanation
+        .counterfactuals
+        .iter()
+        .any(|c| c.kind == kind && c.message.contains(needle))
+}
+
+#[test]
+fn a_bound_pod_is_placed() {
+    let e = existing("team-b/infer-a-7f9-x2");
+    assert_eq!(e.code, Code::Placed, "{e:?}");
+    assert!(stage(&e, "placement").message.contains("t4-a"));
+    assert!(e.counterfactuals.is_empty());
+}
+
+#[test]
+fn a_pod_with_free_gpus_spread_over_nodes_is_fragmented_and_fits_after_a_move() {
+    let e = existing("team-a/train-0");
+    assert_eq!(e.code, Code::Fragmented, "{e:?}");
+    assert_eq!(stage(&e, "admission").code, Code::Fits);
+    let message = &stage(&e, "placement").message;
+    assert!(
+        message.contains("3 GPUs of Tesla-T4 are free on 3 nodes, it needs 2"),
+        "{message}"
+    );
+    assert!(
+        says(&e, "moves", "team-b/infer-a-7f9-x2 from t4-a"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_pod_asking_more_than_is_free_in_all_has_insufficient_gpus() {
+    // team-q's L4 quota has room for 2 more; the one L4 node has 1 of its 2 free.
+    let e = what_if("team-q", "L4", 2);
+    assert_eq!(e.code, Code::InsufficientGpus, "{e:?}");
+    let message = &stage(&e, "placement").message;
+    assert!(
+        message.contains("1 GPUs of L4 are free on 1 nodes, it needs 2"),
+        "{message}"
+    );
+    assert!(!e.counterfactuals.iter().any(|c| c.kind == "moves"));
+}
+
+#[test]
+fn a_pod_bigger_than_any_node_of_its_model_has_no_node() {
+    let e = existing("team-a/train-big");
+    assert_eq!(e.code, Code::NoNodeOfModel, "{e:?}");
+    let message = &stage(&e, "placement").message;
+    assert!(
+        message.contains("needs 4 whole GPUs, node has 2"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_queued_pod_with_room_is_queued_behind() {
+    let e = existing("team-q/wait-1");
+    assert_eq!(e.code, Code::QueuedBehind, "{e:?}");
+    assert!(
+        stage(&e, "admission").message.contains("1 of 1 in line"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_manifest_no_node_of_its_model_fits_is_told_of_another_model_and_of_moves() {
+    // team-q may use 1 Tesla-T4 and borrows the second from team-r (cohort research);
+    // no T4 node has 2 free. Its quota has 2 A100, both free on the A100 node: as A100 it
+    // fits now; as T4 after moving infer-a.
+    let e = what_if("team-q", "Tesla-T4", 2);
+    assert_eq!(stage(&e, "admission").code, Code::Fits, "{e:?}");
+    assert_eq!(e.code, Code::Fragmented, "{e:?}");
+    assert!(says(&e, "other_model", "fits now as model A100"), "{e:?}");
+    assert!(
+        says(&e, "moves", "team-b/infer-a-7f9-x2 from t4-a"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_manifest_past_its_quota_in_a_cohort_that_lends_no_more_is_cohort_limited() {
+    // team-r's own Tesla-T4 (1) is short of 2, and team-q, the only other member, lends
+    // its single Tesla-T4 at most: the cohort cannot make up the rest.
+    let e = what_if("team-r", "Tesla-T4", 3);
+    assert_eq!(e.code, Code::CohortLimit, "{e:?}");
+    assert!(
+        stage(&e, "admission").message.contains("cohort research"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_manifest_past_a_quota_without_a_cohort_exceeds_it() {
+    // team-a may use 8 Tesla-T4; its two pending pods are charged 6 at creation.
+    let e = what_if("team-a", "Tesla-T4", 3);
+    assert_eq!(e.code, Code::QuotaExceeded, "{e:?}");
+    assert!(
+        stage(&e, "admission").message.contains("used 6 of 8"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_manifest_naming_a_model_its_quota_does_not_list_is_not_allowed() {
+    let e = what_if("team-a", "A100", 1);
+    assert_eq!(e.code, Code::ModelNotAllowed, "{e:?}");
+}
+
+#[test]
+fn a_model_without_open_nodes_has_no_node() {
+    let e = what_if("team-q", "V100", 1);
+    assert_eq!(stage(&e, "admission").code, Code::Fits, "{e:?}");
+    assert_eq!(e.code, Code::NoNodeOfModel, "{e:?}");
+    // Nor does a node too small ever to take it: 3 whole T4s on 2-GPU nodes.
+    let e = what_if("team-q", "Tesla-T4", 3);
+    let placement = stage(&e, "placement");
+    assert_eq!(placement.code, Code::NoNodeOfModel, "{e:?}");
+    assert!(placement.message.contains("could ever take it"), "{e:?}");
+}
+
+#[test]
+fn a_manifest_with_room_and_a_node_fits() {
+    let e = what_if("team-q", "A100", 1);
+    assert_eq!(e.code, Code::Fits, "{e:?}");
+    assert!(stage(&e, "placement").message.contains("a100-a"), "{e:?}");
+    assert!(e.counterfactuals.is_empty());
+}
+
+#[test]
+fn a_pod_not_in_the_cluster_is_an_error() {
+    let objects = parse_objects(&cluster(), "test").unwrap();
+    let asked = Asked::Existing("team-a/nobody".into());
+    let error = explain(&objects, "test", &Config::default(), asked, NOW).unwrap_err();
+    assert!(error.to_string().contains("team-a/nobody"), "{error}");
+}
+
+#[test]
+fn the_json_answer_has_the_documented_fields() {
+    let e = existing("team-a/train-0");
+    let json = serde_json::to_value(&e).unwrap();
+    assert_eq!(json["pod"], "team-a/train-0");
+    assert_eq!(json["code"], "Fragmented");
+    assert_eq!(json["stages"][0]["stage"], "admission");
+    assert_eq!(json["stages"][1]["code"], "Fragmented");
+    assert!(json["stages"][1]["message"].is_string());
+    assert_eq!(json["counterfactuals"][0]["kind"], "moves");
+    let e = what_if("team-q", "L4", 2);
+    assert_eq!(
+        serde_json::to_value(&e).unwrap()["code"],
+        "InsufficientGPUs"
+    );
+}
+
+#[test]
+fn a_pod_only_capped_mig_slices_would_take_has_a_profile_cap() {
+    // The only A100 node is cut into 1g.5gb slices (single strategy), a profile team-m's
+    // quota caps: a pod that names the model, not the slice, may not take one.
+    let text = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: sliced
+  labels: {nvidia.com/gpu.product: A100-SXM4-40GB-MIG-1g.5gb}
+status:
+  allocatable: {cpu: "32", memory: 128Gi, nvidia.com/gpu: "7"}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-m}
+spec:
+  hard: {A100-SXM4-40GB: "2", A100-SXM4-40GB/1g.5gb: "1"}
+"#;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "new", "namespace": "team-m",
+            "annotations": {"gpu-admission.io/gpu-type": "A100-SXM4-40GB"}},
+        "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))
+    .unwrap();
+    let objects = parse_objects(text, "test").unwrap();
+    let asked = Asked::Manifest(Box::new(pod));
+    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    assert_eq!(e.code, Code::ProfileCap, "{e:?}");
+    assert!(stage(&e, "placement").message.contains("1g.5gb"), "{e:?}");
+}

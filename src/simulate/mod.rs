@@ -3,6 +3,7 @@
 //! policy manages to allocate.
 
 mod defrag;
+mod free_time;
 mod plot;
 mod replay;
 mod tenancy;
@@ -236,7 +237,8 @@ fn render_timeline(
     format!(
         "{mode:?}: {started} of {pods} GPU pods started ({too_big} larger than any quota, \
          {never} never started, {no_node} of them for want of a node); {waited} waited on quota: p50 {p50}, p99 {p99}, max {max}; \
-         stranded {stranded:.1} GPU-hours; {evictions} evictions ({lost:.1} GPU-hours of work \
+         stranded {stranded:.1} GPU-hours; free GPU-hours by cause: fragmented {fragmented:.1}, \
+         quota_blocked {blocked:.1}, idle {idle:.1}; {evictions} evictions ({lost:.1} GPU-hours of work \
          lost); {retries} creates made again after a refusal; replayed in {secs:.2} s",
         started = result.started,
         pods = result.pods,
@@ -248,6 +250,9 @@ fn render_timeline(
         p99 = span(result.wait_p99_s),
         max = span(result.wait_max_s),
         stranded = result.stranded_gpu_hours,
+        fragmented = result.free_gpu_hours.fragmented,
+        blocked = result.free_gpu_hours.quota_blocked,
+        idle = result.free_gpu_hours.idle,
         evictions = result.evictions,
         lost = result.evicted_gpu_hours,
         retries = result.retries,

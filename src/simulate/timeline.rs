@@ -22,6 +22,7 @@ use crate::quota::queue::{QueueRules, Turn, Waiting, plan};
 use crate::quota::view::QuotaView;
 use crate::quota::{Charge, Costs, ModelAmounts, OnExceed, admit};
 
+use super::free_time::{FreeHours, FreeTime};
 use super::replay::{SimNode, SimPod};
 pub(super) use super::tenancy::{Tenancy, TimedPod, tenancy};
 
@@ -68,6 +69,9 @@ pub(super) struct TimelineResult {
     /// GPU-hours during which GPUs sat idle while pods waited on quota (the smaller of
     /// the idle GPUs and the waiting pods' demand, over time).
     pub(super) stranded_gpu_hours: f64,
+    /// Free GPU-hours by cause (`placement::free`): on GPUs no task of the mix could
+    /// start on, usable while pods that accept the model waited on quota, and idle.
+    pub(super) free_gpu_hours: FreeHours,
     pub(super) evictions: usize,
     /// GPU-hours of work the evicted pods lost.
     pub(super) evicted_gpu_hours: f64,
@@ -128,6 +132,7 @@ struct Replay<'a> {
     allocated: u64,
     waiting_demand: u64,
     stranded_milli_seconds: u128,
+    free: FreeTime,
     result: TimelineResult,
 }
 
@@ -169,6 +174,7 @@ pub(super) fn run(
         allocated: 0,
         waiting_demand: 0,
         stranded_milli_seconds: 0,
+        free: FreeTime::new(nodes, &placer.mix),
         result: TimelineResult {
             pods: pods.len(),
             ..TimelineResult::default()
@@ -222,6 +228,7 @@ impl Replay<'_> {
         let idle = self.capacity.saturating_sub(self.allocated);
         let stranded = u128::from(idle.min(self.waiting_demand));
         self.stranded_milli_seconds += stranded * u128::from(to.saturating_sub(self.now));
+        self.free.pass(to.saturating_sub(self.now));
         self.now = to;
     }
 
@@ -302,6 +309,7 @@ impl Replay<'_> {
                 true => self.waiting_demand += demand,
                 false => self.waiting_demand -= demand,
             }
+            self.free.wait(&self.wanted[pod], &self.nodes, waits);
         }
     }
 
@@ -344,8 +352,10 @@ impl Replay<'_> {
         let k = self.namespace(pod);
         let demand = self.demand(pod);
         let chosen = &mut self.nodes[node];
+        self.free.remove(node, &chosen.gpus);
         assignment.occupy(&mut chosen.gpus);
         chosen.room = chosen.room.minus(&self.pods[pod].pod.host);
+        self.free.add(node, &chosen.gpus, &self.placer.mix);
         let used = self.used[k].entry(model.clone()).or_default();
         used.0 += demand.0;
         let hard = self.tenancy.hard[k]
@@ -379,8 +389,10 @@ impl Replay<'_> {
         let k = self.namespace(pod);
         let demand = self.demand(pod);
         let node = &mut self.nodes[run.node];
+        self.free.remove(run.node, &node.gpus);
         run.assignment.vacate(&mut node.gpus);
         node.room = node.room.plus(&self.pods[pod].pod.host);
+        self.free.add(run.node, &node.gpus, &self.placer.mix);
         if let Some(used) = self.used[k].get_mut(&run.model) {
             used.0 -= demand.0;
         }
@@ -563,6 +575,7 @@ impl Replay<'_> {
         result.wait_p99_s = at(0.99);
         result.wait_max_s = waited.last().copied().unwrap_or(0);
         result.stranded_gpu_hours = self.stranded_milli_seconds as f64 / 3_600_000.0;
+        result.free_gpu_hours = self.free.hours();
         result.seconds = seconds;
         self.result
     }

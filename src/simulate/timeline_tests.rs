@@ -71,6 +71,13 @@ fn queue_waits_for_room_deny_retries_and_a_cohort_borrows() {
     assert_eq!(queue.retries, 0);
     // Two GPUs of demand waited 100 s while six GPUs idled.
     assert!((queue.stranded_gpu_hours - 200.0 / 3600.0).abs() < 1e-9);
+    // By cause: for the first 100 s the six free GPUs are usable while two T4 pods wait
+    // (quota-blocked), for the next 100 s nobody waits (idle); whole GPUs fragment
+    // nothing. Together: the free GPU-time, 6 GPUs × 200 s.
+    let free = queue.free_gpu_hours;
+    assert!((free.quota_blocked - 600.0 / 3600.0).abs() < 1e-9, "{free:?}");
+    assert!((free.idle - 600.0 / 3600.0).abs() < 1e-9, "{free:?}");
+    assert_eq!(free.fragmented, 0.0);
 
     let deny = replay(QuotaMode::Deny, &pods, &tenancy);
     assert_eq!((deny.started, deny.waited), (4, 2));

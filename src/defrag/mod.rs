@@ -21,6 +21,7 @@ use clap::{ArgGroup, Args};
 use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
 use crate::config::Config;
 use crate::extender::plan::eligibility;
+use crate::placement::Placer;
 use crate::placement::defrag::{
     Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits, Planner, Resident, Site,
 };
@@ -30,7 +31,7 @@ use movable::Mobility;
 pub(crate) use report::gpu_indices;
 pub(crate) use report::{Output, Report};
 use report::{PlanOut, Step, Unplanned};
-use world::World;
+pub(crate) use world::World;
 
 #[derive(Debug, Args)]
 #[command(group = ArgGroup::new("source").required(true).args(["cluster", "kubeconfig"]))]
@@ -109,27 +110,39 @@ pub(crate) fn plan_objects(
 ) -> anyhow::Result<Report> {
     let world = World::read(objects).with_context(|| format!("reading {source}"))?;
     let cache = ClusterCache::from_objects(objects, source, Projection::from_config(config))?;
-    // Fragmentation is measured against the request mix of the pods placed, as the
-    // extender learns it.
-    let learning =
-        LearningPlacer::new(config.placement.policy, config.placement.gpu_manager_compat);
+    let placer = learned_placer(&cache, config);
+    plan_in(&cache, &world, &placer, limits, only)
+}
+
+/// The placer the extender would have: the configured policy, with the request mix
+/// of the pods placed as it learns it (fragmentation is measured against it).
+pub(crate) fn learned_placer(cache: &ClusterCache, config: &Config) -> Arc<Placer> {
+    let placement = &config.placement;
+    let learning = LearningPlacer::new(placement.policy, placement.gpu_manager_compat);
     cache.read(|state| {
         let placed = state.pods().filter(|(_, p)| p.node.is_some());
         placed.for_each(|(_, p)| learning.observe(&p.request));
     });
-    let placer = learning.placer();
-    let planner = Planner {
-        placer: &placer,
-        limits,
-    };
+    learning.placer()
+}
+
+/// [`plan_objects`] on a cache and the objects' `world` already read.
+pub(crate) fn plan_in(
+    cache: &ClusterCache,
+    world: &World,
+    placer: &Placer,
+    limits: Limits,
+    only: Option<&str>,
+) -> anyhow::Result<Report> {
+    let planner = Planner { placer, limits };
     let mig = &cache.projection().names.mig;
     cache.read(|state| {
-        let sites = sites(state, &world);
-        let mobility = Mobility::new(&world);
+        let sites = sites(state, world);
+        let mobility = Mobility::new(world);
         let ground = Ground {
             state,
             sites: &sites,
-            world: &world,
+            world,
             mobility: &mobility,
             planner,
             mig,

@@ -38,6 +38,8 @@ pub(crate) struct NodeFacts {
     /// Allocatable CPU and memory (`status.allocatable`, else `capacity`); a dimension
     /// the node does not state is unbounded.
     pub(crate) allocatable: HostRoom,
+    /// What its active pods request.
+    pub(crate) used: HostRoom,
 }
 
 /// A pod's controller, as its ownerReference names it.
@@ -123,17 +125,20 @@ impl World {
                 _ => {}
             }
         }
+        let active = world.pods.values().filter(|p| p.active);
+        for pod in active {
+            let facts = pod.node.as_deref().and_then(|n| world.nodes.get_mut(n));
+            if let Some(facts) = facts {
+                facts.used = facts.used.plus(&pod.host);
+            }
+        }
         Ok(world)
     }
 
     /// CPU and memory free on `node`: allocatable less what its active pods request.
     pub(crate) fn room(&self, node: &str) -> Option<HostRoom> {
         let facts = self.nodes.get(node)?;
-        let on_node = self.pods.values().filter(|p| p.active);
-        let used = on_node
-            .filter(|p| p.node.as_deref() == Some(node))
-            .fold(HostRoom::default(), |sum, p| sum.plus(&p.host));
-        Some(facts.allocatable.minus(&used))
+        Some(facts.allocatable.minus(&facts.used))
     }
 }
 
@@ -164,7 +169,10 @@ fn node_facts(node: &Node, document: usize) -> Result<NodeFacts, WorldError> {
             None => UNSTATED,
         },
     };
-    Ok(NodeFacts { allocatable })
+    Ok(NodeFacts {
+        allocatable,
+        used: HostRoom::default(),
+    })
 }
 
 fn pod_facts(pod: &Pod, document: usize) -> Result<PodFacts, WorldError> {

@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::cache::{CachedPod, ClusterCache, FileObject, Projection};
 use crate::config::Config;
+use crate::defrag::World;
 use crate::placement::defrag::Limits;
-use crate::placement::learn::LearningPlacer;
 
 use judge::{Judge, Subject};
 use verdict::Counterfactual;
@@ -100,13 +100,7 @@ pub(crate) fn explain(
 ) -> anyhow::Result<Explanation> {
     let projection = Projection::from_config(config);
     let cache = ClusterCache::from_objects(objects, source, projection.clone())?;
-    let learning =
-        LearningPlacer::new(config.placement.policy, config.placement.gpu_manager_compat);
-    cache.read(|state| {
-        let placed = state.pods().filter(|(_, p)| p.node.is_some());
-        placed.for_each(|(_, p)| learning.observe(&p.request));
-    });
-    let placer = learning.placer();
+    let placer = crate::defrag::learned_placer(&cache, config);
     let (key, what_if) = match asked {
         Asked::Existing(key) => (key, None),
         Asked::Manifest(mut pod) => {
@@ -159,17 +153,22 @@ pub(crate) fn explain(
         ))
     })?;
     if fragmented {
-        let mut objects = objects.to_vec();
-        if let Some((_, pod)) = &what_if {
-            let value = serde_yaml::to_value(pod).context("encoding the manifest")?;
-            objects.push(FileObject {
-                document: 0,
-                value: with_kind(value),
-            });
-        }
-        explanation
-            .counterfactuals
-            .extend(moves(&objects, source, config, &key)?);
+        let limits = Limits::default();
+        let report = match &what_if {
+            None => {
+                let world = World::read(objects).with_context(|| format!("reading {source}"))?;
+                crate::defrag::plan_in(&cache, &world, &placer, limits, Some(&key))?
+            }
+            // The manifest joins the cluster for the planner: it plans for pods that are.
+            Some((_, pod)) => {
+                let mut objects = objects.to_vec();
+                let value = serde_yaml::to_value(pod).context("encoding the manifest")?;
+                let value = with_kind(value);
+                objects.push(FileObject { document: 0, value });
+                crate::defrag::plan_objects(&objects, source, config, limits, Some(&key))?
+            }
+        };
+        explanation.counterfactuals.extend(moves(&report));
     }
     Ok(explanation)
 }
@@ -183,18 +182,9 @@ fn with_kind(mut value: serde_yaml::Value) -> serde_yaml::Value {
     value
 }
 
-/// "Fits after N moves", from the defragmentation planner with its movability rules.
-fn moves(
-    objects: &[FileObject],
-    source: &str,
-    config: &Config,
-    key: &str,
-) -> anyhow::Result<Option<Counterfactual>> {
-    let report =
-        crate::defrag::plan_objects(objects, source, config, Limits::default(), Some(key))?;
-    let Some(plan) = report.plans.first().filter(|p| !p.moves.is_empty()) else {
-        return Ok(None);
-    };
+/// "Fits after N moves", from the defragmentation planner's `report` for the pod.
+fn moves(report: &crate::defrag::Report) -> Option<Counterfactual> {
+    let plan = report.plans.first().filter(|p| !p.moves.is_empty())?;
     let steps: Vec<String> = plan
         .moves
         .iter()
@@ -207,8 +197,8 @@ fn moves(
         if n == 1 { "" } else { "s" },
         steps.join("; ")
     );
-    Ok(Some(Counterfactual {
+    Some(Counterfactual {
         kind: "moves",
         message,
-    }))
+    })
 }

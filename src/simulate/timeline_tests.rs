@@ -75,7 +75,10 @@ fn queue_waits_for_room_deny_retries_and_a_cohort_borrows() {
     // (quota-blocked), for the next 100 s nobody waits (idle); whole GPUs fragment
     // nothing. Together: the free GPU-time, 6 GPUs × 200 s.
     let free = queue.free_gpu_hours;
-    assert!((free.quota_blocked - 600.0 / 3600.0).abs() < 1e-9, "{free:?}");
+    assert!(
+        (free.quota_blocked - 600.0 / 3600.0).abs() < 1e-9,
+        "{free:?}"
+    );
     assert!((free.idle - 600.0 / 3600.0).abs() < 1e-9, "{free:?}");
     assert_eq!(free.fragmented, 0.0);
 

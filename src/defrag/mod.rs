@@ -120,8 +120,13 @@ pub(crate) fn learned_placer(cache: &ClusterCache, config: &Config) -> Arc<Place
     let placement = &config.placement;
     let learning = LearningPlacer::new(placement.policy, placement.gpu_manager_compat);
     cache.read(|state| {
-        let placed = state.pods().filter(|(_, p)| p.node.is_some());
-        placed.for_each(|(_, p)| learning.observe(&p.request));
+        // In name order: the mix snapshots as it grows, so the same cluster must give
+        // the same mix (and the same plan) every time.
+        let mut placed: Vec<_> = state.pods().filter(|(_, p)| p.node.is_some()).collect();
+        placed.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        placed
+            .iter()
+            .for_each(|(_, p)| learning.observe(&p.request));
     });
     learning.placer()
 }
@@ -206,6 +211,10 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
             priority: pod.priority,
             pools: Arc::from(pools),
         });
+    }
+    // The cache holds pods in no order; the planner breaks its last ties by it.
+    for site in &mut sites {
+        site.residents.sort_unstable_by(|a, b| a.pod.cmp(&b.pod));
     }
     sites
 }

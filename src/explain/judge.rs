@@ -11,7 +11,7 @@ use crate::extender::plan::eligibility;
 use crate::placement::mig::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::{Misfit, NodeGpus, Placer, place};
-use crate::quota::{AdmitRules, Denial, StatusError};
+use crate::quota::{AdmitRules, Denial, StatusError, charge_on};
 
 use super::verdict::{Code, Counterfactual, Stage};
 
@@ -219,6 +219,34 @@ impl Judge<'_> {
     fn open_nodes(&self) -> impl Iterator<Item = &NodeGpus> {
         let open = self.state.nodes().filter(|n| n.closed.is_none());
         open.filter(|n| n.gpu_count() > 0)
+    }
+
+    /// When a quota refused the pod for one model: the running pod of its namespace
+    /// whose end frees enough of that model, the smallest such (then by name).
+    pub(crate) fn ends(&self, subject: &Subject<'_>) -> Option<Counterfactual> {
+        let quota = self.state.namespace_quota(subject.namespace());
+        let wanted = quota.wanted(&subject.pod.models);
+        let costs = quota.costs(&subject.pod.request, &wanted.models, self.now);
+        let Ok(Err(Denial::Exceeded(exceeded))) = quota.admit(&wanted, &costs, self.rules) else {
+            return None;
+        };
+        let (key, short) = exceeded.short_by();
+        let namespace = subject.namespace();
+        let running = self.state.pods().filter(|(k, p)| {
+            p.bound && &***k != subject.key && crate::cache::pod::key_parts(k).0 == namespace
+        });
+        let frees = running.filter_map(|(k, p)| {
+            let label = self.state.node(p.node.as_deref()?)?.model.clone()?;
+            let charge = charge_on(&p.request, &label, self.mig);
+            let freed = charge.get(key).copied().filter(|f| f.0 >= short.0)?;
+            Some((freed, k.clone()))
+        });
+        let (freed, pod) = frees.min()?;
+        let message = format!("fits when {pod} ends (frees {freed} {key}; {short} more is needed)");
+        Some(Counterfactual {
+            kind: "ends",
+            message,
+        })
     }
 
     /// Models the pod does not want whose quota and nodes would take it now.

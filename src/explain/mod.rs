@@ -144,6 +144,9 @@ pub(crate) fn explain(
         let mut counterfactuals = Vec::new();
         if !admission.code.passes() || !placement.code.passes() {
             counterfactuals = judge.other_models(&subject);
+            if !admission.code.passes() {
+                counterfactuals.extend(judge.ends(&subject));
+            }
         }
         let fragmented = placement.code == Code::Fragmented;
         let stages = vec![admission, placement];

@@ -295,3 +295,22 @@ spec:
     assert_eq!(e.code, Code::ProfileCap, "{e:?}");
     assert!(stage(&e, "placement").message.contains("1g.5gb"), "{e:?}");
 }
+
+#[test]
+fn a_refused_manifest_is_told_which_running_pod_of_its_namespace_makes_room() {
+    // team-q's L4 quota is 4 and l4-run holds 1: 4 more are 1 too many, and l4-run's
+    // end frees that one.
+    let e = what_if("team-q", "L4", 4);
+    assert!(!e.code.passes(), "{e:?}");
+    assert!(
+        says(
+            &e,
+            "ends",
+            "fits when team-q/l4-run ends (frees 1 L4; 1 more is needed)"
+        ),
+        "{e:?}"
+    );
+    // Within its quota nothing needs to end.
+    let e = what_if("team-q", "L4", 2);
+    assert!(!e.counterfactuals.iter().any(|c| c.kind == "ends"), "{e:?}");
+}

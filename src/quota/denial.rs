@@ -102,6 +102,13 @@ impl Exceeded {
         self.quota.split('/').next().unwrap_or_default()
     }
 
+    /// The quota key refused, and how much more room the request needs than the quota
+    /// has (`explain`'s "fits when ... ends").
+    pub(crate) fn short_by(&self) -> (&str, Milli) {
+        let room = self.hard.0.saturating_sub(self.used.0);
+        (&self.model, Milli(self.requested.0.saturating_sub(room)))
+    }
+
     /// Whether the quota is in a cohort that lends it no more (`explain`'s
     /// `CohortLimit`).
     pub(crate) fn by_cohort(&self) -> bool {

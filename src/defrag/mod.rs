@@ -33,9 +33,10 @@ pub(crate) use report::{Output, Report};
 use report::{PlanOut, Step, Unplanned};
 pub(crate) use world::World;
 
+/// Where `defrag` and `explain` read the cluster and the configuration from.
 #[derive(Debug, Args)]
 #[command(group = ArgGroup::new("source").required(true).args(["cluster", "kubeconfig"]))]
-pub struct DefragArgs {
+pub(crate) struct ClusterSource {
     /// The cluster as a YAML file: Nodes, Pods, GPUQuotas, PodDisruptionBudgets and the
     /// ReplicaSets, StatefulSets and Jobs pods name as owners (`kind: List`s as
     /// `kubectl get -o yaml` prints them are read too).
@@ -47,6 +48,48 @@ pub struct DefragArgs {
     /// Configuration file (YAML), as `serve` reads it.
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+/// The cluster's objects, what to call their source in messages, and the configuration.
+pub(crate) struct Read {
+    pub(crate) objects: Vec<FileObject>,
+    pub(crate) source: String,
+    pub(crate) config: Config,
+}
+
+impl ClusterSource {
+    /// Read the configuration, then the objects from the file or the API server.
+    pub(crate) fn read(&self) -> anyhow::Result<Read> {
+        let config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        let (objects, source) = match (&self.cluster, &self.kubeconfig) {
+            (Some(path), _) => (
+                crate::cache::read_objects(path)?,
+                path.display().to_string(),
+            ),
+            (None, Some(kubeconfig)) => {
+                let runtime =
+                    tokio::runtime::Runtime::new().context("starting the async runtime")?;
+                let objects = runtime.block_on(listed(kubeconfig))?;
+                let source = format!("the API server of {}", kubeconfig.display());
+                (objects, source)
+            }
+            (None, None) => anyhow::bail!("give --cluster FILE or --kubeconfig FILE"),
+        };
+        Ok(Read {
+            objects,
+            source,
+            config,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DefragArgs {
+    #[command(flatten)]
+    source: ClusterSource,
     /// Plan for this pod only (NAMESPACE/NAME).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pod: Option<String>,
@@ -63,11 +106,11 @@ pub struct DefragArgs {
 
 /// Read the cluster, plan, print.
 pub fn run(args: DefragArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    let (objects, source) = read_cluster(args.cluster.as_deref(), args.kubeconfig.as_deref())?;
+    let Read {
+        objects,
+        source,
+        config,
+    } = args.source.read()?;
     let limits = Limits {
         max_moves: args.max_moves,
         budget: args.budget,
@@ -75,29 +118,6 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
     let report = plan_objects(&objects, &source, &config, limits, args.pod.as_deref())?;
     print!("{}", report.render(args.output)?);
     Ok(())
-}
-
-/// The cluster's objects, from a file or the API server `kubeconfig` names, and what to
-/// call their source in messages.
-pub(crate) fn read_cluster(
-    cluster: Option<&std::path::Path>,
-    kubeconfig: Option<&std::path::Path>,
-) -> anyhow::Result<(Vec<FileObject>, String)> {
-    match (cluster, kubeconfig) {
-        (Some(path), _) => Ok((
-            crate::cache::read_objects(path)?,
-            path.display().to_string(),
-        )),
-        (None, Some(kubeconfig)) => {
-            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            let objects = runtime.block_on(listed(kubeconfig))?;
-            Ok((
-                objects,
-                format!("the API server of {}", kubeconfig.display()),
-            ))
-        }
-        (None, None) => anyhow::bail!("give --cluster FILE or --kubeconfig FILE"),
-    }
 }
 
 /// The plans for the pending GPU pods among `objects` (or for `only`).

@@ -49,7 +49,11 @@ impl Subject<'_> {
 impl Judge<'_> {
     /// Admission: bound, admitted at creation, or (waiting in the quota queue, or not
     /// yet created) what the quota says now.
-    pub(crate) fn admission(&self, subject: &Subject<'_>) -> Result<Stage, StatusError> {
+    /// With the stage, the quota's refusal, if any (the `ends` counterfactual reads it).
+    pub(crate) fn admission(
+        &self,
+        subject: &Subject<'_>,
+    ) -> Result<(Stage, Option<Denial>), StatusError> {
         let stage = |code, message| Stage {
             stage: "admission",
             code,
@@ -62,7 +66,7 @@ impl Judge<'_> {
             } else {
                 "admitted at creation and charged".to_string()
             };
-            return Ok(stage(Code::Fits, message));
+            return Ok((stage(Code::Fits, message), None));
         }
         let quota = self.state.namespace_quota(subject.namespace());
         let wanted = quota.wanted(&pod.models);
@@ -75,12 +79,12 @@ impl Judge<'_> {
                 let message = format!(
                     "its quota has room now; it waits in the quota queue, {place} of {of} in line"
                 );
-                stage(Code::QueuedBehind, message)
+                (stage(Code::QueuedBehind, message), None)
             }
-            Ok(_) => stage(
-                Code::Fits,
-                "its quota has room: it would be admitted".into(),
-            ),
+            Ok(_) => {
+                let message = "its quota has room: it would be admitted".into();
+                (stage(Code::Fits, message), None)
+            }
             Err(denial) => {
                 let mut message = denial.to_string();
                 if pod.gated {
@@ -89,7 +93,7 @@ impl Judge<'_> {
                 } else if queues {
                     message += "; it would wait in the quota queue (onExceed: Queue)";
                 }
-                stage(denial_code(&denial), message)
+                (stage(denial_code(&denial), message), Some(denial))
             }
         })
     }
@@ -197,22 +201,14 @@ impl Judge<'_> {
             .map(|n| u64::from(n.total_free_core()))
             .sum();
         let gpus = |core: u64| core as f64 / 100.0;
+        let (free_gpus, nodes, need_gpus) = (gpus(free), of_model.len(), gpus(need));
+        let counted =
+            format!("{free_gpus} GPUs of {wanted} are free on {nodes} nodes, it needs {need_gpus}");
         if free >= need {
-            let message = format!(
-                "{} GPUs of {wanted} are free on {} nodes, it needs {} on one node: no node or GPU set fits",
-                gpus(free),
-                of_model.len(),
-                gpus(need)
-            );
+            let message = format!("{counted} on one node: no node or GPU set fits");
             stage(Code::Fragmented, message)
         } else {
-            let message = format!(
-                "{} GPUs of {wanted} are free on {} nodes, it needs {}",
-                gpus(free),
-                of_model.len(),
-                gpus(need)
-            );
-            stage(Code::InsufficientGpus, message)
+            stage(Code::InsufficientGpus, counted)
         }
     }
 
@@ -223,11 +219,8 @@ impl Judge<'_> {
 
     /// When a quota refused the pod for one model: the running pod of its namespace
     /// whose end frees enough of that model, the smallest such (then by name).
-    pub(crate) fn ends(&self, subject: &Subject<'_>) -> Option<Counterfactual> {
-        let quota = self.state.namespace_quota(subject.namespace());
-        let wanted = quota.wanted(&subject.pod.models);
-        let costs = quota.costs(&subject.pod.request, &wanted.models, self.now);
-        let Ok(Err(Denial::Exceeded(exceeded))) = quota.admit(&wanted, &costs, self.rules) else {
+    pub(crate) fn ends(&self, subject: &Subject<'_>, denial: &Denial) -> Option<Counterfactual> {
+        let Denial::Exceeded(exceeded) = denial else {
             return None;
         };
         let (key, short) = exceeded.short_by();

@@ -27,7 +27,6 @@ pub(crate) use verdict::{Code, Explanation};
 
 #[derive(Debug, Args)]
 #[command(group = ArgGroup::new("subject").required(true).args(["pod", "filename"]))]
-#[command(group = ArgGroup::new("source").required(true).args(["cluster", "kubeconfig"]))]
 pub struct ExplainArgs {
     /// The pod, as NAMESPACE/NAME.
     #[arg(value_name = "NAMESPACE/NAME")]
@@ -35,27 +34,19 @@ pub struct ExplainArgs {
     /// A Pod manifest not yet created, judged as if it were created now.
     #[arg(short = 'f', long)]
     filename: Option<PathBuf>,
-    /// The cluster as a YAML file (as `serve --cluster` and `defrag` read it).
-    #[arg(long)]
-    cluster: Option<PathBuf>,
-    /// Read the cluster from the API server this kubeconfig names.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Configuration file (YAML), as `serve` reads it.
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    source: crate::defrag::ClusterSource,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     output: crate::defrag::Output,
 }
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    let (objects, source) =
-        crate::defrag::read_cluster(args.cluster.as_deref(), args.kubeconfig.as_deref())?;
+    let crate::defrag::Read {
+        objects,
+        source,
+        config,
+    } = args.source.read()?;
     let manifest = match &args.filename {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -139,13 +130,13 @@ pub(crate) fn explain(
             max_pass_over: config.queue_rules().max_pass_over,
             now,
         };
-        let admission = judge.admission(&subject)?;
+        let (admission, denial) = judge.admission(&subject)?;
         let placement = judge.placement(&subject);
         let mut counterfactuals = Vec::new();
         if !admission.code.passes() || !placement.code.passes() {
             counterfactuals = judge.other_models(&subject);
-            if !admission.code.passes() {
-                counterfactuals.extend(judge.ends(&subject));
+            if let Some(denial) = &denial {
+                counterfactuals.extend(judge.ends(&subject, denial));
             }
         }
         let fragmented = placement.code == Code::Fragmented;

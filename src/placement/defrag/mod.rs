@@ -28,7 +28,7 @@ mod tests;
 use std::sync::Arc;
 
 use super::fit::{Assignment, Misfit};
-use super::fragment::{GpuShape, HostRoom, TaskMix, TaskShape};
+use super::fragment::HostRoom;
 use super::node::NodeGpus;
 use super::policy::{Candidate, Placer, place_with_host};
 use super::request::GpuRequest;
@@ -324,7 +324,7 @@ impl Planner<'_> {
         let mut after = cluster[node].gpus().clone();
         assignment.occupy(&mut after);
         let room = cluster[node].room();
-        let mix = self.mix();
+        let mix = self.placer.mix.or_whole_gpu();
         let fragmentation = mix.fragmentation(&after, room.map(|r| r.minus(&ask.host)).as_ref())
             - mix.fragmentation(cluster[node].gpus(), room.as_ref());
         Some(Plan {
@@ -346,7 +346,7 @@ impl Planner<'_> {
         budget: &mut Budget,
     ) -> Option<Plan<C::Pod>> {
         covers.sort_by_key(|c| c.core_moved);
-        let mix = self.mix();
+        let mix = self.placer.mix.or_whole_gpu();
         let mut best: Option<Plan<C::Pod>> = None;
         for cover in &covers {
             let worse = best
@@ -363,17 +363,6 @@ impl Planner<'_> {
             }
         }
         best
-    }
-
-    /// The mix fragmentation is measured against: the placer's, or one whole GPU
-    /// while it has none (as `TaskMix::cluster_fragmentation` does).
-    fn mix(&self) -> std::borrow::Cow<'_, TaskMix> {
-        if self.placer.mix.is_empty() {
-            let whole = TaskShape::gpu_only(GpuShape::Whole { gpus: 1 });
-            std::borrow::Cow::Owned(TaskMix::weighted([(whole, 1.0)]))
-        } else {
-            std::borrow::Cow::Borrowed(self.placer.mix.as_ref())
-        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! Measuring fragmentation: how much of a node's free GPU capacity a task drawn from a
 //! [`TaskMix`] could not use, and how much a placement grows it.
 
+use std::borrow::Cow;
+
 use crate::placement::node::{GpuUse, NodeGpus};
 use crate::placement::request::CORE_PER_GPU;
 
@@ -8,6 +10,18 @@ use super::mix::TaskMix;
 use super::shape::{GpuShape, HostRoom, TaskShape};
 
 impl TaskMix {
+    /// This mix, or while it is empty (no pod seen yet) one whole GPU: what the
+    /// cluster's fragmentation, the free-GPU causes and the defragmentation planner
+    /// measure against.
+    pub(crate) fn or_whole_gpu(&self) -> Cow<'_, TaskMix> {
+        if self.is_empty() {
+            let whole = TaskShape::gpu_only(GpuShape::Whole { gpus: 1 });
+            Cow::Owned(TaskMix::weighted([(whole, 1.0)]))
+        } else {
+            Cow::Borrowed(self)
+        }
+    }
+
     /// The expected free vcuda-core of `gpus` a task drawn from the mix could not use.
     /// `room` is the node's free CPU and memory, if tracked (the extender does not).
     ///
@@ -23,13 +37,7 @@ impl TaskMix {
         &self,
         nodes: impl IntoIterator<Item = &'a NodeGpus>,
     ) -> f64 {
-        let whole;
-        let mix = if self.is_empty() {
-            whole = TaskMix::weighted([(TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }), 1.0)]);
-            &whole
-        } else {
-            self
-        };
+        let mix = self.or_whole_gpu();
         let (fragmented, free) = nodes.into_iter().fold((0.0, 0u64), |(f, free), node| {
             (
                 f + mix.fragmentation(node, None),
@@ -83,13 +91,7 @@ impl TaskMix {
     /// does not track them). The free-GPU causes (`placement::free`) count the rest as
     /// fragmented.
     pub(crate) fn usable_core(&self, node: &NodeGpus) -> u32 {
-        let whole;
-        let mix = if self.is_empty() {
-            whole = TaskMix::weighted([(TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }), 1.0)]);
-            &whole
-        } else {
-            self
-        };
+        let mix = self.or_whole_gpu();
         let state = GpuState::of(&node.used, node.memory_per_gpu);
         let model = mix.model_bit(node.model.as_deref());
         let accepted = || {

@@ -85,11 +85,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let release = controller::run(releaser, state.cache().clone(), wake, shutdown.clone());
         tokio::spawn(release.instrument(tracing::info_span!("queue_release")));
         // The process that may write pods (the GPU scheduler's sidecar) also evicts for
-        // cohorts' reclaim; one such replica at a time reclaims and tells.
+        // cohorts' reclaim and tells pending pods why they wait; one such replica at a
+        // time reclaims and tells.
         if let Some(lease) = state.backend.controller_lease() {
             let span = tracing::info_span!("controller_lease");
             let run = lease.run(leader.clone(), shutdown.clone()).instrument(span);
             lease_task = Some(tokio::spawn(run));
+        }
+        let teller =
+            (state.backend).teller(state.placer.clone(), state.config.clone(), leader.clone());
+        if let Some(teller) = teller {
+            let tell = controller::run(teller, state.cache().clone(), None, shutdown.clone());
+            tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
         }
         let evictions = state.metrics.reclaim_evictions.clone();
         let bound = state.config.reclaim.clone();

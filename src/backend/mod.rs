@@ -22,6 +22,7 @@ pub mod quota_writer;
 pub mod reclaim;
 pub mod reconcile;
 pub mod release;
+pub(crate) mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -172,6 +173,26 @@ impl Backend {
                 client.clone(),
                 rules,
                 waits,
+                leader,
+            )),
+            Mode::Offline => None,
+        }
+    }
+
+    /// API mode: the task that keeps every pending GPU pod's Waiting condition
+    /// (`waiting`), acting while `leader` holds the controller Lease.
+    pub(crate) fn teller(
+        &self,
+        placer: Arc<crate::placement::learn::LearningPlacer>,
+        config: Arc<crate::config::Config>,
+        leader: leadership::Leader,
+    ) -> Option<waiting::Teller> {
+        match &self.mode {
+            Mode::Api { client, .. } => Some(waiting::Teller::new(
+                self.cache.clone(),
+                client.clone(),
+                placer,
+                config,
                 leader,
             )),
             Mode::Offline => None,

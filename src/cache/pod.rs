@@ -68,6 +68,29 @@ pub struct CachedPod {
     pub(super) unscheduled: u64,
     /// The ResourceClaims its spec names (`resourceClaims[].resourceClaimName`).
     pub(super) claim_names: Box<[Box<str>]>,
+    /// Its [`WAITING_CONDITION`], as the pod shows it.
+    pub(crate) waiting: Option<WaitingShown>,
+}
+
+/// The pod condition gpu-admission keeps on every pending GPU pod: why it waits
+/// (docs/explain.md). Only gpu-admission writes it.
+pub(crate) const WAITING_CONDITION: &str = "gpu-admission.io/Waiting";
+
+/// A pod's [`WAITING_CONDITION`] as its status shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WaitingShown {
+    /// `status: "True"`.
+    pub(crate) waits: bool,
+    /// The reason: an `explain` code.
+    pub(crate) reason: Box<str>,
+    /// A fingerprint of the message ([`message_fingerprint`]): the pod keeps the text.
+    pub(crate) message: u64,
+}
+
+/// The fingerprint [`WaitingShown::message`] keeps of a condition's message.
+pub(crate) fn message_fingerprint(message: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0).hash_one(message)
 }
 
 /// Annotation keys of the gpu-manager protocol under a configurable prefix.
@@ -159,6 +182,7 @@ impl CachedPod {
                 .unwrap_or_default(),
             unscheduled: unscheduled_fingerprint(pod),
             claim_names: claim_names(pod),
+            waiting: waiting_shown(pod),
             marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
         })
     }
@@ -245,6 +269,20 @@ fn unscheduled_fingerprint(pod: &Pod) -> u64 {
         .map(|t| t.0.as_second())
         .hash(&mut hasher);
     hasher.finish().max(1)
+}
+
+/// The pod's [`WAITING_CONDITION`], when it has one.
+fn waiting_shown(pod: &Pod) -> Option<WaitingShown> {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let condition = conditions
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == WAITING_CONDITION)?;
+    Some(WaitingShown {
+        waits: condition.status == "True",
+        reason: condition.reason.as_deref().unwrap_or_default().into(),
+        message: message_fingerprint(condition.message.as_deref().unwrap_or_default()),
+    })
 }
 
 fn is_terminal(pod: &Pod) -> bool {

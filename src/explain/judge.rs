@@ -13,7 +13,8 @@ use crate::placement::models::WantedModels;
 use crate::placement::{Misfit, NodeGpus, Placer, place};
 use crate::quota::{AdmitRules, Denial, StatusError, charge_on};
 
-use super::verdict::{Code, Counterfactual, Stage};
+use super::verdict::{Code, Counterfactual, Explanation, Stage};
+use crate::config::Config;
 
 /// Most pods of a quota queue's line read to find a pod's place.
 const LINE_READ: usize = 10_000;
@@ -46,7 +47,46 @@ impl Subject<'_> {
     }
 }
 
-impl Judge<'_> {
+impl<'a> Judge<'a> {
+    /// A judge of pods on `state`, with `config`'s rules, at unix second `now`.
+    pub(crate) fn new(
+        state: &'a ClusterState,
+        placer: &'a Placer,
+        mig: &'a MigResources,
+        config: &Config,
+        now: i64,
+    ) -> Self {
+        Judge {
+            state,
+            placer,
+            mig,
+            rules: config.admit_rules(),
+            max_pass_over: config.queue_rules().max_pass_over,
+            now,
+        }
+    }
+
+    /// Every stage's verdict for `subject`, and, when one stops it, the counterfactuals
+    /// judging alone finds (another model; a running pod's end). The planner's moves are
+    /// the caller's to add: they need more of the cluster than the cache holds.
+    pub(crate) fn explain(&self, subject: &Subject<'_>) -> Result<Explanation, StatusError> {
+        let (admission, denial) = self.admission(subject)?;
+        let placement = self.placement(subject);
+        let mut counterfactuals = Vec::new();
+        if !admission.code.passes() || !placement.code.passes() {
+            counterfactuals = self.other_models(subject);
+            if let Some(denial) = &denial {
+                counterfactuals.extend(self.ends(subject, denial));
+            }
+        }
+        let stages = vec![admission, placement];
+        Ok(Explanation::new(
+            subject.key.to_string(),
+            stages,
+            counterfactuals,
+        ))
+    }
+
     /// Admission: bound, admitted at creation, or (waiting in the quota queue, or not
     /// yet created) what the quota says now.
     /// With the stage, the quota's refusal, if any (the `ends` counterfactual reads it).

@@ -19,9 +19,10 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cache::{CachedPod, ClusterCache, FileObject, Projection};
 use crate::config::Config;
 use crate::defrag::World;
+use crate::placement::Placer;
 use crate::placement::defrag::Limits;
 
-use judge::{Judge, Subject};
+pub(crate) use judge::{Judge, Subject};
 use verdict::Counterfactual;
 pub(crate) use verdict::{Code, Explanation};
 
@@ -110,7 +111,8 @@ pub(crate) fn explain(
             (key, Some((cached, pod)))
         }
     };
-    let (mut explanation, fragmented) = cache.read(|state| -> anyhow::Result<_> {
+    let placer_ref: &Placer = &placer;
+    let mut explanation = cache.read(|state| -> anyhow::Result<_> {
         let existing = state.pod(&key);
         let pod = match (&what_if, existing) {
             (Some((cached, _)), _) => cached,
@@ -122,31 +124,20 @@ pub(crate) fn explain(
             pod,
             exists: what_if.is_none(),
         };
-        let judge = Judge {
+        let judge = Judge::new(
             state,
-            placer: &placer,
-            mig: &cache.projection().names.mig,
-            rules: config.admit_rules(),
-            max_pass_over: config.queue_rules().max_pass_over,
+            placer_ref,
+            &cache.projection().names.mig,
+            config,
             now,
-        };
-        let (admission, denial) = judge.admission(&subject)?;
-        let placement = judge.placement(&subject);
-        let mut counterfactuals = Vec::new();
-        if !admission.code.passes() || !placement.code.passes() {
-            counterfactuals = judge.other_models(&subject);
-            if let Some(denial) = &denial {
-                counterfactuals.extend(judge.ends(&subject, denial));
-            }
-        }
-        let fragmented = placement.code == Code::Fragmented;
-        let stages = vec![admission, placement];
-        Ok((
-            Explanation::new(key.clone(), stages, counterfactuals),
-            fragmented,
-        ))
+        );
+        Ok(judge.explain(&subject)?)
     })?;
-    if fragmented {
+    if explanation
+        .stages
+        .iter()
+        .any(|s| s.code == Code::Fragmented)
+    {
         let limits = Limits::default();
         let report = match &what_if {
             None => {

@@ -14,7 +14,11 @@ use crate::support::*;
 
 /// Creates namespace `<ns>-<suffix>`, selected by the scenario's webhooks, with GPUQuota
 /// `default` of `spec` in it; returns its name.
-async fn member_namespace(cluster: &Cluster, suffix: &str, spec: serde_json::Value) -> String {
+pub(crate) async fn member_namespace(
+    cluster: &Cluster,
+    suffix: &str,
+    spec: serde_json::Value,
+) -> String {
     let namespace = cluster.create_namespace(suffix).await;
     let label = json!({"metadata": {"labels": {WEBHOOK_LABEL: cluster.scenario}}});
     Api::<Namespace>::all(cluster.client.clone())

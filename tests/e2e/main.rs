@@ -52,4 +52,5 @@ mod placement;
 mod queue;
 mod quota;
 mod volcano;
+mod waiting;
 mod webhooks;

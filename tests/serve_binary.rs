@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-admission");
 
@@ -41,14 +41,13 @@ impl Drop for Server {
 
 /// Start `serve` in `dir` on ephemeral ports; learn them from the "serving" log line.
 fn start(dir: &Path) -> Server {
+    start_on(dir, &example("cluster.yaml"))
+}
+
+/// [`start`] on the cluster file `cluster`.
+fn start_on(dir: &Path, cluster: &str) -> Server {
     let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--cluster",
-            &example("cluster.yaml"),
-            "--log-format",
-            "json",
-        ])
+        .args(["serve", "--cluster", cluster, "--log-format", "json"])
         .args(["--address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
         .args(["--extender-address", "127.0.0.1:0"])
         .args(["--insecure-extender-address", "127.0.0.1:0"])
@@ -446,6 +445,61 @@ fn defrag_prints_the_plan_for_the_bundled_fragmented_cluster() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("document 2"), "{err}");
+}
+
+/// The admin port's `/explain` answers as `gpu-admission explain -o json` does, judged on
+/// the server's cache (offline: nobody to ask who calls, docs/explain.md), and names
+/// what is wrong with a question it cannot answer.
+#[tokio::test]
+async fn the_admin_port_explains_a_pod_and_a_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_on(dir.path(), &example("fragmented.yaml"));
+    let get = |path: &'static str| plain(server.admin, "GET", path, String::new());
+    let (status, body) = get("/explain?pod=team-a/train-0").await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["pod"], "team-a/train-0");
+    assert_eq!(answer["code"], "Fragmented", "{answer}");
+    assert_eq!(answer["stages"][0]["code"], "Fits", "{answer}");
+    assert_eq!(answer["stages"][1]["stage"], "placement");
+    let cli = Command::new(BIN)
+        .args(["explain", "team-a/train-0", "-o", "json", "--cluster"])
+        .arg(example("fragmented.yaml"))
+        .output()
+        .unwrap();
+    let cli: Value = serde_json::from_slice(&cli.stdout).unwrap();
+    assert_eq!(
+        cli["stages"], answer["stages"],
+        "the same verdict as the CLI"
+    );
+
+    let (status, body) = get("/explain?pod=team-a/nobody").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            404,
+            "pod team-a/nobody is not in the cluster, or asks for no GPU"
+        )
+    );
+    for bad in ["/explain", "/explain?pod=train-0", "/explain?pod=a/b/c"] {
+        let (status, body) = get(bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+
+    let manifest = json!({
+        "metadata": {"name": "one-t4", "namespace": "team-a",
+            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"tencent.com/vcuda-core": "100"}}}]},
+    });
+    let (status, body) = plain(server.admin, "POST", "/explain", manifest.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["pod"], "team-a/one-t4");
+    assert_eq!(answer["code"], "Fits", "{answer}");
+    let (status, body) = plain(server.admin, "POST", "/explain", "{\"spec\": 7".into()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.starts_with("the manifest"), "{body}");
 }
 
 /// Kibibytes of a `/proc/<pid>/status` field (VmRSS now, VmHWM the peak so far).

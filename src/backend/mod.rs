@@ -14,6 +14,7 @@
 //! in. The cache below is synchronous state with no client and no writer
 //! (docs/design.md, "Layers").
 
+pub(crate) mod access;
 mod cohort_lease;
 pub(crate) mod controller;
 pub mod leadership;
@@ -209,6 +210,22 @@ impl Backend {
                 leadership::CONTROLLER_LEASE,
             )),
             Mode::Offline => None,
+        }
+    }
+
+    /// Whether the owner of the bearer `token` may `verb` pods in `namespace`
+    /// (`access`): in API mode as the API server's TokenReview and SubjectAccessReview
+    /// say. Offline the file is the cluster and there is nobody to ask: whoever reaches
+    /// the admin port may (docs/explain.md).
+    pub(crate) async fn may(
+        &self,
+        token: Option<&str>,
+        namespace: &str,
+        verb: access::PodVerb,
+    ) -> Result<(), access::AccessError> {
+        match &self.mode {
+            Mode::Api { client, .. } => access::review(client, token, namespace, verb).await,
+            Mode::Offline => Ok(()),
         }
     }
 

@@ -82,6 +82,72 @@ pub(crate) enum Asked {
     Manifest(Box<Pod>),
 }
 
+/// Why a pod cannot be judged.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExplainError {
+    #[error("pod {0} is not in the cluster, or asks for no GPU")]
+    NotFound(String),
+    #[error("the manifest cannot be judged: {0}")]
+    Manifest(#[from] crate::cache::pod::SkipReason),
+    #[error(transparent)]
+    Status(#[from] crate::quota::StatusError),
+}
+
+impl Asked {
+    /// `namespace/name`: a manifest without a namespace is in `default`; without a name,
+    /// its `generateName`, else `what-if`.
+    pub(crate) fn key(&self) -> String {
+        match self {
+            Asked::Existing(key) => key.clone(),
+            Asked::Manifest(pod) => {
+                let meta = &pod.metadata;
+                let namespace = meta.namespace.as_deref().unwrap_or("default");
+                let name = (meta.name.as_deref()).or(meta.generate_name.as_deref());
+                format!("{namespace}/{}", name.unwrap_or("what-if"))
+            }
+        }
+    }
+}
+
+/// Judge the pod `asked` names on `cache` with `placer` and `config`'s rules at unix
+/// second `now`: every stage and the counterfactuals judging finds (not the planner's
+/// moves). Nothing is charged, held or written. The CLI and the admin port's `/explain`
+/// both answer with it.
+pub(crate) fn judge_on(
+    cache: &ClusterCache,
+    placer: &Placer,
+    config: &Config,
+    asked: Asked,
+    now: i64,
+) -> Result<Explanation, ExplainError> {
+    let key = asked.key();
+    let what_if = match asked {
+        Asked::Existing(_) => None,
+        Asked::Manifest(mut pod) => {
+            pod.metadata
+                .namespace
+                .get_or_insert_with(|| "default".into());
+            Some(CachedPod::from_pod(&pod, cache.projection())?)
+        }
+    };
+    cache.read(|state| {
+        let pod = match &what_if {
+            Some(cached) => cached,
+            None => state
+                .pod(&key)
+                .ok_or_else(|| ExplainError::NotFound(key.clone()))?,
+        };
+        let subject = Subject {
+            key: &key,
+            pod,
+            exists: what_if.is_none(),
+        };
+        let mig = &cache.projection().names.mig;
+        let judge = Judge::new(state, placer, mig, config, now);
+        Ok(judge.explain(&subject)?)
+    })
+}
+
 /// Judge the pod `asked` names on the cluster `objects` hold, at unix second `now`.
 pub(crate) fn explain(
     objects: &[FileObject],
@@ -91,47 +157,18 @@ pub(crate) fn explain(
     now: i64,
 ) -> anyhow::Result<Explanation> {
     let projection = Projection::from_config(config);
-    let cache = ClusterCache::from_objects(objects, source, projection.clone())?;
+    let cache = ClusterCache::from_objects(objects, source, projection)?;
     let placer = crate::defrag::learned_placer(&cache, config);
-    let (key, what_if) = match asked {
-        Asked::Existing(key) => (key, None),
-        Asked::Manifest(mut pod) => {
-            let namespace = pod
-                .metadata
-                .namespace
-                .get_or_insert_with(|| "default".into());
-            let name = pod
-                .metadata
-                .name
-                .clone()
-                .or(pod.metadata.generate_name.clone());
-            let key = format!("{namespace}/{}", name.unwrap_or_else(|| "what-if".into()));
-            let cached = CachedPod::from_pod(&pod, &projection)
-                .map_err(|e| anyhow::anyhow!("the manifest cannot be judged: {e}"))?;
-            (key, Some((cached, pod)))
-        }
+    let key = asked.key();
+    let manifest = match &asked {
+        Asked::Existing(_) => None,
+        Asked::Manifest(pod) => Some(pod.clone()),
     };
-    let placer_ref: &Placer = &placer;
-    let mut explanation = cache.read(|state| -> anyhow::Result<_> {
-        let existing = state.pod(&key);
-        let pod = match (&what_if, existing) {
-            (Some((cached, _)), _) => cached,
-            (None, Some(pod)) => pod,
-            (None, None) => anyhow::bail!("pod {key} is not in {source}, or asks for no GPU"),
-        };
-        let subject = Subject {
-            key: &key,
-            pod,
-            exists: what_if.is_none(),
-        };
-        let judge = Judge::new(
-            state,
-            placer_ref,
-            &cache.projection().names.mig,
-            config,
-            now,
-        );
-        Ok(judge.explain(&subject)?)
+    let mut explanation = judge_on(&cache, &placer, config, asked, now).map_err(|e| match e {
+        ExplainError::NotFound(key) => {
+            anyhow::anyhow!("pod {key} is not in {source}, or asks for no GPU")
+        }
+        e => e.into(),
     })?;
     if explanation
         .stages
@@ -139,13 +176,13 @@ pub(crate) fn explain(
         .any(|s| s.code == Code::Fragmented)
     {
         let limits = Limits::default();
-        let report = match &what_if {
+        let report = match &manifest {
             None => {
                 let world = World::read(objects).with_context(|| format!("reading {source}"))?;
                 crate::defrag::plan_in(&cache, &world, &placer, limits, Some(&key))?
             }
             // The manifest joins the cluster for the planner: it plans for pods that are.
-            Some((_, pod)) => {
+            Some(pod) => {
                 let mut objects = objects.to_vec();
                 let value = serde_yaml::to_value(pod).context("encoding the manifest")?;
                 let value = with_kind(value);

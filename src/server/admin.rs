@@ -1,15 +1,16 @@
-//! The admin port: `/livez`, `/readyz`, `/metrics` (plain HTTP).
+//! The admin port: `/livez`, `/readyz`, `/metrics`, `/explain` (plain HTTP).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::AppState;
+use super::{AppState, explain};
 use crate::cache::ClusterState;
 use crate::metrics::{FreeLabels, KindLabels, QuotaLabels};
 use crate::placement::free::FreeByCause;
@@ -89,7 +90,22 @@ pub fn admin_router(state: AppState) -> Router {
     // One render at a time: a flood of scrapes costs each extra caller an immediate
     // 503, not a worker thread, so the probes next to it keep answering.
     let rendering = Arc::new(parking_lot::Mutex::new(()));
+    let explaining = Arc::new(tokio::sync::Semaphore::new(explain::IN_FLIGHT));
+    let on_manifest = explaining.clone();
     let routes = Router::new()
+        .route(
+            "/explain",
+            get(
+                move |State(state): State<AppState>, headers: HeaderMap, query| {
+                    explain::explain_pod(state, explaining.clone(), headers, query)
+                },
+            )
+            .post(
+                move |State(state): State<AppState>, headers: HeaderMap, body: Body| {
+                    explain::explain_manifest(state, on_manifest.clone(), headers, body)
+                },
+            ),
+        )
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route(

@@ -4,6 +4,7 @@
 //! and count; each routed request runs in a `request` tracing span (`trace.rs`).
 
 pub mod admin;
+mod explain;
 pub mod listener;
 mod metered;
 mod pace;

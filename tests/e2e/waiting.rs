@@ -131,6 +131,61 @@ fn gpu_seconds(metrics: &str, namespace: &str) -> f64 {
     sum_metric(metrics, "gpu_admission_gpu_seconds_total", &fragment)
 }
 
+/// `GET url` on the admin port, with `token` as the bearer: the status and the body.
+fn admin_get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut curl = std::process::Command::new("curl");
+    curl.args(["-sS", "-w", "\n%{http_code}", url]);
+    if let Some(token) = token {
+        curl.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = curl.output().unwrap();
+    assert!(out.status.success(), "curl {url}: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), body.to_string())
+}
+
+/// `/explain` answers whom the API server says may read the pod, and nobody else: no
+/// token is 401; a ServiceAccount that may get pods in the scenario's namespace has the
+/// queued pod's verdict, and a 403 for team-b's pod.
+async fn explain_on_the_admin_port(cluster: &Cluster, team_b: &str) {
+    let admin = std::env::var("GPU_ADMISSION_E2E_ADMIN_URL").unwrap();
+    let url = |pod: &str| format!("{admin}/explain?pod={pod}");
+    let queued = url(&format!("{}/queued", cluster.ns));
+    let (status, body) = admin_get(&queued, None);
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = admin_get(&queued, Some("not-a-token"));
+    assert_eq!(status, 401, "{body}");
+
+    let reader = json!([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "pod-reader"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "reader-pod-reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": cluster.ns}]},
+    ]);
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": reader}).to_string();
+    let (ok, _, err) = kubectl(&["apply", "-n", &cluster.ns, "-f", "-"], &list);
+    assert!(ok, "{err}");
+    let (ok, token, err) = kubectl(&["create", "token", "reader", "-n", &cluster.ns], "");
+    assert!(ok, "{err}");
+    let token = token.trim();
+    let answer = wait_for("the reader's RBAC to take effect", BIND_TIMEOUT, || async {
+        let (status, body) = admin_get(&queued, Some(token));
+        (status == 200).then_some(body)
+    })
+    .await;
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["code"], "QuotaExceeded", "{answer}");
+    assert_eq!(answer["stages"][0]["stage"], "admission", "{answer}");
+    let (status, body) = admin_get(&url(&format!("{team_b}/b2")), Some(token));
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("may not get pods in namespace"), "{body}");
+}
+
 #[tokio::test]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
 async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
@@ -250,6 +305,8 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
         .find(|l| l.contains("QuotaExceeded"))
         .unwrap();
     assert!(event_line.contains("Normal"), "{event_line}");
+
+    explain_on_the_admin_port(&cluster, &team_b).await;
 
     // Room for the fragmented pod: a new node with 2 free GPUs; once bound it no longer
     // waits.

@@ -338,13 +338,15 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
         (grew - elapsed).abs() <= 0.01 * elapsed,
         "team-b's GPU-seconds grew {grew:.3} over {elapsed:.3} s of 1 GPU bound"
     );
-    // Once b1 is gone, team-b's meter stops.
+    // Once its pods are gone, team-b's meter stops (b2 first: b1's end would let it go).
     let now = DeleteParams::default().grace_period(0);
-    pods_b.delete("b1", &now).await.unwrap();
-    wait_for("b1 gone", BIND_TIMEOUT, || async {
-        pods_b.get_opt("b1").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    for name in ["b2", "b1"] {
+        pods_b.delete(name, &now).await.unwrap();
+        wait_for(&format!("{name} gone"), BIND_TIMEOUT, || async {
+            pods_b.get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
     let stopped = gpu_seconds(&scrape_checked(&cluster, model).await, &team_b);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let still = gpu_seconds(&scrape_checked(&cluster, model).await, &team_b);

@@ -98,11 +98,17 @@ async fn free_from_api(cluster: &Cluster, model: &str) -> f64 {
 
 /// Scrape the admin port and check that the free GPUs of `model` by cause sum to the
 /// free capacity the API shows (when the API shows the same before and after the
-/// scrape); returns the scrape. Every scrape of this scenario goes through here.
-async fn scrape_checked(cluster: &Cluster, model: &str) -> String {
+/// scrape); returns the scrape and when it was taken (the middle of the request). Every
+/// scrape of this scenario goes through here.
+async fn scrape_checked(cluster: &Cluster, model: &str) -> (String, Instant) {
+    let timed = || {
+        let start = Instant::now();
+        let metrics = admin_metrics();
+        (metrics, start + start.elapsed() / 2)
+    };
     for _ in 0..5 {
         let before = free_from_api(cluster, model).await;
-        let metrics = admin_metrics();
+        let (metrics, at) = timed();
         let after = free_from_api(cluster, model).await;
         if before != after {
             continue;
@@ -112,16 +118,16 @@ async fn scrape_checked(cluster: &Cluster, model: &str) -> String {
         // The cache follows the API within moments: a scrape between a change and its
         // watch event is taken again.
         if (by_cause - before).abs() < 1e-6 {
-            return metrics;
+            return (metrics, at);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let metrics = admin_metrics();
+        let (metrics, at) = timed();
         let by_cause = sum_metric(&metrics, "gpu_admission_free_gpus", &fragment);
         assert!(
             (by_cause - before).abs() < 1e-6 || free_from_api(cluster, model).await != before,
             "free GPUs of {model} by cause sum to {by_cause}, the API shows {before} free"
         );
-        return metrics;
+        return (metrics, at);
     }
     panic!("the cluster kept changing under five scrapes");
 }
@@ -224,8 +230,7 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
         pod.spec?.node_name.map(drop)
     })
     .await;
-    let first = scrape_checked(&cluster, model).await;
-    let first_at = Instant::now();
+    let (first, first_at) = scrape_checked(&cluster, model).await;
 
     // Four pods that wait, each for its own reason.
     let waiting = [
@@ -330,8 +335,8 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
     // GPU-seconds: team-b has had exactly b1's 1 GPU bound all along.
     let wait = Duration::from_secs(10).saturating_sub(first_at.elapsed());
     tokio::time::sleep(wait).await;
-    let last = scrape_checked(&cluster, model).await;
-    let elapsed = first_at.elapsed().as_secs_f64();
+    let (last, last_at) = scrape_checked(&cluster, model).await;
+    let elapsed = (last_at - first_at).as_secs_f64();
     let grew = gpu_seconds(&last, &team_b) - gpu_seconds(&first, &team_b);
     println!("team-b: {grew:.3} GPU-seconds over {elapsed:.3} s with 1 GPU bound");
     assert!(
@@ -347,9 +352,9 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
         })
         .await;
     }
-    let stopped = gpu_seconds(&scrape_checked(&cluster, model).await, &team_b);
+    let stopped = gpu_seconds(&scrape_checked(&cluster, model).await.0, &team_b);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let still = gpu_seconds(&scrape_checked(&cluster, model).await, &team_b);
+    let still = gpu_seconds(&scrape_checked(&cluster, model).await.0, &team_b);
     assert_eq!(stopped, still, "no GPU of team-b is bound any more");
 
     unregister_webhooks(&cluster).await;

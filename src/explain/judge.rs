@@ -77,6 +77,7 @@ impl<'a> Judge<'a> {
             counterfactuals = self.other_models(subject);
             if let Some(denial) = &denial {
                 counterfactuals.extend(self.ends(subject, denial));
+                counterfactuals.extend(cohort_lends(denial));
             }
         }
         let stages = vec![admission, placement];
@@ -316,6 +317,28 @@ impl<'a> Judge<'a> {
         }
         found
     }
+}
+
+/// "Cohort c can lend k": for each quota the refusal names whose cohort lends less than
+/// the pod needs past the quota's own room.
+fn cohort_lends(denial: &Denial) -> Vec<Counterfactual> {
+    let tried: Vec<&crate::quota::Exceeded> = match denial {
+        Denial::Exceeded(exceeded) => vec![exceeded],
+        Denial::NoModelHasRoom { tried, .. } => tried.iter().collect(),
+        _ => Vec::new(),
+    };
+    let lends = tried.into_iter().filter_map(|exceeded| {
+        let (cohort, free) = exceeded.cohort_lends()?;
+        let key = &exceeded.model;
+        let message = format!(
+            "cohort {cohort} can lend {free} {key} now, not enough: fits when its members leave more idle or borrowers give some back"
+        );
+        Some(Counterfactual {
+            kind: "cohort",
+            message,
+        })
+    });
+    lends.collect()
 }
 
 /// The code of a refusal at admission.

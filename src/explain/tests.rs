@@ -199,6 +199,14 @@ fn a_manifest_past_its_quota_in_a_cohort_that_lends_no_more_is_cohort_limited() 
         stage(&e, "admission").message.contains("cohort research"),
         "{e:?}"
     );
+    assert!(
+        says(
+            &e,
+            "cohort",
+            "cohort research can lend 2 Tesla-T4 now, not enough"
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -109,6 +109,18 @@ impl Exceeded {
         (&self.model, Milli(self.requested.0.saturating_sub(room)))
     }
 
+    /// The quota's cohort and what it can lend now of the refused key, when that is less
+    /// than the request needs past the quota's room (`explain`'s `cohort`
+    /// counterfactual); `None` outside a cohort or past a borrowing limit.
+    pub(crate) fn cohort_lends(&self) -> Option<(&str, Milli)> {
+        match self.cohort.as_deref()? {
+            (cohort, Short::NothingToBorrow { free } | Short::Lent { free }) => {
+                Some((cohort.as_str(), *free))
+            }
+            (_, Short::BorrowingLimit { .. }) => None,
+        }
+    }
+
     /// Whether the quota is in a cohort that lends it no more (`explain`'s
     /// `CohortLimit`).
     pub(crate) fn by_cohort(&self) -> bool {

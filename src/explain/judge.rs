@@ -10,6 +10,7 @@ use crate::cache::{CachedPod, ClusterState};
 use crate::extender::plan::eligibility;
 use crate::placement::mig::MigResources;
 use crate::placement::models::WantedModels;
+use crate::placement::quantity::Milli;
 use crate::placement::{Misfit, NodeGpus, Placer, place};
 use crate::quota::{AdmitRules, Denial, StatusError, charge_on};
 
@@ -259,7 +260,8 @@ impl<'a> Judge<'a> {
     }
 
     /// When a quota refused the pod for one model: the running pod of its namespace
-    /// whose end frees enough of that model, the smallest such (then by name).
+    /// whose end frees enough of that model, the smallest such (then by name); when no
+    /// single one does, the fewest pods that do together (the largest first).
     pub(crate) fn ends(&self, subject: &Subject<'_>, denial: &Denial) -> Option<Counterfactual> {
         let Denial::Exceeded(exceeded) = denial else {
             return None;
@@ -269,14 +271,38 @@ impl<'a> Judge<'a> {
         let running = self.state.pods().filter(|(k, p)| {
             p.bound && &***k != subject.key && crate::cache::pod::key_parts(k).0 == namespace
         });
-        let frees = running.filter_map(|(k, p)| {
-            let label = self.state.node(p.node.as_deref()?)?.model.clone()?;
-            let charge = charge_on(&p.request, &label, self.mig);
-            let freed = charge.get(key).copied().filter(|f| f.0 >= short.0)?;
-            Some((freed, k.clone()))
-        });
-        let (freed, pod) = frees.min()?;
-        let message = format!("fits when {pod} ends (frees {freed} {key}; {short} more is needed)");
+        let mut frees: Vec<(Milli, &str)> = running
+            .filter_map(|(k, p)| {
+                let label = self.state.node(p.node.as_deref()?)?.model.clone()?;
+                let charge = charge_on(&p.request, &label, self.mig);
+                let freed = charge.get(key).copied().filter(|f| f.0 > 0)?;
+                Some((freed, &**k))
+            })
+            .collect();
+        let message = match frees.iter().filter(|(f, _)| f.0 >= short.0).min() {
+            Some((freed, pod)) => {
+                format!("fits when {pod} ends (frees {freed} {key}; {short} more is needed)")
+            }
+            None => {
+                frees.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+                let (mut pods, mut freed) = (Vec::new(), Milli(0));
+                for (frees, pod) in frees {
+                    if freed.0 >= short.0 {
+                        break;
+                    }
+                    freed.0 += frees.0;
+                    pods.push(pod);
+                }
+                if freed.0 < short.0 {
+                    return None;
+                }
+                let (last, first) = pods.split_last()?;
+                format!(
+                    "fits when {} and {last} end (they free {freed} {key} together; {short} more is needed)",
+                    first.join(", ")
+                )
+            }
+        };
         Some(Counterfactual {
             kind: "ends",
             message,

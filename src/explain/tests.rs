@@ -322,3 +322,48 @@ fn a_refused_manifest_is_told_which_running_pod_of_its_namespace_makes_room() {
     let e = what_if("team-q", "L4", 2);
     assert!(!e.counterfactuals.iter().any(|c| c.kind == "ends"), "{e:?}");
 }
+
+#[test]
+fn when_no_single_pod_frees_enough_the_fewest_that_do_together_are_named() {
+    let text = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: t4, labels: {nvidia.com/gpu.product: Tesla-T4}}
+status:
+  allocatable: {cpu: "32", memory: 128Gi, tencent.com/vcuda-core: "400", tencent.com/vcuda-memory: "64"}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-z}
+spec:
+  hard: {Tesla-T4: "3"}
+"#;
+    let mut text = text.to_string();
+    for (name, core) in [("z-half", 50), ("z-one", 100), ("z-two", 100)] {
+        text += &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: team-z}}\n\
+             spec:\n  nodeName: t4\n  containers:\n  - name: c\n    resources: \
+             {{limits: {{tencent.com/vcuda-core: \"{core}\", tencent.com/vcuda-memory: \"8\"}}}}\n"
+        );
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "new", "namespace": "team-z",
+            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"tencent.com/vcuda-core": "200"}}}]},
+    }))
+    .unwrap();
+    let objects = parse_objects(&text, "test").unwrap();
+    let asked = Asked::Manifest(Box::new(pod));
+    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    // 2.5 of 3 used, 2 asked: 1.5 too many; no single pod frees that much.
+    assert_eq!(e.code, Code::QuotaExceeded, "{e:?}");
+    assert!(
+        says(
+            &e,
+            "ends",
+            "fits when team-z/z-one and team-z/z-two end (they free 2 Tesla-T4 together; 1.5 more is needed)"
+        ),
+        "{e:?}"
+    );
+}

@@ -393,12 +393,19 @@ impl Backend {
 
     /// API mode: the pods API of `key`'s namespace, the namespace and the pod's name;
     /// `None` offline, where nothing is written to or read from a cluster.
-    fn pods_of<'k>(&self, key: &'k PodKey) -> Option<(Api<Pod>, &'k str, &'k str)> {
+    fn pods_of<'k>(&self, key: &'k str) -> Option<(Api<Pod>, &'k str, &'k str)> {
         let Mode::Api { client, .. } = &self.mode else {
             return None;
         };
         let (namespace, name) = key_parts(key);
         Some((Api::namespaced(client.clone(), namespace), namespace, name))
+    }
+
+    /// API mode: the cluster's copy of pod `key` (`explain` reads a pod the cache does
+    /// not keep: one whose GPUs come only through ResourceClaims). Offline: none.
+    pub(crate) async fn read_pod(&self, key: &str) -> Option<Pod> {
+        let (pods, _, name) = self.pods_of(key)?;
+        pods.get_opt(name).await.ok().flatten()
     }
 
     /// API mode: make sure the cache holds pod `key` before a filter or bind call looks

@@ -66,8 +66,9 @@ pub struct CachedPod {
     /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
     /// changes, the scheduler has given the pod up: a hold the filter made is released.
     pub(super) unscheduled: u64,
-    /// The ResourceClaims its spec names (`resourceClaims[].resourceClaimName`).
-    pub(super) claim_names: Box<[Box<str>]>,
+    /// Its ResourceClaims: those its spec names (`resourceClaims[].resourceClaimName`)
+    /// and those made for it from its templates (`status.resourceClaimStatuses`).
+    pub(crate) claim_names: Box<[Box<str>]>,
     /// Its [`WAITING_CONDITION`], as the pod shows it.
     pub(crate) waiting: Option<WaitingShown>,
 }
@@ -208,13 +209,22 @@ fn charged_until(pod: &Pod) -> Option<i64> {
     Some(grace.map_or(i64::MAX, |grace| at.saturating_add(grace.max(0))))
 }
 
-/// The ResourceClaims `pod` names in its spec.
-fn claim_names(pod: &Pod) -> Box<[Box<str>]> {
+/// The ResourceClaims of `pod`: those its spec names, and those made for it from its
+/// ResourceClaimTemplates (their names are in its status).
+pub(crate) fn claim_names(pod: &Pod) -> Box<[Box<str>]> {
     let claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref());
-    let names = claims.unwrap_or_default().iter();
-    names
-        .filter_map(|c| c.resource_claim_name.as_deref().map(Box::from))
-        .collect()
+    let named = claims.unwrap_or_default().iter();
+    let named = named.filter_map(|c| c.resource_claim_name.as_deref());
+    let made = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_deref());
+    let made = made.unwrap_or_default().iter();
+    let made = made.filter_map(|c| c.resource_claim_name.as_deref());
+    let mut names: Vec<Box<str>> = named.chain(made).map(Box::from).collect();
+    names.sort();
+    names.dedup();
+    names.into()
 }
 
 /// Whether the quota queue holds `pod` (its scheduling gates include

@@ -435,6 +435,38 @@ impl Catalog {
         }))
     }
 
+    /// Whether some device of `devices` matches every selector of the request `name` and
+    /// of its DeviceClass: `None` when its class is not a GPU class. The devices
+    /// themselves are asked, never a sample, so `Some(false)` means none of them can be
+    /// allocated to it (`explain`'s `SelectorNoMatch`).
+    pub(crate) fn matches_any<'d>(
+        &self,
+        name: &str,
+        exact: &ExactRequest,
+        devices: impl IntoIterator<Item = &'d CelDevice>,
+        budget: &mut cel::Budget,
+    ) -> Result<Option<bool>, AskError> {
+        let Some(class) = self.gpu_classes.get(&exact.device_class_name) else {
+            return Ok(None);
+        };
+        let mut selectors = Vec::new();
+        for expression in exact.expressions() {
+            let selector = Selector::compile_within(expression, budget)?;
+            selectors.push(selector.map_err(|error| AskError::Selector {
+                request: name.to_string(),
+                error,
+            })?);
+        }
+        for device in devices {
+            if matches_all(device, &class.selectors, budget)?
+                && matches_all(device, &selectors, budget)?
+            {
+                return Ok(Some(true));
+            }
+        }
+        Ok(Some(false))
+    }
+
     /// A GPU request whose selectors were not evaluated: it matches no model.
     fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
@@ -458,14 +490,7 @@ impl Catalog {
         budget: &mut cel::Budget,
     ) -> Result<BTreeMap<String, Option<String>>, cel::OverBudget> {
         let mut matched = BTreeMap::new();
-        let all = |device: &CelDevice, list: &[Selector], budget: &mut cel::Budget| {
-            for selector in list {
-                if !selector.matches(device, budget)? {
-                    return Ok(false);
-                }
-            }
-            Ok::<_, cel::OverBudget>(true)
-        };
+        let all = matches_all;
         for ((label, profile), devices) in &self.samples {
             for device in devices {
                 if all(device, class, budget)? && all(device, selectors, budget)? {
@@ -481,6 +506,20 @@ impl Catalog {
         }
         Ok(matched)
     }
+}
+
+/// Whether `device` matches every selector of `list`.
+fn matches_all(
+    device: &CelDevice,
+    list: &[Selector],
+    budget: &mut cel::Budget,
+) -> Result<bool, cel::OverBudget> {
+    for selector in list {
+        if !selector.matches(device, budget)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// How many devices a request can be allocated.

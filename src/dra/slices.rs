@@ -289,6 +289,19 @@ impl DeviceIndex {
         products
     }
 
+    /// Every published GPU device, each distinct one (as CEL sees it) once.
+    pub(crate) fn distinct(&self) -> impl Iterator<Item = &GpuDevice> {
+        let mut seen: HashMap<u64, Vec<&CelDevice>> = HashMap::new();
+        (self.devices.values()).filter(move |d| {
+            let same = seen.entry(d.cel.fingerprint).or_default();
+            let new = !same.iter().any(|s| **s == *d.cel);
+            if new {
+                same.push(&d.cel);
+            }
+            new
+        })
+    }
+
     /// Whether no GPU device is published.
     pub(crate) fn is_empty(&self) -> bool {
         self.devices.is_empty()

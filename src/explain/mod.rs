@@ -4,6 +4,7 @@
 //! asks the defragmentation planner for "fits after N moves" (`defrag`), and writes
 //! nothing.
 
+mod dra;
 mod judge;
 mod verdict;
 
@@ -16,6 +17,7 @@ use anyhow::Context;
 use clap::{ArgGroup, Args};
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::cache::pod::SkipReason;
 use crate::cache::{CachedPod, ClusterCache, FileObject, Projection};
 use crate::config::Config;
 use crate::defrag::World;
@@ -24,6 +26,7 @@ use crate::placement::defrag::Limits;
 
 pub(crate) use judge::{Judge, Subject};
 use verdict::Counterfactual;
+use verdict::Stage;
 pub(crate) use verdict::{Code, Explanation};
 
 #[derive(Debug, Args)]
@@ -80,6 +83,9 @@ pub(crate) enum Asked {
     Existing(String),
     /// A manifest not yet created (what-if).
     Manifest(Box<Pod>),
+    /// A pod of the cluster the cache does not keep: one whose GPUs come only through
+    /// ResourceClaims (charged as claims, placed by kube-scheduler's DRA allocator).
+    Uncached(Box<Pod>),
 }
 
 /// Why a pod cannot be judged.
@@ -88,7 +94,7 @@ pub(crate) enum ExplainError {
     #[error("pod {0} is not in the cluster, or asks for no GPU")]
     NotFound(String),
     #[error("the manifest cannot be judged: {0}")]
-    Manifest(#[from] crate::cache::pod::SkipReason),
+    Manifest(#[from] SkipReason),
     #[error(transparent)]
     Status(#[from] crate::quota::StatusError),
 }
@@ -99,7 +105,7 @@ impl Asked {
     pub(crate) fn key(&self) -> String {
         match self {
             Asked::Existing(key) => key.clone(),
-            Asked::Manifest(pod) => {
+            Asked::Manifest(pod) | Asked::Uncached(pod) => {
                 let meta = &pod.metadata;
                 let namespace = meta.namespace.as_deref().unwrap_or("default");
                 let name = (meta.name.as_deref()).or(meta.generate_name.as_deref());
@@ -121,14 +127,20 @@ pub(crate) fn judge_on(
     now: i64,
 ) -> Result<Explanation, ExplainError> {
     let key = asked.key();
-    let what_if = match asked {
-        Asked::Existing(_) => None,
-        Asked::Manifest(mut pod) => {
-            pod.metadata
-                .namespace
-                .get_or_insert_with(|| "default".into());
-            Some(CachedPod::from_pod(&pod, cache.projection())?)
-        }
+    let (what_if, exists) = match asked {
+        Asked::Existing(_) => (None, true),
+        Asked::Manifest(pod) => (Some(pod), false),
+        Asked::Uncached(pod) => (Some(pod), true),
+    };
+    let what_if = match what_if {
+        None => None,
+        Some(pod) => match CachedPod::from_pod(&pod, cache.projection()) {
+            Ok(cached) => Some(cached),
+            Err(SkipReason::NoGpu) if pod.spec.is_some() => {
+                return claims_only(cache, &key, &pod, exists);
+            }
+            Err(error) => return Err(error.into()),
+        },
     };
     cache.read(|state| {
         let pod = match &what_if {
@@ -140,11 +152,56 @@ pub(crate) fn judge_on(
         let subject = Subject {
             key: &key,
             pod,
-            exists: what_if.is_none(),
+            exists,
         };
         let mig = &cache.projection().names.mig;
         let judge = Judge::new(state, placer, mig, config, now);
         Ok(judge.explain(&subject)?)
+    })
+}
+
+/// A pod whose GPUs come only through ResourceClaims: its claims are charged when they
+/// are created, and kube-scheduler's DRA allocator places it, so only the DRA stage
+/// says anything. Not a GPU pod (no GPU claim either): not found.
+fn claims_only(
+    cache: &ClusterCache,
+    key: &str,
+    pod: &Pod,
+    exists: bool,
+) -> Result<Explanation, ExplainError> {
+    let namespace = crate::cache::pod::key_parts(key).0;
+    let claims = crate::cache::pod::claim_names(pod);
+    let dra = cache.read(|state| dra::stage(state, namespace, &claims));
+    let dra = dra.ok_or_else(|| ExplainError::NotFound(key.to_string()))?;
+    let message = if exists {
+        "its GPUs come through ResourceClaims, charged when they were created"
+    } else {
+        "its GPUs come through ResourceClaims, charged when they are created"
+    };
+    let admission = Stage {
+        stage: "admission",
+        code: Code::Fits,
+        message: message.into(),
+    };
+    Ok(Explanation::new(
+        key.to_string(),
+        vec![admission, dra],
+        Vec::new(),
+    ))
+}
+
+/// The Pod `key` names among `objects`, if there is one.
+fn find_pod(objects: &[FileObject], key: &str) -> Option<Pod> {
+    let (namespace, name) = crate::cache::pod::key_parts(key);
+    objects.iter().find_map(|object| {
+        let value = &object.value;
+        let meta = &value["metadata"];
+        let is_pod = value["kind"].as_str() == Some("Pod")
+            && meta["name"].as_str() == Some(name)
+            && meta["namespace"].as_str().unwrap_or("default") == namespace;
+        is_pod
+            .then(|| serde_yaml::from_value(value.clone()).ok())
+            .flatten()
     })
 }
 
@@ -161,10 +218,18 @@ pub(crate) fn explain(
     let placer = crate::defrag::learned_placer(&cache, config);
     let key = asked.key();
     let manifest = match &asked {
-        Asked::Existing(_) => None,
+        Asked::Existing(_) | Asked::Uncached(_) => None,
         Asked::Manifest(pod) => Some(pod.clone()),
     };
-    let mut explanation = judge_on(&cache, &placer, config, asked, now).map_err(|e| match e {
+    let judged = match judge_on(&cache, &placer, config, asked, now) {
+        // Not in the cache: a pod whose GPUs come only through ResourceClaims?
+        Err(ExplainError::NotFound(_)) => match find_pod(objects, &key) {
+            Some(pod) => judge_on(&cache, &placer, config, Asked::Uncached(pod.into()), now),
+            None => Err(ExplainError::NotFound(key.clone())),
+        },
+        judged => judged,
+    };
+    let mut explanation = judged.map_err(|e| match e {
         ExplainError::NotFound(key) => {
             anyhow::anyhow!("pod {key} is not in {source}, or asks for no GPU")
         }

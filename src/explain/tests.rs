@@ -367,3 +367,73 @@ spec:
         "{e:?}"
     );
 }
+
+const CLAIMS: &str = r#"
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: wants-h100, namespace: team-c}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: wants-a100, namespace: team-c}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      firstAvailable:
+      - name: h100
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'}
+      - name: a100
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA A100")'}
+"#;
+
+/// A pod whose GPUs come only through the ResourceClaim `claim` (the cache does not keep
+/// it: `explain` reads its object).
+fn claim_pod(name: &str, claim: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: team-c}}\n\
+         spec:\n  resourceClaims: [{{name: gpu, resourceClaimName: {claim}}}]\n  \
+         containers:\n  - name: c\n    resources: {{claims: [{{name: gpu}}]}}\n"
+    )
+}
+
+#[test]
+fn a_claim_whose_selectors_match_no_published_gpu_is_told_so() {
+    let text = format!(
+        "{}{CLAIMS}{}{}",
+        include_str!("../../examples/cluster.yaml"),
+        claim_pod("h100-job", "wants-h100"),
+        claim_pod("a100-job", "wants-a100"),
+    );
+    let objects = parse_objects(&text, "test").unwrap();
+    let judge = |key: &str| {
+        let asked = Asked::Existing(key.into());
+        explain(&objects, "test", &Config::default(), asked, NOW).unwrap()
+    };
+    let e = judge("team-c/h100-job");
+    assert_eq!(e.code, Code::SelectorNoMatch, "{e:?}");
+    let dra = stage(&e, "dra");
+    assert!(
+        dra.message
+            .starts_with("ResourceClaim wants-h100, request gpu: its selectors match none"),
+        "{e:?}"
+    );
+    assert!(dra.message.contains("(A100-SXM4-40GB)"), "{e:?}");
+    // One alternative of a firstAvailable request matching is enough.
+    let e = judge("team-c/a100-job");
+    assert_eq!(stage(&e, "dra").code, Code::Fits, "{e:?}");
+    assert_eq!(e.code, Code::Fits, "{e:?}");
+}

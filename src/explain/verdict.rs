@@ -26,6 +26,8 @@ pub(crate) enum Code {
     InsufficientGpus,
     /// Only MIG slices of a profile its namespace caps would take it.
     ProfileCap,
+    /// A ResourceClaim's selectors match no published GPU of a model it may use.
+    SelectorNoMatch,
     /// It would be admitted and placed now.
     Fits,
     /// It is bound to a node.
@@ -48,6 +50,7 @@ impl Code {
             Code::Fragmented => "Fragmented",
             Code::InsufficientGpus => "InsufficientGPUs",
             Code::ProfileCap => "ProfileCap",
+            Code::SelectorNoMatch => "SelectorNoMatch",
             Code::Fits => "Fits",
             Code::Placed => "Placed",
         }
@@ -57,7 +60,7 @@ impl Code {
 /// One stage's verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Stage {
-    /// `admission` or `placement`.
+    /// `admission`, `placement` or `dra`.
     pub(crate) stage: &'static str,
     pub(crate) code: Code,
     pub(crate) message: String,

@@ -193,6 +193,24 @@ async fn judged(
         return Err(Refused::NotReady);
     }
     (state.backend.may(bearer(headers), namespace, verb).await).map_err(Refused::Access)?;
+    let existing = matches!(asked, Asked::Existing(_));
+    let key = asked.key();
+    match judge(state, asked).await? {
+        // Not in the cache: a pod whose GPUs come only through ResourceClaims?
+        Err(ExplainError::NotFound(_)) if existing => match state.backend.read_pod(&key).await {
+            Some(pod) => judge(state, Asked::Uncached(Box::new(pod))).await?,
+            None => Err(ExplainError::NotFound(key)),
+        },
+        judged => judged,
+    }
+    .map_err(Refused::Explain)
+}
+
+/// Judge `asked` on the live cache, off the async workers, in the request's span.
+async fn judge(
+    state: &AppState,
+    asked: Asked,
+) -> Result<Result<Explanation, ExplainError>, Refused> {
     let (state, now) = (state.clone(), crate::quota::pending::now_second());
     let span = tracing::Span::current();
     let judge = move || {
@@ -202,9 +220,7 @@ async fn judged(
         })
     };
     let judged = tokio::task::spawn_blocking(judge).await;
-    judged
-        .map_err(|e| Refused::Internal(format!("judging failed: {e}")))?
-        .map_err(Refused::Explain)
+    judged.map_err(|e| Refused::Internal(format!("judging failed: {e}")))
 }
 
 fn respond(state: &AppState, started: Instant, answer: Result<Explanation, Refused>) -> Response {

@@ -63,6 +63,13 @@ impl CachedClaim {
     }
 }
 
+impl CachedClaim {
+    /// Whether devices of the GPU driver are allocated to it.
+    pub(crate) fn is_allocated(&self) -> bool {
+        !self.allocated.is_empty()
+    }
+}
+
 /// What a claim says of the pod whose extended resources it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ExtendedFor {
@@ -143,6 +150,16 @@ impl ClusterState {
         for sibling in siblings {
             self.recharge_claim(&sibling);
         }
+    }
+
+    /// The claim `name` of `namespace`, when it asks for or holds GPUs.
+    pub(crate) fn claim(&self, namespace: &str, name: &str) -> Option<&CachedClaim> {
+        self.claims.get(&claim_key(namespace, name))
+    }
+
+    /// The published GPU devices.
+    pub(crate) fn gpu_devices(&self) -> &crate::dra::slices::DeviceIndex {
+        &self.devices
     }
 
     /// What decides the model of a claim's requests in `namespace`: the DeviceClasses,

@@ -155,6 +155,10 @@ queue:
 reclaim:
   timeoutSeconds: 5
   maxGraceSeconds: 3
+# The defrag scenario's dry run: plans told as Events, a pod pending 2 s on.
+defrag:
+  mode: DryRun
+  pendingSeconds: 2
 EOF
 
 # The tests stop and restart gpu-admission through $ctl (extender and webhook outage).

@@ -39,6 +39,12 @@ pub enum ConfigProblem {
     EmptySchedulerUser,
     #[error("reclaim.{key}: must be at most 3600 (seconds)")]
     ReclaimTooLong { key: &'static str },
+    #[error(
+        "defrag.mode: Evict is not built yet; use DryRun (plans reported as Events and metrics) or Off"
+    )]
+    DefragEvict,
+    #[error("defrag.maxMoves: must be between 1 and 4")]
+    DefragMaxMoves,
 }
 
 pub(crate) use crate::quota::{DEFAULT_SCHEDULER, UntypedPods};
@@ -102,6 +108,42 @@ pub struct Config {
     pub(crate) queue: QueueConfig,
     /// How a cohort's lender takes back what it lent (`reclaim: Evict`).
     pub(crate) reclaim: ReclaimConfig,
+    /// Making room for pending GPU pods by moving running ones (docs/defrag.md).
+    pub(crate) defrag: DefragConfig,
+}
+
+/// Defragmentation in the cluster (docs/defrag.md, "In the cluster").
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub(crate) struct DefragConfig {
+    pub(crate) mode: DefragMode,
+    /// The most moves one plan may make.
+    pub(crate) max_moves: usize,
+    /// A GPU pod pending this long is planned for.
+    pub(crate) pending_seconds: u32,
+}
+
+/// What the cluster does with the plans (`defrag.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub(crate) enum DefragMode {
+    /// Nothing is planned.
+    #[default]
+    Off,
+    /// Plans are computed and reported (an Event on the pending pod, metrics); nothing
+    /// is evicted.
+    DryRun,
+    /// Plans are carried out (not built yet: refused at start-up).
+    Evict,
+}
+
+impl Default for DefragConfig {
+    fn default() -> Self {
+        DefragConfig {
+            mode: DefragMode::Off,
+            max_moves: crate::placement::defrag::DEFAULT_MAX_MOVES,
+            pending_seconds: 30,
+        }
+    }
 }
 
 /// The reclaim bound (docs/quota.md, "The reclaim bound"): a borrowing pod that reclaim
@@ -193,6 +235,7 @@ impl Default for Config {
             scheduler_users: DEFAULT_SCHEDULER_USERS.map(String::from).to_vec(),
             queue: QueueConfig::default(),
             reclaim: ReclaimConfig::default(),
+            defrag: DefragConfig::default(),
         }
     }
 }
@@ -275,6 +318,12 @@ impl Config {
         ];
         if let Some((key, _)) = reclaim.iter().find(|(_, s)| *s > MAX_RECLAIM_SECONDS) {
             return Err(ConfigProblem::ReclaimTooLong { key });
+        }
+        if self.defrag.mode == DefragMode::Evict {
+            return Err(ConfigProblem::DefragEvict);
+        }
+        if !(1..=4).contains(&self.defrag.max_moves) {
+            return Err(ConfigProblem::DefragMaxMoves);
         }
         match required.iter().find(|(_, value)| value.trim().is_empty()) {
             Some((key, _)) => Err(ConfigProblem::Empty { key }),
@@ -367,6 +416,26 @@ mod tests {
             err,
             "reclaim.maxGraceSeconds: must be at most 3600 (seconds)"
         );
+    }
+
+    #[test]
+    fn defragmentation_is_off_unless_asked_and_evict_is_refused_by_name() {
+        assert_eq!(Config::default().defrag.mode, DefragMode::Off);
+        let config = Config::parse("defrag: {mode: DryRun, pendingSeconds: 5}\n").unwrap();
+        assert_eq!(config.defrag.mode, DefragMode::DryRun);
+        assert_eq!(config.defrag.pending_seconds, 5);
+        assert_eq!(config.defrag.max_moves, 2);
+        let err = |text: &str| Config::parse(text).unwrap_err().to_string();
+        assert!(
+            err("defrag: {mode: Evict}\n").starts_with("defrag.mode: Evict is not built yet"),
+            "{}",
+            err("defrag: {mode: Evict}\n")
+        );
+        assert_eq!(
+            err("defrag: {maxMoves: 9}\n"),
+            "defrag.maxMoves: must be between 1 and 4"
+        );
+        assert!(err("defrag: {mode: Sometimes}\n").contains("Sometimes"));
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub(crate) struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabels {
+    pub(crate) outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub(crate) reason: &'static str,
 }
@@ -96,6 +101,9 @@ pub struct Metrics {
     pub(crate) quota_borrowed: QuotaGauge,
     pub(crate) quota_lent: QuotaGauge,
     pub(crate) reclaim_evictions: EvictionCounter,
+    /// `defrag.mode: DryRun`'s plans for pending GPU pods, by outcome (`planned`,
+    /// `unplanned`).
+    pub(crate) defrag_plans: Family<OutcomeLabels, Counter>,
     gpu_seconds: ShowbackCounter,
     /// One scrape brings the counters up to the cache's meters at a time, so two
     /// scrapes never add the same seconds twice.
@@ -199,6 +207,12 @@ impl Default for Metrics {
             "GPUs of a GPUQuota's hard that other members of its cohort use, per namespace and model",
             quota_lent.clone(),
         );
+        let defrag_plans = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "defrag_plans",
+            "Plans the defragmentation planner made for GPU pods pending past defrag.pendingSeconds (defrag.mode DryRun), by outcome: planned, unplanned",
+            defrag_plans.clone(),
+        );
         let reclaim_evictions = EvictionCounter::default();
         registry.register(
             "reclaim_evictions",
@@ -224,6 +238,7 @@ impl Default for Metrics {
             quota_borrowed,
             quota_lent,
             reclaim_evictions,
+            defrag_plans,
             quota_queued_gpus,
             quota_queued_pods,
             quota_queue_wait,
@@ -324,6 +339,8 @@ mod tests {
         m.quota_queue_wait.get_or_create(&family).observe(1.0);
         let reason = ReasonLabels { reason: "evicted" };
         m.reclaim_evictions.get_or_create(&reason).inc();
+        let outcome = OutcomeLabels { outcome: "planned" };
+        m.defrag_plans.get_or_create(&outcome).inc();
         let free = FreeLabels {
             model: "m".into(),
             cause: "idle",

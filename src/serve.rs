@@ -98,6 +98,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let tell = controller::run(teller, state.cache().clone(), None, shutdown.clone());
             tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
         }
+        if state.config.defrag.mode == crate::config::DefragMode::DryRun {
+            let (placer, config) = (state.placer.clone(), state.config.clone());
+            let metrics = state.metrics.clone();
+            let planner = (state.backend).dry_run_planner(placer, config, metrics, leader.clone());
+            if let Some(planner) = planner {
+                let plan = controller::run(planner, state.cache().clone(), None, shutdown.clone());
+                tokio::spawn(plan.instrument(tracing::info_span!("defrag_dry_run")));
+            }
+        }
         let evictions = state.metrics.reclaim_evictions.clone();
         let bound = state.config.reclaim.clone();
         if let Some(reclaimer) = state.backend.reclaimer(evictions, bound, leader) {

@@ -17,6 +17,7 @@
 pub(crate) mod access;
 mod cohort_lease;
 pub(crate) mod controller;
+pub(crate) mod dry_run;
 pub mod leadership;
 mod pod_events;
 pub mod quota_writer;
@@ -194,6 +195,29 @@ impl Backend {
                 client.clone(),
                 placer,
                 config,
+                leader,
+            )),
+            Mode::Offline => None,
+        }
+    }
+
+    /// API mode, `defrag.mode: DryRun`: the task that tells pending GPU pods the
+    /// defragmentation planner's plan (`dry_run`), acting while `leader` holds the
+    /// controller Lease.
+    pub(crate) fn dry_run_planner(
+        &self,
+        placer: Arc<crate::placement::learn::LearningPlacer>,
+        config: Arc<crate::config::Config>,
+        metrics: Arc<crate::metrics::Metrics>,
+        leader: leadership::Leader,
+    ) -> Option<dry_run::Planner> {
+        match &self.mode {
+            Mode::Api { client, .. } => Some(dry_run::Planner::new(
+                self.cache.clone(),
+                client.clone(),
+                placer,
+                config,
+                metrics,
                 leader,
             )),
             Mode::Offline => None,

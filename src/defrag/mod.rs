@@ -347,12 +347,19 @@ impl Ground<'_> {
 
 /// The objects of the cluster `kubeconfig` names, as a cluster file would hold them.
 async fn listed(kubeconfig: &std::path::Path) -> anyhow::Result<Vec<FileObject>> {
+    let client = crate::api_client::kube_client(Some(kubeconfig), None).await?;
+    list_cluster(&client).await
+}
+
+/// What the planner reads of the cluster, listed from the API server: Nodes, Pods,
+/// GPUQuotas, PodDisruptionBudgets, and the controllers pods name as owners.
+pub(crate) async fn list_cluster(client: &kube::Client) -> anyhow::Result<Vec<FileObject>> {
     use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
     use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::{Node, Pod};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-    let client = crate::api_client::kube_client(Some(kubeconfig), None).await?;
+    let client = client.clone();
     let mut objects = Vec::new();
     list::<Node>(&client, &mut objects).await?;
     list::<Pod>(&client, &mut objects).await?;

@@ -33,6 +33,25 @@ pub(crate) struct PlanOut {
     pub(crate) moves: Vec<Step>,
 }
 
+impl PlanOut {
+    /// One line for an Event: "fits on node-7 (GPUs 0,1) after moving team-b/x
+    /// (node-7 → node-3)".
+    pub(crate) fn sentence(&self) -> String {
+        let gpus = list(&self.gpus);
+        let moves: Vec<String> = (self.moves.iter())
+            .map(|m| format!("{} ({} → {})", m.pod, m.from, m.to))
+            .collect();
+        match moves.is_empty() {
+            true => format!("fits now on {} (GPUs {gpus})", self.node),
+            false => format!(
+                "fits on {} (GPUs {gpus}) after moving {}",
+                self.node,
+                moves.join(", ")
+            ),
+        }
+    }
+}
+
 /// A pending pod without a plan, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Unplanned {

@@ -1,13 +1,14 @@
 //! `gpu-admission defrag --kubeconfig` against the real control plane: ReplicaSets placed
 //! by kube-scheduler and the extender so that no node has the 2 free GPUs a new pod
-//! needs though the cluster has 3; the command plans the one move allowed, and nothing
-//! is evicted.
+//! needs though the cluster has 3; the command plans the one move allowed, the
+//! sidecar's dry run (`defrag.mode: DryRun`) tells the pending pod the same plan in an
+//! Event, and nothing is evicted.
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -147,6 +148,21 @@ async fn defrag_plans_the_move_a_pending_pod_needs_and_evicts_nothing() {
         report["kept"]["disruption_budget"].as_u64() >= Some(1),
         "{report}"
     );
+
+    // This suite runs with `defrag.mode: DryRun`: the GPU scheduler's sidecar tells the
+    // pending pod the same plan in an Event, and evicts nothing either.
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let fields = "involvedObject.name=train,reason=DefragPlan";
+    let note = wait_for("a DefragPlan event on train", BIND_TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default().fields(fields))
+            .await
+            .ok()?;
+        list.items.into_iter().find_map(|e| e.message)
+    })
+    .await;
+    let expected = format!("fits on e2e-defrag-1 (GPUs 0,1) after moving {moved} (e2e-defrag-1 → ");
+    assert!(note.starts_with(&expected), "{note}");
 
     // It never evicts: the same three pods run, and the pending pod still waits.
     for (app, name) in &running {

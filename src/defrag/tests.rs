@@ -64,6 +64,17 @@ fn the_example_moves_the_one_pod_that_may_move() {
 }
 
 #[test]
+fn a_plan_reads_as_one_line_for_the_pending_pods_event() {
+    let report = plan_text(EXAMPLE, Some("team-a/train-0"));
+    let sentence = report.plans[0].sentence();
+    assert!(
+        sentence
+            .starts_with("fits on t4-a (GPUs 0,1) after moving team-b/infer-a-7f9-x2 (t4-a → t4-"),
+        "{sentence}"
+    );
+}
+
+#[test]
 fn the_json_report_has_the_documented_fields() {
     let report = plan_text(EXAMPLE, None);
     let json: serde_json::Value =

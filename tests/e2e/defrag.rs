@@ -163,6 +163,15 @@ async fn defrag_plans_the_move_a_pending_pod_needs_and_evicts_nothing() {
     .await;
     let expected = format!("fits on e2e-defrag-1 (GPUs 0,1) after moving {moved} (e2e-defrag-1 → ");
     assert!(note.starts_with(&expected), "{note}");
+    // Both replicas run the dry run; the one holding the controller Lease plans, so the
+    // pod is told once, not once per replica (a pass is every 10 s).
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let told = events.list(&ListParams::default().fields(fields)).await;
+    assert_eq!(
+        told.unwrap().items.len(),
+        1,
+        "one plan told, not one per replica"
+    );
 
     // It never evicts: the same three pods run, and the pending pod still waits.
     for (app, name) in &running {

@@ -310,6 +310,16 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
         .find(|l| l.contains("QuotaExceeded"))
         .unwrap();
     assert!(event_line.contains("Normal"), "{event_line}");
+    // Both replicas run the teller; only the one holding the controller Lease tells.
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let fields = "involvedObject.name=queued,reason=QuotaExceeded";
+    let told = events.list(&ListParams::default().fields(fields)).await;
+    assert_eq!(
+        told.unwrap().items.len(),
+        1,
+        "told once, not once per replica"
+    );
 
     explain_on_the_admin_port(&cluster, &team_b).await;
 

@@ -6,7 +6,9 @@
 //! `extender` (the placement transaction is `extender::plan`); `backend`, the only
 //! module that knows the run mode (API or a file); `cache`, synchronous state fed by
 //! watches or the file; and the pure core — `quota`, `dra`, `placement` — with no
-//! HTTP, no API calls and no async. `certs` bootstraps TLS.
+//! HTTP, no API calls and no async. `certs` bootstraps TLS. `explain` and `defrag` judge
+//! and plan on the cache for the CLI and the admin port; `tell` writes their verdicts
+//! onto pending pods.
 
 pub(crate) mod admission;
 pub(crate) mod api_client;
@@ -27,6 +29,7 @@ pub mod serve;
 pub mod server;
 pub mod simulate;
 pub mod telemetry;
+pub(crate) mod tell;
 pub mod wire;
 
 /// The allocator of every binary built on this crate (the server, its tests and

@@ -31,6 +31,40 @@ use crate::server::{
 pub use crate::api_client::kube_client;
 
 const DEV_CERT_DIR: &str = "webhook-certs";
+
+/// API mode, on the sidecar: the controllers that tell pods what gpu-admission judges of
+/// them, acting while `leader` holds the controller Lease: the Waiting condition
+/// (`tell::waiting`) and, with `defrag.mode: DryRun`, the planner's plans
+/// (`tell::dry_run`).
+fn spawn_tellers(
+    state: &AppState,
+    client: kube::Client,
+    leader: &Leader,
+    shutdown: &CancellationToken,
+) {
+    let (cache, placer, config) = (state.cache(), &state.placer, &state.config);
+    let teller = crate::tell::waiting::Teller::new(
+        cache.clone(),
+        client.clone(),
+        placer.clone(),
+        config.clone(),
+        leader.clone(),
+    );
+    let tell = controller::run(teller, cache.clone(), None, shutdown.clone());
+    tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
+    if config.defrag.mode == crate::config::DefragMode::DryRun {
+        let planner = crate::tell::dry_run::Planner::new(
+            cache.clone(),
+            client,
+            placer.clone(),
+            config.clone(),
+            state.metrics.clone(),
+            leader.clone(),
+        );
+        let plan = controller::run(planner, cache.clone(), None, shutdown.clone());
+        tokio::spawn(plan.instrument(tracing::info_span!("defrag_dry_run")));
+    }
+}
 /// Connection cap of the admin listener (probes and metrics scrapes).
 const ADMIN_CONNECTIONS: usize = 64;
 
@@ -92,20 +126,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let run = lease.run(leader.clone(), shutdown.clone()).instrument(span);
             lease_task = Some(tokio::spawn(run));
         }
-        let teller =
-            (state.backend).teller(state.placer.clone(), state.config.clone(), leader.clone());
-        if let Some(teller) = teller {
-            let tell = controller::run(teller, state.cache().clone(), None, shutdown.clone());
-            tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
-        }
-        if state.config.defrag.mode == crate::config::DefragMode::DryRun {
-            let (placer, config) = (state.placer.clone(), state.config.clone());
-            let metrics = state.metrics.clone();
-            let planner = (state.backend).dry_run_planner(placer, config, metrics, leader.clone());
-            if let Some(planner) = planner {
-                let plan = controller::run(planner, state.cache().clone(), None, shutdown.clone());
-                tokio::spawn(plan.instrument(tracing::info_span!("defrag_dry_run")));
-            }
+        if let Some(client) = state.backend.client() {
+            spawn_tellers(&state, client, &leader, &shutdown);
         }
         let evictions = state.metrics.reclaim_evictions.clone();
         let bound = state.config.reclaim.clone();

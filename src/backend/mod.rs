@@ -17,14 +17,12 @@
 pub(crate) mod access;
 mod cohort_lease;
 pub(crate) mod controller;
-pub(crate) mod dry_run;
 pub mod leadership;
-mod pod_events;
+pub(crate) mod pod_events;
 pub mod quota_writer;
 pub mod reclaim;
 pub mod reconcile;
 pub mod release;
-pub(crate) mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -181,45 +179,11 @@ impl Backend {
         }
     }
 
-    /// API mode: the task that keeps every pending GPU pod's Waiting condition
-    /// (`waiting`), acting while `leader` holds the controller Lease.
-    pub(crate) fn teller(
-        &self,
-        placer: Arc<crate::placement::learn::LearningPlacer>,
-        config: Arc<crate::config::Config>,
-        leader: leadership::Leader,
-    ) -> Option<waiting::Teller> {
+    /// API mode: the client the controllers that tell pods what they decide (`explain`'s
+    /// teller, `defrag`'s dry run) write with. Offline there is none: nothing to tell.
+    pub(crate) fn client(&self) -> Option<kube::Client> {
         match &self.mode {
-            Mode::Api { client, .. } => Some(waiting::Teller::new(
-                self.cache.clone(),
-                client.clone(),
-                placer,
-                config,
-                leader,
-            )),
-            Mode::Offline => None,
-        }
-    }
-
-    /// API mode, `defrag.mode: DryRun`: the task that tells pending GPU pods the
-    /// defragmentation planner's plan (`dry_run`), acting while `leader` holds the
-    /// controller Lease.
-    pub(crate) fn dry_run_planner(
-        &self,
-        placer: Arc<crate::placement::learn::LearningPlacer>,
-        config: Arc<crate::config::Config>,
-        metrics: Arc<crate::metrics::Metrics>,
-        leader: leadership::Leader,
-    ) -> Option<dry_run::Planner> {
-        match &self.mode {
-            Mode::Api { client, .. } => Some(dry_run::Planner::new(
-                self.cache.clone(),
-                client.clone(),
-                placer,
-                config,
-                metrics,
-                leader,
-            )),
+            Mode::Api { client, .. } => Some(client.clone()),
             Mode::Offline => None,
         }
     }

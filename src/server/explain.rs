@@ -213,13 +213,13 @@ async fn judge(
 ) -> Result<Result<Explanation, ExplainError>, Refused> {
     let (state, now) = (state.clone(), crate::quota::pending::now_second());
     let span = tracing::Span::current();
-    let judge = move || {
+    let judged = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
             let placer = state.placer.placer();
             judge_on(state.cache(), &placer, &state.config, asked, now)
         })
-    };
-    let judged = tokio::task::spawn_blocking(judge).await;
+    })
+    .await;
     judged.map_err(|e| Refused::Internal(format!("judging failed: {e}")))
 }
 

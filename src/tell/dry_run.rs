@@ -23,14 +23,20 @@ use crate::metrics::{Metrics, OutcomeLabels};
 use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
 use crate::placement::learn::LearningPlacer;
 
-use super::controller::Controller;
-use super::leadership::Leader;
-use super::pod_events::PodEvents;
+use crate::backend::controller::Controller;
+use crate::backend::leadership::Leader;
+use crate::backend::pod_events::PodEvents;
 
 /// Pods planned for in one pass at most.
 const PODS_PER_PASS: usize = 8;
 /// A pod's plan is worked out again at most this often (the cluster drifts).
 const REPLAN: Duration = Duration::from_secs(60);
+
+/// What a pod is told: its plan as one sentence, or why there is none.
+enum Answer {
+    Planned(String),
+    Unplanned(String),
+}
 
 /// The dry-run planner: one per process, acting only while it holds the controller Lease.
 pub(crate) struct Planner {
@@ -133,7 +139,7 @@ impl Controller for Planner {
         };
         let config = self.config.clone();
         let keys: Vec<String> = due.iter().map(|(k, _)| k.to_string()).collect();
-        let plan = move || -> anyhow::Result<Vec<(String, Result<String, String>)>> {
+        let plan = move || -> anyhow::Result<Vec<(String, Answer)>> {
             let limits = Limits {
                 max_moves: config.defrag.max_moves,
                 budget: DEFAULT_BUDGET,
@@ -148,11 +154,11 @@ impl Controller for Planner {
                 let report = crate::defrag::plan_in(&cache, &world, &placer, limits, Some(&key));
                 let answer = match report {
                     Ok(report) => match (report.plans.first(), report.unplanned.first()) {
-                        (Some(plan), _) => Ok(plan.sentence()),
-                        (None, Some(no)) => Err(no.reason.clone()),
+                        (Some(plan), _) => Answer::Planned(plan.sentence()),
+                        (None, Some(no)) => Answer::Unplanned(no.reason.clone()),
                         (None, None) => continue,
                     },
-                    Err(error) => Err(format!("{error:#}")),
+                    Err(error) => Answer::Unplanned(format!("{error:#}")),
                 };
                 answers.push((key, answer));
             }
@@ -176,9 +182,9 @@ impl Controller for Planner {
             .collect();
         let mut told = 0;
         for (key, answer) in answers {
-            let (outcome, reason, note) = match &answer {
-                Ok(sentence) => ("planned", "DefragPlan", sentence.clone()),
-                Err(why) => ("unplanned", "DefragNoPlan", format!("no plan: {why}")),
+            let (outcome, reason, note) = match answer {
+                Answer::Planned(sentence) => ("planned", "DefragPlan", sentence),
+                Answer::Unplanned(why) => ("unplanned", "DefragNoPlan", format!("no plan: {why}")),
             };
             let labels = OutcomeLabels { outcome };
             self.metrics.defrag_plans.get_or_create(&labels).inc();

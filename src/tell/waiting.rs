@@ -21,15 +21,15 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use crate::backend::controller::Controller;
+use crate::backend::leadership::Leader;
+use crate::backend::pod_events::PodEvents;
 use crate::cache::pod::{WAITING_CONDITION, WaitingShown, key_parts, message_fingerprint};
 use crate::cache::{ClusterCache, PodKey};
 use crate::config::Config;
-use crate::explain::{Code, Explanation, Judge, Subject};
 use crate::placement::learn::LearningPlacer;
 
-use super::controller::Controller;
-use super::leadership::Leader;
-use super::pod_events::PodEvents;
+use crate::explain::{Code, Explanation, Judge, Subject};
 
 /// How much time one pass may spend judging pods.
 const JUDGE_BUDGET: Duration = Duration::from_millis(100);

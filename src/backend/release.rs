@@ -483,7 +483,7 @@ impl Attempt {
         let fraction = (process.wrapping_add(u128::from(count)) % 1_000_000_000) as i64;
         Attempt {
             second,
-            id: format!("{uid}.{process:x}.{count}"),
+            id: crate::quota::pending::release_id(uid, process, count),
             stamp: release_stamp(second, fraction),
         }
     }

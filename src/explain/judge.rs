@@ -110,6 +110,10 @@ impl<'a> Judge<'a> {
             };
             return Ok((stage(Code::Fits, message), None));
         }
+        if subject.exists && self.being_released(subject) {
+            let message = "let out of the quota queue: charged, its gate coming off".into();
+            return Ok((stage(Code::Fits, message), None));
+        }
         let quota = self.state.namespace_quota(subject.namespace());
         let wanted = quota.wanted(&pod.models);
         let costs = quota.costs(&pod.request, &wanted.models, subject.created(self.now));
@@ -138,6 +142,18 @@ impl<'a> Judge<'a> {
                 (stage(denial_code(&denial), message), Some(denial))
             }
         })
+    }
+
+    /// Whether the quota queue's releaser has charged the (gated) pod already: its charge
+    /// is in its namespace's ledger, and the watch has not shown it ungated yet.
+    fn being_released(&self, subject: &Subject<'_>) -> bool {
+        let namespace = subject.namespace();
+        let quotas = self.state.quotas();
+        let mine = quotas.filter(|q| q.metadata.namespace.as_deref() == Some(namespace));
+        let pending = mine
+            .filter_map(|q| q.status.as_ref())
+            .flat_map(|s| &s.pending);
+        pending.into_iter().any(|p| p.releases(&subject.pod.uid))
     }
 
     /// The pod's place in its namespace's quota queue (from 1), and the line's length

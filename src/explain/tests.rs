@@ -437,3 +437,58 @@ fn a_claim_whose_selectors_match_no_published_gpu_is_told_so() {
     assert_eq!(stage(&e, "dra").code, Code::Fits, "{e:?}");
     assert_eq!(e.code, Code::Fits, "{e:?}");
 }
+
+#[test]
+fn a_queued_pod_the_releaser_has_charged_is_let_go_not_refused() {
+    // team-s's quota (1 Tesla-T4) holds the releaser's charge for release-1 already; the
+    // watch has not shown its gate gone: it is being let go, not over its quota.
+    let text = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: t4, labels: {nvidia.com/gpu.product: Tesla-T4}}
+status:
+  allocatable: {cpu: "32", memory: 128Gi, tencent.com/vcuda-core: "200", tencent.com/vcuda-memory: "64"}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-s}
+spec:
+  hard: {Tesla-T4: "1"}
+  onExceed: Queue
+status:
+  used: {Tesla-T4: "1"}
+  pending:
+  - {created: "2026-11-29T00:59:59Z", model: Tesla-T4, amount: "1", pods: 1, chargeIds: [u-release-1.5f.0]}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: release-1
+  namespace: team-s
+  uid: u-release-1
+  creationTimestamp: "2026-11-29T00:59:00Z"
+  annotations: {gpu-admission.io/gpu-type: Tesla-T4}
+spec:
+  schedulingGates: [{name: gpu-admission.io/quota}]
+  containers:
+  - name: c
+    resources: {limits: {tencent.com/vcuda-core: "100"}}
+"#;
+    let objects = parse_objects(text, "test").unwrap();
+    let judge = |objects: &[crate::cache::FileObject]| {
+        let asked = Asked::Existing("team-s/release-1".into());
+        explain(objects, "test", &Config::default(), asked, NOW).unwrap()
+    };
+    let e = judge(&objects);
+    assert_eq!(stage(&e, "admission").code, Code::Fits, "{e:?}");
+    assert!(
+        stage(&e, "admission")
+            .message
+            .starts_with("let out of the quota queue"),
+        "{e:?}"
+    );
+    // Another pod's release charge says nothing of this one: it still waits in line.
+    let other = text.replace("u-release-1.5f.0", "u-someone-else.5f.0");
+    let e = judge(&parse_objects(&other, "test").unwrap());
+    assert_eq!(e.code, Code::QueuedBehind, "{e:?}");
+}

@@ -189,6 +189,15 @@ pub struct PendingCharges {
     charge_ids: Vec<String>,
 }
 
+impl PendingCharges {
+    /// Whether the quota queue's releaser has charged the pod with `uid` here: it is
+    /// being let go, its gate about to come off.
+    pub(crate) fn releases(&self, uid: &str) -> bool {
+        let ids = self.charge_ids.iter();
+        ids.map(|id| pending::release_of(id)).any(|of| of == uid)
+    }
+}
+
 /// One admitted pod's charge, as versions before `pending` recorded it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

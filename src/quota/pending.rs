@@ -58,6 +58,17 @@ pub enum ChargeId<'a> {
     Stored(&'a str),
 }
 
+/// The id of a quota queue release's charge: the pod's uid, then what makes the attempt
+/// unique (`<uid>.<process>.<count>`).
+pub(crate) fn release_id(uid: &str, process: u128, count: u64) -> String {
+    format!("{uid}.{process:x}.{count}")
+}
+
+/// The uid of the pod a [`release_id`] charges.
+pub(crate) fn release_of(id: &str) -> &str {
+    id.split('.').next().unwrap_or_default()
+}
+
 impl<'a> ChargeId<'a> {
     fn id(self) -> Option<&'a str> {
         match self {

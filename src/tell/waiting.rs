@@ -42,6 +42,9 @@ const MIN_GAP: Duration = Duration::from_secs(5);
 /// A code unchanged whose numbers moved (its place in line, the free GPUs) is reworded
 /// at most this often.
 const REWORD_EVERY: Duration = Duration::from_secs(30);
+/// A gated pod whose quota has room is let go by the releaser within moments: it is told
+/// `QueuedBehind` only once it has waited this long, not in passing.
+const QUEUE_GRACE_SECONDS: i64 = 5;
 /// The longest message written (the API server allows 32 KiB; `kubectl describe` shows
 /// one line).
 const MESSAGE_LIMIT: usize = 1_000;
@@ -226,7 +229,8 @@ impl Teller {
         (bound, pending)
     }
 
-    /// Judge `key` on the cache as it is now: its verdict, what it shows and its uid.
+    /// Judge `key` on the cache as it is now: its verdict, what it shows and its uid;
+    /// `None` when it cannot be judged, or is only passing through the quota queue.
     fn judge(&self, key: &PodKey, now: i64) -> Option<(Verdict, Option<WaitingShown>, Box<str>)> {
         let placer = self.placer.placer();
         let mig = self.cache.projection().names.mig.clone();
@@ -245,11 +249,12 @@ impl Teller {
                     return None;
                 }
             };
-            Some((
-                Verdict::of(&explanation),
-                pod.waiting.clone(),
-                pod.uid.clone(),
-            ))
+            let verdict = Verdict::of(&explanation);
+            let in_passing = now - pod.created < QUEUE_GRACE_SECONDS;
+            if verdict.code == Code::QueuedBehind && in_passing {
+                return None;
+            }
+            Some((verdict, pod.waiting.clone(), pod.uid.clone()))
         })
     }
 

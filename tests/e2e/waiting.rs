@@ -230,9 +230,7 @@ async fn every_waiting_gpu_pod_says_why_and_a_bound_one_no_longer_does() {
         pod.spec?.node_name.map(drop)
     })
     .await;
-    // The ledger settled on f1 and f2 alone: admission counts a charge in flight until
-    // the reconciler has seen its pod (too much, never too little), and frag must find
-    // its 2 GPUs of room.
+    // The ledger settled on f1 and f2 before the four pods come.
     cluster.wait_used("default", model, 2000).await;
     let (first, first_at) = scrape_checked(&cluster, model).await;
 

@@ -393,7 +393,9 @@ async fn extender_places_only_the_pod_the_cluster_has() {
                             pod.metadata.namespace.clone().unwrap_or_default(),
                             pod.metadata.name.clone().unwrap_or_default()
                         ),
-                        pod.metadata.resource_version.clone(),
+                        // What a placement could write: the annotations and the spec
+                        // (not the status, where the teller keeps why a pod waits).
+                        serde_json::to_string(&(&pod.metadata.annotations, &pod.spec)).unwrap(),
                     );
                 }
             }

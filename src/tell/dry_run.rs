@@ -102,13 +102,9 @@ impl Planner {
             let fragmented = fragmented.map(|(k, p)| (k.clone(), p.uid.clone()));
             fragmented.take(PODS_PER_PASS).collect::<Vec<_>>()
         });
-        let live: Vec<PodKey> = self.cache.read(|s| {
-            (self.planned.keys())
-                .filter(|k| s.pod(k).is_some())
-                .cloned()
-                .collect()
-        });
-        self.planned.retain(|k, _| live.contains(k));
+        let planned = &mut self.planned;
+        self.cache
+            .read(|s| planned.retain(|k, _| s.pod(k).is_some()));
         found
     }
 }

@@ -27,7 +27,9 @@ use crate::backend::pod_events::PodEvents;
 use crate::cache::pod::{WAITING_CONDITION, WaitingShown, key_parts, message_fingerprint};
 use crate::cache::{ClusterCache, PodKey};
 use crate::config::Config;
+use crate::placement::Placer;
 use crate::placement::learn::LearningPlacer;
+use crate::placement::mig::MigResources;
 
 use crate::explain::{Code, Explanation, Judge, Subject};
 
@@ -231,9 +233,12 @@ impl Teller {
 
     /// Judge `key` on the cache as it is now: its verdict, what it shows and its uid;
     /// `None` when it cannot be judged, or is only passing through the quota queue.
-    fn judge(&self, key: &PodKey, now: i64) -> Option<(Verdict, Option<WaitingShown>, Box<str>)> {
-        let placer = self.placer.placer();
-        let mig = self.cache.projection().names.mig.clone();
+    fn judge(
+        &self,
+        key: &PodKey,
+        (placer, mig): (&Placer, &MigResources),
+        now: i64,
+    ) -> Option<(Verdict, Option<WaitingShown>, Box<str>)> {
         self.cache.read(|state| {
             let pod = state.pod(key)?;
             let subject = Subject {
@@ -241,7 +246,7 @@ impl Teller {
                 pod,
                 exists: true,
             };
-            let judge = Judge::new(state, &placer, &mig, &self.config, now);
+            let judge = Judge::new(state, placer, mig, &self.config, now);
             let explanation = match judge.explain(&subject) {
                 Ok(explanation) => explanation,
                 Err(error) => {
@@ -306,6 +311,9 @@ impl Controller for Teller {
             .retain(|_, (_, at)| start.duration_since(*at) < REWORD_EVERY);
         let (bound, pending) = self.candidates();
         let unix_now = crate::quota::pending::now_second();
+        // One learnt mix for the whole pass: every pod is judged against the same.
+        let placer = self.placer.placer();
+        let mig = self.cache.projection().names.mig.clone();
         let mut writes = Vec::new();
         for pod in bound {
             let shown = self.shown(&pod.key, Some(pod.shown));
@@ -318,7 +326,7 @@ impl Controller for Teller {
             if start.elapsed() >= JUDGE_BUDGET || writes.len() >= WRITES_PER_PASS {
                 break;
             }
-            let judged = self.judge(&key, unix_now);
+            let judged = self.judge(&key, (&placer, &mig), unix_now);
             self.judged.insert(key.clone(), Instant::now());
             let Some((verdict, from_cache, uid)) = judged else {
                 continue;

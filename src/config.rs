@@ -39,10 +39,10 @@ pub enum ConfigProblem {
     EmptySchedulerUser,
     #[error("reclaim.{key}: must be at most 3600 (seconds)")]
     ReclaimTooLong { key: &'static str },
-    #[error(
-        "defrag.mode: Evict is not built yet; use DryRun (plans reported as Events and metrics) or Off"
-    )]
-    DefragEvict,
+    #[error("defrag.holdSeconds: must be between 10 and 600")]
+    DefragHold,
+    #[error("defrag.cooldownSeconds: must be at most 86400 (a day)")]
+    DefragCooldown,
     #[error("defrag.maxMoves: must be between 1 and 4")]
     DefragMaxMoves,
 }
@@ -121,6 +121,11 @@ pub(crate) struct DefragConfig {
     pub(crate) max_moves: usize,
     /// A GPU pod pending this long is planned for.
     pub(crate) pending_seconds: u32,
+    /// `Evict`: how long the GPUs a plan frees stay held for the pending pod, and each
+    /// destination for the moved pod's replacement.
+    pub(crate) hold_seconds: u32,
+    /// `Evict`: a pod whose controller had a pod moved this recently is not moved.
+    pub(crate) cooldown_seconds: u32,
 }
 
 /// What the cluster does with the plans (`defrag.mode`).
@@ -132,7 +137,8 @@ pub(crate) enum DefragMode {
     /// Plans are computed and reported (an Event on the pending pod, metrics); nothing
     /// is evicted.
     DryRun,
-    /// Plans are carried out (not built yet: refused at start-up).
+    /// Plans are carried out: the freed GPUs held, the moved pods evicted through the
+    /// Eviction API (the GPU scheduler's sidecar, `tell::mover`).
     Evict,
 }
 
@@ -142,6 +148,8 @@ impl Default for DefragConfig {
             mode: DefragMode::Off,
             max_moves: crate::placement::defrag::DEFAULT_MAX_MOVES,
             pending_seconds: 30,
+            hold_seconds: 60,
+            cooldown_seconds: 600,
         }
     }
 }
@@ -319,8 +327,11 @@ impl Config {
         if let Some((key, _)) = reclaim.iter().find(|(_, s)| *s > MAX_RECLAIM_SECONDS) {
             return Err(ConfigProblem::ReclaimTooLong { key });
         }
-        if self.defrag.mode == DefragMode::Evict {
-            return Err(ConfigProblem::DefragEvict);
+        if !(10..=600).contains(&self.defrag.hold_seconds) {
+            return Err(ConfigProblem::DefragHold);
+        }
+        if self.defrag.cooldown_seconds > 86_400 {
+            return Err(ConfigProblem::DefragCooldown);
         }
         if !(1..=4).contains(&self.defrag.max_moves) {
             return Err(ConfigProblem::DefragMaxMoves);
@@ -419,17 +430,24 @@ mod tests {
     }
 
     #[test]
-    fn defragmentation_is_off_unless_asked_and_evict_is_refused_by_name() {
+    fn defragmentation_is_off_unless_asked_and_its_bounds_are_named() {
         assert_eq!(Config::default().defrag.mode, DefragMode::Off);
         let config = Config::parse("defrag: {mode: DryRun, pendingSeconds: 5}\n").unwrap();
         assert_eq!(config.defrag.mode, DefragMode::DryRun);
         assert_eq!(config.defrag.pending_seconds, 5);
         assert_eq!(config.defrag.max_moves, 2);
         let err = |text: &str| Config::parse(text).unwrap_err().to_string();
-        assert!(
-            err("defrag: {mode: Evict}\n").starts_with("defrag.mode: Evict is not built yet"),
-            "{}",
-            err("defrag: {mode: Evict}\n")
+        let evict = Config::parse("defrag: {mode: Evict, holdSeconds: 30}\n").unwrap();
+        assert_eq!(evict.defrag.mode, DefragMode::Evict);
+        assert_eq!(evict.defrag.hold_seconds, 30);
+        assert_eq!(evict.defrag.cooldown_seconds, 600);
+        assert_eq!(
+            err("defrag: {holdSeconds: 5}\n"),
+            "defrag.holdSeconds: must be between 10 and 600"
+        );
+        assert_eq!(
+            err("defrag: {cooldownSeconds: 100000}\n"),
+            "defrag.cooldownSeconds: must be at most 86400 (a day)"
         );
         assert_eq!(
             err("defrag: {maxMoves: 9}\n"),

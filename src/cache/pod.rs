@@ -9,6 +9,7 @@ use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, GpuChoice, GpuRequest};
 
 use super::Projection;
+use super::plan_hold::{PLAN_HOLD_ANNOTATION, PlanHold};
 
 /// A pod's identity in the cache: `namespace/name` (unique among live pods).
 pub(crate) type PodKey = Arc<str>;
@@ -71,6 +72,11 @@ pub struct CachedPod {
     pub(crate) claim_names: Box<[Box<str>]>,
     /// Its [`WAITING_CONDITION`], as the pod shows it.
     pub(crate) waiting: Option<WaitingShown>,
+    /// The uid its controlling ownerReference names: which controller a replacement is
+    /// of (`plan_hold::Slot`). Claimed by the pod, not proven.
+    pub(crate) owner: Option<Box<str>>,
+    /// The defragmentation plan's holds it carries ([`PLAN_HOLD_ANNOTATION`]).
+    pub(crate) plan_hold: Option<Arc<PlanHold>>,
 }
 
 /// The pod condition gpu-admission keeps on every pending GPU pod: why it waits
@@ -121,9 +127,10 @@ impl AnnotationKeys {
     }
 
     /// Whether `key` is a placement annotation: one the extender or gpu-manager writes
-    /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), and nobody else may.
+    /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), or the defragmentation
+    /// mover's holds ([`PLAN_HOLD_ANNOTATION`]), and nobody else may.
     pub(crate) fn is_placement(&self, key: &str) -> bool {
-        key == self.assigned || key.starts_with(&self.predicate_prefix)
+        key == self.assigned || key.starts_with(&self.predicate_prefix) || key == PLAN_HOLD_ANNOTATION
     }
 }
 
@@ -185,6 +192,10 @@ impl CachedPod {
             claim_names: claim_names(pod),
             waiting: waiting_shown(pod),
             marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
+            owner: controller_uid(pod),
+            plan_hold: annotation(PLAN_HOLD_ANNOTATION)
+                .and_then(PlanHold::parse)
+                .map(Arc::new),
         })
     }
 }
@@ -293,6 +304,13 @@ fn waiting_shown(pod: &Pod) -> Option<WaitingShown> {
         reason: condition.reason.as_deref().unwrap_or_default().into(),
         message: message_fingerprint(condition.message.as_deref().unwrap_or_default()),
     })
+}
+
+/// The uid of the pod's controlling ownerReference.
+fn controller_uid(pod: &Pod) -> Option<Box<str>> {
+    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    let controller = owners.iter().find(|o| o.controller == Some(true))?;
+    Some(controller.uid.as_str().into())
 }
 
 fn is_terminal(pod: &Pod) -> bool {

@@ -93,6 +93,8 @@ pub struct ClusterState {
     memo: PlacementMemo,
     /// Whose usage the quotas' views count.
     ledger: Ledger,
+    /// The pods that carry a defragmentation plan's holds (`reserved`).
+    plan_holders: HashSet<PodKey>,
 }
 
 /// A pod created within `PENDING_TTL` that has left, and the charge it was counted with.
@@ -198,6 +200,7 @@ pub(crate) mod claims;
 mod evaluation;
 mod holds;
 mod index;
+mod reserved;
 mod namespace_quota;
 #[cfg(test)]
 mod pending_tests;

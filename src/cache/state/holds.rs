@@ -11,8 +11,11 @@ use crate::placement::{
     place_versioned,
 };
 
-use super::ClusterState;
+use foldhash::HashMap;
+
 use super::index::fits_indices;
+use super::reserved::Reserved;
+use super::{ClusterState, NodeEntry};
 
 /// How long a placement the filter holds in memory waits for the scheduler's bind call.
 /// Letting go early is safe (bind places again on the node it is given, or refuses);
@@ -98,7 +101,7 @@ impl ClusterState {
         key: &PodKey,
         subject: Subject,
         candidates: &[&str],
-        choose: impl FnOnce(&CachedPod, &mut Candidates<'_>) -> Outcome,
+        choose: impl FnMut(&CachedPod, &mut Candidates<'_>) -> Outcome,
         now: Instant,
     ) -> Result<FilterDecision, PlanError> {
         let held = self.take_subject(key, subject)?;
@@ -113,7 +116,7 @@ impl ClusterState {
         key: &PodKey,
         held: Held,
         candidates: &[&str],
-        choose: impl FnOnce(&CachedPod, &mut Candidates<'_>) -> Outcome,
+        mut choose: impl FnMut(&CachedPod, &mut Candidates<'_>) -> Outcome,
         now: Instant,
     ) -> FilterDecision {
         let previous = held.0;
@@ -128,30 +131,37 @@ impl ClusterState {
             released.recorded = false;
             self.put_pod(key.clone(), released);
         }
-        let mut misfits = Vec::new();
-        let mut known = Candidates {
-            nodes: Vec::with_capacity(candidates.len()),
-            stamps: Vec::with_capacity(candidates.len()),
-            memo: &mut self.memo,
-        };
-        for name in candidates {
-            match self
-                .nodes
-                .get(*name)
-                .and_then(|e| Some((e.gpus.as_ref()?, e.stamp)))
-            {
-                Some((gpus, stamp)) => {
-                    known.nodes.push(gpus);
-                    known.stamps.push(stamp);
-                }
-                None => misfits.push((Arc::from(*name), Misfit::NotCached)),
-            }
-        }
+        let reserved = self.reserved_against(key, crate::quota::pending::now_second());
         let Some(pod) = self.pods.get(key) else {
-            return FilterDecision::none(misfits);
+            return FilterDecision::none(Vec::new());
         };
-        let outcome = choose(pod, &mut known);
-        let known = known.nodes;
+        // A node a plan keeps for this pod is tried alone first.
+        let preferred = reserved.preferred.as_deref();
+        let preferred = preferred.filter(|p| candidates.contains(p));
+        let mut tried = None;
+        if let Some(preferred) = preferred {
+            let (nodes, stamps, _) = gather(&self.nodes, &[preferred], &reserved);
+            let mut known = Candidates {
+                nodes,
+                stamps,
+                memo: &mut self.memo,
+            };
+            let outcome = choose(pod, &mut known);
+            tried = outcome.chosen.is_some().then_some((outcome, known.nodes, Vec::new()));
+        }
+        let (outcome, known, mut misfits) = match tried {
+            Some(tried) => tried,
+            None => {
+                let (nodes, stamps, misfits) = gather(&self.nodes, candidates, &reserved);
+                let mut known = Candidates {
+                    nodes,
+                    stamps,
+                    memo: &mut self.memo,
+                };
+                let outcome = choose(pod, &mut known);
+                (outcome, known.nodes, misfits)
+            }
+        };
         let Some((index, assignment)) = outcome.chosen else {
             misfits.extend(
                 outcome
@@ -372,6 +382,36 @@ impl Candidates<'_> {
             self.memo,
         )
     }
+}
+
+/// The candidates `names` the cache knows, each as the pod may see it (with what
+/// plans keep from it: never memoized, stamp version 0), and the misfits of those it
+/// does not know.
+fn gather<'a>(
+    nodes: &'a HashMap<Arc<str>, NodeEntry>,
+    names: &[&str],
+    reserved: &'a Reserved,
+) -> (Vec<&'a NodeGpus>, Vec<Stamp>, Vec<(Arc<str>, Misfit)>) {
+    let mut known = (Vec::with_capacity(names.len()), Vec::with_capacity(names.len()));
+    let mut misfits = Vec::new();
+    for name in names {
+        let entry = nodes.get(*name).and_then(|e| Some((e.gpus.as_ref()?, e.stamp)));
+        let Some((gpus, stamp)) = entry else {
+            misfits.push((Arc::from(*name), Misfit::NotCached));
+            continue;
+        };
+        match reserved.nodes.get(*name) {
+            Some(kept) => {
+                known.0.push(kept);
+                known.1.push(Stamp { version: 0, ..stamp });
+            }
+            None => {
+                known.0.push(gpus);
+                known.1.push(stamp);
+            }
+        }
+    }
+    (known.0, known.1, misfits)
 }
 
 fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {

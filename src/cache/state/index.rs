@@ -140,6 +140,7 @@ impl ClusterState {
         let Some(old) = self.pods.remove(key) else {
             return;
         };
+        self.plan_holders.remove(key);
         self.tally.discharge(key, namespace);
         self.waiting.remove(key);
         self.deleting.remove(key);
@@ -189,6 +190,7 @@ impl ClusterState {
         }
         let old_node = self.pods.get(&key).and_then(|p| p.node.clone());
         let new_node = pod.node.clone();
+        self.index_plan_hold(&key, &pod);
         if self.pods.insert(key.clone(), Box::new(pod)).is_none() {
             let namespace = namespace_of(&key);
             self.by_namespace

@@ -1,0 +1,168 @@
+//! A defragmentation plan's holds in the filter transaction: the GPUs a plan freed go to
+//! its pending pod and to each moved pod's replacement, to nobody else, until they lapse.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Instant;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::plan_hold::{Held, HeldGpu, PLAN_HOLD_ANNOTATION, PlanHold, Slot, shape_of};
+use super::state::{ClusterState, Subject};
+use super::{CachedPod, PodKey, Projection, pod_key};
+use crate::config::Config;
+use crate::placement::testing::{node, pod_with};
+use crate::placement::{Placer, Policy, place};
+
+const NOW_FAR: i64 = i64::MAX / 2;
+
+/// A 1-GPU pod of `team`, owned by controller `owner`, carrying `hold` if given.
+fn pod(
+    key: &str,
+    uid: &str,
+    owner: &str,
+    node_name: Option<&str>,
+    hold: Option<&PlanHold>,
+) -> (PodKey, CachedPod) {
+    let mut pod = pod_with(&[&[("nvidia.com/gpu", "1")]]);
+    let (namespace, name) = key.split_once('/').unwrap();
+    pod.metadata.name = Some(name.into());
+    pod.metadata.namespace = Some(namespace.into());
+    pod.metadata.uid = Some(uid.into());
+    // Second 1,000: the plan's `since`.
+    let created = serde_json::json!("1970-01-01T00:16:40Z");
+    pod.metadata.creation_timestamp = Some(serde_json::from_value(created).unwrap());
+    pod.metadata.owner_references = Some(vec![OwnerReference {
+        uid: owner.into(),
+        controller: Some(true),
+        kind: "ReplicaSet".into(),
+        name: owner.into(),
+        api_version: "apps/v1".into(),
+        ..Default::default()
+    }]);
+    if let Some(hold) = hold {
+        pod.metadata.annotations = Some([(PLAN_HOLD_ANNOTATION.to_string(), hold.to_text())].into());
+    }
+    pod.spec.as_mut().unwrap().node_name = node_name.map(str::to_string);
+    let projection = Projection::from_config(&Config::default());
+    (pod_key(&pod), CachedPod::from_pod(&pod, &projection).unwrap())
+}
+
+fn gpu(index: u8) -> HeldGpu {
+    HeldGpu {
+        index,
+        core: 100,
+        memory: 8,
+    }
+}
+
+/// Team-a/train's plan: n1's GPU 0 for it, n2's GPU 0 for the replacement of
+/// team-b/infer-1 (controller rs-1), standing until `until`.
+fn plan(until: i64) -> PlanHold {
+    let one_gpu = pod("team-b/x", "u", "rs-1", None, None).1.request;
+    PlanHold {
+        model: "T4".into(),
+        since: 1_000,
+        until,
+        target: Held {
+            node: "n1".into(),
+            gpus: vec![gpu(0)],
+        },
+        slots: vec![Slot {
+            moved: "team-b/infer-1".into(),
+            uid: "u-moved".into(),
+            owner: "rs-1".into(),
+            shape: shape_of(&one_gpu),
+            held: Held {
+                node: "n2".into(),
+                gpus: vec![gpu(0)],
+            },
+        }],
+    }
+}
+
+/// n1, n2, n3 with one GPU each, and team-a/train pending with `hold`.
+fn cluster(hold: &PlanHold) -> ClusterState {
+    let mut state = ClusterState::default();
+    for name in ["n1", "n2", "n3"] {
+        state.apply_node(node(name, 1, 8));
+    }
+    let (key, train) = pod("team-a/train", "u-train", "job-1", None, Some(hold));
+    state.apply_pod(key, train);
+    state
+}
+
+/// Where the filter places pod `key` (which the cache holds) among `candidates`.
+fn placed(state: &mut ClusterState, key: &str, candidates: &[&str]) -> Option<String> {
+    let placer = Placer::new(Policy::Binpack);
+    let uid = state.pod(key).unwrap().uid.clone();
+    let decision = state
+        .hold(
+            &PodKey::from(key),
+            Subject::Known { uid },
+            candidates,
+            |pod, nodes| place(&placer, &pod.request, nodes.iter().copied(), |_| Ok(())),
+            Instant::now(),
+        )
+        .unwrap();
+    decision.hold.map(|h| h.node.to_string())
+}
+
+#[test]
+fn the_freed_gpus_go_to_the_pending_pod_and_to_nobody_else() {
+    let mut state = cluster(&plan(NOW_FAR));
+    let (other, pod_) = pod("team-c/other", "u-o", "rs-9", None, None);
+    state.apply_pod(other.clone(), pod_);
+    assert_eq!(placed(&mut state, &other, &["n1"]), None, "n1's GPU is held");
+    assert_eq!(placed(&mut state, &other, &["n2"]), None, "n2's is held too");
+    assert_eq!(placed(&mut state, &other, &["n1", "n2", "n3"]).as_deref(), Some("n3"));
+    // The pending pod is placed on its target, though n2 is as good a node for it.
+    let train = "team-a/train";
+    assert_eq!(placed(&mut state, train, &["n2", "n1"]).as_deref(), Some("n1"));
+}
+
+#[test]
+fn a_moved_pods_destination_goes_to_its_replacement_then_frees_up() {
+    let mut state = cluster(&plan(NOW_FAR));
+    // Another pod of the same controller and shape is a replacement; the moved pod's
+    // namesake with its old uid is not, nor a pod of another controller.
+    let (stranger, p) = pod("team-b/stranger", "u-s", "rs-2", None, None);
+    state.apply_pod(stranger.clone(), p);
+    assert_eq!(placed(&mut state, &stranger, &["n2"]), None);
+    let (new, p) = pod("team-b/infer-2", "u-new", "rs-1", None, None);
+    state.apply_pod(new.clone(), p);
+    assert_eq!(placed(&mut state, &new, &["n3", "n2"]).as_deref(), Some("n2"));
+    // Bound there, the slot is filled: nothing more is kept on n2 (whose one GPU the
+    // replacement now uses), and the target is still kept.
+    let (new, p) = pod("team-b/infer-2", "u-new", "rs-1", Some("n2"), None);
+    state.apply_pod(new, p);
+    let reserved = state.reserved_against(&stranger, NOW_FAR - 1);
+    let kept: Vec<&str> = reserved.nodes.keys().map(|n| &**n).collect();
+    assert_eq!(kept, ["n1"]);
+}
+
+#[test]
+fn holds_lapse_at_their_until_and_with_the_pod_that_carries_them() {
+    let mut state = cluster(&plan(1));
+    let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
+    state.apply_pod(other.clone(), p);
+    assert_eq!(placed(&mut state, &other, &["n1"]).as_deref(), Some("n1"), "lapsed");
+
+    let mut state = cluster(&plan(NOW_FAR));
+    state.apply_pod(other.clone(), pod("team-c/other", "u-o", "rs-9", None, None).1);
+    state.delete_pod("team-a/train");
+    assert_eq!(placed(&mut state, &other, &["n2"]).as_deref(), Some("n2"), "holder gone");
+}
+
+#[test]
+fn once_the_pending_pod_is_placed_its_own_use_keeps_its_gpus() {
+    let mut state = cluster(&plan(NOW_FAR));
+    assert_eq!(placed(&mut state, "team-a/train", &["n1"]).as_deref(), Some("n1"));
+    let reserved = state.reserved_against("team-c/none", NOW_FAR - 1);
+    assert!(reserved.nodes.is_empty(), "unknown subjects see no holds");
+    let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
+    state.apply_pod(other.clone(), p);
+    let kept = state.reserved_against(&other, NOW_FAR - 1);
+    let mut kept: Vec<&str> = kept.nodes.keys().map(|n| &**n).collect();
+    kept.sort();
+    assert_eq!(kept, ["n2"], "the target counts once: as the placed pod's use");
+}

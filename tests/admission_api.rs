@@ -422,8 +422,10 @@ async fn placement_annotations_change_only_by_their_writers() {
         review.to_string()
     };
     let tenant = "system:serviceaccount:team-a:default";
-    let edits: [(&str, Option<&str>); 5] = [
+    let edits: [(&str, Option<&str>); 6] = [
         ("tencent.com/predicate-gpu-idx-0", Some("0,1,2,3")),
+        // A defragmentation plan's holds: the GPUs kept for this pod.
+        ("gpu-admission.io/defrag-hold", Some("{}")),
         ("tencent.com/predicate-node", Some("n2")),
         ("tencent.com/predicate-gpu-idx-1", Some("4")),
         ("tencent.com/predicate-anything", Some("1")),
@@ -634,6 +636,7 @@ async fn placement_annotations_on_a_pod_being_created_are_dropped() {
         "tencent.com/predicate-node": "gpu-node-1",
         "tencent.com/gpu-assigned": "true",
         "tencent.com/predicate-time": "1",
+        "gpu-admission.io/defrag-hold": "{}",
         "team": "ml",
     });
     let (_, answer) = post(&router, "/mutate", review(&pod, false)).await;

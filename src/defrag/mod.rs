@@ -22,8 +22,9 @@ use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Pr
 use crate::config::Config;
 use crate::extender::plan::eligibility;
 use crate::placement::Placer;
+use crate::cache::plan_hold::{Held, PlanHold, Slot, shape_of};
 use crate::placement::defrag::{
-    Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits, Planner, Resident, Site,
+    Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits, Plan, Planner, Resident, Site,
 };
 use crate::placement::learn::LearningPlacer;
 
@@ -31,7 +32,7 @@ use movable::Mobility;
 pub(crate) use report::gpu_indices;
 pub(crate) use report::{Output, Report};
 use report::{PlanOut, Step, Unplanned};
-pub(crate) use world::World;
+pub(crate) use world::{MOVABLE_ANNOTATION, World};
 
 /// Where `defrag` and `explain` read the cluster and the configuration from.
 #[derive(Debug, Args)]
@@ -324,6 +325,7 @@ impl Ground<'_> {
             }
             let name = |node: usize| self.sites[node].gpus.name.to_string();
             return Ok(PlanOut {
+                hold: self.hold_of(&plan),
                 pod: key.to_string(),
                 node: name(plan.node),
                 gpus: gpu_indices(&plan.assignment),
@@ -342,6 +344,31 @@ impl Ground<'_> {
         Err(unplanned(
             "every plan found would disrupt a PodDisruptionBudget beyond what it allows".into(),
         ))
+    }
+}
+
+impl Ground<'_> {
+    /// The holds that carrying `plan` out keeps: the target's GPUs for the pending pod,
+    /// each destination for the moved pod's replacement (known by its controller).
+    fn hold_of(&self, plan: &Plan<PodKey>) -> Option<PlanHold> {
+        let target = &self.sites[plan.node].gpus;
+        let slots = plan.moves.iter().map(|m| {
+            let moved = self.state.pod(&m.pod)?;
+            Some(Slot {
+                moved: m.pod.to_string(),
+                uid: moved.uid.to_string(),
+                owner: moved.owner.as_deref()?.to_string(),
+                shape: shape_of(&moved.request),
+                held: Held::of(&self.sites[m.to].gpus, &m.assignment),
+            })
+        });
+        Some(PlanHold {
+            model: target.model.as_deref().unwrap_or_default().to_string(),
+            since: 0,
+            until: 0,
+            target: Held::of(target, &plan.assignment),
+            slots: slots.collect::<Option<Vec<Slot>>>()?,
+        })
     }
 }
 

@@ -34,6 +34,8 @@ pub(crate) enum Stay {
     ControllerAbsent(Owner),
     Budget(String),
     Inactive,
+    /// A pod of its controller was moved within `defrag.cooldownSeconds`.
+    Cooldown,
 }
 
 impl Stay {
@@ -45,6 +47,7 @@ impl Stay {
             Stay::ControllerAbsent(_) => "controller_absent",
             Stay::Budget(_) => "disruption_budget",
             Stay::Inactive => "inactive",
+            Stay::Cooldown => "cooldown",
         }
     }
 }
@@ -163,6 +166,9 @@ impl<'w> Mobility<'w> {
         );
         if !self.world.controllers.contains(&id) {
             return Err(Stay::ControllerAbsent(owner.clone()));
+        }
+        if self.world.cooling.contains(&owner.uid) {
+            return Err(Stay::Cooldown);
         }
         let blocked = self.budgets(pod).find(|b| b.allowed == 0);
         match blocked {

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::cache::plan_hold::PlanHold;
 use crate::placement::Assignment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,6 +32,10 @@ pub(crate) struct PlanOut {
     pub(crate) node: String,
     pub(crate) gpus: Vec<u8>,
     pub(crate) moves: Vec<Step>,
+    /// What carrying the plan out holds (its `since` and `until` still to set), when
+    /// every moved pod names its controller: the mover's, never printed.
+    #[serde(skip)]
+    pub(crate) hold: Option<PlanHold>,
 }
 
 impl PlanOut {

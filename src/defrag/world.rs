@@ -47,6 +47,7 @@ pub(crate) struct NodeFacts {
 pub(crate) struct Owner {
     pub(crate) kind: String,
     pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 /// One pod as the command sees it.
@@ -74,6 +75,9 @@ pub(crate) struct World {
     pub(crate) budgets: Vec<PodDisruptionBudget>,
     /// The controllers present, as (namespace, kind, name).
     pub(crate) controllers: BTreeSet<(String, String, String)>,
+    /// The uids of controllers a pod of which was moved within `defrag.cooldownSeconds`
+    /// (the mover's memory; empty for the command, which keeps none).
+    pub(crate) cooling: BTreeSet<String>,
 }
 
 /// The annotation by which a pod's owner lets it be moved.
@@ -190,6 +194,7 @@ fn pod_facts(pod: &Pod, document: usize) -> Result<PodFacts, WorldError> {
         .map(|r| Owner {
             kind: r.kind.clone(),
             name: r.name.clone(),
+            uid: r.uid.clone(),
         });
     let annotation = meta
         .annotations

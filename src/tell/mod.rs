@@ -7,4 +7,5 @@
 //! and write through the API server; nothing else calls them.
 
 pub(crate) mod dry_run;
+pub(crate) mod mover;
 pub(crate) mod waiting;

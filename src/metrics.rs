@@ -101,9 +101,14 @@ pub struct Metrics {
     pub(crate) quota_borrowed: QuotaGauge,
     pub(crate) quota_lent: QuotaGauge,
     pub(crate) reclaim_evictions: EvictionCounter,
-    /// `defrag.mode: DryRun`'s plans for pending GPU pods, by outcome (`planned`,
-    /// `unplanned`).
+    /// `defrag.mode` DryRun's and Evict's plans for pending GPU pods, by outcome
+    /// (`planned`, `unplanned`; Evict: `aborted`, then `bound` or `expired`).
     pub(crate) defrag_plans: Family<OutcomeLabels, Counter>,
+    /// `defrag.mode: Evict`'s evictions, by outcome (`evicted`, `refused`, `failed`).
+    pub(crate) defrag_evictions: Family<OutcomeLabels, Counter>,
+    /// `defrag.mode: Evict`: seconds from a plan's first eviction to its pending pod's
+    /// binding.
+    pub(crate) defrag_plan_to_bind: Histogram,
     gpu_seconds: ShowbackCounter,
     /// One scrape brings the counters up to the cache's meters at a time, so two
     /// scrapes never add the same seconds twice.
@@ -210,8 +215,20 @@ impl Default for Metrics {
         let defrag_plans = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "defrag_plans",
-            "Plans the defragmentation planner made for GPU pods pending past defrag.pendingSeconds (defrag.mode DryRun), by outcome: planned, unplanned",
+            "Plans the defragmentation planner made for GPU pods pending past defrag.pendingSeconds, by outcome: planned, unplanned; with defrag.mode Evict also how each plan carried out ended: aborted (a move no longer stood or its eviction was refused; holds freed), bound (the pending pod was bound), expired (its holds lapsed first)",
             defrag_plans.clone(),
+        );
+        let defrag_evictions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "defrag_evictions",
+            "Pods evicted to carry defragmentation plans out (defrag.mode Evict), by outcome: evicted, refused (a PodDisruptionBudget, or the pod gone or changed), failed",
+            defrag_evictions.clone(),
+        );
+        let defrag_plan_to_bind = wait_histogram();
+        registry.register(
+            "defrag_plan_to_bind_seconds",
+            "Seconds from a defragmentation plan's holds to its pending pod's binding (defrag.mode Evict)",
+            defrag_plan_to_bind.clone(),
         );
         let reclaim_evictions = EvictionCounter::default();
         registry.register(
@@ -239,6 +256,8 @@ impl Default for Metrics {
             quota_lent,
             reclaim_evictions,
             defrag_plans,
+            defrag_evictions,
+            defrag_plan_to_bind,
             quota_queued_gpus,
             quota_queued_pods,
             quota_queue_wait,
@@ -341,6 +360,9 @@ mod tests {
         m.reclaim_evictions.get_or_create(&reason).inc();
         let outcome = OutcomeLabels { outcome: "planned" };
         m.defrag_plans.get_or_create(&outcome).inc();
+        let evicted = OutcomeLabels { outcome: "evicted" };
+        m.defrag_evictions.get_or_create(&evicted).inc();
+        m.defrag_plan_to_bind.observe(1.0);
         let free = FreeLabels {
             model: "m".into(),
             cause: "idle",

@@ -34,8 +34,8 @@ const DEV_CERT_DIR: &str = "webhook-certs";
 
 /// API mode, on the sidecar: the controllers that tell pods what gpu-admission judges of
 /// them, acting while `leader` holds the controller Lease: the Waiting condition
-/// (`tell::waiting`) and, with `defrag.mode: DryRun`, the planner's plans
-/// (`tell::dry_run`).
+/// (`tell::waiting`) and, with `defrag.mode` DryRun or Evict, the planner's plans,
+/// told or carried out (`tell::defrag`).
 fn spawn_tellers(
     state: &AppState,
     client: kube::Client,
@@ -52,8 +52,8 @@ fn spawn_tellers(
     );
     let tell = controller::run(teller, cache.clone(), None, shutdown.clone());
     tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
-    if config.defrag.mode == crate::config::DefragMode::DryRun {
-        let planner = crate::tell::dry_run::Planner::new(
+    if config.defrag.mode != crate::config::DefragMode::Off {
+        let planner = crate::tell::defrag::Planner::new(
             cache.clone(),
             client,
             placer.clone(),
@@ -62,7 +62,7 @@ fn spawn_tellers(
             leader.clone(),
         );
         let plan = controller::run(planner, cache.clone(), None, shutdown.clone());
-        tokio::spawn(plan.instrument(tracing::info_span!("defrag_dry_run")));
+        tokio::spawn(plan.instrument(tracing::info_span!("defrag")));
     }
 }
 /// Connection cap of the admin listener (probes and metrics scrapes).

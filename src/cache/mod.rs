@@ -5,10 +5,10 @@
 
 #[cfg(test)]
 mod hold_tests;
-#[cfg(test)]
-mod plan_hold_tests;
 mod offline;
 pub(crate) mod plan_hold;
+#[cfg(test)]
+mod plan_hold_tests;
 pub(crate) mod pod;
 pub(crate) mod pool;
 pub(crate) mod state;

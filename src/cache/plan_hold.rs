@@ -75,7 +75,8 @@ impl PlanHold {
         }
         let hold: PlanHold = serde_json::from_str(text).ok()?;
         let holds = std::iter::once(&hold.target).chain(hold.slots.iter().map(|s| &s.held));
-        let sane = hold.slots.len() <= MAX_SLOTS && holds.into_iter().all(|h| h.gpus.len() <= MAX_GPUS);
+        let sane =
+            hold.slots.len() <= MAX_SLOTS && holds.into_iter().all(|h| h.gpus.len() <= MAX_GPUS);
         sane.then_some(hold)
     }
 
@@ -129,7 +130,13 @@ impl Held {
 impl Slot {
     /// Whether the pod (`key`, `uid`, its controller and request) is this slot's
     /// replacement.
-    pub(crate) fn takes(&self, key: &str, uid: &str, owner: Option<&str>, request: &GpuRequest) -> bool {
+    pub(crate) fn takes(
+        &self,
+        key: &str,
+        uid: &str,
+        owner: Option<&str>,
+        request: &GpuRequest,
+    ) -> bool {
         key_parts(key).0 == key_parts(&self.moved).0
             && uid != self.uid
             && owner == Some(self.owner.as_str())
@@ -203,15 +210,30 @@ mod tests {
         assert!(slot.takes("team-b/infer-2", "u2", Some("rs-1"), &shape));
         // A StatefulSet's replacement: the same name, another uid.
         assert!(slot.takes("team-b/infer-1", "u9", Some("rs-1"), &shape));
-        assert!(!slot.takes("team-b/infer-1", "u1", Some("rs-1"), &shape), "the moved pod itself");
-        assert!(!slot.takes("team-a/infer-2", "u2", Some("rs-1"), &shape), "another namespace");
-        assert!(!slot.takes("team-b/infer-2", "u2", Some("rs-2"), &shape), "another controller");
-        assert!(!slot.takes("team-b/infer-2", "u2", None, &shape), "no controller");
+        assert!(
+            !slot.takes("team-b/infer-1", "u1", Some("rs-1"), &shape),
+            "the moved pod itself"
+        );
+        assert!(
+            !slot.takes("team-a/infer-2", "u2", Some("rs-1"), &shape),
+            "another namespace"
+        );
+        assert!(
+            !slot.takes("team-b/infer-2", "u2", Some("rs-2"), &shape),
+            "another controller"
+        );
+        assert!(
+            !slot.takes("team-b/infer-2", "u2", None, &shape),
+            "no controller"
+        );
         let mut other = GpuRequest::default();
         other.containers.push(crate::placement::ContainerGpu {
             container: 0,
             demand: crate::placement::GpuDemand::Whole { gpus: 1 },
         });
-        assert!(!slot.takes("team-b/infer-2", "u2", Some("rs-1"), &other), "another shape");
+        assert!(
+            !slot.takes("team-b/infer-2", "u2", Some("rs-1"), &other),
+            "another shape"
+        );
     }
 }

@@ -40,11 +40,15 @@ fn pod(
         ..Default::default()
     }]);
     if let Some(hold) = hold {
-        pod.metadata.annotations = Some([(PLAN_HOLD_ANNOTATION.to_string(), hold.to_text())].into());
+        pod.metadata.annotations =
+            Some([(PLAN_HOLD_ANNOTATION.to_string(), hold.to_text())].into());
     }
     pod.spec.as_mut().unwrap().node_name = node_name.map(str::to_string);
     let projection = Projection::from_config(&Config::default());
-    (pod_key(&pod), CachedPod::from_pod(&pod, &projection).unwrap())
+    (
+        pod_key(&pod),
+        CachedPod::from_pod(&pod, &projection).unwrap(),
+    )
 }
 
 fn gpu(index: u8) -> HeldGpu {
@@ -112,12 +116,26 @@ fn the_freed_gpus_go_to_the_pending_pod_and_to_nobody_else() {
     let mut state = cluster(&plan(NOW_FAR));
     let (other, pod_) = pod("team-c/other", "u-o", "rs-9", None, None);
     state.apply_pod(other.clone(), pod_);
-    assert_eq!(placed(&mut state, &other, &["n1"]), None, "n1's GPU is held");
-    assert_eq!(placed(&mut state, &other, &["n2"]), None, "n2's is held too");
-    assert_eq!(placed(&mut state, &other, &["n1", "n2", "n3"]).as_deref(), Some("n3"));
+    assert_eq!(
+        placed(&mut state, &other, &["n1"]),
+        None,
+        "n1's GPU is held"
+    );
+    assert_eq!(
+        placed(&mut state, &other, &["n2"]),
+        None,
+        "n2's is held too"
+    );
+    assert_eq!(
+        placed(&mut state, &other, &["n1", "n2", "n3"]).as_deref(),
+        Some("n3")
+    );
     // The pending pod is placed on its target, though n2 is as good a node for it.
     let train = "team-a/train";
-    assert_eq!(placed(&mut state, train, &["n2", "n1"]).as_deref(), Some("n1"));
+    assert_eq!(
+        placed(&mut state, train, &["n2", "n1"]).as_deref(),
+        Some("n1")
+    );
 }
 
 #[test]
@@ -130,7 +148,10 @@ fn a_moved_pods_destination_goes_to_its_replacement_then_frees_up() {
     assert_eq!(placed(&mut state, &stranger, &["n2"]), None);
     let (new, p) = pod("team-b/infer-2", "u-new", "rs-1", None, None);
     state.apply_pod(new.clone(), p);
-    assert_eq!(placed(&mut state, &new, &["n3", "n2"]).as_deref(), Some("n2"));
+    assert_eq!(
+        placed(&mut state, &new, &["n3", "n2"]).as_deref(),
+        Some("n2")
+    );
     // Bound there, the slot is filled: nothing more is kept on n2 (whose one GPU the
     // replacement now uses), and the target is still kept.
     let (new, p) = pod("team-b/infer-2", "u-new", "rs-1", Some("n2"), None);
@@ -145,18 +166,32 @@ fn holds_lapse_at_their_until_and_with_the_pod_that_carries_them() {
     let mut state = cluster(&plan(1));
     let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
     state.apply_pod(other.clone(), p);
-    assert_eq!(placed(&mut state, &other, &["n1"]).as_deref(), Some("n1"), "lapsed");
+    assert_eq!(
+        placed(&mut state, &other, &["n1"]).as_deref(),
+        Some("n1"),
+        "lapsed"
+    );
 
     let mut state = cluster(&plan(NOW_FAR));
-    state.apply_pod(other.clone(), pod("team-c/other", "u-o", "rs-9", None, None).1);
+    state.apply_pod(
+        other.clone(),
+        pod("team-c/other", "u-o", "rs-9", None, None).1,
+    );
     state.delete_pod("team-a/train");
-    assert_eq!(placed(&mut state, &other, &["n2"]).as_deref(), Some("n2"), "holder gone");
+    assert_eq!(
+        placed(&mut state, &other, &["n2"]).as_deref(),
+        Some("n2"),
+        "holder gone"
+    );
 }
 
 #[test]
 fn once_the_pending_pod_is_placed_its_own_use_keeps_its_gpus() {
     let mut state = cluster(&plan(NOW_FAR));
-    assert_eq!(placed(&mut state, "team-a/train", &["n1"]).as_deref(), Some("n1"));
+    assert_eq!(
+        placed(&mut state, "team-a/train", &["n1"]).as_deref(),
+        Some("n1")
+    );
     let reserved = state.reserved_against("team-c/none", NOW_FAR - 1);
     assert!(reserved.nodes.is_empty(), "unknown subjects see no holds");
     let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
@@ -164,5 +199,9 @@ fn once_the_pending_pod_is_placed_its_own_use_keeps_its_gpus() {
     let kept = state.reserved_against(&other, NOW_FAR - 1);
     let mut kept: Vec<&str> = kept.nodes.keys().map(|n| &**n).collect();
     kept.sort();
-    assert_eq!(kept, ["n2"], "the target counts once: as the placed pod's use");
+    assert_eq!(
+        kept,
+        ["n2"],
+        "the target counts once: as the placed pod's use"
+    );
 }

@@ -130,7 +130,9 @@ impl AnnotationKeys {
     /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), or the defragmentation
     /// mover's holds ([`PLAN_HOLD_ANNOTATION`]), and nobody else may.
     pub(crate) fn is_placement(&self, key: &str) -> bool {
-        key == self.assigned || key.starts_with(&self.predicate_prefix) || key == PLAN_HOLD_ANNOTATION
+        key == self.assigned
+            || key.starts_with(&self.predicate_prefix)
+            || key == PLAN_HOLD_ANNOTATION
     }
 }
 

@@ -200,7 +200,6 @@ pub(crate) mod claims;
 mod evaluation;
 mod holds;
 mod index;
-mod reserved;
 mod namespace_quota;
 #[cfg(test)]
 mod pending_tests;
@@ -208,6 +207,7 @@ mod queue;
 #[cfg(test)]
 mod queue_tests;
 mod quotas;
+mod reserved;
 mod showback;
 #[cfg(test)]
 mod stamp_tests;

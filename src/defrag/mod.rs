@@ -18,20 +18,21 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{ArgGroup, Args};
 
+use crate::cache::plan_hold::{Held, PlanHold, Slot, shape_of};
 use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
 use crate::config::Config;
 use crate::extender::plan::eligibility;
 use crate::placement::Placer;
-use crate::cache::plan_hold::{Held, PlanHold, Slot, shape_of};
 use crate::placement::defrag::{
     Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits, Plan, Planner, Resident, Site,
 };
 use crate::placement::learn::LearningPlacer;
 
 use movable::Mobility;
+pub(crate) use report::PlanOut;
 pub(crate) use report::gpu_indices;
 pub(crate) use report::{Output, Report};
-use report::{PlanOut, Step, Unplanned};
+use report::{Step, Unplanned};
 pub(crate) use world::{MOVABLE_ANNOTATION, World};
 
 /// Where `defrag` and `explain` read the cluster and the configuration from.

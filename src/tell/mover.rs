@@ -13,8 +13,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams, Preconditions};
 
-use crate::cache::pod::key_parts;
 use crate::cache::plan_hold::{PLAN_HOLD_ANNOTATION, PlanHold};
+use crate::cache::pod::key_parts;
 use crate::defrag::MOVABLE_ANNOTATION;
 
 /// A plan ready to be carried out: the pending pod, and the moves with their holds.
@@ -156,7 +156,11 @@ pub(crate) fn still_stands(
     if annotation(moved, MOVABLE_ANNOTATION).as_deref() != Some("true") {
         return Err(Stale::OptedOut(key.clone()));
     }
-    let owners = moved.metadata.owner_references.as_deref().unwrap_or_default();
+    let owners = moved
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
     let controller = owners.iter().find(|o| o.controller == Some(true));
     if controller.map(|o| o.uid.as_str()) != Some(slot.owner.as_str()) {
         return Err(Stale::OtherController(key.clone()));
@@ -182,7 +186,10 @@ pub(crate) struct KubeHands {
 impl KubeHands {
     fn pods(&self, key: &str) -> (Api<Pod>, String) {
         let (namespace, name) = key_parts(key);
-        (Api::namespaced(self.client.clone(), namespace), name.to_string())
+        (
+            Api::namespaced(self.client.clone(), namespace),
+            name.to_string(),
+        )
     }
 
     async fn read(&self, key: &str) -> Result<Pod, Stale> {
@@ -203,7 +210,9 @@ impl KubeHands {
         let annotations = serde_json::json!({ PLAN_HOLD_ANNOTATION: text });
         let patch = serde_json::json!({"metadata": {"uid": plan.uid, "annotations": annotations}});
         let params = PatchParams::default();
-        pods.patch(&name, &params, &Patch::Merge(&patch)).await.map(drop)
+        pods.patch(&name, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop)
     }
 }
 

@@ -138,7 +138,10 @@ fn a_plan_whose_moves_and_holds_differ_touches_nothing() {
     let mut plan = carried(2);
     plan.hold.slots.pop();
     let mut script = Script::default();
-    assert!(matches!(run(&plan, &mut script), Ended::Aborted { after: 0, .. }));
+    assert!(matches!(
+        run(&plan, &mut script),
+        Ended::Aborted { after: 0, .. }
+    ));
     assert!(script.asked.is_empty());
 }
 
@@ -172,22 +175,36 @@ fn a_move_stands_only_while_the_rules_that_allowed_it_still_hold() {
     assert_eq!(stands(&pending, &moved), Ok(()));
     type Edit = fn(&mut serde_json::Value, &mut serde_json::Value);
     let edits: [(&str, Edit); 10] = [
-        ("pending pod recreated", |p, _| p["metadata"]["uid"] = json!("u-new")),
-        ("moved pod recreated", |_, m| m["metadata"]["uid"] = json!("u-new")),
+        ("pending pod recreated", |p, _| {
+            p["metadata"]["uid"] = json!("u-new")
+        }),
+        ("moved pod recreated", |_, m| {
+            m["metadata"]["uid"] = json!("u-new")
+        }),
         ("moved pod being deleted", |_, m| {
             m["metadata"]["deletionTimestamp"] = json!("2026-11-29T00:00:00Z")
         }),
-        ("pending pod bound", |p, _| p["spec"]["nodeName"] = json!("n3")),
-        ("holds taken off", |p, _| p["metadata"]["annotations"] = json!({})),
+        ("pending pod bound", |p, _| {
+            p["spec"]["nodeName"] = json!("n3")
+        }),
+        ("holds taken off", |p, _| {
+            p["metadata"]["annotations"] = json!({})
+        }),
         ("holds changed", |p, _| {
             p["metadata"]["annotations"][PLAN_HOLD_ANNOTATION] = json!("{}")
         }),
-        ("moved elsewhere", |_, m| m["spec"]["nodeName"] = json!("n2")),
-        ("opted out", |_, m| m["metadata"]["annotations"][MOVABLE_ANNOTATION] = json!("false")),
+        ("moved elsewhere", |_, m| {
+            m["spec"]["nodeName"] = json!("n2")
+        }),
+        ("opted out", |_, m| {
+            m["metadata"]["annotations"][MOVABLE_ANNOTATION] = json!("false")
+        }),
         ("another controller", |_, m| {
             m["metadata"]["ownerReferences"][0]["uid"] = json!("rs-2")
         }),
-        ("priority above the pending pod's", |_, m| m["spec"]["priority"] = json!(11)),
+        ("priority above the pending pod's", |_, m| {
+            m["spec"]["priority"] = json!(11)
+        }),
     ];
     for (what, edit) in edits {
         let (mut pending, mut moved) = live(&plan);

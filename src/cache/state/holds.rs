@@ -147,7 +147,10 @@ impl ClusterState {
                 memo: &mut self.memo,
             };
             let outcome = choose(pod, &mut known);
-            tried = outcome.chosen.is_some().then_some((outcome, known.nodes, Vec::new()));
+            tried = outcome
+                .chosen
+                .is_some()
+                .then_some((outcome, known.nodes, Vec::new()));
         }
         let (outcome, known, mut misfits) = match tried {
             Some(tried) => tried,
@@ -392,10 +395,15 @@ fn gather<'a>(
     names: &[&str],
     reserved: &'a Reserved,
 ) -> (Vec<&'a NodeGpus>, Vec<Stamp>, Vec<(Arc<str>, Misfit)>) {
-    let mut known = (Vec::with_capacity(names.len()), Vec::with_capacity(names.len()));
+    let mut known = (
+        Vec::with_capacity(names.len()),
+        Vec::with_capacity(names.len()),
+    );
     let mut misfits = Vec::new();
     for name in names {
-        let entry = nodes.get(*name).and_then(|e| Some((e.gpus.as_ref()?, e.stamp)));
+        let entry = nodes
+            .get(*name)
+            .and_then(|e| Some((e.gpus.as_ref()?, e.stamp)));
         let Some((gpus, stamp)) = entry else {
             misfits.push((Arc::from(*name), Misfit::NotCached));
             continue;
@@ -403,7 +411,10 @@ fn gather<'a>(
         match reserved.nodes.get(*name) {
             Some(kept) => {
                 known.0.push(kept);
-                known.1.push(Stamp { version: 0, ..stamp });
+                known.1.push(Stamp {
+                    version: 0,
+                    ..stamp
+                });
             }
             None => {
                 known.0.push(gpus);

@@ -32,7 +32,10 @@ impl ClusterState {
     }
 
     /// The holds standing at `now` (unix seconds), with the pod that carries each.
-    pub(crate) fn plan_holds(&self, now: i64) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
+    pub(crate) fn plan_holds(
+        &self,
+        now: i64,
+    ) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
         self.plan_holders.iter().filter_map(move |key| {
             let (key, pod) = self.pods.get_key_value(key)?;
             let hold = pod.plan_hold.as_deref().filter(|h| h.stands(now))?;
@@ -51,7 +54,12 @@ impl ClusterState {
             return reserved;
         };
         let takes = |slot: &crate::cache::plan_hold::Slot| {
-            slot.takes(key, &subject.uid, subject.owner.as_deref(), &subject.request)
+            slot.takes(
+                key,
+                &subject.uid,
+                subject.owner.as_deref(),
+                &subject.request,
+            )
         };
         let mut kept: Vec<&Held> = Vec::new();
         for (holder, pod, hold) in self.plan_holds(now) {
@@ -72,7 +80,10 @@ impl ClusterState {
             let Some(gpus) = self.node(&held.node) else {
                 continue;
             };
-            let node = reserved.nodes.entry(gpus.name.clone()).or_insert_with(|| gpus.clone());
+            let node = reserved
+                .nodes
+                .entry(gpus.name.clone())
+                .or_insert_with(|| gpus.clone());
             held.occupy(node);
         }
         reserved

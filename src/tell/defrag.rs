@@ -1,0 +1,405 @@
+//! API mode, `defrag.mode: DryRun | Evict` (docs/defrag.md, "In the cluster"): every
+//! GPU pod pending for `defrag.pendingSeconds` whose placement is `Fragmented` is planned
+//! for. `DryRun` tells it the plan (or why there is none) in an Event; `Evict` carries
+//! the plan out (`mover`), one plan per GPU model at a time, and follows it until the
+//! pending pod is bound or the holds lapse. Plans are counted in
+//! `gpu_admission_defrag_plans_total{outcome}`.
+//!
+//! The planner needs more of the cluster than the cache keeps (every pod's CPU and
+//! memory, the PodDisruptionBudgets, the pods' controllers), so a pass that has a pod to
+//! plan for lists them from the API server, as `gpu-admission defrag --kubeconfig` does.
+//! That is bounded: at most [`PODS_PER_PASS`] pods a pass, a pass every [`Planner::EVERY`],
+//! a pod planned again at most every [`REPLAN`], and only the replica that holds the
+//! controller Lease plans.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
+use kube::runtime::events::EventType;
+
+use crate::cache::{ClusterCache, PodKey, Projection};
+use crate::config::{Config, DefragMode};
+use crate::defrag::PlanOut;
+use crate::explain::{Code, Judge, Subject};
+use crate::metrics::{Metrics, OutcomeLabels};
+use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
+use crate::placement::learn::LearningPlacer;
+use crate::quota::pending::now_second;
+
+use crate::backend::controller::Controller;
+use crate::backend::leadership::Leader;
+use crate::backend::pod_events::PodEvents;
+
+use super::mover::{Carried, Ended, KubeHands, carry_out};
+
+/// Pods planned for in one pass at most.
+const PODS_PER_PASS: usize = 8;
+/// A pod's plan is worked out again at most this often (the cluster drifts).
+const REPLAN: Duration = Duration::from_secs(60);
+
+/// What a pod is told: its plan, or why there is none.
+enum Answer {
+    Planned(Box<PlanOut>),
+    Unplanned(String),
+}
+
+/// A plan carried out, followed until its pending pod binds or its holds lapse.
+struct Running {
+    pod: PodKey,
+    uid: Box<str>,
+    started: Instant,
+    until: i64,
+}
+
+/// The planner: one per process, acting only while it holds the controller Lease.
+pub(crate) struct Planner {
+    cache: ClusterCache,
+    client: kube::Client,
+    placer: Arc<LearningPlacer>,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    events: PodEvents,
+    leader: Leader,
+    /// When each pod was last planned for, and what it was told.
+    planned: HashMap<PodKey, (Instant, String)>,
+    /// `Evict`: the plans carried out, not yet ended.
+    running: Vec<Running>,
+    /// `Evict`: the controllers a pod of which was moved, and when.
+    cooling: HashMap<String, Instant>,
+}
+
+impl Planner {
+    pub(crate) fn new(
+        cache: ClusterCache,
+        client: kube::Client,
+        placer: Arc<LearningPlacer>,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        leader: Leader,
+    ) -> Self {
+        Planner {
+            cache,
+            events: PodEvents::new(client.clone()),
+            client,
+            placer,
+            config,
+            metrics,
+            leader,
+            planned: HashMap::default(),
+            running: Vec::new(),
+            cooling: HashMap::default(),
+        }
+    }
+
+    /// The pods to plan for now: pending past `defrag.pendingSeconds`, neither gated
+    /// nor placed nor holding a plan's GPUs, their placement `Fragmented`, not planned
+    /// for within [`REPLAN`]; the longest pending first. And the models a plan holds
+    /// GPUs of now, on any replica's word.
+    fn fragmented(
+        &mut self,
+        now: Instant,
+        unix_now: i64,
+    ) -> (Vec<(PodKey, Box<str>)>, BTreeSet<String>) {
+        let pending_since = unix_now - i64::from(self.config.defrag.pending_seconds);
+        let placer = self.placer.placer();
+        let mig = self.cache.projection().names.mig.clone();
+        let found = self.cache.read(|state| {
+            let busy = state.plan_holds(unix_now).map(|(_, _, h)| h.model.clone());
+            let busy: BTreeSet<String> = busy.collect();
+            let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
+            let pending = state.pods().filter(|(_, p)| {
+                !p.bound && p.node.is_none() && !p.gated && p.terminating.is_none()
+            });
+            let unheld =
+                pending.filter(|(_, p)| p.plan_hold.as_ref().is_none_or(|h| !h.stands(unix_now)));
+            let due = unheld
+                .filter(|(_, p)| p.created <= pending_since)
+                .filter(|(k, _)| {
+                    (self.planned.get(*k)).is_none_or(|(at, _)| now.duration_since(*at) >= REPLAN)
+                });
+            let mut due: Vec<_> = due.collect();
+            due.sort_by_key(|(k, p)| (p.created, (*k).clone()));
+            let fragmented = due.into_iter().filter(|(key, pod)| {
+                let subject = Subject {
+                    key,
+                    pod,
+                    exists: true,
+                };
+                judge.placement(&subject).code == Code::Fragmented
+            });
+            let fragmented = fragmented.map(|(k, p)| (k.clone(), p.uid.clone()));
+            (fragmented.take(PODS_PER_PASS).collect::<Vec<_>>(), busy)
+        });
+        let planned = &mut self.planned;
+        self.cache
+            .read(|s| planned.retain(|k, _| s.pod(k).is_some()));
+        found
+    }
+
+    /// Plan for `keys` on the cluster as the API server lists it now, off the async
+    /// threads; the pods of the controllers in `cooling` stay put.
+    async fn plan(
+        &self,
+        keys: Vec<String>,
+        cooling: BTreeSet<String>,
+    ) -> Option<Vec<(String, Answer)>> {
+        let objects = match crate::defrag::list_cluster(&self.client).await {
+            Ok(objects) => objects,
+            Err(error) => {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot read the cluster to plan"
+                );
+                return None;
+            }
+        };
+        let config = self.config.clone();
+        let plan = move || -> anyhow::Result<Vec<(String, Answer)>> {
+            let limits = Limits {
+                max_moves: config.defrag.max_moves,
+                budget: DEFAULT_BUDGET,
+            };
+            let mut world = crate::defrag::World::read(&objects)?;
+            world.cooling = cooling;
+            let source = "the API server";
+            let projection = Projection::from_config(&config);
+            let cache = ClusterCache::from_objects(&objects, source, projection)?;
+            let placer = crate::defrag::learned_placer(&cache, &config);
+            let mut answers = Vec::new();
+            for key in keys {
+                let report = crate::defrag::plan_in(&cache, &world, &placer, limits, Some(&key));
+                let answer = match report {
+                    Ok(mut report) => match (report.plans.pop(), report.unplanned.pop()) {
+                        (Some(plan), _) => Answer::Planned(Box::new(plan)),
+                        (None, Some(no)) => Answer::Unplanned(no.reason),
+                        (None, None) => continue,
+                    },
+                    Err(error) => Answer::Unplanned(format!("{error:#}")),
+                };
+                answers.push((key, answer));
+            }
+            Ok(answers)
+        };
+        let span = tracing::Span::current();
+        match tokio::task::spawn_blocking(move || span.in_scope(plan)).await {
+            Ok(Ok(answers)) => Some(answers),
+            Ok(Err(error)) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot plan");
+                None
+            }
+            Err(error) => {
+                tracing::warn!(%error, "planning failed");
+                None
+            }
+        }
+    }
+
+    fn count_plan(&self, outcome: &'static str) {
+        let labels = OutcomeLabels { outcome };
+        self.metrics.defrag_plans.get_or_create(&labels).inc();
+    }
+
+    /// Tell `key` (once per distinct note) and remember when it was planned for.
+    fn tell(
+        &mut self,
+        key: PodKey,
+        uid: &str,
+        (kind, reason): (EventType, &str),
+        note: String,
+        now: Instant,
+    ) {
+        let same = (self.planned.get(&key)).is_some_and(|(_, said)| *said == note);
+        if !same {
+            (self.events).publish(&key, uid, kind, reason, "Plan", &note);
+        }
+        self.planned.insert(key, (now, note));
+    }
+
+    /// `Evict`: end the plans whose pending pod is bound (or gone), or whose holds
+    /// lapsed; forget cooldowns past `defrag.cooldownSeconds`.
+    fn follow_up(&mut self, unix_now: i64) {
+        let cooldown = Duration::from_secs(u64::from(self.config.defrag.cooldown_seconds));
+        self.cooling.retain(|_, at| at.elapsed() < cooldown);
+        let mut ended = Vec::new();
+        self.cache.read(|state| {
+            self.running.retain(|run| {
+                let pod = state.pod(&run.pod).filter(|p| p.uid == run.uid);
+                let outcome = match pod {
+                    Some(p) if p.bound => "bound",
+                    None => "gone",
+                    Some(_) if unix_now >= run.until => "expired",
+                    Some(_) => return true,
+                };
+                ended.push((run.pod.clone(), outcome, run.started.elapsed()));
+                false
+            });
+        });
+        for (pod, outcome, took) in ended {
+            tracing::info!(%pod, outcome, seconds = took.as_secs_f64(), "defragmentation plan ended");
+            if outcome == "bound" {
+                self.metrics.defrag_plan_to_bind.observe(took.as_secs_f64());
+            }
+            if outcome != "gone" {
+                self.count_plan(outcome);
+            }
+        }
+    }
+
+    /// `Evict`: carry `plan` out for the pending pod `key`.
+    async fn carry(&mut self, key: PodKey, uid: &str, plan: PlanOut, now: Instant) {
+        let Some(mut hold) = plan.hold.clone() else {
+            let note = format!(
+                "{}; not carried out: a pod to move names no controller",
+                plan.sentence()
+            );
+            self.tell(key, uid, (EventType::Normal, "DefragPlan"), note, now);
+            return;
+        };
+        let unix_now = now_second();
+        hold.since = unix_now;
+        hold.until = unix_now + i64::from(self.config.defrag.hold_seconds);
+        let carried = Carried {
+            pod: key.to_string(),
+            uid: uid.to_string(),
+            moves: plan
+                .moves
+                .iter()
+                .map(|m| (m.pod.clone(), m.from.clone()))
+                .collect(),
+            hold,
+        };
+        let mut hands = CountingHands {
+            hands: KubeHands {
+                client: self.client.clone(),
+            },
+            metrics: &self.metrics,
+        };
+        let ended = carry_out(&mut hands, &carried).await;
+        let sentence = plan.sentence();
+        match ended {
+            Ended::Moved => {
+                for slot in &carried.hold.slots {
+                    self.cooling.insert(slot.owner.clone(), Instant::now());
+                }
+                self.running.push(Running {
+                    pod: key.clone(),
+                    uid: uid.into(),
+                    started: Instant::now(),
+                    until: carried.hold.until,
+                });
+                let seconds = self.config.defrag.hold_seconds;
+                tracing::info!(pod = %key, plan = %sentence, "defragmentation plan carried out");
+                let note = format!("{sentence}: moved; GPUs held for this pod for {seconds}s");
+                self.tell(key, uid, (EventType::Normal, "DefragMoved"), note, now);
+            }
+            Ended::Aborted { after, why } => {
+                self.count_plan("aborted");
+                tracing::info!(pod = %key, plan = %sentence, after, %why, "defragmentation plan aborted");
+                let note = format!(
+                    "{sentence}: stopped after {after} of {} moves, holds freed: {why}",
+                    carried.moves.len()
+                );
+                self.tell(key, uid, (EventType::Warning, "DefragAborted"), note, now);
+            }
+        }
+    }
+}
+
+/// The API server's hands, with each eviction counted by outcome.
+struct CountingHands<'m> {
+    hands: KubeHands,
+    metrics: &'m Metrics,
+}
+
+impl super::mover::Hands for CountingHands<'_> {
+    async fn hold(&mut self, plan: &Carried) -> bool {
+        self.hands.hold(plan).await
+    }
+
+    async fn recheck(&mut self, plan: &Carried, index: usize) -> Result<(), super::mover::Stale> {
+        self.hands.recheck(plan, index).await
+    }
+
+    async fn evict(&mut self, plan: &Carried, index: usize) -> super::mover::Evicted {
+        let evicted = self.hands.evict(plan, index).await;
+        let outcome = match &evicted {
+            super::mover::Evicted::Yes => "evicted",
+            super::mover::Evicted::Refused(_) => "refused",
+            super::mover::Evicted::Failed(_) => "failed",
+        };
+        tracing::info!(pod = %plan.moves[index].0, outcome, "defragmentation eviction");
+        self.metrics
+            .defrag_evictions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        evicted
+    }
+
+    async fn release(&mut self, plan: &Carried) {
+        self.hands.release(plan).await;
+    }
+}
+
+impl Controller for Planner {
+    const NAME: &'static str = "defrag";
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn lease(&self) -> Option<&Leader> {
+        Some(&self.leader)
+    }
+
+    async fn pass(&mut self) -> usize {
+        let now = Instant::now();
+        let unix_now = now_second();
+        let evict = self.config.defrag.mode == DefragMode::Evict;
+        if evict {
+            self.follow_up(unix_now);
+        }
+        let (due, mut busy) = self.fragmented(now, unix_now);
+        if due.is_empty() {
+            return 0;
+        }
+        let keys: Vec<String> = due.iter().map(|(k, _)| k.to_string()).collect();
+        let cooling = self.cooling.keys().cloned().collect();
+        let Some(answers) = self.plan(keys, cooling).await else {
+            return 0;
+        };
+        let uids: HashMap<String, Box<str>> = (due.into_iter())
+            .map(|(k, uid)| (k.to_string(), uid))
+            .collect();
+        let mut acted = 0;
+        for (key, answer) in answers {
+            let Some(uid) = uids.get(&key).cloned() else {
+                continue;
+            };
+            let key: PodKey = key.into();
+            let plan = match answer {
+                Answer::Planned(plan) => plan,
+                Answer::Unplanned(why) => {
+                    self.count_plan("unplanned");
+                    let kind = (EventType::Normal, "DefragNoPlan");
+                    self.tell(key, &uid, kind, format!("no plan: {why}"), now);
+                    acted += 1;
+                    continue;
+                }
+            };
+            self.count_plan("planned");
+            let model = plan.hold.as_ref().map(|h| h.model.clone());
+            let carry = evict && !plan.moves.is_empty();
+            if !carry {
+                let note = plan.sentence();
+                self.tell(key, &uid, (EventType::Normal, "DefragPlan"), note, now);
+            } else if model.as_ref().is_some_and(|m| busy.contains(m)) {
+                // One plan at a time per model: this pod is planned for again later.
+                continue;
+            } else {
+                busy.extend(model);
+                self.carry(key, &uid, *plan, now).await;
+            }
+            acted += 1;
+        }
+        acted
+    }
+}

@@ -269,6 +269,7 @@ test_env=(
   GPU_ADMISSION_E2E_CONFIG="$work/gpu-admission.yaml"
   GPU_ADMISSION_E2E_KUBECTL="$k8s_bin/kubectl"
   GPU_ADMISSION_E2E_ADMIN_URL="http://127.0.0.1:$admin_port"
+  GPU_ADMISSION_E2E_ADMIN_URL_B="http://127.0.0.1:$admin_port_b"
   GPU_ADMISSION_E2E_CERT_DIR="$work/extender-certs"
   GPU_ADMISSION_E2E_DAEMONS="$work/daemons"
   GPU_ADMISSION_E2E_AUDIT_LOG="$logs/audit.log"

@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -191,5 +191,242 @@ async fn defrag_plans_the_move_a_pending_pod_needs_and_evicts_nothing() {
         .pods()
         .delete("train", &DeleteParams::default())
         .await;
+    cluster.delete_nodes().await;
+}
+
+/// A Deployment of one 1-GPU pod of `model`, free to run on any node of it. Grace 0:
+/// these nodes have no kubelet to confirm that an evicted pod's containers stopped.
+fn deployment(name: &str, model: &str, movable: bool) -> Deployment {
+    let mut annotations = json!({TYPE_ANNOTATION: model});
+    if movable {
+        annotations["gpu-admission.io/movable"] = json!("true");
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations},
+                "spec": {
+                    "schedulerName": scheduler_name(),
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "serve",
+                        "image": "registry.invalid/never-pulled:e2e",
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "1Gi"},
+                            "limits": {CORE: "100"},
+                        },
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap()
+}
+
+async fn cordon(cluster: &Cluster, node: &str, cordoned: bool) {
+    let patch = json!({"spec": {"unschedulable": cordoned}});
+    cluster
+        .nodes()
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Both replicas run the run's own config again when dropped.
+struct RunConfigOnDrop;
+
+impl Drop for RunConfigOnDrop {
+    fn drop(&mut self) {
+        for replica in ["a", "b"] {
+            ctl_replica("stop", replica);
+            ctl_replica("start", replica);
+        }
+    }
+}
+
+/// `defrag.mode: Evict` with the real controllers and both replicas: four Deployment
+/// pods, one per node, leave 4 GPUs free but never the 2 a new pod needs on one node.
+/// One opted-in pod is moved through the Eviction API, its replacement lands on the
+/// planned node, the pending pod is bound on its target within 30 s; the pod under a
+/// `maxUnavailable: 0` budget and the pod that did not opt in stay; one plan, not two.
+#[tokio::test]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn defrag_evict_moves_one_opted_in_pod_and_seats_the_pending_one() {
+    let Some(cluster) = setup("evict").await else {
+        return;
+    };
+    let model = "Evict-T4";
+    let nodes: Vec<String> = (1..=4).map(|i| format!("e2e-evict-{i}")).collect();
+    for name in &nodes {
+        let labels = json!({MODEL_LABEL: model});
+        cluster
+            .create_node_with(name, labels, shapes::node_resources(2))
+            .await;
+        cordon(&cluster, name, true).await;
+    }
+    cluster.label_for_webhooks().await;
+    register_webhooks(&cluster).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let budget = json!({
+        "metadata": {"name": "infer-b"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "infer-b"}}},
+    });
+    let budget: PodDisruptionBudget = serde_json::from_value(budget).unwrap();
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .unwrap();
+    // One pod per node: each node is opened alone for its Deployment's pod.
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let apps = [
+        ("infer-a", true),
+        ("infer-b", true),
+        ("batch-c", false),
+        ("infer-d", true),
+    ];
+    let mut running = BTreeMap::new();
+    for ((app, movable), node) in apps.iter().zip(&nodes) {
+        cordon(&cluster, node, false).await;
+        let created = deployment(app, model, *movable);
+        deployments
+            .create(&PostParams::default(), &created)
+            .await
+            .unwrap();
+        let pod = bound_pod_of(&cluster, app).await;
+        assert_eq!(pod.spec.as_ref().unwrap().node_name.as_ref(), Some(node));
+        running.insert(*app, pod);
+        cordon(&cluster, node, true).await;
+    }
+    for node in &nodes {
+        cordon(&cluster, node, false).await;
+    }
+
+    // Both replicas carry plans out from now on.
+    let config = run_config().replace("mode: DryRun", "mode: Evict\n  holdSeconds: 60");
+    assert!(config.contains("mode: Evict"), "{config}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpu-admission.yaml");
+    std::fs::write(&path, config).unwrap();
+    for replica in ["a", "b"] {
+        ctl_replica("stop", replica);
+    }
+    let restore = RunConfigOnDrop;
+    for replica in ["a", "b"] {
+        start_replica_with_config(replica, &path);
+    }
+
+    cluster.create_gpu_pod("train", model, Gpu::Whole(2)).await;
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let moved_fields = "involvedObject.name=train,reason=DefragMoved";
+    let note = wait_for("a DefragMoved event on train", BIND_TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default().fields(moved_fields))
+            .await
+            .ok()?;
+        list.items.into_iter().find_map(|e| e.message)
+    })
+    .await;
+    let moved_at = std::time::Instant::now();
+    println!("train: {note}");
+
+    // The plan as the mover held it on the pod: the target, and where the moved pod's
+    // replacement goes.
+    let train = cluster.pods().get("train").await.unwrap();
+    let annotations = train.metadata.annotations.clone().unwrap_or_default();
+    let hold: Value = serde_json::from_str(&annotations["gpu-admission.io/defrag-hold"]).unwrap();
+    let target = hold["target"]["node"].as_str().unwrap().to_string();
+    let slots = hold["slots"].as_array().unwrap();
+    assert_eq!(slots.len(), 1, "one move: {hold}");
+    let moved = slots[0]["moved"].as_str().unwrap().to_string();
+    let destination = slots[0]["held"]["node"].as_str().unwrap().to_string();
+    let (moved_app, moved_pod) = running
+        .iter()
+        .find(|(_, pod)| format!("{}/{}", cluster.ns, pod.metadata.name.as_ref().unwrap()) == moved)
+        .map(|(app, pod)| (*app, pod.clone()))
+        .unwrap_or_else(|| panic!("{moved} is none of the Deployment pods"));
+    assert!(
+        ["infer-a", "infer-d"].contains(&moved_app),
+        "only an opted-in pod its budget lets go is moved: {moved_app}"
+    );
+    assert_eq!(
+        moved_pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(target.as_str()),
+        "the moved pod made room on the target"
+    );
+
+    let bound = cluster.wait_bound("train").await;
+    let took = moved_at.elapsed();
+    let on = bound.spec.as_ref().unwrap().node_name.clone().unwrap();
+    println!("train bound on {on} {took:?} after the move");
+    assert_eq!(on, target, "the pending pod is placed on its target");
+    assert!(
+        took <= std::time::Duration::from_secs(30),
+        "bound {took:?} after the move"
+    );
+
+    // The replacement runs on the node the plan held for it.
+    let old_uid = moved_pod.metadata.uid.clone().unwrap();
+    let pods = cluster.pods();
+    let selector = format!("app={moved_app}");
+    let replacement = wait_for("the moved pod's replacement bound", BIND_TIMEOUT, || {
+        let (pods, selector, old_uid) = (pods.clone(), selector.clone(), old_uid.clone());
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?;
+            list.items.into_iter().find(|p| {
+                p.metadata.uid.as_deref() != Some(old_uid.as_str())
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            })
+        }
+    })
+    .await;
+    let replaced_on = replacement.spec.as_ref().unwrap().node_name.clone();
+    assert_eq!(replaced_on.as_deref(), Some(destination.as_str()));
+
+    // Two replicas, one plan: told once, one eviction, and nothing else moved.
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let told = events
+        .list(&ListParams::default().fields(moved_fields))
+        .await;
+    assert_eq!(told.unwrap().items.len(), 1, "one plan carried out");
+    let evicted: f64 = ["a", "b"]
+        .iter()
+        .map(|r| {
+            sum_metric(
+                &replica_metrics(r),
+                "gpu_admission_defrag_evictions_total",
+                "evicted",
+            )
+        })
+        .sum();
+    assert_eq!(evicted, 1.0, "one eviction across both replicas");
+    for (app, pod) in &running {
+        if *app == moved_app {
+            continue;
+        }
+        let name = pod.metadata.name.as_ref().unwrap();
+        let now = cluster.pods().get(name).await.unwrap();
+        assert_eq!(now.metadata.uid, pod.metadata.uid, "{app} was not moved");
+        assert!(
+            now.metadata.deletion_timestamp.is_none(),
+            "{app} is being deleted"
+        );
+    }
+
+    drop(restore);
+    for (app, _) in apps {
+        let _ = deployments.delete(app, &DeleteParams::default()).await;
+    }
+    let _ = budgets.delete("infer-b", &DeleteParams::default()).await;
+    let _ = cluster
+        .pods()
+        .delete("train", &DeleteParams::default())
+        .await;
+    unregister_webhooks(&cluster).await;
     cluster.delete_nodes().await;
 }

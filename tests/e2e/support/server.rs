@@ -32,10 +32,15 @@ pub fn ctl_replica(action: &str, replica: &str) {
 
 /// Starts gpu-admission replica `a` with the config file `config` instead of the run's.
 pub fn start_with_config(config: &std::path::Path) {
+    start_replica_with_config("a", config);
+}
+
+/// Starts gpu-admission replica `replica` (`a` or `b`) with the config file `config`.
+pub fn start_replica_with_config(replica: &str, config: &std::path::Path) {
     let script = std::env::var_os(CTL_ENV).unwrap_or_else(|| panic!("{CTL_ENV} is not set"));
     let status = std::process::Command::new("bash")
         .arg(&script)
-        .args(["start", "a"])
+        .args(["start", replica])
         .env("GPU_ADMISSION_CONFIG", config)
         .status()
         .unwrap();
@@ -161,7 +166,16 @@ pub async fn extender_bind(args: &serde_json::Value) -> String {
 /// gpu-admission's metrics (Prometheus text) from its admin port
 /// (`GPU_ADMISSION_E2E_ADMIN_URL`).
 pub fn admin_metrics() -> String {
-    let admin = env("GPU_ADMISSION_E2E_ADMIN_URL", "gpu-admission's admin URL");
+    replica_metrics("a")
+}
+
+/// The metrics of replica `replica` (`a`: `GPU_ADMISSION_E2E_ADMIN_URL`, `b`:
+/// `GPU_ADMISSION_E2E_ADMIN_URL_B`).
+pub fn replica_metrics(replica: &str) -> String {
+    let admin = match replica {
+        "b" => env("GPU_ADMISSION_E2E_ADMIN_URL_B", "replica b's admin URL"),
+        _ => env("GPU_ADMISSION_E2E_ADMIN_URL", "gpu-admission's admin URL"),
+    };
     let out = std::process::Command::new("curl")
         .args(["-fsS", &format!("{admin}/metrics")])
         .output()

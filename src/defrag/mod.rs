@@ -326,7 +326,7 @@ impl Ground<'_> {
             }
             let name = |node: usize| self.sites[node].gpus.name.to_string();
             return Ok(PlanOut {
-                hold: self.hold_of(&plan),
+                hold: self.hold_of(pod, &plan),
                 pod: key.to_string(),
                 node: name(plan.node),
                 gpus: gpu_indices(&plan.assignment),
@@ -346,15 +346,21 @@ impl Ground<'_> {
             "every plan found would disrupt a PodDisruptionBudget beyond what it allows".into(),
         ))
     }
-}
 
-impl Ground<'_> {
-    /// The holds that carrying `plan` out keeps: the target's GPUs for the pending pod,
-    /// each destination for the moved pod's replacement (known by its controller).
-    fn hold_of(&self, plan: &Plan<PodKey>) -> Option<PlanHold> {
+    /// The holds that carrying `plan` out for `pod` keeps: the target's GPUs for the
+    /// pending pod, each destination for the moved pod's replacement (known by its
+    /// controller). None when a moved pod names no controller, or MIG slices would have
+    /// to be held (holds keep GPU indices and shares only).
+    fn hold_of(&self, pod: &CachedPod, plan: &Plan<PodKey>) -> Option<PlanHold> {
         let target = &self.sites[plan.node].gpus;
+        if !pod.request.mig.is_empty() {
+            return None;
+        }
         let slots = plan.moves.iter().map(|m| {
-            let moved = self.state.pod(&m.pod)?;
+            let moved = self
+                .state
+                .pod(&m.pod)
+                .filter(|p| p.request.mig.is_empty())?;
             Some(Slot {
                 moved: m.pod.to_string(),
                 uid: moved.uid.to_string(),

@@ -22,6 +22,37 @@ fn plan_text(text: &str, only: Option<&str>) -> Report {
     .unwrap()
 }
 
+/// What carrying the example's plan out holds: t4-a's two GPUs for the pending pod,
+/// the moved pod's destination GPU for a pod of its ReplicaSet and shape; and a pod
+/// whose controller moved a pod lately stays (the mover's cooldown).
+#[test]
+fn a_plan_holds_the_freed_gpus_and_the_destination_and_cooling_controllers_stay() {
+    let report = plan_text(EXAMPLE, Some("team-a/train-0"));
+    let plan = &report.plans[0];
+    let hold = plan.hold.as_ref().unwrap();
+    assert_eq!(hold.target.node, "t4-a");
+    let held: Vec<(u8, u32)> = hold.target.gpus.iter().map(|g| (g.index, g.core)).collect();
+    assert_eq!(held, [(0, 100), (1, 100)]);
+    let slot = &hold.slots[0];
+    assert_eq!(slot.moved, "team-b/infer-a-7f9-x2");
+    assert_eq!(slot.owner, "0b1a0000-0000-4000-8000-00000000000a");
+    assert_eq!(slot.held.node, plan.moves[0].to);
+    assert_eq!(slot.held.gpus.len(), 1);
+    assert_eq!(slot.held.gpus[0].index, plan.moves[0].gpus[0]);
+
+    let objects = parse_objects(EXAMPLE, "test").unwrap();
+    let mut world = World::read(&objects).unwrap();
+    world.cooling.insert(slot.owner.clone());
+    let config = Config::default();
+    let projection = crate::cache::Projection::from_config(&config);
+    let cache = crate::cache::ClusterCache::from_objects(&objects, "test", projection).unwrap();
+    let placer = super::learned_placer(&cache, &config);
+    let limits = Limits::default();
+    let report = super::plan_in(&cache, &world, &placer, limits, Some("team-a/train-0")).unwrap();
+    assert!(report.plans.is_empty(), "{report:?}");
+    assert_eq!(report.kept.get("cooldown"), Some(&1), "{report:?}");
+}
+
 fn moved(report: &Report, pod: &str) -> Vec<String> {
     let plan = report.plans.iter().find(|p| p.pod == pod).unwrap();
     plan.moves.iter().map(|m| m.pod.clone()).collect()

@@ -251,7 +251,7 @@ impl Planner {
     async fn carry(&mut self, key: PodKey, uid: &str, plan: PlanOut, now: Instant) {
         let Some(mut hold) = plan.hold.clone() else {
             let note = format!(
-                "{}; not carried out: a pod to move names no controller",
+                "{}; not carried out: a pod to move names no controller, or MIG slices would have to be held",
                 plan.sentence()
             );
             self.tell(key, uid, (EventType::Normal, "DefragPlan"), note, now);

@@ -9,8 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::placement::{Assignment, GpuRequest, NodeGpus};
 
-use super::pod::key_parts;
-
 /// The annotation that carries a plan's holds on the pending pod.
 pub(crate) const PLAN_HOLD_ANNOTATION: &str = "gpu-admission.io/defrag-hold";
 
@@ -137,7 +135,11 @@ impl Slot {
         owner: Option<&str>,
         request: &GpuRequest,
     ) -> bool {
-        key_parts(key).0 == key_parts(&self.moved).0
+        // Pod keys are `namespace/name` (`pod_key`).
+        fn namespace(key: &str) -> Option<&str> {
+            key.split_once('/').map(|(ns, _)| ns)
+        }
+        namespace(key) == namespace(&self.moved)
             && uid != self.uid
             && owner == Some(self.owner.as_str())
             && shape_of(request) == self.shape

@@ -205,3 +205,23 @@ fn once_the_pending_pod_is_placed_its_own_use_keeps_its_gpus() {
         "the target counts once: as the placed pod's use"
     );
 }
+
+/// A move keeps the pod's model (the planner's rule), so once the evicted pod is gone and
+/// its replacement is bound at the destination, its namespace is charged what it was.
+#[test]
+fn a_move_leaves_the_moved_pods_namespace_charged_the_same() {
+    let mut state = ClusterState::default();
+    for name in ["n1", "n2"] {
+        let mut gpus = node(name, 1, 8);
+        gpus.model = Some("T4".into());
+        state.apply_node(gpus);
+    }
+    let (old, moved) = pod("team-b/infer-1", "u-moved", "rs-1", Some("n1"), None);
+    state.apply_pod(old.clone(), moved);
+    let before = state.usage("team-b");
+    assert_eq!(before.len(), 1, "{before:?}");
+    state.delete_pod(&old);
+    let (new, replacement) = pod("team-b/infer-2", "u-new", "rs-1", Some("n2"), None);
+    state.apply_pod(new, replacement);
+    assert_eq!(state.usage("team-b"), before);
+}

@@ -140,7 +140,7 @@ impl ClusterState {
         let preferred = preferred.filter(|p| candidates.contains(p));
         let mut tried = None;
         if let Some(preferred) = preferred {
-            let (nodes, stamps, _) = gather(&self.nodes, &[preferred], &reserved);
+            let (nodes, stamps) = gather(&self.nodes, &[preferred], &reserved, &mut Vec::new());
             let mut known = Candidates {
                 nodes,
                 stamps,
@@ -155,7 +155,8 @@ impl ClusterState {
         let (outcome, known, mut misfits) = match tried {
             Some(tried) => tried,
             None => {
-                let (nodes, stamps, misfits) = gather(&self.nodes, candidates, &reserved);
+                let mut misfits = Vec::new();
+                let (nodes, stamps) = gather(&self.nodes, candidates, &reserved, &mut misfits);
                 let mut known = Candidates {
                     nodes,
                     stamps,
@@ -388,18 +389,18 @@ impl Candidates<'_> {
 }
 
 /// The candidates `names` the cache knows, each as the pod may see it (with what
-/// plans keep from it: never memoized, stamp version 0), and the misfits of those it
-/// does not know.
+/// plans keep from it: never memoized, stamp version 0), with their stamps; those it
+/// does not know go to `misfits`.
 fn gather<'a>(
     nodes: &'a HashMap<Arc<str>, NodeEntry>,
     names: &[&str],
     reserved: &'a Reserved,
-) -> (Vec<&'a NodeGpus>, Vec<Stamp>, Vec<(Arc<str>, Misfit)>) {
+    misfits: &mut Vec<(Arc<str>, Misfit)>,
+) -> (Vec<&'a NodeGpus>, Vec<Stamp>) {
     let mut known = (
         Vec::with_capacity(names.len()),
         Vec::with_capacity(names.len()),
     );
-    let mut misfits = Vec::new();
     for name in names {
         let entry = nodes
             .get(*name)
@@ -422,7 +423,7 @@ fn gather<'a>(
             }
         }
     }
-    (known.0, known.1, misfits)
+    known
 }
 
 fn check_unbound(key: &PodKey, pod: &CachedPod) -> Result<(), PlanError> {

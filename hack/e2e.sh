@@ -310,6 +310,10 @@ run_tests "$logs/cargo-test.log" ${E2E_FILTER:-} --skip node::
 # Registered only now: the scenarios above count and list the cluster's nodes. Its
 # scenarios run unless E2E_FILTER names others only.
 if [[ -z "${E2E_FILTER:-}" || " ${E2E_FILTER} " == *" node"* ]]; then
+  # The scenarios' nodes have no kubelet, and one that failed may have left its own
+  # behind: deploy/'s pods must find the real node only.
+  "$k8s_bin/kubectl" --kubeconfig "$kubeconfig" delete nodes -l gpu-admission-e2e/scenario \
+    --ignore-not-found >/dev/null
   node_packages
   node_pause_image
   say "building the container image (hack/image.sh)"

@@ -392,7 +392,10 @@ impl Controller for Planner {
                 let note = plan.sentence();
                 self.tell(key, &uid, (EventType::Normal, "DefragPlan"), note, now);
             } else if model.as_ref().is_some_and(|m| busy.contains(m)) {
-                // One plan at a time per model: this pod is planned for again later.
+                // One plan at a time per model: this pod is planned for again after
+                // `REPLAN`, and told nothing new meanwhile.
+                let said = self.planned.remove(&key).map(|(_, said)| said);
+                self.planned.insert(key, (now, said.unwrap_or_default()));
                 continue;
             } else {
                 busy.extend(model);

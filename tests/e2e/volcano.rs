@@ -232,19 +232,25 @@ async fn assert_unschedulable(cluster: &Cluster, name: &str, reason: &str, a: &s
         message.contains(&model),
         "the event should carry gpu-admission's reason for the {a} node too: {message}"
     );
-    let pod = cluster.pods().get(name).await.unwrap();
-    assert_eq!(
-        pod.spec.as_ref().unwrap().node_name,
-        None,
-        "{name} was bound although no GPU can hold it"
+    // vc-scheduler records the event and the condition in separate writes, and the
+    // condition's may meet a conflict (another writer of the pod's status, such as
+    // gpu-admission's Waiting condition) and come a cycle later: wait for it.
+    let pods = cluster.pods();
+    let scheduled = wait_for(
+        "vc-scheduler's PodScheduled condition on a pod it cannot place",
+        BIND_TIMEOUT,
+        || async {
+            let pod = pods.get(name).await.ok()?;
+            assert_eq!(
+                pod.spec.as_ref().unwrap().node_name,
+                None,
+                "{name} was bound although no GPU can hold it"
+            );
+            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+            conditions.into_iter().find(|c| c.type_ == "PodScheduled")
+        },
     );
-    let condition = pod
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.type_ == "PodScheduled")
-        .expect("vc-scheduler sets the PodScheduled condition of a pod it cannot place");
+    let condition = scheduled.await;
     assert_eq!(condition.status, "False", "{condition:?}");
     let text = condition.message.unwrap_or_default();
     assert!(text.contains(reason) && text.contains(&model), "{text}");

@@ -233,6 +233,21 @@ pub(super) fn gpu_deficit(gpus: &NodeGpus, request: &GpuRequest) -> (u64, u64) {
     }
 }
 
+/// Whether `gpus` has the room [`gpu_deficit`] asks for as it is (its deficit is
+/// nothing), without allocating: the cheap test of a destination.
+pub(super) fn gpu_room(gpus: &NodeGpus, request: &GpuRequest) -> bool {
+    let single = match (request.containers.as_slice(), request.held_for_init()) {
+        ([only], held) if held.is_empty() => Some(only.demand),
+        _ => None,
+    };
+    match single {
+        Some(GpuDemand::Share { core, memory }) => (0..gpus.gpu_count())
+            .any(|i| gpus.free_core(i) >= core && gpus.free_memory(i) >= memory),
+        Some(GpuDemand::Whole { gpus: want }) => gpus.free_whole_gpus() >= want,
+        None => u64::from(gpus.total_free_core()) >= request.core_units(),
+    }
+}
+
 /// What moving `resident` off its node frees there.
 fn frees<K>(resident: &Resident<K>, memory_per_gpu: u32) -> Amounts {
     let (core, memory) = resident

@@ -24,7 +24,7 @@ use crate::placement::node::NodeGpus;
 use crate::placement::policy::{Placer, compare};
 use crate::placement::request::GpuRequest;
 
-use super::cover::{Cover, Search, gpu_deficit};
+use super::cover::{Cover, Search, gpu_room};
 use super::{Ask, Budget, Ground, Move, Plan, Resident, host_admits};
 
 /// Openings kept per shape: enough to get past those a landing has changed.
@@ -447,11 +447,11 @@ fn largest_first<K>(residents: &[Resident<K>], movers: &[usize]) -> Vec<usize> {
 /// whole ones, else as many free GPU cores in all): a cheap test that spares the
 /// budget the nodes of a full cluster.
 fn admits(shape: &Shape, gpus: &NodeGpus, room: Option<HostRoom>) -> bool {
-    shape
-        .model
-        .as_ref()
-        .is_none_or(|model| gpus.model == *model)
-        && gpu_deficit(gpus, &shape.request) == (0, 0)
+    host_admits(room, &shape.host).is_ok()
+        && shape
+            .model
+            .as_ref()
+            .is_none_or(|model| gpus.model == *model)
+        && gpu_room(gpus, &shape.request)
         && pool_admits(&shape.pools, gpus).is_ok()
-        && host_admits(room, &shape.host).is_ok()
 }

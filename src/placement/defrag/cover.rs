@@ -63,6 +63,12 @@ impl Search<'_> {
             if movable.is_empty() {
                 continue;
             }
+            if !self.could_fit(candidate, &movable) {
+                if !budget.glance() {
+                    break;
+                }
+                continue;
+            }
             if !budget.spend() {
                 break;
             }
@@ -89,17 +95,18 @@ impl Search<'_> {
 
     /// The sets of exactly `size` movable pods, on each target in turn, whose removal
     /// lets the pod fit (one evaluation per set fitted), supersets of smaller covers
-    /// left out.
+    /// left out; no more once `limit` are found.
     pub(super) fn covers<C: Ground>(
         &self,
         cluster: &[C],
         targets: &mut [Target],
         size: usize,
+        limit: usize,
         budget: &mut Budget,
     ) -> Vec<Cover> {
         let mut covers = Vec::new();
         for target in targets.iter_mut() {
-            if budget.spent() {
+            if budget.spent() || covers.len() >= limit {
                 break;
             }
             let candidate = &cluster[target.node];
@@ -133,6 +140,20 @@ impl Search<'_> {
             }
         }
         covers
+    }
+
+    /// A cheap test that the pod could fit `candidate` once `movers` are gone: as
+    /// many free GPU cores, CPU and memory in all as it needs.
+    fn could_fit<C: Ground>(&self, candidate: &C, movers: &[usize]) -> bool {
+        let residents = candidate.residents();
+        let gpus = candidate.gpus();
+        let mut core = u64::from(gpus.total_free_core());
+        let mut room = candidate.room();
+        for &m in movers {
+            core += frees(&residents[m], gpus.memory_per_gpu)[0];
+            room = room.map(|r| r.plus(&residents[m].host));
+        }
+        core >= self.ask.request.core_units() && host_admits(room, &self.ask.host).is_ok()
     }
 
     /// Whether the pod fits `candidate` once `movers` (indices among its residents)
@@ -177,7 +198,7 @@ impl Search<'_> {
 /// a share needs one GPU with its cores and memory free (at least what the freest GPU
 /// lacks); `k` whole GPUs need the least used busy GPUs emptied; anything else at
 /// least its total cores free on the node.
-fn gpu_deficit(gpus: &NodeGpus, request: &GpuRequest) -> (u64, u64) {
+pub(super) fn gpu_deficit(gpus: &NodeGpus, request: &GpuRequest) -> (u64, u64) {
     let indices = 0..gpus.gpu_count();
     let single = match (request.containers.as_slice(), request.held_for_init()) {
         ([only], held) if held.is_empty() => Some(only.demand),
@@ -209,6 +230,21 @@ fn gpu_deficit(gpus: &NodeGpus, request: &GpuRequest) -> (u64, u64) {
                 .saturating_sub(u64::from(gpus.total_free_core())),
             0,
         ),
+    }
+}
+
+/// Whether `gpus` has the room [`gpu_deficit`] asks for as it is (its deficit is
+/// nothing), without allocating: the cheap test of a destination.
+pub(super) fn gpu_room(gpus: &NodeGpus, request: &GpuRequest) -> bool {
+    let single = match (request.containers.as_slice(), request.held_for_init()) {
+        ([only], held) if held.is_empty() => Some(only.demand),
+        _ => None,
+    };
+    match single {
+        Some(GpuDemand::Share { core, memory }) => (0..gpus.gpu_count())
+            .any(|i| gpus.free_core(i) >= core && gpus.free_memory(i) >= memory),
+        Some(GpuDemand::Whole { gpus: want }) => gpus.free_whole_gpus() >= want,
+        None => u64::from(gpus.total_free_core()) >= request.core_units(),
     }
 }
 

@@ -2,32 +2,49 @@
 //! best node of its own GPU model and pools, other than the node it leaves, as the
 //! cluster is after the earlier moves; then the pending pod is seated on the target.
 //!
+//! A pod that fits on no node may still land by a **chain**, when the plan has moves
+//! to spare: a node of its model where it fits once a few movable pods there are gone
+//! (an *opening*), those pods landed first (each the same way, on fewer spare moves).
+//! The moves come out in the order they must happen: the pods a chain moves off a node
+//! before the pod that takes their place.
+//!
 //! A pod's best destinations in the cluster as given depend only on its shape, so
-//! they are ranked once per shape and plan (the few best kept); during one landing
-//! only the nodes it changed are scored again.
+//! they are ranked once per shape and plan (the few best kept), and so are its
+//! openings; during one landing only the nodes it changed are scored again, and an
+//! opening is used only on a node the landing has not changed.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::placement::fit::Assignment;
+use crate::placement::fit::{Assignment, Misfit};
 use crate::placement::fragment::{HostRoom, TaskMix};
 use crate::placement::models::pool_admits;
 use crate::placement::node::NodeGpus;
 use crate::placement::policy::{Placer, compare};
 use crate::placement::request::GpuRequest;
 
-use super::cover::Cover;
+use super::cover::{Cover, Search, gpu_room};
 use super::{Ask, Budget, Ground, Move, Plan, Resident, host_admits};
+
+/// Openings kept per shape: enough to get past those a landing has changed.
+const OPENINGS: usize = 12;
 
 /// Lands the moved pods of covers on one cluster, ranking destinations once per shape.
 pub(super) struct Lander<'c, C: Ground> {
     placer: &'c Placer,
     cluster: &'c [C],
-    /// Destinations kept per shape: one more than the nodes a landing can have
-    /// changed before its last move, so one of them is always unchanged.
+    /// Which pods may move (the pending pod's priority and the caller's predicate).
+    may_move: &'c dyn Fn(&Resident<C::Pod>) -> bool,
+    /// The pending pod's priority: a chain moves no pod above it either.
+    priority: i32,
+    /// Destinations kept per shape: more than the nodes a landing can have changed
+    /// before its last move, so one of them is always unchanged.
     keep: usize,
+    /// Moves a chain may add (the plan's limit less one: the pod the chain is for).
+    chain_moves: usize,
     rankings: HashMap<Shape, Vec<Spot>>,
+    openings: HashMap<Shape, Arc<[Cover]>>,
 }
 
 /// What decides where a moved pod may go and how each node scores it.
@@ -41,6 +58,18 @@ struct Shape {
     pools: Arc<[String]>,
 }
 
+impl Shape {
+    fn of<K>(resident: &Resident<K>, model: &Option<Arc<str>>) -> Shape {
+        let keeps_model = resident.request.has_gpu_demand() || !resident.request.mig.is_empty();
+        Shape {
+            request: resident.request.clone(),
+            host: resident.host,
+            model: keeps_model.then(|| model.clone()),
+            pools: resident.pools.clone(),
+        }
+    }
+}
+
 /// A destination and the placement there.
 #[derive(Debug, Clone)]
 struct Spot {
@@ -50,6 +79,7 @@ struct Spot {
 }
 
 /// The nodes a landing has changed so far, as they are now: the target first.
+#[derive(Clone)]
 struct Scratch {
     nodes: Vec<(usize, NodeGpus, Option<HostRoom>)>,
 }
@@ -59,14 +89,12 @@ impl Scratch {
         self.nodes.iter().any(|(n, _, _)| *n == node)
     }
 
-    /// Charge `node` with a pod's GPUs and host ask, copying it in if unchanged yet.
-    fn occupy<C: Ground>(
+    /// `node` as it is now, copied in if unchanged yet.
+    fn entry<C: Ground>(
         &mut self,
         cluster: &[C],
         node: usize,
-        assignment: &Assignment,
-        host: &HostRoom,
-    ) {
+    ) -> &mut (usize, NodeGpus, Option<HostRoom>) {
         let at = match self.nodes.iter().position(|(n, _, _)| *n == node) {
             Some(at) => at,
             None => {
@@ -75,27 +103,67 @@ impl Scratch {
                 self.nodes.len() - 1
             }
         };
-        let (_, gpus, room) = &mut self.nodes[at];
+        &mut self.nodes[at]
+    }
+
+    /// Charge `node` with a pod's GPUs and host ask.
+    fn occupy<C: Ground>(
+        &mut self,
+        cluster: &[C],
+        node: usize,
+        assignment: &Assignment,
+        host: &HostRoom,
+    ) {
+        let (_, gpus, room) = self.entry(cluster, node);
         assignment.occupy(gpus);
         *room = room.map(|r| r.minus(host));
     }
+
+    /// Give back on `node` what a pod leaving it held.
+    fn vacate<C: Ground>(&mut self, cluster: &[C], node: usize, resident: &Resident<C::Pod>) {
+        let (_, gpus, room) = self.entry(cluster, node);
+        resident.assignment.vacate(gpus);
+        *room = room.map(|r| r.plus(&resident.host));
+    }
+}
+
+/// A landing under way: the cluster as the moves so far left it, the moves, and how
+/// many more a chain may add.
+#[derive(Clone)]
+struct Landing<K> {
+    scratch: Scratch,
+    moves: Vec<Move<K>>,
+    core_moved: u64,
+    spare: usize,
 }
 
 impl<'c, C: Ground> Lander<'c, C> {
-    pub(super) fn new(placer: &'c Placer, cluster: &'c [C], max_moves: usize) -> Self {
+    pub(super) fn new(
+        placer: &'c Placer,
+        cluster: &'c [C],
+        ask: &Ask<'_>,
+        may_move: &'c dyn Fn(&Resident<C::Pod>) -> bool,
+        max_moves: usize,
+    ) -> Self {
         Lander {
             placer,
             cluster,
-            keep: max_moves + 1,
+            may_move,
+            priority: ask.priority,
+            keep: 2 * max_moves + 2,
+            chain_moves: max_moves.saturating_sub(1),
             rankings: HashMap::new(),
+            openings: HashMap::new(),
         }
     }
 
     /// The plan that moves `cover`'s pods (each to its best destination after the
-    /// earlier ones) and seats the pending pod, if every pod finds a destination.
+    /// earlier ones, or by a chain of at most `spare` moves in all) and seats the
+    /// pending pod, if every pod finds a destination.
     pub(super) fn plan(
         &mut self,
         cover: &Cover,
+        spare: usize,
         ask: &Ask<'_>,
         mix: &TaskMix,
         budget: &mut Budget,
@@ -103,47 +171,156 @@ impl<'c, C: Ground> Lander<'c, C> {
         let cluster = self.cluster;
         let source = &cluster[cover.node];
         let residents = source.residents();
-        let mut target = source.gpus().clone();
-        let mut room = source.room();
-        for &m in &cover.movers {
-            residents[m].assignment.vacate(&mut target);
-            room = room.map(|r| r.plus(&residents[m].host));
-        }
-        let mut scratch = Scratch {
-            nodes: vec![(cover.node, target, room)],
+        let mut landing = Landing {
+            scratch: Scratch {
+                nodes: vec![(cover.node, source.gpus().clone(), source.room())],
+            },
+            moves: Vec::with_capacity(cover.movers.len() + spare),
+            core_moved: 0,
+            spare,
         };
-        let mut order = cover.movers.clone();
-        order.sort_by_key(|&m| {
-            let r = &residents[m];
-            let size = (r.request.core_units(), r.host.cpu_milli, r.host.memory_mib);
-            (Reverse(size), m)
-        });
         let model = source.gpus().model.clone();
-        let mut moves = Vec::with_capacity(order.len());
-        for m in order {
-            let resident = &residents[m];
-            let (to, assignment) = self.destination(resident, &model, &scratch, budget)?;
-            scratch.occupy(cluster, to, &assignment, &resident.host);
-            moves.push(Move {
-                pod: resident.pod.clone(),
-                from: cover.node,
-                to,
-                assignment,
-            });
+        for m in largest_first(residents, &cover.movers) {
+            self.land(&residents[m], cover.node, &model, &mut landing, budget)?;
         }
-        self.seat(scratch, moves, ask, mix, cover.core_moved)
+        self.seat(landing, ask, mix)
+    }
+
+    /// Land `resident`, leaving node `from` (of `model`, in the landing already): on
+    /// its best destination, else by a chain. It leaves `from` when its own move
+    /// happens, after the chain's, so a chain's pods never use the room it leaves.
+    fn land(
+        &mut self,
+        resident: &Resident<C::Pod>,
+        from: usize,
+        model: &Option<Arc<str>>,
+        landing: &mut Landing<C::Pod>,
+        budget: &mut Budget,
+    ) -> Option<()> {
+        let shape = Shape::of(resident, model);
+        let spot = self.destination(&shape, from, &landing.scratch, budget);
+        let (to, assignment) = match spot {
+            Some(spot) => spot,
+            None => self.chain(&shape, landing, budget)?,
+        };
+        landing.scratch.vacate(self.cluster, from, resident);
+        landing
+            .scratch
+            .occupy(self.cluster, to, &assignment, &resident.host);
+        landing.core_moved += resident.request.core_units();
+        landing.moves.push(Move {
+            pod: resident.pod.clone(),
+            from,
+            to,
+            assignment,
+        });
+        Some(())
+    }
+
+    /// A node a pod of `shape` fits on once the pods of one of its openings there have
+    /// been landed (their moves added to `landing`), and the pod's GPUs there.
+    fn chain(
+        &mut self,
+        shape: &Shape,
+        landing: &mut Landing<C::Pod>,
+        budget: &mut Budget,
+    ) -> Option<(usize, Assignment)> {
+        if landing.spare == 0 {
+            return None;
+        }
+        let openings = self.openings_for(shape, budget);
+        for opening in openings.iter() {
+            if opening.movers.len() > landing.spare || landing.scratch.has(opening.node) {
+                continue;
+            }
+            if !budget.spend() {
+                return None;
+            }
+            let before = landing.clone();
+            landing.spare -= opening.movers.len();
+            if let Some(assignment) = self.open(shape, opening, landing, budget) {
+                return Some((opening.node, assignment));
+            }
+            *landing = before;
+        }
+        None
+    }
+
+    /// Land the pods of `opening` (off a node the landing has not changed), then fit
+    /// `shape` on the node they left.
+    fn open(
+        &mut self,
+        shape: &Shape,
+        opening: &Cover,
+        landing: &mut Landing<C::Pod>,
+        budget: &mut Budget,
+    ) -> Option<Assignment> {
+        let cluster = self.cluster;
+        let node = opening.node;
+        let residents = cluster[node].residents();
+        // In the landing from now on: no other chain opens it.
+        landing.scratch.entry(cluster, node);
+        let model = cluster[node].gpus().model.clone();
+        for m in largest_first(residents, &opening.movers) {
+            self.land(&residents[m], node, &model, landing, budget)?;
+        }
+        let (_, gpus, room) = landing.scratch.entry(cluster, node);
+        host_admits(*room, &shape.host).ok()?;
+        let room_after = room.map(|r| r.minus(&shape.host));
+        self.placer
+            .assign(gpus, &shape.request, room_after.as_ref())
+            .ok()
+    }
+
+    /// The openings for `shape` in the cluster as given (found once per shape): nodes
+    /// of its model and pools where it fits once at most `chain_moves` movable pods are
+    /// gone, fewest pods first, then the fewest GPUs.
+    fn openings_for(&mut self, shape: &Shape, budget: &mut Budget) -> Arc<[Cover]> {
+        if let Some(known) = self.openings.get(shape) {
+            return known.clone();
+        }
+        let ask = Ask {
+            request: &shape.request,
+            host: shape.host,
+            priority: self.priority,
+        };
+        let search = Search {
+            placer: self.placer,
+            ask: &ask,
+        };
+        let allowed = |gpus: &NodeGpus| {
+            let model_ok = shape.model.as_ref().is_none_or(|m| gpus.model == *m);
+            if !model_ok {
+                return Err(Misfit::NotCached);
+            }
+            pool_admits(&shape.pools, gpus)
+        };
+        let may_move = |r: &Resident<C::Pod>| r.priority <= self.priority && (self.may_move)(r);
+        let mut targets = search.targets(self.cluster, &allowed, &may_move, budget);
+        let mut found = Vec::new();
+        for size in 1..=self.chain_moves {
+            let left = OPENINGS.saturating_sub(found.len());
+            if left == 0 || budget.spent() {
+                break;
+            }
+            let mut covers = search.covers(self.cluster, &mut targets, size, left, budget);
+            covers.sort_by_key(|c| (c.core_moved, c.node));
+            found.extend(covers);
+        }
+        let found: Arc<[Cover]> = found.into();
+        self.openings.insert(shape.clone(), found.clone());
+        found
     }
 
     /// The pending pod on the target as the moves left it, and the plan's
     /// fragmentation: the growth over every node it changed.
-    fn seat(
-        &self,
-        mut scratch: Scratch,
-        moves: Vec<Move<C::Pod>>,
-        ask: &Ask<'_>,
-        mix: &TaskMix,
-        core_moved: u64,
-    ) -> Option<Plan<C::Pod>> {
+    fn seat(&self, landing: Landing<C::Pod>, ask: &Ask<'_>, mix: &TaskMix) -> Option<Plan<C::Pod>> {
+        let Landing {
+            mut scratch,
+            moves,
+            core_moved,
+            ..
+        } = landing;
         let (node, gpus, room) = &scratch.nodes[0];
         host_admits(*room, &ask.host).ok()?;
         let room_after = room.map(|r| r.minus(&ask.host));
@@ -171,31 +348,24 @@ impl<'c, C: Ground> Lander<'c, C> {
         })
     }
 
-    /// The best destination for `resident` (leaving a node of `model`) as `scratch`
-    /// has the cluster: its shape's best unchanged node, or a changed one (not the
-    /// target) that scores better.
+    /// The best destination for a pod of `shape` leaving node `from`, as `scratch` has
+    /// the cluster: its shape's best unchanged node, or a changed one (not the target,
+    /// not `from`) that scores better.
     fn destination(
         &mut self,
-        resident: &Resident<C::Pod>,
-        model: &Option<Arc<str>>,
+        shape: &Shape,
+        from: usize,
         scratch: &Scratch,
         budget: &mut Budget,
     ) -> Option<(usize, Assignment)> {
-        let keeps_model = resident.request.has_gpu_demand() || !resident.request.mig.is_empty();
-        let shape = Shape {
-            request: resident.request.clone(),
-            host: resident.host,
-            model: keeps_model.then(|| model.clone()),
-            pools: resident.pools.clone(),
-        };
-        if !self.rankings.contains_key(&shape) {
-            let ranking = self.rank(&shape, budget);
+        if !self.rankings.contains_key(shape) {
+            let ranking = self.rank(shape, budget);
             self.rankings.insert(shape.clone(), ranking);
         }
-        let ranking = self.rankings.get(&shape)?;
+        let ranking = self.rankings.get(shape)?;
         let mut best = ranking.iter().find(|s| !scratch.has(s.node)).cloned();
         for (node, gpus, room) in scratch.nodes.iter().skip(1) {
-            if !admits(&shape, gpus, *room) || !budget.spend() {
+            if *node == from || !admits(shape, gpus, *room) || !budget.spend() {
                 continue;
             }
             let Ok((assignment, score)) =
@@ -260,15 +430,28 @@ impl<'c, C: Ground> Lander<'c, C> {
     }
 }
 
+/// `movers` (indices among `residents`) largest first: GPU cores, CPU, memory.
+fn largest_first<K>(residents: &[Resident<K>], movers: &[usize]) -> Vec<usize> {
+    let mut order = movers.to_vec();
+    order.sort_by_key(|&m| {
+        let r = &residents[m];
+        let size = (r.request.core_units(), r.host.cpu_milli, r.host.memory_mib);
+        (Reverse(size), m)
+    });
+    order
+}
+
 /// Whether a pod of `shape` may go to a node with `gpus` and free `room`: its model,
-/// its pools, its CPU and memory, and as many free GPU cores in all as it needs (a
-/// cheap test that spares the budget the nodes of a full cluster).
+/// its pools, its CPU and memory, and the GPU room it needs by the cover search's
+/// lower bounds (one GPU with a share's cores and memory free, as many idle GPUs as
+/// whole ones, else as many free GPU cores in all): a cheap test that spares the
+/// budget the nodes of a full cluster.
 fn admits(shape: &Shape, gpus: &NodeGpus, room: Option<HostRoom>) -> bool {
-    shape
-        .model
-        .as_ref()
-        .is_none_or(|model| gpus.model == *model)
-        && u64::from(gpus.total_free_core()) >= shape.request.core_units()
+    host_admits(room, &shape.host).is_ok()
+        && shape
+            .model
+            .as_ref()
+            .is_none_or(|model| gpus.model == *model)
+        && gpu_room(gpus, &shape.request)
         && pool_admits(&shape.pools, gpus).is_ok()
-        && host_admits(room, &shape.host).is_ok()
 }

@@ -8,9 +8,11 @@
 //! *deficit* (GPU cores, GPU memory, CPU, memory it lacks there); small sets of movable
 //! pods on it whose removal covers the deficit, fewest pods first (`cover`); for each
 //! set, a destination for every pod in turn, the placement policy's best node of the
-//! same GPU model after the earlier moves (`land`). Among the plans with the fewest
-//! moves: the fewest GPUs moved, then the lowest fragmentation after (the policy's
-//! measure), then the target's name.
+//! same GPU model after the earlier moves, or, with moves to spare, a **chain**: a node
+//! where it fits once a few movable pods there have been moved on first (`land`). A
+//! plan of `n` moves is a set of `n` pods, or a smaller set whose pods' chains take the
+//! rest. Among the plans with the fewest moves: the fewest GPUs moved, then the lowest
+//! fragmentation after (the policy's measure), then the target's name.
 //!
 //! Fitting is `Placer::assign` (`fit` under gpu-manager compatibility) and scoring is
 //! `Placer::score`: the same code the extender places with.
@@ -136,7 +138,8 @@ impl Default for Limits {
 }
 
 /// One running pod taken off node `from` and placed on node `to` (indices into the
-/// cluster the plan was made for), on the GPUs `assignment` names there.
+/// cluster the plan was made for), on the GPUs `assignment` names there. `from` is the
+/// plan's target, or a node a chain makes room on for a pod moved after this one.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Move<K> {
     pub(crate) pod: K,
@@ -284,14 +287,23 @@ impl Planner<'_> {
         if targets.is_empty() {
             return Err(self.exhausted(&budget).unwrap_or(NoPlan::NoNode));
         }
-        let mut lander = land::Lander::new(self.placer, cluster, max_moves);
+        let mut lander = land::Lander::new(self.placer, cluster, ask, &may_move, max_moves);
         let mut covered = false;
+        // Covers of fewer pods than the moves allowed so far: their pods may land by
+        // chains of the moves left.
+        let mut smaller: Vec<cover::Cover> = Vec::new();
         for moves in 1..=max_moves {
-            let covers = search.covers(cluster, &mut targets, moves, &mut budget);
+            let covers = search.covers(cluster, &mut targets, moves, usize::MAX, &mut budget);
             covered |= !covers.is_empty();
-            if let Some(plan) = self.best(cluster, ask, covers, &mut lander, &mut budget) {
+            let tries = covers
+                .iter()
+                .map(|c| (c, 0))
+                .chain(smaller.iter().map(|c| (c, moves - c.movers.len())))
+                .collect();
+            if let Some(plan) = self.best(cluster, ask, tries, &mut lander, &mut budget) {
                 return Ok(plan);
             }
+            smaller.extend(covers);
             if let Some(spent) = self.exhausted(&budget) {
                 return Err(spent);
             }
@@ -336,26 +348,28 @@ impl Planner<'_> {
         })
     }
 
-    /// The best plan among `covers` (all of one size), if any lands.
+    /// The best plan among `tries` (covers, each with the moves its pods' chains may
+    /// add: as many moves in all for every one), if any lands.
     fn best<C: Ground>(
         &self,
         cluster: &[C],
         ask: &Ask<'_>,
-        mut covers: Vec<cover::Cover>,
+        mut tries: Vec<(&cover::Cover, usize)>,
         lander: &mut land::Lander<'_, C>,
         budget: &mut Budget,
     ) -> Option<Plan<C::Pod>> {
-        covers.sort_by_key(|c| c.core_moved);
+        tries.sort_by_key(|(c, spare)| (c.core_moved, *spare));
         let mix = self.placer.mix.or_whole_gpu();
         let mut best: Option<Plan<C::Pod>> = None;
-        for cover in &covers {
+        for (cover, spare) in tries {
+            // A chain only adds GPUs moved: a cover already moving more cannot win.
             let worse = best
                 .as_ref()
                 .is_some_and(|b| cover.core_moved > b.core_moved);
             if worse || !budget.spend() {
                 break;
             }
-            let Some(plan) = lander.plan(cover, ask, &mix, budget) else {
+            let Some(plan) = lander.plan(cover, spare, ask, &mix, budget) else {
                 continue;
             };
             if best.as_ref().is_none_or(|b| better(&plan, b, cluster)) {
@@ -366,12 +380,14 @@ impl Planner<'_> {
     }
 }
 
-/// Whether plan `a` beats `b` (same number of moves): fewer GPUs moved, then less
+/// Whether plan `a` beats `b`: fewer moves, then fewer GPUs moved, then less
 /// fragmentation, then the target's name.
 fn better<C: Ground>(a: &Plan<C::Pod>, b: &Plan<C::Pod>, cluster: &[C]) -> bool {
     let name = |p: &Plan<C::Pod>| &cluster[p.node].gpus().name;
-    a.core_moved
-        .cmp(&b.core_moved)
+    a.moves
+        .len()
+        .cmp(&b.moves.len())
+        .then_with(|| a.core_moved.cmp(&b.core_moved))
         .then_with(|| a.fragmentation.total_cmp(&b.fragmentation))
         .then_with(|| name(a).cmp(name(b)))
         .is_lt()

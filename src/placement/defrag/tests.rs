@@ -244,3 +244,108 @@ fn applying_a_plan_moves_the_pods_and_seats_the_pending_one() {
     // The same plan again finds x gone from a.
     assert_eq!(plan.apply(&mut cluster, pending), Err(Stale::PodGone(0)));
 }
+
+/// A V100 node with little CPU: the pending pods of the chain tests (16 cores) never
+/// fit there, whatever moves.
+fn small(name: &str, gpus: usize, cpu: u64) -> Site {
+    site(name, "V100", gpus, cpu, 256 * GB)
+}
+
+/// A whole GPU and 16 cores: only a, the one node with the CPU, can take it.
+fn plan_big(cluster: &[Site], max_moves: usize) -> Result<Plan<String>, NoPlan> {
+    let limits = Limits {
+        max_moves,
+        ..Limits::default()
+    };
+    plan_with(cluster, &whole(1), 16_000, limits, |_| true)
+}
+
+/// a's only GPU is held by x, which fits on no other node as the cluster is: b's two
+/// GPUs carry shares of 70 and 50, c has 55 free next to a pod of higher priority.
+/// Only a chain seats the pending pod: w to c, then x to b's GPU w left.
+fn chain_of_two() -> Vec<Site> {
+    vec![
+        v100("a", 1).with("x", whole(1), 1_000),
+        small("b", 2, 8_000)
+            .with("z", share(70), 0)
+            .with("w", share(50), 0),
+        small("c", 1, 8_000).with_priority("v", share(45), 0, 5),
+    ]
+}
+
+#[test]
+fn a_chain_moves_a_pod_off_the_destination_first() {
+    let cluster = chain_of_two();
+    let plan = plan_big(&cluster, 2).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["w: b -> c", "x: a -> b"]);
+    assert_eq!((plan.node, gpus_of(&plan.assignment)), (0, vec![0]));
+    assert_eq!(gpus_of(&plan.moves[1].assignment), [1]);
+    assert_eq!(plan.core_moved, 150);
+    // One move is not enough: x has nowhere to go without the chain.
+    assert_eq!(
+        plan_big(&cluster, 1).unwrap_err(),
+        NoPlan::NoDestination { max_moves: 1 }
+    );
+}
+
+#[test]
+fn a_chain_moves_no_pod_that_may_not_move() {
+    let cluster = chain_of_two();
+    let limits = Limits::default();
+    let pinned = plan_with(&cluster, &whole(1), 16_000, limits, |r| r.pod != "w");
+    assert_eq!(pinned.unwrap_err(), NoPlan::NoDestination { max_moves: 2 });
+    let mut above = chain_of_two();
+    above[1] = small("b", 2, 8_000)
+        .with("z", share(70), 0)
+        .with_priority("w", share(50), 0, 1);
+    assert_eq!(
+        plan_big(&above, 2).unwrap_err(),
+        NoPlan::NoDestination { max_moves: 2 }
+    );
+}
+
+#[test]
+fn a_chain_may_run_through_several_nodes() {
+    // x (6 cores) can only open b, by moving w (60%, 4 cores); w can only open c (4
+    // cores, too few for x), by moving u; u fits on d as it is. Three moves, in the
+    // order they must happen; two are not enough.
+    let cluster = vec![
+        v100("a", 1).with("x", whole(1), 6_000),
+        small("b", 1, 8_000).with("w", share(60), 4_000),
+        small("c", 1, 4_000).with("u", share(50), 0),
+        small("d", 1, 8_000).with_priority("v", share(50), 0, 5),
+    ];
+    assert_eq!(
+        plan_big(&cluster, 2).unwrap_err(),
+        NoPlan::NoDestination { max_moves: 2 }
+    );
+    let plan = plan_big(&cluster, 3).unwrap();
+    assert_eq!(
+        moves(&plan, &cluster),
+        ["u: c -> d", "w: b -> c", "x: a -> b"]
+    );
+    assert_eq!((plan.node, plan.core_moved), (0, 210));
+    let mut applied = cluster.clone();
+    let pending = Resident {
+        pod: "new".to_string(),
+        request: whole(1),
+        host: HostRoom {
+            cpu_milli: 16_000,
+            memory_mib: 0,
+        },
+        assignment: Assignment::default(),
+        priority: 0,
+        pools: Arc::from(Vec::new()),
+    };
+    plan.apply(&mut applied, pending).unwrap();
+    let names = |s: &Site| {
+        s.residents
+            .iter()
+            .map(|r| r.pod.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&applied[0]), ["new"]);
+    assert_eq!(names(&applied[1]), ["x"]);
+    assert_eq!(names(&applied[2]), ["w"]);
+    assert_eq!(names(&applied[3]), ["v", "u"]);
+}

@@ -276,17 +276,23 @@ impl Planner {
             },
             metrics: &self.metrics,
         };
+        let started = Instant::now();
         let ended = carry_out(&mut hands, &carried).await;
+        // The controllers whose pod moved cool down, whether the plan went on or not.
+        let moved = match &ended {
+            Ended::Moved => carried.moves.len(),
+            Ended::Aborted { after, .. } => *after,
+        };
+        for slot in carried.hold.slots.iter().take(moved) {
+            self.cooling.insert(slot.owner.clone(), Instant::now());
+        }
         let sentence = plan.sentence();
         match ended {
             Ended::Moved => {
-                for slot in &carried.hold.slots {
-                    self.cooling.insert(slot.owner.clone(), Instant::now());
-                }
                 self.running.push(Running {
                     pod: key.clone(),
                     uid: uid.into(),
-                    started: Instant::now(),
+                    started,
                     until: carried.hold.until,
                 });
                 let seconds = self.config.defrag.hold_seconds;

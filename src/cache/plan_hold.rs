@@ -28,7 +28,7 @@ pub(crate) struct PlanHold {
     pub(crate) since: i64,
     pub(crate) until: i64,
     /// The GPUs freed for the pending pod.
-    pub(crate) target: Held,
+    pub(crate) target: GpusKept,
     /// Where each moved pod's replacement goes.
     pub(crate) slots: Vec<Slot>,
 }
@@ -36,15 +36,15 @@ pub(crate) struct PlanHold {
 /// GPU use kept on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Held {
+pub(crate) struct GpusKept {
     pub(crate) node: String,
-    pub(crate) gpus: Vec<HeldGpu>,
+    pub(crate) gpus: Vec<GpuKept>,
 }
 
 /// The vcuda-core (100 a GPU) and GPU memory (MiB) kept on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct HeldGpu {
+pub(crate) struct GpuKept {
     pub(crate) index: u8,
     pub(crate) core: u32,
     pub(crate) memory: u32,
@@ -62,7 +62,7 @@ pub(crate) struct Slot {
     /// The uid of its controller (the controlling ownerReference).
     pub(crate) owner: String,
     pub(crate) shape: String,
-    pub(crate) held: Held,
+    pub(crate) held: GpusKept,
 }
 
 impl PlanHold {
@@ -88,10 +88,10 @@ impl PlanHold {
     }
 }
 
-impl Held {
+impl GpusKept {
     /// What `assignment` uses on `node`, to keep it.
-    pub(crate) fn of(node: &NodeGpus, assignment: &Assignment) -> Held {
-        let mut gpus: Vec<HeldGpu> = Vec::new();
+    pub(crate) fn of(node: &NodeGpus, assignment: &Assignment) -> GpusKept {
+        let mut gpus: Vec<GpuKept> = Vec::new();
         for (index, each) in assignment.charges(node.memory_per_gpu) {
             let Ok(index) = u8::try_from(index) else {
                 continue;
@@ -101,14 +101,14 @@ impl Held {
                     gpu.core += each.core;
                     gpu.memory += each.memory;
                 }
-                None => gpus.push(HeldGpu {
+                None => gpus.push(GpuKept {
                     index,
                     core: each.core,
                     memory: each.memory,
                 }),
             }
         }
-        Held {
+        GpusKept {
             node: node.name.to_string(),
             gpus,
         }
@@ -163,9 +163,9 @@ mod tests {
             model: "T4".into(),
             since: 100,
             until: 160,
-            target: Held {
+            target: GpusKept {
                 node: "n1".into(),
-                gpus: vec![HeldGpu {
+                gpus: vec![GpuKept {
                     index: 0,
                     core: 100,
                     memory: 15_000,
@@ -176,7 +176,7 @@ mod tests {
                 uid: "u1".into(),
                 owner: "rs-1".into(),
                 shape: shape_of(&GpuRequest::default()),
-                held: Held {
+                held: GpusKept {
                     node: "n2".into(),
                     gpus: vec![],
                 },

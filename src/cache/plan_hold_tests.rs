@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::plan_hold::{Held, HeldGpu, PLAN_HOLD_ANNOTATION, PlanHold, Slot, shape_of};
+use super::plan_hold::{GpuKept, GpusKept, PLAN_HOLD_ANNOTATION, PlanHold, Slot, shape_of};
 use super::state::{ClusterState, Subject};
 use super::{CachedPod, PodKey, Projection, pod_key};
 use crate::config::Config;
@@ -51,8 +51,8 @@ fn pod(
     )
 }
 
-fn gpu(index: u8) -> HeldGpu {
-    HeldGpu {
+fn gpu(index: u8) -> GpuKept {
+    GpuKept {
         index,
         core: 100,
         memory: 8,
@@ -67,7 +67,7 @@ fn plan(until: i64) -> PlanHold {
         model: "T4".into(),
         since: 1_000,
         until,
-        target: Held {
+        target: GpusKept {
             node: "n1".into(),
             gpus: vec![gpu(0)],
         },
@@ -76,7 +76,7 @@ fn plan(until: i64) -> PlanHold {
             uid: "u-moved".into(),
             owner: "rs-1".into(),
             shape: shape_of(&one_gpu),
-            held: Held {
+            held: GpusKept {
                 node: "n2".into(),
                 gpus: vec![gpu(0)],
             },

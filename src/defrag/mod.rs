@@ -18,7 +18,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{ArgGroup, Args};
 
-use crate::cache::plan_hold::{Held, PlanHold, Slot, shape_of};
+use crate::cache::plan_hold::{GpusKept, PlanHold, Slot, shape_of};
 use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
 use crate::config::Config;
 use crate::extender::plan::eligibility;
@@ -366,14 +366,14 @@ impl Ground<'_> {
                 uid: moved.uid.to_string(),
                 owner: moved.owner.as_deref()?.to_string(),
                 shape: shape_of(&moved.request),
-                held: Held::of(&self.sites[m.to].gpus, &m.assignment),
+                held: GpusKept::of(&self.sites[m.to].gpus, &m.assignment),
             })
         });
         Some(PlanHold {
             model: target.model.as_deref().unwrap_or_default().to_string(),
             since: 0,
             until: 0,
-            target: Held::of(target, &plan.assignment),
+            target: GpusKept::of(target, &plan.assignment),
             slots: slots.collect::<Option<Vec<Slot>>>()?,
         })
     }

@@ -137,8 +137,11 @@ pub(crate) fn still_stands(
             return Err(Stale::Deleting(name.clone()));
         }
     }
-    let spec = |pod: &Pod| pod.spec.clone().unwrap_or_default();
-    if spec(pending).node_name.is_some() {
+    fn node(pod: &Pod) -> Option<&str> {
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+    let priority = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    if node(pending).is_some() {
         return Err(Stale::Placed(plan.pod.clone()));
     }
     let annotation = |pod: &Pod, name: &str| {
@@ -149,7 +152,7 @@ pub(crate) fn still_stands(
     if held.as_ref() != Some(&plan.hold) {
         return Err(Stale::HoldLost(plan.pod.clone()));
     }
-    if spec(moved).node_name.as_deref() != Some(from.as_str()) {
+    if node(moved) != Some(from.as_str()) {
         let (pod, node) = (key.clone(), from.clone());
         return Err(Stale::Moved { pod, node });
     }
@@ -165,8 +168,7 @@ pub(crate) fn still_stands(
     if controller.map(|o| o.uid.as_str()) != Some(slot.owner.as_str()) {
         return Err(Stale::OtherController(key.clone()));
     }
-    let (priority, pending_priority) = (spec(moved).priority, spec(pending).priority);
-    let (priority, pending) = (priority.unwrap_or(0), pending_priority.unwrap_or(0));
+    let (priority, pending) = (priority(moved), priority(pending));
     if priority > pending {
         let pod = key.clone();
         return Err(Stale::Priority {

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::cache::plan_hold::{Held, Slot};
+use crate::cache::plan_hold::{GpusKept, Slot};
 
 /// What the fake cluster answers, in order, and what was asked of it.
 #[derive(Debug, Default)]
@@ -52,8 +52,8 @@ impl Hands for Script {
     }
 }
 
-fn held(node: &str) -> Held {
-    Held {
+fn held(node: &str) -> GpusKept {
+    GpusKept {
         node: node.into(),
         gpus: Vec::new(),
     }

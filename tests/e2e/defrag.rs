@@ -17,35 +17,44 @@ use crate::support::*;
 
 const SLOT_LABEL: &str = "gpu-admission-e2e/defrag-slot";
 
-/// A ReplicaSet of one 1-GPU pod of `model`, pinned to the nodes of `slot`.
-fn replica_set(name: &str, model: &str, slot: &str, movable: bool) -> ReplicaSet {
+/// The spec of a ReplicaSet or Deployment of one 1-GPU pod of `model`, labelled `app:
+/// name`, opted in to moves if `movable`; `pod` adds to the pod's spec.
+fn one_gpu_set(name: &str, model: &str, movable: bool, pod: Value) -> Value {
     let mut annotations = json!({TYPE_ANNOTATION: model});
     if movable {
         annotations["gpu-admission.io/movable"] = json!("true");
     }
-    serde_json::from_value(json!({
+    let mut spec = json!({
+        "schedulerName": scheduler_name(),
+        "containers": [{
+            "name": "serve",
+            "image": "registry.invalid/never-pulled:e2e",
+            "resources": {
+                "requests": {"cpu": "1", "memory": "1Gi"},
+                "limits": {CORE: "100"},
+            },
+        }],
+    });
+    for (key, value) in pod.as_object().into_iter().flatten() {
+        spec[key] = value.clone();
+    }
+    json!({
         "metadata": {"name": name},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}, "annotations": annotations},
-                "spec": {
-                    "schedulerName": scheduler_name(),
-                    "nodeSelector": {SLOT_LABEL: slot},
-                    "containers": [{
-                        "name": "serve",
-                        "image": "registry.invalid/never-pulled:e2e",
-                        "resources": {
-                            "requests": {"cpu": "1", "memory": "1Gi"},
-                            "limits": {CORE: "100"},
-                        },
-                    }],
-                },
+                "spec": spec,
             },
         },
-    }))
-    .unwrap()
+    })
+}
+
+/// A ReplicaSet of one 1-GPU pod of `model`, pinned to the nodes of `slot`.
+fn replica_set(name: &str, model: &str, slot: &str, movable: bool) -> ReplicaSet {
+    let pinned = json!({"nodeSelector": {SLOT_LABEL: slot}});
+    serde_json::from_value(one_gpu_set(name, model, movable, pinned)).unwrap()
 }
 
 /// The bound pod of ReplicaSet `app`, once there is one.
@@ -197,33 +206,8 @@ async fn defrag_plans_the_move_a_pending_pod_needs_and_evicts_nothing() {
 /// A Deployment of one 1-GPU pod of `model`, free to run on any node of it. Grace 0:
 /// these nodes have no kubelet to confirm that an evicted pod's containers stopped.
 fn deployment(name: &str, model: &str, movable: bool) -> Deployment {
-    let mut annotations = json!({TYPE_ANNOTATION: model});
-    if movable {
-        annotations["gpu-admission.io/movable"] = json!("true");
-    }
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}, "annotations": annotations},
-                "spec": {
-                    "schedulerName": scheduler_name(),
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{
-                        "name": "serve",
-                        "image": "registry.invalid/never-pulled:e2e",
-                        "resources": {
-                            "requests": {"cpu": "1", "memory": "1Gi"},
-                            "limits": {CORE: "100"},
-                        },
-                    }],
-                },
-            },
-        },
-    }))
-    .unwrap()
+    let grace = json!({"terminationGracePeriodSeconds": 0});
+    serde_json::from_value(one_gpu_set(name, model, movable, grace)).unwrap()
 }
 
 async fn cordon(cluster: &Cluster, node: &str, cordoned: bool) {
@@ -233,18 +217,6 @@ async fn cordon(cluster: &Cluster, node: &str, cordoned: bool) {
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-}
-
-/// Both replicas run the run's own config again when dropped.
-struct RunConfigOnDrop;
-
-impl Drop for RunConfigOnDrop {
-    fn drop(&mut self) {
-        for replica in ["a", "b"] {
-            ctl_replica("stop", replica);
-            ctl_replica("start", replica);
-        }
-    }
 }
 
 /// `defrag.mode: Evict` with the real controllers and both replicas: four Deployment
@@ -313,7 +285,7 @@ async fn defrag_evict_moves_one_opted_in_pod_and_seats_the_pending_one() {
     for replica in ["a", "b"] {
         ctl_replica("stop", replica);
     }
-    let restore = RunConfigOnDrop;
+    let restore = RunConfigOnDrop(&["a", "b"]);
     for replica in ["a", "b"] {
         start_replica_with_config(replica, &path);
     }

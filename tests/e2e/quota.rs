@@ -423,7 +423,7 @@ async fn a_scheduler_that_binds_against_the_config_charges_each_pod_once() {
     let path = dir.path().join("gpu-admission.yaml");
     std::fs::write(&path, config).unwrap();
     ctl("stop");
-    let restore = RunConfigOnDrop;
+    let restore = RunConfigOnDrop(&["a"]);
     start_with_config(&path);
     register_webhooks(&cluster).await;
 
@@ -480,7 +480,7 @@ async fn a_placement_whose_write_is_refused_gives_its_charge_back() {
     let path = dir.path().join("gpu-admission.yaml");
     std::fs::write(&path, config).unwrap();
     ctl("stop");
-    let restore = RunConfigOnDrop;
+    let restore = RunConfigOnDrop(&["a"]);
     start_with_config(&path);
     register_webhooks(&cluster).await;
 
@@ -502,15 +502,6 @@ async fn a_placement_whose_write_is_refused_gives_its_charge_back() {
     unregister_webhooks(&cluster).await;
     drop(restore);
     cluster.delete_nodes().await;
-}
-
-struct RunConfigOnDrop;
-
-impl Drop for RunConfigOnDrop {
-    fn drop(&mut self) {
-        ctl("stop");
-        ctl("start");
-    }
 }
 
 /// `onExceed: Warn` through the real API server and kubectl: past `hard` the pod is

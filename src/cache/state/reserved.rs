@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 
-use crate::cache::plan_hold::{Held, PlanHold};
+use crate::cache::plan_hold::{GpusKept, PlanHold};
 use crate::cache::pod::{CachedPod, PodKey};
 use crate::placement::NodeGpus;
 
@@ -61,7 +61,7 @@ impl ClusterState {
                 &subject.request,
             )
         };
-        let mut kept: Vec<&Held> = Vec::new();
+        let mut kept: Vec<&GpusKept> = Vec::new();
         for (holder, pod, hold) in self.plan_holds(now) {
             if &**holder == key {
                 reserved.preferred = Some(hold.target.node.as_str().into());

@@ -56,6 +56,19 @@ pub fn run_config() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// Restarts the replicas named (`a`, `b`) with the run's own config when dropped, after
+/// a scenario started them with another.
+pub struct RunConfigOnDrop(pub &'static [&'static str]);
+
+impl Drop for RunConfigOnDrop {
+    fn drop(&mut self) {
+        for replica in self.0 {
+            ctl_replica("stop", replica);
+            ctl_replica("start", replica);
+        }
+    }
+}
+
 /// Restarts gpu-admission when dropped, so a failing assertion does not leave the
 /// extender down for the scenarios that follow.
 pub struct RestartOnDrop(pub bool);

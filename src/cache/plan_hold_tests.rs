@@ -23,7 +23,19 @@ fn pod(
     node_name: Option<&str>,
     hold: Option<&PlanHold>,
 ) -> (PodKey, CachedPod) {
-    let mut pod = pod_with(&[&[("nvidia.com/gpu", "1")]]);
+    asking(&[("nvidia.com/gpu", "1")], key, uid, owner, node_name, hold)
+}
+
+/// [`pod`] asking for `resources` in its one container.
+fn asking(
+    resources: &[(&str, &str)],
+    key: &str,
+    uid: &str,
+    owner: &str,
+    node_name: Option<&str>,
+    hold: Option<&PlanHold>,
+) -> (PodKey, CachedPod) {
+    let mut pod = pod_with(&[resources]);
     let (namespace, name) = key.split_once('/').unwrap();
     pod.metadata.name = Some(name.into());
     pod.metadata.namespace = Some(namespace.into());
@@ -224,4 +236,26 @@ fn a_move_leaves_the_moved_pods_namespace_charged_the_same() {
     let (new, replacement) = pod("team-b/infer-2", "u-new", "rs-1", Some("n2"), None);
     state.apply_pod(new, replacement);
     assert_eq!(state.usage("team-b"), before);
+}
+
+/// A hold keeps its own GPUs, no more: on a 2-GPU node whose GPU 0 is held, a share
+/// still lands on GPU 1, and a 2-GPU pod does not fit.
+#[test]
+fn a_hold_keeps_only_its_gpus_and_a_share_still_fits_beside_it() {
+    let mut state = ClusterState::default();
+    state.apply_node(node("n1", 2, 8));
+    let mut hold = plan(NOW_FAR);
+    hold.slots.clear();
+    let (key, train) = pod("team-a/train", "u-train", "job-1", None, Some(&hold));
+    state.apply_pod(key, train);
+    let share = [("tencent.com/vcuda-core", "50"), ("tencent.com/vcuda-memory", "2")];
+    let (shared, p) = asking(&share, "team-c/shared", "u-s", "rs-9", None, None);
+    state.apply_pod(shared.clone(), p);
+    let two = [("nvidia.com/gpu", "2")];
+    let (wide, p) = asking(&two, "team-c/wide", "u-w", "rs-8", None, None);
+    state.apply_pod(wide.clone(), p);
+    assert_eq!(placed(&mut state, &wide, &["n1"]), None, "GPU 0 is held");
+    assert_eq!(placed(&mut state, &shared, &["n1"]).as_deref(), Some("n1"));
+    let gpus = state.pod(&shared).unwrap().assignment.clone().unwrap();
+    assert_eq!(gpus.choices[0].gpus, [1], "beside the held GPU, not on it");
 }

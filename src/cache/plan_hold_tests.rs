@@ -248,7 +248,10 @@ fn a_hold_keeps_only_its_gpus_and_a_share_still_fits_beside_it() {
     hold.slots.clear();
     let (key, train) = pod("team-a/train", "u-train", "job-1", None, Some(&hold));
     state.apply_pod(key, train);
-    let share = [("tencent.com/vcuda-core", "50"), ("tencent.com/vcuda-memory", "2")];
+    let share = [
+        ("tencent.com/vcuda-core", "50"),
+        ("tencent.com/vcuda-memory", "2"),
+    ];
     let (shared, p) = asking(&share, "team-c/shared", "u-s", "rs-9", None, None);
     state.apply_pod(shared.clone(), p);
     let two = [("nvidia.com/gpu", "2")];

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::Value;
 
-use crate::cache::AnnotationKeys;
 use crate::config::{Config, DEFAULT_SCHEDULER, SchedulerNamePolicy};
+use crate::marks;
 use crate::placement::models::ModelSource;
 use crate::quota::queue::QUOTA_GATE;
 use crate::quota::{ChargedAt, NamespaceLimits};
@@ -55,16 +55,14 @@ impl Steered {
     }
 }
 
-/// The pod as it should be, or why it cannot be admitted as it is. `keys` are the
-/// placement annotations' (`Projection::keys`).
+/// The pod as it should be, or why it cannot be admitted as it is.
 fn desired_pod(
     pod: &Pod,
     config: &Config,
-    keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Pod, SelectorConflict> {
-    let steered = steer(pod, config, keys, limits, nodes)?;
+    let steered = steer(pod, config, limits, nodes)?;
     let mut desired = pod.clone();
     steered.apply(&mut desired);
     Ok(desired)
@@ -80,11 +78,10 @@ fn desired_pod(
 pub(crate) fn mutation(
     pod: &Pod,
     config: &Config,
-    keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Patch, SelectorConflict> {
-    let after = steer(pod, config, keys, limits, nodes)?;
+    let after = steer(pod, config, limits, nodes)?;
     let mut patch = Patch::default();
     // In the order a diff of the whole pods lists them: by key, depth first.
     diff_annotations(
@@ -108,7 +105,7 @@ pub(crate) fn mutation(
     }
     debug_assert_eq!(
         Ok(&patch),
-        desired_pod(pod, config, keys, limits, nodes)
+        desired_pod(pod, config, limits, nodes)
             .map(|d| diff(pod, &d))
             .as_ref(),
         "the mutation's patch is not the diff of the whole pods"
@@ -121,7 +118,6 @@ pub(crate) fn mutation(
 fn steer(
     pod: &Pod,
     config: &Config,
-    keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Steered, SelectorConflict> {
@@ -132,7 +128,7 @@ fn steer(
     if let Some(spec) = steered.spec.as_mut() {
         set_scheduler_name(&mut spec.scheduler_name, config);
     }
-    drop_placement_annotations(&mut steered.annotations, keys);
+    drop_marks(&mut steered.annotations, config);
     if matches!(
         wanted.source,
         ModelSource::QuotaDefault | ModelSource::QuotaList
@@ -235,15 +231,19 @@ fn with_mig_labels(models: &[String], mig_labels: &[String]) -> Vec<String> {
     labels
 }
 
-/// A pod is placed after it is created, by the extender: placement annotations on a pod
-/// being created are forged (or stale, copied from an old pod) and would book GPUs in
-/// gpu-admission's view, and gpu-manager's, that no placement chose.
-fn drop_placement_annotations(
-    annotations: &mut Option<BTreeMap<String, String>>,
-    keys: &AnnotationKeys,
-) {
+/// The marks only gpu-admission (or gpu-manager) writes are written after a pod is
+/// created (`crate::marks`): on a pod being created they are forged, or stale, copied
+/// from an old pod. Placement annotations would book GPUs in gpu-admission's view, and
+/// gpu-manager's, that no placement chose; a plan's holds would keep GPUs from others.
+fn drop_marks(annotations: &mut Option<BTreeMap<String, String>>, config: &Config) {
     if let Some(annotations) = annotations.as_mut() {
-        annotations.retain(|key, _| !keys.is_placement(key));
+        let names = config.mark_names();
+        let marked: Vec<String> = (marks::dropped_at_create(annotations, names))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in marked {
+            annotations.remove(&key);
+        }
     }
 }
 
@@ -472,11 +472,10 @@ mod tests {
     #[test]
     fn a_pod_of_a_queued_model_is_created_behind_the_quota_gate() {
         let config = Config::default();
-        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
         let nodes = GpuNodes::default();
         let desired = |pod: Value| {
             let pod: Pod = serde_json::from_value(pod).unwrap();
-            desired_pod(&pod, &config, &keys, &queueing(), &nodes).unwrap()
+            desired_pod(&pod, &config, &queueing(), &nodes).unwrap()
         };
         let gpu = json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
         // The namespace's default model (T4) is queued; its own gates are kept.
@@ -485,7 +484,7 @@ mod tests {
             "schedulingGates": [{"name": "example.com/mine"}]}}),
         );
         assert_eq!(gates(&pod), ["example.com/mine", "gpu-admission.io/quota"]);
-        let again = desired_pod(&pod, &config, &keys, &queueing(), &nodes).unwrap();
+        let again = desired_pod(&pod, &config, &queueing(), &nodes).unwrap();
         assert_eq!(gates(&again), gates(&pod), "added once");
         // A100 is not queued (its quota says Deny).
         let a100 = desired(json!({"metadata": {"name": "p",
@@ -505,7 +504,6 @@ mod tests {
     fn the_mutations_patch_is_the_diff_of_the_whole_pods() {
         for policy in ["always", "ifDefault", "never"] {
             let config = Config::parse(&format!("schedulerNamePolicy: {policy}")).unwrap();
-            let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
             for pod in pods() {
                 let pod: Pod = serde_json::from_value(pod).unwrap();
                 let dra = GpuNodes {
@@ -518,17 +516,17 @@ mod tests {
                     (true, limits(true), dra.clone()),
                     (true, queueing(), GpuNodes::default()),
                 ] {
-                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits, &nodes) else {
+                    let Ok(desired) = desired_pod(&pod, &config, &limits, &nodes) else {
                         continue;
                     };
-                    let patch = mutation(&pod, &config, &keys, &limits, &nodes).unwrap();
+                    let patch = mutation(&pod, &config, &limits, &nodes).unwrap();
                     assert_eq!(patch, diff(&pod, &desired), "{pod:?}");
                     assert_eq!(
                         patch.0.is_empty(),
                         pod == desired,
                         "{policy} {quota} {pod:?}"
                     );
-                    let again = desired_pod(&desired, &config, &keys, &limits, &nodes);
+                    let again = desired_pod(&desired, &config, &limits, &nodes);
                     assert_eq!(again.as_ref(), Ok(&desired), "idempotent: {nodes:?}");
                 }
             }
@@ -540,13 +538,12 @@ mod tests {
     #[test]
     fn with_dra_extended_resources_a_pod_may_go_to_nodes_without_a_model_label() {
         let config = Config::default();
-        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
         let pod: Pod = serde_json::from_value(pods()[0].clone()).unwrap();
         let nodes = GpuNodes {
             mig_labels: Vec::new(),
             dra_unlabelled: true,
         };
-        let desired = desired_pod(&pod, &config, &keys, &limits(true), &nodes).unwrap();
+        let desired = desired_pod(&pod, &config, &limits(true), &nodes).unwrap();
         let affinity = serde_json::to_value(desired.spec.unwrap().affinity).unwrap();
         let terms = &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         assert_eq!(
@@ -565,7 +562,6 @@ mod tests {
     #[test]
     fn a_model_reaches_the_single_strategy_mig_nodes_of_that_model() {
         let config = Config::default();
-        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
         let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
             "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
         .unwrap();
@@ -577,7 +573,6 @@ mod tests {
         let desired = desired_pod(
             &pod,
             &config,
-            &keys,
             &limits(true),
             &GpuNodes {
                 mig_labels: mig_labels.to_vec(),

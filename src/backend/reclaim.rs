@@ -49,7 +49,7 @@ const PROTECTED: Duration = Duration::from_secs(30);
 /// clock.
 const FORGET: Duration = Duration::from_secs(60);
 /// The annotation that tells a borrowing pod's owner how its GPUs may be taken back.
-pub const RECLAIM_ANNOTATION: &str = "gpu-admission.io/reclaim";
+pub(crate) use crate::marks::RECLAIM_ANNOTATION;
 
 /// One pod a pass decided to take back.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -57,6 +57,9 @@ pub struct Projection {
     type_annotation: String,
     /// How ResourceClaims and ResourceSlices name GPUs.
     dra: crate::dra::Dra,
+    /// `defrag.holdSeconds` when the mover runs (`defrag.mode: Evict`): a plan's holds
+    /// are read only then, and only those that stand at most this long.
+    pub(crate) hold_seconds: Option<u32>,
 }
 
 impl Projection {
@@ -67,6 +70,8 @@ impl Projection {
             keys: AnnotationKeys::new(&config.resources.annotation_prefix),
             type_annotation: config.type_annotation.clone(),
             dra: config.dra.clone(),
+            hold_seconds: (config.defrag.mode == crate::config::DefragMode::Evict)
+                .then_some(config.defrag.hold_seconds),
         }
     }
 }

@@ -9,7 +9,8 @@ use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, GpuChoice, GpuRequest};
 
 use super::Projection;
-use super::plan_hold::{PLAN_HOLD_ANNOTATION, PlanHold};
+use super::plan_hold::PlanHold;
+use crate::marks::PLAN_HOLD_ANNOTATION;
 
 /// A pod's identity in the cache: `namespace/name` (unique among live pods).
 pub(crate) type PodKey = Arc<str>;
@@ -24,6 +25,17 @@ pub fn pod_key(pod: &Pod) -> PodKey {
 /// `pod_key` names a pod without a namespace).
 pub(crate) fn key_parts(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("default", key))
+}
+
+/// How the tenant of `namespace` is told of the pod `key` in what it reads on its own
+/// pods (Events, conditions, annotations, `/explain`): by name within its namespace,
+/// any other namespace's pod as "a pod of another namespace" (which pods run where is
+/// not a tenant's to learn; docs/security.md).
+pub(crate) fn shown_to(namespace: &str, key: &str) -> String {
+    match key_parts(key).0 == namespace {
+        true => key.to_string(),
+        false => "a pod of another namespace".to_string(),
+    }
 }
 
 /// Where a pod's GPUs are: its node and, when its annotations say so, the GPU indices.
@@ -80,8 +92,8 @@ pub struct CachedPod {
 }
 
 /// The pod condition gpu-admission keeps on every pending GPU pod: why it waits
-/// (docs/explain.md). Only gpu-admission writes it.
-pub(crate) const WAITING_CONDITION: &str = "gpu-admission.io/Waiting";
+/// (docs/explain.md). Only gpu-admission writes it (`crate::marks`).
+pub(crate) use crate::marks::WAITING_CONDITION;
 
 /// A pod's [`WAITING_CONDITION`] as its status shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,8 +119,6 @@ pub(crate) struct AnnotationKeys {
     pub(crate) assigned: String,
     pub(crate) time: String,
     idx_prefix: String,
-    /// `<prefix>/predicate-`: every key under it is placement (gpu-manager's protocol).
-    predicate_prefix: String,
 }
 
 impl AnnotationKeys {
@@ -118,21 +128,11 @@ impl AnnotationKeys {
             assigned: format!("{prefix}/gpu-assigned"),
             time: format!("{prefix}/predicate-time"),
             idx_prefix: format!("{prefix}/predicate-gpu-idx-"),
-            predicate_prefix: format!("{prefix}/predicate-"),
         }
     }
 
     pub(crate) fn gpu_idx(&self, container: u16) -> String {
         format!("{}{container}", self.idx_prefix)
-    }
-
-    /// Whether `key` is a placement annotation: one the extender or gpu-manager writes
-    /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), or the defragmentation
-    /// mover's holds ([`PLAN_HOLD_ANNOTATION`]), and nobody else may.
-    pub(crate) fn is_placement(&self, key: &str) -> bool {
-        key == self.assigned
-            || key.starts_with(&self.predicate_prefix)
-            || key == PLAN_HOLD_ANNOTATION
     }
 }
 
@@ -195,9 +195,7 @@ impl CachedPod {
             waiting: waiting_shown(pod),
             marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
             owner: controller_uid(pod),
-            plan_hold: annotation(PLAN_HOLD_ANNOTATION)
-                .and_then(PlanHold::parse)
-                .map(Arc::new),
+            plan_hold: plan_hold(pod, projection.hold_seconds).map(Arc::new),
         })
     }
 }
@@ -211,6 +209,20 @@ impl CachedPod {
     pub(super) fn charged_at(&self, now: i64) -> bool {
         self.terminating.is_none_or(|until| now <= until)
     }
+}
+
+/// The plan's holds `pod` carries, when they are read at all (`hold_seconds`: under
+/// `defrag.mode: Evict`) and could have been written by the mover for it
+/// ([`PlanHold::parse`]).
+fn plan_hold(pod: &Pod, hold_seconds: Option<u32>) -> Option<PlanHold> {
+    let max = hold_seconds?;
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(PLAN_HOLD_ANNOTATION)?;
+    let created = pod.metadata.creation_timestamp.as_ref()?.0.as_second();
+    PlanHold::parse(text, max, created)
 }
 
 /// Until when a pod being deleted is charged: `deletionTimestamp` (which the API server

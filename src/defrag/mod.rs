@@ -18,7 +18,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{ArgGroup, Args};
 
-use crate::cache::plan_hold::{GpusKept, PlanHold, Slot, shape_of};
+use crate::cache::plan_hold::{GpusKept, PlanHold, Slot};
 use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
 use crate::config::Config;
 use crate::extender::plan::eligibility;
@@ -333,11 +333,16 @@ impl Ground<'_> {
                 moves: plan
                     .moves
                     .iter()
-                    .map(|m| Step {
-                        pod: m.pod.to_string(),
-                        from: name(m.from),
-                        to: name(m.to),
-                        gpus: gpu_indices(&m.assignment),
+                    .map(|m| {
+                        let moved = self.state.pod(&m.pod);
+                        Step {
+                            pod: m.pod.to_string(),
+                            from: name(m.from),
+                            to: name(m.to),
+                            gpus: gpu_indices(&m.assignment),
+                            uid: moved.map(|p| p.uid.to_string()).unwrap_or_default(),
+                            owner: moved.and_then(|p| p.owner.as_deref()).map(str::to_string),
+                        }
                     })
                     .collect(),
             });
@@ -361,13 +366,14 @@ impl Ground<'_> {
                 .state
                 .pod(&m.pod)
                 .filter(|p| p.request.mig.is_empty())?;
-            Some(Slot {
-                moved: m.pod.to_string(),
-                uid: moved.uid.to_string(),
-                owner: moved.owner.as_deref()?.to_string(),
-                shape: shape_of(&moved.request),
-                held: GpusKept::of(&self.sites[m.to].gpus, &m.assignment),
-            })
+            let (namespace, _) = m.pod.split_once('/')?;
+            Some(Slot::new(
+                namespace,
+                &moved.uid,
+                moved.owner.as_deref()?,
+                &moved.request,
+                GpusKept::of(&self.sites[m.to].gpus, &m.assignment),
+            ))
         });
         Some(PlanHold {
             model: target.model.as_deref().unwrap_or_default().to_string(),

@@ -34,18 +34,27 @@ fn a_plan_holds_the_freed_gpus_and_the_destination_and_cooling_controllers_stay(
     let held: Vec<(u8, u32)> = hold.target.gpus.iter().map(|g| (g.index, g.core)).collect();
     assert_eq!(held, [(0, 100), (1, 100)]);
     let slot = &hold.slots[0];
-    assert_eq!(slot.moved, "team-b/infer-a-7f9-x2");
-    assert_eq!(slot.owner, "0b1a0000-0000-4000-8000-00000000000a");
+    let step = &plan.moves[0];
+    assert_eq!(step.pod, "team-b/infer-a-7f9-x2");
+    let owner = "0b1a0000-0000-4000-8000-00000000000a";
+    assert_eq!(step.owner.as_deref(), Some(owner));
+    let objects = parse_objects(EXAMPLE, "test").unwrap();
+    let projection = crate::cache::Projection::from_config(&Config::default());
+    let cache = crate::cache::ClusterCache::from_objects(&objects, "test", projection).unwrap();
+    let request = cache.read(|s| s.pod("team-b/infer-a-7f9-x2").unwrap().request.clone());
+    let expected =
+        crate::cache::plan_hold::Slot::new("team-b", &step.uid, owner, &request, slot.held.clone());
+    assert_eq!(
+        slot, &expected,
+        "the slot keeps the digests of the moved pod and its replacement"
+    );
     assert_eq!(slot.held.node, plan.moves[0].to);
     assert_eq!(slot.held.gpus.len(), 1);
     assert_eq!(slot.held.gpus[0].index, plan.moves[0].gpus[0]);
 
-    let objects = parse_objects(EXAMPLE, "test").unwrap();
     let mut world = World::read(&objects).unwrap();
-    world.cooling.insert(slot.owner.clone());
+    world.cooling.insert(owner.to_string());
     let config = Config::default();
-    let projection = crate::cache::Projection::from_config(&config);
-    let cache = crate::cache::ClusterCache::from_objects(&objects, "test", projection).unwrap();
     let placer = super::learned_placer(&cache, &config);
     let limits = Limits::default();
     let report = super::plan_in(&cache, &world, &placer, limits, Some("team-a/train-0")).unwrap();
@@ -98,11 +107,14 @@ fn the_example_moves_the_one_pod_that_may_move() {
 fn a_plan_reads_as_one_line_for_the_pending_pods_event() {
     let report = plan_text(EXAMPLE, Some("team-a/train-0"));
     let sentence = report.plans[0].sentence();
+    // Told on team-a's pod: team-b's pod is not named.
     assert!(
-        sentence
-            .starts_with("fits on t4-a (GPUs 0,1) after moving team-b/infer-a-7f9-x2 (t4-a → t4-"),
+        sentence.starts_with(
+            "fits on t4-a (GPUs 0,1) after moving a pod of another namespace (t4-a → t4-"
+        ),
         "{sentence}"
     );
+    assert!(!sentence.contains("team-b"), "{sentence}");
 }
 
 #[test]

@@ -272,10 +272,19 @@ fn with_kind(mut value: serde_yaml::Value) -> serde_yaml::Value {
 /// "Fits after N moves", from the defragmentation planner's `report` for the pod.
 fn moves(report: &crate::defrag::Report) -> Option<Counterfactual> {
     let plan = report.plans.first().filter(|p| !p.moves.is_empty())?;
+    // Told to whoever may read the pod: other namespaces' pods are not named.
+    let namespace = crate::cache::pod::key_parts(&plan.pod).0;
     let steps: Vec<String> = plan
         .moves
         .iter()
-        .map(|m| format!("{} from {} to {}", m.pod, m.from, m.to))
+        .map(|m| {
+            format!(
+                "{} from {} to {}",
+                crate::cache::pod::shown_to(namespace, &m.pod),
+                m.from,
+                m.to
+            )
+        })
         .collect();
     let n = plan.moves.len();
     let message = format!(

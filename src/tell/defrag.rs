@@ -32,7 +32,7 @@ use crate::backend::controller::Controller;
 use crate::backend::leadership::Leader;
 use crate::backend::pod_events::PodEvents;
 
-use super::mover::{Carried, Ended, KubeHands, carry_out};
+use super::mover::{Carried, Ended, KubeHands, Move, carry_out};
 
 /// Pods planned for in one pass at most.
 const PODS_PER_PASS: usize = 8;
@@ -95,8 +95,10 @@ impl Planner {
 
     /// The pods to plan for now: pending past `defrag.pendingSeconds`, neither gated
     /// nor placed nor holding a plan's GPUs, their placement `Fragmented`, not planned
-    /// for within [`REPLAN`]; the longest pending first. And the models a plan holds
-    /// GPUs of now, on any replica's word.
+    /// for within [`REPLAN`]; the longest pending first. And the models of the plans
+    /// under way (their pending pod unplaced, charged, within `defrag.holdSeconds`),
+    /// whichever replica carries them out: a hold defers other plans of its model for
+    /// at most that long, and one that is not honest defers none.
     fn fragmented(
         &mut self,
         now: Instant,
@@ -106,7 +108,9 @@ impl Planner {
         let placer = self.placer.placer();
         let mig = self.cache.projection().names.mig.clone();
         let found = self.cache.read(|state| {
-            let busy = state.plan_holds(unix_now).map(|(_, _, h)| h.model.clone());
+            let busy = state
+                .plans_under_way(unix_now)
+                .map(|(_, _, h)| h.model.clone());
             let busy: BTreeSet<String> = busy.collect();
             let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
             let pending = state.pods().filter(|(_, p)| {
@@ -266,7 +270,12 @@ impl Planner {
             moves: plan
                 .moves
                 .iter()
-                .map(|m| (m.pod.clone(), m.from.clone()))
+                .map(|m| Move {
+                    pod: m.pod.clone(),
+                    from: m.from.clone(),
+                    uid: m.uid.clone(),
+                    owner: m.owner.clone().unwrap_or_default(),
+                })
                 .collect(),
             hold,
         };
@@ -283,8 +292,8 @@ impl Planner {
             Ended::Moved => carried.moves.len(),
             Ended::Aborted { after, .. } => *after,
         };
-        for slot in carried.hold.slots.iter().take(moved) {
-            self.cooling.insert(slot.owner.clone(), Instant::now());
+        for step in carried.moves.iter().take(moved) {
+            self.cooling.insert(step.owner.clone(), Instant::now());
         }
         let sentence = plan.sentence();
         match ended {
@@ -335,7 +344,7 @@ impl super::mover::Hands for CountingHands<'_> {
             super::mover::Evicted::Refused(_) => "refused",
             super::mover::Evicted::Failed(_) => "failed",
         };
-        tracing::info!(pod = %plan.moves[index].0, outcome, "defragmentation eviction");
+        tracing::info!(pod = %plan.moves[index].pod, outcome, "defragmentation eviction");
         self.metrics
             .defrag_evictions
             .get_or_create(&OutcomeLabels { outcome })

@@ -31,16 +31,34 @@ impl ClusterState {
         };
     }
 
-    /// The holds standing at `now` (unix seconds), with the pod that carries each.
+    /// The holds standing at `now` (unix seconds), with the pod that carries each: a
+    /// hold stands only while its pod is charged (neither waiting in the quota queue,
+    /// charged nothing, nor being deleted) and within its time (`PlanHold::stands`).
+    /// Holds were read from the pod only if the mover runs here and could have written
+    /// them (`Projection::hold_seconds`).
     pub(crate) fn plan_holds(
         &self,
         now: i64,
     ) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
         self.plan_holders.iter().filter_map(move |key| {
             let (key, pod) = self.pods.get_key_value(key)?;
-            let hold = pod.plan_hold.as_deref().filter(|h| h.stands(now))?;
+            let charged = !pod.gated && pod.terminating.is_none();
+            let hold = pod
+                .plan_hold
+                .as_deref()
+                .filter(|h| charged && h.stands(now))?;
             Some((key, &**pod, hold))
         })
+    }
+
+    /// The holds of plans whose pending pod is not placed yet: the plans under way.
+    pub(crate) fn plans_under_way(
+        &self,
+        now: i64,
+    ) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
+        let unplaced =
+            |(_, pod, _): &(&PodKey, &CachedPod, &PlanHold)| !pod.bound && pod.node.is_none();
+        self.plan_holds(now).filter(unplaced)
     }
 
     /// What the standing holds keep from the pod `key` at `now`, and the node one of

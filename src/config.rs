@@ -377,6 +377,12 @@ impl Config {
         }
     }
 
+    /// Every mark only gpu-admission (or gpu-manager) writes on a pod, spelled as this
+    /// configuration spells it (`crate::marks`).
+    pub fn mark_keys(&self) -> Vec<crate::marks::MarkKey> {
+        crate::marks::mark_keys(self.mark_names())
+    }
+
     /// The validating webhook's `matchConditions` expression for pods under this
     /// configuration (`create-or-guarded-change`, as deploy/ and the chart ship it for
     /// theirs): every CREATE, and the UPDATEs that change a mark by a user who may not

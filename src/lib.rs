@@ -22,7 +22,7 @@ pub mod dra;
 pub mod explain;
 pub(crate) mod extender;
 pub mod import;
-pub(crate) mod marks;
+pub mod marks;
 pub(crate) mod metrics;
 pub mod placement;
 pub mod quota;

@@ -217,9 +217,10 @@ impl Mark {
         }
     }
 
-    /// Whether the mutating webhook drops it from a pod being created: every annotation
-    /// but the tenant's own word on the model. (A gate a tenant puts on its own pod only
-    /// makes it wait; conditions are status.)
+    /// Whether the mutating webhook drops it from the annotations of a pod being
+    /// created: every annotation but the tenant's own word on the model. (The quota
+    /// gate is the mutating webhook's to set or not, `admission::mutate`; the API server
+    /// drops the status of a pod being created.)
     pub(crate) fn drops_at_create(&self) -> bool {
         matches!(
             self.field,
@@ -258,6 +259,49 @@ impl Mark {
             Writers::described(self.writer)
         )
     }
+}
+
+/// Where a mark is in a pod, as [`MarkKey`] says it outside the crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Annotation,
+    /// Every annotation whose key starts with [`MarkKey::key`].
+    AnnotationPrefix,
+    Gate,
+    /// A `status.conditions[]` type.
+    Condition,
+}
+
+/// A mark spelled under a configuration: what the end-to-end suite writes as a tenant,
+/// by every path the API server offers, to see it refused or dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkKey {
+    pub place: Place,
+    pub key: String,
+    /// The tenant's own word when it creates the pod (the GPU model annotation), fixed
+    /// after; every other mark is dropped from a pod being created.
+    pub tenant_sets_at_creation: bool,
+}
+
+/// Every mark of [`MARKS`] under `names`.
+pub(crate) fn mark_keys(names: MarkNames<'_>) -> Vec<MarkKey> {
+    let name = |name: Name| name.resolve(names);
+    MARKS
+        .iter()
+        .map(|mark| {
+            let (place, key) = match mark.field {
+                Field::Annotation(n) => (Place::Annotation, name(n)),
+                Field::AnnotationPrefix(n) => (Place::AnnotationPrefix, name(n)),
+                Field::Gate(gate) => (Place::Gate, gate.to_string()),
+                Field::Condition(condition) => (Place::Condition, condition.to_string()),
+            };
+            MarkKey {
+                place,
+                key,
+                tenant_sets_at_creation: mark.writer == Writer::Nobody,
+            }
+        })
+        .collect()
 }
 
 /// What of a pod the marks are read from.

@@ -127,6 +127,11 @@ fn steer(
     let mut steered = Steered::of(pod);
     if let Some(spec) = steered.spec.as_mut() {
         set_scheduler_name(&mut spec.scheduler_name, config);
+        // The quota queue's gate is ours to set (below), never the pod's: a pod gated
+        // by its author would wait for a release no quota plans.
+        if let Some(gates) = spec.scheduling_gates.as_mut() {
+            gates.retain(|g| g.name != QUOTA_GATE);
+        }
     }
     drop_marks(&mut steered.annotations, config);
     if matches!(

@@ -437,7 +437,68 @@ mod tests {
             json!({"metadata": {"name": "no-spec"}}),
             json!({"metadata": {"name": "gated"}, "spec": {"containers": gpu,
                 "schedulingGates": [{"name": "example.com/mine"}]}}),
+            json!({"metadata": {"name": "forged", "annotations": {"gpu-admission.io/defrag-hold": "{}",
+                    "gpu-admission.io/borrowed": "T4", "gpu-admission.io/quota-released": "x"}},
+                "spec": {"containers": gpu, "schedulingGates": [{"name": "gpu-admission.io/quota"}]}}),
         ]
+    }
+
+    /// Every mark a pod's author may not write (`crate::marks`) is dropped from a pod
+    /// being created: its annotations, and the quota gate unless the namespace's quota
+    /// queues the pod; the model annotation is the author's word.
+    #[test]
+    fn a_pod_is_created_without_the_marks_only_gpu_admission_writes() {
+        let config = Config::default();
+        let nodes = GpuNodes::default();
+        let mut annotations: serde_json::Map<String, Value> =
+            crate::marks::mark_keys(config.mark_names())
+                .into_iter()
+                .filter(|m| {
+                    matches!(
+                        m.place,
+                        crate::marks::Place::Annotation | crate::marks::Place::AnnotationPrefix
+                    )
+                })
+                .map(|m| {
+                    (
+                        format!(
+                            "{}{}",
+                            m.key,
+                            if m.place == crate::marks::Place::AnnotationPrefix {
+                                "x"
+                            } else {
+                                ""
+                            }
+                        ),
+                        json!("forged"),
+                    )
+                })
+                .collect();
+        annotations.insert("gpu-admission.io/gpu-type".into(), json!("Tesla-T4"));
+        annotations.insert("team".into(), json!("kept"));
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "schedulingGates": [{"name": "gpu-admission.io/quota"}, {"name": "example.com/mine"}]}}))
+        .unwrap();
+        let desired = desired_pod(&pod, &config, &limits(true), &nodes).unwrap();
+        let kept: Vec<&String> = desired
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(kept, ["gpu-admission.io/gpu-type", "team"]);
+        assert_eq!(
+            gates(&desired),
+            ["example.com/mine"],
+            "a Deny quota: no queue gate"
+        );
+        let queued = desired_pod(&pod, &config, &queueing(), &nodes).unwrap();
+        assert_eq!(
+            gates(&queued),
+            ["example.com/mine", "gpu-admission.io/quota"]
+        );
     }
 
     fn limits(quota: bool) -> NamespaceLimits {

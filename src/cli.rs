@@ -224,4 +224,26 @@ mod tests {
         let argv = ["gpu-admission", "certs", "--days", "3650"];
         assert!(Cli::try_parse_from(argv).is_ok());
     }
+
+    /// `defrag`'s planner limits have the same bounds as `simulate`'s.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn defrag_limits_past_their_bounds_are_refused_naming_the_flag() {
+        for (flag, value, range) in [
+            ("--max-moves", "18446744073709551615", "0..=8"),
+            ("--max-moves", "9", "0..=8"),
+            ("--budget", "18446744073709551615", "1..=10000000"),
+        ] {
+            let argv = [
+                "gpu-admission",
+                "defrag",
+                "--cluster",
+                "c.yaml",
+                flag,
+                value,
+            ];
+            let error = Cli::try_parse_from(argv).unwrap_err().to_string();
+            assert!(error.contains(flag) && error.contains(range), "{error}");
+        }
+    }
 }

@@ -15,10 +15,10 @@ pub(super) const MAX_WORKLOAD_PODS: usize = 2_000_000;
 pub(super) const MAX_NAMESPACES: usize = 1_000;
 /// Largest `--quota-scale`.
 pub(super) const MAX_QUOTA_SCALE: f64 = 1_000.0;
-/// Largest `--max-moves` (the product's `defrag.maxMoves` stops at 4).
-pub(super) const MAX_MOVES: usize = 8;
-/// Largest `--defrag-budget`: 250 times the planner's default.
-pub(super) const MAX_DEFRAG_BUDGET: u64 = 10_000_000;
+/// Largest `--max-moves`.
+pub(super) const MAX_MOVES: usize = crate::placement::defrag::MOST_MOVES;
+/// Largest `--defrag-budget`.
+pub(super) const MAX_DEFRAG_BUDGET: u64 = crate::placement::defrag::LARGEST_BUDGET;
 /// Most GPUs a trace's node or pod may have: the product's own bound.
 pub(super) const MAX_GPUS: u32 = crate::placement::node::MAX_GPUS_PER_NODE as u32;
 /// Largest CPU (milli) or memory (MiB) of a trace's node or pod: sums over a whole

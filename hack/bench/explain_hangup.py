@@ -5,11 +5,12 @@
     python3 hack/bench/explain_hangup.py 127.0.0.1:3457 SERVER_PID lab/big 20 team-0/big [TOKEN]
 
 Sends CALLS requests for the first pod one after the other, each on its own connection,
-closed 0.1 s after its request without reading the answer. Then it reads the server's CPU
-time (`/proc/PID/stat`) every 0.5 s until a whole second passes with no CPU spent (or
-60 s), and times one request for the second pod on a fresh connection. Prints the CPU
-spent while the callers waited, the CPU spent after the last one left, how long that
-lasted, and the later request's status and latency.
+closed 0.1 s after its request without reading the answer. As soon as the last one has
+left it times one request for the second pod on a fresh connection, then reads the
+server's CPU time (`/proc/PID/stat`) every 0.5 s until a whole second passes with no CPU
+spent (or 60 s). Prints the CPU spent while the callers waited, the later request's
+status and latency, and the CPU spent after the last caller left and how long that
+lasted.
 """
 
 import http.client
@@ -44,7 +45,16 @@ start = cpu_seconds()
 for _ in range(calls):
     hang_up()
 left_at, left_cpu = time.monotonic(), cpu_seconds()
-last_cpu, idle_since = left_cpu, time.monotonic()
+
+connection = http.client.HTTPConnection(host, int(port), timeout=60)
+headers = {"Authorization": f"Bearer {token}"} if token else {}
+began = time.perf_counter()
+connection.request("GET", f"/explain?pod={normal}", headers=headers)
+response = connection.getresponse()
+response.read()
+latency = (time.perf_counter() - began) * 1000
+
+last_cpu, idle_since = cpu_seconds(), time.monotonic()
 while time.monotonic() - left_at < 60:
     time.sleep(0.5)
     now = cpu_seconds()
@@ -56,15 +66,7 @@ while time.monotonic() - left_at < 60:
 busy_for = idle_since - left_at
 end_cpu = cpu_seconds()
 
-connection = http.client.HTTPConnection(host, int(port), timeout=60)
-headers = {"Authorization": f"Bearer {token}"} if token else {}
-began = time.perf_counter()
-connection.request("GET", f"/explain?pod={normal}", headers=headers)
-response = connection.getresponse()
-response.read()
-latency = (time.perf_counter() - began) * 1000
-
 print(f"{calls} callers of {heavy} who left after 0.1 s: CPU {left_cpu - start:.2f} s "
-      f"while they waited, {end_cpu - left_cpu:.2f} s after the last left, busy "
-      f"{max(busy_for, 0):.1f} s after")
-print(f"then {normal}: status {response.status}, {latency:.1f} ms")
+      f"while they waited; then {normal}: status {response.status}, {latency:.1f} ms; "
+      f"CPU {end_cpu - left_cpu:.2f} s after the last left (that request's included), "
+      f"busy {max(busy_for, 0):.1f} s after")

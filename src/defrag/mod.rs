@@ -24,7 +24,8 @@ use crate::config::Config;
 use crate::extender::plan::eligibility;
 use crate::placement::Placer;
 use crate::placement::defrag::{
-    Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits, Plan, Planner, Resident, Site,
+    Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, LARGEST_BUDGET, Limits, MOST_MOVES, Plan, Planner,
+    Resident, Site,
 };
 use crate::placement::learn::LearningPlacer;
 
@@ -95,11 +96,13 @@ pub struct DefragArgs {
     /// Plan for this pod only (NAMESPACE/NAME).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pod: Option<String>,
-    /// At most this many moves per plan.
-    #[arg(long, default_value_t = DEFAULT_MAX_MOVES)]
+    /// At most this many moves per plan (0 to 8).
+    #[arg(long, default_value_t = DEFAULT_MAX_MOVES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MOST_MOVES as u64))]
     max_moves: usize,
-    /// Node and pod evaluations one plan may spend.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    /// Node and pod evaluations one plan may spend (at most 10,000,000).
+    #[arg(long, default_value_t = DEFAULT_BUDGET,
+          value_parser = clap::value_parser!(u64).range(1..=LARGEST_BUDGET))]
     budget: u64,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]

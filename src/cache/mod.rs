@@ -114,8 +114,10 @@ impl ClusterCache {
         path: &std::path::Path,
         projection: Projection,
     ) -> Result<Self, CacheError> {
-        let objects = offline::read_objects(path)?;
-        Self::from_objects(&objects, &path.display().to_string(), projection)
+        let cache = Self::new(projection, true, Ledger::Counted);
+        let loaded = offline::load_file(path, &cache.inner.projection)?;
+        cache.write(|state| loaded.apply(state));
+        Ok(cache)
     }
 
     /// Offline mode over `objects` already read (from `source`: a file's path, or the

@@ -32,6 +32,7 @@ cd "$work"
 case "$mode" in
   file) source_args=(--cluster "$cluster") ;;
   watch)
+    : >"$work/fake.log"
     python3 "$here/fake_apiserver.py" "$cluster" "$((port + 3))" >"$work/fake.log" 2>&1 &
     fake=$!
     until grep -q ready "$work/fake.log"; do

@@ -3,6 +3,7 @@
 //! state: it holds no client and writes nothing to the cluster — that is the
 //! backend's (`crate::backend`), the one place that knows the run mode.
 
+mod allocator;
 #[cfg(test)]
 mod hold_tests;
 mod offline;
@@ -117,6 +118,7 @@ impl ClusterCache {
         let cache = Self::new(projection, true, Ledger::Counted);
         let loaded = offline::load_file(path, &cache.inner.projection)?;
         cache.write(|state| loaded.apply(state));
+        allocator::return_freed_pages();
         Ok(cache)
     }
 

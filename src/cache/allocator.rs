@@ -16,6 +16,13 @@ pub(crate) fn return_freed_pages() {
     let Ok(arenas) = tikv_jemalloc_ctl::arenas::narenas::read() else {
         return;
     };
+    // While its background threads run, jemalloc leaves every purge to them, setting a
+    // decay time included (its purge eagerness is then "never" for other threads):
+    // they are stopped for the purge and started again after.
+    let background = tikv_jemalloc_ctl::background_thread::read().unwrap_or(false);
+    if background {
+        let _ = tikv_jemalloc_ctl::background_thread::write(false);
+    }
     for arena in 0..arenas {
         // Dirty pages first: purging them with a muzzy decay time set makes them muzzy
         // (lazily freed), which the second purges for good.
@@ -27,5 +34,8 @@ pub(crate) fn return_freed_pages() {
                 let _ = Access::<isize>::write(key, decay_ms);
             }
         }
+    }
+    if background {
+        let _ = tikv_jemalloc_ctl::background_thread::write(true);
     }
 }

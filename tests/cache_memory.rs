@@ -124,7 +124,7 @@ fn pod(i: usize) -> Value {
             placed(&gpu.to_string());
         }
     }
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         annotations["gpu-admission.io/gpu-type"] =
             json!(["Tesla-T4", "Tesla-V100-SXM2-32GB", "A100-SXM4-40GB"][node % 3]);
     }

@@ -68,6 +68,11 @@ use flood_support::{ApiServer, Flood, Outcome, Target};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+/// The server's allocator, as the binary declares it (`src/main.rs`): what a benchmark
+/// measures in process is what the server runs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const PATIENCE: Duration = Duration::from_secs(5);
 const EVERY: Duration = Duration::from_millis(100);
 /// A bound, never reached in a run: scrapes count every request.

@@ -336,7 +336,7 @@ fn models(members: &[QuotaView]) -> Vec<String> {
 /// standing given by `standing(key, leaving)`.
 fn plan(state: &ClusterState, standing: impl Fn(&PodKey, bool) -> Standing) -> Vec<Planned> {
     let mut planned = Vec::new();
-    let leaving = |key: &PodKey| state.pod(key).is_some_and(|p| p.terminating.is_some());
+    let leaving = |key: &PodKey| state.pod(key).is_some_and(|p| p.terminating().is_some());
     for (cohort, members) in cohorts(state) {
         for model in models(&members) {
             let pods: Vec<Vec<_>> = (members.iter())

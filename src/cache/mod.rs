@@ -3,6 +3,7 @@
 //! state: it holds no client and writes nothing to the cluster — that is the
 //! backend's (`crate::backend`), the one place that knows the run mode.
 
+mod allocator;
 #[cfg(test)]
 mod hold_tests;
 mod offline;
@@ -119,8 +120,11 @@ impl ClusterCache {
         path: &std::path::Path,
         projection: Projection,
     ) -> Result<Self, CacheError> {
-        let objects = offline::read_objects(path)?;
-        Self::from_objects(&objects, &path.display().to_string(), projection)
+        let cache = Self::new(projection, true, Ledger::Counted);
+        let loaded = offline::load_file(path, &cache.inner.projection)?;
+        cache.write(|state| loaded.apply(state));
+        allocator::return_freed_pages();
+        Ok(cache)
     }
 
     /// Offline mode over `objects` already read (from `source`: a file's path, or the

@@ -56,11 +56,6 @@ pub struct CachedPod {
     /// (kept through the watch's echo of that write), so the bind verb must not charge
     /// it again.
     pub(super) recorded: bool,
-    /// Being deleted (`deletionTimestamp` set): the unix second until which it is still
-    /// charged, its deletion time plus its grace period (`i64::MAX` without one), as
-    /// Kubernetes' ResourceQuota counts it; see [`CachedPod::charged_at`]. It holds its
-    /// GPUs on its node until it is gone.
-    pub(crate) terminating: Option<i64>,
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
     /// empty when it names none and its namespace's quota decides.
     pub(crate) models: Vec<String>,
@@ -76,19 +71,35 @@ pub struct CachedPod {
     /// Carries the borrowed annotation (`quota::cohort::BORROWED_ANNOTATION`), which
     /// gpu-admission keeps on the pods of a cohort's borrowers. Shown, never charged by.
     pub(crate) marked_borrowed: bool,
-    /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
-    /// changes, the scheduler has given the pod up: a hold the filter made is released.
-    pub(super) unscheduled: u64,
-    /// Its ResourceClaims: those its spec names (`resourceClaims[].resourceClaimName`)
-    /// and those made for it from its templates (`status.resourceClaimStatuses`).
-    pub(crate) claim_names: Box<[Box<str>]>,
-    /// Its [`WAITING_CONDITION`], as the pod shows it.
-    pub(crate) waiting: Option<WaitingShown>,
     /// The uid its controlling ownerReference names: which controller a replacement is
     /// of (`plan_hold::Slot`). Claimed by the pod, not proven.
     pub(crate) owner: Option<Box<str>>,
+    /// What few pods carry, boxed apart: most pods carry none of it and pay one
+    /// pointer for it, and a pod is then 256 bytes, not 328 (jemalloc gives it 256,
+    /// not 384: docs/benchmarks.md, "Memory per cached pod").
+    seldom: Option<Box<Seldom>>,
+}
+
+/// The parts of a [`CachedPod`] that few pods carry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Seldom {
+    /// Being deleted (`deletionTimestamp` set): see [`CachedPod::terminating`].
+    terminating: Option<i64>,
+    /// See [`CachedPod::unscheduled`].
+    unscheduled: u64,
+    /// See [`CachedPod::claim_names`].
+    claim_names: Box<[Box<str>]>,
+    /// Its [`WAITING_CONDITION`], as the pod shows it.
+    waiting: Option<WaitingShown>,
     /// The defragmentation plan's holds it carries ([`PLAN_HOLD_ANNOTATION`]).
-    pub(crate) plan_hold: Option<Arc<PlanHold>>,
+    plan_hold: Option<Arc<PlanHold>>,
+}
+
+impl Seldom {
+    /// `None` when the pod carries none of it.
+    fn boxed(self) -> Option<Box<Seldom>> {
+        (self != Seldom::default()).then(|| Box::new(self))
+    }
 }
 
 /// The pod condition gpu-admission keeps on every pending GPU pod: why it waits
@@ -153,7 +164,11 @@ impl CachedPod {
         if is_terminal(pod) {
             return Err(SkipReason::Terminal);
         }
-        let request = GpuRequest::from_pod(pod, names)?.ok_or(SkipReason::NoGpu)?;
+        let mut request = GpuRequest::from_pod(pod, names)?.ok_or(SkipReason::NoGpu)?;
+        // Built by pushing, with room for four: a cached pod keeps only what it holds.
+        request.containers.shrink_to_fit();
+        request.sidecars.shrink_to_fit();
+        request.mig.shrink_to_fit();
         let annotations = pod.metadata.annotations.as_ref();
         let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
         let node_name = pod
@@ -174,7 +189,6 @@ impl CachedPod {
             assignment,
             held_since: None,
             recorded: false,
-            terminating: charged_until(pod),
             models: WantedModels::of_pod(
                 pod,
                 &projection.type_annotation,
@@ -190,12 +204,16 @@ impl CachedPod {
                 .as_ref()
                 .and_then(|s| s.priority)
                 .unwrap_or_default(),
-            unscheduled: unscheduled_fingerprint(pod),
-            claim_names: claim_names(pod),
-            waiting: waiting_shown(pod),
             marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
             owner: controller_uid(pod),
-            plan_hold: plan_hold(pod, projection.hold_seconds).map(Arc::new),
+            seldom: Seldom {
+                terminating: charged_until(pod),
+                unscheduled: unscheduled_fingerprint(pod),
+                claim_names: claim_names(pod),
+                waiting: waiting_shown(pod),
+                plan_hold: plan_hold(pod, projection.hold_seconds).map(Arc::new),
+            }
+            .boxed(),
         })
     }
 }
@@ -207,7 +225,45 @@ impl CachedPod {
     /// ResourceQuota counts it (docs/design.md, "How long a pod counts"), whatever grace
     /// the tenant gave it.
     pub(super) fn charged_at(&self, now: i64) -> bool {
-        self.terminating.is_none_or(|until| now <= until)
+        self.terminating().is_none_or(|until| now <= until)
+    }
+
+    /// Being deleted (`deletionTimestamp` set): the unix second until which it is still
+    /// charged, its deletion time plus its grace period (`i64::MAX` without one), as
+    /// Kubernetes' ResourceQuota counts it; see [`CachedPod::charged_at`]. It holds its
+    /// GPUs on its node until it is gone.
+    pub(crate) fn terminating(&self) -> Option<i64> {
+        self.seldom.as_ref()?.terminating
+    }
+
+    /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
+    /// changes, the scheduler has given the pod up: a hold the filter made is released.
+    pub(super) fn unscheduled(&self) -> u64 {
+        self.seldom.as_ref().map_or(0, |s| s.unscheduled)
+    }
+
+    /// Its ResourceClaims: those its spec names (`resourceClaims[].resourceClaimName`)
+    /// and those made for it from its templates (`status.resourceClaimStatuses`).
+    pub(crate) fn claim_names(&self) -> &[Box<str>] {
+        self.seldom.as_ref().map_or(&[], |s| &s.claim_names)
+    }
+
+    /// Its [`WAITING_CONDITION`], as the pod shows it.
+    pub(crate) fn waiting(&self) -> Option<&WaitingShown> {
+        self.seldom.as_ref()?.waiting.as_ref()
+    }
+
+    /// The defragmentation plan's holds it carries ([`PLAN_HOLD_ANNOTATION`]).
+    pub(crate) fn plan_hold(&self) -> Option<&PlanHold> {
+        self.seldom.as_ref()?.plan_hold.as_deref()
+    }
+
+    /// A test's scheduler writes a new "not scheduled" condition.
+    #[cfg(test)]
+    pub(super) fn set_unscheduled(&mut self, fingerprint: u64) {
+        let mut seldom = self.seldom.take().map(|s| *s).unwrap_or_default();
+        seldom.unscheduled = fingerprint;
+        self.seldom = seldom.boxed();
     }
 }
 

@@ -114,10 +114,9 @@ impl Planner {
             let busy: BTreeSet<String> = busy.collect();
             let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
             let pending = state.pods().filter(|(_, p)| {
-                !p.bound && p.node.is_none() && !p.gated && p.terminating.is_none()
+                !p.bound && p.node.is_none() && !p.gated && p.terminating().is_none()
             });
-            let unheld =
-                pending.filter(|(_, p)| p.plan_hold.as_ref().is_none_or(|h| !h.stands(unix_now)));
+            let unheld = pending.filter(|(_, p)| p.plan_hold().is_none_or(|h| !h.stands(unix_now)));
             let due = unheld
                 .filter(|(_, p)| p.created <= pending_since)
                 .filter(|(k, _)| {

@@ -25,7 +25,7 @@ pub(crate) struct Reserved {
 impl ClusterState {
     /// Remember (or forget) that the pod `key` carries a plan's holds.
     pub(super) fn index_plan_hold(&mut self, key: &PodKey, pod: &CachedPod) {
-        match pod.plan_hold.is_some() {
+        match pod.plan_hold().is_some() {
             true => self.plan_holders.insert(key.clone()),
             false => self.plan_holders.remove(key),
         };
@@ -42,11 +42,8 @@ impl ClusterState {
     ) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
         self.plan_holders.iter().filter_map(move |key| {
             let (key, pod) = self.pods.get_key_value(key)?;
-            let charged = !pod.gated && pod.terminating.is_none();
-            let hold = pod
-                .plan_hold
-                .as_deref()
-                .filter(|h| charged && h.stands(now))?;
+            let charged = !pod.gated && pod.terminating().is_none();
+            let hold = pod.plan_hold().filter(|h| charged && h.stands(now))?;
             Some((key, &**pod, hold))
         })
     }

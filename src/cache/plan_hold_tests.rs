@@ -310,14 +310,14 @@ fn a_hold_counts_only_while_it_can_be_honest() {
     assert!(
         CachedPod::from_pod(&pod_, &off)
             .unwrap()
-            .plan_hold
+            .plan_hold()
             .is_none(),
         "mode Off"
     );
     assert!(
         CachedPod::from_pod(&pod_, &evicting())
             .unwrap()
-            .plan_hold
+            .plan_hold()
             .is_some(),
         "mode Evict"
     );
@@ -332,7 +332,7 @@ fn a_hold_counts_only_while_it_can_be_honest() {
     // Its pod waits in the quota queue (charged nothing), or is being deleted.
     for edit in [
         (|p: &mut CachedPod| p.gated = true) as fn(&mut CachedPod),
-        |p: &mut CachedPod| p.terminating = Some(i64::MAX),
+        |p: &mut CachedPod| p.set_terminating(i64::MAX),
     ] {
         let mut state = cluster(&plan(standing()));
         let mut train = state.pod("team-a/train").unwrap().clone();

@@ -258,6 +258,14 @@ impl CachedPod {
         self.seldom.as_ref()?.plan_hold.as_deref()
     }
 
+    /// A test's pod is being deleted, charged until `until`.
+    #[cfg(test)]
+    pub(super) fn set_terminating(&mut self, until: i64) {
+        let mut seldom = self.seldom.take().map(|s| *s).unwrap_or_default();
+        seldom.terminating = Some(until);
+        self.seldom = seldom.boxed();
+    }
+
     /// A test's scheduler writes a new "not scheduled" condition.
     #[cfg(test)]
     pub(super) fn set_unscheduled(&mut self, fingerprint: u64) {

@@ -33,7 +33,7 @@ const CLOCK_SKEW: i64 = 30;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PlanHold {
-    /// The GPU model the plan is for: one plan at a time per model.
+    /// The GPU model the plan is for.
     pub(crate) model: String,
     /// When the plan started: a replacement is a pod created at or after it.
     pub(crate) since: i64,

@@ -283,8 +283,8 @@ fn a_hold_keeps_only_its_gpus_and_a_share_still_fits_beside_it() {
 /// A hold counts only while it can be honest: read only when the mover runs
 /// (`defrag.mode: Evict`) and only if it stands at most `defrag.holdSeconds` from a
 /// `since` not before its pod; and only while its pod is charged (not waiting in the
-/// quota queue, charged nothing; not being deleted). A plan is under way (it defers
-/// other plans of its model) only while its pod is not placed.
+/// quota queue, charged nothing; not being deleted). A new plan is made around what the
+/// standing holds keep (`held_from_others`).
 #[test]
 fn a_hold_counts_only_while_it_can_be_honest() {
     let other = |state: &mut ClusterState| {
@@ -293,7 +293,11 @@ fn a_hold_counts_only_while_it_can_be_honest() {
         placed(state, &other, &["n1"])
     };
     let mut state = cluster(&plan(standing()));
-    assert_eq!(state.plans_under_way(now()).count(), 1);
+    assert_eq!(state.plan_holds(now()).count(), 1);
+    let from_others = state.held_from_others(now());
+    let mut held: Vec<&str> = from_others.keys().map(|n| &**n).collect();
+    held.sort();
+    assert_eq!(held, ["n1", "n2"], "a new plan is made around both");
     assert_eq!(other(&mut state), None, "an honest hold keeps n1");
 
     // Read with the defrag mode off: no hold.
@@ -325,7 +329,7 @@ fn a_hold_counts_only_while_it_can_be_honest() {
     // Longer than holdSeconds, or ten years ahead: never read.
     for until in [now() + 61, now() + 10 * 365 * 86_400] {
         let mut state = cluster(&plan(until));
-        assert_eq!(state.plans_under_way(now()).count(), 0, "until {until}");
+        assert_eq!(state.plan_holds(now()).count(), 0, "until {until}");
         assert_eq!(other(&mut state).as_deref(), Some("n1"));
     }
 
@@ -338,17 +342,18 @@ fn a_hold_counts_only_while_it_can_be_honest() {
         let mut train = state.pod("team-a/train").unwrap().clone();
         edit(&mut train);
         state.apply_pod("team-a/train".into(), train);
-        assert_eq!(state.plans_under_way(now()).count(), 0);
+        assert_eq!(state.plan_holds(now()).count(), 0);
         assert_eq!(other(&mut state).as_deref(), Some("n1"));
     }
 
-    // Placed, its plan is no longer under way; the slot it keeps for the moved pod's
+    // Placed, its target is its own use; the slot it keeps for the moved pod's
     // replacement stands until its `until`.
     let mut state = cluster(&plan(standing()));
     assert_eq!(
         placed(&mut state, "team-a/train", &["n1"]).as_deref(),
         Some("n1")
     );
-    assert_eq!(state.plans_under_way(now()).count(), 0);
-    assert_eq!(state.plan_holds(now()).count(), 1);
+    let from_others = state.held_from_others(now());
+    let held: Vec<&str> = from_others.keys().map(|n| &**n).collect();
+    assert_eq!(held, ["n2"]);
 }

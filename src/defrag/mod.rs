@@ -211,11 +211,13 @@ fn pending<'s>(
 /// The nodes pods may land on, in name order, with their free CPU and memory and the
 /// GPU pods running there whose GPUs are known.
 fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
+    // GPUs the plans under way keep count as used: a new plan never counts on them.
+    let held = state.held_from_others(crate::quota::pending::now_second());
     let mut sites: Vec<Site<PodKey>> = state
         .nodes()
         .filter(|gpus| gpus.closed.is_none() && world.nodes.contains_key(&*gpus.name))
         .map(|gpus| Site {
-            gpus: gpus.clone(),
+            gpus: held.get(&gpus.name).unwrap_or(gpus).clone(),
             room: world.room(&gpus.name),
             residents: Vec::new(),
         })

@@ -309,3 +309,61 @@ fn a_budget_without_status_counts_its_healthy_pods() {
     assert_eq!(budget("maxUnavailable: 2"), 2);
     assert_eq!(budget("maxUnavailable: 34%"), 2);
 }
+
+/// A plan is made around the GPUs other plans hold: with another pending pod's
+/// standing hold keeping t4-a's free GPU, train-0's plan (t4-a, once infer-a moves) is
+/// no longer possible there; without the hold, or with the mover off, it is.
+#[test]
+fn a_plan_never_counts_on_gpus_another_plan_holds() {
+    use crate::cache::plan_hold::{GpuKept, GpusKept, PlanHold};
+    let now = crate::quota::pending::now_second();
+    let hold = PlanHold {
+        model: "Tesla-T4".into(),
+        since: now - 5,
+        until: now + 55,
+        target: GpusKept {
+            node: "t4-a".into(),
+            gpus: vec![GpuKept {
+                index: 1,
+                core: 100,
+                memory: 64,
+            }],
+        },
+        slots: Vec::new(),
+    };
+    let holder = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "holder", "namespace": "team-c", "uid": "u-holder",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {"gpu-admission.io/defrag-hold": hold.to_text()}},
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c",
+            "resources": {"limits": {"tencent.com/vcuda-core": "100", "tencent.com/vcuda-memory": "64"}}}]},
+        "status": {"phase": "Pending"}});
+    let text = format!(
+        "{EXAMPLE}\n---\n{}",
+        serde_yaml::to_string(&holder).unwrap()
+    );
+    let objects = parse_objects(&text, "test").unwrap();
+    let plan = |config: &Config| {
+        let report = super::plan_objects(
+            &objects,
+            "test",
+            config,
+            Limits::default(),
+            Some("team-a/train-0"),
+        )
+        .unwrap();
+        report.plans.first().map(|p| p.node.clone())
+    };
+    assert_eq!(
+        plan(&Config::default()).as_deref(),
+        Some("t4-a"),
+        "holds are read only under Evict"
+    );
+    let evict = Config::parse("defrag: {mode: Evict}").unwrap();
+    let node = plan(&evict);
+    assert_ne!(
+        node.as_deref(),
+        Some("t4-a"),
+        "t4-a's GPU 1 is held for team-c/holder"
+    );
+}

@@ -1,8 +1,9 @@
 //! API mode, `defrag.mode: DryRun | Evict` (docs/defrag.md, "In the cluster"): every
 //! GPU pod pending for `defrag.pendingSeconds` whose placement is `Fragmented` is planned
 //! for. `DryRun` tells it the plan (or why there is none) in an Event; `Evict` carries
-//! the plan out (`mover`), one plan per GPU model at a time, and follows it until the
-//! pending pod is bound or the holds lapse. Plans are counted in
+//! the plan out (`mover`), one plan at a time, each made around the GPUs the plans
+//! carried out before it hold, and follows it until the pending pod is bound or the
+//! holds lapse. Plans are counted in
 //! `gpu_admission_defrag_plans_total{outcome}`.
 //!
 //! The planner needs more of the cluster than the cache keeps (every pod's CPU and
@@ -95,23 +96,14 @@ impl Planner {
 
     /// The pods to plan for now: pending past `defrag.pendingSeconds`, neither gated
     /// nor placed nor holding a plan's GPUs, their placement `Fragmented`, not planned
-    /// for within [`REPLAN`]; the longest pending first. And the models of the plans
-    /// under way (their pending pod unplaced, charged, within `defrag.holdSeconds`),
-    /// whichever replica carries them out: a hold defers other plans of its model for
-    /// at most that long, and one that is not honest defers none.
-    fn fragmented(
-        &mut self,
-        now: Instant,
-        unix_now: i64,
-    ) -> (Vec<(PodKey, Box<str>)>, BTreeSet<String>) {
+    /// for within [`REPLAN`]; the longest pending first. A plan under way defers none
+    /// of them: each plan is made around the GPUs the others hold
+    /// (`ClusterState::held_from_others`).
+    fn fragmented(&mut self, now: Instant, unix_now: i64) -> Vec<(PodKey, Box<str>)> {
         let pending_since = unix_now - i64::from(self.config.defrag.pending_seconds);
         let placer = self.placer.placer();
         let mig = self.cache.projection().names.mig.clone();
         let found = self.cache.read(|state| {
-            let busy = state
-                .plans_under_way(unix_now)
-                .map(|(_, _, h)| h.model.clone());
-            let busy: BTreeSet<String> = busy.collect();
             let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
             let pending = state.pods().filter(|(_, p)| {
                 !p.bound && p.node.is_none() && !p.gated && p.terminating().is_none()
@@ -133,7 +125,7 @@ impl Planner {
                 judge.placement(&subject).code == Code::Fragmented
             });
             let fragmented = fragmented.map(|(k, p)| (k.clone(), p.uid.clone()));
-            (fragmented.take(PODS_PER_PASS).collect::<Vec<_>>(), busy)
+            fragmented.take(PODS_PER_PASS).collect::<Vec<_>>()
         });
         let planned = &mut self.planned;
         self.cache
@@ -371,7 +363,7 @@ impl Controller for Planner {
         if evict {
             self.follow_up(unix_now);
         }
-        let (due, mut busy) = self.fragmented(now, unix_now);
+        let due = self.fragmented(now, unix_now);
         if due.is_empty() {
             return 0;
         }
@@ -384,6 +376,9 @@ impl Controller for Planner {
             .map(|(k, uid)| (k.to_string(), uid))
             .collect();
         let mut acted = 0;
+        // The models a plan was carried out for in this pass: the other plans of this
+        // pass were made without its holds, so they wait for the next pass's listing.
+        let mut carried: BTreeSet<String> = BTreeSet::new();
         for (key, answer) in answers {
             let Some(uid) = uids.get(&key).cloned() else {
                 continue;
@@ -399,20 +394,17 @@ impl Controller for Planner {
                     continue;
                 }
             };
-            self.count_plan("planned");
             let model = plan.hold.as_ref().map(|h| h.model.clone());
             let carry = evict && !plan.moves.is_empty();
+            if carry && model.as_ref().is_some_and(|m| carried.contains(m)) {
+                continue; // planned again in the next pass, told nothing meanwhile
+            }
+            self.count_plan("planned");
             if !carry {
                 let note = plan.sentence();
                 self.tell(key, &uid, (EventType::Normal, "DefragPlan"), note, now);
-            } else if model.as_ref().is_some_and(|m| busy.contains(m)) {
-                // One plan at a time per model: this pod is planned for again after
-                // `REPLAN`, and told nothing new meanwhile.
-                let said = self.planned.remove(&key).map(|(_, said)| said);
-                self.planned.insert(key, (now, said.unwrap_or_default()));
-                continue;
             } else {
-                busy.extend(model);
+                carried.extend(model);
                 self.carry(key, &uid, *plan, now).await;
             }
             acted += 1;

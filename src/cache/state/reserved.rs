@@ -48,37 +48,38 @@ impl ClusterState {
         })
     }
 
-    /// The holds of plans whose pending pod is not placed yet: the plans under way.
-    pub(crate) fn plans_under_way(
-        &self,
-        now: i64,
-    ) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
-        let unplaced =
-            |(_, pod, _): &(&PodKey, &CachedPod, &PlanHold)| !pod.bound && pod.node.is_none();
-        self.plan_holds(now).filter(unplaced)
-    }
-
     /// What the standing holds keep from the pod `key` at `now`, and the node one of
     /// them keeps for it.
     pub(crate) fn reserved_against(&self, key: &str, now: i64) -> Reserved {
-        let mut reserved = Reserved::default();
         if self.plan_holders.is_empty() {
-            return reserved;
+            return Reserved::default();
         }
-        let Some(subject) = self.pods.get(key) else {
-            return reserved;
-        };
+        match self.pods.get(key) {
+            Some(subject) => self.reserved(Some((key, subject)), now),
+            None => Reserved::default(),
+        }
+    }
+
+    /// What the standing holds keep from any pod none of them is for: the nodes a new
+    /// defragmentation plan is made around, so that it never counts on GPUs another plan
+    /// keeps (and a plan under way defers no other).
+    pub(crate) fn held_from_others(&self, now: i64) -> HashMap<Arc<str>, NodeGpus> {
+        if self.plan_holders.is_empty() {
+            return HashMap::default();
+        }
+        self.reserved(None, now).nodes
+    }
+
+    fn reserved(&self, subject: Option<(&str, &CachedPod)>, now: i64) -> Reserved {
+        let mut reserved = Reserved::default();
         let takes = |slot: &crate::cache::plan_hold::Slot| {
-            slot.takes(
-                key,
-                &subject.uid,
-                subject.owner.as_deref(),
-                &subject.request,
-            )
+            subject.is_some_and(|(key, pod)| {
+                slot.takes(key, &pod.uid, pod.owner.as_deref(), &pod.request)
+            })
         };
         let mut kept: Vec<&GpusKept> = Vec::new();
         for (holder, pod, hold) in self.plan_holds(now) {
-            if &**holder == key {
+            if subject.is_some_and(|(key, _)| &**holder == key) {
                 reserved.preferred = Some(hold.target.node.as_str().into());
             } else if !pod.bound && pod.node.is_none() {
                 kept.push(&hold.target);

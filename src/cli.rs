@@ -109,7 +109,8 @@ pub struct ServeArgs {
     /// Configuration file (YAML).
     #[arg(long, env = "GPU_ADMISSION_CONFIG")]
     pub(crate) config: Option<PathBuf>,
-    /// Offline mode: this YAML file of Nodes, Pods and GPUQuotas is the cluster.
+    /// Offline mode: this YAML file of Nodes, Pods and GPUQuotas is the cluster (at most
+    /// 2 GiB).
     #[arg(long, env = "GPU_ADMISSION_CLUSTER")]
     pub(crate) cluster: Option<PathBuf>,
     #[command(flatten)]

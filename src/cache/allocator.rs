@@ -7,35 +7,34 @@
 
 use tikv_jemalloc_ctl::{Access, AsName};
 
-/// Purge the unused pages of every jemalloc arena now: setting an arena's decay time,
-/// even to the value it has, makes its unused pages count as fully decayed, which
-/// purges them at once (jemalloc(3), `arena.<i>.dirty_decay_ms`). A few system calls
-/// per arena, once a load is done. Without jemalloc as the global allocator (the
-/// tests) it purges jemalloc's own empty arenas: nothing.
+/// One purge at a time: each sets decay times and puts them back.
+static PURGING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Purge the unused pages of every jemalloc arena now. An arena given a decay time of
+/// 0 purges every unused page at once, whether or not background threads run
+/// (jemalloc 5.3, `pac_maybe_decay_purge`); it is then given back the decay time it
+/// had. Setting the time it already has would not do: that restarts its decay and
+/// purges only down to the limit the decay had reached, and nothing at all while
+/// the background threads run (every purge is theirs then). A few system calls per
+/// arena, once a load is done. Without jemalloc as the global allocator (the tests)
+/// it purges jemalloc's own empty arenas: nothing.
 pub(crate) fn return_freed_pages() {
+    // Nothing else sets decay times: under the lock, what is read is the arena's own.
+    let _one_at_a_time = PURGING.lock();
     let Ok(arenas) = tikv_jemalloc_ctl::arenas::narenas::read() else {
         return;
     };
-    // While its background threads run, jemalloc leaves every purge to them, setting a
-    // decay time included (its purge eagerness is then "never" for other threads):
-    // they are stopped for the purge and started again after.
-    let background = tikv_jemalloc_ctl::background_thread::read().unwrap_or(false);
-    if background {
-        let _ = tikv_jemalloc_ctl::background_thread::write(false);
-    }
     for arena in 0..arenas {
-        // Dirty pages first: purging them with a muzzy decay time set makes them muzzy
-        // (lazily freed), which the second purges for good.
+        // Dirty pages first: with a muzzy decay time set, purged dirty pages become
+        // muzzy (lazily freed), which the second purges for good.
         for kind in ["dirty", "muzzy"] {
             let name = format!("arena.{arena}.{kind}_decay_ms\0");
             let key = name.as_bytes().name();
             // An arena not in use has no decay time to read: nothing to purge.
             if let Ok(decay_ms) = Access::<isize>::read(key) {
+                let _ = Access::<isize>::write(key, 0);
                 let _ = Access::<isize>::write(key, decay_ms);
             }
         }
-    }
-    if background {
-        let _ = tikv_jemalloc_ctl::background_thread::write(true);
     }
 }

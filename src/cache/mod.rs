@@ -40,12 +40,25 @@ pub enum CacheError {
         path: String,
         source: std::io::Error,
     },
+    #[error(
+        "cluster file {path} is larger than {}, the most a cluster file may be (it is read whole before it is parsed)",
+        shown_bytes(*limit)
+    )]
+    TooLarge { path: String, limit: u64 },
     #[error("cluster file {path}, document {document}: {problem}")]
     Document {
         path: String,
         document: usize,
         problem: Box<offline::DocumentError>,
     },
+}
+
+/// A limit as people write it: "2 GiB", else its bytes.
+fn shown_bytes(bytes: u64) -> String {
+    match bytes.is_multiple_of(1 << 30) && bytes > 0 {
+        true => format!("{} GiB", bytes >> 30),
+        false => format!("{bytes} bytes"),
+    }
 }
 
 /// What the cache needs to project objects: resource names, labels, annotation keys.

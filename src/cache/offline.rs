@@ -4,6 +4,7 @@
 //! hold what the `defrag` command reads (PodDisruptionBudgets and the controllers pods
 //! name as owners), which the cache skips.
 
+use std::io::Read as _;
 use std::path::Path;
 use std::time::Instant;
 
@@ -82,11 +83,41 @@ pub(super) fn load_file(path: &Path, projection: &Projection) -> Result<Objects,
     Ok(loaded)
 }
 
+/// The largest cluster file read, in bytes: 2 GiB. A file is read whole before it is
+/// parsed, so this bounds what reading it takes; it holds the largest cluster
+/// Kubernetes supports (5,000 nodes, 150,000 pods) as `kubectl get -o yaml` prints it
+/// (5-10 KB a pod: docs/benchmarks.md's cluster of 40,000 pods is 199 MB).
+pub(crate) const CLUSTER_FILE_LIMIT: u64 = 2 << 30;
+
 fn read_text(path: &Path) -> Result<String, CacheError> {
-    std::fs::read_to_string(path).map_err(|source| CacheError::Read {
+    read_text_within(path, CLUSTER_FILE_LIMIT)
+}
+
+/// The text of the file at `path`, or an error naming it if it is over `limit` bytes:
+/// refused before reading when its length says so, and while reading for a file
+/// whose length does not (a pipe, a file that grows).
+fn read_text_within(path: &Path, limit: u64) -> Result<String, CacheError> {
+    let read_error = |source| CacheError::Read {
         path: path.display().to_string(),
         source,
-    })
+    };
+    let too_large = || CacheError::TooLarge {
+        path: path.display().to_string(),
+        limit,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let length = file.metadata().map_err(read_error)?.len();
+    if length > limit {
+        return Err(too_large());
+    }
+    let mut text = String::with_capacity(usize::try_from(length).unwrap_or_default());
+    file.take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(read_error)?;
+    match text.len() as u64 > limit {
+        true => Err(too_large()),
+        false => Ok(text),
+    }
 }
 
 /// Call `each` with the objects of a cluster file's `text` (read from `source`) in
@@ -266,4 +297,46 @@ fn with_kind(mut item: serde_yaml::Value, list_kind: &str) -> serde_yaml::Value 
         map.insert("kind".into(), kind.into());
     }
     item
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::io::Write as _;
+
+    use super::*;
+
+    #[test]
+    fn a_cluster_file_over_2_gib_is_refused_naming_it_before_it_is_read() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        // Sparse: 2 GiB and a byte long, nothing on disk, and nothing read.
+        file.as_file().set_len(CLUSTER_FILE_LIMIT + 1).unwrap();
+        let error = read_objects(file.path()).unwrap_err();
+        assert!(matches!(error, CacheError::TooLarge { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&file.path().display().to_string()),
+            "{message}"
+        );
+        assert!(message.contains("larger than 2 GiB"), "{message}");
+        let projection = Projection::from_config(&crate::config::Config::default());
+        let error = load_file(file.path(), &projection).err().unwrap();
+        assert!(matches!(error, CacheError::TooLarge { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn a_cluster_file_is_bounded_while_it_is_read_too() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(&[b'#'; 1000]).unwrap();
+        file.flush().unwrap();
+        assert_eq!(read_text_within(file.path(), 1000).unwrap().len(), 1000);
+        let error = read_text_within(file.path(), 999).unwrap_err();
+        assert!(
+            error.to_string().contains("larger than 999 bytes"),
+            "{error}"
+        );
+        // A pipe announces no length: it is cut at the limit as it is read.
+        let error = read_text_within(Path::new("/dev/zero"), 4096).unwrap_err();
+        assert!(matches!(error, CacheError::TooLarge { .. }), "{error:?}");
+    }
 }

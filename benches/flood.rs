@@ -64,11 +64,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flood_support::{ApiServer, Flood, Outcome, Target};
+use flood_support::{ApiServer, Flood, Outcome, Shape, Target, Traffic};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 const PATIENCE: Duration = Duration::from_secs(5);
+/// A kubelet probe's timeout (its default `timeoutSeconds`).
+const PROBE_PATIENCE: Duration = Duration::from_secs(1);
+/// The modelled API server in the sieges: ten reviews a second, and twenty at once every
+/// five seconds (it dials up to twenty connections, and keeps them).
+const API: Traffic = Traffic {
+    per_second: 10,
+    burst: 20,
+    burst_every: Duration::from_secs(5),
+};
 const EVERY: Duration = Duration::from_millis(100);
 /// A bound, never reached in a run: scrapes count every request.
 const FLOOD_MAX_OPENS: u64 = 500_000_000;
@@ -258,68 +267,105 @@ async fn run(bin: &Path, scenario: Scenario, calls: usize) -> (Outcome, Outcome,
     (validate, livez, opened)
 }
 
-/// The sieges, each flooding both doors alike.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Siege {
-    HalfOpenOneAddress,
-    IdleOneAddress,
-    SlowBodies,
-    SlowStreams,
-    SilentAndIdleMany,
-    AllAtOnce,
+/// A siege: its name, and its floods (each a shape, from how many addresses, with how
+/// many connections each), thrown at both doors alike.
+struct Siege {
+    name: &'static str,
+    floods: &'static [(Shape, usize, usize)],
 }
 
+const SILENT: Shape = Shape::Silent;
+const IDLE: Shape = Shape::IdleAfterOne;
+const TRICKLED: Shape = Shape::TrickledBody;
+const STREAMS: Shape = Shape::SlowStreams { streams: 16 };
+const STALLED: Shape = Shape::StalledBody { burst: 4096 };
+
+const SIEGES: &[Siege] = &[
+    Siege {
+        name: "siege: half-open, one address",
+        floods: &[(SILENT, 1, 600)],
+    },
+    Siege {
+        name: "siege: idle, one address",
+        floods: &[(IDLE, 1, 600)],
+    },
+    Siege {
+        name: "siege: slow bodies, 200 x 2",
+        floods: &[(TRICKLED, 200, 2)],
+    },
+    Siege {
+        name: "siege: h2 slow streams, 200 x 2 x 16",
+        floods: &[(STREAMS, 200, 2)],
+    },
+    Siege {
+        name: "siege: half-open and idle, 120 x 3 each",
+        floods: &[(SILENT, 120, 3), (IDLE, 120, 3)],
+    },
+    Siege {
+        name: "siege: all at once",
+        floods: &[
+            (SILENT, 1, 600),
+            (IDLE, 1, 600),
+            (TRICKLED, 100, 2),
+            (STREAMS, 100, 2),
+        ],
+    },
+    Siege {
+        name: "siege: idle after TLS, 200 x 2",
+        floods: &[(Shape::IdleAfterTls, 200, 2)],
+    },
+    Siege {
+        name: "siege: idle after one request, 200 x 2",
+        floods: &[(IDLE, 200, 2)],
+    },
+    Siege {
+        name: "siege: idle after TLS, 400 x 1",
+        floods: &[(Shape::IdleAfterTls, 400, 1)],
+    },
+    Siege {
+        name: "siege: 4 KiB then silence, 200 x 2",
+        floods: &[(STALLED, 200, 2)],
+    },
+    Siege {
+        name: "siege: slow heads after one request, 200 x 2",
+        floods: &[(Shape::SlowHead { after_one: true }, 200, 2)],
+    },
+    Siege {
+        name: "siege: mixed, 400 addresses",
+        floods: &[
+            (Shape::IdleAfterTls, 100, 2),
+            (IDLE, 100, 2),
+            (STALLED, 100, 2),
+            (STREAMS, 100, 1),
+        ],
+    },
+];
+
 impl Siege {
-    const ALL: [Siege; 6] = [
-        Siege::HalfOpenOneAddress,
-        Siege::IdleOneAddress,
-        Siege::SlowBodies,
-        Siege::SlowStreams,
-        Siege::SilentAndIdleMany,
-        Siege::AllAtOnce,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Siege::HalfOpenOneAddress => "siege: half-open, one address",
-            Siege::IdleOneAddress => "siege: idle, one address",
-            Siege::SlowBodies => "siege: slow bodies, 200 x 2",
-            Siege::SlowStreams => "siege: h2 slow streams, 200 x 2 x 16",
-            Siege::SilentAndIdleMany => "siege: half-open and idle, 120 x 3 each",
-            Siege::AllAtOnce => "siege: all at once",
+    /// The floods of `target`, the k-th from 127.`net + k`.x.y; bodies and heads go to
+    /// `body_path`.
+    fn floods(
+        &self,
+        target: &Target,
+        net: u8,
+        body_path: &'static str,
+        for_at_most: Duration,
+    ) -> Vec<Flood> {
+        let mut floods = Vec::new();
+        for (k, &(shape, addresses, each)) in self.floods.iter().enumerate() {
+            let sources = flood_support::addresses(net + k as u8, 0, addresses);
+            floods.push(flood_support::flood(
+                target,
+                shape,
+                body_path,
+                &sources,
+                addresses * each,
+                Duration::ZERO,
+                for_at_most,
+                FLOOD_MAX_OPENS,
+            ));
         }
-    }
-
-    /// The floods of `target`, from 127.0.`net`.x.
-    fn floods(self, target: &Target, net: u8, for_at_most: Duration) -> Vec<Flood> {
-        let lo = |first, count| flood_support::loopback_in(net, first, count);
-        let half_open = |sources: Vec<_>, total| {
-            flood_support::half_open(target.addr, &sources, total, for_at_most, FLOOD_MAX_OPENS)
-        };
-        let idle = |sources: Vec<_>, total| {
-            flood_support::idle_after_one(target, &sources, total, for_at_most, FLOOD_MAX_OPENS)
-        };
-        let bodies = |sources: Vec<_>, total| {
-            flood_support::slow_bodies(target, &sources, total, for_at_most, FLOOD_MAX_OPENS)
-        };
-        let streams = |sources: Vec<_>, total| {
-            flood_support::slow_streams(target, &sources, total, 16, for_at_most, FLOOD_MAX_OPENS)
-        };
-        match self {
-            Siege::HalfOpenOneAddress => vec![half_open(lo(2, 1), 600)],
-            Siege::IdleOneAddress => vec![idle(lo(2, 1), 600)],
-            Siege::SlowBodies => vec![bodies(lo(2, 200), 400)],
-            Siege::SlowStreams => vec![streams(lo(2, 200), 400)],
-            Siege::SilentAndIdleMany => {
-                vec![half_open(lo(2, 120), 360), idle(lo(130, 120), 360)]
-            }
-            Siege::AllAtOnce => vec![
-                half_open(lo(2, 1), 600),
-                idle(lo(3, 1), 600),
-                bodies(lo(10, 100), 200),
-                streams(lo(120, 100), 200),
-            ],
-        }
+        floods
     }
 }
 
@@ -350,7 +396,7 @@ struct Besieged {
 /// that keeps its own threads busy must not delay the honest callers' clocks).
 async fn besiege(
     bin: &Path,
-    siege: Siege,
+    siege: &Siege,
     window: Duration,
     flooders: &tokio::runtime::Handle,
 ) -> Besieged {
@@ -366,8 +412,8 @@ async fn besiege(
     }
     let pid = server.child.id();
     let idle_mib = resident_mib(pid, "VmRSS:");
-    let mut api = ApiServer::start(server.webhook, tls.clone(), 20, 10, PATIENCE);
-    // Its pool dialled, as before any flood.
+    let mut api = ApiServer::start(server.webhook, tls.clone(), API, PATIENCE);
+    // Its pool dialled (a burst), as before any flood.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let for_at_most = window * 3 + Duration::from_secs(60);
     let webhook = Target {
@@ -383,8 +429,8 @@ async fn besiege(
     let drops = flood_support::conntrack_drops();
     let floods = {
         let _flooders = flooders.enter();
-        let mut floods = siege.floods(&webhook, 0, for_at_most);
-        floods.extend(siege.floods(&admin, 1, for_at_most));
+        let mut floods = siege.floods(&webhook, 10, "/validate", for_at_most);
+        floods.extend(siege.floods(&admin, 40, "/explain", for_at_most));
         floods
     };
     let filled = std::time::Instant::now() + Duration::from_secs(10);
@@ -397,7 +443,7 @@ async fn besiege(
         api.measure(window),
         flood_support::honest_for(window, EVERY, || flood_support::probe_once(
             server.admin,
-            PATIENCE
+            PROBE_PATIENCE
         )),
     );
     let peak_mib = resident_mib(pid, "VmHWM:");
@@ -479,10 +525,7 @@ fn main() {
         .into_iter()
         .filter(|s| chosen(s.name()))
         .collect();
-    let sieges: Vec<Siege> = Siege::ALL
-        .into_iter()
-        .filter(|s| chosen(s.name()))
-        .collect();
+    let sieges: Vec<&Siege> = SIEGES.iter().filter(|s| chosen(s.name)).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -506,15 +549,12 @@ fn main() {
             let dropped = seen.dropped.map_or("-".to_string(), |n| n.to_string());
             println!(
                 "| {label} | {} | {reviews} | {reviews_ms} | {probes} | {probes_ms} | {} | {dropped} | {:.0} / {:.0} |",
-                siege.name(),
-                seen.opened,
-                seen.idle_mib,
-                seen.peak_mib
+                siege.name, seen.opened, seen.idle_mib, seen.peak_mib
             );
             if seen.dropped.is_some_and(|n| n > 0) {
                 eprintln!(
                     "  {label} {}: the kernel dropped packets for a full conntrack table: new connections failed before the server saw them (run the sieges in a network namespace of their own: docs/benchmarks.md)",
-                    siege.name()
+                    siege.name
                 );
             }
             for failure in seen
@@ -524,7 +564,7 @@ fn main() {
                 .chain(&seen.probes.failures)
                 .take(3)
             {
-                eprintln!("  {label} {}: {failure}", siege.name());
+                eprintln!("  {label} {}: {failure}", siege.name);
             }
         }
     }

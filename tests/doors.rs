@@ -864,8 +864,13 @@ async fn probes_answer_while_the_metrics_endpoint_is_flooded() {
 /// addresses are 50, the API server's 20 keep-alive connections are 5). How fast the
 /// reviews are answered at full scale is benches/flood.rs' business.
 const SCALED_CAP: usize = 64;
-const API_POOL: usize = 5;
-const REVIEWS_PER_SECOND: u32 = 10;
+/// The modelled API server: ten reviews a second, and five at once every two seconds (so
+/// it holds about five connections, as 20 are to 256).
+const API: flood_support::Traffic = flood_support::Traffic {
+    per_second: 10,
+    burst: 5,
+    burst_every: Duration::from_secs(2),
+};
 const REVIEWING_FOR: Duration = Duration::from_secs(6);
 /// A review not answered by then counts as not answered (generous: a debug build on two
 /// shared cores, flood and server in one process).
@@ -902,13 +907,7 @@ where
     };
     let door = door(false, limits, None).await;
     let tls = tls_support::client_config(&door.ca);
-    let mut api = flood_support::ApiServer::start(
-        door.addr,
-        tls.clone(),
-        API_POOL,
-        REVIEWS_PER_SECOND,
-        REVIEW_PATIENCE,
-    );
+    let mut api = flood_support::ApiServer::start(door.addr, tls.clone(), API, REVIEW_PATIENCE);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let target = flood_support::Target {
         addr: door.addr,

@@ -47,13 +47,16 @@ pub struct ConnectionLimits {
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
     pub max_streams: u32,
-    /// Slowest a request body may arrive, in bytes per second averaged from the end of
-    /// its head (0: no floor). Behind it, the body's connection may give its slot to a
-    /// newcomer; still behind after --body-rate-grace, the request is answered 408 and its
-    /// connection closed.
+    /// Slowest a request body may arrive, in bytes per second, judged over a sliding
+    /// window of --body-rate-grace: each byte buys 1/this of a second, never more than
+    /// the window ahead (0: no rule). A body a second short of a full window may give its
+    /// connection's slot to a newcomer; one whose time runs out, or that is not whole
+    /// --request-timeout after its head, is answered 408 and its connection closed.
     #[arg(long, env = "GPU_ADMISSION_MIN_BODY_RATE", default_value_t = 240)]
     pub min_body_rate: u32,
-    /// How long after its head a body behind --min-body-rate is cut.
+    /// The window of --min-body-rate: the most time a body's bytes may buy ahead, and
+    /// the time a body that sends nothing has from its head (a burst then silence buys
+    /// no more).
     #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub body_rate_grace: Duration,
 }
@@ -261,11 +264,12 @@ async fn drain(
     }
 }
 
-/// The body rate floor `limits` set.
+/// The body rate rule `limits` set.
 fn pace(limits: &ConnectionLimits) -> Pace {
     Pace {
         floor: limits.min_body_rate,
-        grace: limits.body_rate_grace,
+        window: limits.body_rate_grace,
+        whole: limits.request_timeout,
     }
 }
 
@@ -460,9 +464,10 @@ fn tracked(
         let refused = request.version() == axum::http::Version::HTTP_2
             && !slots.admits_stream(activity.peer());
         let begun = (!refused).then(|| {
-            let progress = Progress::new(request.body().is_end_stream());
+            let pace = slots.pace();
+            let progress = Progress::new(pace, request.body().is_end_stream());
             let in_flight = activity.begin(progress.clone());
-            let (pace, activity) = (slots.pace(), activity.clone());
+            let activity = activity.clone();
             let request = request.map(|body| MeteredBody::new(body, progress, pace, activity));
             (in_flight, request)
         });

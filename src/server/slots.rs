@@ -154,27 +154,36 @@ struct Waiter {
     handoff: oneshot::Sender<Slot>,
 }
 
-/// How long a peer's use of slots is remembered when waiters take turns.
-const USE_MEMORY: Duration = Duration::from_secs(10);
+/// How long a peer's use of slots, and the requests it got answered, are remembered
+/// (longer than a kubelet's probe period, so that its probes count).
+const USE_MEMORY: Duration = Duration::from_secs(30);
 
-/// What a connection that ended without a request answered whole (a silent socket, a
-/// body too slow or never read, a newcomer refused or timed out waiting) adds to its
-/// peer's use when waiters take turns, in slot-seconds: as much as holding a slot a tenth
-/// of a second. A flooder whose sockets are closed as soon as they come, and reopened at
-/// once, uses the door as much as one that holds them; a kubelet's probes, each answered,
-/// add nothing but the milliseconds they hold. (Not counted when judging whose young
-/// handshake gives way: that is by slots held alone.)
+/// What a connection that held a slot and ended without a request answered whole (a
+/// silent socket, a body too slow or never read, a socket closed at once) adds to its
+/// peer's use, in slot-seconds: as much as holding a slot a tenth of a second. A flooder
+/// whose sockets are closed as soon as they come, and reopened at once, uses the door as
+/// much as one that holds them.
 const WASTE_WEIGHT: f64 = 0.1;
 
-/// What a peer holds now, and has held and wasted lately.
+/// What a peer never seen is presumed to cost, in slot-seconds for one request
+/// answered: more than the API server costs (a few connections held for ten reviews a
+/// second, a fraction of a slot-second a review; twenty held for that many, about 1.5),
+/// so that a flood from addresses it has never seen, or has not seen for a while, never
+/// stands before it in line.
+pub(super) const PRESUMED_COST: f64 = 5.0;
+
+/// What a peer holds now, and has held, wasted and got answered lately.
 struct PeerRecord {
     held: usize,
     /// Slot-seconds held, each second's weight decaying over [`USE_MEMORY`], as of
     /// `updated`.
     held_secs: f64,
-    /// Connections that ended without a request answered whole, each weighing less as it
-    /// recedes alike, as of `updated`.
+    /// Connections that held a slot and ended without a request answered whole, each
+    /// weighing less as it recedes alike, as of `updated`.
     wasted: f64,
+    /// Requests answered with their bodies whole, each weighing less as it recedes alike,
+    /// as of `updated`.
+    served: f64,
     updated: Instant,
 }
 
@@ -184,6 +193,7 @@ impl PeerRecord {
             held: 0,
             held_secs: 0.0,
             wasted: 0.0,
+            served: 0.0,
             updated: now,
         }
     }
@@ -205,85 +215,114 @@ impl PeerRecord {
         self.held_secs_at(now) + WASTE_WEIGHT * self.wasted * self.kept(now)
     }
 
-    /// Brings the counts to `now`, then holds `held`.
-    fn set_held(&mut self, held: usize, now: Instant) {
-        self.wasted *= self.kept(now);
+    /// Its place in line as of `now`, lower first: what it has cost the door lately per
+    /// request answered, in slot-seconds — its use, over the requests answered with
+    /// their bodies whole, one request presumed at [`PRESUMED_COST`] (a peer never seen
+    /// costs that). A kubelet, whose probes hold a slot a millisecond each, costs next
+    /// to nothing; the API server a fraction of a slot-second a review (or about 1.5
+    /// holding twenty connections for ten reviews a second); a flooder, whose sockets
+    /// hold slots for seconds and get nothing answered, or one cheap request each, far
+    /// more.
+    fn cost_at(&self, now: Instant) -> f64 {
+        (self.used_at(now) + PRESUMED_COST) / (1.0 + self.served * self.kept(now))
+    }
+
+    /// Brings the counts to `now`.
+    fn advance(&mut self, now: Instant) {
+        let kept = self.kept(now);
         self.held_secs = self.held_secs_at(now);
+        self.wasted *= kept;
+        self.served *= kept;
         self.updated = now;
-        self.held = held;
     }
 }
 
-/// Order in which waiters are let in, lower first: slots held, use lately (in
-/// thousandths of a slot-second), seat.
-type Turn = (usize, u64, u64);
+/// Order in which waiters are let in, lower first: the peer's place in line (its cost,
+/// see [`PeerRecord::cost_at`], in steps of about 9%), the slots it holds, seat.
+type Turn = (i64, usize, u64);
+
+/// `cost` in steps of an eighth of a doubling.
+fn cost_step(cost: f64) -> i64 {
+    (8.0 * cost.max(1e-9).log2()).floor() as i64
+}
 
 impl Table {
     fn turn(&self, peer: IpAddr, seat: u64, now: Instant) -> Turn {
         let record = self.peers.get(&peer);
-        let used = record.map_or(0.0, |r| r.used_at(now));
-        (record.map_or(0, |r| r.held), (used * 1e3) as u64, seat)
+        let cost = record.map_or(PRESUMED_COST, |r| r.cost_at(now));
+        let held = record.map_or(0, |r| r.held);
+        (cost_step(cost), held, seat)
     }
 
     fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
         self.holders
             .iter()
             .map(|(&age, activity)| Holder {
-                peer_used: self.held_secs(activity.peer, now),
+                peer_cost: self.cost(activity.peer, now),
                 ..activity.holder(age, pace, now)
             })
             .collect()
     }
 
-    /// Slot-seconds `peer` has held lately.
-    fn held_secs(&self, peer: IpAddr, now: Instant) -> f64 {
-        self.peers.get(&peer).map_or(0.0, |r| r.held_secs_at(now))
+    /// `peer`'s place in line (see [`PeerRecord::cost_at`]).
+    fn cost(&self, peer: IpAddr, now: Instant) -> f64 {
+        self.peers
+            .get(&peer)
+            .map_or(PRESUMED_COST, |r| r.cost_at(now))
     }
 
     fn newcomer(&self, peer: IpAddr, now: Instant) -> Newcomer {
         Newcomer {
             peer,
-            used: self.held_secs(peer, now),
+            cost: self.cost(peer, now),
         }
     }
 
-    /// Forgets peers that hold nothing and have held little lately, once there are many.
+    fn record(&mut self, peer: IpAddr, now: Instant) -> &mut PeerRecord {
+        let record = self
+            .peers
+            .entry(peer)
+            .or_insert_with(|| PeerRecord::new(now));
+        record.advance(now);
+        record
+    }
+
+    /// Counts the requests the holders got answered since last looked at.
+    fn fold_served(&mut self, now: Instant) {
+        let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+        for activity in self.holders.values() {
+            let served = activity.take_served();
+            if served > 0 {
+                *counts.entry(activity.peer).or_default() += served;
+            }
+        }
+        for (peer, served) in counts {
+            self.record(peer, now).served += served as f64;
+        }
+    }
+
+    /// Forgets peers that hold nothing and count for little lately, once there are many.
     fn forget_old_peers(&mut self, cap: usize, now: Instant) {
         let many = 4 * cap + 64;
         if self.peers.len() <= many {
             return;
         }
         self.peers
-            .retain(|_, r| r.held > 0 || r.used_at(now) > 0.01);
+            .retain(|_, r| r.held > 0 || r.used_at(now) > 0.01 || r.served * r.kept(now) > 0.01);
         if self.peers.len() > many {
             self.peers.retain(|_, r| r.held > 0);
         }
     }
 
-    /// Counts a connection of `peer` that ended without a request answered whole.
-    fn wasted(&mut self, peer: IpAddr, now: Instant) {
-        let record = self
-            .peers
-            .entry(peer)
-            .or_insert_with(|| PeerRecord::new(now));
-        record.set_held(record.held, now);
-        record.wasted += 1.0;
-    }
-
-    /// A holder of `peer` leaves the table; `served`: it had a request answered whole.
-    fn left(&mut self, peer: IpAddr, served: bool, now: Instant) {
-        self.held(peer, now, |held| held.saturating_sub(1));
-        if !served {
-            self.wasted(peer, now);
+    /// `activity`, a holder, leaves the table: what it got answered is counted, and it is
+    /// waste if nothing was.
+    fn left(&mut self, activity: &Activity, now: Instant) {
+        let record = self.record(activity.peer, now);
+        record.held = record.held.saturating_sub(1);
+        record.served += activity.take_served() as f64;
+        if !activity.has_served() {
+            record.wasted += 1.0;
         }
-    }
-
-    fn held(&mut self, peer: IpAddr, now: Instant, change: impl FnOnce(usize) -> usize) {
-        let record = self
-            .peers
-            .entry(peer)
-            .or_insert_with(|| PeerRecord::new(now));
-        record.set_held(change(record.held), now);
     }
 }
 
@@ -309,6 +348,7 @@ impl Slots {
     pub(super) fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
+        table.fold_served(now);
         let turn = table.turn(peer, table.next_seat, now);
         // Not before a waiter ranked first: it would take the slot it waits for.
         if table.first_turn.is_none_or(|first| turn < first)
@@ -357,13 +397,11 @@ impl Slots {
             };
             table.last_turn = Some(last);
             if last <= turn {
-                table.wasted(peer, Instant::now());
                 return Entry::Refused;
             }
             if let Some(i) = table.room.iter().position(|w| w.turn == last) {
                 // Dropping its sender fails its ticket: its task closes the connection.
                 let gone = table.room.swap_remove(i);
-                table.wasted(gone.peer, Instant::now());
                 tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; its last waiter gives up its seat");
             }
             table.last_turn = None;
@@ -387,12 +425,9 @@ impl Slots {
         {
             let mut table = self.table.lock();
             let now = Instant::now();
+            table.fold_served(now);
             let mut room = std::mem::take(&mut table.room);
             // Waiters gone (their deadline passed) never had a slot.
-            for gone in room.iter().filter(|w| w.handoff.is_closed()) {
-                let peer = gone.peer;
-                table.wasted(peer, now);
-            }
             room.retain(|w| !w.handoff.is_closed());
             // Turns as of now: what peers hold and have used changes while they wait.
             for waiter in &mut room {
@@ -451,7 +486,7 @@ impl Slots {
         table.next_age += 1;
         let activity = Arc::new(Activity::new(peer, self.signals.clone()));
         table.holders.insert(age, activity.clone());
-        table.held(peer, now, |held| held + 1);
+        table.record(peer, now).held += 1;
         table.forget_old_peers(self.cap, now);
         Slot {
             slots: self.clone(),
@@ -462,7 +497,7 @@ impl Slots {
 
     fn evict(&self, table: &mut Table, age: u64, newcomer: IpAddr) {
         if let Some(evicted) = table.holders.remove(&age) {
-            table.left(evicted.peer, evicted.has_served(), Instant::now());
+            table.left(&evicted, Instant::now());
             tracing::debug!(
                 peer = %evicted.peer,
                 phase = ?evicted.holder(age, self.pace, Instant::now()).state,
@@ -520,8 +555,7 @@ impl Drop for Slot {
         let mut table = self.slots.table.lock();
         // An evicted connection's entry is already gone (and its age never reused).
         if table.holders.remove(&self.age).is_some() {
-            let (peer, served) = (self.activity.peer, self.activity.has_served());
-            table.left(peer, served, Instant::now());
+            table.left(&self.activity, Instant::now());
         }
         drop(table);
         self.slots.signals.changed.notify_one();

@@ -57,24 +57,31 @@ pub(super) struct Holder {
     pub(super) state: State,
     /// Completed a request on this connection within [`QUIET`].
     pub(super) served_lately: bool,
-    /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
-    pub(super) peer_used: f64,
+    /// Its peer's place in line (`PeerRecord::cost_at`: slot-seconds used lately per
+    /// request answered, lower first).
+    pub(super) peer_cost: f64,
 }
 
-/// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
-/// held lately.
+/// A newcomer, as [`admission`] sees it: its peer, and that peer's place in line.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Newcomer {
     pub(super) peer: IpAddr,
-    pub(super) used: f64,
+    pub(super) cost: f64,
 }
 
 impl From<IpAddr> for Newcomer {
-    /// A newcomer of a peer that has held nothing lately.
+    /// A newcomer of a peer never seen (or long forgotten).
     fn from(peer: IpAddr) -> Newcomer {
-        Newcomer { peer, used: 0.0 }
+        Newcomer {
+            peer,
+            cost: super::PRESUMED_COST,
+        }
     }
 }
+
+/// How far before a holder's peer in line a newcomer's must stand to take its idle
+/// connection or young handshake: flooders alike do not churn each other's.
+const CLEARLY_BEFORE: f64 = 2.0;
 
 /// What a newcomer gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,7 +198,11 @@ pub(super) fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) 
         .excess_order
         .iter()
         .map(|&i| &holders[i])
-        .find(|h| h.peer != newcomer.peer && census.over_share(h.peer, newcomer.peer))
+        .find(|h| {
+            h.peer != newcomer.peer
+                && census.over_share(h.peer, newcomer.peer)
+                && !behind(newcomer, h)
+        })
         .map_or(Admission::Wait, |h| Admission::Replace(h.age))
 }
 
@@ -216,22 +227,35 @@ fn rank(holder: &Holder) -> Option<u8> {
 fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> bool {
     let own = holder.peer == newcomer.peer;
     let trusted = census.standing(holder.peer);
+    let before = before(newcomer, holder);
     match holder.state {
         State::Closing | State::Busy { starving: true } => true,
         State::Busy { starving: false } => false,
         // However old, its own client may be about to finish it on a starved machine.
         State::Handshake { young: false } => !own && !trusted,
         State::Opening { young: false } => own || !trusted,
-        State::Idle { young: false } => entitled && !own && !trusted,
+        State::Idle { young: false } => {
+            !own && !trusted && (before || entitled && !behind(newcomer, holder))
+        }
         // A handshake under way, or a connection whose request just ended, is judged once
-        // it is a second old, unless its peer has held far more than the newcomer's lately
-        // (a kubelet probe does not wait a second for a flooder's sockets, reopened as soon
-        // as closed, to grow old; flooders do not churn each other's faster than that).
+        // it is a second old, unless the newcomer's peer stands clearly before its own in
+        // line (a kubelet probe, or the API server's next connection, does not wait a
+        // second for a flooder's sockets, reopened as soon as closed, to grow old;
+        // flooders do not churn each other's).
         State::Handshake { young: true }
         | State::Opening { young: true }
-        | State::Idle { young: true } => {
-            let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
-            entitled && !own && !trusted && heavier
-        }
+        | State::Idle { young: true } => !own && !trusted && before,
     }
+}
+
+/// Whether `newcomer`'s peer stands clearly before `holder`'s in line.
+fn before(newcomer: Newcomer, holder: &Holder) -> bool {
+    CLEARLY_BEFORE * newcomer.cost < holder.peer_cost
+}
+
+/// Whether `newcomer`'s peer stands clearly behind `holder`'s in line: then it takes
+/// none of its connections but worthless ones, whatever their shares (the API server,
+/// after a burst, holds more than its share of idle connections it is about to use).
+fn behind(newcomer: Newcomer, holder: &Holder) -> bool {
+    newcomer.cost > CLEARLY_BEFORE * holder.peer_cost
 }

@@ -1,70 +1,77 @@
 //! Who holds a listener's connection slots, who gives one up when a newcomer arrives at
 //! the cap, and in what order waiting newcomers get in.
 //!
-//! A listener holds at most `max_connections` connections, and no peer (IP address) may
-//! keep most of them while others want them. [`admission`] is the pure rule, over the
-//! table of who holds what; [`Slots`] keeps the table, the waiting room, and tells a
-//! connection whose slot was taken to close through its [`Activity`].
+//! A listener holds at most `max_connections` connections. [`admission`] is the pure
+//! rule, over the table of who holds what; [`Slots`] keeps the table, the waiting room,
+//! and tells a connection whose slot was taken to close through its [`Activity`].
+//!
+//! **The principle: a slot is held by the work it does, and peers (IP addresses) stand
+//! in line by what they cost the door per request answered.** A connection *works*
+//! while a request is in flight whose body keeps up with the rate rule (`server::pace`);
+//! work is never cut. Every other connection holds its slot on loan: a silent socket, a
+//! handshake, a keep-alive connection between requests, a body that stalled. A peer's
+//! *cost* is the slot-seconds it has held lately (and a tenth of one per connection that
+//! held a slot and ended with nothing answered), over the requests it got answered with
+//! their bodies whole, one request presumed at [`PRESUMED_COST`] (see
+//! [`PeerRecord::cost_at`]). The API server, answered reviews steadily on a few
+//! connections, costs a fraction of a slot-second a review; a kubelet, whose probes hold
+//! a slot a millisecond, less; a flood — sockets that hold slots for seconds and get
+//! nothing answered, or one cheap request each, or that close at once — costs seconds
+//! per answer or has none, from one address or from four hundred, and so does a peer
+//! never seen. So whatever a flood does without working, the API server and the kubelet
+//! stand before it, and whatever it does, it pays with its own slots.
 //!
 //! **Shares.** A peer's *fair share* is the cap over the peers competing (those holding
-//! slots and the newcomer's), at least one slot. A peer below it is *entitled*: admitting it
-//! keeps it within its share. A peer is *over its share* when it holds more than its fair
-//! share and more than an eighth of the cap: the eighth is what a peer keeps however many
-//! addresses compete, so a flood from hundreds of addresses does not make the API server's
-//! keep-alive pool (tens of connections) an excess to be cut.
+//! slots and the newcomer's), at least one slot. A peer below it is *entitled*. A peer is
+//! *over its share* when it holds more than its fair share and more than an eighth of the
+//! cap (the eighth a peer keeps however many addresses compete).
 //!
 //! **Free slots.** The last eighth of the slots (the *reserve*) is only for entitled peers:
-//! a peer holding most of the listener, or the flood of one address, never fills it, so a
-//! kubelet probe or the API server's next connection always finds room.
+//! a peer holding most of the listener, or the flood of one address, never fills it.
 //!
-//! **At the cap** a newcomer takes the slot of a connection worth less than its own
-//! arrival, the first found in this order:
+//! **At the cap** a newcomer takes the slot of a connection on loan, the first found:
 //!
 //! 1. *worthless*, of any peer: a connection cut for a body too slow, a request whose body
-//!    has been behind the rate floor (`server::pace`) for [`YOUNG`] or more, a silent
-//!    socket (no request within [`YOUNG`] of connecting, or of the end of a TLS handshake
-//!    that took longer), a TLS handshake under way for [`YOUNG`] or more. At a door of
+//!    has fallen a second short of the rate rule's window, a silent socket (no request
+//!    within [`YOUNG`] of connecting, or of the end of a TLS handshake that took longer),
+//!    a TLS handshake under way for [`YOUNG`] or more. At a door of
 //!    [`Callers::KeepAlive`], a peer that completed a request within [`QUIET`] has
 //!    *standing* (the API server sending reviews): its slow handshakes and quiet openings
-//!    are trusted, and only its own newcomers take its silent openings (a flood from one
-//!    address pays with its own). At a door of [`Callers::Redialing`] (probes, scrapes)
-//!    nobody has standing: a flood from many addresses would earn it with one cheap
-//!    request per connection and, each address within its share, hold every slot;
-//! 2. for an entitled newcomer: an idle keep-alive connection of a peer without standing
-//!    (a flooder's that made one request; the pool of an API server with nothing to ask
-//!    for a while, which it dials again when it has) whose last request ended [`YOUNG`]
-//!    or more ago, then a handshake younger than that, or an idle connection whose
-//!    request just ended, of a peer without standing that has held over twice the
-//!    slot-seconds the newcomer's has lately (a kubelet probe does not wait for a
-//!    flooder's sockets, reopened as soon as closed, to grow old; flooders do not churn
-//!    each other's faster than that);
-//! 3. for an entitled newcomer: a connection with no request in flight of a peer over its
-//!    share, the peer holding the most first: silent ones, idle ones, young ones.
+//!    are trusted, and only its own newcomers take its silent openings. At a door of
+//!    [`Callers::Redialing`] (probes, scrapes) nobody has standing: a flood from many
+//!    addresses would earn it with one cheap request per connection;
+//! 2. of a peer without standing: a young handshake or opening, or a connection idle
+//!    between requests, if the newcomer's peer stands *clearly before* its own in line
+//!    (costs less than half as much: a kubelet probe, or the API server's next
+//!    connection, does not wait for a flooder's sockets, reopened as soon as closed, to
+//!    grow old; flooders alike do not churn each other's); a connection idle for
+//!    [`YOUNG`] or more also to an entitled newcomer not *clearly behind* its peer;
+//! 3. for an entitled newcomer not clearly behind its peer: a connection with no request
+//!    in flight of a peer over its share, the peer holding the most first: silent ones,
+//!    idle ones, young ones.
 //!
 //! Within each, the peer holding the most gives way first, then the oldest connection.
-//! Never taken: a request whose body arrives (an admission review cut short is a pod not
-//! created); a connection of a peer with standing, within its share, that is idle or in
-//! its handshake. And a newcomer never takes its own peer's handshake still in TLS
-//! (however old: a starved server finishes its client's handshakes late), its young
-//! opening, or its idle keep-alive connection: the API server, given a burst of reviews,
-//! dials many connections at once and sends its next review on any connection it holds;
-//! cutting one for another of its own gains it nothing and fails a review ("write:
-//! connection reset by peer" in the end-to-end suite).
+//! Never taken: work (an admission review cut short is a pod not created); a connection
+//! of a peer with standing, within its share, that is idle or in its handshake; an idle
+//! connection of a peer clearly before the newcomer's (the API server, after a burst,
+//! holds more than its share of connections it is about to use again). And a newcomer
+//! never takes its own peer's handshake still in TLS (however old: a starved server
+//! finishes its client's handshakes late), its young opening, or its idle keep-alive
+//! connection: the API server, given a burst of reviews, dials many connections at once
+//! and sends its next review on any connection it holds; cutting one for another of its
+//! own gains it nothing and fails a review ("write: connection reset by peer" in the
+//! end-to-end suite).
 //!
 //! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room, in its
 //! own task, bounded by its opening deadline. Whenever a slot frees, a request ends or time
-//! passes ([`RECHECK`]), waiters are let in in turn: the peer holding the fewest slots
-//! first, then the peer that has used the fewest lately (slot-seconds held, and a tenth of
-//! one per connection that ended without a request answered whole, each weighing less as
-//! it recedes over [`USE_MEMORY`]: a kubelet whose probes hold a slot a millisecond each
-//! goes before a flooder whose sockets hold theirs for seconds, or are reopened as soon as
-//! closed), then the oldest. The room
-//! has [`seats`]: enough for the API server's bursts (hundreds of connections at once) and
-//! for the floods it meets, so that a flooder's surplus waits its turn (and its deadline)
-//! instead of being closed and reopened thousands of times a second, with honest
-//! connections queued behind them in the kernel's backlog. A full room gives the seat of
-//! its last waiter in turn to a newcomer ranked before it; a newcomer ranked last is
-//! closed.
+//! passes ([`RECHECK`]), waiters are let in in line: the peer that costs least first
+//! (costs within about 9% are equal), then the peer holding the fewest slots, then the
+//! oldest. The room has [`seats`]: enough for the API server's bursts (hundreds of
+//! connections at once) and for the floods it meets, so that a flooder's surplus waits
+//! its turn (and its deadline) instead of being closed and reopened thousands of times a
+//! second, with honest connections queued behind them in the kernel's backlog. A full
+//! room gives the seat of its last waiter in line to a newcomer before it; a newcomer
+//! last in line is closed.
 //!
 //! **Requests in flight.** As many as slots before fairness applies; beyond, a peer may
 //! open a new h2 stream only within its fair share of them ([`Slots::admits_stream`]).
@@ -87,7 +94,7 @@ pub(super) use activity::Activity;
 #[cfg(test)]
 use activity::InFlight;
 pub use rule::Callers;
-use rule::{Admission, Holder, Newcomer, State, admission, seats};
+use rule::{Admission, Holder, Line, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
 
 pub use super::pace::YOUNG;
@@ -258,23 +265,24 @@ impl Table {
         self.holders
             .iter()
             .map(|(&age, activity)| Holder {
-                peer_cost: self.cost(activity.peer, now),
+                line: self.line(activity.peer, now),
                 ..activity.holder(age, pace, now)
             })
             .collect()
     }
 
     /// `peer`'s place in line (see [`PeerRecord::cost_at`]).
-    fn cost(&self, peer: IpAddr, now: Instant) -> f64 {
-        self.peers
-            .get(&peer)
-            .map_or(PRESUMED_COST, |r| r.cost_at(now))
+    fn line(&self, peer: IpAddr, now: Instant) -> Line {
+        self.peers.get(&peer).map_or(Line::NEVER_SEEN, |r| Line {
+            cost: r.cost_at(now),
+            used: r.used_at(now),
+        })
     }
 
     fn newcomer(&self, peer: IpAddr, now: Instant) -> Newcomer {
         Newcomer {
             peer,
-            cost: self.cost(peer, now),
+            line: self.line(peer, now),
         }
     }
 

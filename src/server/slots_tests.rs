@@ -16,7 +16,7 @@ fn holder(age: u64, peer: u8, state: State) -> Holder {
         peer: ip(peer),
         state,
         served_lately: false,
-        peer_cost: PRESUMED_COST,
+        line: Line::NEVER_SEEN,
     }
 }
 
@@ -191,15 +191,18 @@ fn a_young_handshake_gives_way_to_a_newcomer_clearly_before_its_peer_in_line() {
     );
 }
 
-/// What a flooding address costs that has held a slot for the last ten seconds
-/// (reopening its sockets as soon as they are closed) and got nothing answered.
-const FLOODER_COST: f64 = PRESUMED_COST + 10.0;
+/// A flooding address in line that has held a slot for the last ten seconds (reopening
+/// its sockets as soon as they are closed) and got nothing answered.
+const FLOODER: Line = Line {
+    cost: PRESUMED_COST + 10.0,
+    used: 10.0,
+};
 
 /// Sixteen such addresses, each holding one slot in `state`.
 fn reopening(state: State) -> Vec<Holder> {
     (0..16u8)
         .map(|i| Holder {
-            peer_cost: FLOODER_COST,
+            line: FLOODER,
             ..holder(u64::from(i), 10 + i, state)
         })
         .collect()
@@ -209,7 +212,7 @@ fn reopening(state: State) -> Vec<Holder> {
 fn flooder() -> Newcomer {
     Newcomer {
         peer: ip(9),
-        cost: FLOODER_COST,
+        line: FLOODER,
     }
 }
 
@@ -539,9 +542,12 @@ async fn a_peer_beyond_its_share_of_requests_in_flight_may_not_open_more_streams
     drop(probe);
 }
 
-/// What the API server costs in line holding twenty keep-alive connections (a burst's)
-/// for fourteen reviews a second; a few connections cost a fraction of this.
-const API_COST: f64 = 1.5;
+/// The API server in line holding twenty keep-alive connections (a burst's) for the last
+/// 30 s, for fourteen reviews a second; a few connections cost a fraction of this.
+const API_LINE: Line = Line {
+    cost: 1.5,
+    used: 600.0,
+};
 
 #[test]
 fn a_peer_costs_its_use_per_request_answered_so_the_api_server_stands_before_any_flood() {
@@ -555,7 +561,7 @@ fn a_peer_costs_its_use_per_request_answered_so_the_api_server_stands_before_any
     };
     // Twenty connections held for the last 30 s, 14 reviews a second answered.
     let api = record(20, 600.0, 0.0, 420.0).cost_at(now);
-    assert!(api <= API_COST, "{api}");
+    assert!(api <= API_LINE.cost, "{api}");
     // Three probes answered lately, each holding a slot a millisecond.
     let kubelet = record(0, 0.003, 0.0, 3.0).cost_at(now);
     assert!(kubelet < api, "{kubelet}");
@@ -584,17 +590,17 @@ fn the_api_servers_newcomer_takes_a_flooders_connection_whatever_the_number_of_a
     for state in [YOUNG_OPENING, OPENING, idle_young, idle_old] {
         let mut holders: Vec<Holder> = (0..4)
             .map(|age| Holder {
-                peer_cost: API_COST,
+                line: API_LINE,
                 ..in_use(age, API)
             })
             .collect();
         holders.extend((4..64u8).map(|i| Holder {
-            peer_cost: FLOODER_COST,
+            line: FLOODER,
             ..holder(u64::from(i), 10 + i, state)
         }));
         let api = Newcomer {
             peer: ip(API),
-            cost: API_COST,
+            line: API_LINE,
         };
         assert_eq!(
             admission(&holders, 64, KEEP, api),
@@ -614,12 +620,12 @@ fn the_api_server_over_its_share_keeps_its_idle_connections_from_peers_behind_it
     // connections of a door of 64, over an eighth; 44 flooding addresses hold the rest.
     let mut holders: Vec<Holder> = (0..20)
         .map(|age| Holder {
-            peer_cost: API_COST,
+            line: API_LINE,
             ..holder(age, API, State::Idle { young: false })
         })
         .collect();
     holders.extend((20..64u8).map(|i| Holder {
-        peer_cost: FLOODER_COST,
+        line: FLOODER,
         ..holder(u64::from(i), 10 + i, BUSY)
     }));
     // A flooding address's newcomer, or one never seen, stands behind it: they wait.
@@ -628,7 +634,10 @@ fn the_api_server_over_its_share_keeps_its_idle_connections_from_peers_behind_it
     // A newcomer clearly before it in line takes one.
     let cheap = Newcomer {
         peer: ip(STRANGER),
-        cost: API_COST / 4.0,
+        line: Line {
+            cost: API_LINE.cost / 4.0,
+            used: 0.0,
+        },
     };
     assert_eq!(admission(&holders, 64, KEEP, cheap), Admission::Replace(0));
 }
@@ -669,4 +678,49 @@ async fn the_api_servers_next_connection_waits_before_a_flood_from_many_addresse
         .expect("the seat was kept");
     assert_eq!(newcomer.activity().peer(), ip(API));
     drop((flood, waiting, api));
+}
+
+#[test]
+fn a_light_peer_is_nobodys_to_cut_and_at_the_admin_port_takes_a_heavy_peers_young_one() {
+    // 16 slots: a probe just connected; scrapers from three addresses, asking back to
+    // back (each answered: cheap per request, heavy in slot-seconds), hold the rest.
+    let scraper = Line {
+        cost: 0.01,
+        used: 150.0,
+    };
+    let kubelet = Line {
+        cost: 1.0,
+        used: 0.01,
+    };
+    let mut holders = vec![Holder {
+        line: kubelet,
+        ..holder(0, STRANGER, YOUNG_OPENING)
+    }];
+    holders.extend((1..16u8).map(|i| Holder {
+        line: scraper,
+        ..holder(u64::from(i), 20 + i % 3, State::Idle { young: true })
+    }));
+    let redialing = Callers::Redialing;
+    // A scraper's newcomer, cheaper per request, does not cut the probe's connection.
+    let newcomer = Newcomer {
+        peer: ip(20),
+        line: scraper,
+    };
+    assert_eq!(
+        admission(&holders, 16, redialing, newcomer),
+        Admission::Wait
+    );
+    // The next probe, below its share and far lighter, takes a scraper's connection
+    // between requests at the admin port, where a cut connection is a redial...
+    holders[0].state = BUSY;
+    let probe = Newcomer {
+        peer: ip(STRANGER),
+        line: kubelet,
+    };
+    assert_eq!(
+        admission(&holders, 16, redialing, probe),
+        Admission::Replace(1)
+    );
+    // ...not at the webhook door, where it may be a review failed.
+    assert_eq!(admission(&holders, 16, KEEP, probe), Admission::Wait);
 }

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::super::pace::{Pace, Progress};
-use super::{Holder, QUIET, Signals, State, YOUNG};
+use super::{Holder, Line, QUIET, Signals, State, YOUNG};
 
 /// One connection's requests: whether it has made one, which are in flight, when the
 /// last one ended and was last served whole; and whether it must give up its slot.
@@ -80,7 +80,7 @@ impl Activity {
             peer: self.peer,
             state: self.state(pace, now, young),
             served_lately: served > 0 && since(served - 1) < QUIET,
-            peer_cost: super::PRESUMED_COST,
+            line: Line::NEVER_SEEN,
         }
     }
 

@@ -57,16 +57,15 @@ pub(super) struct Holder {
     pub(super) state: State,
     /// Completed a request on this connection within [`QUIET`].
     pub(super) served_lately: bool,
-    /// Its peer's place in line (`PeerRecord::cost_at`: slot-seconds used lately per
-    /// request answered, lower first).
-    pub(super) peer_cost: f64,
+    /// Its peer's place in line.
+    pub(super) line: Line,
 }
 
 /// A newcomer, as [`admission`] sees it: its peer, and that peer's place in line.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Newcomer {
     pub(super) peer: IpAddr,
-    pub(super) cost: f64,
+    pub(super) line: Line,
 }
 
 impl From<IpAddr> for Newcomer {
@@ -74,14 +73,55 @@ impl From<IpAddr> for Newcomer {
     fn from(peer: IpAddr) -> Newcomer {
         Newcomer {
             peer,
-            cost: super::PRESUMED_COST,
+            line: Line::NEVER_SEEN,
         }
     }
 }
 
-/// How far before a holder's peer in line a newcomer's must stand to take its idle
-/// connection or young handshake: flooders alike do not churn each other's.
-const CLEARLY_BEFORE: f64 = 2.0;
+/// A peer's place in line, as the rule compares two (`server::slots`, `PeerRecord`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Line {
+    /// Slot-seconds used lately per request answered, one presumed (lower first).
+    pub(super) cost: f64,
+    /// Slot-seconds used lately.
+    pub(super) used: f64,
+}
+
+/// How far apart two peers must stand for one to take the other's connection on loan:
+/// flooders alike do not churn each other's.
+const CLEARLY: f64 = 2.0;
+
+/// Below this many slot-seconds used lately, a peer's connections are nobody's to take
+/// but as worthless ones: a kubelet's probes, a client holding next to nothing.
+const LIGHT: f64 = 1.0;
+
+impl Line {
+    /// A peer never seen (or long forgotten).
+    pub(super) const NEVER_SEEN: Line = Line {
+        cost: super::PRESUMED_COST,
+        used: 0.0,
+    };
+
+    /// Clearly before `other` in line: less than half its cost per request answered,
+    /// `other` not a light peer.
+    fn before(self, other: Line) -> bool {
+        CLEARLY * self.cost < other.cost && other.used >= LIGHT
+    }
+
+    /// Clearly behind `other`: more than twice its cost per request answered. Then it
+    /// takes none of its connections but worthless ones, whatever their shares (the API
+    /// server, after a burst, holds more than its share of connections it is about to
+    /// use again).
+    fn behind(self, other: Line) -> bool {
+        self.cost > CLEARLY * other.cost
+    }
+
+    /// Clearly lighter than `other`: `other` has used over twice its slot-seconds lately,
+    /// and one more.
+    fn lighter(self, other: Line) -> bool {
+        other.used > CLEARLY * self.used + 1.0
+    }
+}
 
 /// What a newcomer gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +138,8 @@ pub(super) enum Admission {
 /// they give way in (so that each newcomer takes the first it may).
 pub(super) struct Census {
     cap: usize,
+    /// At a door of [`Callers::Redialing`].
+    redialing: bool,
     held: usize,
     peers: HashMap<IpAddr, PeerCount>,
     /// Indices of the holders that may give way (see [`rank`]), by (rank, the peer
@@ -133,6 +175,7 @@ impl Census {
         excess_order.sort_by_key(|&i| (Reverse(held_by(i)), rank(&holders[i]), holders[i].age));
         Census {
             cap: cap.max(1),
+            redialing: callers == Callers::Redialing,
             held: holders.len(),
             peers,
             spare_order,
@@ -201,7 +244,7 @@ pub(super) fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) 
         .find(|h| {
             h.peer != newcomer.peer
                 && census.over_share(h.peer, newcomer.peer)
-                && !behind(newcomer, h)
+                && !newcomer.line.behind(h.line)
         })
         .map_or(Admission::Wait, |h| Admission::Replace(h.age))
 }
@@ -222,40 +265,33 @@ fn rank(holder: &Holder) -> Option<u8> {
     }
 }
 
-/// Whether `holder` gives way to `newcomer` as a worthless or unproven connection (the
+/// Whether `holder` gives way to `newcomer` as a worthless or loaned connection (the
 /// module doc's first two kinds).
 fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> bool {
     let own = holder.peer == newcomer.peer;
     let trusted = census.standing(holder.peer);
-    let before = before(newcomer, holder);
+    let (mine, theirs) = (newcomer.line, holder.line);
+    let before = mine.before(theirs);
+    let not_behind = !mine.behind(theirs);
     match holder.state {
         State::Closing | State::Busy { starving: true } => true,
         State::Busy { starving: false } => false,
         // However old, its own client may be about to finish it on a starved machine.
         State::Handshake { young: false } => !own && !trusted,
         State::Opening { young: false } => own || !trusted,
-        State::Idle { young: false } => {
-            !own && !trusted && (before || entitled && !behind(newcomer, holder))
-        }
+        State::Idle { young: false } => !own && !trusted && (before || entitled && not_behind),
         // A handshake under way, or a connection whose request just ended, is judged once
         // it is a second old, unless the newcomer's peer stands clearly before its own in
         // line (a kubelet probe, or the API server's next connection, does not wait a
         // second for a flooder's sockets, reopened as soon as closed, to grow old;
-        // flooders do not churn each other's).
+        // flooders do not churn each other's); or, at a door of redialing callers, where a
+        // connection cut costs its caller a redial, is below its share and clearly
+        // lighter (a probe does not wait for scrapes sent back to back to pause).
         State::Handshake { young: true }
         | State::Opening { young: true }
-        | State::Idle { young: true } => !own && !trusted && before,
+        | State::Idle { young: true } => {
+            let lighter = census.redialing && entitled && mine.lighter(theirs);
+            !own && !trusted && (before || lighter)
+        }
     }
-}
-
-/// Whether `newcomer`'s peer stands clearly before `holder`'s in line.
-fn before(newcomer: Newcomer, holder: &Holder) -> bool {
-    CLEARLY_BEFORE * newcomer.cost < holder.peer_cost
-}
-
-/// Whether `newcomer`'s peer stands clearly behind `holder`'s in line: then it takes
-/// none of its connections but worthless ones, whatever their shares (the API server,
-/// after a burst, holds more than its share of idle connections it is about to use).
-fn behind(newcomer: Newcomer, holder: &Holder) -> bool {
-    newcomer.cost > CLEARLY_BEFORE * holder.peer_cost
 }

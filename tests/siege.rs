@@ -13,7 +13,9 @@
 //! The scale is what two shared cores hold in a debug build: the webhook door's cap is
 //! 64 (the default 256 scaled by a quarter; the shares are ratios), the admin port's its
 //! own 64, and at most 480 flooding connections per door. Every run prints its seed;
-//! `SIEGE_SEED=<seed>` replays a run, `SIEGE_DRAWS=<n>` changes how many draws it makes.
+//! `SIEGE_SEED=<seed>` replays a run, `SIEGE_DRAWS=<n>` changes how many draws it makes,
+//! and `SIEGE_ONLY=<i>` replays its i-th draw alone (`SIEGE_LOG=<filter>` logs the
+//! server's decisions).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -171,14 +173,20 @@ fn draw(rng: &mut ChaCha8Rng) -> Draw {
             Some(last) if rng.random_bool(0.25) => last.net,
             _ => 10 + i as u8,
         };
-        let pause = if rng.random_bool(0.7) {
+        let shape = draw_shape(rng, door);
+        let pause = if shape == Shape::Churn {
+            // Churn as fast as the flooders' cores go is a race for the node's CPU and its
+            // kernel's accept queue (benches/flood.rs measures it in a release build):
+            // here each churning connection is reopened at most ten times a second.
+            Duration::from_millis(rng.random_range(100..500))
+        } else if rng.random_bool(0.7) {
             Duration::ZERO
         } else {
             Duration::from_millis(rng.random_range(0..500))
         };
         floods.push(Flooding {
             door,
-            shape: draw_shape(rng, door),
+            shape,
             path: draw_path(rng, door),
             net,
             addresses,
@@ -358,6 +366,18 @@ fn random_sieges_keep_neither_the_api_server_nor_the_kubelet_out() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(DRAWS);
+    // The server's own log, to see why a draw fell short (e.g.
+    // `SIEGE_LOG=gpu_admission::server=debug`).
+    if let Ok(filter) = std::env::var("SIEGE_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    // Replays one draw of a run alone.
+    let only: Option<usize> = std::env::var("SIEGE_ONLY")
+        .ok()
+        .and_then(|s| s.parse().ok());
     eprintln!("SIEGE_SEED={seed} replays this run ({draws} draws)");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -375,6 +395,9 @@ fn random_sieges_keep_neither_the_api_server_nor_the_kubelet_out() {
     let mut short = Vec::new();
     for i in 0..draws {
         let draw = draw(&mut rng);
+        if only.is_some_and(|only| only != i) {
+            continue;
+        }
         let seen = runtime.block_on(besiege(&draw, flooders.handle()));
         let line = format!(
             "draw {i}: reviews {}, probes {}; flood connections {}, API server dials {}{}\n  {draw}",

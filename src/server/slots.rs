@@ -248,6 +248,27 @@ impl PeerRecord {
 /// see [`PeerRecord::cost_at`], in steps of about 9%), the slots it holds, seat.
 type Turn = (i64, usize, u64);
 
+/// Peers' places in line as of one moment, each computed once (a pass over the waiting
+/// room looks at every holder's and waiter's peer, often many times).
+struct Lines {
+    now: Instant,
+    known: HashMap<IpAddr, Line>,
+}
+
+impl Lines {
+    fn new(now: Instant) -> Lines {
+        Lines {
+            now,
+            known: HashMap::new(),
+        }
+    }
+}
+
+/// Waiters refused in a row after which a pass over the waiting room stops: the rest,
+/// later in line, wait for the next pass (a full room of a flood's newcomers, none of
+/// which anything gives way to, is not looked at whole every few milliseconds).
+const REFUSED_IN_A_ROW: usize = 64;
+
 /// `cost` in steps of an eighth of a doubling.
 fn cost_step(cost: f64) -> i64 {
     (8.0 * cost.max(1e-9).log2()).floor() as i64
@@ -255,34 +276,45 @@ fn cost_step(cost: f64) -> i64 {
 
 impl Table {
     fn turn(&self, peer: IpAddr, seat: u64, now: Instant) -> Turn {
-        let record = self.peers.get(&peer);
-        let cost = record.map_or(PRESUMED_COST, |r| r.cost_at(now));
-        let held = record.map_or(0, |r| r.held);
-        (cost_step(cost), held, seat)
+        self.turn_in(&mut Lines::new(now), peer, seat)
+    }
+
+    fn turn_in(&self, lines: &mut Lines, peer: IpAddr, seat: u64) -> Turn {
+        let line = self.line_in(lines, peer);
+        let held = self.peers.get(&peer).map_or(0, |r| r.held);
+        (cost_step(line.cost), held, seat)
     }
 
     fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
+        self.holders_in(&mut Lines::new(now), pace)
+    }
+
+    fn holders_in(&self, lines: &mut Lines, pace: Pace) -> Vec<Holder> {
         self.holders
             .iter()
             .map(|(&age, activity)| Holder {
-                line: self.line(activity.peer, now),
-                ..activity.holder(age, pace, now)
+                line: self.line_in(lines, activity.peer),
+                ..activity.holder(age, pace, lines.now)
             })
             .collect()
     }
 
-    /// `peer`'s place in line (see [`PeerRecord::cost_at`]).
-    fn line(&self, peer: IpAddr, now: Instant) -> Line {
-        self.peers.get(&peer).map_or(Line::NEVER_SEEN, |r| Line {
-            cost: r.cost_at(now),
-            used: r.used_at(now),
+    /// `peer`'s place in line (see [`PeerRecord::cost_at`]), as of `lines.now`, computed
+    /// once there.
+    fn line_in(&self, lines: &mut Lines, peer: IpAddr) -> Line {
+        let now = lines.now;
+        *lines.known.entry(peer).or_insert_with(|| {
+            self.peers.get(&peer).map_or(Line::NEVER_SEEN, |r| Line {
+                cost: r.cost_at(now),
+                used: r.used_at(now),
+            })
         })
     }
 
     fn newcomer(&self, peer: IpAddr, now: Instant) -> Newcomer {
         Newcomer {
             peer,
-            line: self.line(peer, now),
+            line: self.line_in(&mut Lines::new(now), peer),
         }
     }
 
@@ -434,34 +466,43 @@ impl Slots {
             let mut table = self.table.lock();
             let now = Instant::now();
             table.fold_served(now);
+            let mut lines = Lines::new(now);
             let mut room = std::mem::take(&mut table.room);
             // Waiters gone (their deadline passed) never had a slot.
             room.retain(|w| !w.handoff.is_closed());
             // Turns as of now: what peers hold and have used changes while they wait.
             for waiter in &mut room {
-                waiter.turn = table.turn(waiter.peer, waiter.turn.2, now);
+                waiter.turn = table.turn_in(&mut lines, waiter.peer, waiter.turn.2);
             }
             room.sort_unstable_by_key(|w| w.turn);
-            let mut holders = table.holders(self.pace, now);
+            let mut holders = table.holders_in(&mut lines, self.pace);
             let mut census = Census::of(&holders, self.cap, self.callers);
-            // A peer refused once in a pass is refused for all its waiters.
+            // A peer refused once in a pass is refused for all its waiters; after many
+            // refused in a row, the rest (later in line) wait for the next pass.
             let mut refused: HashSet<IpAddr> = HashSet::new();
+            let mut in_a_row = 0;
             let mut still = Vec::with_capacity(room.len());
             for waiter in room {
-                if refused.contains(&waiter.peer) {
+                if in_a_row >= REFUSED_IN_A_ROW || refused.contains(&waiter.peer) {
                     still.push(waiter);
                     continue;
                 }
-                let decided = admit_in(&census, &holders, table.newcomer(waiter.peer, now));
+                let newcomer = Newcomer {
+                    peer: waiter.peer,
+                    line: table.line_in(&mut lines, waiter.peer),
+                };
+                let decided = admit_in(&census, &holders, newcomer);
                 match self.apply(&mut table, decided, waiter.peer, now) {
                     Some(slot) => {
                         handed.push((waiter.handoff, slot));
-                        holders = table.holders(self.pace, now);
+                        holders = table.holders_in(&mut lines, self.pace);
                         census = Census::of(&holders, self.cap, self.callers);
+                        in_a_row = 0;
                     }
                     None => {
                         refused.insert(waiter.peer);
                         still.push(waiter);
+                        in_a_row += 1;
                     }
                 }
             }

@@ -94,7 +94,7 @@ fn a_flooder_from_one_address_never_takes_another_peers_connection_in_use() {
 }
 
 #[test]
-fn requests_in_flight_are_never_cut_unless_their_bodies_starve() {
+fn requests_in_flight_are_cut_only_when_their_bodies_starve_or_their_peer_is_suspect() {
     let holders = [holder(0, 9, BUSY), holder(1, 9, BUSY)];
     assert_eq!(admission(&holders, 2, KEEP, ip(STRANGER)), Admission::Wait);
     let holders = [holder(0, 9, BUSY), holder(1, 9, STARVING)];
@@ -104,6 +104,17 @@ fn requests_in_flight_are_never_cut_unless_their_bodies_starve() {
     );
     // Its own peer's newcomer too: a starving request is worth nothing to anyone.
     assert_eq!(admission(&holders, 2, KEEP, ip(9)), Admission::Replace(1));
+    // A body that arrives is cut only for a peer suspect (holding slots with nothing
+    // answered), and only for a newcomer clearly before it: the API server's.
+    let api = Newcomer {
+        peer: ip(API),
+        line: API_LINE,
+    };
+    let busy = [holder(0, 9, BUSY), holder(1, 9, BUSY)];
+    assert_eq!(admission(&busy, 2, KEEP, api), Admission::Wait);
+    let suspect = busy.map(|h| Holder { line: FLOODER, ..h });
+    assert_eq!(admission(&suspect, 2, KEEP, api), Admission::Replace(0));
+    assert_eq!(admission(&suspect, 2, KEEP, flooder()), Admission::Wait);
 }
 
 #[test]
@@ -628,9 +639,15 @@ fn the_api_server_over_its_share_keeps_its_idle_connections_from_peers_behind_it
         line: FLOODER,
         ..holder(u64::from(i), 10 + i, BUSY)
     }));
-    // A flooding address's newcomer, or one never seen, stands behind it: they wait.
-    assert_eq!(admission(&holders, 64, KEEP, flooder()), Admission::Wait);
-    assert_eq!(admission(&holders, 64, KEEP, ip(STRANGER)), Admission::Wait);
+    // A flooding address's newcomer, or one never seen, stands behind it: neither takes
+    // one of its connections (one never seen may take a flooder's).
+    for newcomer in [flooder(), Newcomer::from(ip(STRANGER))] {
+        let taken = admission(&holders, 64, KEEP, newcomer);
+        assert!(
+            !matches!(taken, Admission::Replace(age) if age < 20),
+            "{taken:?}"
+        );
+    }
     // A newcomer clearly before it in line takes one.
     let cheap = Newcomer {
         peer: ip(STRANGER),
@@ -650,12 +667,14 @@ async fn the_api_servers_next_connection_waits_before_a_flood_from_many_addresse
     for _ in 0..20 {
         drop(api.activity().begin(Progress::new(PACE, true)));
     }
-    // Seven flooding addresses hold the other slots with requests in flight (nothing
-    // gives way), and forty more addresses wait.
+    // Seven addresses hold the other slots with requests in flight (nothing gives way),
+    // and forty more addresses wait.
     let mut flood = Vec::new();
     let mut in_flight = Vec::new();
     for i in 0..7 {
         let slot = slot_of(slots.enter(ip(10 + i))).await;
+        // One request answered each (no address is suspect), one in flight.
+        drop(slot.activity().begin(Progress::new(PACE, true)));
         in_flight.push(slot.activity().begin(Progress::new(PACE, false)));
         flood.push(slot);
     }
@@ -681,16 +700,17 @@ async fn the_api_servers_next_connection_waits_before_a_flood_from_many_addresse
 }
 
 #[test]
-fn a_light_peer_is_nobodys_to_cut_and_at_the_admin_port_takes_a_heavy_peers_young_one() {
+fn a_probe_just_come_is_nobodys_to_cut_and_at_the_admin_port_takes_a_heavy_peers_idle_one() {
     // 16 slots: a probe just connected; scrapers from three addresses, asking back to
     // back (each answered: cheap per request, heavy in slot-seconds), hold the rest.
     let scraper = Line {
         cost: 0.01,
         used: 150.0,
     };
+    // A kubelet probing often on a starved machine, its probes holding slots a while.
     let kubelet = Line {
-        cost: 1.0,
-        used: 0.01,
+        cost: 0.5,
+        used: 15.0,
     };
     let mut holders = vec![Holder {
         line: kubelet,
@@ -701,7 +721,8 @@ fn a_light_peer_is_nobodys_to_cut_and_at_the_admin_port_takes_a_heavy_peers_youn
         ..holder(u64::from(i), 20 + i % 3, State::Idle { young: true })
     }));
     let redialing = Callers::Redialing;
-    // A scraper's newcomer, cheaper per request, does not cut the probe's connection.
+    // Neither a scraper's newcomer, cheaper per request, nor an address never seen,
+    // lighter, cuts the probe's connection.
     let newcomer = Newcomer {
         peer: ip(20),
         line: scraper,
@@ -710,12 +731,24 @@ fn a_light_peer_is_nobodys_to_cut_and_at_the_admin_port_takes_a_heavy_peers_youn
         admission(&holders, 16, redialing, newcomer),
         Admission::Wait
     );
+    holders[1..].iter_mut().for_each(|h| h.state = BUSY);
+    assert_eq!(
+        admission(&holders, 16, redialing, ip(9)),
+        Admission::Wait,
+        "a stranger"
+    );
     // The next probe, below its share and far lighter, takes a scraper's connection
     // between requests at the admin port, where a cut connection is a redial...
+    holders[1..]
+        .iter_mut()
+        .for_each(|h| h.state = State::Idle { young: true });
     holders[0].state = BUSY;
     let probe = Newcomer {
         peer: ip(STRANGER),
-        line: kubelet,
+        line: Line {
+            used: 0.5,
+            ..kubelet
+        },
     };
     assert_eq!(
         admission(&holders, 16, redialing, probe),

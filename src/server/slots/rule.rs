@@ -91,10 +91,6 @@ pub(super) struct Line {
 /// flooders alike do not churn each other's.
 const CLEARLY: f64 = 2.0;
 
-/// Below this many slot-seconds used lately, a peer's connections are nobody's to take
-/// but as worthless ones: a kubelet's probes, a client holding next to nothing.
-const LIGHT: f64 = 1.0;
-
 impl Line {
     /// A peer never seen (or long forgotten).
     pub(super) const NEVER_SEEN: Line = Line {
@@ -102,10 +98,15 @@ impl Line {
         used: 0.0,
     };
 
-    /// Clearly before `other` in line: less than half its cost per request answered,
-    /// `other` not a light peer.
+    /// Clearly before `other` in line: less than half its cost per request answered.
     fn before(self, other: Line) -> bool {
-        CLEARLY * self.cost < other.cost && other.used >= LIGHT
+        CLEARLY * self.cost < other.cost
+    }
+
+    /// Costs more than a peer never seen: it has held slots and got little or nothing
+    /// answered (a flooder's), unlike a kubelet or the API server, however busy.
+    fn suspect(self) -> bool {
+        self.cost > super::PRESUMED_COST
     }
 
     /// Clearly behind `other`: more than twice its cost per request answered. Then it
@@ -167,10 +168,10 @@ impl Census {
             count.standing |= holder.served_lately && callers == Callers::KeepAlive;
         }
         let held_by = |i: usize| peers.get(&holders[i].peer).map_or(0, |c| c.held);
-        let mut spare_order: Vec<usize> = (0..holders.len())
-            .filter(|&i| rank(&holders[i]).is_some())
+        let mut spare_order: Vec<usize> = (0..holders.len()).collect();
+        let mut excess_order: Vec<usize> = (0..holders.len())
+            .filter(|&i| at_rest(&holders[i]))
             .collect();
-        let mut excess_order = spare_order.clone();
         spare_order.sort_by_key(|&i| (rank(&holders[i]), Reverse(held_by(i)), holders[i].age));
         excess_order.sort_by_key(|&i| (Reverse(held_by(i)), rank(&holders[i]), holders[i].age));
         Census {
@@ -250,19 +251,25 @@ pub(super) fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) 
 }
 
 /// Order of giving way: worthless connections (cut, starving, silent), then idle
-/// connections, then young handshakes; requests whose bodies arrive never.
-fn rank(holder: &Holder) -> Option<u8> {
+/// connections, then young handshakes, then (a suspect peer's only) requests whose
+/// bodies arrive.
+fn rank(holder: &Holder) -> u8 {
     match holder.state {
         State::Closing
         | State::Busy { starving: true }
         | State::Handshake { young: false }
-        | State::Opening { young: false } => Some(0),
-        State::Idle { young: false } => Some(1),
+        | State::Opening { young: false } => 0,
+        State::Idle { young: false } => 1,
         State::Handshake { young: true }
         | State::Opening { young: true }
-        | State::Idle { young: true } => Some(2),
-        State::Busy { starving: false } => None,
+        | State::Idle { young: true } => 2,
+        State::Busy { starving: false } => 3,
     }
+}
+
+/// Whether `holder` has no request in flight whose body arrives.
+fn at_rest(holder: &Holder) -> bool {
+    holder.state != State::Busy { starving: false }
 }
 
 /// Whether `holder` gives way to `newcomer` as a worthless or loaned connection (the
@@ -275,21 +282,28 @@ fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool
     let not_behind = !mine.behind(theirs);
     match holder.state {
         State::Closing | State::Busy { starving: true } => true,
-        State::Busy { starving: false } => false,
+        // Work: only a suspect peer's, and only for a newcomer clearly before it (a flood's
+        // bodies that stall after a burst do not hold every slot through their first
+        // second while a probe waits).
+        State::Busy { starving: false } => !own && before && theirs.suspect(),
         // However old, its own client may be about to finish it on a starved machine.
         State::Handshake { young: false } => !own && !trusted,
         State::Opening { young: false } => own || !trusted,
         State::Idle { young: false } => !own && !trusted && (before || entitled && not_behind),
-        // A handshake under way, or a connection whose request just ended, is judged once
-        // it is a second old, unless the newcomer's peer stands clearly before its own in
-        // line (a kubelet probe, or the API server's next connection, does not wait a
-        // second for a flooder's sockets, reopened as soon as closed, to grow old;
-        // flooders do not churn each other's); or, at a door of redialing callers, where a
-        // connection cut costs its caller a redial, is below its share and clearly
-        // lighter (a probe does not wait for scrapes sent back to back to pause).
-        State::Handshake { young: true }
-        | State::Opening { young: true }
-        | State::Idle { young: true } => {
+        // A connection just come (in its handshake, or its request not yet begun) is
+        // judged once it is a second old, unless the newcomer's peer stands clearly
+        // before its own and its own is suspect (a kubelet probe, or the API server's
+        // next connection, does not wait a second for a flooder's sockets, reopened as
+        // soon as closed, to grow old; nobody cuts a probe or a review just come).
+        State::Handshake { young: true } | State::Opening { young: true } => {
+            !own && !trusted && before && theirs.suspect()
+        }
+        // A keep-alive connection whose request just ended: to a newcomer clearly before
+        // its peer (flooders alike do not churn each other's); at a door of redialing
+        // callers, where a connection cut costs its caller a redial, also to one below
+        // its share and clearly lighter (a probe does not wait for scrapes sent back to
+        // back to pause).
+        State::Idle { young: true } => {
             let lighter = census.redialing && entitled && mine.lighter(theirs);
             !own && !trusted && (before || lighter)
         }

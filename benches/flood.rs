@@ -19,11 +19,15 @@
 //! A call that fails or takes over 5 s counts as failed. Every flood stops when the
 //! honest calls are done, and at most 5 s per call plus 10 s after it started.
 //!
-//! Sieges ("doors no peer can lock"), each at full scale against default limits, flooding
-//! the webhook door from 127.0.0.x and the admin door from 127.0.1.x alike, every flooding
-//! connection reopened as soon as the server closes it; meanwhile the modelled API server
-//! (one peer, 127.0.0.1: 20 keep-alive connections, 10 reviews a second, a review not
-//! retried) and kubelet-like probes (`GET /livez`, a fresh connection every 100 ms):
+//! Sieges ("doors no peer can lock", and issue #46's shapes), each at full scale against
+//! default limits, flooding the webhook door from 127.10+k.x.y and the admin door from
+//! 127.40+k.x.y alike (bodies and heads at the admin door go to `/explain`), every
+//! flooding connection reopened as soon as the server closes it; meanwhile the modelled
+//! API server (one peer, 127.0.0.1, a client-go webhook client: a keep-alive pool, a dial
+//! when no connection is idle; ten reviews a second and twenty at once every five
+//! seconds, each with 5 s to be answered, not retried) and kubelet-like probes (`GET
+//! /livez`, a fresh connection every 100 ms whether the last was answered or not, each
+//! with the kubelet's 1 s timeout), both from before the floods:
 //!
 //! - `siege: half-open, one address`: 600 connections that never send a byte;
 //! - `siege: idle, one address`: 600 connections idle after one request;
@@ -33,10 +37,22 @@
 //!   streams each;
 //! - `siege: half-open and idle, 120 x 3 each`: 360 of each kind from 120 addresses each;
 //! - `siege: all at once`: 600 half-open and 600 idle from one address each, 200 slow
-//!   bodies and 200 slow h2 connections (16 streams) from 100 addresses each.
+//!   bodies and 200 slow h2 connections (16 streams) from 100 addresses each;
+//! - `siege: idle after TLS, 200 x 2` and `400 x 1`: connections that finish TLS (at the
+//!   admin door: connect) and send nothing;
+//! - `siege: idle after one request, 200 x 2`;
+//! - `siege: 4 KiB then silence, 200 x 2`: a head announcing 4 MB, 4 KiB of it at once,
+//!   then nothing;
+//! - `siege: slow heads after one request, 200 x 2`: one request answered, then the next
+//!   head a byte a second;
+//! - `siege: churn, 250 x 1`: connections opened (and at the webhook door taken through
+//!   TLS) and closed at once, again and again;
+//! - `siege: mixed, 400 addresses`: idle after TLS, idle after one request and 4 KiB then
+//!   silence, 100 addresses x 2 each, and 100 h2 connections of 16 slow streams.
 //!
-//! A review or probe that fails or takes over 5 s is not answered; the latencies are of
-//! those answered, over `WINDOW` seconds (20) once the flood has filled the doors. The
+//! A review that fails or takes over 5 s, or a probe over 1 s, is not answered; the
+//! latencies are of those answered, over `WINDOW` seconds (20) once the flood has filled
+//! the doors. The
 //! floods run on threads of their own, the honest callers on others (in a cluster they
 //! are other processes). The server's resident memory: before the flood, and its peak.
 //!
@@ -64,7 +80,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flood_support::{ApiServer, Flood, Outcome, Shape, Target, Traffic};
+use flood_support::{ApiServer, Flood, Kubelet, Outcome, Shape, Target, Traffic};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -331,6 +347,10 @@ const SIEGES: &[Siege] = &[
         floods: &[(Shape::SlowHead { after_one: true }, 200, 2)],
     },
     Siege {
+        name: "siege: churn, 250 x 1",
+        floods: &[(Shape::Churn, 250, 1)],
+    },
+    Siege {
         name: "siege: mixed, 400 addresses",
         floods: &[
             (Shape::IdleAfterTls, 100, 2),
@@ -413,6 +433,8 @@ async fn besiege(
     let pid = server.child.id();
     let idle_mib = resident_mib(pid, "VmRSS:");
     let mut api = ApiServer::start(server.webhook, tls.clone(), API, PATIENCE);
+    // The kubelet probes for as long as the pod runs: from before any flood.
+    let mut kubelet = Kubelet::start(server.admin, EVERY, PROBE_PATIENCE);
     // Its pool dialled (a burst), as before any flood.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let for_at_most = window * 3 + Duration::from_secs(60);
@@ -439,13 +461,7 @@ async fn besiege(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (reviews, probes) = tokio::join!(
-        api.measure(window),
-        flood_support::honest_for(window, EVERY, || flood_support::probe_once(
-            server.admin,
-            PROBE_PATIENCE
-        )),
-    );
+    let (reviews, probes) = tokio::join!(api.measure(window), kubelet.measure(window));
     let peak_mib = resident_mib(pid, "VmHWM:");
     let mut opened = 0;
     for flood in floods {

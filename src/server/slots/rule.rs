@@ -98,7 +98,8 @@ impl Line {
         used: 0.0,
     };
 
-    /// Clearly before `other` in line: less than half its cost per request answered.
+    /// Clearly before `other` in line: less than half its cost per request answered (the
+    /// rule asks it of peers not suspect only).
     fn before(self, other: Line) -> bool {
         CLEARLY * self.cost < other.cost
     }
@@ -278,7 +279,8 @@ fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool
     let own = holder.peer == newcomer.peer;
     let trusted = census.standing(holder.peer);
     let (mine, theirs) = (newcomer.line, holder.line);
-    let before = mine.before(theirs);
+    // A suspect peer takes nothing before its time: flooders do not churn each other's.
+    let before = !mine.suspect() && mine.before(theirs);
     let not_behind = !mine.behind(theirs);
     match holder.state {
         State::Closing | State::Busy { starving: true } => true,
@@ -304,7 +306,7 @@ fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool
         // its share and clearly lighter (a probe does not wait for scrapes sent back to
         // back to pause).
         State::Idle { young: true } => {
-            let lighter = census.redialing && entitled && mine.lighter(theirs);
+            let lighter = census.redialing && entitled && !mine.suspect() && mine.lighter(theirs);
             !own && !trusted && (before || lighter)
         }
     }

@@ -593,6 +593,35 @@ fn a_peer_costs_its_use_per_request_answered_so_the_api_server_stands_before_any
 }
 
 #[test]
+fn a_flood_from_hundreds_of_addresses_does_not_make_the_table_forget_the_kubelet() {
+    // A door of 64 slots remembers some 320 peers. The kubelet, between probes, holds
+    // nothing; 400 flooding addresses hold nothing either at the moment (in the waiting
+    // room, or reopening) but have held slots and got nothing answered.
+    let now = Instant::now();
+    let mut table = Table::default();
+    let kubelet = ip(1);
+    table.record(kubelet, now).served = 3.0;
+    table.record(kubelet, now).held_secs = 0.003;
+    for i in 0..400u32 {
+        let flooder = IpAddr::from([127, 10, (i >> 8) as u8, i as u8]);
+        let record = table.record(flooder, now);
+        record.held_secs = 1.0;
+        record.wasted = 1.0;
+    }
+    table.forget_old_peers(64, now);
+    assert!(
+        table.peers.len() <= 4 * 64 + 64,
+        "{} peers",
+        table.peers.len()
+    );
+    let line = table.line_in(&mut Lines::new(now), kubelet);
+    assert!(
+        line.cost < PRESUMED_COST / 2.0,
+        "the kubelet forgotten: {line:?}"
+    );
+}
+
+#[test]
 fn the_api_servers_newcomer_takes_a_flooders_connection_whatever_the_number_of_addresses() {
     // 64 slots: the API server's 4 (its reviews answered lately: standing), 60 addresses
     // a connection each, idle after TLS or after one request, young or not.

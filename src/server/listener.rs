@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::flag_values;
 use super::metered::MeteredBody;
 use super::pace::{Pace, Progress};
 pub use super::slots::Callers;
@@ -32,20 +33,20 @@ pub struct ConnectionLimits {
     /// the slot of a worthless connection (silent, or sending its body too slowly) or of a
     /// peer over its share; requests whose bodies arrive are never cut. Requests in flight
     /// beyond this many: an h2 stream past its peer's share is refused.
-    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256)]
+    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256, value_parser = flag_values::connections)]
     pub max_connections: usize,
     /// A connection with no request in flight and no bytes moving is closed after this.
-    #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = flag_values::timeout)]
     pub idle_timeout: Duration,
     /// Time to receive a request's headers, and separately its body; and to answer it.
-    #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = flag_values::timeout)]
     pub request_timeout: Duration,
     /// Time a new connection has to finish its TLS handshake and begin its first
     /// request; a connection that has not is closed.
-    #[arg(long, env = "GPU_ADMISSION_HANDSHAKE_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_HANDSHAKE_TIMEOUT", default_value = "3s", value_parser = flag_values::timeout)]
     pub handshake_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection.
-    #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
+    #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,
     /// Slowest a request body may arrive, in bytes per second, judged over a sliding
     /// window of --body-rate-grace: each byte buys 1/this of a second, never more than
@@ -57,7 +58,7 @@ pub struct ConnectionLimits {
     /// The window of --min-body-rate: the most time a body's bytes may buy ahead, and
     /// the time a body that sends nothing has from its head (a burst then silence buys
     /// no more).
-    #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = flag_values::timeout)]
     pub body_rate_grace: Duration,
 }
 
@@ -371,7 +372,7 @@ where
         app,
         conn.slot.slots().clone(),
         activity.clone(),
-        conn.limits.request_timeout * 2,
+        conn.limits.request_timeout.saturating_mul(2),
     );
     let builder = http_builder(&conn.limits);
     let connection = builder.serve_connection(

@@ -201,7 +201,10 @@ mod tests {
         assert_eq!(limits.body_rate_grace, Duration::from_secs(2));
     }
 
+    /// A duration that overflows the clock, a timeout of zero, no connections: refused
+    /// by name at startup, never a panic on the first connection.
     #[test]
+    #[allow(clippy::unwrap_used)]
     fn a_duration_or_count_flag_out_of_range_is_an_error_naming_the_flag() {
         let refused = [
             ("--request-timeout", "500000000000y"),

@@ -57,6 +57,7 @@ pub(crate) fn connections(value: &str) -> Result<usize, FlagValueError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

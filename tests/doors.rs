@@ -439,6 +439,63 @@ async fn a_connection_that_makes_no_request_in_time_is_closed() {
     assert!(closed_by_server(&mut quiet).await);
 }
 
+/// Whether the server closes `stream` while a header line is dripped into it a byte
+/// every 50 ms (far faster than the idle timeout, so only a whole-head deadline ends it).
+async fn closed_while_dripping_a_head(
+    stream: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+) -> bool {
+    let mut buf = [0u8; 64];
+    let until = tokio::time::Instant::now() + PATIENCE;
+    while tokio::time::Instant::now() < until {
+        if stream.write_all(b"x").await.is_err() {
+            return true;
+        }
+        match tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) | Err(_) => {}
+        }
+    }
+    false
+}
+
+/// Whole-head deadlines: a head that keeps arriving, a byte at a time, is closed when its
+/// time is out, the first `--handshake-timeout` after the connect, a later one
+/// `--request-timeout` after the answer before it, however steadily its bytes come.
+#[tokio::test]
+async fn a_head_dripped_byte_by_byte_is_closed_at_its_whole_head_deadline() {
+    let limits = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let config = tls_support::client_config(&door.ca);
+    let mut first = tls_support::connect(door.addr, config.clone(), "localhost")
+        .await
+        .unwrap();
+    first
+        .write_all(b"POST /validate HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+        .await
+        .unwrap();
+    assert!(closed_while_dripping_a_head(&mut first).await);
+    // One request answered, then the next head dripped.
+    let mut later = tls_support::connect(door.addr, config, "localhost")
+        .await
+        .unwrap();
+    later
+        .write_all(b"GET /version HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    later.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    later
+        .write_all(b"GET /version HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+        .await
+        .unwrap();
+    assert!(closed_while_dripping_a_head(&mut later).await);
+}
+
 /// An h2 connection that makes no request in time is told so with a GOAWAY before it is
 /// closed: a client that pooled it unused (the API server's Go client does, in bursts)
 /// and hands it a request just then sends that request on another connection instead of

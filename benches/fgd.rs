@@ -13,6 +13,11 @@ use gpu_admission::placement::{
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// The server's allocator, as the binary declares it (`src/main.rs`): what a benchmark
+/// measures in process is what the server runs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const NODES: usize = 5_000;
 const GPUS: usize = 8;
 /// vcuda-memory per GPU (a 32 GiB card in 256 MiB units).

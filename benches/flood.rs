@@ -84,6 +84,11 @@ use flood_support::{ApiServer, Flood, Kubelet, Outcome, Shape, Target, Traffic};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+/// The server's allocator, as the binary declares it (`src/main.rs`): what a benchmark
+/// measures in process is what the server runs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const PATIENCE: Duration = Duration::from_secs(5);
 /// A kubelet probe's timeout (its default `timeoutSeconds`).
 const PROBE_PATIENCE: Duration = Duration::from_secs(1);

@@ -151,6 +151,10 @@ pub struct QuotaImportArgs {
     pub(crate) kubeconfig: Option<PathBuf>,
 }
 
+/// The longest a certificate `certs` makes may be valid: its CA's validity (a serving
+/// certificate never outlives its CA), in days.
+const CERT_DAYS_MAX: i64 = 3650;
+
 #[derive(Debug, Args)]
 pub struct CertsArgs {
     /// Service name of the webhook.
@@ -162,11 +166,11 @@ pub struct CertsArgs {
     /// Where to write ca.crt, ca.key, tls.crt and tls.key.
     #[arg(long, default_value = "webhook-certs")]
     pub out_dir: PathBuf,
-    /// Validity of the serving certificate in days.
-    #[arg(long, default_value_t = 365)]
+    /// Validity of the serving certificate in days (at most the CA's, 3650).
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=CERT_DAYS_MAX))]
     pub days: u32,
     /// Renew the serving certificate when it expires within this many days.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=CERT_DAYS_MAX))]
     pub renew_within_days: u32,
     /// Extra DNS names for the serving certificate (repeatable).
     #[arg(long = "host")]
@@ -230,5 +234,48 @@ mod tests {
         let accepted = ["--request-timeout", "1h", "--shutdown-grace", "0s"];
         let cli = Cli::try_parse_from(["gpu-admission", "serve"].into_iter().chain(accepted));
         assert!(cli.is_ok(), "{:?}", cli.err());
+    }
+
+    /// A validity past the CA's would overflow the certificate's dates: refused by name.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn certificate_days_past_the_cas_validity_are_refused_naming_the_flag() {
+        for flags in [
+            ["--days", "4294967295"],
+            ["--days", "3651"],
+            ["--renew-within-days", "4294967295"],
+        ] {
+            let argv = ["gpu-admission", "certs", flags[0], flags[1]];
+            let error = Cli::try_parse_from(argv).unwrap_err().to_string();
+            assert!(error.contains(flags[0]), "{error}");
+            assert!(
+                error.contains("1..=3650") || error.contains("0..=3650"),
+                "{error}"
+            );
+        }
+        let argv = ["gpu-admission", "certs", "--days", "3650"];
+        assert!(Cli::try_parse_from(argv).is_ok());
+    }
+
+    /// `defrag`'s planner limits have the same bounds as `simulate`'s.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn defrag_limits_past_their_bounds_are_refused_naming_the_flag() {
+        for (flag, value, range) in [
+            ("--max-moves", "18446744073709551615", "0..=8"),
+            ("--max-moves", "9", "0..=8"),
+            ("--budget", "18446744073709551615", "1..=10000000"),
+        ] {
+            let argv = [
+                "gpu-admission",
+                "defrag",
+                "--cluster",
+                "c.yaml",
+                flag,
+                value,
+            ];
+            let error = Cli::try_parse_from(argv).unwrap_err().to_string();
+            assert!(error.contains(flag) && error.contains(range), "{error}");
+        }
     }
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::marks::{MarkNames, Spelled, Writers};
 use crate::placement::{NodeLabels, Policy, ResourceNames};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,8 @@ pub enum ConfigProblem {
     Empty { key: &'static str },
     #[error("resources.mig: compute slices per GPU must be between 1 and 64")]
     ComputeSlices,
+    #[error("{key}: only letters, digits and - _ . / may be used")]
+    BadKey { key: &'static str },
     #[error("placementWriters: a user name must not be empty")]
     EmptyWriter,
     #[error("queue.releasers: a user name must not be empty")]
@@ -336,10 +339,56 @@ impl Config {
         if !(1..=4).contains(&self.defrag.max_moves) {
             return Err(ConfigProblem::DefragMaxMoves);
         }
-        match required.iter().find(|(_, value)| value.trim().is_empty()) {
-            Some((key, _)) => Err(ConfigProblem::Empty { key }),
+        if let Some((key, _)) = required.iter().find(|(_, value)| value.trim().is_empty()) {
+            return Err(ConfigProblem::Empty { key });
+        }
+        // Both are spelled into the webhooks' CEL (`marks::update_condition`).
+        let keys = [
+            ("typeAnnotation", &self.type_annotation),
+            (
+                "resources.annotationPrefix",
+                &self.resources.annotation_prefix,
+            ),
+        ];
+        let bad = |name: &str| {
+            !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        };
+        match keys.iter().find(|(_, name)| bad(name)) {
+            Some((key, _)) => Err(ConfigProblem::BadKey { key }),
             None => Ok(()),
         }
+    }
+
+    /// How the marks of `crate::marks` are spelled in this configuration.
+    pub(crate) fn mark_names(&self) -> MarkNames<'_> {
+        MarkNames {
+            annotation_prefix: &self.resources.annotation_prefix,
+            type_annotation: &self.type_annotation,
+        }
+    }
+
+    /// Who may write the marks of `crate::marks`.
+    pub(crate) fn writers(&self) -> Writers<'_> {
+        Writers {
+            placement: &self.placement_writers,
+            gpu_admission: &self.queue.releasers,
+        }
+    }
+
+    /// Every mark only gpu-admission (or gpu-manager) writes on a pod, spelled as this
+    /// configuration spells it (`crate::marks`).
+    pub fn mark_keys(&self) -> Vec<crate::marks::MarkKey> {
+        crate::marks::mark_keys(self.mark_names())
+    }
+
+    /// The validating webhook's `matchConditions` expression for pods under this
+    /// configuration (`create-or-guarded-change`, as deploy/ and the chart ship it for
+    /// theirs): every CREATE, and the UPDATEs that change a mark by a user who may not
+    /// write it.
+    pub fn guarded_change_condition(&self) -> String {
+        crate::marks::update_condition(self.mark_names(), Spelled::Users(self.writers()))
     }
 
     /// The models `pod` may use in a namespace limited by `limits` (first match wins;

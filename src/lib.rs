@@ -22,6 +22,7 @@ pub mod dra;
 pub mod explain;
 pub(crate) mod extender;
 pub mod import;
+pub mod marks;
 pub(crate) mod metrics;
 pub mod placement;
 pub mod quota;
@@ -31,12 +32,3 @@ pub mod simulate;
 pub mod telemetry;
 pub(crate) mod tell;
 pub mod wire;
-
-/// The allocator of every binary built on this crate (the server, its tests and
-/// benchmarks alike): jemalloc. A review's decode and answer are a few dozen small
-/// allocations, often freed on another worker than the one that made them; under 64
-/// concurrent TLS connections glibc's malloc and free were a fifth of a `/mutate`'s
-/// CPU. (mimalloc was as fast but held three times the memory under hostile bodies.)
-/// docs/benchmarks.md, "The allocator".
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -5,7 +5,23 @@ use gpu_admission::certs::install;
 use gpu_admission::cli::{CertsArgs, Cli, Command, QuotaCommand};
 use gpu_admission::{certs, import, serve, telemetry};
 
+/// The server's allocator: jemalloc. A review's decode and answer are a few dozen small
+/// allocations, often freed on another worker than the one that made them; under 64
+/// concurrent TLS connections glibc's malloc and free were a fifth of a `/mutate`'s
+/// CPU. (mimalloc was as fast but held three times the memory under hostile bodies.)
+/// Declared here, not in the library, so a test binary may count its own allocations
+/// (`tests/cache_memory.rs`); the benchmarks declare it as well (docs/design.md, "The
+/// allocator").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
+    // jemalloc gives pages freed for good back to the kernel only as it allocates
+    // again, unless its background threads do it: an idle server would keep what
+    // loading the cluster freed (docs/design.md, "The allocator").
+    if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
+        eprintln!("warning: jemalloc's background threads: {error}");
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -422,16 +422,29 @@ async fn placement_annotations_change_only_by_their_writers() {
         review.to_string()
     };
     let tenant = "system:serviceaccount:team-a:default";
-    let edits: [(&str, Option<&str>); 6] = [
-        ("tencent.com/predicate-gpu-idx-0", Some("0,1,2,3")),
-        // A defragmentation plan's holds: the GPUs kept for this pod.
-        ("gpu-admission.io/defrag-hold", Some("{}")),
-        ("tencent.com/predicate-node", Some("n2")),
-        ("tencent.com/predicate-gpu-idx-1", Some("4")),
-        ("tencent.com/predicate-anything", Some("1")),
-        ("tencent.com/gpu-assigned", None),
+    let scheduler = gpu_admission::config::DEFAULT_QUEUE_RELEASERS[0];
+    let gpu_manager = "system:serviceaccount:kube-system:gpu-manager";
+    // (key, new value or removed, who may write it)
+    let placement = &gpu_admission::config::DEFAULT_PLACEMENT_WRITERS[..];
+    let ours = &[scheduler][..];
+    let edits: [(&str, Option<&str>, &[&str]); 9] = [
+        (
+            "tencent.com/predicate-gpu-idx-0",
+            Some("0,1,2,3"),
+            placement,
+        ),
+        // gpu-admission's own marks: a defragmentation plan's holds (the GPUs kept for
+        // this pod), the cohort's borrowed and reclaim annotations.
+        ("gpu-admission.io/defrag-hold", Some("{}"), ours),
+        ("gpu-admission.io/borrowed", Some("Tesla-T4"), ours),
+        ("gpu-admission.io/reclaim", Some("{}"), ours),
+        ("tencent.com/predicate-node", Some("n2"), placement),
+        ("tencent.com/predicate-gpu-idx-1", Some("4"), placement),
+        ("tencent.com/predicate-anything", Some("1"), placement),
+        ("tencent.com/gpu-assigned", None, placement),
+        ("tencent.com/gpu-assigned", Some("true"), placement),
     ];
-    for (key, value) in edits {
+    for (key, value, writers) in edits {
         let mut edited = placed.clone();
         match value {
             Some(value) => edited["metadata"]["annotations"][key] = json!(value),
@@ -445,19 +458,17 @@ async fn placement_annotations_change_only_by_their_writers() {
         let (allowed, message) =
             verdict(&router, as_user(update_review(&placed, &edited), tenant)).await;
         assert!(!allowed, "{key}");
-        assert_eq!(
-            message,
-            format!(
-                "annotation {key} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user \"{tenant}\" may not change it"
-            )
+        assert!(
+            message.starts_with(&format!("annotation {key} "))
+                && message.ends_with(&format!(
+                    "user \"{tenant}\" may not set, change or remove it"
+                )),
+            "{message}"
         );
-        for writer in gpu_admission::config::DEFAULT_PLACEMENT_WRITERS {
-            let body = as_user(update_review(&placed, &edited), writer);
-            assert_eq!(
-                verdict(&router, body).await,
-                (true, String::new()),
-                "{writer} {key}"
-            );
+        for user in [scheduler, gpu_manager] {
+            let body = as_user(update_review(&placed, &edited), user);
+            let (allowed, message) = verdict(&router, body).await;
+            assert_eq!(allowed, writers.contains(&user), "{user} {key}: {message}");
         }
     }
     // The tenant's other annotations stay its own.
@@ -895,9 +906,8 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     let (allowed, message) = verdict(&router, review(&copied, false)).await;
     assert!(!allowed);
     assert!(
-        message.starts_with(
-            "annotation gpu-admission.io/quota-released is written only by gpu-admission"
-        ),
+        message.starts_with("annotation gpu-admission.io/quota-released says when")
+            && message.contains("a pod cannot be created with it"),
         "{message}"
     );
     let as_user = |body: String, user: &str| {
@@ -914,7 +924,7 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     assert_eq!(
         message,
         format!(
-            "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue and is removed only by gpu-admission (queue.releasers), once the pod is charged; user \"{tenant}\" may not remove it"
+            "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue until it is charged and is removed only by gpu-admission (queue.releasers); user \"{tenant}\" may not remove it"
         )
     );
     let mut released = ungated.clone();
@@ -934,7 +944,10 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     let (allowed, message) =
         verdict(&router, as_user(update_review(&released, &moved), tenant)).await;
     assert!(!allowed, "a tenant may not move its charge's second");
-    assert!(message.contains("may not set or change it"), "{message}");
+    assert!(
+        message.contains("may not set, change or remove it"),
+        "{message}"
+    );
     // Other gates stay the tenant's own.
     let mut own = gated[1].clone();
     own["spec"]["schedulingGates"] =

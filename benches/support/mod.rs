@@ -9,6 +9,11 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
+/// The server's allocator, as the binary declares it (`src/main.rs`): what a benchmark
+/// measures in process is what the server runs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// One HTTP/1.1 connection over TLS to `addr` (certificate for `localhost` under the CA
 /// in `ca`), no Nagle delay, its driver spawned.
 pub async fn connect<B>(addr: std::net::SocketAddr, ca: &std::path::Path) -> SendRequest<B>

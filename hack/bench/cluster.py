@@ -6,12 +6,20 @@ in the file), 20 GPUQuotas, and one pending pod, team-0/big, asking for 6 whole 
 GPUs on one node. One JSON document per line, `---` between them.
 
     python3 hack/bench/cluster.py 5000 > /tmp/bench/cluster-5000.yaml
+
+With MODELS (more than 2), the odd nodes are spread over MODELS - 1 models (A100,
+Model-1, Model-2, ...) and one more pending pod, lab/big, asks for the same 6 Tesla-T4
+GPUs in a namespace without a GPUQuota, where every model may be used (docs/benchmarks.md,
+"Explain with 2,000 models"):
+
+    python3 hack/bench/cluster.py 5000 2000 > /tmp/bench/cluster-5000-2000.yaml
 """
 
 import json
 import sys
 
 NODES = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
+MODELS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 TEAMS = 20
 SHARES = [30, 50, 100]
 
@@ -30,7 +38,8 @@ for team in range(TEAMS):
 
 pod = 0
 for n in range(NODES):
-    model = "Tesla-T4" if n % 2 == 0 else "A100"
+    other = (n // 2) % (MODELS - 1)
+    model = "Tesla-T4" if n % 2 == 0 else ("A100" if other == 0 else f"Model-{other}")
     node = f"node-{n}"
     emit({
         "apiVersion": "v1", "kind": "Node",
@@ -73,14 +82,22 @@ for n in range(NODES):
         })
         pod += 1
 
-emit({
-    "apiVersion": "v1", "kind": "Pod",
-    "metadata": {"name": "big", "namespace": "team-0",
-                 "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
-    "spec": {"schedulerName": "gpu-scheduler", "containers": [{
-        "name": "c", "image": "registry.example/train:1",
-        "resources": {"limits": {"tencent.com/vcuda-core": "600",
-                                 "tencent.com/vcuda-memory": "96"}},
-    }]},
-    "status": {"phase": "Pending"},
-})
+
+def pending_big(namespace):
+    """A pod asking for 6 whole Tesla-T4 GPUs on one node: no node has them free."""
+    emit({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "big", "namespace": namespace,
+                     "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{
+            "name": "c", "image": "registry.example/train:1",
+            "resources": {"limits": {"tencent.com/vcuda-core": "600",
+                                     "tencent.com/vcuda-memory": "96"}},
+        }]},
+        "status": {"phase": "Pending"},
+    })
+
+
+pending_big("team-0")
+if MODELS > 2:
+    pending_big("lab")

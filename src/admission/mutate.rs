@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::Value;
 
-use crate::cache::AnnotationKeys;
 use crate::config::{Config, DEFAULT_SCHEDULER, SchedulerNamePolicy};
+use crate::marks;
 use crate::placement::models::ModelSource;
 use crate::quota::queue::QUOTA_GATE;
 use crate::quota::{ChargedAt, NamespaceLimits};
@@ -55,16 +55,14 @@ impl Steered {
     }
 }
 
-/// The pod as it should be, or why it cannot be admitted as it is. `keys` are the
-/// placement annotations' (`Projection::keys`).
+/// The pod as it should be, or why it cannot be admitted as it is.
 fn desired_pod(
     pod: &Pod,
     config: &Config,
-    keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Pod, SelectorConflict> {
-    let steered = steer(pod, config, keys, limits, nodes)?;
+    let steered = steer(pod, config, limits, nodes)?;
     let mut desired = pod.clone();
     steered.apply(&mut desired);
     Ok(desired)
@@ -80,11 +78,10 @@ fn desired_pod(
 pub(crate) fn mutation(
     pod: &Pod,
     config: &Config,
-    keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Patch, SelectorConflict> {
-    let after = steer(pod, config, keys, limits, nodes)?;
+    let after = steer(pod, config, limits, nodes)?;
     let mut patch = Patch::default();
     // In the order a diff of the whole pods lists them: by key, depth first.
     diff_annotations(
@@ -108,7 +105,7 @@ pub(crate) fn mutation(
     }
     debug_assert_eq!(
         Ok(&patch),
-        desired_pod(pod, config, keys, limits, nodes)
+        desired_pod(pod, config, limits, nodes)
             .map(|d| diff(pod, &d))
             .as_ref(),
         "the mutation's patch is not the diff of the whole pods"
@@ -121,7 +118,6 @@ pub(crate) fn mutation(
 fn steer(
     pod: &Pod,
     config: &Config,
-    keys: &AnnotationKeys,
     limits: &NamespaceLimits,
     nodes: &GpuNodes,
 ) -> Result<Steered, SelectorConflict> {
@@ -131,8 +127,13 @@ fn steer(
     let mut steered = Steered::of(pod);
     if let Some(spec) = steered.spec.as_mut() {
         set_scheduler_name(&mut spec.scheduler_name, config);
+        // The quota queue's gate is ours to set (below), never the pod's: a pod gated
+        // by its author would wait for a release no quota plans.
+        if let Some(gates) = spec.scheduling_gates.as_mut() {
+            gates.retain(|g| g.name != QUOTA_GATE);
+        }
     }
-    drop_placement_annotations(&mut steered.annotations, keys);
+    drop_marks(&mut steered.annotations, config);
     if matches!(
         wanted.source,
         ModelSource::QuotaDefault | ModelSource::QuotaList
@@ -235,15 +236,19 @@ fn with_mig_labels(models: &[String], mig_labels: &[String]) -> Vec<String> {
     labels
 }
 
-/// A pod is placed after it is created, by the extender: placement annotations on a pod
-/// being created are forged (or stale, copied from an old pod) and would book GPUs in
-/// gpu-admission's view, and gpu-manager's, that no placement chose.
-fn drop_placement_annotations(
-    annotations: &mut Option<BTreeMap<String, String>>,
-    keys: &AnnotationKeys,
-) {
+/// The marks only gpu-admission (or gpu-manager) writes are written after a pod is
+/// created (`crate::marks`): on a pod being created they are forged, or stale, copied
+/// from an old pod. Placement annotations would book GPUs in gpu-admission's view, and
+/// gpu-manager's, that no placement chose; a plan's holds would keep GPUs from others.
+fn drop_marks(annotations: &mut Option<BTreeMap<String, String>>, config: &Config) {
     if let Some(annotations) = annotations.as_mut() {
-        annotations.retain(|key, _| !keys.is_placement(key));
+        let names = config.mark_names();
+        let marked: Vec<String> = (marks::dropped_at_create(annotations, names))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in marked {
+            annotations.remove(&key);
+        }
     }
 }
 
@@ -432,7 +437,68 @@ mod tests {
             json!({"metadata": {"name": "no-spec"}}),
             json!({"metadata": {"name": "gated"}, "spec": {"containers": gpu,
                 "schedulingGates": [{"name": "example.com/mine"}]}}),
+            json!({"metadata": {"name": "forged", "annotations": {"gpu-admission.io/defrag-hold": "{}",
+                    "gpu-admission.io/borrowed": "T4", "gpu-admission.io/quota-released": "x"}},
+                "spec": {"containers": gpu, "schedulingGates": [{"name": "gpu-admission.io/quota"}]}}),
         ]
+    }
+
+    /// Every mark a pod's author may not write (`crate::marks`) is dropped from a pod
+    /// being created: its annotations, and the quota gate unless the namespace's quota
+    /// queues the pod; the model annotation is the author's word.
+    #[test]
+    fn a_pod_is_created_without_the_marks_only_gpu_admission_writes() {
+        let config = Config::default();
+        let nodes = GpuNodes::default();
+        let mut annotations: serde_json::Map<String, Value> =
+            crate::marks::mark_keys(config.mark_names())
+                .into_iter()
+                .filter(|m| {
+                    matches!(
+                        m.place,
+                        crate::marks::Place::Annotation | crate::marks::Place::AnnotationPrefix
+                    )
+                })
+                .map(|m| {
+                    (
+                        format!(
+                            "{}{}",
+                            m.key,
+                            if m.place == crate::marks::Place::AnnotationPrefix {
+                                "x"
+                            } else {
+                                ""
+                            }
+                        ),
+                        json!("forged"),
+                    )
+                })
+                .collect();
+        annotations.insert("gpu-admission.io/gpu-type".into(), json!("Tesla-T4"));
+        annotations.insert("team".into(), json!("kept"));
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "schedulingGates": [{"name": "gpu-admission.io/quota"}, {"name": "example.com/mine"}]}}))
+        .unwrap();
+        let desired = desired_pod(&pod, &config, &limits(true), &nodes).unwrap();
+        let kept: Vec<&String> = desired
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(kept, ["gpu-admission.io/gpu-type", "team"]);
+        assert_eq!(
+            gates(&desired),
+            ["example.com/mine"],
+            "a Deny quota: no queue gate"
+        );
+        let queued = desired_pod(&pod, &config, &queueing(), &nodes).unwrap();
+        assert_eq!(
+            gates(&queued),
+            ["example.com/mine", "gpu-admission.io/quota"]
+        );
     }
 
     fn limits(quota: bool) -> NamespaceLimits {
@@ -472,11 +538,10 @@ mod tests {
     #[test]
     fn a_pod_of_a_queued_model_is_created_behind_the_quota_gate() {
         let config = Config::default();
-        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
         let nodes = GpuNodes::default();
         let desired = |pod: Value| {
             let pod: Pod = serde_json::from_value(pod).unwrap();
-            desired_pod(&pod, &config, &keys, &queueing(), &nodes).unwrap()
+            desired_pod(&pod, &config, &queueing(), &nodes).unwrap()
         };
         let gpu = json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
         // The namespace's default model (T4) is queued; its own gates are kept.
@@ -485,7 +550,7 @@ mod tests {
             "schedulingGates": [{"name": "example.com/mine"}]}}),
         );
         assert_eq!(gates(&pod), ["example.com/mine", "gpu-admission.io/quota"]);
-        let again = desired_pod(&pod, &config, &keys, &queueing(), &nodes).unwrap();
+        let again = desired_pod(&pod, &config, &queueing(), &nodes).unwrap();
         assert_eq!(gates(&again), gates(&pod), "added once");
         // A100 is not queued (its quota says Deny).
         let a100 = desired(json!({"metadata": {"name": "p",
@@ -505,7 +570,6 @@ mod tests {
     fn the_mutations_patch_is_the_diff_of_the_whole_pods() {
         for policy in ["always", "ifDefault", "never"] {
             let config = Config::parse(&format!("schedulerNamePolicy: {policy}")).unwrap();
-            let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
             for pod in pods() {
                 let pod: Pod = serde_json::from_value(pod).unwrap();
                 let dra = GpuNodes {
@@ -518,17 +582,17 @@ mod tests {
                     (true, limits(true), dra.clone()),
                     (true, queueing(), GpuNodes::default()),
                 ] {
-                    let Ok(desired) = desired_pod(&pod, &config, &keys, &limits, &nodes) else {
+                    let Ok(desired) = desired_pod(&pod, &config, &limits, &nodes) else {
                         continue;
                     };
-                    let patch = mutation(&pod, &config, &keys, &limits, &nodes).unwrap();
+                    let patch = mutation(&pod, &config, &limits, &nodes).unwrap();
                     assert_eq!(patch, diff(&pod, &desired), "{pod:?}");
                     assert_eq!(
                         patch.0.is_empty(),
                         pod == desired,
                         "{policy} {quota} {pod:?}"
                     );
-                    let again = desired_pod(&desired, &config, &keys, &limits, &nodes);
+                    let again = desired_pod(&desired, &config, &limits, &nodes);
                     assert_eq!(again.as_ref(), Ok(&desired), "idempotent: {nodes:?}");
                 }
             }
@@ -540,13 +604,12 @@ mod tests {
     #[test]
     fn with_dra_extended_resources_a_pod_may_go_to_nodes_without_a_model_label() {
         let config = Config::default();
-        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
         let pod: Pod = serde_json::from_value(pods()[0].clone()).unwrap();
         let nodes = GpuNodes {
             mig_labels: Vec::new(),
             dra_unlabelled: true,
         };
-        let desired = desired_pod(&pod, &config, &keys, &limits(true), &nodes).unwrap();
+        let desired = desired_pod(&pod, &config, &limits(true), &nodes).unwrap();
         let affinity = serde_json::to_value(desired.spec.unwrap().affinity).unwrap();
         let terms = &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         assert_eq!(
@@ -565,7 +628,6 @@ mod tests {
     #[test]
     fn a_model_reaches_the_single_strategy_mig_nodes_of_that_model() {
         let config = Config::default();
-        let keys = AnnotationKeys::new(&config.resources.annotation_prefix);
         let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
             "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
         .unwrap();
@@ -577,7 +639,6 @@ mod tests {
         let desired = desired_pod(
             &pod,
             &config,
-            &keys,
             &limits(true),
             &GpuNodes {
                 mig_labels: mig_labels.to_vec(),

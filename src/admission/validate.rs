@@ -9,13 +9,13 @@ pub(crate) use crate::admission::verdict::{Reason, Verdict};
 use crate::backend::{Ask, Backend, ChargeError, ChargeOutcome};
 use crate::cache::pod::is_gated;
 use crate::cache::pool::PoolError;
-use crate::cache::{AnnotationKeys, CachedPod, ClusterState, pod_key};
+use crate::cache::{CachedPod, ClusterState, pod_key};
 use crate::config::Config;
+use crate::marks::{self, Change, PodMarks};
 use crate::placement::GpuRequest;
 use crate::placement::models::WantedModels;
 use crate::placement::request::asks_for_gpu;
 use crate::quota::NamespaceLimits;
-use crate::quota::queue::RELEASED_ANNOTATION;
 use crate::quota::{Arrival, Charge, Denial, QuotaView, admit, models_for_arrival};
 use crate::wire::review::UserInfo;
 
@@ -61,8 +61,8 @@ pub(crate) async fn validate(
         Ok(None) => return Ok(Verdict::Allow),
         Err(error) => return Ok(Verdict::Deny(Reason::Request(error))),
     };
-    if released(pod).is_some() {
-        return Ok(Verdict::Deny(Reason::ReleasedAtCreation));
+    if let Some(change) = mark_at_create(pod, config) {
+        return Ok(Verdict::Deny(Reason::Mark { change, user: None }));
     }
     let created = created_or_now(&pod.metadata);
     let gated = is_gated(pod);
@@ -178,77 +178,60 @@ fn wanted_on_route(
     models_for_arrival(namespace, limits, config.wanted_models(pod, limits), route)
 }
 
-/// Judge an update of a pod. Two kinds of annotation are fixed for the tenant:
-/// - the GPU model annotation: the model a pod is charged to is fixed when it is
-///   admitted, but the quota reconciler reads the pod's models from the pod as it is
-///   now, so a changed annotation would move or free the charge (its nodeSelector and
-///   node affinity cannot change once it may be scheduled; while scheduling gates hold
-///   it they may only narrow, before a multi-model pod is charged);
-/// - the placement annotations (`<prefix>/predicate-*`, `gpu-assigned`): they say which
-///   GPUs the pod holds, to gpu-manager and to a restarted gpu-admission, so only the
-///   identities that write them by protocol (`placementWriters`) may change them.
-///
-/// And the quota queue's marks are gpu-admission's alone (`queue.releasers`): its gate,
-/// which it removes once it has charged the pod, and the release annotation, which says
-/// in which second that charge was made.
+/// Judge an update of a pod: a mark only gpu-admission (or gpu-manager) writes
+/// (`crate::marks`: placement annotations, defragmentation holds, the quota queue's gate
+/// and release annotation, the borrowed marks) may be changed only by its writers, and
+/// the GPU model annotation of a GPU pod by nobody: the model a pod is charged to is
+/// fixed when it is admitted, but the quota reconciler reads the pod's models from the
+/// pod as it is now, so a changed annotation would move or free the charge (its
+/// nodeSelector and node affinity cannot change once it may be scheduled; while
+/// scheduling gates hold it they may only narrow, before a multi-model pod is charged).
 ///
 /// Every other update is allowed and reserves nothing.
 pub(crate) fn validate_update(old: &Pod, new: &Pod, config: &Config, user: &UserInfo) -> Verdict {
-    let key = &config.type_annotation;
-    let annotation = |pod: &Pod, key: &str| {
-        let annotations = pod.metadata.annotations.as_ref();
-        annotations.and_then(|a| a.get(key)).cloned()
-    };
     let names = &config.resources;
     let gpu = asks_for_gpu(old, names) || asks_for_gpu(new, names);
-    if gpu && annotation(old, key) != annotation(new, key) {
-        return Verdict::Deny(Reason::ModelAnnotationFixed { key: key.clone() });
-    }
-    let releaser = config.queue.releasers.contains(&user.username);
-    if is_gated(old) && !is_gated(new) && !releaser {
-        let user = user.username.clone();
-        return Verdict::Deny(Reason::QuotaGate { user });
-    }
-    if released(old) != released(new) && !releaser {
-        let user = user.username.clone();
-        return Verdict::Deny(Reason::ReleaseAnnotation { user });
-    }
-    if config.placement_writers.contains(&user.username) {
-        return Verdict::Allow;
-    }
-    let keys = AnnotationKeys::new(&names.annotation_prefix);
-    match changed_placement(old, new, &keys) {
-        Some(annotation) => Verdict::Deny(Reason::PlacementAnnotation {
-            annotation,
-            user: user.username.clone(),
+    let (old_gates, new_gates) = (gate_names(old), gate_names(new));
+    let change = marks::first_change(
+        pod_marks(old, &old_gates),
+        pod_marks(new, &new_gates),
+        config.mark_names(),
+        config.writers(),
+        &user.username,
+        gpu,
+    );
+    match change {
+        Some(change) => Verdict::Deny(Reason::Mark {
+            change,
+            user: Some(user.username.clone()),
         }),
         None => Verdict::Allow,
     }
 }
 
-/// The release annotation of the quota queue, if the pod carries one.
-fn released(pod: &Pod) -> Option<&String> {
-    let annotations = pod.metadata.annotations.as_ref();
-    annotations.and_then(|a| a.get(RELEASED_ANNOTATION))
+/// A mark the mutating webhook drops that a pod being created still carries: another
+/// mutating webhook, called after ours, added it.
+fn mark_at_create(pod: &Pod, config: &Config) -> Option<Change> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let (key, mark) = marks::dropped_at_create(annotations, config.mark_names()).next()?;
+    Some(Change {
+        mark: *mark,
+        key: key.clone(),
+    })
 }
 
-/// The first placement annotation (in key order) that `new` adds, changes or removes.
-fn changed_placement(old: &Pod, new: &Pod, keys: &AnnotationKeys) -> Option<String> {
-    let placement = |pod: &Pod| -> Vec<(String, String)> {
-        let annotations = pod.metadata.annotations.iter().flatten();
-        annotations
-            .filter(|(k, _)| keys.is_placement(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    };
-    let (old, new) = (placement(old), placement(new));
-    let differs = |a: &[(String, String)], b: &[(String, String)]| {
-        a.iter()
-            .find(|entry| !b.contains(entry))
-            .map(|(k, _)| k.clone())
-    };
-    [differs(&new, &old), differs(&old, &new)]
+fn gate_names(pod: &Pod) -> Vec<&str> {
+    let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref());
+    gates
         .into_iter()
         .flatten()
-        .min()
+        .map(|g| g.name.as_str())
+        .collect()
+}
+
+fn pod_marks<'p>(pod: &'p Pod, gates: &'p [&'p str]) -> PodMarks<'p> {
+    PodMarks {
+        annotations: pod.metadata.annotations.as_ref(),
+        gates,
+    }
 }

@@ -3,6 +3,7 @@
 //! decides); its text is what `kubectl` prints after "denied the request:".
 
 use crate::dra::AskError;
+use crate::marks::{Change, Writer};
 use crate::placement::RequestError;
 use crate::quota::{Denial, Exceeded, OnExceed};
 
@@ -71,26 +72,16 @@ pub(crate) enum Reason {
     ClaimRequest(AskError),
     #[error("{0}")]
     Claim(ClaimDenial),
-    #[error(
-        "the GPU model annotation {key} of a pod is fixed at creation (it decides the quota charge); delete and recreate the pod to change it"
-    )]
-    ModelAnnotationFixed { key: String },
-    #[error(
-        "annotation {annotation} says which GPUs the pod holds and is written only by the GPU scheduler and gpu-manager (placementWriters); user {user:?} may not change it"
-    )]
-    PlacementAnnotation { annotation: String, user: String },
-    #[error(
-        "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue and is removed only by gpu-admission (queue.releasers), once the pod is charged; user {user:?} may not remove it"
-    )]
-    QuotaGate { user: String },
-    #[error(
-        "annotation gpu-admission.io/quota-released says when the quota queue let the pod go (the second its charge was made) and is written only by gpu-admission (queue.releasers); user {user:?} may not set or change it"
-    )]
-    ReleaseAnnotation { user: String },
-    #[error(
-        "annotation gpu-admission.io/quota-released is written only by gpu-admission, when the quota queue lets a pod go; a pod cannot be created with it (copied from another pod? remove it)"
-    )]
-    ReleasedAtCreation,
+    /// A mark only gpu-admission (or gpu-manager) writes (`crate::marks`), changed by
+    /// `user`, or (`user` none) on a pod being created.
+    #[error("{}", match user {
+        Some(user) => change.mark.refusal(&change.key, user),
+        None => change.mark.refusal_at_create(&change.key),
+    })]
+    Mark {
+        change: Change,
+        user: Option<String>,
+    },
 }
 
 impl Reason {
@@ -100,10 +91,11 @@ impl Reason {
             Reason::Quota(_) => "quota",
             Reason::Request(_) => "request",
             Reason::ClaimRequest(_) | Reason::Claim(_) => "claim",
-            Reason::ModelAnnotationFixed { .. } => "model_annotation",
-            Reason::PlacementAnnotation { .. } => "placement_annotation",
-            Reason::QuotaGate { .. } => "quota_gate",
-            Reason::ReleaseAnnotation { .. } | Reason::ReleasedAtCreation => "release_annotation",
+            Reason::Mark { change, .. } => match change.mark.writer {
+                Writer::Nobody => "model_annotation",
+                Writer::Placement => "placement_annotation",
+                Writer::GpuAdmission => "gpu_admission_mark",
+            },
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -15,7 +15,7 @@ use kube::api::{Api, PostParams};
 
 /// The longest bearer token reviewed (service account tokens are about 1 KiB).
 const TOKEN_MAX: usize = 16 << 10;
-/// Both reviews together answer within this, or the request fails (503).
+/// Each review answers within this, or the request fails (503).
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the caller wants to do with pods of a namespace.
@@ -54,32 +54,54 @@ pub(crate) enum AccessError {
     Unavailable(String),
 }
 
-/// Review `token` and ask whether its owner may `verb` pods in `namespace`.
-pub(super) async fn review(
+/// Who asks: a user the API server vouched for, or (offline, where there is nobody to
+/// ask) anyone.
+#[derive(Debug, Clone)]
+pub(crate) enum Caller {
+    Anyone,
+    User(UserInfo),
+}
+
+/// Who owns the bearer `token`, as the API server's TokenReview says. No token, or
+/// one longer than any token the API server issues, is refused without asking it.
+pub(super) async fn identify(
     client: &kube::Client,
     token: Option<&str>,
-    namespace: &str,
-    verb: PodVerb,
-) -> Result<(), AccessError> {
+) -> Result<Caller, AccessError> {
     let token = token
         .filter(|t| !t.is_empty())
         .ok_or(AccessError::NoToken)?;
     if token.len() > TOKEN_MAX {
         return Err(AccessError::BadToken);
     }
-    let reviewed = tokio::time::timeout(REVIEW_TIMEOUT, async {
-        let user = authenticate(client, token).await?;
-        authorize(client, user, namespace, verb).await
-    });
-    reviewed
-        .await
-        .map_err(|_| AccessError::Unavailable("no answer within 5 s".into()))?
+    let user = within_timeout(authenticate(client, token)).await?;
+    Ok(Caller::User(user))
 }
 
-async fn authenticate(
+/// Whether `caller` may `verb` pods in `namespace`, as the API server's
+/// SubjectAccessReview says (`Anyone` may).
+pub(super) async fn review(
     client: &kube::Client,
-    token: &str,
-) -> Result<k8s_openapi::api::authentication::v1::UserInfo, AccessError> {
+    caller: &Caller,
+    namespace: &str,
+    verb: PodVerb,
+) -> Result<(), AccessError> {
+    match caller {
+        Caller::Anyone => Ok(()),
+        Caller::User(user) => {
+            within_timeout(authorize(client, user.clone(), namespace, verb)).await
+        }
+    }
+}
+
+async fn within_timeout<T>(
+    review: impl Future<Output = Result<T, AccessError>>,
+) -> Result<T, AccessError> {
+    let answered = tokio::time::timeout(REVIEW_TIMEOUT, review).await;
+    answered.map_err(|_| AccessError::Unavailable("no answer within 5 s".into()))?
+}
+
+async fn authenticate(client: &kube::Client, token: &str) -> Result<UserInfo, AccessError> {
     let review = TokenReview {
         spec: TokenReviewSpec {
             token: Some(token.to_string()),
@@ -99,7 +121,7 @@ async fn authenticate(
 
 async fn authorize(
     client: &kube::Client,
-    user: k8s_openapi::api::authentication::v1::UserInfo,
+    user: UserInfo,
     namespace: &str,
     verb: PodVerb,
 ) -> Result<(), AccessError> {

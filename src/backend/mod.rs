@@ -97,6 +97,20 @@ impl Backend {
         }
     }
 
+    /// API mode over `cache` (ready as it is) with `client`, and nothing running: for
+    /// tests of what asks the API server (the admin port's callers).
+    #[cfg(test)]
+    pub(crate) fn api_for_tests(cache: ClusterCache, client: kube::Client) -> Self {
+        Backend {
+            cache,
+            mode: Mode::Api {
+                quotas: QuotaWriter::new(client.clone()),
+                client,
+            },
+            binds_seen: Arc::default(),
+        }
+    }
+
     /// Offline mode: the YAML file is the cluster.
     pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
         Ok(Self::offline(ClusterCache::from_file(path, projection)?))
@@ -201,18 +215,29 @@ impl Backend {
         }
     }
 
-    /// Whether the owner of the bearer `token` may `verb` pods in `namespace`
-    /// (`access`): in API mode as the API server's TokenReview and SubjectAccessReview
-    /// say. Offline the file is the cluster and there is nobody to ask: whoever reaches
-    /// the admin port may (docs/explain.md).
-    pub(crate) async fn may(
+    /// Who owns the bearer `token` (`access`): in API mode as the API server's
+    /// TokenReview says. Offline the file is the cluster and there is nobody to ask:
+    /// whoever reaches the admin port may ask (docs/explain.md).
+    pub(crate) async fn identify(
         &self,
         token: Option<&str>,
+    ) -> Result<access::Caller, access::AccessError> {
+        match &self.mode {
+            Mode::Api { client, .. } => access::identify(client, token).await,
+            Mode::Offline => Ok(access::Caller::Anyone),
+        }
+    }
+
+    /// Whether `caller` may `verb` pods in `namespace`: in API mode as the API server's
+    /// SubjectAccessReview says.
+    pub(crate) async fn may(
+        &self,
+        caller: &access::Caller,
         namespace: &str,
         verb: access::PodVerb,
     ) -> Result<(), access::AccessError> {
         match &self.mode {
-            Mode::Api { client, .. } => access::review(client, token, namespace, verb).await,
+            Mode::Api { client, .. } => access::review(client, caller, namespace, verb).await,
             Mode::Offline => Ok(()),
         }
     }

@@ -49,7 +49,7 @@ const PROTECTED: Duration = Duration::from_secs(30);
 /// clock.
 const FORGET: Duration = Duration::from_secs(60);
 /// The annotation that tells a borrowing pod's owner how its GPUs may be taken back.
-pub const RECLAIM_ANNOTATION: &str = "gpu-admission.io/reclaim";
+pub(crate) use crate::marks::RECLAIM_ANNOTATION;
 
 /// One pod a pass decided to take back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -336,7 +336,7 @@ fn models(members: &[QuotaView]) -> Vec<String> {
 /// standing given by `standing(key, leaving)`.
 fn plan(state: &ClusterState, standing: impl Fn(&PodKey, bool) -> Standing) -> Vec<Planned> {
     let mut planned = Vec::new();
-    let leaving = |key: &PodKey| state.pod(key).is_some_and(|p| p.terminating.is_some());
+    let leaving = |key: &PodKey| state.pod(key).is_some_and(|p| p.terminating().is_some());
     for (cohort, members) in cohorts(state) {
         for model in models(&members) {
             let pods: Vec<Vec<_>> = (members.iter())

@@ -450,7 +450,8 @@ impl Releaser {
         let note = match why {
             WaitReason::NoRoom(denial) => format!("place {place} in the GPU quota queue: {denial}"),
             WaitReason::Behind { ahead } => format!(
-                "place {place} in the GPU quota queue, behind {ahead}, which has waited past queue.maxPassOverSeconds and goes first"
+                "place {place} in the GPU quota queue, behind {}, which has waited past queue.maxPassOverSeconds and goes first",
+                crate::cache::pod::shown_to(crate::cache::pod::key_parts(&pod.key).0, &ahead)
             ),
         };
         let note = note.as_str();

@@ -258,7 +258,7 @@ fn a_new_scheduling_failure_releases_the_hold() {
     assert_eq!(used_gpus(&state), 1);
     // The scheduler writes PodScheduled=False: it gave the pod up.
     let mut failed = pod_a;
-    failed.unscheduled = 42;
+    failed.set_unscheduled(42);
     state.apply_pod(a.clone(), failed);
     assert_eq!(used_gpus(&state), 0);
     assert!(state.pod(&a).unwrap().node.is_none());

@@ -3,6 +3,7 @@
 //! state: it holds no client and writes nothing to the cluster — that is the
 //! backend's (`crate::backend`), the one place that knows the run mode.
 
+mod allocator;
 #[cfg(test)]
 mod hold_tests;
 mod offline;
@@ -57,6 +58,9 @@ pub struct Projection {
     type_annotation: String,
     /// How ResourceClaims and ResourceSlices name GPUs.
     dra: crate::dra::Dra,
+    /// `defrag.holdSeconds` when the mover runs (`defrag.mode: Evict`): a plan's holds
+    /// are read only then, and only those that stand at most this long.
+    pub(crate) hold_seconds: Option<u32>,
 }
 
 impl Projection {
@@ -67,6 +71,8 @@ impl Projection {
             keys: AnnotationKeys::new(&config.resources.annotation_prefix),
             type_annotation: config.type_annotation.clone(),
             dra: config.dra.clone(),
+            hold_seconds: (config.defrag.mode == crate::config::DefragMode::Evict)
+                .then_some(config.defrag.hold_seconds),
         }
     }
 }
@@ -114,8 +120,11 @@ impl ClusterCache {
         path: &std::path::Path,
         projection: Projection,
     ) -> Result<Self, CacheError> {
-        let objects = offline::read_objects(path)?;
-        Self::from_objects(&objects, &path.display().to_string(), projection)
+        let cache = Self::new(projection, true, Ledger::Counted);
+        let loaded = offline::load_file(path, &cache.inner.projection)?;
+        cache.write(|state| loaded.apply(state));
+        allocator::return_freed_pages();
+        Ok(cache)
     }
 
     /// Offline mode over `objects` already read (from `source`: a file's path, or the

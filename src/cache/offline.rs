@@ -55,25 +55,58 @@ pub(crate) struct FileObject {
 
 /// The objects of the cluster file at `path`, `kind: List`s unrolled.
 pub(crate) fn read_objects(path: &Path) -> Result<Vec<FileObject>, CacheError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CacheError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    parse_objects(&text, &path.display().to_string())
+    parse_objects(&read_text(path)?, &path.display().to_string())
 }
 
 /// The objects of a cluster file's `text` (read from `source`).
 pub(crate) fn parse_objects(text: &str, source: &str) -> Result<Vec<FileObject>, CacheError> {
     let mut objects = Vec::new();
+    each_object(text, source, |object| {
+        objects.push(object);
+        Ok(())
+    })?;
+    Ok(objects)
+}
+
+/// Project the cluster file at `path` for the cache one object at a time, each parsed,
+/// projected and dropped before the next: the parsed form of a whole file is many times
+/// its size (gigabytes for 40,000 pods as `kubectl get -o yaml` prints them), and the
+/// allocator keeps much of what such a peak freed (docs/benchmarks.md, "Memory per
+/// cached pod").
+pub(super) fn load_file(path: &Path, projection: &Projection) -> Result<Objects, CacheError> {
+    let source = path.display().to_string();
+    let mut loaded = Objects::default();
+    each_object(&read_text(path)?, &source, |object| {
+        add_object(object, &source, projection, &mut loaded)
+    })?;
+    Ok(loaded)
+}
+
+fn read_text(path: &Path) -> Result<String, CacheError> {
+    std::fs::read_to_string(path).map_err(|source| CacheError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Call `each` with the objects of a cluster file's `text` (read from `source`) in
+/// order, `kind: List`s unrolled, one YAML document parsed at a time.
+fn each_object(
+    text: &str,
+    source: &str,
+    mut each: impl FnMut(FileObject) -> Result<(), CacheError>,
+) -> Result<(), CacheError> {
     for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = serde_yaml::Value::deserialize(document).map_err(|e| CacheError::Document {
             path: source.to_string(),
             document: index + 1,
             problem: Box::new(DocumentError::Yaml(e)),
         })?;
+        let mut objects = Vec::new();
         unroll(value, index + 1, &mut objects);
+        objects.into_iter().try_for_each(&mut each)?;
     }
-    Ok(objects)
+    Ok(())
 }
 
 /// Add `value` to `objects`, the items of a list one by one (an item of a typed list
@@ -105,15 +138,24 @@ pub(super) fn load(
 ) -> Result<Objects, CacheError> {
     let mut loaded = Objects::default();
     for object in objects {
-        add(object.value.clone(), projection, &mut loaded).map_err(|problem| {
-            CacheError::Document {
-                path: source.to_string(),
-                document: object.document,
-                problem: Box::new(problem),
-            }
-        })?;
+        add_object(object.clone(), source, projection, &mut loaded)?;
     }
     Ok(loaded)
+}
+
+/// Add `object` (of the file at `source`) to `loaded`, or name the document it is
+/// wrong in.
+fn add_object(
+    object: FileObject,
+    source: &str,
+    projection: &Projection,
+    loaded: &mut Objects,
+) -> Result<(), CacheError> {
+    add(object.value, projection, loaded).map_err(|problem| CacheError::Document {
+        path: source.to_string(),
+        document: object.document,
+        problem: Box::new(problem),
+    })
 }
 
 /// What is wrong with one YAML document of the cluster file.

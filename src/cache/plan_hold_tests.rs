@@ -6,14 +6,29 @@ use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::plan_hold::{GpuKept, GpusKept, PLAN_HOLD_ANNOTATION, PlanHold, Slot, shape_of};
+use super::plan_hold::{GpuKept, GpusKept, PLAN_HOLD_ANNOTATION, PlanHold, Slot};
 use super::state::{ClusterState, Subject};
 use super::{CachedPod, PodKey, Projection, pod_key};
 use crate::config::Config;
 use crate::placement::testing::{node, pod_with};
 use crate::placement::{Placer, Policy, place};
 
-const NOW_FAR: i64 = i64::MAX / 2;
+/// The holds of these tests stand from 10 s ago for `defrag.holdSeconds` (60 s): a
+/// filter call reads the clock.
+fn now() -> i64 {
+    crate::quota::pending::now_second()
+}
+
+/// A hold's `until` while it stands.
+fn standing() -> i64 {
+    now() + 50
+}
+
+/// The projection of a cluster whose mover runs (`defrag.mode: Evict`): holds are read.
+fn evicting() -> Projection {
+    let config = Config::parse("defrag: {mode: Evict, holdSeconds: 60}").unwrap();
+    Projection::from_config(&config)
+}
 
 /// A 1-GPU pod of `team`, owned by controller `owner`, carrying `hold` if given.
 fn pod(
@@ -40,9 +55,11 @@ fn asking(
     pod.metadata.name = Some(name.into());
     pod.metadata.namespace = Some(namespace.into());
     pod.metadata.uid = Some(uid.into());
-    // Second 1,000: the plan's `since`.
-    let created = serde_json::json!("1970-01-01T00:16:40Z");
-    pod.metadata.creation_timestamp = Some(serde_json::from_value(created).unwrap());
+    // Before the plan's `since`.
+    let created = k8s_openapi::jiff::Timestamp::from_second(now() - 100).unwrap();
+    pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        created,
+    ));
     pod.metadata.owner_references = Some(vec![OwnerReference {
         uid: owner.into(),
         controller: Some(true),
@@ -56,10 +73,9 @@ fn asking(
             Some([(PLAN_HOLD_ANNOTATION.to_string(), hold.to_text())].into());
     }
     pod.spec.as_mut().unwrap().node_name = node_name.map(str::to_string);
-    let projection = Projection::from_config(&Config::default());
     (
         pod_key(&pod),
-        CachedPod::from_pod(&pod, &projection).unwrap(),
+        CachedPod::from_pod(&pod, &evicting()).unwrap(),
     )
 }
 
@@ -77,22 +93,22 @@ fn plan(until: i64) -> PlanHold {
     let one_gpu = pod("team-b/x", "u", "rs-1", None, None).1.request;
     PlanHold {
         model: "T4".into(),
-        since: 1_000,
+        since: now() - 10,
         until,
         target: GpusKept {
             node: "n1".into(),
             gpus: vec![gpu(0)],
         },
-        slots: vec![Slot {
-            moved: "team-b/infer-1".into(),
-            uid: "u-moved".into(),
-            owner: "rs-1".into(),
-            shape: shape_of(&one_gpu),
-            held: GpusKept {
+        slots: vec![Slot::new(
+            "team-b",
+            "u-moved",
+            "rs-1",
+            &one_gpu,
+            GpusKept {
                 node: "n2".into(),
                 gpus: vec![gpu(0)],
             },
-        }],
+        )],
     }
 }
 
@@ -125,7 +141,7 @@ fn placed(state: &mut ClusterState, key: &str, candidates: &[&str]) -> Option<St
 
 #[test]
 fn the_freed_gpus_go_to_the_pending_pod_and_to_nobody_else() {
-    let mut state = cluster(&plan(NOW_FAR));
+    let mut state = cluster(&plan(standing()));
     let (other, pod_) = pod("team-c/other", "u-o", "rs-9", None, None);
     state.apply_pod(other.clone(), pod_);
     assert_eq!(
@@ -152,7 +168,7 @@ fn the_freed_gpus_go_to_the_pending_pod_and_to_nobody_else() {
 
 #[test]
 fn a_moved_pods_destination_goes_to_its_replacement_then_frees_up() {
-    let mut state = cluster(&plan(NOW_FAR));
+    let mut state = cluster(&plan(standing()));
     // Another pod of the same controller and shape is a replacement; the moved pod's
     // namesake with its old uid is not, nor a pod of another controller.
     let (stranger, p) = pod("team-b/stranger", "u-s", "rs-2", None, None);
@@ -166,16 +182,17 @@ fn a_moved_pods_destination_goes_to_its_replacement_then_frees_up() {
     );
     // Bound there, the slot is filled: nothing more is kept on n2 (whose one GPU the
     // replacement now uses), and the target is still kept.
-    let (new, p) = pod("team-b/infer-2", "u-new", "rs-1", Some("n2"), None);
+    let (new, mut p) = pod("team-b/infer-2", "u-new", "rs-1", Some("n2"), None);
+    p.created = now(); // created since the plan began
     state.apply_pod(new, p);
-    let reserved = state.reserved_against(&stranger, NOW_FAR - 1);
+    let reserved = state.reserved_against(&stranger, now());
     let kept: Vec<&str> = reserved.nodes.keys().map(|n| &**n).collect();
     assert_eq!(kept, ["n1"]);
 }
 
 #[test]
 fn holds_lapse_at_their_until_and_with_the_pod_that_carries_them() {
-    let mut state = cluster(&plan(1));
+    let mut state = cluster(&plan(now() - 1));
     let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
     state.apply_pod(other.clone(), p);
     assert_eq!(
@@ -184,7 +201,7 @@ fn holds_lapse_at_their_until_and_with_the_pod_that_carries_them() {
         "lapsed"
     );
 
-    let mut state = cluster(&plan(NOW_FAR));
+    let mut state = cluster(&plan(standing()));
     state.apply_pod(
         other.clone(),
         pod("team-c/other", "u-o", "rs-9", None, None).1,
@@ -199,16 +216,16 @@ fn holds_lapse_at_their_until_and_with_the_pod_that_carries_them() {
 
 #[test]
 fn once_the_pending_pod_is_placed_its_own_use_keeps_its_gpus() {
-    let mut state = cluster(&plan(NOW_FAR));
+    let mut state = cluster(&plan(standing()));
     assert_eq!(
         placed(&mut state, "team-a/train", &["n1"]).as_deref(),
         Some("n1")
     );
-    let reserved = state.reserved_against("team-c/none", NOW_FAR - 1);
+    let reserved = state.reserved_against("team-c/none", now());
     assert!(reserved.nodes.is_empty(), "unknown subjects see no holds");
     let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
     state.apply_pod(other.clone(), p);
-    let kept = state.reserved_against(&other, NOW_FAR - 1);
+    let kept = state.reserved_against(&other, now());
     let mut kept: Vec<&str> = kept.nodes.keys().map(|n| &**n).collect();
     kept.sort();
     assert_eq!(
@@ -244,7 +261,7 @@ fn a_move_leaves_the_moved_pods_namespace_charged_the_same() {
 fn a_hold_keeps_only_its_gpus_and_a_share_still_fits_beside_it() {
     let mut state = ClusterState::default();
     state.apply_node(node("n1", 2, 8));
-    let mut hold = plan(NOW_FAR);
+    let mut hold = plan(standing());
     hold.slots.clear();
     let (key, train) = pod("team-a/train", "u-train", "job-1", None, Some(&hold));
     state.apply_pod(key, train);
@@ -261,4 +278,82 @@ fn a_hold_keeps_only_its_gpus_and_a_share_still_fits_beside_it() {
     assert_eq!(placed(&mut state, &shared, &["n1"]).as_deref(), Some("n1"));
     let gpus = state.pod(&shared).unwrap().assignment.clone().unwrap();
     assert_eq!(gpus.choices[0].gpus, [1], "beside the held GPU, not on it");
+}
+
+/// A hold counts only while it can be honest: read only when the mover runs
+/// (`defrag.mode: Evict`) and only if it stands at most `defrag.holdSeconds` from a
+/// `since` not before its pod; and only while its pod is charged (not waiting in the
+/// quota queue, charged nothing; not being deleted). A new plan is made around what the
+/// standing holds keep (`held_from_others`).
+#[test]
+fn a_hold_counts_only_while_it_can_be_honest() {
+    let other = |state: &mut ClusterState| {
+        let (other, p) = pod("team-c/other", "u-o", "rs-9", None, None);
+        state.apply_pod(other.clone(), p);
+        placed(state, &other, &["n1"])
+    };
+    let mut state = cluster(&plan(standing()));
+    assert_eq!(state.plan_holds(now()).count(), 1);
+    let from_others = state.held_from_others(now());
+    let mut held: Vec<&str> = from_others.keys().map(|n| &**n).collect();
+    held.sort();
+    assert_eq!(held, ["n1", "n2"], "a new plan is made around both");
+    assert_eq!(other(&mut state), None, "an honest hold keeps n1");
+
+    // Read with the defrag mode off: no hold.
+    let mut pod_ = pod_with(&[&[("nvidia.com/gpu", "1")]]);
+    pod_.metadata.namespace = Some("team-a".into());
+    pod_.metadata.name = Some("train".into());
+    let created = k8s_openapi::jiff::Timestamp::from_second(now() - 100).unwrap();
+    pod_.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        created,
+    ));
+    pod_.metadata.annotations =
+        Some([(PLAN_HOLD_ANNOTATION.to_string(), plan(standing()).to_text())].into());
+    let off = Projection::from_config(&Config::default());
+    assert!(
+        CachedPod::from_pod(&pod_, &off)
+            .unwrap()
+            .plan_hold()
+            .is_none(),
+        "mode Off"
+    );
+    assert!(
+        CachedPod::from_pod(&pod_, &evicting())
+            .unwrap()
+            .plan_hold()
+            .is_some(),
+        "mode Evict"
+    );
+
+    // Longer than holdSeconds, or ten years ahead: never read.
+    for until in [now() + 61, now() + 10 * 365 * 86_400] {
+        let mut state = cluster(&plan(until));
+        assert_eq!(state.plan_holds(now()).count(), 0, "until {until}");
+        assert_eq!(other(&mut state).as_deref(), Some("n1"));
+    }
+
+    // Its pod waits in the quota queue (charged nothing), or is being deleted.
+    for edit in [
+        (|p: &mut CachedPod| p.gated = true) as fn(&mut CachedPod),
+        |p: &mut CachedPod| p.set_terminating(i64::MAX),
+    ] {
+        let mut state = cluster(&plan(standing()));
+        let mut train = state.pod("team-a/train").unwrap().clone();
+        edit(&mut train);
+        state.apply_pod("team-a/train".into(), train);
+        assert_eq!(state.plan_holds(now()).count(), 0);
+        assert_eq!(other(&mut state).as_deref(), Some("n1"));
+    }
+
+    // Placed, its target is its own use; the slot it keeps for the moved pod's
+    // replacement stands until its `until`.
+    let mut state = cluster(&plan(standing()));
+    assert_eq!(
+        placed(&mut state, "team-a/train", &["n1"]).as_deref(),
+        Some("n1")
+    );
+    let from_others = state.held_from_others(now());
+    let held: Vec<&str> = from_others.keys().map(|n| &**n).collect();
+    assert_eq!(held, ["n2"]);
 }

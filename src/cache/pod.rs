@@ -9,7 +9,8 @@ use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, GpuChoice, GpuRequest};
 
 use super::Projection;
-use super::plan_hold::{PLAN_HOLD_ANNOTATION, PlanHold};
+use super::plan_hold::PlanHold;
+use crate::marks::PLAN_HOLD_ANNOTATION;
 
 /// A pod's identity in the cache: `namespace/name` (unique among live pods).
 pub(crate) type PodKey = Arc<str>;
@@ -24,6 +25,17 @@ pub fn pod_key(pod: &Pod) -> PodKey {
 /// `pod_key` names a pod without a namespace).
 pub(crate) fn key_parts(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("default", key))
+}
+
+/// How the tenant of `namespace` is told of the pod `key` in what it reads on its own
+/// pods (Events, conditions, annotations, `/explain`): by name within its namespace,
+/// any other namespace's pod as "a pod of another namespace" (which pods run where is
+/// not a tenant's to learn; docs/security.md).
+pub(crate) fn shown_to(namespace: &str, key: &str) -> String {
+    match key_parts(key).0 == namespace {
+        true => key.to_string(),
+        false => "a pod of another namespace".to_string(),
+    }
 }
 
 /// Where a pod's GPUs are: its node and, when its annotations say so, the GPU indices.
@@ -44,11 +56,6 @@ pub struct CachedPod {
     /// (kept through the watch's echo of that write), so the bind verb must not charge
     /// it again.
     pub(super) recorded: bool,
-    /// Being deleted (`deletionTimestamp` set): the unix second until which it is still
-    /// charged, its deletion time plus its grace period (`i64::MAX` without one), as
-    /// Kubernetes' ResourceQuota counts it; see [`CachedPod::charged_at`]. It holds its
-    /// GPUs on its node until it is gone.
-    pub(crate) terminating: Option<i64>,
     /// The GPU models the pod itself names (annotation, nodeSelector or affinity);
     /// empty when it names none and its namespace's quota decides.
     pub(crate) models: Vec<String>,
@@ -64,24 +71,40 @@ pub struct CachedPod {
     /// Carries the borrowed annotation (`quota::cohort::BORROWED_ANNOTATION`), which
     /// gpu-admission keeps on the pods of a cohort's borrowers. Shown, never charged by.
     pub(crate) marked_borrowed: bool,
-    /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
-    /// changes, the scheduler has given the pod up: a hold the filter made is released.
-    pub(super) unscheduled: u64,
-    /// Its ResourceClaims: those its spec names (`resourceClaims[].resourceClaimName`)
-    /// and those made for it from its templates (`status.resourceClaimStatuses`).
-    pub(crate) claim_names: Box<[Box<str>]>,
-    /// Its [`WAITING_CONDITION`], as the pod shows it.
-    pub(crate) waiting: Option<WaitingShown>,
     /// The uid its controlling ownerReference names: which controller a replacement is
     /// of (`plan_hold::Slot`). Claimed by the pod, not proven.
     pub(crate) owner: Option<Box<str>>,
+    /// What few pods carry, boxed apart: most pods carry none of it and pay one
+    /// pointer for it, and a pod is then 256 bytes, not 328 (jemalloc gives it 256,
+    /// not 384: docs/benchmarks.md, "Memory per cached pod").
+    seldom: Option<Box<Seldom>>,
+}
+
+/// The parts of a [`CachedPod`] that few pods carry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Seldom {
+    /// Being deleted (`deletionTimestamp` set): see [`CachedPod::terminating`].
+    terminating: Option<i64>,
+    /// See [`CachedPod::unscheduled`].
+    unscheduled: u64,
+    /// See [`CachedPod::claim_names`].
+    claim_names: Box<[Box<str>]>,
+    /// Its [`WAITING_CONDITION`], as the pod shows it.
+    waiting: Option<WaitingShown>,
     /// The defragmentation plan's holds it carries ([`PLAN_HOLD_ANNOTATION`]).
-    pub(crate) plan_hold: Option<Arc<PlanHold>>,
+    plan_hold: Option<Arc<PlanHold>>,
+}
+
+impl Seldom {
+    /// `None` when the pod carries none of it.
+    fn boxed(self) -> Option<Box<Seldom>> {
+        (self != Seldom::default()).then(|| Box::new(self))
+    }
 }
 
 /// The pod condition gpu-admission keeps on every pending GPU pod: why it waits
-/// (docs/explain.md). Only gpu-admission writes it.
-pub(crate) const WAITING_CONDITION: &str = "gpu-admission.io/Waiting";
+/// (docs/explain.md). Only gpu-admission writes it (`crate::marks`).
+pub(crate) use crate::marks::WAITING_CONDITION;
 
 /// A pod's [`WAITING_CONDITION`] as its status shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,8 +130,6 @@ pub(crate) struct AnnotationKeys {
     pub(crate) assigned: String,
     pub(crate) time: String,
     idx_prefix: String,
-    /// `<prefix>/predicate-`: every key under it is placement (gpu-manager's protocol).
-    predicate_prefix: String,
 }
 
 impl AnnotationKeys {
@@ -118,21 +139,11 @@ impl AnnotationKeys {
             assigned: format!("{prefix}/gpu-assigned"),
             time: format!("{prefix}/predicate-time"),
             idx_prefix: format!("{prefix}/predicate-gpu-idx-"),
-            predicate_prefix: format!("{prefix}/predicate-"),
         }
     }
 
     pub(crate) fn gpu_idx(&self, container: u16) -> String {
         format!("{}{container}", self.idx_prefix)
-    }
-
-    /// Whether `key` is a placement annotation: one the extender or gpu-manager writes
-    /// (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`), or the defragmentation
-    /// mover's holds ([`PLAN_HOLD_ANNOTATION`]), and nobody else may.
-    pub(crate) fn is_placement(&self, key: &str) -> bool {
-        key == self.assigned
-            || key.starts_with(&self.predicate_prefix)
-            || key == PLAN_HOLD_ANNOTATION
     }
 }
 
@@ -153,7 +164,11 @@ impl CachedPod {
         if is_terminal(pod) {
             return Err(SkipReason::Terminal);
         }
-        let request = GpuRequest::from_pod(pod, names)?.ok_or(SkipReason::NoGpu)?;
+        let mut request = GpuRequest::from_pod(pod, names)?.ok_or(SkipReason::NoGpu)?;
+        // Built by pushing, with room for four: a cached pod keeps only what it holds.
+        request.containers.shrink_to_fit();
+        request.sidecars.shrink_to_fit();
+        request.mig.shrink_to_fit();
         let annotations = pod.metadata.annotations.as_ref();
         let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
         let node_name = pod
@@ -174,7 +189,6 @@ impl CachedPod {
             assignment,
             held_since: None,
             recorded: false,
-            terminating: charged_until(pod),
             models: WantedModels::of_pod(
                 pod,
                 &projection.type_annotation,
@@ -190,14 +204,16 @@ impl CachedPod {
                 .as_ref()
                 .and_then(|s| s.priority)
                 .unwrap_or_default(),
-            unscheduled: unscheduled_fingerprint(pod),
-            claim_names: claim_names(pod),
-            waiting: waiting_shown(pod),
             marked_borrowed: annotation(crate::quota::cohort::BORROWED_ANNOTATION).is_some(),
             owner: controller_uid(pod),
-            plan_hold: annotation(PLAN_HOLD_ANNOTATION)
-                .and_then(PlanHold::parse)
-                .map(Arc::new),
+            seldom: Seldom {
+                terminating: charged_until(pod),
+                unscheduled: unscheduled_fingerprint(pod),
+                claim_names: claim_names(pod),
+                waiting: waiting_shown(pod),
+                plan_hold: plan_hold(pod, projection.hold_seconds).map(Arc::new),
+            }
+            .boxed(),
         })
     }
 }
@@ -209,8 +225,68 @@ impl CachedPod {
     /// ResourceQuota counts it (docs/design.md, "How long a pod counts"), whatever grace
     /// the tenant gave it.
     pub(super) fn charged_at(&self, now: i64) -> bool {
-        self.terminating.is_none_or(|until| now <= until)
+        self.terminating().is_none_or(|until| now <= until)
     }
+
+    /// Being deleted (`deletionTimestamp` set): the unix second until which it is still
+    /// charged, its deletion time plus its grace period (`i64::MAX` without one), as
+    /// Kubernetes' ResourceQuota counts it; see [`CachedPod::charged_at`]. It holds its
+    /// GPUs on its node until it is gone.
+    pub(crate) fn terminating(&self) -> Option<i64> {
+        self.seldom.as_ref()?.terminating
+    }
+
+    /// A fingerprint of the scheduler's latest "not scheduled" condition (0: none). When it
+    /// changes, the scheduler has given the pod up: a hold the filter made is released.
+    pub(super) fn unscheduled(&self) -> u64 {
+        self.seldom.as_ref().map_or(0, |s| s.unscheduled)
+    }
+
+    /// Its ResourceClaims: those its spec names (`resourceClaims[].resourceClaimName`)
+    /// and those made for it from its templates (`status.resourceClaimStatuses`).
+    pub(crate) fn claim_names(&self) -> &[Box<str>] {
+        self.seldom.as_ref().map_or(&[], |s| &s.claim_names)
+    }
+
+    /// Its [`WAITING_CONDITION`], as the pod shows it.
+    pub(crate) fn waiting(&self) -> Option<&WaitingShown> {
+        self.seldom.as_ref()?.waiting.as_ref()
+    }
+
+    /// The defragmentation plan's holds it carries ([`PLAN_HOLD_ANNOTATION`]).
+    pub(crate) fn plan_hold(&self) -> Option<&PlanHold> {
+        self.seldom.as_ref()?.plan_hold.as_deref()
+    }
+
+    /// A test's pod is being deleted, charged until `until`.
+    #[cfg(test)]
+    pub(super) fn set_terminating(&mut self, until: i64) {
+        let mut seldom = self.seldom.take().map(|s| *s).unwrap_or_default();
+        seldom.terminating = Some(until);
+        self.seldom = seldom.boxed();
+    }
+
+    /// A test's scheduler writes a new "not scheduled" condition.
+    #[cfg(test)]
+    pub(super) fn set_unscheduled(&mut self, fingerprint: u64) {
+        let mut seldom = self.seldom.take().map(|s| *s).unwrap_or_default();
+        seldom.unscheduled = fingerprint;
+        self.seldom = seldom.boxed();
+    }
+}
+
+/// The plan's holds `pod` carries, when they are read at all (`hold_seconds`: under
+/// `defrag.mode: Evict`) and could have been written by the mover for it
+/// ([`PlanHold::parse`]).
+fn plan_hold(pod: &Pod, hold_seconds: Option<u32>) -> Option<PlanHold> {
+    let max = hold_seconds?;
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(PLAN_HOLD_ANNOTATION)?;
+    let created = pod.metadata.creation_timestamp.as_ref()?.0.as_second();
+    PlanHold::parse(text, max, created)
 }
 
 /// Until when a pod being deleted is charged: `deletionTimestamp` (which the API server

@@ -176,6 +176,8 @@ async fn watch<K, W>(
                 let items = kind.prepare(&cache, std::mem::take(&mut buffer)).await;
                 let count = items.len();
                 cache.write(|state| kind.replace(state, items));
+                // The list's objects are all dropped now: what they took goes back.
+                super::allocator::return_freed_pages();
                 kind.applied(&cache).await;
                 tracing::info!(count, "listed");
                 if std::mem::take(&mut first_list)

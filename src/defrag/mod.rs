@@ -18,13 +18,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{ArgGroup, Args};
 
-use crate::cache::plan_hold::{GpusKept, PlanHold, Slot, shape_of};
+use crate::cache::plan_hold::{GpusKept, PlanHold, Slot};
 use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
 use crate::config::Config;
 use crate::extender::plan::eligibility;
 use crate::placement::Placer;
 use crate::placement::defrag::{
-    Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits, Plan, Planner, Resident, Site,
+    Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, LARGEST_BUDGET, Limits, MOST_MOVES, Plan, Planner,
+    Resident, Site,
 };
 use crate::placement::learn::LearningPlacer;
 
@@ -95,11 +96,13 @@ pub struct DefragArgs {
     /// Plan for this pod only (NAMESPACE/NAME).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pod: Option<String>,
-    /// At most this many moves per plan.
-    #[arg(long, default_value_t = DEFAULT_MAX_MOVES)]
+    /// At most this many moves per plan (0 to 8).
+    #[arg(long, default_value_t = DEFAULT_MAX_MOVES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MOST_MOVES as u64))]
     max_moves: usize,
-    /// Node and pod evaluations one plan may spend.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    /// Node and pod evaluations one plan may spend (at most 10,000,000).
+    #[arg(long, default_value_t = DEFAULT_BUDGET,
+          value_parser = clap::value_parser!(u64).range(1..=LARGEST_BUDGET))]
     budget: u64,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
@@ -208,11 +211,13 @@ fn pending<'s>(
 /// The nodes pods may land on, in name order, with their free CPU and memory and the
 /// GPU pods running there whose GPUs are known.
 fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
+    // GPUs the plans under way keep count as used: a new plan never counts on them.
+    let held = state.held_from_others(crate::quota::pending::now_second());
     let mut sites: Vec<Site<PodKey>> = state
         .nodes()
         .filter(|gpus| gpus.closed.is_none() && world.nodes.contains_key(&*gpus.name))
         .map(|gpus| Site {
-            gpus: gpus.clone(),
+            gpus: held.get(&gpus.name).unwrap_or(gpus).clone(),
             room: world.room(&gpus.name),
             residents: Vec::new(),
         })
@@ -333,11 +338,16 @@ impl Ground<'_> {
                 moves: plan
                     .moves
                     .iter()
-                    .map(|m| Step {
-                        pod: m.pod.to_string(),
-                        from: name(m.from),
-                        to: name(m.to),
-                        gpus: gpu_indices(&m.assignment),
+                    .map(|m| {
+                        let moved = self.state.pod(&m.pod);
+                        Step {
+                            pod: m.pod.to_string(),
+                            from: name(m.from),
+                            to: name(m.to),
+                            gpus: gpu_indices(&m.assignment),
+                            uid: moved.map(|p| p.uid.to_string()).unwrap_or_default(),
+                            owner: moved.and_then(|p| p.owner.as_deref()).map(str::to_string),
+                        }
                     })
                     .collect(),
             });
@@ -361,13 +371,14 @@ impl Ground<'_> {
                 .state
                 .pod(&m.pod)
                 .filter(|p| p.request.mig.is_empty())?;
-            Some(Slot {
-                moved: m.pod.to_string(),
-                uid: moved.uid.to_string(),
-                owner: moved.owner.as_deref()?.to_string(),
-                shape: shape_of(&moved.request),
-                held: GpusKept::of(&self.sites[m.to].gpus, &m.assignment),
-            })
+            let (namespace, _) = m.pod.split_once('/')?;
+            Some(Slot::new(
+                namespace,
+                &moved.uid,
+                moved.owner.as_deref()?,
+                &moved.request,
+                GpusKept::of(&self.sites[m.to].gpus, &m.assignment),
+            ))
         });
         Some(PlanHold {
             model: target.model.as_deref().unwrap_or_default().to_string(),

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::cache::plan_hold::PlanHold;
+use crate::cache::pod::{key_parts, shown_to};
 use crate::placement::Assignment;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -22,6 +23,12 @@ pub(crate) struct Step {
     pub(crate) from: String,
     pub(crate) to: String,
     pub(crate) gpus: Vec<u8>,
+    /// The moved pod's uid and its controller's (the mover checks the live pod against
+    /// them before it evicts): never printed.
+    #[serde(skip)]
+    pub(crate) uid: String,
+    #[serde(skip)]
+    pub(crate) owner: Option<String>,
 }
 
 /// A pending pod's plan: it fits on `node`, GPUs `gpus`, after `moves` (none: it fits
@@ -39,12 +46,14 @@ pub(crate) struct PlanOut {
 }
 
 impl PlanOut {
-    /// One line for an Event: "fits on node-7 (GPUs 0,1) after moving team-b/x
-    /// (node-7 → node-3)".
+    /// One line for an Event on the pending pod, which its tenant reads: "fits on
+    /// node-7 (GPUs 0,1) after moving team-a/x (node-7 → node-3)"; a pod of another
+    /// namespace is not named ([`shown_to`]).
     pub(crate) fn sentence(&self) -> String {
         let gpus = list(&self.gpus);
+        let namespace = key_parts(&self.pod).0;
         let moves: Vec<String> = (self.moves.iter())
-            .map(|m| format!("{} ({} → {})", m.pod, m.from, m.to))
+            .map(|m| format!("{} ({} → {})", shown_to(namespace, &m.pod), m.from, m.to))
             .collect();
         match moves.is_empty() {
             true => format!("fits now on {} (GPUs {gpus})", self.node),

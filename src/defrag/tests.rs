@@ -34,18 +34,27 @@ fn a_plan_holds_the_freed_gpus_and_the_destination_and_cooling_controllers_stay(
     let held: Vec<(u8, u32)> = hold.target.gpus.iter().map(|g| (g.index, g.core)).collect();
     assert_eq!(held, [(0, 100), (1, 100)]);
     let slot = &hold.slots[0];
-    assert_eq!(slot.moved, "team-b/infer-a-7f9-x2");
-    assert_eq!(slot.owner, "0b1a0000-0000-4000-8000-00000000000a");
+    let step = &plan.moves[0];
+    assert_eq!(step.pod, "team-b/infer-a-7f9-x2");
+    let owner = "0b1a0000-0000-4000-8000-00000000000a";
+    assert_eq!(step.owner.as_deref(), Some(owner));
+    let objects = parse_objects(EXAMPLE, "test").unwrap();
+    let projection = crate::cache::Projection::from_config(&Config::default());
+    let cache = crate::cache::ClusterCache::from_objects(&objects, "test", projection).unwrap();
+    let request = cache.read(|s| s.pod("team-b/infer-a-7f9-x2").unwrap().request.clone());
+    let expected =
+        crate::cache::plan_hold::Slot::new("team-b", &step.uid, owner, &request, slot.held.clone());
+    assert_eq!(
+        slot, &expected,
+        "the slot keeps the digests of the moved pod and its replacement"
+    );
     assert_eq!(slot.held.node, plan.moves[0].to);
     assert_eq!(slot.held.gpus.len(), 1);
     assert_eq!(slot.held.gpus[0].index, plan.moves[0].gpus[0]);
 
-    let objects = parse_objects(EXAMPLE, "test").unwrap();
     let mut world = World::read(&objects).unwrap();
-    world.cooling.insert(slot.owner.clone());
+    world.cooling.insert(owner.to_string());
     let config = Config::default();
-    let projection = crate::cache::Projection::from_config(&config);
-    let cache = crate::cache::ClusterCache::from_objects(&objects, "test", projection).unwrap();
     let placer = super::learned_placer(&cache, &config);
     let limits = Limits::default();
     let report = super::plan_in(&cache, &world, &placer, limits, Some("team-a/train-0")).unwrap();
@@ -98,11 +107,14 @@ fn the_example_moves_the_one_pod_that_may_move() {
 fn a_plan_reads_as_one_line_for_the_pending_pods_event() {
     let report = plan_text(EXAMPLE, Some("team-a/train-0"));
     let sentence = report.plans[0].sentence();
+    // Told on team-a's pod: team-b's pod is not named.
     assert!(
-        sentence
-            .starts_with("fits on t4-a (GPUs 0,1) after moving team-b/infer-a-7f9-x2 (t4-a → t4-"),
+        sentence.starts_with(
+            "fits on t4-a (GPUs 0,1) after moving a pod of another namespace (t4-a → t4-"
+        ),
         "{sentence}"
     );
+    assert!(!sentence.contains("team-b"), "{sentence}");
 }
 
 #[test]
@@ -296,4 +308,62 @@ fn a_budget_without_status_counts_its_healthy_pods() {
     assert_eq!(budget("minAvailable: 67%"), 0);
     assert_eq!(budget("maxUnavailable: 2"), 2);
     assert_eq!(budget("maxUnavailable: 34%"), 2);
+}
+
+/// A plan is made around the GPUs other plans hold: with another pending pod's
+/// standing hold keeping t4-a's free GPU, train-0's plan (t4-a, once infer-a moves) is
+/// no longer possible there; without the hold, or with the mover off, it is.
+#[test]
+fn a_plan_never_counts_on_gpus_another_plan_holds() {
+    use crate::cache::plan_hold::{GpuKept, GpusKept, PlanHold};
+    let now = crate::quota::pending::now_second();
+    let hold = PlanHold {
+        model: "Tesla-T4".into(),
+        since: now - 5,
+        until: now + 55,
+        target: GpusKept {
+            node: "t4-a".into(),
+            gpus: vec![GpuKept {
+                index: 1,
+                core: 100,
+                memory: 64,
+            }],
+        },
+        slots: Vec::new(),
+    };
+    let holder = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "holder", "namespace": "team-c", "uid": "u-holder",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {"gpu-admission.io/defrag-hold": hold.to_text()}},
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c",
+            "resources": {"limits": {"tencent.com/vcuda-core": "100", "tencent.com/vcuda-memory": "64"}}}]},
+        "status": {"phase": "Pending"}});
+    let text = format!(
+        "{EXAMPLE}\n---\n{}",
+        serde_yaml::to_string(&holder).unwrap()
+    );
+    let objects = parse_objects(&text, "test").unwrap();
+    let plan = |config: &Config| {
+        let report = super::plan_objects(
+            &objects,
+            "test",
+            config,
+            Limits::default(),
+            Some("team-a/train-0"),
+        )
+        .unwrap();
+        report.plans.first().map(|p| p.node.clone())
+    };
+    assert_eq!(
+        plan(&Config::default()).as_deref(),
+        Some("t4-a"),
+        "holds are read only under Evict"
+    );
+    let evict = Config::parse("defrag: {mode: Evict}").unwrap();
+    let node = plan(&evict);
+    assert_ne!(
+        node.as_deref(),
+        Some("t4-a"),
+        "t4-a's GPU 1 is held for team-c/holder"
+    );
 }

@@ -1,19 +1,19 @@
 //! The stages of a GPU pod's way, judged on the cache with the same rules the webhooks
 //! and the extender apply: admission (`NamespaceQuota::admit`, the quota queue's line)
 //! and placement (the extender's `eligibility` and the placer's fit). Nothing is
-//! charged, held or written.
-
-use std::collections::BTreeSet;
-use std::sync::Arc;
+//! charged, held or written. Every node fit is counted, and the judgment stops at the
+//! next one once its caller has left (`effort`).
 
 use crate::cache::{CachedPod, ClusterState};
 use crate::extender::plan::eligibility;
 use crate::placement::mig::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
-use crate::placement::{Misfit, NodeGpus, Placer, place};
+use crate::placement::{Misfit, NodeGpus, Outcome, Placer, place};
 use crate::quota::{AdmitRules, Denial, StatusError, charge_on};
 
+use super::ExplainError;
+use super::effort::Effort;
 use super::verdict::{Code, Counterfactual, Explanation, Stage};
 use crate::config::Config;
 
@@ -29,6 +29,8 @@ pub(crate) struct Judge<'a> {
     pub(crate) max_pass_over: i64,
     /// Unix seconds: a manifest is judged as if created now.
     pub(crate) now: i64,
+    /// The node fits spent, and whether the caller still waits.
+    pub(crate) effort: Effort,
 }
 
 /// The pod judged: its key, its projection, and whether it exists (else: what-if).
@@ -39,7 +41,7 @@ pub(crate) struct Subject<'p> {
 }
 
 impl Subject<'_> {
-    fn namespace(&self) -> &str {
+    pub(super) fn namespace(&self) -> &str {
         crate::cache::pod::key_parts(self.key).0
     }
 
@@ -64,18 +66,29 @@ impl<'a> Judge<'a> {
             rules: config.admit_rules(),
             max_pass_over: config.queue_rules().max_pass_over,
             now,
+            effort: Effort::default(),
         }
+    }
+
+    /// The same judge for a caller who may leave: `effort` counts its work and says
+    /// when it has gone.
+    pub(crate) fn for_caller(self, effort: Effort) -> Self {
+        Judge { effort, ..self }
     }
 
     /// Every stage's verdict for `subject`, and, when one stops it, the counterfactuals
     /// judging alone finds (another model; a running pod's end). The planner's moves are
     /// the caller's to add: they need more of the cluster than the cache holds.
-    pub(crate) fn explain(&self, subject: &Subject<'_>) -> Result<Explanation, StatusError> {
+    /// `ExplainError::Abandoned` once the caller has left.
+    pub(crate) fn explain(&self, subject: &Subject<'_>) -> Result<Explanation, ExplainError> {
         let (admission, denial) = self.admission(subject)?;
+        self.effort.check()?;
         let placement = self.placement(subject);
+        // A caller gone mid-way leaves a stage judged on part of the nodes: never given.
+        self.effort.check()?;
         let mut counterfactuals = Vec::new();
         if !admission.code.passes() || !placement.code.passes() {
-            counterfactuals = self.other_models(subject);
+            counterfactuals = self.other_models(subject)?;
             if let Some(denial) = &denial {
                 counterfactuals.extend(self.ends(subject, denial));
                 counterfactuals.extend(cohort_lends(denial));
@@ -186,36 +199,46 @@ impl<'a> Judge<'a> {
         }
         let quota = self.state.namespace_quota(subject.namespace());
         let wanted = quota.wanted(&pod.models);
-        self.place_as(subject, wanted, stage)
+        let models = wanted.models.clone();
+        let nodes: Vec<&NodeGpus> = self.open_nodes().collect();
+        let outcome = self.fit_on(subject, wanted, &nodes, Effort::fit);
+        if let Some(message) = fits_message(&outcome, &nodes) {
+            return stage(Code::Fits, message);
+        }
+        self.misfit_stage(subject, &models, &nodes, outcome, stage)
     }
 
-    /// Judge placement for `subject` wanting `wanted` (its own models, or another).
-    fn place_as(
+    /// The placer's choice for `subject` wanting `wanted` among `nodes`, under the
+    /// extender's rules; each node tried is counted by `count`, which stops the fitting
+    /// when it says no (the caller left, or a budget is spent).
+    pub(super) fn fit_on(
         &self,
         subject: &Subject<'_>,
         wanted: WantedModels,
-        stage: impl Fn(Code, String) -> Stage,
-    ) -> Stage {
+        nodes: &[&NodeGpus],
+        count: fn(&Effort) -> bool,
+    ) -> Outcome {
         let pod = subject.pod;
         let quota = self.state.namespace_quota(subject.namespace());
         let limits = quota.limits.clone();
         let created = subject.created(self.now);
-        let models = wanted.models.clone();
         let rules = eligibility((quota, &limits), wanted, (&pod.request, created), self.mig);
-        let nodes: Vec<&NodeGpus> = self.open_nodes().collect();
-        let outcome = place(self.placer, &pod.request, nodes.iter().copied(), |n| {
+        let counted = nodes.iter().copied().take_while(|_| count(&self.effort));
+        place(self.placer, &pod.request, counted, |n| {
             rules.admits(n, &pod.request)
-        });
-        if let Some((at, assignment)) = outcome.chosen {
-            let gpus = crate::defrag::gpu_indices(&assignment);
-            let gpus: Vec<String> = gpus.iter().map(u8::to_string).collect();
-            let message = format!(
-                "fits now on node {} (GPUs {})",
-                nodes[at].name,
-                gpus.join(",")
-            );
-            return stage(Code::Fits, message);
-        }
+        })
+    }
+
+    /// Why no node of `nodes` took the pod wanting `models`, from the placer's misfits.
+    fn misfit_stage(
+        &self,
+        subject: &Subject<'_>,
+        models: &[String],
+        nodes: &[&NodeGpus],
+        outcome: Outcome,
+        stage: impl Fn(Code, String) -> Stage,
+    ) -> Stage {
+        let pod = subject.pod;
         let wanted = if models.is_empty() {
             "any model".to_string()
         } else {
@@ -236,7 +259,6 @@ impl<'a> Judge<'a> {
                 _ => of_model.push(nodes[*at]),
             }
         }
-        let closed = self.state.nodes().filter(|n| n.closed.is_some()).count();
         if of_model.is_empty() {
             if let Some(why) = too_small {
                 let message = format!("no open node of {wanted} could ever take it: {why}");
@@ -248,6 +270,7 @@ impl<'a> Judge<'a> {
             if let Some(detail) = quota_full {
                 return stage(Code::QuotaExceeded, detail);
             }
+            let closed = self.state.nodes().filter(|n| n.closed.is_some()).count();
             let message = format!(
                 "no open node of {wanted} in the pools it may use ({closed} nodes closed: cordoned, tainted or not Ready)"
             );
@@ -270,7 +293,7 @@ impl<'a> Judge<'a> {
         }
     }
 
-    fn open_nodes(&self) -> impl Iterator<Item = &NodeGpus> {
+    pub(super) fn open_nodes(&self) -> impl Iterator<Item = &'a NodeGpus> + use<'a> {
         let open = self.state.nodes().filter(|n| n.closed.is_none());
         open.filter(|n| n.gpu_count() > 0)
     }
@@ -324,41 +347,18 @@ impl<'a> Judge<'a> {
             message,
         })
     }
+}
 
-    /// Models the pod does not want whose quota and nodes would take it now.
-    pub(crate) fn other_models(&self, subject: &Subject<'_>) -> Vec<Counterfactual> {
-        let quota = self.state.namespace_quota(subject.namespace());
-        let own = quota.wanted(&subject.pod.models);
-        let labels: BTreeSet<Arc<str>> = self
-            .open_nodes()
-            .filter(|n| own.admits(n).is_err())
-            .filter_map(|n| n.model.clone())
-            .collect();
-        let mut found = Vec::new();
-        for label in labels {
-            let wanted = WantedModels::one(label.to_string());
-            let costs = quota.costs(&subject.pod.request, &wanted.models, self.now);
-            if !matches!(quota.admit(&wanted, &costs, self.rules), Ok(Ok(_))) {
-                continue;
-            }
-            let placed = self.place_as(subject, wanted, |code, message| Stage {
-                stage: "placement",
-                code,
-                message,
-            });
-            if placed.code == Code::Fits {
-                let message = format!(
-                    "fits now as model {label}: {} (set the gpu-admission.io/gpu-type annotation)",
-                    placed.message
-                );
-                found.push(Counterfactual {
-                    kind: "other_model",
-                    message,
-                });
-            }
-        }
-        found
-    }
+/// "fits now on node N (GPUs 0,1)" when `outcome` chose one of `nodes`.
+pub(super) fn fits_message(outcome: &Outcome, nodes: &[&NodeGpus]) -> Option<String> {
+    let (at, assignment) = outcome.chosen.as_ref()?;
+    let gpus = crate::defrag::gpu_indices(assignment);
+    let gpus: Vec<String> = gpus.iter().map(u8::to_string).collect();
+    Some(format!(
+        "fits now on node {} (GPUs {})",
+        nodes[*at].name,
+        gpus.join(",")
+    ))
 }
 
 /// "Cohort c can lend k": for each quota the refusal names whose cohort lends less than

@@ -5,9 +5,13 @@
 //! nothing.
 
 mod dra;
+mod effort;
 mod judge;
+mod other_model;
 mod verdict;
 
+#[cfg(test)]
+mod bounds_tests;
 #[cfg(test)]
 mod tests;
 
@@ -24,6 +28,7 @@ use crate::defrag::World;
 use crate::placement::Placer;
 use crate::placement::defrag::Limits;
 
+pub(crate) use effort::{Abandoned, Cancel, Effort};
 pub(crate) use judge::{Judge, Subject};
 use verdict::Counterfactual;
 use verdict::Stage;
@@ -97,6 +102,8 @@ pub(crate) enum ExplainError {
     Manifest(#[from] SkipReason),
     #[error(transparent)]
     Status(#[from] crate::quota::StatusError),
+    #[error(transparent)]
+    Abandoned(#[from] Abandoned),
 }
 
 impl Asked {
@@ -118,12 +125,13 @@ impl Asked {
 /// Judge the pod `asked` names on `cache` with `placer` and `config`'s rules at unix
 /// second `now`: every stage and the counterfactuals judging finds (not the planner's
 /// moves). Nothing is charged, held or written. The CLI and the admin port's `/explain`
-/// both answer with it.
+/// both answer with it; judging stops (`ExplainError::Abandoned`) once `cancel` is
+/// raised.
 pub(crate) fn judge_on(
     cache: &ClusterCache,
     placer: &Placer,
     config: &Config,
-    asked: Asked,
+    (asked, cancel): (Asked, &Cancel),
     now: i64,
 ) -> Result<Explanation, ExplainError> {
     let key = asked.key();
@@ -156,7 +164,9 @@ pub(crate) fn judge_on(
         };
         let mig = &cache.projection().names.mig;
         let judge = Judge::new(state, placer, mig, config, now);
-        Ok(judge.explain(&subject)?)
+        judge
+            .for_caller(Effort::new(cancel.clone()))
+            .explain(&subject)
     })
 }
 
@@ -221,10 +231,15 @@ pub(crate) fn explain(
         Asked::Existing(_) | Asked::Uncached(_) => None,
         Asked::Manifest(pod) => Some(pod.clone()),
     };
-    let judged = match judge_on(&cache, &placer, config, asked, now) {
+    // The CLI's caller is the process: it never leaves before the answer.
+    let stays = &Cancel::default();
+    let judged = match judge_on(&cache, &placer, config, (asked, stays), now) {
         // Not in the cache: a pod whose GPUs come only through ResourceClaims?
         Err(ExplainError::NotFound(_)) => match find_pod(objects, &key) {
-            Some(pod) => judge_on(&cache, &placer, config, Asked::Uncached(pod.into()), now),
+            Some(pod) => {
+                let asked = Asked::Uncached(pod.into());
+                judge_on(&cache, &placer, config, (asked, stays), now)
+            }
             None => Err(ExplainError::NotFound(key.clone())),
         },
         judged => judged,
@@ -272,10 +287,19 @@ fn with_kind(mut value: serde_yaml::Value) -> serde_yaml::Value {
 /// "Fits after N moves", from the defragmentation planner's `report` for the pod.
 fn moves(report: &crate::defrag::Report) -> Option<Counterfactual> {
     let plan = report.plans.first().filter(|p| !p.moves.is_empty())?;
+    // Told to whoever may read the pod: other namespaces' pods are not named.
+    let namespace = crate::cache::pod::key_parts(&plan.pod).0;
     let steps: Vec<String> = plan
         .moves
         .iter()
-        .map(|m| format!("{} from {} to {}", m.pod, m.from, m.to))
+        .map(|m| {
+            format!(
+                "{} from {} to {}",
+                crate::cache::pod::shown_to(namespace, &m.pod),
+                m.from,
+                m.to
+            )
+        })
         .collect();
     let n = plan.moves.len();
     let message = format!(

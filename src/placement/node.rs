@@ -138,7 +138,7 @@ fn mig_capacity(node: &Node, names: &ResourceNames) -> Vec<(Box<str>, u32)> {
 }
 
 /// Largest GPU count we believe a node can have; bigger numbers are bad data.
-const MAX_GPUS_PER_NODE: u64 = 256;
+pub(crate) const MAX_GPUS_PER_NODE: u64 = 256;
 
 /// (GPU count, vcuda-memory per GPU) from `status.capacity`, else `status.allocatable`.
 fn capacity(node: &Node, names: &ResourceNames) -> (usize, u32) {

@@ -26,7 +26,7 @@ use super::{GPUQuota, StatusError, quota_name};
 /// The annotation on a pod whose GPUs its namespace borrows from its cohort, naming the
 /// model: the member's pods reclaim would take first, as many as its use past `hard`
 /// (see [`borrowing_pods`](super::pool::borrowing_pods)). For people and tools to read; nothing charges by it.
-pub(crate) const BORROWED_ANNOTATION: &str = "gpu-admission.io/borrowed";
+pub(crate) use crate::marks::BORROWED_ANNOTATION;
 
 /// How a member takes back what it lent.
 #[derive(

@@ -24,12 +24,11 @@ use super::denial::Denial;
 use super::view::QuotaView;
 use super::view::count_charge;
 
-/// The scheduling gate a pod waiting in the quota queue is created with.
-pub(crate) const QUOTA_GATE: &str = "gpu-admission.io/quota";
-
-/// Set by gpu-admission when it lets a pod go from the queue: the second (RFC 3339)
-/// whose pending total its charge went to (`quota::pending`). Only gpu-admission writes it.
-pub(crate) const RELEASED_ANNOTATION: &str = "gpu-admission.io/quota-released";
+/// The scheduling gate a pod waiting in the quota queue is created with; and the
+/// annotation gpu-admission sets when it lets a pod go from the queue: the second (RFC
+/// 3339) whose pending total its charge went to (`quota::pending`). Only gpu-admission
+/// writes either (`crate::marks`).
+pub(crate) use crate::marks::{QUOTA_GATE, RELEASED_ANNOTATION};
 
 /// A pod waiting in its namespace's quota queue, as the order sees it.
 #[derive(Debug, Clone)]

@@ -46,7 +46,7 @@ impl QuotaView {
     }
 
     /// Whether this quota refuses what it has no room for.
-    pub(super) fn enforces(&self) -> bool {
+    pub(crate) fn enforces(&self) -> bool {
         self.on_exceed != OnExceed::Warn
     }
 

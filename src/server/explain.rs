@@ -4,9 +4,13 @@
 //! for a what-if. The planner's "fits after N moves" is left to the CLI: it needs the
 //! cluster's PodDisruptionBudgets and controllers, which the cache does not keep.
 //!
-//! Who asks is checked before anything is judged (`Backend::may`), and one judgment at
-//! a time runs per [`IN_FLIGHT`]: any more are turned away at once (503), so a flood
-//! costs the server neither threads nor API calls.
+//! Who asks is checked before anything else: a caller without a token is refused
+//! before any API call, and the token is reviewed (`Backend::identify`) before a
+//! manifest's body is read; whether the caller may read the pod's namespace
+//! (`Backend::may`) before anything is judged. [`IN_FLIGHT`] reviews and judgments run
+//! at once: any more are turned away at once (503), so a flood costs the server
+//! neither threads nor API calls. A judgment holds its slot until it has ended, and
+//! ends at its next node once its caller has left (`explain::Cancel`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,11 +21,11 @@ use axum::extract::Query;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{AppState, Route, accept};
-use crate::backend::access::{AccessError, PodVerb};
-use crate::explain::{Asked, ExplainError, Explanation, judge_on};
+use crate::backend::access::{AccessError, Caller, PodVerb};
+use crate::explain::{Asked, Cancel, ExplainError, Explanation, judge_on};
 use crate::wire::DecodeError;
 
 /// Judgments (with their access reviews) running at once.
@@ -49,6 +53,7 @@ pub(super) struct PodQuery {
 }
 
 /// Why `/explain` did not answer with a verdict.
+#[derive(Debug)]
 enum Refused {
     Access(AccessError),
     Explain(ExplainError),
@@ -78,7 +83,7 @@ impl IntoResponse for Refused {
             Refused::Explain(e @ ExplainError::Manifest(_)) => {
                 (StatusCode::BAD_REQUEST, e.to_string())
             }
-            Refused::Explain(e @ ExplainError::Status(_)) => {
+            Refused::Explain(e @ (ExplainError::Status(_) | ExplainError::Abandoned(_))) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
             }
             Refused::BadPod(text) => (StatusCode::BAD_REQUEST, text),
@@ -133,13 +138,18 @@ pub(super) async fn explain_pod(
     let started = Instant::now();
     let answer = async {
         let (namespace, name) = pod_key(query.pod.as_deref())?;
+        let permit = admitted(&state, &permits)?;
+        let caller = state.backend.identify(bearer(&headers)).await;
+        let caller = caller.map_err(Refused::Access)?;
         let asked = Asked::Existing(format!("{namespace}/{name}"));
-        judged(&state, &permits, &headers, &namespace, PodVerb::Get, asked).await
+        judged(&state, permit, &caller, (&namespace, PodVerb::Get), asked).await
     };
     respond(&state, started, answer.await)
 }
 
-/// `POST /explain` with a Pod manifest: judged as if created now.
+/// `POST /explain` with a Pod manifest: judged as if created now. The caller's token
+/// is reviewed before a byte of the body is read; the body is read without a slot (a
+/// slow one holds none), and the slot taken again to judge.
 pub(super) async fn explain_manifest(
     state: AppState,
     permits: Arc<Semaphore>,
@@ -148,26 +158,32 @@ pub(super) async fn explain_manifest(
 ) -> Response {
     let started = Instant::now();
     let answer = async {
+        let caller = {
+            let _permit = admitted(&state, &permits)?;
+            let caller = state.backend.identify(bearer(&headers)).await;
+            caller.map_err(Refused::Access)?
+        };
         let pod = match accept(&state, &headers, body, &MANIFEST).await {
             Ok(pod) => pod,
-            Err(rejection) => return Err(rejection.into_response()),
+            Err(rejection) => return Err(Unanswered::Rejected(rejection.into_response())),
         };
         let namespace = pod.metadata.namespace.clone();
         let namespace = namespace.unwrap_or_else(|| "default".into());
+        let permit = admitted(&state, &permits)?;
         let asked = Asked::Manifest(pod);
         let judged = judged(
             &state,
-            &permits,
-            &headers,
-            &namespace,
-            PodVerb::Create,
+            permit,
+            &caller,
+            (&namespace, PodVerb::Create),
             asked,
         );
-        judged.await.map_err(IntoResponse::into_response)
+        Ok(judged.await?)
     };
     match answer.await {
         Ok(explanation) => respond(&state, started, Ok(explanation)),
-        Err(response) => {
+        Err(Unanswered::Refused(refused)) => respond(&state, started, Err(refused)),
+        Err(Unanswered::Rejected(response)) => {
             state
                 .metrics
                 .observe("explain", "refused", started.elapsed().as_secs_f64());
@@ -176,29 +192,49 @@ pub(super) async fn explain_manifest(
     }
 }
 
-/// Check who asks, then judge: at most [`IN_FLIGHT`] at once.
-async fn judged(
-    state: &AppState,
-    permits: &Arc<Semaphore>,
-    headers: &HeaderMap,
-    namespace: &str,
-    verb: PodVerb,
-    asked: Asked,
-) -> Result<Explanation, Refused> {
-    let _permit = permits
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| Refused::Busy)?;
+/// A manifest's request that got no verdict: refused by `/explain`'s own rules, or its
+/// body rejected as every route rejects one.
+enum Unanswered {
+    Refused(Refused),
+    Rejected(Response),
+}
+
+impl From<Refused> for Unanswered {
+    fn from(refused: Refused) -> Self {
+        Unanswered::Refused(refused)
+    }
+}
+
+/// A slot for one review or judgment, if one is free now, and the cache ready.
+fn admitted(state: &AppState, permits: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, Refused> {
+    let permit = permits.clone().try_acquire_owned();
+    let permit = permit.map_err(|_| Refused::Busy)?;
     if !state.cache().is_ready() {
         return Err(Refused::NotReady);
     }
-    (state.backend.may(bearer(headers), namespace, verb).await).map_err(Refused::Access)?;
+    Ok(permit)
+}
+
+/// Check that `caller` may `verb` pods in `namespace`, then judge, in `permit`'s slot.
+async fn judged(
+    state: &AppState,
+    permit: OwnedSemaphorePermit,
+    caller: &Caller,
+    (namespace, verb): (&str, PodVerb),
+    asked: Asked,
+) -> Result<Explanation, Refused> {
+    let may = state.backend.may(caller, namespace, verb).await;
+    may.map_err(Refused::Access)?;
+    // Raised when this future is dropped: the client hung up, or the answer is out.
+    let (cancel, _raise_on_drop) = Cancel::on_drop();
+    let slot = Arc::new(permit);
     let existing = matches!(asked, Asked::Existing(_));
     let key = asked.key();
-    match judge(state, asked).await? {
+    let judging = (slot.clone(), cancel.clone());
+    match judge(state, asked, judging).await? {
         // Not in the cache: a pod whose GPUs come only through ResourceClaims?
         Err(ExplainError::NotFound(_)) if existing => match state.backend.read_pod(&key).await {
-            Some(pod) => judge(state, Asked::Uncached(Box::new(pod))).await?,
+            Some(pod) => judge(state, Asked::Uncached(Box::new(pod)), (slot, cancel)).await?,
             None => Err(ExplainError::NotFound(key)),
         },
         judged => judged,
@@ -206,17 +242,21 @@ async fn judged(
     .map_err(Refused::Explain)
 }
 
-/// Judge `asked` on the live cache, off the async workers, in the request's span.
+/// Judge `asked` on the live cache, off the async workers, in the request's span. The
+/// judging thread holds the slot until it ends, even when this future is dropped
+/// first, and stops at its next node once `cancel` is raised.
 async fn judge(
     state: &AppState,
     asked: Asked,
+    (slot, cancel): (Arc<OwnedSemaphorePermit>, Cancel),
 ) -> Result<Result<Explanation, ExplainError>, Refused> {
     let (state, now) = (state.clone(), crate::quota::pending::now_second());
     let span = tracing::Span::current();
     let judged = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
+            let _slot = slot;
             let placer = state.placer.placer();
-            judge_on(state.cache(), &placer, &state.config, asked, now)
+            judge_on(state.cache(), &placer, &state.config, (asked, &cancel), now)
         })
     })
     .await;
@@ -237,3 +277,7 @@ fn respond(state: &AppState, started: Instant, answer: Result<Explanation, Refus
         Err(refused) => refused.into_response(),
     }
 }
+
+#[cfg(test)]
+#[path = "explain_tests.rs"]
+mod tests;

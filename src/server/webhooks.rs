@@ -196,8 +196,7 @@ pub(super) async fn mutate_route(
             };
             (s.namespace_limits(&namespace).clone(), nodes)
         });
-        let keys = &state.cache().projection().keys;
-        match mutation(&pod, &state.config, keys, &limits, &nodes) {
+        match mutation(&pod, &state.config, &limits, &nodes) {
             Ok(patch) => {
                 let decision = if patch.0.is_empty() { "allow" } else { "patch" };
                 reply(decision, review.patch(&patch))

@@ -2,6 +2,7 @@
 //! through the extender's placement code and report how much GPU capacity each
 //! policy manages to allocate.
 
+mod bounds;
 mod defrag;
 mod free_time;
 mod plot;
@@ -21,6 +22,7 @@ use anyhow::Context;
 
 use crate::placement::defrag::{DEFAULT_BUDGET, DEFAULT_MAX_MOVES, Limits};
 use crate::placement::{DEFAULT_POLICY, Placer, Policy};
+use bounds::Seeds;
 use defrag::DefragSummary;
 use replay::{MixSource, RunResult, SimNode, SimPod};
 
@@ -36,14 +38,16 @@ pub struct SimulateArgs {
     /// Policies to compare, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = DEFAULT_POLICY.name())]
     policy: Vec<Policy>,
-    /// Stop adding copies of trace pods before the GPU demand passes this × capacity.
-    #[arg(long, default_value_t = 1.3)]
+    /// Stop adding copies of trace pods before the GPU demand passes this × capacity
+    /// (at most 100).
+    #[arg(long, default_value_t = 1.3, value_parser = bounds::inflate)]
     inflate: f64,
     /// Seed of the workload (copies drawn and shuffle).
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Several seeds: a range `42-51` or a list `42,43`; reports mean and sd. Overrides --seed.
-    #[arg(long, value_parser = parse_seeds)]
+    /// Several seeds: a range `42-51` or a list `42,43` (at most 1000); reports mean and
+    /// sd. Overrides --seed.
+    #[arg(long, value_parser = bounds::seeds)]
     seeds: Option<Seeds>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -57,13 +61,13 @@ pub struct SimulateArgs {
     /// and carry its plan out (moves of running pods, then the pod).
     #[arg(long)]
     defrag: bool,
-    /// `--defrag`: at most this many moves per plan; a list (`0,1,2,4`) runs and
-    /// reports each in turn.
-    #[arg(long, value_delimiter = ',', default_values_t = [DEFAULT_MAX_MOVES])]
+    /// `--defrag`: at most this many moves per plan (0 to 8); a list (`0,1,2,4`) runs
+    /// and reports each in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = [DEFAULT_MAX_MOVES], value_parser = bounds::max_moves)]
     max_moves: Vec<usize>,
     /// `--defrag`: the evaluations (candidate sets fitted, destinations scored) one
-    /// plan may spend.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    /// plan may spend (at most 10,000,000).
+    #[arg(long, default_value_t = DEFAULT_BUDGET, value_parser = bounds::defrag_budget)]
     defrag_budget: u64,
     /// Write an SVG plot of allocated GPU % against arrived GPU demand %.
     #[arg(long)]
@@ -74,12 +78,14 @@ pub struct SimulateArgs {
     /// `--policy` places, `--seed` deals the pods to namespaces.
     #[arg(long)]
     timeline: bool,
-    /// `--timeline`: the namespaces the pods are dealt to (weights 1, 1/2, 1/3, ...).
-    #[arg(long, default_value_t = 8)]
+    /// `--timeline`: the namespaces the pods are dealt to (weights 1, 1/2, 1/3, ...;
+    /// 1 to 1000).
+    #[arg(long, default_value_t = 8, value_parser = bounds::namespaces)]
     namespaces: usize,
     /// `--timeline`: the namespaces' quotas together, as a multiple of the trace's peak
-    /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs).
-    #[arg(long, default_value_t = 1.0)]
+    /// concurrent GPU demand (split equally, and over the models as the cluster's GPUs;
+    /// at most 1000).
+    #[arg(long, default_value_t = 1.0, value_parser = bounds::quota_scale)]
     quota_scale: f64,
     /// `--timeline`: `queue.maxPassOverSeconds`, how long a waiting pod that does not fit
     /// may be passed over before it holds its model.
@@ -101,38 +107,6 @@ enum Format {
     Json,
 }
 
-/// The seeds of `--seeds`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Seeds(Vec<u64>);
-
-/// Why `--seeds` cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-enum SeedsError {
-    #[error("{0:?} is not a seed (a whole number)")]
-    NotANumber(String),
-    #[error("empty seed range {0}")]
-    EmptyRange(String),
-}
-
-fn parse_seeds(text: &str) -> Result<Seeds, SeedsError> {
-    let number = |s: &str| {
-        s.trim()
-            .parse::<u64>()
-            .map_err(|_| SeedsError::NotANumber(s.to_string()))
-    };
-    let seeds = match text.split_once('-') {
-        Some((from, to)) => {
-            let (from, to) = (number(from)?, number(to)?);
-            if from > to {
-                return Err(SeedsError::EmptyRange(text.to_string()));
-            }
-            (from..=to).collect()
-        }
-        None => text.split(',').map(number).collect::<Result<_, _>>()?,
-    };
-    Ok(Seeds(seeds))
-}
-
 /// One policy's runs over the seeds.
 #[derive(Debug, Clone)]
 struct PolicyReport {
@@ -147,6 +121,9 @@ struct PolicyReport {
 /// Run `simulate`: print one report per policy (and per `--max-moves` with
 /// `--defrag`) on stdout.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    bounds::once_each("--policy", &args.policy)?;
+    bounds::once_each("--max-moves", &args.max_moves)?;
+    bounds::once_each("--modes", &args.modes)?;
     let nodes: Vec<SimNode> = trace::read_nodes(&args.nodes)?
         .iter()
         .map(SimNode::of)
@@ -167,7 +144,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             .with_mix(mix.clone())
             .with_gpu_manager_compat(args.gpu_manager_compat);
         for defrag in defrag_limits(&args) {
-            let report = simulate_policy(&placer, &args, (&nodes, &pods), &seeds, defrag);
+            let report = simulate_policy(&placer, &args, (&nodes, &pods), &seeds, defrag)?;
             println!("{}", render(&report, &args));
             reports.push(report);
         }
@@ -185,9 +162,6 @@ fn run_timeline(
     nodes: &[SimNode],
     rows: &[trace::PodRow],
 ) -> anyhow::Result<()> {
-    if args.namespaces == 0 || !(args.quota_scale > 0.0 && args.quota_scale.is_finite()) {
-        anyhow::bail!("--namespaces and --quota-scale must be above 0");
-    }
     let pods: Vec<timeline::TimedPod> = rows
         .iter()
         .filter(|row| row.gpu_demand_milli() > 0)
@@ -277,32 +251,33 @@ fn simulate_policy(
     (nodes, pods): (&[SimNode], &[SimPod]),
     seeds: &[u64],
     defrag: Option<Limits>,
-) -> PolicyReport {
+) -> Result<PolicyReport, workload::TooLarge> {
     let progress = std::io::stderr().is_terminal();
     let capacity: u64 = nodes.iter().map(|n| n.gpus.gpu_count() as u64 * 1000).sum();
     let demands: Vec<u64> = pods.iter().map(|p| p.demand_milli).collect();
     let started = Instant::now();
     let done = AtomicUsize::new(0);
     let run_seed = |seed: u64| {
-        let order = workload::build(&demands, capacity, args.inflate, seed);
+        let order = workload::build(&demands, capacity, args.inflate, seed)?;
         let result = replay::run(placer, args.mix, nodes, pods, &order, defrag);
         let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
         if progress {
             eprint!("\r{} {finished}/{} seeds   ", placer.policy, seeds.len());
         }
-        result
+        Ok(result)
     };
     let runs = in_parallel(seeds, run_seed);
+    let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
     if progress {
         eprint!("\r{:40}\r", "");
     }
-    PolicyReport {
+    Ok(PolicyReport {
         policy: placer.policy,
         max_moves: defrag.map(|limits| limits.max_moves),
         seeds: seeds.to_vec(),
         runs,
         seconds: started.elapsed().as_secs_f64(),
-    }
+    })
 }
 
 /// The runs to make for one policy: without the planner, or with `--defrag` one per
@@ -551,10 +526,10 @@ mod tests {
 
     #[test]
     fn seeds_parse_as_range_or_list() {
-        assert_eq!(parse_seeds("42-45").unwrap(), Seeds(vec![42, 43, 44, 45]));
-        assert_eq!(parse_seeds("1,5").unwrap(), Seeds(vec![1, 5]));
-        assert!(parse_seeds("5-1").is_err());
-        assert!(parse_seeds("x").is_err());
+        assert_eq!(bounds::seeds("42-45").unwrap(), Seeds(vec![42, 43, 44, 45]));
+        assert_eq!(bounds::seeds("1,5").unwrap(), Seeds(vec![1, 5]));
+        assert!(bounds::seeds("5-1").is_err());
+        assert!(bounds::seeds("x").is_err());
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! Reading the openb trace CSVs (node list and pod list). Columns are found by their
 //! header names, so extra or reordered columns are fine; a bad cell is an error that
-//! names the file, the line and the column.
+//! names the file, the line and the column, and so is a number past its bound
+//! (`bounds`), as are a file or a list larger than simulate reads.
 
+use std::io::Read;
 use std::path::Path;
 
 use anyhow::Context;
+
+use super::bounds::{MAX_GPUS, MAX_HOST, MAX_NODES, MAX_PODS, MAX_TIME, MAX_TRACE_BYTES};
 
 /// One row of the node CSV (`sn, cpu_milli, memory_mib, gpu, model`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,26 +68,54 @@ pub(super) fn read_pods(path: &Path) -> anyhow::Result<Vec<PodRow>> {
     parse_pods(&path.display().to_string(), &text)
 }
 
+/// The file's text, if it is at most [`MAX_TRACE_BYTES`] long.
 fn read(path: &Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    let reading = || format!("reading {}", path.display());
+    let file = std::fs::File::open(path).with_context(reading)?;
+    let mut text = String::new();
+    let read = file.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text);
+    read.with_context(reading)?;
+    if text.len() as u64 > MAX_TRACE_BYTES {
+        anyhow::bail!(
+            "{} is larger than {} MiB, the most of a trace simulate reads",
+            path.display(),
+            MAX_TRACE_BYTES >> 20
+        );
+    }
+    Ok(text)
+}
+
+/// At most `max` rows of `table`, each made by `row`; more is an error naming the file.
+fn at_most<T>(
+    table: &Table<'_>,
+    max: usize,
+    what: &str,
+    row: impl Fn(&Row<'_>) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<T>> {
+    let rows: Vec<T> =
+        (table.rows().take(max + 1).map(|r| row(&r))).collect::<anyhow::Result<_>>()?;
+    if rows.len() > max {
+        anyhow::bail!(
+            "{}: more than {max} {what}, the most simulate reads",
+            table.file
+        );
+    }
+    Ok(rows)
 }
 
 /// Parse node CSV text; `file` names it in errors.
 fn parse_nodes(file: &str, text: &str) -> anyhow::Result<Vec<NodeRow>> {
     let columns = ["sn", "cpu_milli", "memory_mib", "gpu", "model"];
     let table = Table::new(file, text, &columns, columns.len())?;
-    table
-        .rows()
-        .map(|row| {
-            Ok(NodeRow {
-                name: row.text(0).to_string(),
-                cpu_milli: row.number(1)?,
-                memory_mib: row.number(2)?,
-                gpus: row.number(3)?,
-                model: row.text(4).to_string(),
-            })
+    at_most(&table, MAX_NODES, "nodes", |row| {
+        Ok(NodeRow {
+            name: row.text(0).to_string(),
+            cpu_milli: row.bounded(1, MAX_HOST)?,
+            memory_mib: row.bounded(2, MAX_HOST)?,
+            gpus: row.bounded(3, MAX_GPUS)?,
+            model: row.text(4).to_string(),
         })
-        .collect()
+    })
 }
 
 /// Parse pod CSV text; `file` names it in errors.
@@ -102,11 +134,11 @@ pub(super) fn parse_pods(file: &str, text: &str) -> anyhow::Result<Vec<PodRow>> 
     // `gpu_spec` is optional: some trace variants (multigpu30) leave it out; so are the
     // times, which only `--timeline` needs.
     let table = Table::new(file, text, &columns, 5)?;
-    table.rows().map(|row| pod_row(&row)).collect()
+    at_most(&table, MAX_PODS, "pods", pod_row)
 }
 
 fn pod_row(row: &Row<'_>) -> anyhow::Result<PodRow> {
-    let num_gpu: u32 = row.number(3)?;
+    let num_gpu: u32 = row.bounded(3, MAX_GPUS)?;
     let gpu_milli: u32 = row.number(4)?;
     if num_gpu > 0 && !(1..=1000).contains(&gpu_milli) {
         return Err(row.error(4, "must be 1 to 1000 when num_gpu is above 0"));
@@ -123,8 +155,8 @@ fn pod_row(row: &Row<'_>) -> anyhow::Result<PodRow> {
         .collect();
     Ok(PodRow {
         name: row.text(0).to_string(),
-        cpu_milli: row.number(1)?,
-        memory_mib: row.number(2)?,
+        cpu_milli: row.bounded(1, MAX_HOST)?,
+        memory_mib: row.bounded(2, MAX_HOST)?,
         num_gpu,
         gpu_milli,
         models,
@@ -232,11 +264,26 @@ impl Row<'_> {
             .map_err(|_| self.error(column, &format!("expected a whole number, found {cell:?}")))
     }
 
-    /// A whole number, or `None` for an empty cell.
+    /// A whole number no larger than `max`.
+    fn bounded<T>(&self, column: usize, max: T) -> anyhow::Result<T>
+    where
+        T: std::str::FromStr + PartialOrd + std::fmt::Display,
+    {
+        let value: T = self.number(column)?;
+        if value > max {
+            return Err(self.error(
+                column,
+                &format!("{value} is more than {max}, the most simulate accepts"),
+            ));
+        }
+        Ok(value)
+    }
+
+    /// A time in seconds (at most [`MAX_TIME`]), or `None` for an empty cell.
     fn optional(&self, column: usize) -> anyhow::Result<Option<u64>> {
         match self.text(column) {
             "" => Ok(None),
-            _ => self.number(column).map(Some),
+            _ => self.bounded(column, MAX_TIME).map(Some),
         }
     }
 
@@ -297,6 +344,51 @@ mod tests {
         assert_eq!(
             err,
             "nodes.csv line 2, column `gpu`: expected a whole number, found \"-2\""
+        );
+    }
+
+    /// A number past its bound names the file, the line, the column and the bound.
+    #[test]
+    fn numbers_past_their_bounds_are_errors_naming_the_bound() {
+        let nodes = |row: &str| {
+            let text = format!("sn,cpu_milli,memory_mib,gpu,model\n{row}\n");
+            parse_nodes("nodes.csv", &text).unwrap_err().to_string()
+        };
+        assert_eq!(
+            nodes("n0,64000,262144,4294967295,T4"),
+            "nodes.csv line 2, column `gpu`: 4294967295 is more than 256, the most simulate accepts"
+        );
+        assert!(nodes("n0,64000,262144,257,T4").contains("257 is more than 256"));
+        let huge = "18446744073709551615";
+        assert!(
+            nodes(&format!("n0,{huge},1,8,T4"))
+                .contains("column `cpu_milli`: 18446744073709551615 is more than 1000000000000")
+        );
+        let pods = |row: &str| {
+            let header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time\n";
+            parse_pods("pods.csv", &format!("{header}{row}\n"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(pods("p,1,1,300,1000,,,").contains("column `num_gpu`: 300 is more than 256"));
+        assert!(pods(&format!("p,1,{huge},1,1000,,,")).contains("column `memory_mib`"));
+        assert!(
+            pods(&format!("p,1,1,1,1000,,0,{huge}")).contains(
+                "column `deletion_time`: 18446744073709551615 is more than 1000000000000"
+            )
+        );
+    }
+
+    #[test]
+    fn a_list_longer_than_simulate_reads_is_an_error() {
+        let mut text = String::from("sn,cpu_milli,memory_mib,gpu,model\n");
+        for i in 0..=MAX_NODES {
+            text.push_str(&format!("n{i},1,1,1,T4\n"));
+        }
+        let err = parse_nodes("nodes.csv", &text).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "nodes.csv: more than 100000 nodes, the most simulate reads"
         );
     }
 

@@ -1,14 +1,32 @@
 //! The workload of one simulated run (docs/design.md): the trace's pods plus uniformly drawn
 //! copies, until the next copy would take the GPU demand past `inflate` × capacity,
-//! then shuffled. Seeded, so a seed always gives the same workload.
+//! then shuffled. Seeded, so a seed always gives the same workload. At most
+//! [`MAX_WORKLOAD_PODS`] pods: a larger one is an error, not a run.
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::bounds::MAX_WORKLOAD_PODS;
+
+/// The workload `--inflate` asks for would pass [`MAX_WORKLOAD_PODS`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "--inflate {inflate} makes a workload of more than {MAX_WORKLOAD_PODS} pods of this trace (seed {seed}): lower --inflate"
+)]
+pub(super) struct TooLarge {
+    inflate: f64,
+    seed: u64,
+}
+
 /// Indices into the trace's pods, in arrival order. `demands` are the pods' GPU demands
 /// and `capacity_milli` the cluster's GPU capacity, both in milli-GPU.
-pub(super) fn build(demands: &[u64], capacity_milli: u64, inflate: f64, seed: u64) -> Vec<usize> {
+pub(super) fn build(
+    demands: &[u64],
+    capacity_milli: u64,
+    inflate: f64,
+    seed: u64,
+) -> Result<Vec<usize>, TooLarge> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let limit = inflate * capacity_milli as f64;
     let mut order: Vec<usize> = (0..demands.len()).collect();
@@ -21,12 +39,15 @@ pub(super) fn build(demands: &[u64], capacity_milli: u64, inflate: f64, seed: u6
             if next as f64 > limit {
                 break;
             }
+            if order.len() >= MAX_WORKLOAD_PODS {
+                return Err(TooLarge { inflate, seed });
+            }
             demand = next;
             order.push(copy);
         }
     }
     order.shuffle(&mut rng);
-    order
+    Ok(order)
 }
 
 #[cfg(test)]
@@ -49,7 +70,7 @@ mod tests {
     fn copies_stop_before_the_limit_and_the_seed_decides_everything() {
         let pods = demands(PODS);
         // Capacity 4 GPUs × 1.3 = 5200 milli; the trace itself asks 1500.
-        let order = build(&pods, 4000, 1.3, 7);
+        let order = build(&pods, 4000, 1.3, 7).unwrap();
         let demand: u64 = order.iter().map(|&i| pods[i]).sum();
         assert!(demand <= 5200, "{demand}");
         // The stop rule: the draw after the last copy would have gone past the limit,
@@ -60,8 +81,8 @@ mod tests {
         for i in 0..pods.len() {
             assert!(order.contains(&i));
         }
-        assert_eq!(order, build(&pods, 4000, 1.3, 7));
-        assert_ne!(order, build(&pods, 4000, 1.3, 8));
+        assert_eq!(order, build(&pods, 4000, 1.3, 7).unwrap());
+        assert_ne!(order, build(&pods, 4000, 1.3, 8).unwrap());
     }
 
     #[test]
@@ -69,9 +90,22 @@ mod tests {
         let header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n";
         let pods = demands(&format!("{header}one,1,1,1,1000,\n"));
         // 10 GPUs × 1.3 = 13000 milli: the trace's one pod plus 12 copies, never 14.
-        assert_eq!(build(&pods, 10_000, 1.3, 42).len(), 13);
+        assert_eq!(build(&pods, 10_000, 1.3, 42).unwrap().len(), 13);
         // No GPU demand at all: no copies, no endless loop.
         let cpu = demands(&format!("{header}c,1,1,0,0,\n"));
-        assert_eq!(build(&cpu, 10_000, 1.3, 42), vec![0]);
+        assert_eq!(build(&cpu, 10_000, 1.3, 42).unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn a_workload_past_its_bound_is_an_error_naming_the_flag() {
+        let header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n";
+        // A 1-milli pod on 16 GPUs at --inflate 100: 1.6 million copies fit; 32 GPUs: 3.2.
+        let pods = demands(&format!("{header}tiny,1,1,1,1,\n"));
+        assert!(build(&pods, 16_000, 100.0, 42).is_ok());
+        let err = build(&pods, 32_000, 100.0, 42).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--inflate 100 makes a workload of more than 2000000 pods of this trace (seed 42): lower --inflate"
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! API mode, `defrag.mode: DryRun | Evict` (docs/defrag.md, "In the cluster"): every
 //! GPU pod pending for `defrag.pendingSeconds` whose placement is `Fragmented` is planned
 //! for. `DryRun` tells it the plan (or why there is none) in an Event; `Evict` carries
-//! the plan out (`mover`), one plan per GPU model at a time, and follows it until the
-//! pending pod is bound or the holds lapse. Plans are counted in
+//! the plan out (`mover`), one plan at a time, each made around the GPUs the plans
+//! carried out before it hold, and follows it until the pending pod is bound or the
+//! holds lapse. Plans are counted in
 //! `gpu_admission_defrag_plans_total{outcome}`.
 //!
 //! The planner needs more of the cluster than the cache keeps (every pod's CPU and
@@ -32,7 +33,7 @@ use crate::backend::controller::Controller;
 use crate::backend::leadership::Leader;
 use crate::backend::pod_events::PodEvents;
 
-use super::mover::{Carried, Ended, KubeHands, carry_out};
+use super::mover::{Carried, Ended, KubeHands, Move, carry_out};
 
 /// Pods planned for in one pass at most.
 const PODS_PER_PASS: usize = 8;
@@ -95,25 +96,19 @@ impl Planner {
 
     /// The pods to plan for now: pending past `defrag.pendingSeconds`, neither gated
     /// nor placed nor holding a plan's GPUs, their placement `Fragmented`, not planned
-    /// for within [`REPLAN`]; the longest pending first. And the models a plan holds
-    /// GPUs of now, on any replica's word.
-    fn fragmented(
-        &mut self,
-        now: Instant,
-        unix_now: i64,
-    ) -> (Vec<(PodKey, Box<str>)>, BTreeSet<String>) {
+    /// for within [`REPLAN`]; the longest pending first. A plan under way defers none
+    /// of them: each plan is made around the GPUs the others hold
+    /// (`ClusterState::held_from_others`).
+    fn fragmented(&mut self, now: Instant, unix_now: i64) -> Vec<(PodKey, Box<str>)> {
         let pending_since = unix_now - i64::from(self.config.defrag.pending_seconds);
         let placer = self.placer.placer();
         let mig = self.cache.projection().names.mig.clone();
         let found = self.cache.read(|state| {
-            let busy = state.plan_holds(unix_now).map(|(_, _, h)| h.model.clone());
-            let busy: BTreeSet<String> = busy.collect();
             let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
             let pending = state.pods().filter(|(_, p)| {
-                !p.bound && p.node.is_none() && !p.gated && p.terminating.is_none()
+                !p.bound && p.node.is_none() && !p.gated && p.terminating().is_none()
             });
-            let unheld =
-                pending.filter(|(_, p)| p.plan_hold.as_ref().is_none_or(|h| !h.stands(unix_now)));
+            let unheld = pending.filter(|(_, p)| p.plan_hold().is_none_or(|h| !h.stands(unix_now)));
             let due = unheld
                 .filter(|(_, p)| p.created <= pending_since)
                 .filter(|(k, _)| {
@@ -130,7 +125,7 @@ impl Planner {
                 judge.placement(&subject).code == Code::Fragmented
             });
             let fragmented = fragmented.map(|(k, p)| (k.clone(), p.uid.clone()));
-            (fragmented.take(PODS_PER_PASS).collect::<Vec<_>>(), busy)
+            fragmented.take(PODS_PER_PASS).collect::<Vec<_>>()
         });
         let planned = &mut self.planned;
         self.cache
@@ -266,7 +261,12 @@ impl Planner {
             moves: plan
                 .moves
                 .iter()
-                .map(|m| (m.pod.clone(), m.from.clone()))
+                .map(|m| Move {
+                    pod: m.pod.clone(),
+                    from: m.from.clone(),
+                    uid: m.uid.clone(),
+                    owner: m.owner.clone().unwrap_or_default(),
+                })
                 .collect(),
             hold,
         };
@@ -283,8 +283,8 @@ impl Planner {
             Ended::Moved => carried.moves.len(),
             Ended::Aborted { after, .. } => *after,
         };
-        for slot in carried.hold.slots.iter().take(moved) {
-            self.cooling.insert(slot.owner.clone(), Instant::now());
+        for step in carried.moves.iter().take(moved) {
+            self.cooling.insert(step.owner.clone(), Instant::now());
         }
         let sentence = plan.sentence();
         match ended {
@@ -335,7 +335,7 @@ impl super::mover::Hands for CountingHands<'_> {
             super::mover::Evicted::Refused(_) => "refused",
             super::mover::Evicted::Failed(_) => "failed",
         };
-        tracing::info!(pod = %plan.moves[index].0, outcome, "defragmentation eviction");
+        tracing::info!(pod = %plan.moves[index].pod, outcome, "defragmentation eviction");
         self.metrics
             .defrag_evictions
             .get_or_create(&OutcomeLabels { outcome })
@@ -363,7 +363,7 @@ impl Controller for Planner {
         if evict {
             self.follow_up(unix_now);
         }
-        let (due, mut busy) = self.fragmented(now, unix_now);
+        let due = self.fragmented(now, unix_now);
         if due.is_empty() {
             return 0;
         }
@@ -376,6 +376,9 @@ impl Controller for Planner {
             .map(|(k, uid)| (k.to_string(), uid))
             .collect();
         let mut acted = 0;
+        // The models a plan was carried out for in this pass: the other plans of this
+        // pass were made without its holds, so they wait for the next pass's listing.
+        let mut carried: BTreeSet<String> = BTreeSet::new();
         for (key, answer) in answers {
             let Some(uid) = uids.get(&key).cloned() else {
                 continue;
@@ -391,20 +394,17 @@ impl Controller for Planner {
                     continue;
                 }
             };
-            self.count_plan("planned");
             let model = plan.hold.as_ref().map(|h| h.model.clone());
             let carry = evict && !plan.moves.is_empty();
+            if carry && model.as_ref().is_some_and(|m| carried.contains(m)) {
+                continue; // planned again in the next pass, told nothing meanwhile
+            }
+            self.count_plan("planned");
             if !carry {
                 let note = plan.sentence();
                 self.tell(key, &uid, (EventType::Normal, "DefragPlan"), note, now);
-            } else if model.as_ref().is_some_and(|m| busy.contains(m)) {
-                // One plan at a time per model: this pod is planned for again after
-                // `REPLAN`, and told nothing new meanwhile.
-                let said = self.planned.remove(&key).map(|(_, said)| said);
-                self.planned.insert(key, (now, said.unwrap_or_default()));
-                continue;
             } else {
-                busy.extend(model);
+                carried.extend(model);
                 self.carry(key, &uid, *plan, now).await;
             }
             acted += 1;

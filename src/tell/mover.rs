@@ -23,12 +23,32 @@ pub(crate) struct Carried {
     /// The pending pod, `namespace/name`, and its uid.
     pub(crate) pod: String,
     pub(crate) uid: String,
-    /// In order: (moved pod, from node). `hold.slots[i]` is the destination of move i.
-    pub(crate) moves: Vec<(String, String)>,
+    /// In order. `hold.slots[i]` is the destination of move i.
+    pub(crate) moves: Vec<Move>,
     pub(crate) hold: PlanHold,
 }
 
-/// Why a move no longer stands when it comes to it.
+/// One move of a plan: the pod (`namespace/name`), the node it leaves, its uid and its
+/// controller's uid, against which the live pod is checked before it is evicted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Move {
+    pub(crate) pod: String,
+    pub(crate) from: String,
+    pub(crate) uid: String,
+    pub(crate) owner: String,
+}
+
+impl Carried {
+    /// Move `index`'s pod as the pending pod's tenant is told of it.
+    fn shown(&self, index: usize) -> String {
+        let namespace = key_parts(&self.pod).0;
+        crate::cache::pod::shown_to(namespace, &self.moves[index].pod)
+    }
+}
+
+/// Why a move no longer stands when it comes to it. The pods are named as the pending
+/// pod's tenant is told of them ([`crate::cache::pod::shown_to`]): the text goes into an
+/// Event on its pod.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Stale {
     #[error("pod {0} is gone or was created again")]
@@ -123,13 +143,13 @@ pub(crate) fn still_stands(
     pending: &Pod,
     moved: &Pod,
 ) -> Result<(), Stale> {
-    let (key, from) = &plan.moves[index];
-    let slot = &plan.hold.slots[index];
+    let step = &plan.moves[index];
+    let (key, from) = (&plan.shown(index), &step.from);
     let same = |pod: &Pod, uid: &str| pod.metadata.uid.as_deref() == Some(uid);
     if !same(pending, &plan.uid) {
         return Err(Stale::Gone(plan.pod.clone()));
     }
-    if !same(moved, &slot.uid) {
+    if !same(moved, &step.uid) {
         return Err(Stale::Gone(key.clone()));
     }
     for (pod, name) in [(pending, &plan.pod), (moved, key)] {
@@ -148,8 +168,7 @@ pub(crate) fn still_stands(
         let annotations = pod.metadata.annotations.as_ref();
         annotations.and_then(|a| a.get(name)).cloned()
     };
-    let held = annotation(pending, PLAN_HOLD_ANNOTATION).and_then(|t| PlanHold::parse(&t));
-    if held.as_ref() != Some(&plan.hold) {
+    if annotation(pending, PLAN_HOLD_ANNOTATION) != Some(plan.hold.to_text()) {
         return Err(Stale::HoldLost(plan.pod.clone()));
     }
     if node(moved) != Some(from.as_str()) {
@@ -165,7 +184,7 @@ pub(crate) fn still_stands(
         .as_deref()
         .unwrap_or_default();
     let controller = owners.iter().find(|o| o.controller == Some(true));
-    if controller.map(|o| o.uid.as_str()) != Some(slot.owner.as_str()) {
+    if controller.map(|o| o.uid.as_str()) != Some(step.owner.as_str()) {
         return Err(Stale::OtherController(key.clone()));
     }
     let (priority, pending) = (priority(moved), priority(pending));
@@ -194,15 +213,19 @@ impl KubeHands {
         )
     }
 
-    async fn read(&self, key: &str) -> Result<Pod, Stale> {
+    /// Read the pod `key`; `shown` is how an error names it.
+    async fn read(&self, key: &str, shown: &str) -> Result<Pod, Stale> {
         let (pods, name) = self.pods(key);
         match pods.get_opt(&name).await {
             Ok(Some(pod)) => Ok(pod),
-            Ok(None) => Err(Stale::Gone(key.to_string())),
-            Err(error) => Err(Stale::Unread {
-                pod: key.to_string(),
-                error: error.to_string(),
-            }),
+            Ok(None) => Err(Stale::Gone(shown.to_string())),
+            Err(error) => {
+                tracing::warn!(pod = %key, %error, "cannot read a pod of a defragmentation plan");
+                Err(Stale::Unread {
+                    pod: shown.to_string(),
+                    error: "the API server did not answer".to_string(),
+                })
+            }
         }
     }
 
@@ -228,15 +251,18 @@ impl Hands for KubeHands {
     }
 
     async fn recheck(&mut self, plan: &Carried, index: usize) -> Result<(), Stale> {
-        let pending = self.read(&plan.pod).await?;
-        let moved = self.read(&plan.moves[index].0).await?;
+        let pending = self.read(&plan.pod, &plan.pod).await?;
+        let moved = self
+            .read(&plan.moves[index].pod, &plan.shown(index))
+            .await?;
         still_stands(plan, index, &pending, &moved)
     }
 
     async fn evict(&mut self, plan: &Carried, index: usize) -> Evicted {
-        let key = &plan.moves[index].0;
+        let key = &plan.moves[index].pod;
         let (pods, name) = self.pods(key);
-        let uid = plan.hold.slots[index].uid.clone();
+        let uid = plan.moves[index].uid.clone();
+        let key = plan.shown(index);
         let preconditions = Preconditions {
             uid: Some(uid),
             resource_version: None,
@@ -253,10 +279,17 @@ impl Hands for KubeHands {
             Err(kube::Error::Api(status)) if status.code == 429 => Evicted::Refused(format!(
                 "evicting {key} was refused: a PodDisruptionBudget allows no disruption now"
             )),
+            // The API server's own words name the pod: the reason alone is told.
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                Evicted::Refused(format!("evicting {key} was refused: {}", status.message))
+                tracing::info!(pod = %plan.moves[index].pod, message = %status.message, "eviction refused");
+                Evicted::Refused(format!("evicting {key} was refused: {}", status.reason))
             }
-            Err(error) => Evicted::Failed(format!("evicting {key} failed: {error}")),
+            Err(error) => {
+                tracing::warn!(pod = %plan.moves[index].pod, %error, "eviction failed");
+                Evicted::Failed(format!(
+                    "evicting {key} failed: the API server did not answer"
+                ))
+            }
         }
     }
 

@@ -210,10 +210,10 @@ impl Teller {
         let (mut bound, mut pending) = (Vec::new(), Vec::new());
         self.cache.read(|state| {
             for (key, pod) in state.pods() {
-                if pod.terminating.is_some() {
+                if pod.terminating().is_some() {
                     continue;
                 }
-                match (&pod.node, pod.bound, &pod.waiting) {
+                match (&pod.node, pod.bound, pod.waiting()) {
                     (Some(node), true, Some(shown)) if shown.waits => bound.push(Bound {
                         key: key.clone(),
                         uid: pod.uid.clone(),
@@ -259,7 +259,7 @@ impl Teller {
             if verdict.code == Code::QueuedBehind && in_passing {
                 return None;
             }
-            Some((verdict, pod.waiting.clone(), pod.uid.clone()))
+            Some((verdict, pod.waiting().cloned(), pod.uid.clone()))
         })
     }
 

@@ -312,7 +312,19 @@ async fn defrag_evict_moves_one_opted_in_pod_and_seats_the_pending_one() {
     let target = hold["target"]["node"].as_str().unwrap().to_string();
     let slots = hold["slots"].as_array().unwrap();
     assert_eq!(slots.len(), 1, "one move: {hold}");
-    let moved = slots[0]["moved"].as_str().unwrap().to_string();
+    // The Event names the moved pod (train's own namespace); the annotation, which
+    // the tenant reads too, names no pod: its slot keeps digests only.
+    let moved = note
+        .split_once("after moving ")
+        .and_then(|(_, rest)| rest.split_once(" ("))
+        .map(|(pod, _)| pod.to_string())
+        .unwrap_or_else(|| panic!("the DefragMoved event names the moved pod: {note}"));
+    let text = &annotations["gpu-admission.io/defrag-hold"];
+    let (_, moved_name) = moved.split_once('/').unwrap();
+    assert!(
+        !text.contains(moved_name),
+        "the hold names {moved_name}: {text}"
+    );
     let destination = slots[0]["held"]["node"].as_str().unwrap().to_string();
     let (moved_app, moved_pod) = running
         .iter()

@@ -45,6 +45,7 @@ mod devices;
 mod doors;
 mod dra;
 mod manifests;
+mod marks;
 mod measure;
 mod node;
 mod outages;

@@ -331,7 +331,7 @@ async fn a_tenant_cannot_lift_the_quota_gate() {
     let message = forbidden_message(refused, "lifting the quota gate");
     assert!(
         message.contains(&format!(
-            "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue and is removed only by gpu-admission (queue.releasers), once the pod is charged; user \"{tenant}\" may not remove it"
+            "the scheduling gate gpu-admission.io/quota holds the pod in its namespace's GPU quota queue until it is charged and is removed only by gpu-admission (queue.releasers); user \"{tenant}\" may not remove it"
         )),
         "{message}"
     );
@@ -340,7 +340,10 @@ async fn a_tenant_cannot_lift_the_quota_gate() {
         .patch("first", &PatchParams::default(), &Patch::Merge(&forged))
         .await;
     let message = forbidden_message(refused, "writing the release annotation");
-    assert!(message.contains("may not set or change it"), "{message}");
+    assert!(
+        message.contains("may not set, change or remove it"),
+        "{message}"
+    );
     // Its own gate is its own.
     let own = json!({"spec": {"schedulingGates": [{"name": GATE}]}});
     pods.patch("second", &PatchParams::default(), &Patch::Merge(&own))

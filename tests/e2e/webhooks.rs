@@ -187,7 +187,7 @@ async fn the_gpu_model_and_placement_annotations_cannot_be_edited_by_tenants() {
         let message = forbidden_message(result, "a tenant writing a placement annotation");
         assert!(
             message.contains(&format!("annotation {key} says which GPUs the pod holds"))
-                && message.contains("\"tenant-admin\" may not change it"),
+                && message.contains("\"tenant-admin\" may not set, change or remove it"),
             "{key}: {message}"
         );
     }

@@ -45,8 +45,6 @@ gpu-admission.{{ .Release.Namespace }}.svc
 has(object.spec.devices) && has(object.spec.devices.requests) && size(object.spec.devices.requests) > 0
 {{- end -}}
 
-{{/* CEL: a CREATE, or an UPDATE that changes the type annotation (absent counts as "").
-     The same expression as deploy/40-webhook-configurations.yaml. */}}
 {{/* The users that may change placement annotations (config placementWriters): the
 GPU scheduler's ServiceAccount, then .Values.placementWriters (gpu-manager's). JSON. */}}
 {{- define "gpu-admission.placementWriters" -}}
@@ -64,26 +62,23 @@ then .Values.schedulerUsers (other schedulers that bind GPU pods). JSON. */}}
 {{- toJson $users -}}
 {{- end -}}
 
-{{/* The users that may let a pod out of the quota queue (config queue.releasers): the
-GPU scheduler's ServiceAccount, whose sidecar runs the releaser. JSON. */}}
+{{/* gpu-admission's own identity (config queue.releasers): the GPU scheduler's
+ServiceAccount, whose sidecar lets pods out of the quota queue and writes the other marks
+only gpu-admission writes (holds, borrowed and reclaim annotations). JSON. */}}
 {{- define "gpu-admission.queueReleasers" -}}
 {{- toJson (list (printf "system:serviceaccount:%s:gpu-scheduler" .Release.Namespace)) -}}
 {{- end -}}
 
-{{/* Of the UPDATEs, those the validating webhook judges: a changed type annotation, or
-placement annotations (<prefix>/predicate-*, <prefix>/gpu-assigned) changed by anyone
-but their writers. */}}
-{{- define "gpu-admission.typeChangeExpression" -}}
-{{- $get := "(has(%[1]s.metadata.annotations) && '%[2]s' in %[1]s.metadata.annotations ? %[1]s.metadata.annotations['%[2]s'] : '')" -}}
-{{- $prefix := .Values.gpuResources.annotationPrefix -}}
-{{- $placement := printf "(k.startsWith('%[1]s/predicate-') || k == '%[1]s/gpu-assigned')" $prefix -}}
-{{- $added := printf "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, %s && !(has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))" $placement -}}
-{{- $removed := printf "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, %s && !(has(object.metadata.annotations) && k in object.metadata.annotations)))" $placement -}}
-{{- $writers := include "gpu-admission.placementWriters" . -}}
-{{- $gated := "(has(%[1]s.spec.schedulingGates) && %[1]s.spec.schedulingGates.exists(g, g.name == 'gpu-admission.io/quota'))" -}}
-{{- $released := "(has(%[1]s.metadata.annotations) && 'gpu-admission.io/quota-released' in %[1]s.metadata.annotations ? %[1]s.metadata.annotations['gpu-admission.io/quota-released'] : '')" -}}
-{{- $releasers := include "gpu-admission.queueReleasers" . -}}
-{{- printf "request.operation == 'CREATE' || %s != %s || (!(request.userInfo.username in %s) && (%s || %s)) || (!(request.userInfo.username in %s) && ((%s && !%s) || %s != %s))" (printf $get "object" .Values.typeAnnotation) (printf $get "oldObject" .Values.typeAnnotation) $writers $added $removed $releasers (printf $gated "oldObject") (printf $gated "object") (printf $released "object") (printf $released "oldObject") -}}
+{{/* CEL: every CREATE, and of the UPDATEs those that change a mark only gpu-admission
+(or gpu-manager) writes by a user who may not write it. files/guarded-change.cel is
+generated from the one list of marks in the code (src/marks.rs, whose tests hold the file
+to it); its placeholders take this release's names and users here. */}}
+{{- define "gpu-admission.guardedChangeExpression" -}}
+{{- .Files.Get "files/guarded-change.cel" | trim
+    | replace "__ANNOTATION_PREFIX__" .Values.gpuResources.annotationPrefix
+    | replace "__TYPE_ANNOTATION__" .Values.typeAnnotation
+    | replace "__PLACEMENT_WRITERS__" (include "gpu-admission.placementWriters" .)
+    | replace "__GPU_ADMISSION_USERS__" (include "gpu-admission.queueReleasers" .) -}}
 {{- end -}}
 
 {{/* Pod labels: the Service gpu-admission-metrics selects every pod with this label. */}}

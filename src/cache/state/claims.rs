@@ -235,7 +235,7 @@ impl ClusterState {
         let Some(pod) = pod.filter(|p| *p.uid == *owner.uid) else {
             return false;
         };
-        if pod.claim_names.iter().any(|n| **n == *owner.claim) {
+        if pod.claim_names().iter().any(|n| **n == *owner.claim) {
             return false;
         }
         let whole = |resource: &str| match self.gpu_resources.is_empty() {

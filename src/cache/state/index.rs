@@ -108,7 +108,7 @@ impl ClusterState {
             let same_pod = old.uid == pod.uid || old.uid.is_empty() || pod.uid.is_empty();
             // The scheduler wrote a new "not scheduled" condition: it gave the pod up, and
             // a placement held for its bind goes with it.
-            let given_up = pod.unscheduled != 0 && pod.unscheduled != old.unscheduled;
+            let given_up = pod.unscheduled() != 0 && pod.unscheduled() != old.unscheduled();
             if old.held_since.is_some() && pod.node.is_none() && same_pod && !given_up {
                 pod.node = old.node.clone();
                 pod.assignment = old.assignment.clone();

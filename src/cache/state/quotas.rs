@@ -56,7 +56,7 @@ impl ClusterState {
         let pod = self.pods.get(key).map(|pod| &**pod);
         self.tally
             .recharge(key, namespace_of(key), pod, model.as_deref(), now);
-        if pod.is_some_and(|pod| pod.terminating.is_some()) {
+        if pod.is_some_and(|pod| pod.terminating().is_some()) {
             self.deleting.insert(key.clone());
         } else {
             self.deleting.remove(key);
@@ -64,7 +64,7 @@ impl ClusterState {
         // A waiting pod is in the quota queue's line, with what it would be charged;
         // the charge is priced for waiting pods only (this runs for every pod change).
         match pod {
-            Some(pod) if pod.gated && pod.terminating.is_none() => {
+            Some(pod) if pod.gated && pod.terminating().is_none() => {
                 let mig = self.tally.mig();
                 let queued = model.map(|label| charge_on(&pod.request, &label, mig));
                 self.waiting.set(key, pod, queued);

@@ -25,20 +25,25 @@ pub(crate) struct Reserved {
 impl ClusterState {
     /// Remember (or forget) that the pod `key` carries a plan's holds.
     pub(super) fn index_plan_hold(&mut self, key: &PodKey, pod: &CachedPod) {
-        match pod.plan_hold.is_some() {
+        match pod.plan_hold().is_some() {
             true => self.plan_holders.insert(key.clone()),
             false => self.plan_holders.remove(key),
         };
     }
 
-    /// The holds standing at `now` (unix seconds), with the pod that carries each.
+    /// The holds standing at `now` (unix seconds), with the pod that carries each: a
+    /// hold stands only while its pod is charged (neither waiting in the quota queue,
+    /// charged nothing, nor being deleted) and within its time (`PlanHold::stands`).
+    /// Holds were read from the pod only if the mover runs here and could have written
+    /// them (`Projection::hold_seconds`).
     pub(crate) fn plan_holds(
         &self,
         now: i64,
     ) -> impl Iterator<Item = (&PodKey, &CachedPod, &PlanHold)> {
         self.plan_holders.iter().filter_map(move |key| {
             let (key, pod) = self.pods.get_key_value(key)?;
-            let hold = pod.plan_hold.as_deref().filter(|h| h.stands(now))?;
+            let charged = !pod.gated && pod.terminating().is_none();
+            let hold = pod.plan_hold().filter(|h| charged && h.stands(now))?;
             Some((key, &**pod, hold))
         })
     }
@@ -46,24 +51,35 @@ impl ClusterState {
     /// What the standing holds keep from the pod `key` at `now`, and the node one of
     /// them keeps for it.
     pub(crate) fn reserved_against(&self, key: &str, now: i64) -> Reserved {
-        let mut reserved = Reserved::default();
         if self.plan_holders.is_empty() {
-            return reserved;
+            return Reserved::default();
         }
-        let Some(subject) = self.pods.get(key) else {
-            return reserved;
-        };
+        match self.pods.get(key) {
+            Some(subject) => self.reserved(Some((key, subject)), now),
+            None => Reserved::default(),
+        }
+    }
+
+    /// What the standing holds keep from any pod none of them is for: the nodes a new
+    /// defragmentation plan is made around, so that it never counts on GPUs another plan
+    /// keeps (and a plan under way defers no other).
+    pub(crate) fn held_from_others(&self, now: i64) -> HashMap<Arc<str>, NodeGpus> {
+        if self.plan_holders.is_empty() {
+            return HashMap::default();
+        }
+        self.reserved(None, now).nodes
+    }
+
+    fn reserved(&self, subject: Option<(&str, &CachedPod)>, now: i64) -> Reserved {
+        let mut reserved = Reserved::default();
         let takes = |slot: &crate::cache::plan_hold::Slot| {
-            slot.takes(
-                key,
-                &subject.uid,
-                subject.owner.as_deref(),
-                &subject.request,
-            )
+            subject.is_some_and(|(key, pod)| {
+                slot.takes(key, &pod.uid, pod.owner.as_deref(), &pod.request)
+            })
         };
         let mut kept: Vec<&GpusKept> = Vec::new();
         for (holder, pod, hold) in self.plan_holds(now) {
-            if &**holder == key {
+            if subject.is_some_and(|(key, _)| &**holder == key) {
                 reserved.preferred = Some(hold.target.node.as_str().into());
             } else if !pod.bound && pod.node.is_none() {
                 kept.push(&hold.target);

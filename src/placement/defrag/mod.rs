@@ -44,6 +44,13 @@ pub(crate) const DEFAULT_MAX_MOVES: usize = 2;
 /// takes on the openb cluster (1,213 nodes) is in docs/simulate.md, "Defragmentation".
 pub(crate) const DEFAULT_BUDGET: u64 = 40_000;
 
+/// The most moves a caller may ask a plan to make (`defrag --max-moves`, `simulate
+/// --max-moves`; the product's `defrag.maxMoves` stops at 4).
+pub(crate) const MOST_MOVES: usize = 8;
+
+/// The largest budget a caller may give one plan: 250 times the default.
+pub(crate) const LARGEST_BUDGET: u64 = 10_000_000;
+
 /// A pod running on a node, as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Resident<K> {

@@ -43,58 +43,31 @@ pub fn ready_node_status(resources: &Value, message: &str) -> Value {
     })
 }
 
-/// The users gpu-admission runs as under hack/e2e.sh and hack/scale.sh (their admin
-/// certificate's common name), its placementWriters and queue releasers there.
-pub const HARNESS_WRITERS: [&str; 2] = ["e2e-admin", "scale-admin"];
+/// The users gpu-admission runs as under hack/e2e.sh and hack/scale.sh (the GPU
+/// scheduler's ServiceAccount, as deploy/ runs it, and their admin certificate's common
+/// name), its placementWriters and queue releasers there.
+pub const HARNESS_WRITERS: [&str; 3] = [
+    "system:serviceaccount:gpu-admission:gpu-scheduler",
+    "e2e-admin",
+    "scale-admin",
+];
 
-/// The validating webhook's match condition on pods, as deploy/ and the chart write it:
-/// every CREATE; of the UPDATEs, those that change the GPU model annotation, or a
-/// placement annotation (`<prefix>/predicate-*`, `<prefix>/gpu-assigned`) by a user
-/// who is not one of `writers`; and the quota queue's gate removed, or its release
-/// annotation changed, by a user who is not one of `releasers`. tests/manifests.rs holds
-/// deploy/ to this text.
-pub fn guarded_annotation_change(prefix: &str, writers: &[&str], releasers: &[&str]) -> String {
-    let model_of = |object: &str| {
-        format!(
-            "(has({object}.metadata.annotations) && '{TYPE_ANNOTATION}' in {object}.metadata.annotations ? {object}.metadata.annotations['{TYPE_ANNOTATION}'] : '')"
-        )
-    };
-    let placement =
-        format!("(k.startsWith('{prefix}/predicate-') || k == '{prefix}/gpu-assigned')");
-    let added = format!(
-        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, {placement} && !(has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))"
-    );
-    let removed = format!(
-        "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, {placement} && !(has(object.metadata.annotations) && k in object.metadata.annotations)))"
-    );
-    let writers = serde_json::to_string(writers).unwrap_or_default();
-    let gated = |object: &str| {
-        format!(
-            "(has({object}.spec.schedulingGates) && {object}.spec.schedulingGates.exists(g, g.name == 'gpu-admission.io/quota'))"
-        )
-    };
-    let released = |object: &str| {
-        format!(
-            "(has({object}.metadata.annotations) && 'gpu-admission.io/quota-released' in {object}.metadata.annotations ? {object}.metadata.annotations['gpu-admission.io/quota-released'] : '')"
-        )
-    };
-    let releasers = serde_json::to_string(releasers).unwrap_or_default();
-    format!(
-        "request.operation == 'CREATE' || {} != {} || (!(request.userInfo.username in {writers}) && ({added} || {removed})) || (!(request.userInfo.username in {releasers}) && (({} && !{}) || {} != {}))",
-        model_of("object"),
-        model_of("oldObject"),
-        gated("oldObject"),
-        gated("object"),
-        released("object"),
-        released("oldObject"),
-    )
+/// The validating webhook's match condition on pods as deploy/ and the chart ship it
+/// (gpu-admission's one list of what only it writes, `Config::guarded_change_condition`),
+/// for gpu-admission running as [`HARNESS_WRITERS`].
+pub fn guarded_change() -> String {
+    let users = serde_json::to_string(&HARNESS_WRITERS).unwrap_or_default();
+    let config = format!("placementWriters: {users}\nqueue: {{releasers: {users}}}\n");
+    gpu_admission::config::Config::parse(&config)
+        .map(|c| c.guarded_change_condition())
+        .unwrap_or_default()
 }
 
 /// One webhook of a (mutating or validating) webhook configuration, as deploy/ registers
 /// gpu-admission's: `name` calling `url` (trusted through the base64 PEM `ca_bundle`), for
 /// pods in namespaces labelled [`WEBHOOK_LABEL`]`=<selector>` (and matching
 /// `object_selector` when given), failing closed. The validating webhook also sees pod
-/// UPDATEs, but only those [`guarded_annotation_change`] lets through.
+/// UPDATEs, but only those [`guarded_change`] lets through.
 pub fn webhook(
     name: &str,
     url: &str,
@@ -113,8 +86,7 @@ pub fn webhook(
         "clientConfig": {"url": url, "caBundle": ca_bundle},
         "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
                    "resources": ["pods"]}],
-        "matchConditions": [{"name": "create-or-guarded-annotation-change",
-            "expression": guarded_annotation_change("tencent.com", &HARNESS_WRITERS, &HARNESS_WRITERS)}],
+        "matchConditions": [{"name": "create-or-guarded-change", "expression": guarded_change()}],
         "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: selector}},
         "failurePolicy": "Fail",
         "sideEffects": "NoneOnDryRun",

@@ -1,0 +1,96 @@
+//! The `other_model` counterfactual: the models a stopped pod does not ask for whose
+//! quota has room and whose open nodes would take it now. Its cost is bounded by
+//! construction, however many models the cluster has (docs/explain.md, "What a
+//! judgment costs"):
+//!
+//! - the open nodes are grouped by model in one pass, and each model is fitted on its
+//!   own nodes only, so every open node is tried at most once;
+//! - only models the namespace's quotas may admit are candidates (with an enforcing
+//!   quota, the models some quota lists), and at most [`SEARCH_MODELS`] of them are
+//!   priced and fitted, those with the most free GPU first;
+//! - at most [`SEARCH_FITS`](super::effort::SEARCH_FITS) node fits in all.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use crate::placement::NodeGpus;
+use crate::placement::mig::model_of;
+use crate::placement::models::WantedModels;
+use crate::quota::{QuotaView, admit};
+
+use super::effort::{Abandoned, Effort};
+use super::judge::{Judge, Subject, fits_message};
+use super::verdict::Counterfactual;
+
+/// Models the search prices and fits at most, in one judgment.
+pub(crate) const SEARCH_MODELS: usize = 64;
+
+impl Judge<'_> {
+    /// Models the pod does not want whose quota and nodes would take it now.
+    pub(crate) fn other_models(
+        &self,
+        subject: &Subject<'_>,
+    ) -> Result<Vec<Counterfactual>, Abandoned> {
+        let quota = self.state.namespace_quota(subject.namespace());
+        let Ok(views) = quota.views() else {
+            return Ok(Vec::new());
+        };
+        let own = quota.wanted(&subject.pod.models);
+        let mut by_model: BTreeMap<&str, Vec<&NodeGpus>> = BTreeMap::new();
+        for node in self.open_nodes().filter(|n| own.admits(n).is_err()) {
+            if let Some(model) = node.model.as_deref() {
+                by_model.entry(model).or_default().push(node);
+            }
+        }
+        let mut found = Vec::new();
+        for (label, nodes) in candidates(by_model, &views) {
+            self.effort.check()?;
+            if self.effort.search_left() == 0 {
+                break;
+            }
+            let wanted = WantedModels::one(label);
+            let costs = quota.costs(&subject.pod.request, &wanted.models, self.now);
+            let admitted = admit(subject.namespace(), &views, &wanted, &costs, self.rules);
+            if admitted.is_err() {
+                continue;
+            }
+            let outcome = self.fit_on(subject, wanted, &nodes, Effort::search_fit);
+            self.effort.check()?;
+            if let Some(placed) = fits_message(&outcome, &nodes) {
+                let message = format!(
+                    "fits now as model {label}: {placed} (set the gpu-admission.io/gpu-type annotation)"
+                );
+                found.push(Counterfactual {
+                    kind: "other_model",
+                    message,
+                });
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// The models worth trying, each with its open nodes: those the quotas `views` may
+/// admit a pod on (an enforcing quota refuses a model none lists), the most free GPU
+/// first (then by name), at most [`SEARCH_MODELS`].
+fn candidates<'n>(
+    by_model: BTreeMap<&'n str, Vec<&'n NodeGpus>>,
+    views: &[QuotaView],
+) -> Vec<(&'n str, Vec<&'n NodeGpus>)> {
+    let enforced = views.iter().any(QuotaView::enforces);
+    let listed = |label: &str| {
+        let model = model_of(label);
+        views.iter().any(|v| v.hard.contains_key(model))
+    };
+    let mut models: Vec<(&str, Vec<&NodeGpus>)> = by_model
+        .into_iter()
+        .filter(|(label, _)| !enforced || listed(label))
+        .collect();
+    let free = |nodes: &[&NodeGpus]| -> u64 {
+        let each = nodes.iter().map(|n| u64::from(n.total_free_core()));
+        each.sum()
+    };
+    models.sort_by_cached_key(|(label, nodes)| (Reverse(free(nodes)), *label));
+    models.truncate(SEARCH_MODELS);
+    models
+}

@@ -375,6 +375,7 @@ async fn two_replicas_release_exactly_the_quota_from_a_queue_of_500() {
         url: format!("{server}/{path}"),
         object_selector: Some(json!({"matchLabels": {"replica": replica}})),
         rules: None,
+        condition: None,
     };
     let (a, b) = (server_url(), server_url_b());
     register_hooks(

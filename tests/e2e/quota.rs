@@ -478,11 +478,25 @@ async fn a_placement_whose_write_is_refused_gives_its_charge_back() {
         (run.replace("bindVerb: true", "bindVerb: false")).replace(own, "placementWriters: [");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gpu-admission.yaml");
-    std::fs::write(&path, config).unwrap();
+    std::fs::write(&path, &config).unwrap();
     ctl("stop");
     let restore = RunConfigOnDrop(&["a"]);
     start_with_config(&path);
-    register_webhooks(&cluster).await;
+    // Registered as the chart would for this config: with gpu-admission's identity not a
+    // placement writer, its annotation patch is one the validating webhook must judge.
+    let condition = gpu_admission::config::Config::parse(&config)
+        .expect("the scenario's config parses")
+        .guarded_change_condition();
+    let validate = Hook {
+        condition: Some(condition),
+        ..Hook::new("validate", &server_url())
+    };
+    register_hooks(
+        &cluster,
+        vec![Hook::new("mutate", &server_url())],
+        vec![validate],
+    )
+    .await;
 
     cluster
         .create_gpu_pod("refused", &format!("{a},{b}"), Gpu::Whole(1))

@@ -20,6 +20,9 @@ pub struct Hook {
     pub object_selector: Option<serde_json::Value>,
     /// The webhook's `rules`, when not pod CREATEs (and UPDATEs for a validating one).
     pub rules: Option<serde_json::Value>,
+    /// The validating webhook's match condition, when gpu-admission runs with writers
+    /// other than the harness's ([`shapes::guarded_change`]).
+    pub condition: Option<String>,
 }
 
 impl Hook {
@@ -30,6 +33,7 @@ impl Hook {
             url: format!("{server}/{path}"),
             object_selector: None,
             rules: None,
+            condition: None,
         }
     }
 
@@ -44,6 +48,7 @@ impl Hook {
                 json!([{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
                 "operations": ["CREATE"], "resources": ["resourceclaims"]}]),
             ),
+            condition: None,
         }
     }
 }
@@ -85,6 +90,9 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
         if let Some(rules) = &hook.rules {
             webhook["rules"] = rules.clone();
         }
+        if let Some(condition) = &hook.condition {
+            webhook["matchConditions"][0]["expression"] = condition.clone().into();
+        }
         webhook
     };
     unregister_webhooks(cluster).await;
@@ -122,6 +130,7 @@ pub async fn register_validate_per_replica(cluster: &Cluster) {
         url: format!("{server}/validate"),
         object_selector: Some(json!({"matchLabels": {"replica": replica}})),
         rules: None,
+        condition: None,
     };
     let hooks = vec![hook("a", &server_url()), hook("b", &super::server_url_b())];
     register_hooks(cluster, vec![], hooks).await;

@@ -386,8 +386,10 @@ impl Siege {
                 &sources,
                 addresses * each,
                 Duration::ZERO,
-                for_at_most,
-                FLOOD_MAX_OPENS,
+                flood_support::Until {
+                    for_at_most,
+                    max_opens: FLOOD_MAX_OPENS,
+                },
             ));
         }
         floods

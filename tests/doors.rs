@@ -450,9 +450,9 @@ async fn closed_while_dripping_a_head(
         if stream.write_all(b"x").await.is_err() {
             return true;
         }
-        match tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) | Err(_) => {}
+        let read = tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await;
+        if let Ok(Ok(0) | Err(_)) = read {
+            return true;
         }
     }
     false

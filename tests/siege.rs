@@ -327,8 +327,10 @@ async fn besiege(draw: &Draw, flooders: &tokio::runtime::Handle) -> Seen {
             &sources,
             flooding.addresses * flooding.per_address,
             flooding.pause,
-            FLOOD_FOR,
-            FLOOD_MAX_OPENS,
+            flood_support::Until {
+                for_at_most: FLOOD_FOR,
+                max_opens: FLOOD_MAX_OPENS,
+            },
         ));
     }
     tokio::time::sleep_until(started + SETTLE).await;

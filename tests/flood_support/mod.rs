@@ -34,7 +34,7 @@ pub use api_server::{ApiServer, Traffic};
 pub use kubelet::Kubelet;
 // Not every includer floods with every shape.
 #[allow(unused_imports)]
-pub use shapes::{Shape, addresses, flood};
+pub use shapes::{Shape, Until, addresses, flood};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

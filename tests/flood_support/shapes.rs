@@ -50,9 +50,16 @@ impl std::fmt::Display for Shape {
     }
 }
 
+/// How long a flood runs: until `for_at_most` has passed or `max_opens` connections were
+/// opened.
+#[derive(Clone, Copy, Debug)]
+pub struct Until {
+    pub for_at_most: Duration,
+    pub max_opens: u64,
+}
+
 /// `total` connections of `shape` to `target`, spread over `sources`, each reopened
-/// `pause` after it ended; bodies and heads go to `path`. Until `for_at_most` has passed
-/// or `max_opens` connections were opened.
+/// `pause` after it ended; bodies and heads go to `path`; for as long as `until` says.
 pub fn flood(
     target: &Target,
     shape: Shape,
@@ -60,9 +67,12 @@ pub fn flood(
     sources: &[IpAddr],
     total: usize,
     pause: Duration,
-    for_at_most: Duration,
-    max_opens: u64,
+    until: Until,
 ) -> Flood {
+    let Until {
+        for_at_most,
+        max_opens,
+    } = until;
     let target = target.clone();
     spawn_flood(sources, total, for_at_most, move |source, opened| {
         let target = target.clone();

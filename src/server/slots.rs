@@ -89,10 +89,12 @@ use tokio_util::sync::CancellationToken;
 use super::pace::Pace;
 
 mod activity;
+mod record;
 mod rule;
 pub(super) use activity::Activity;
 #[cfg(test)]
 use activity::InFlight;
+use record::PeerRecord;
 pub use rule::Callers;
 use rule::{Admission, Holder, Line, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
@@ -161,88 +163,12 @@ struct Waiter {
     handoff: oneshot::Sender<Slot>,
 }
 
-/// How long a peer's use of slots, and the requests it got answered, are remembered
-/// (longer than a kubelet's probe period, so that its probes count).
-const USE_MEMORY: Duration = Duration::from_secs(30);
-
-/// What a connection that held a slot and ended without a request answered whole (a
-/// silent socket, a body too slow or never read, a socket closed at once) adds to its
-/// peer's use, in slot-seconds: as much as holding a slot a tenth of a second. A flooder
-/// whose sockets are closed as soon as they come, and reopened at once, uses the door as
-/// much as one that holds them.
-const WASTE_WEIGHT: f64 = 0.1;
-
 /// What a peer never seen is presumed to cost, in slot-seconds for one request
 /// answered: more than the API server costs (a few connections held for ten reviews a
 /// second, a fraction of a slot-second a review; twenty held for that many, about 1.5),
 /// so that a flood from addresses it has never seen, or has not seen for a while, never
 /// stands before it in line.
 pub(super) const PRESUMED_COST: f64 = 5.0;
-
-/// What a peer holds now, and has held, wasted and got answered lately.
-struct PeerRecord {
-    held: usize,
-    /// Slot-seconds held, each second's weight decaying over [`USE_MEMORY`], as of
-    /// `updated`.
-    held_secs: f64,
-    /// Connections that held a slot and ended without a request answered whole, each
-    /// weighing less as it recedes alike, as of `updated`.
-    wasted: f64,
-    /// Requests answered with their bodies whole, each weighing less as it recedes alike,
-    /// as of `updated`.
-    served: f64,
-    updated: Instant,
-}
-
-impl PeerRecord {
-    fn new(now: Instant) -> PeerRecord {
-        PeerRecord {
-            held: 0,
-            held_secs: 0.0,
-            wasted: 0.0,
-            served: 0.0,
-            updated: now,
-        }
-    }
-
-    /// How much of what was counted at `updated` still counts at `now`.
-    fn kept(&self, now: Instant) -> f64 {
-        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
-        (-elapsed / USE_MEMORY.as_secs_f64()).exp()
-    }
-
-    /// Slot-seconds held lately, as of `now`.
-    fn held_secs_at(&self, now: Instant) -> f64 {
-        let kept = self.kept(now);
-        self.held_secs * kept + self.held as f64 * USE_MEMORY.as_secs_f64() * (1.0 - kept)
-    }
-
-    /// Its use of the door lately, as of `now`: slot-seconds held, and connections wasted.
-    fn used_at(&self, now: Instant) -> f64 {
-        self.held_secs_at(now) + WASTE_WEIGHT * self.wasted * self.kept(now)
-    }
-
-    /// Its place in line as of `now`, lower first: what it has cost the door lately per
-    /// request answered, in slot-seconds — its use, over the requests answered with
-    /// their bodies whole, one request presumed at [`PRESUMED_COST`] (a peer never seen
-    /// costs that). A kubelet, whose probes hold a slot a millisecond each, costs next
-    /// to nothing; the API server a fraction of a slot-second a review (or about 1.5
-    /// holding twenty connections for ten reviews a second); a flooder, whose sockets
-    /// hold slots for seconds and get nothing answered, or one cheap request each, far
-    /// more.
-    fn cost_at(&self, now: Instant) -> f64 {
-        (self.used_at(now) + PRESUMED_COST) / (1.0 + self.served * self.kept(now))
-    }
-
-    /// Brings the counts to `now`.
-    fn advance(&mut self, now: Instant) {
-        let kept = self.kept(now);
-        self.held_secs = self.held_secs_at(now);
-        self.wasted *= kept;
-        self.served *= kept;
-        self.updated = now;
-    }
-}
 
 /// Order in which waiters are let in, lower first: the peer's place in line (its cost,
 /// see [`PeerRecord::cost_at`], in steps of about 9%), the slots it holds, seat.

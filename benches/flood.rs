@@ -19,11 +19,15 @@
 //! A call that fails or takes over 5 s counts as failed. Every flood stops when the
 //! honest calls are done, and at most 5 s per call plus 10 s after it started.
 //!
-//! Sieges ("doors no peer can lock"), each at full scale against default limits, flooding
-//! the webhook door from 127.0.0.x and the admin door from 127.0.1.x alike, every flooding
-//! connection reopened as soon as the server closes it; meanwhile the modelled API server
-//! (one peer, 127.0.0.1: 20 keep-alive connections, 10 reviews a second, a review not
-//! retried) and kubelet-like probes (`GET /livez`, a fresh connection every 100 ms):
+//! Sieges ("doors no peer can lock", and issue #46's shapes), each at full scale against
+//! default limits, flooding the webhook door from 127.10+k.x.y and the admin door from
+//! 127.40+k.x.y alike (bodies and heads at the admin door go to `/explain`), every
+//! flooding connection reopened as soon as the server closes it; meanwhile the modelled
+//! API server (one peer, 127.0.0.1, a client-go webhook client: a keep-alive pool, a dial
+//! when no connection is idle; ten reviews a second and twenty at once every five
+//! seconds, each with 5 s to be answered, not retried) and kubelet-like probes (`GET
+//! /livez`, a fresh connection every 100 ms whether the last was answered or not, each
+//! with the kubelet's 1 s timeout), both from before the floods:
 //!
 //! - `siege: half-open, one address`: 600 connections that never send a byte;
 //! - `siege: idle, one address`: 600 connections idle after one request;
@@ -33,10 +37,22 @@
 //!   streams each;
 //! - `siege: half-open and idle, 120 x 3 each`: 360 of each kind from 120 addresses each;
 //! - `siege: all at once`: 600 half-open and 600 idle from one address each, 200 slow
-//!   bodies and 200 slow h2 connections (16 streams) from 100 addresses each.
+//!   bodies and 200 slow h2 connections (16 streams) from 100 addresses each;
+//! - `siege: idle after TLS, 200 x 2` and `400 x 1`: connections that finish TLS (at the
+//!   admin door: connect) and send nothing;
+//! - `siege: idle after one request, 200 x 2`;
+//! - `siege: 4 KiB then silence, 200 x 2`: a head announcing 4 MB, 4 KiB of it at once,
+//!   then nothing;
+//! - `siege: slow heads after one request, 200 x 2`: one request answered, then the next
+//!   head a byte a second;
+//! - `siege: churn, 250 x 1`: connections opened (and at the webhook door taken through
+//!   TLS) and closed at once, again and again;
+//! - `siege: mixed, 400 addresses`: idle after TLS, idle after one request and 4 KiB then
+//!   silence, 100 addresses x 2 each, and 100 h2 connections of 16 slow streams.
 //!
-//! A review or probe that fails or takes over 5 s is not answered; the latencies are of
-//! those answered, over `WINDOW` seconds (20) once the flood has filled the doors. The
+//! A review that fails or takes over 5 s, or a probe over 1 s, is not answered; the
+//! latencies are of those answered, over `WINDOW` seconds (20) once the flood has filled
+//! the doors. The
 //! floods run on threads of their own, the honest callers on others (in a cluster they
 //! are other processes). The server's resident memory: before the flood, and its peak.
 //!
@@ -64,7 +80,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flood_support::{ApiServer, Flood, Outcome, Target};
+use flood_support::{ApiServer, Flood, Kubelet, Outcome, Shape, Target, Traffic};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -74,6 +90,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const PATIENCE: Duration = Duration::from_secs(5);
+/// A kubelet probe's timeout (its default `timeoutSeconds`).
+const PROBE_PATIENCE: Duration = Duration::from_secs(1);
+/// The modelled API server in the sieges: ten reviews a second, and twenty at once every
+/// five seconds (it dials up to twenty connections, and keeps them).
+const API: Traffic = Traffic {
+    per_second: 10,
+    burst: 20,
+    burst_every: Duration::from_secs(5),
+};
 const EVERY: Duration = Duration::from_millis(100);
 /// A bound, never reached in a run: scrapes count every request.
 const FLOOD_MAX_OPENS: u64 = 500_000_000;
@@ -263,68 +288,111 @@ async fn run(bin: &Path, scenario: Scenario, calls: usize) -> (Outcome, Outcome,
     (validate, livez, opened)
 }
 
-/// The sieges, each flooding both doors alike.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Siege {
-    HalfOpenOneAddress,
-    IdleOneAddress,
-    SlowBodies,
-    SlowStreams,
-    SilentAndIdleMany,
-    AllAtOnce,
+/// A siege: its name, and its floods (each a shape, from how many addresses, with how
+/// many connections each), thrown at both doors alike.
+struct Siege {
+    name: &'static str,
+    floods: &'static [(Shape, usize, usize)],
 }
 
+const SILENT: Shape = Shape::Silent;
+const IDLE: Shape = Shape::IdleAfterOne;
+const TRICKLED: Shape = Shape::TrickledBody;
+const STREAMS: Shape = Shape::SlowStreams { streams: 16 };
+const STALLED: Shape = Shape::StalledBody { burst: 4096 };
+
+const SIEGES: &[Siege] = &[
+    Siege {
+        name: "siege: half-open, one address",
+        floods: &[(SILENT, 1, 600)],
+    },
+    Siege {
+        name: "siege: idle, one address",
+        floods: &[(IDLE, 1, 600)],
+    },
+    Siege {
+        name: "siege: slow bodies, 200 x 2",
+        floods: &[(TRICKLED, 200, 2)],
+    },
+    Siege {
+        name: "siege: h2 slow streams, 200 x 2 x 16",
+        floods: &[(STREAMS, 200, 2)],
+    },
+    Siege {
+        name: "siege: half-open and idle, 120 x 3 each",
+        floods: &[(SILENT, 120, 3), (IDLE, 120, 3)],
+    },
+    Siege {
+        name: "siege: all at once",
+        floods: &[
+            (SILENT, 1, 600),
+            (IDLE, 1, 600),
+            (TRICKLED, 100, 2),
+            (STREAMS, 100, 2),
+        ],
+    },
+    Siege {
+        name: "siege: idle after TLS, 200 x 2",
+        floods: &[(Shape::IdleAfterTls, 200, 2)],
+    },
+    Siege {
+        name: "siege: idle after one request, 200 x 2",
+        floods: &[(IDLE, 200, 2)],
+    },
+    Siege {
+        name: "siege: idle after TLS, 400 x 1",
+        floods: &[(Shape::IdleAfterTls, 400, 1)],
+    },
+    Siege {
+        name: "siege: 4 KiB then silence, 200 x 2",
+        floods: &[(STALLED, 200, 2)],
+    },
+    Siege {
+        name: "siege: slow heads after one request, 200 x 2",
+        floods: &[(Shape::SlowHead { after_one: true }, 200, 2)],
+    },
+    Siege {
+        name: "siege: churn, 250 x 1",
+        floods: &[(Shape::Churn, 250, 1)],
+    },
+    Siege {
+        name: "siege: mixed, 400 addresses",
+        floods: &[
+            (Shape::IdleAfterTls, 100, 2),
+            (IDLE, 100, 2),
+            (STALLED, 100, 2),
+            (STREAMS, 100, 1),
+        ],
+    },
+];
+
 impl Siege {
-    const ALL: [Siege; 6] = [
-        Siege::HalfOpenOneAddress,
-        Siege::IdleOneAddress,
-        Siege::SlowBodies,
-        Siege::SlowStreams,
-        Siege::SilentAndIdleMany,
-        Siege::AllAtOnce,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Siege::HalfOpenOneAddress => "siege: half-open, one address",
-            Siege::IdleOneAddress => "siege: idle, one address",
-            Siege::SlowBodies => "siege: slow bodies, 200 x 2",
-            Siege::SlowStreams => "siege: h2 slow streams, 200 x 2 x 16",
-            Siege::SilentAndIdleMany => "siege: half-open and idle, 120 x 3 each",
-            Siege::AllAtOnce => "siege: all at once",
+    /// The floods of `target`, the k-th from 127.`net + k`.x.y; bodies and heads go to
+    /// `body_path`.
+    fn floods(
+        &self,
+        target: &Target,
+        net: u8,
+        body_path: &'static str,
+        for_at_most: Duration,
+    ) -> Vec<Flood> {
+        let mut floods = Vec::new();
+        for (k, &(shape, addresses, each)) in self.floods.iter().enumerate() {
+            let sources = flood_support::addresses(net + k as u8, 0, addresses);
+            floods.push(flood_support::flood(
+                target,
+                shape,
+                body_path,
+                &sources,
+                addresses * each,
+                Duration::ZERO,
+                flood_support::Until {
+                    for_at_most,
+                    max_opens: FLOOD_MAX_OPENS,
+                },
+            ));
         }
-    }
-
-    /// The floods of `target`, from 127.0.`net`.x.
-    fn floods(self, target: &Target, net: u8, for_at_most: Duration) -> Vec<Flood> {
-        let lo = |first, count| flood_support::loopback_in(net, first, count);
-        let half_open = |sources: Vec<_>, total| {
-            flood_support::half_open(target.addr, &sources, total, for_at_most, FLOOD_MAX_OPENS)
-        };
-        let idle = |sources: Vec<_>, total| {
-            flood_support::idle_after_one(target, &sources, total, for_at_most, FLOOD_MAX_OPENS)
-        };
-        let bodies = |sources: Vec<_>, total| {
-            flood_support::slow_bodies(target, &sources, total, for_at_most, FLOOD_MAX_OPENS)
-        };
-        let streams = |sources: Vec<_>, total| {
-            flood_support::slow_streams(target, &sources, total, 16, for_at_most, FLOOD_MAX_OPENS)
-        };
-        match self {
-            Siege::HalfOpenOneAddress => vec![half_open(lo(2, 1), 600)],
-            Siege::IdleOneAddress => vec![idle(lo(2, 1), 600)],
-            Siege::SlowBodies => vec![bodies(lo(2, 200), 400)],
-            Siege::SlowStreams => vec![streams(lo(2, 200), 400)],
-            Siege::SilentAndIdleMany => {
-                vec![half_open(lo(2, 120), 360), idle(lo(130, 120), 360)]
-            }
-            Siege::AllAtOnce => vec![
-                half_open(lo(2, 1), 600),
-                idle(lo(3, 1), 600),
-                bodies(lo(10, 100), 200),
-                streams(lo(120, 100), 200),
-            ],
-        }
+        floods
     }
 }
 
@@ -355,7 +423,7 @@ struct Besieged {
 /// that keeps its own threads busy must not delay the honest callers' clocks).
 async fn besiege(
     bin: &Path,
-    siege: Siege,
+    siege: &Siege,
     window: Duration,
     flooders: &tokio::runtime::Handle,
 ) -> Besieged {
@@ -371,8 +439,10 @@ async fn besiege(
     }
     let pid = server.child.id();
     let idle_mib = resident_mib(pid, "VmRSS:");
-    let mut api = ApiServer::start(server.webhook, tls.clone(), 20, 10, PATIENCE);
-    // Its pool dialled, as before any flood.
+    let mut api = ApiServer::start(server.webhook, tls.clone(), API, PATIENCE);
+    // The kubelet probes for as long as the pod runs: from before any flood.
+    let mut kubelet = Kubelet::start(server.admin, EVERY, PROBE_PATIENCE);
+    // Its pool dialled (a burst), as before any flood.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let for_at_most = window * 3 + Duration::from_secs(60);
     let webhook = Target {
@@ -388,8 +458,8 @@ async fn besiege(
     let drops = flood_support::conntrack_drops();
     let floods = {
         let _flooders = flooders.enter();
-        let mut floods = siege.floods(&webhook, 0, for_at_most);
-        floods.extend(siege.floods(&admin, 1, for_at_most));
+        let mut floods = siege.floods(&webhook, 10, "/validate", for_at_most);
+        floods.extend(siege.floods(&admin, 40, "/explain", for_at_most));
         floods
     };
     let filled = std::time::Instant::now() + Duration::from_secs(10);
@@ -398,13 +468,7 @@ async fn besiege(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (reviews, probes) = tokio::join!(
-        api.measure(window),
-        flood_support::honest_for(window, EVERY, || flood_support::probe_once(
-            server.admin,
-            PATIENCE
-        )),
-    );
+    let (reviews, probes) = tokio::join!(api.measure(window), kubelet.measure(window));
     let peak_mib = resident_mib(pid, "VmHWM:");
     let mut opened = 0;
     for flood in floods {
@@ -484,10 +548,7 @@ fn main() {
         .into_iter()
         .filter(|s| chosen(s.name()))
         .collect();
-    let sieges: Vec<Siege> = Siege::ALL
-        .into_iter()
-        .filter(|s| chosen(s.name()))
-        .collect();
+    let sieges: Vec<&Siege> = SIEGES.iter().filter(|s| chosen(s.name)).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -511,15 +572,12 @@ fn main() {
             let dropped = seen.dropped.map_or("-".to_string(), |n| n.to_string());
             println!(
                 "| {label} | {} | {reviews} | {reviews_ms} | {probes} | {probes_ms} | {} | {dropped} | {:.0} / {:.0} |",
-                siege.name(),
-                seen.opened,
-                seen.idle_mib,
-                seen.peak_mib
+                siege.name, seen.opened, seen.idle_mib, seen.peak_mib
             );
             if seen.dropped.is_some_and(|n| n > 0) {
                 eprintln!(
                     "  {label} {}: the kernel dropped packets for a full conntrack table: new connections failed before the server saw them (run the sieges in a network namespace of their own: docs/benchmarks.md)",
-                    siege.name()
+                    siege.name
                 );
             }
             for failure in seen
@@ -529,7 +587,7 @@ fn main() {
                 .chain(&seen.probes.failures)
                 .take(3)
             {
-                eprintln!("  {label} {}: {failure}", siege.name());
+                eprintln!("  {label} {}: {failure}", siege.name);
             }
         }
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::server::flag_values;
 use crate::server::listener::ConnectionLimits;
 
 #[derive(Debug, Parser)]
@@ -87,7 +88,7 @@ pub struct ServeArgs {
     #[arg(long, env = "GPU_ADMISSION_TLS_KEY")]
     pub(crate) tls_key: Option<PathBuf>,
     /// How often to look for a changed certificate.
-    #[arg(long, env = "GPU_ADMISSION_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = flag_values::duration)]
     pub(crate) tls_reload_interval: Duration,
     /// Optional plain-HTTP listener with only the extender routes and probes (for a
     /// scheduler configured with `enableHTTPS: false`; bind it to loopback).
@@ -116,7 +117,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub(crate) limits: ConnectionLimits,
     /// How long in-flight requests may take to finish after SIGTERM.
-    #[arg(long, env = "GPU_ADMISSION_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_SHUTDOWN_GRACE", default_value = "20s", value_parser = flag_values::duration)]
     pub(crate) shutdown_grace: Duration,
     /// API mode: let pods out of the quota queue (`onExceed: Queue`) and evict borrowing
     /// pods when a cohort's lender takes its GPUs back (`reclaim: Evict`), which take the
@@ -203,6 +204,37 @@ mod tests {
         assert_eq!(limits.request_timeout, Duration::from_secs(15));
         assert_eq!(limits.min_body_rate, 240);
         assert_eq!(limits.body_rate_grace, Duration::from_secs(2));
+    }
+
+    /// A duration that overflows the clock, a timeout of zero, no connections: refused
+    /// by name at startup, never a panic on the first connection.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_duration_or_count_flag_out_of_range_is_an_error_naming_the_flag() {
+        let refused = [
+            ("--request-timeout", "500000000000y"),
+            ("--idle-timeout", "500000000000y"),
+            ("--handshake-timeout", "500000000000y"),
+            ("--body-rate-grace", "500000000000y"),
+            ("--shutdown-grace", "500000000000y"),
+            ("--tls-reload-interval", "500000000000y"),
+            ("--request-timeout", "0s"),
+            ("--handshake-timeout", "0s"),
+            ("--max-connections", "0"),
+            ("--max-connections", "18446744073709551615"),
+            ("--max-streams", "0"),
+        ];
+        for (flag, value) in refused {
+            let err = Cli::try_parse_from(["gpu-admission", "serve", flag, value]).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                message.contains(flag) && message.contains(value),
+                "{message}"
+            );
+        }
+        let accepted = ["--request-timeout", "1h", "--shutdown-grace", "0s"];
+        let cli = Cli::try_parse_from(["gpu-admission", "serve"].into_iter().chain(accepted));
+        assert!(cli.is_ok(), "{:?}", cli.err());
     }
 
     /// A validity past the CA's would overflow the certificate's dates: refused by name.

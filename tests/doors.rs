@@ -439,6 +439,63 @@ async fn a_connection_that_makes_no_request_in_time_is_closed() {
     assert!(closed_by_server(&mut quiet).await);
 }
 
+/// Whether the server closes `stream` while a header line is dripped into it a byte
+/// every 50 ms (far faster than the idle timeout, so only a whole-head deadline ends it).
+async fn closed_while_dripping_a_head(
+    stream: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+) -> bool {
+    let mut buf = [0u8; 64];
+    let until = tokio::time::Instant::now() + PATIENCE;
+    while tokio::time::Instant::now() < until {
+        if stream.write_all(b"x").await.is_err() {
+            return true;
+        }
+        let read = tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await;
+        if let Ok(Ok(0) | Err(_)) = read {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whole-head deadlines: a head that keeps arriving, a byte at a time, is closed when its
+/// time is out, the first `--handshake-timeout` after the connect, a later one
+/// `--request-timeout` after the answer before it, however steadily its bytes come.
+#[tokio::test]
+async fn a_head_dripped_byte_by_byte_is_closed_at_its_whole_head_deadline() {
+    let limits = ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let door = door(false, limits, None).await;
+    let config = tls_support::client_config(&door.ca);
+    let mut first = tls_support::connect(door.addr, config.clone(), "localhost")
+        .await
+        .unwrap();
+    first
+        .write_all(b"POST /validate HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+        .await
+        .unwrap();
+    assert!(closed_while_dripping_a_head(&mut first).await);
+    // One request answered, then the next head dripped.
+    let mut later = tls_support::connect(door.addr, config, "localhost")
+        .await
+        .unwrap();
+    later
+        .write_all(b"GET /version HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    later.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    later
+        .write_all(b"GET /version HTTP/1.1\r\nhost: localhost\r\nx-slow: ")
+        .await
+        .unwrap();
+    assert!(closed_while_dripping_a_head(&mut later).await);
+}
+
 /// An h2 connection that makes no request in time is told so with a GOAWAY before it is
 /// closed: a client that pooled it unused (the API server's Go client does, in bursts)
 /// and hands it a request just then sends that request on another connection instead of
@@ -864,8 +921,13 @@ async fn probes_answer_while_the_metrics_endpoint_is_flooded() {
 /// addresses are 50, the API server's 20 keep-alive connections are 5). How fast the
 /// reviews are answered at full scale is benches/flood.rs' business.
 const SCALED_CAP: usize = 64;
-const API_POOL: usize = 5;
-const REVIEWS_PER_SECOND: u32 = 10;
+/// The modelled API server: ten reviews a second, and five at once every two seconds (so
+/// it holds about five connections, as 20 are to 256).
+const API: flood_support::Traffic = flood_support::Traffic {
+    per_second: 10,
+    burst: 5,
+    burst_every: Duration::from_secs(2),
+};
 const REVIEWING_FOR: Duration = Duration::from_secs(6);
 /// A review not answered by then counts as not answered (generous: a debug build on two
 /// shared cores, flood and server in one process).
@@ -902,13 +964,7 @@ where
     };
     let door = door(false, limits, None).await;
     let tls = tls_support::client_config(&door.ca);
-    let mut api = flood_support::ApiServer::start(
-        door.addr,
-        tls.clone(),
-        API_POOL,
-        REVIEWS_PER_SECOND,
-        REVIEW_PATIENCE,
-    );
+    let mut api = flood_support::ApiServer::start(door.addr, tls.clone(), API, REVIEW_PATIENCE);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let target = flood_support::Target {
         addr: door.addr,

@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::flag_values;
 use super::metered::MeteredBody;
 use super::pace::{Pace, Progress};
 pub use super::slots::Callers;
@@ -32,29 +33,32 @@ pub struct ConnectionLimits {
     /// the slot of a worthless connection (silent, or sending its body too slowly) or of a
     /// peer over its share; requests whose bodies arrive are never cut. Requests in flight
     /// beyond this many: an h2 stream past its peer's share is refused.
-    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256)]
+    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256, value_parser = flag_values::connections)]
     pub max_connections: usize,
     /// A connection with no request in flight and no bytes moving is closed after this.
-    #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = flag_values::timeout)]
     pub idle_timeout: Duration,
     /// Time to receive a request's headers, and separately its body; and to answer it.
-    #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_REQUEST_TIMEOUT", default_value = "15s", value_parser = flag_values::timeout)]
     pub request_timeout: Duration,
     /// Time a new connection has to finish its TLS handshake and begin its first
     /// request; a connection that has not is closed.
-    #[arg(long, env = "GPU_ADMISSION_HANDSHAKE_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GPU_ADMISSION_HANDSHAKE_TIMEOUT", default_value = "3s", value_parser = flag_values::timeout)]
     pub handshake_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection.
-    #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16)]
+    #[arg(long, env = "GPU_ADMISSION_MAX_STREAMS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,
-    /// Slowest a request body may arrive, in bytes per second averaged from the end of
-    /// its head (0: no floor). Behind it, the body's connection may give its slot to a
-    /// newcomer; still behind after --body-rate-grace, the request is answered 408 and its
-    /// connection closed.
+    /// Slowest a request body may arrive, in bytes per second, judged over a sliding
+    /// window of --body-rate-grace: each byte buys 1/this of a second, never more than
+    /// the window ahead (0: no rule). A body a second short of a full window may give its
+    /// connection's slot to a newcomer; one whose time runs out, or that is not whole
+    /// --request-timeout after its head, is answered 408 and its connection closed.
     #[arg(long, env = "GPU_ADMISSION_MIN_BODY_RATE", default_value_t = 240)]
     pub min_body_rate: u32,
-    /// How long after its head a body behind --min-body-rate is cut.
-    #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    /// The window of --min-body-rate: the most time a body's bytes may buy ahead, and
+    /// the time a body that sends nothing has from its head (a burst then silence buys
+    /// no more).
+    #[arg(long, env = "GPU_ADMISSION_BODY_RATE_GRACE", default_value = "2s", value_parser = flag_values::timeout)]
     pub body_rate_grace: Duration,
 }
 
@@ -261,11 +265,12 @@ async fn drain(
     }
 }
 
-/// The body rate floor `limits` set.
+/// The body rate rule `limits` set.
 fn pace(limits: &ConnectionLimits) -> Pace {
     Pace {
         floor: limits.min_body_rate,
-        grace: limits.body_rate_grace,
+        window: limits.body_rate_grace,
+        whole: limits.request_timeout,
     }
 }
 
@@ -367,7 +372,7 @@ where
         app,
         conn.slot.slots().clone(),
         activity.clone(),
-        conn.limits.request_timeout * 2,
+        conn.limits.request_timeout.saturating_mul(2),
     );
     let builder = http_builder(&conn.limits);
     let connection = builder.serve_connection(
@@ -460,9 +465,10 @@ fn tracked(
         let refused = request.version() == axum::http::Version::HTTP_2
             && !slots.admits_stream(activity.peer());
         let begun = (!refused).then(|| {
-            let progress = Progress::new(request.body().is_end_stream());
+            let pace = slots.pace();
+            let progress = Progress::new(pace, request.body().is_end_stream());
             let in_flight = activity.begin(progress.clone());
-            let (pace, activity) = (slots.pace(), activity.clone());
+            let activity = activity.clone();
             let request = request.map(|body| MeteredBody::new(body, progress, pace, activity));
             (in_flight, request)
         });

@@ -1,6 +1,7 @@
-//! A request body metered against its listener's rate floor (`server::pace`): it records
-//! how the body arrives, and once the body is behind the floor past the grace it fails
-//! with `BodyTooSlow` and tells its connection (`server::slots`) to give up its slot.
+//! A request body metered against its listener's rate rule (`server::pace`): it records
+//! how the body arrives, and once the body's time has run out (behind the floor over the
+//! window, or not whole by its deadline) it fails with `BodyTooSlow` and tells its
+//! connection (`server::slots`) to give up its slot.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,13 +11,13 @@ use std::time::Instant;
 use axum::body::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
-use super::pace::{BodyTooSlow, Pace, Progress};
+use super::pace::{Pace, Progress};
 use super::slots::Activity;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A request body that records how it arrives and fails with [`BodyTooSlow`] once it is
-/// behind the floor past the grace, telling its connection to give up its slot.
+/// A request body that records how it arrives and fails with [`super::pace::BodyTooSlow`] once its
+/// time has run out, telling its connection to give up its slot.
 pub(super) struct MeteredBody<B> {
     inner: B,
     progress: Arc<Progress>,
@@ -50,14 +51,11 @@ impl<B> MeteredBody<B> {
             return Poll::Pending;
         }
         loop {
-            let due = self.progress.due(self.pace);
+            let (due, why) = self.progress.due(self.pace);
             if Instant::now() >= due {
-                tracing::debug!(peer = %self.activity.peer(), floor = self.pace.floor, "request body too slow; closing its connection");
+                tracing::debug!(peer = %self.activity.peer(), %why, "request body too slow; closing its connection");
                 self.activity.cut_for_slowness();
-                let error = BodyTooSlow {
-                    floor: self.pace.floor,
-                };
-                return Poll::Ready(Some(Err(error.into())));
+                return Poll::Ready(Some(Err(why.into())));
             }
             let deadline = tokio::time::Instant::from_std(due);
             let timer = self
@@ -86,8 +84,8 @@ where
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                this.progress
-                    .arrived(frame.as_ref(), this.inner.is_end_stream());
+                let end = this.inner.is_end_stream();
+                this.progress.arrived(this.pace, frame.as_ref(), end);
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
             }
             Poll::Pending => {

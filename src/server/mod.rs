@@ -5,6 +5,7 @@
 
 pub mod admin;
 mod explain;
+pub(crate) mod flag_values;
 pub mod listener;
 mod metered;
 mod pace;

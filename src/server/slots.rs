@@ -1,70 +1,77 @@
 //! Who holds a listener's connection slots, who gives one up when a newcomer arrives at
 //! the cap, and in what order waiting newcomers get in.
 //!
-//! A listener holds at most `max_connections` connections, and no peer (IP address) may
-//! keep most of them while others want them. [`admission`] is the pure rule, over the
-//! table of who holds what; [`Slots`] keeps the table, the waiting room, and tells a
-//! connection whose slot was taken to close through its [`Activity`].
+//! A listener holds at most `max_connections` connections. [`admission`] is the pure
+//! rule, over the table of who holds what; [`Slots`] keeps the table, the waiting room,
+//! and tells a connection whose slot was taken to close through its [`Activity`].
+//!
+//! **The principle: a slot is held by the work it does, and peers (IP addresses) stand
+//! in line by what they cost the door per request answered.** A connection *works*
+//! while a request is in flight whose body keeps up with the rate rule (`server::pace`);
+//! work is never cut. Every other connection holds its slot on loan: a silent socket, a
+//! handshake, a keep-alive connection between requests, a body that stalled. A peer's
+//! *cost* is the slot-seconds it has held lately (and a tenth of one per connection that
+//! held a slot and ended with nothing answered), over the requests it got answered with
+//! their bodies whole, one request presumed at [`PRESUMED_COST`] (see
+//! [`PeerRecord::cost_at`]). The API server, answered reviews steadily on a few
+//! connections, costs a fraction of a slot-second a review; a kubelet, whose probes hold
+//! a slot a millisecond, less; a flood — sockets that hold slots for seconds and get
+//! nothing answered, or one cheap request each, or that close at once — costs seconds
+//! per answer or has none, from one address or from four hundred, and so does a peer
+//! never seen. So whatever a flood does without working, the API server and the kubelet
+//! stand before it, and whatever it does, it pays with its own slots.
 //!
 //! **Shares.** A peer's *fair share* is the cap over the peers competing (those holding
-//! slots and the newcomer's), at least one slot. A peer below it is *entitled*: admitting it
-//! keeps it within its share. A peer is *over its share* when it holds more than its fair
-//! share and more than an eighth of the cap: the eighth is what a peer keeps however many
-//! addresses compete, so a flood from hundreds of addresses does not make the API server's
-//! keep-alive pool (tens of connections) an excess to be cut.
+//! slots and the newcomer's), at least one slot. A peer below it is *entitled*. A peer is
+//! *over its share* when it holds more than its fair share and more than an eighth of the
+//! cap (the eighth a peer keeps however many addresses compete).
 //!
 //! **Free slots.** The last eighth of the slots (the *reserve*) is only for entitled peers:
-//! a peer holding most of the listener, or the flood of one address, never fills it, so a
-//! kubelet probe or the API server's next connection always finds room.
+//! a peer holding most of the listener, or the flood of one address, never fills it.
 //!
-//! **At the cap** a newcomer takes the slot of a connection worth less than its own
-//! arrival, the first found in this order:
+//! **At the cap** a newcomer takes the slot of a connection on loan, the first found:
 //!
 //! 1. *worthless*, of any peer: a connection cut for a body too slow, a request whose body
-//!    has been behind the rate floor (`server::pace`) for [`YOUNG`] or more, a silent
-//!    socket (no request within [`YOUNG`] of connecting, or of the end of a TLS handshake
-//!    that took longer), a TLS handshake under way for [`YOUNG`] or more. At a door of
+//!    has fallen a second short of the rate rule's window, a silent socket (no request
+//!    within [`YOUNG`] of connecting, or of the end of a TLS handshake that took longer),
+//!    a TLS handshake under way for [`YOUNG`] or more. At a door of
 //!    [`Callers::KeepAlive`], a peer that completed a request within [`QUIET`] has
 //!    *standing* (the API server sending reviews): its slow handshakes and quiet openings
-//!    are trusted, and only its own newcomers take its silent openings (a flood from one
-//!    address pays with its own). At a door of [`Callers::Redialing`] (probes, scrapes)
-//!    nobody has standing: a flood from many addresses would earn it with one cheap
-//!    request per connection and, each address within its share, hold every slot;
-//! 2. for an entitled newcomer: an idle keep-alive connection of a peer without standing
-//!    (a flooder's that made one request; the pool of an API server with nothing to ask
-//!    for a while, which it dials again when it has) whose last request ended [`YOUNG`]
-//!    or more ago, then a handshake younger than that, or an idle connection whose
-//!    request just ended, of a peer without standing that has held over twice the
-//!    slot-seconds the newcomer's has lately (a kubelet probe does not wait for a
-//!    flooder's sockets, reopened as soon as closed, to grow old; flooders do not churn
-//!    each other's faster than that);
-//! 3. for an entitled newcomer: a connection with no request in flight of a peer over its
-//!    share, the peer holding the most first: silent ones, idle ones, young ones.
+//!    are trusted, and only its own newcomers take its silent openings. At a door of
+//!    [`Callers::Redialing`] (probes, scrapes) nobody has standing: a flood from many
+//!    addresses would earn it with one cheap request per connection;
+//! 2. of a peer without standing: a young handshake or opening, or a connection idle
+//!    between requests, if the newcomer's peer stands *clearly before* its own in line
+//!    (costs less than half as much: a kubelet probe, or the API server's next
+//!    connection, does not wait for a flooder's sockets, reopened as soon as closed, to
+//!    grow old; flooders alike do not churn each other's); a connection idle for
+//!    [`YOUNG`] or more also to an entitled newcomer not *clearly behind* its peer;
+//! 3. for an entitled newcomer not clearly behind its peer: a connection with no request
+//!    in flight of a peer over its share, the peer holding the most first: silent ones,
+//!    idle ones, young ones.
 //!
 //! Within each, the peer holding the most gives way first, then the oldest connection.
-//! Never taken: a request whose body arrives (an admission review cut short is a pod not
-//! created); a connection of a peer with standing, within its share, that is idle or in
-//! its handshake. And a newcomer never takes its own peer's handshake still in TLS
-//! (however old: a starved server finishes its client's handshakes late), its young
-//! opening, or its idle keep-alive connection: the API server, given a burst of reviews,
-//! dials many connections at once and sends its next review on any connection it holds;
-//! cutting one for another of its own gains it nothing and fails a review ("write:
-//! connection reset by peer" in the end-to-end suite).
+//! Never taken: work (an admission review cut short is a pod not created); a connection
+//! of a peer with standing, within its share, that is idle or in its handshake; an idle
+//! connection of a peer clearly before the newcomer's (the API server, after a burst,
+//! holds more than its share of connections it is about to use again). And a newcomer
+//! never takes its own peer's handshake still in TLS (however old: a starved server
+//! finishes its client's handshakes late), its young opening, or its idle keep-alive
+//! connection: the API server, given a burst of reviews, dials many connections at once
+//! and sends its next review on any connection it holds; cutting one for another of its
+//! own gains it nothing and fails a review ("write: connection reset by peer" in the
+//! end-to-end suite).
 //!
 //! **Waiting.** A newcomer that finds no slot waits in the listener's waiting room, in its
 //! own task, bounded by its opening deadline. Whenever a slot frees, a request ends or time
-//! passes ([`RECHECK`]), waiters are let in in turn: the peer holding the fewest slots
-//! first, then the peer that has used the fewest lately (slot-seconds held, and a tenth of
-//! one per connection that ended without a request answered whole, each weighing less as
-//! it recedes over [`USE_MEMORY`]: a kubelet whose probes hold a slot a millisecond each
-//! goes before a flooder whose sockets hold theirs for seconds, or are reopened as soon as
-//! closed), then the oldest. The room
-//! has [`seats`]: enough for the API server's bursts (hundreds of connections at once) and
-//! for the floods it meets, so that a flooder's surplus waits its turn (and its deadline)
-//! instead of being closed and reopened thousands of times a second, with honest
-//! connections queued behind them in the kernel's backlog. A full room gives the seat of
-//! its last waiter in turn to a newcomer ranked before it; a newcomer ranked last is
-//! closed.
+//! passes ([`RECHECK`]), waiters are let in in line: the peer that costs least first
+//! (costs within about 9% are equal), then the peer holding the fewest slots, then the
+//! oldest. The room has [`seats`]: enough for the API server's bursts (hundreds of
+//! connections at once) and for the floods it meets, so that a flooder's surplus waits
+//! its turn (and its deadline) instead of being closed and reopened thousands of times a
+//! second, with honest connections queued behind them in the kernel's backlog. A full
+//! room gives the seat of its last waiter in line to a newcomer before it; a newcomer
+//! last in line is closed.
 //!
 //! **Requests in flight.** As many as slots before fairness applies; beyond, a peer may
 //! open a new h2 stream only within its fair share of them ([`Slots::admits_stream`]).
@@ -82,12 +89,14 @@ use tokio_util::sync::CancellationToken;
 use super::pace::Pace;
 
 mod activity;
+mod record;
 mod rule;
 pub(super) use activity::Activity;
 #[cfg(test)]
 use activity::InFlight;
+use record::PeerRecord;
 pub use rule::Callers;
-use rule::{Admission, Holder, Newcomer, State, admission, seats};
+use rule::{Admission, Holder, Line, Newcomer, State, admission, seats};
 use rule::{Census, admit_in, eighth};
 
 pub use super::pace::YOUNG;
@@ -154,136 +163,145 @@ struct Waiter {
     handoff: oneshot::Sender<Slot>,
 }
 
-/// How long a peer's use of slots is remembered when waiters take turns.
-const USE_MEMORY: Duration = Duration::from_secs(10);
+/// What a peer never seen is presumed to cost, in slot-seconds for one request
+/// answered: more than the API server costs (a few connections held for ten reviews a
+/// second, a fraction of a slot-second a review; twenty held for that many, about 1.5),
+/// so that a flood from addresses it has never seen, or has not seen for a while, never
+/// stands before it in line.
+pub(super) const PRESUMED_COST: f64 = 5.0;
 
-/// What a connection that ended without a request answered whole (a silent socket, a
-/// body too slow or never read, a newcomer refused or timed out waiting) adds to its
-/// peer's use when waiters take turns, in slot-seconds: as much as holding a slot a tenth
-/// of a second. A flooder whose sockets are closed as soon as they come, and reopened at
-/// once, uses the door as much as one that holds them; a kubelet's probes, each answered,
-/// add nothing but the milliseconds they hold. (Not counted when judging whose young
-/// handshake gives way: that is by slots held alone.)
-const WASTE_WEIGHT: f64 = 0.1;
+/// Order in which waiters are let in, lower first: the peer's place in line (its cost,
+/// see [`PeerRecord::cost_at`], in steps of about 9%), the slots it holds, seat.
+type Turn = (i64, usize, u64);
 
-/// What a peer holds now, and has held and wasted lately.
-struct PeerRecord {
-    held: usize,
-    /// Slot-seconds held, each second's weight decaying over [`USE_MEMORY`], as of
-    /// `updated`.
-    held_secs: f64,
-    /// Connections that ended without a request answered whole, each weighing less as it
-    /// recedes alike, as of `updated`.
-    wasted: f64,
-    updated: Instant,
+/// Peers' places in line as of one moment, each computed once (a pass over the waiting
+/// room looks at every holder's and waiter's peer, often many times).
+struct Lines {
+    now: Instant,
+    known: HashMap<IpAddr, Line>,
 }
 
-impl PeerRecord {
-    fn new(now: Instant) -> PeerRecord {
-        PeerRecord {
-            held: 0,
-            held_secs: 0.0,
-            wasted: 0.0,
-            updated: now,
+impl Lines {
+    fn new(now: Instant) -> Lines {
+        Lines {
+            now,
+            known: HashMap::new(),
         }
     }
-
-    /// How much of what was counted at `updated` still counts at `now`.
-    fn kept(&self, now: Instant) -> f64 {
-        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
-        (-elapsed / USE_MEMORY.as_secs_f64()).exp()
-    }
-
-    /// Slot-seconds held lately, as of `now`.
-    fn held_secs_at(&self, now: Instant) -> f64 {
-        let kept = self.kept(now);
-        self.held_secs * kept + self.held as f64 * USE_MEMORY.as_secs_f64() * (1.0 - kept)
-    }
-
-    /// Its use of the door lately, as of `now`: slot-seconds held, and connections wasted.
-    fn used_at(&self, now: Instant) -> f64 {
-        self.held_secs_at(now) + WASTE_WEIGHT * self.wasted * self.kept(now)
-    }
-
-    /// Brings the counts to `now`, then holds `held`.
-    fn set_held(&mut self, held: usize, now: Instant) {
-        self.wasted *= self.kept(now);
-        self.held_secs = self.held_secs_at(now);
-        self.updated = now;
-        self.held = held;
-    }
 }
 
-/// Order in which waiters are let in, lower first: slots held, use lately (in
-/// thousandths of a slot-second), seat.
-type Turn = (usize, u64, u64);
+/// Waiters refused in a row after which a pass over the waiting room stops: the rest,
+/// later in line, wait for the next pass (a full room of a flood's newcomers, none of
+/// which anything gives way to, is not looked at whole every few milliseconds).
+const REFUSED_IN_A_ROW: usize = 64;
+
+/// `cost` in steps of an eighth of a doubling.
+fn cost_step(cost: f64) -> i64 {
+    (8.0 * cost.max(1e-9).log2()).floor() as i64
+}
 
 impl Table {
     fn turn(&self, peer: IpAddr, seat: u64, now: Instant) -> Turn {
-        let record = self.peers.get(&peer);
-        let used = record.map_or(0.0, |r| r.used_at(now));
-        (record.map_or(0, |r| r.held), (used * 1e3) as u64, seat)
+        self.turn_in(&mut Lines::new(now), peer, seat)
+    }
+
+    fn turn_in(&self, lines: &mut Lines, peer: IpAddr, seat: u64) -> Turn {
+        let line = self.line_in(lines, peer);
+        let held = self.peers.get(&peer).map_or(0, |r| r.held);
+        (cost_step(line.cost), held, seat)
     }
 
     fn holders(&self, pace: Pace, now: Instant) -> Vec<Holder> {
+        self.holders_in(&mut Lines::new(now), pace)
+    }
+
+    fn holders_in(&self, lines: &mut Lines, pace: Pace) -> Vec<Holder> {
         self.holders
             .iter()
             .map(|(&age, activity)| Holder {
-                peer_used: self.held_secs(activity.peer, now),
-                ..activity.holder(age, pace, now)
+                line: self.line_in(lines, activity.peer),
+                ..activity.holder(age, pace, lines.now)
             })
             .collect()
     }
 
-    /// Slot-seconds `peer` has held lately.
-    fn held_secs(&self, peer: IpAddr, now: Instant) -> f64 {
-        self.peers.get(&peer).map_or(0.0, |r| r.held_secs_at(now))
+    /// `peer`'s place in line (see [`PeerRecord::cost_at`]), as of `lines.now`, computed
+    /// once there.
+    fn line_in(&self, lines: &mut Lines, peer: IpAddr) -> Line {
+        let now = lines.now;
+        *lines.known.entry(peer).or_insert_with(|| {
+            self.peers.get(&peer).map_or(Line::NEVER_SEEN, |r| Line {
+                cost: r.cost_at(now),
+                used: r.used_at(now),
+            })
+        })
     }
 
     fn newcomer(&self, peer: IpAddr, now: Instant) -> Newcomer {
         Newcomer {
             peer,
-            used: self.held_secs(peer, now),
+            line: self.line_in(&mut Lines::new(now), peer),
         }
     }
 
-    /// Forgets peers that hold nothing and have held little lately, once there are many.
+    fn record(&mut self, peer: IpAddr, now: Instant) -> &mut PeerRecord {
+        let record = self
+            .peers
+            .entry(peer)
+            .or_insert_with(|| PeerRecord::new(now));
+        record.advance(now);
+        record
+    }
+
+    /// Counts the requests the holders got answered since last looked at.
+    fn fold_served(&mut self, now: Instant) {
+        let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+        for activity in self.holders.values() {
+            let served = activity.take_served();
+            if served > 0 {
+                *counts.entry(activity.peer).or_default() += served;
+            }
+        }
+        for (peer, served) in counts {
+            self.record(peer, now).served += served as f64;
+        }
+    }
+
+    /// Forgets peers that hold nothing and count for little lately, once there are many;
+    /// if there are still many (a flood from hundreds of addresses), the peers holding
+    /// nothing that cost the most per request answered, down to three quarters of many.
+    /// A kubelet between probes, or the API server between reviews, holds nothing and
+    /// costs least: forgotten, it would be a peer never seen, no longer before the flood.
     fn forget_old_peers(&mut self, cap: usize, now: Instant) {
         let many = 4 * cap + 64;
         if self.peers.len() <= many {
             return;
         }
         self.peers
-            .retain(|_, r| r.held > 0 || r.used_at(now) > 0.01);
-        if self.peers.len() > many {
-            self.peers.retain(|_, r| r.held > 0);
+            .retain(|_, r| r.held > 0 || r.used_at(now) > 0.01 || r.served * r.kept(now) > 0.01);
+        if self.peers.len() <= many {
+            return;
+        }
+        let mut resting: Vec<(f64, IpAddr)> = (self.peers.iter())
+            .filter(|(_, r)| r.held == 0)
+            .map(|(peer, r)| (r.cost_at(now), *peer))
+            .collect();
+        resting.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        let excess = self.peers.len() - many * 3 / 4;
+        for (_, peer) in resting.into_iter().take(excess) {
+            self.peers.remove(&peer);
         }
     }
 
-    /// Counts a connection of `peer` that ended without a request answered whole.
-    fn wasted(&mut self, peer: IpAddr, now: Instant) {
-        let record = self
-            .peers
-            .entry(peer)
-            .or_insert_with(|| PeerRecord::new(now));
-        record.set_held(record.held, now);
-        record.wasted += 1.0;
-    }
-
-    /// A holder of `peer` leaves the table; `served`: it had a request answered whole.
-    fn left(&mut self, peer: IpAddr, served: bool, now: Instant) {
-        self.held(peer, now, |held| held.saturating_sub(1));
-        if !served {
-            self.wasted(peer, now);
+    /// `activity`, a holder, leaves the table: what it got answered is counted, and it is
+    /// waste if nothing was.
+    fn left(&mut self, activity: &Activity, now: Instant) {
+        let record = self.record(activity.peer, now);
+        record.held = record.held.saturating_sub(1);
+        record.served += activity.take_served() as f64;
+        if !activity.has_served() {
+            record.wasted += 1.0;
         }
-    }
-
-    fn held(&mut self, peer: IpAddr, now: Instant, change: impl FnOnce(usize) -> usize) {
-        let record = self
-            .peers
-            .entry(peer)
-            .or_insert_with(|| PeerRecord::new(now));
-        record.set_held(change(record.held), now);
     }
 }
 
@@ -309,6 +327,7 @@ impl Slots {
     pub(super) fn enter(self: &Arc<Self>, peer: IpAddr) -> Entry {
         let mut table = self.table.lock();
         let now = Instant::now();
+        table.fold_served(now);
         let turn = table.turn(peer, table.next_seat, now);
         // Not before a waiter ranked first: it would take the slot it waits for.
         if table.first_turn.is_none_or(|first| turn < first)
@@ -357,13 +376,11 @@ impl Slots {
             };
             table.last_turn = Some(last);
             if last <= turn {
-                table.wasted(peer, Instant::now());
                 return Entry::Refused;
             }
             if let Some(i) = table.room.iter().position(|w| w.turn == last) {
                 // Dropping its sender fails its ticket: its task closes the connection.
                 let gone = table.room.swap_remove(i);
-                table.wasted(gone.peer, Instant::now());
                 tracing::debug!(peer = %gone.peer, newcomer = %peer, "waiting room full; its last waiter gives up its seat");
             }
             table.last_turn = None;
@@ -387,38 +404,44 @@ impl Slots {
         {
             let mut table = self.table.lock();
             let now = Instant::now();
+            table.fold_served(now);
+            let mut lines = Lines::new(now);
             let mut room = std::mem::take(&mut table.room);
             // Waiters gone (their deadline passed) never had a slot.
-            for gone in room.iter().filter(|w| w.handoff.is_closed()) {
-                let peer = gone.peer;
-                table.wasted(peer, now);
-            }
             room.retain(|w| !w.handoff.is_closed());
             // Turns as of now: what peers hold and have used changes while they wait.
             for waiter in &mut room {
-                waiter.turn = table.turn(waiter.peer, waiter.turn.2, now);
+                waiter.turn = table.turn_in(&mut lines, waiter.peer, waiter.turn.2);
             }
             room.sort_unstable_by_key(|w| w.turn);
-            let mut holders = table.holders(self.pace, now);
+            let mut holders = table.holders_in(&mut lines, self.pace);
             let mut census = Census::of(&holders, self.cap, self.callers);
-            // A peer refused once in a pass is refused for all its waiters.
+            // A peer refused once in a pass is refused for all its waiters; after many
+            // refused in a row, the rest (later in line) wait for the next pass.
             let mut refused: HashSet<IpAddr> = HashSet::new();
+            let mut in_a_row = 0;
             let mut still = Vec::with_capacity(room.len());
             for waiter in room {
-                if refused.contains(&waiter.peer) {
+                if in_a_row >= REFUSED_IN_A_ROW || refused.contains(&waiter.peer) {
                     still.push(waiter);
                     continue;
                 }
-                let decided = admit_in(&census, &holders, table.newcomer(waiter.peer, now));
+                let newcomer = Newcomer {
+                    peer: waiter.peer,
+                    line: table.line_in(&mut lines, waiter.peer),
+                };
+                let decided = admit_in(&census, &holders, newcomer);
                 match self.apply(&mut table, decided, waiter.peer, now) {
                     Some(slot) => {
                         handed.push((waiter.handoff, slot));
-                        holders = table.holders(self.pace, now);
+                        holders = table.holders_in(&mut lines, self.pace);
                         census = Census::of(&holders, self.cap, self.callers);
+                        in_a_row = 0;
                     }
                     None => {
                         refused.insert(waiter.peer);
                         still.push(waiter);
+                        in_a_row += 1;
                     }
                 }
             }
@@ -451,7 +474,7 @@ impl Slots {
         table.next_age += 1;
         let activity = Arc::new(Activity::new(peer, self.signals.clone()));
         table.holders.insert(age, activity.clone());
-        table.held(peer, now, |held| held + 1);
+        table.record(peer, now).held += 1;
         table.forget_old_peers(self.cap, now);
         Slot {
             slots: self.clone(),
@@ -462,7 +485,7 @@ impl Slots {
 
     fn evict(&self, table: &mut Table, age: u64, newcomer: IpAddr) {
         if let Some(evicted) = table.holders.remove(&age) {
-            table.left(evicted.peer, evicted.has_served(), Instant::now());
+            table.left(&evicted, Instant::now());
             tracing::debug!(
                 peer = %evicted.peer,
                 phase = ?evicted.holder(age, self.pace, Instant::now()).state,
@@ -520,8 +543,7 @@ impl Drop for Slot {
         let mut table = self.slots.table.lock();
         // An evicted connection's entry is already gone (and its age never reused).
         if table.holders.remove(&self.age).is_some() {
-            let (peer, served) = (self.activity.peer, self.activity.has_served());
-            table.left(peer, served, Instant::now());
+            table.left(&self.activity, Instant::now());
         }
         drop(table);
         self.slots.signals.changed.notify_one();

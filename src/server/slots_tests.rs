@@ -8,14 +8,15 @@ fn ip(last: u8) -> IpAddr {
     IpAddr::from([10, 0, 0, last])
 }
 
-/// A holder that connected long ago, has no standing, doing `state`.
+/// A holder that connected long ago, has no standing, doing `state`, of a peer never
+/// seen before (its cost presumed).
 fn holder(age: u64, peer: u8, state: State) -> Holder {
     Holder {
         age,
         peer: ip(peer),
         state,
         served_lately: false,
-        peer_used: 0.0,
+        line: Line::NEVER_SEEN,
     }
 }
 
@@ -93,7 +94,7 @@ fn a_flooder_from_one_address_never_takes_another_peers_connection_in_use() {
 }
 
 #[test]
-fn requests_in_flight_are_never_cut_unless_their_bodies_starve() {
+fn requests_in_flight_are_cut_only_when_their_bodies_starve_or_their_peer_is_suspect() {
     let holders = [holder(0, 9, BUSY), holder(1, 9, BUSY)];
     assert_eq!(admission(&holders, 2, KEEP, ip(STRANGER)), Admission::Wait);
     let holders = [holder(0, 9, BUSY), holder(1, 9, STARVING)];
@@ -103,6 +104,17 @@ fn requests_in_flight_are_never_cut_unless_their_bodies_starve() {
     );
     // Its own peer's newcomer too: a starving request is worth nothing to anyone.
     assert_eq!(admission(&holders, 2, KEEP, ip(9)), Admission::Replace(1));
+    // A body that arrives is cut only for a peer suspect (holding slots with nothing
+    // answered), and only for a newcomer clearly before it: the API server's.
+    let api = Newcomer {
+        peer: ip(API),
+        line: API_LINE,
+    };
+    let busy = [holder(0, 9, BUSY), holder(1, 9, BUSY)];
+    assert_eq!(admission(&busy, 2, KEEP, api), Admission::Wait);
+    let suspect = busy.map(|h| Holder { line: FLOODER, ..h });
+    assert_eq!(admission(&suspect, 2, KEEP, api), Admission::Replace(0));
+    assert_eq!(admission(&suspect, 2, KEEP, flooder()), Admission::Wait);
 }
 
 #[test]
@@ -160,10 +172,10 @@ fn an_idle_flood_from_many_addresses_gives_way_once_its_peers_are_quiet() {
 }
 
 #[test]
-fn a_young_handshake_gives_way_to_a_newcomer_of_a_peer_that_has_held_far_less() {
+fn a_young_handshake_gives_way_to_a_newcomer_clearly_before_its_peer_in_line() {
     // Sixteen addresses reopening sockets as soon as they are closed, each holding one
-    // slot for the last ten seconds: a probe (holding nothing lately) does not wait for
-    // their youngest to grow old...
+    // slot for the last ten seconds: a probe (a peer never seen, holding nothing) does
+    // not wait for their youngest to grow old...
     let holders = reopening(YOUNG_TLS);
     assert_eq!(
         admission(&holders, 16, KEEP, ip(STRANGER)),
@@ -190,12 +202,18 @@ fn a_young_handshake_gives_way_to_a_newcomer_of_a_peer_that_has_held_far_less() 
     );
 }
 
-/// Sixteen addresses, each holding one slot in `state`, that have held one each for the
-/// last ten seconds (reopening their sockets as soon as they are closed).
+/// A flooding address in line that has held a slot for the last ten seconds (reopening
+/// its sockets as soon as they are closed) and got nothing answered.
+const FLOODER: Line = Line {
+    cost: PRESUMED_COST + 10.0,
+    used: 10.0,
+};
+
+/// Sixteen such addresses, each holding one slot in `state`.
 fn reopening(state: State) -> Vec<Holder> {
     (0..16u8)
         .map(|i| Holder {
-            peer_used: 10.0,
+            line: FLOODER,
             ..holder(u64::from(i), 10 + i, state)
         })
         .collect()
@@ -205,12 +223,12 @@ fn reopening(state: State) -> Vec<Holder> {
 fn flooder() -> Newcomer {
     Newcomer {
         peer: ip(9),
-        used: 10.0,
+        line: FLOODER,
     }
 }
 
 #[test]
-fn a_connection_whose_request_just_ended_gives_way_only_to_a_peer_that_has_held_far_less() {
+fn a_connection_whose_request_just_ended_gives_way_only_to_a_peer_clearly_before_its_own() {
     // Sixteen addresses, each holding one keep-alive connection whose one request ended
     // just now, at a door where that earns no standing: a probe does not wait for them...
     let holders = reopening(State::Idle { young: true });
@@ -350,7 +368,8 @@ fn a_slow_handshake_that_just_ended_is_young_again_until_its_first_request_is_du
 
 const PACE: Pace = Pace {
     floor: 240,
-    grace: Duration::from_secs(2),
+    window: Duration::from_secs(2),
+    whole: Duration::from_secs(15),
 };
 
 fn detached_signals() -> Arc<Signals> {
@@ -397,7 +416,7 @@ async fn a_newcomer_waits_for_its_own_connections_and_others_do_not() {
     assert!(!waiting.is_finished());
     // One handshake ends in a request, answered: an idle connection of its own peer,
     // which its client may use again at any moment, is not cut either.
-    drop(api_b.activity().begin(Progress::new(true)));
+    drop(api_b.activity().begin(Progress::new(PACE, true)));
     tokio::time::sleep(RECHECK * 2).await;
     assert!(!waiting.is_finished(), "still waiting");
     assert!(!api_b.activity().evicted.is_cancelled());
@@ -418,7 +437,7 @@ async fn at_the_cap_with_every_request_in_flight_a_newcomer_waits_for_one_to_end
     let (slots, _keeper) = slots(1);
     let busy = slot_of(slots.enter(ip(1))).await;
     // A request whose body never came whole (answered 408): no standing earned.
-    let request = busy.activity().begin(Progress::new(false));
+    let request = busy.activity().begin(Progress::new(PACE, false));
     let Entry::Waiting(ticket) = slots.enter(ip(2)) else {
         panic!("nobody may give way");
     };
@@ -457,9 +476,10 @@ async fn waiters_are_let_in_the_peer_holding_fewest_first_and_a_full_room_drops_
         slot_of(slots.enter(ip(9))).await,
         slot_of(slots.enter(ip(9))).await,
     ];
+    // Requests whose bodies never come whole: the flooder gets nothing answered.
     let requests: Vec<InFlight> = busy
         .iter()
-        .map(|s| s.activity().begin(Progress::new(true)))
+        .map(|s| s.activity().begin(Progress::new(PACE, false)))
         .collect();
     // The flooder's newcomers fill the room...
     let mut flood = Vec::new();
@@ -491,7 +511,7 @@ async fn at_a_door_of_redialing_callers_a_request_earns_no_standing() {
         let first = slot_of(slots.enter(ip(1))).await;
         let second = slot_of(slots.enter(ip(2))).await;
         for slot in [&first, &second] {
-            drop(slot.activity().begin(Progress::new(true)));
+            drop(slot.activity().begin(Progress::new(PACE, true)));
         }
         // Their requests just ended: a stranger waits either way.
         let Entry::Waiting(early) = slots.enter(ip(STRANGER)) else {
@@ -522,7 +542,7 @@ async fn a_peer_beyond_its_share_of_requests_in_flight_may_not_open_more_streams
     let probe = slot_of(slots.enter(ip(STRANGER))).await;
     let mut streams: Vec<InFlight> = Vec::new();
     while slots.admits_stream(ip(9)) {
-        streams.push(flooder.activity().begin(Progress::new(false)));
+        streams.push(flooder.activity().begin(Progress::new(PACE, false)));
         assert!(streams.len() <= 4, "bounded");
     }
     // Four requests in flight on four slots: the flooder's share is two of them.
@@ -531,4 +551,238 @@ async fn a_peer_beyond_its_share_of_requests_in_flight_may_not_open_more_streams
     streams.truncate(2);
     assert!(slots.admits_stream(ip(9)));
     drop(probe);
+}
+
+/// The API server in line holding twenty keep-alive connections (a burst's) for the last
+/// 30 s, for fourteen reviews a second; a few connections cost a fraction of this.
+const API_LINE: Line = Line {
+    cost: 1.5,
+    used: 600.0,
+};
+
+#[test]
+fn a_peer_costs_its_use_per_request_answered_so_the_api_server_stands_before_any_flood() {
+    let now = Instant::now();
+    let record = |held, held_secs, wasted, served| PeerRecord {
+        held,
+        held_secs,
+        wasted,
+        served,
+        updated: now,
+    };
+    // Twenty connections held for the last 30 s, 14 reviews a second answered.
+    let api = record(20, 600.0, 0.0, 420.0).cost_at(now);
+    assert!(api <= API_LINE.cost, "{api}");
+    // Three probes answered lately, each holding a slot a millisecond.
+    let kubelet = record(0, 0.003, 0.0, 3.0).cost_at(now);
+    assert!(kubelet < api, "{kubelet}");
+    // A silent socket held for ten seconds, reopened three times; a connection idle for
+    // ten seconds after one request; a hundred sockets closed as soon as they came.
+    let floods = [
+        record(1, 10.0, 3.0, 0.0),
+        record(1, 10.0, 0.0, 1.0),
+        record(0, 0.1, 100.0, 0.0),
+    ];
+    for flood in floods.map(|r| r.cost_at(now)) {
+        assert!(2.0 * api < flood, "{api} against {flood}");
+    }
+    // A peer never seen stands clearly behind the API server, and answers earn its place.
+    assert!(2.0 * api < PRESUMED_COST);
+    let answered = record(0, 0.0, 0.0, 4.0).cost_at(now);
+    assert!(answered < PRESUMED_COST / 4.0, "{answered}");
+}
+
+#[test]
+fn a_flood_from_hundreds_of_addresses_does_not_make_the_table_forget_the_kubelet() {
+    // A door of 64 slots remembers some 320 peers. The kubelet, between probes, holds
+    // nothing; 400 flooding addresses hold nothing either at the moment (in the waiting
+    // room, or reopening) but have held slots and got nothing answered.
+    let now = Instant::now();
+    let mut table = Table::default();
+    let kubelet = ip(1);
+    table.record(kubelet, now).served = 3.0;
+    table.record(kubelet, now).held_secs = 0.003;
+    for i in 0..400u32 {
+        let flooder = IpAddr::from([127, 10, (i >> 8) as u8, i as u8]);
+        let record = table.record(flooder, now);
+        record.held_secs = 1.0;
+        record.wasted = 1.0;
+    }
+    table.forget_old_peers(64, now);
+    assert!(
+        table.peers.len() <= 4 * 64 + 64,
+        "{} peers",
+        table.peers.len()
+    );
+    let line = table.line_in(&mut Lines::new(now), kubelet);
+    assert!(
+        line.cost < PRESUMED_COST / 2.0,
+        "the kubelet forgotten: {line:?}"
+    );
+}
+
+#[test]
+fn the_api_servers_newcomer_takes_a_flooders_connection_whatever_the_number_of_addresses() {
+    // 64 slots: the API server's 4 (its reviews answered lately: standing), 60 addresses
+    // a connection each, idle after TLS or after one request, young or not.
+    let idle_young = State::Idle { young: true };
+    let idle_old = State::Idle { young: false };
+    for state in [YOUNG_OPENING, OPENING, idle_young, idle_old] {
+        let mut holders: Vec<Holder> = (0..4)
+            .map(|age| Holder {
+                line: API_LINE,
+                ..in_use(age, API)
+            })
+            .collect();
+        holders.extend((4..64u8).map(|i| Holder {
+            line: FLOODER,
+            ..holder(u64::from(i), 10 + i, state)
+        }));
+        let api = Newcomer {
+            peer: ip(API),
+            line: API_LINE,
+        };
+        assert_eq!(
+            admission(&holders, 64, KEEP, api),
+            Admission::Replace(4),
+            "{state:?}"
+        );
+        // Another flooding address does not churn a young one.
+        if state == YOUNG_OPENING || state == idle_young {
+            assert_eq!(admission(&holders, 64, KEEP, flooder()), Admission::Wait);
+        }
+    }
+}
+
+#[test]
+fn the_api_server_over_its_share_keeps_its_idle_connections_from_peers_behind_it() {
+    // After a burst, the API server (quiet for two seconds: no standing) holds 20 idle
+    // connections of a door of 64, over an eighth; 44 flooding addresses hold the rest.
+    let mut holders: Vec<Holder> = (0..20)
+        .map(|age| Holder {
+            line: API_LINE,
+            ..holder(age, API, State::Idle { young: false })
+        })
+        .collect();
+    holders.extend((20..64u8).map(|i| Holder {
+        line: FLOODER,
+        ..holder(u64::from(i), 10 + i, BUSY)
+    }));
+    // A flooding address's newcomer, or one never seen, stands behind it: neither takes
+    // one of its connections (one never seen may take a flooder's).
+    for newcomer in [flooder(), Newcomer::from(ip(STRANGER))] {
+        let taken = admission(&holders, 64, KEEP, newcomer);
+        assert!(
+            !matches!(taken, Admission::Replace(age) if age < 20),
+            "{taken:?}"
+        );
+    }
+    // A newcomer clearly before it in line takes one.
+    let cheap = Newcomer {
+        peer: ip(STRANGER),
+        line: Line {
+            cost: API_LINE.cost / 4.0,
+            used: 0.0,
+        },
+    };
+    assert_eq!(admission(&holders, 64, KEEP, cheap), Admission::Replace(0));
+}
+
+#[tokio::test]
+async fn the_api_servers_next_connection_waits_before_a_flood_from_many_addresses() {
+    let (slots, _keeper) = slots(8);
+    // The API server's one connection, its reviews answered.
+    let api = slot_of(slots.enter(ip(API))).await;
+    for _ in 0..20 {
+        drop(api.activity().begin(Progress::new(PACE, true)));
+    }
+    // Seven addresses hold the other slots with requests in flight (nothing gives way),
+    // and forty more addresses wait.
+    let mut flood = Vec::new();
+    let mut in_flight = Vec::new();
+    for i in 0..7 {
+        let slot = slot_of(slots.enter(ip(10 + i))).await;
+        // One request answered each (no address is suspect), one in flight.
+        drop(slot.activity().begin(Progress::new(PACE, true)));
+        in_flight.push(slot.activity().begin(Progress::new(PACE, false)));
+        flood.push(slot);
+    }
+    let mut waiting = Vec::new();
+    for i in 0..40 {
+        let Entry::Waiting(ticket) = slots.enter(ip(20 + i)) else {
+            panic!("a flooder waits");
+        };
+        waiting.push(ticket);
+    }
+    // The API server's next connection (a burst) waits too, seated last...
+    let Entry::Waiting(ticket) = slots.enter(ip(API)) else {
+        panic!("nothing gives way yet");
+    };
+    // ...and when a flooder's request ends, its slot goes to the API server first.
+    drop(in_flight.pop());
+    let newcomer = tokio::time::timeout(Duration::from_secs(5), ticket)
+        .await
+        .expect("let in in time")
+        .expect("the seat was kept");
+    assert_eq!(newcomer.activity().peer(), ip(API));
+    drop((flood, waiting, api));
+}
+
+#[test]
+fn a_probe_just_come_is_nobodys_to_cut_and_at_the_admin_port_takes_a_heavy_peers_idle_one() {
+    // 16 slots: a probe just connected; scrapers from three addresses, asking back to
+    // back (each answered: cheap per request, heavy in slot-seconds), hold the rest.
+    let scraper = Line {
+        cost: 0.01,
+        used: 150.0,
+    };
+    // A kubelet probing often on a starved machine, its probes holding slots a while.
+    let kubelet = Line {
+        cost: 0.5,
+        used: 15.0,
+    };
+    let mut holders = vec![Holder {
+        line: kubelet,
+        ..holder(0, STRANGER, YOUNG_OPENING)
+    }];
+    holders.extend((1..16u8).map(|i| Holder {
+        line: scraper,
+        ..holder(u64::from(i), 20 + i % 3, State::Idle { young: true })
+    }));
+    let redialing = Callers::Redialing;
+    // Neither a scraper's newcomer, cheaper per request, nor an address never seen,
+    // lighter, cuts the probe's connection.
+    let newcomer = Newcomer {
+        peer: ip(20),
+        line: scraper,
+    };
+    assert_eq!(
+        admission(&holders, 16, redialing, newcomer),
+        Admission::Wait
+    );
+    holders[1..].iter_mut().for_each(|h| h.state = BUSY);
+    assert_eq!(
+        admission(&holders, 16, redialing, ip(9)),
+        Admission::Wait,
+        "a stranger"
+    );
+    // The next probe, below its share and far lighter, takes a scraper's connection
+    // between requests at the admin port, where a cut connection is a redial...
+    holders[1..]
+        .iter_mut()
+        .for_each(|h| h.state = State::Idle { young: true });
+    holders[0].state = BUSY;
+    let probe = Newcomer {
+        peer: ip(STRANGER),
+        line: Line {
+            used: 0.5,
+            ..kubelet
+        },
+    };
+    assert_eq!(
+        admission(&holders, 16, redialing, probe),
+        Admission::Replace(1)
+    );
+    // ...not at the webhook door, where it may be a review failed.
+    assert_eq!(admission(&holders, 16, KEEP, probe), Admission::Wait);
 }

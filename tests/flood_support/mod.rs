@@ -9,8 +9,9 @@
 //! bounded by a deadline and a count. The kinds: [`half_open`] (never a byte),
 //! [`idle_after_one`] (one request, then idle), [`slow_bodies`] (a full head announcing
 //! 4 MB, then a byte a second), [`slow_streams`] (h2, streams sending their bodies a byte
-//! a second), [`scrapes`] (requests back to back). The modelled API server:
-//! [`ApiServer`].
+//! a second), [`scrapes`] (requests back to back); every other shape, one flood at a
+//! time: [`flood`] with a [`Shape`]. The modelled API server, a client-go webhook
+//! client: [`ApiServer`].
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -24,6 +25,16 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
+
+mod api_server;
+mod kubelet;
+mod shapes;
+pub use api_server::{ApiServer, Traffic};
+#[allow(unused_imports)]
+pub use kubelet::Kubelet;
+// Not every includer floods with every shape.
+#[allow(unused_imports)]
+pub use shapes::{Shape, Until, addresses, flood};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -437,128 +448,6 @@ async fn expect_ok(response: hyper::Response<hyper::body::Incoming>) -> Result<(
         return Err(format!("{status}: {}", String::from_utf8_lossy(&body)).into());
     }
     Ok(())
-}
-
-/// The API server as a webhook's client: one peer (127.0.0.1) holding a pool of
-/// keep-alive HTTP/1.1 connections over TLS, sending reviews at a steady rate, each on
-/// the next connection of the pool in turn; a connection is dialled when its turn first
-/// comes, and again when the server has closed it. A review is not retried: one whose
-/// connection fails under it, or that is not answered 200 within the patience, is not
-/// answered (the API server applies the webhook's failure policy).
-pub struct ApiServer {
-    sent: tokio::sync::mpsc::UnboundedReceiver<(Instant, Result<Duration, String>)>,
-    patience: Duration,
-    stop: CancellationToken,
-}
-
-type Pool = Vec<Arc<tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>>>;
-
-impl ApiServer {
-    /// Starts sending `per_second` reviews a second to the webhook door at `addr` over a
-    /// pool of `connections`, until dropped (or an hour has passed).
-    pub fn start(
-        addr: SocketAddr,
-        tls: Arc<rustls::ClientConfig>,
-        connections: usize,
-        per_second: u32,
-        patience: Duration,
-    ) -> ApiServer {
-        let pool: Pool = (0..connections.max(1))
-            .map(|_| Arc::new(tokio::sync::Mutex::new(None)))
-            .collect();
-        let (record, sent) = tokio::sync::mpsc::unbounded_channel();
-        let stop = CancellationToken::new();
-        let until = stop.clone();
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(Duration::from_secs(1) / per_second.max(1));
-            for turn in 0..per_second as usize * 3600 {
-                tokio::select! {
-                    () = until.cancelled() => return,
-                    _ = ticks.tick() => {}
-                }
-                let (connection, tls, record) =
-                    (pool[turn % pool.len()].clone(), tls.clone(), record.clone());
-                tokio::spawn(async move {
-                    let due = Instant::now();
-                    let answered =
-                        tokio::time::timeout(patience, review_on(&connection, addr, tls))
-                            .await
-                            .unwrap_or_else(|_| Err("not answered in time".into()));
-                    let _ = record.send((
-                        due,
-                        answered.map(|()| due.elapsed()).map_err(|e| e.to_string()),
-                    ));
-                });
-            }
-        });
-        ApiServer {
-            sent,
-            patience,
-            stop,
-        }
-    }
-
-    /// What the reviews due in the next `window` saw (latency from the moment each was
-    /// due).
-    pub async fn measure(&mut self, window: Duration) -> Outcome {
-        let from = Instant::now();
-        tokio::time::sleep(window).await;
-        let to = Instant::now();
-        // Every review due by then has reported once its patience is over.
-        tokio::time::sleep(self.patience + Duration::from_millis(200)).await;
-        let mut outcome = Outcome::default();
-        while let Ok((due, result)) = self.sent.try_recv() {
-            if due >= from && due < to {
-                outcome.record(result.map_err(BoxError::from));
-            }
-        }
-        outcome
-    }
-}
-
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-/// A keep-alive HTTP/1.1 connection over TLS from 127.0.0.1.
-async fn dial(
-    addr: SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-) -> Result<hyper::client::conn::http1::SendRequest<Body>, BoxError> {
-    let tcp = connect_from(IpAddr::V4(Ipv4Addr::LOCALHOST), addr).await?;
-    tcp.set_nodelay(true)?;
-    let tls = tokio_rustls::TlsConnector::from(tls)
-        .connect(ServerName::try_from("localhost")?, tcp)
-        .await?;
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tls)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-/// One review on `connection`, dialled anew when the server closed it.
-async fn review_on(
-    connection: &tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>,
-    addr: SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-) -> Result<(), BoxError> {
-    let mut held = connection.lock().await;
-    let open = match held.take() {
-        Some(mut sender) => sender.ready().await.is_ok().then_some(sender),
-        None => None,
-    };
-    let sender = match open {
-        Some(sender) => held.insert(sender),
-        None => held.insert(dial(addr, tls).await?),
-    };
-    let request = axum::http::Request::post("/validate")
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Body::from(review()))?;
-    let response = sender.send_request(request).await;
-    expect_ok(response?).await
 }
 
 /// What a series of honest calls saw.

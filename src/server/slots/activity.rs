@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::super::pace::{Pace, Progress};
-use super::{Holder, QUIET, Signals, State, YOUNG};
+use super::{Holder, Line, QUIET, Signals, State, YOUNG};
 
 /// One connection's requests: whether it has made one, which are in flight, when the
 /// last one ended and was last served whole; and whether it must give up its slot.
@@ -31,6 +31,9 @@ pub(crate) struct Activity {
     /// One more than the milliseconds after `started` when a request last completed
     /// with its body whole (0: never).
     last_served: AtomicU64,
+    /// Requests completed with their bodies whole that the slot table has not counted
+    /// yet (it takes them when it looks).
+    served: AtomicU64,
     /// Cancelled when a newcomer took this connection's slot: close it.
     pub(super) evicted: CancellationToken,
     /// Cancelled when a request body arrived too slowly: close it.
@@ -50,6 +53,7 @@ impl Activity {
             requests: Mutex::new(Vec::new()),
             last_done: AtomicU64::new(0),
             last_served: AtomicU64::new(0),
+            served: AtomicU64::new(0),
             evicted: CancellationToken::new(),
             too_slow: CancellationToken::new(),
             signals,
@@ -76,7 +80,7 @@ impl Activity {
             peer: self.peer,
             state: self.state(pace, now, young),
             served_lately: served > 0 && since(served - 1) < QUIET,
-            peer_used: 0.0,
+            line: Line::NEVER_SEEN,
         }
     }
 
@@ -117,6 +121,11 @@ impl Activity {
     /// Whether a request on this connection was answered with its body whole.
     pub(super) fn has_served(&self) -> bool {
         self.last_served.load(Ordering::Acquire) > 0
+    }
+
+    /// Requests answered whole since the last call.
+    pub(super) fn take_served(&self) -> u64 {
+        self.served.swap(0, Ordering::AcqRel)
     }
 
     /// Resolves when a newcomer has taken this connection's slot.
@@ -178,6 +187,7 @@ impl Drop for InFlight {
         activity.last_done.store(now, Ordering::Release);
         if self.progress.is_done() {
             activity.last_served.store(now + 1, Ordering::Release);
+            activity.served.fetch_add(1, Ordering::AcqRel);
         }
         activity
             .requests

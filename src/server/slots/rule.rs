@@ -57,22 +57,71 @@ pub(super) struct Holder {
     pub(super) state: State,
     /// Completed a request on this connection within [`QUIET`].
     pub(super) served_lately: bool,
-    /// Slot-seconds its peer has held lately (see [`USE_MEMORY`]).
-    pub(super) peer_used: f64,
+    /// Its peer's place in line.
+    pub(super) line: Line,
 }
 
-/// A newcomer, as [`admission`] sees it: its peer, and the slot-seconds that peer has
-/// held lately.
+/// A newcomer, as [`admission`] sees it: its peer, and that peer's place in line.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Newcomer {
     pub(super) peer: IpAddr,
-    pub(super) used: f64,
+    pub(super) line: Line,
 }
 
 impl From<IpAddr> for Newcomer {
-    /// A newcomer of a peer that has held nothing lately.
+    /// A newcomer of a peer never seen (or long forgotten).
     fn from(peer: IpAddr) -> Newcomer {
-        Newcomer { peer, used: 0.0 }
+        Newcomer {
+            peer,
+            line: Line::NEVER_SEEN,
+        }
+    }
+}
+
+/// A peer's place in line, as the rule compares two (`server::slots`, `PeerRecord`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Line {
+    /// Slot-seconds used lately per request answered, one presumed (lower first).
+    pub(super) cost: f64,
+    /// Slot-seconds used lately.
+    pub(super) used: f64,
+}
+
+/// How far apart two peers must stand for one to take the other's connection on loan:
+/// flooders alike do not churn each other's.
+const CLEARLY: f64 = 2.0;
+
+impl Line {
+    /// A peer never seen (or long forgotten).
+    pub(super) const NEVER_SEEN: Line = Line {
+        cost: super::PRESUMED_COST,
+        used: 0.0,
+    };
+
+    /// Clearly before `other` in line: less than half its cost per request answered (the
+    /// rule asks it of peers not suspect only).
+    fn before(self, other: Line) -> bool {
+        CLEARLY * self.cost < other.cost
+    }
+
+    /// Costs more than a peer never seen: it has held slots and got little or nothing
+    /// answered (a flooder's), unlike a kubelet or the API server, however busy.
+    fn suspect(self) -> bool {
+        self.cost > super::PRESUMED_COST
+    }
+
+    /// Clearly behind `other`: more than twice its cost per request answered. Then it
+    /// takes none of its connections but worthless ones, whatever their shares (the API
+    /// server, after a burst, holds more than its share of connections it is about to
+    /// use again).
+    fn behind(self, other: Line) -> bool {
+        self.cost > CLEARLY * other.cost
+    }
+
+    /// Clearly lighter than `other`: `other` has used over twice its slot-seconds lately,
+    /// and one more.
+    fn lighter(self, other: Line) -> bool {
+        other.used > CLEARLY * self.used + 1.0
     }
 }
 
@@ -91,6 +140,8 @@ pub(super) enum Admission {
 /// they give way in (so that each newcomer takes the first it may).
 pub(super) struct Census {
     cap: usize,
+    /// At a door of [`Callers::Redialing`].
+    redialing: bool,
     held: usize,
     peers: HashMap<IpAddr, PeerCount>,
     /// Indices of the holders that may give way (see [`rank`]), by (rank, the peer
@@ -118,14 +169,15 @@ impl Census {
             count.standing |= holder.served_lately && callers == Callers::KeepAlive;
         }
         let held_by = |i: usize| peers.get(&holders[i].peer).map_or(0, |c| c.held);
-        let mut spare_order: Vec<usize> = (0..holders.len())
-            .filter(|&i| rank(&holders[i]).is_some())
+        let mut spare_order: Vec<usize> = (0..holders.len()).collect();
+        let mut excess_order: Vec<usize> = (0..holders.len())
+            .filter(|&i| at_rest(&holders[i]))
             .collect();
-        let mut excess_order = spare_order.clone();
         spare_order.sort_by_key(|&i| (rank(&holders[i]), Reverse(held_by(i)), holders[i].age));
         excess_order.sort_by_key(|&i| (Reverse(held_by(i)), rank(&holders[i]), holders[i].age));
         Census {
             cap: cap.max(1),
+            redialing: callers == Callers::Redialing,
             held: holders.len(),
             peers,
             spare_order,
@@ -191,47 +243,71 @@ pub(super) fn admit_in(census: &Census, holders: &[Holder], newcomer: Newcomer) 
         .excess_order
         .iter()
         .map(|&i| &holders[i])
-        .find(|h| h.peer != newcomer.peer && census.over_share(h.peer, newcomer.peer))
+        .find(|h| {
+            h.peer != newcomer.peer
+                && census.over_share(h.peer, newcomer.peer)
+                && !newcomer.line.behind(h.line)
+        })
         .map_or(Admission::Wait, |h| Admission::Replace(h.age))
 }
 
 /// Order of giving way: worthless connections (cut, starving, silent), then idle
-/// connections, then young handshakes; requests whose bodies arrive never.
-fn rank(holder: &Holder) -> Option<u8> {
+/// connections, then young handshakes, then (a suspect peer's only) requests whose
+/// bodies arrive.
+fn rank(holder: &Holder) -> u8 {
     match holder.state {
         State::Closing
         | State::Busy { starving: true }
         | State::Handshake { young: false }
-        | State::Opening { young: false } => Some(0),
-        State::Idle { young: false } => Some(1),
+        | State::Opening { young: false } => 0,
+        State::Idle { young: false } => 1,
         State::Handshake { young: true }
         | State::Opening { young: true }
-        | State::Idle { young: true } => Some(2),
-        State::Busy { starving: false } => None,
+        | State::Idle { young: true } => 2,
+        State::Busy { starving: false } => 3,
     }
 }
 
-/// Whether `holder` gives way to `newcomer` as a worthless or unproven connection (the
+/// Whether `holder` has no request in flight whose body arrives.
+fn at_rest(holder: &Holder) -> bool {
+    holder.state != State::Busy { starving: false }
+}
+
+/// Whether `holder` gives way to `newcomer` as a worthless or loaned connection (the
 /// module doc's first two kinds).
 fn spare_to(holder: &Holder, census: &Census, newcomer: Newcomer, entitled: bool) -> bool {
     let own = holder.peer == newcomer.peer;
     let trusted = census.standing(holder.peer);
+    let (mine, theirs) = (newcomer.line, holder.line);
+    // A suspect peer takes nothing before its time: flooders do not churn each other's.
+    let before = !mine.suspect() && mine.before(theirs);
+    let not_behind = !mine.behind(theirs);
     match holder.state {
         State::Closing | State::Busy { starving: true } => true,
-        State::Busy { starving: false } => false,
+        // Work: only a suspect peer's, and only for a newcomer clearly before it (a flood's
+        // bodies that stall after a burst do not hold every slot through their first
+        // second while a probe waits).
+        State::Busy { starving: false } => !own && before && theirs.suspect(),
         // However old, its own client may be about to finish it on a starved machine.
         State::Handshake { young: false } => !own && !trusted,
         State::Opening { young: false } => own || !trusted,
-        State::Idle { young: false } => entitled && !own && !trusted,
-        // A handshake under way, or a connection whose request just ended, is judged once
-        // it is a second old, unless its peer has held far more than the newcomer's lately
-        // (a kubelet probe does not wait a second for a flooder's sockets, reopened as soon
-        // as closed, to grow old; flooders do not churn each other's faster than that).
-        State::Handshake { young: true }
-        | State::Opening { young: true }
-        | State::Idle { young: true } => {
-            let heavier = holder.peer_used > 2.0 * newcomer.used + 1.0;
-            entitled && !own && !trusted && heavier
+        State::Idle { young: false } => !own && !trusted && (before || entitled && not_behind),
+        // A connection just come (in its handshake, or its request not yet begun) is
+        // judged once it is a second old, unless the newcomer's peer stands clearly
+        // before its own and its own is suspect (a kubelet probe, or the API server's
+        // next connection, does not wait a second for a flooder's sockets, reopened as
+        // soon as closed, to grow old; nobody cuts a probe or a review just come).
+        State::Handshake { young: true } | State::Opening { young: true } => {
+            !own && !trusted && before && theirs.suspect()
+        }
+        // A keep-alive connection whose request just ended: to a newcomer clearly before
+        // its peer (flooders alike do not churn each other's); at a door of redialing
+        // callers, where a connection cut costs its caller a redial, also to one below
+        // its share and clearly lighter (a probe does not wait for scrapes sent back to
+        // back to pause).
+        State::Idle { young: true } => {
+            let lighter = census.redialing && entitled && !mine.suspect() && mine.lighter(theirs);
+            !own && !trusted && (before || lighter)
         }
     }
 }

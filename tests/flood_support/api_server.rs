@@ -37,7 +37,7 @@ pub struct Traffic {
 
 /// The modelled API server, sending reviews until dropped (or an hour has passed).
 pub struct ApiServer {
-    sent: tokio::sync::mpsc::UnboundedReceiver<(Instant, Result<Duration, String>)>,
+    sent: super::Sent,
     patience: Duration,
     stop: CancellationToken,
     dialled: Arc<AtomicU64>,
@@ -102,18 +102,7 @@ impl ApiServer {
     /// What the reviews due in the next `window` saw (latency from the moment each was
     /// due).
     pub async fn measure(&mut self, window: Duration) -> Outcome {
-        let from = Instant::now();
-        tokio::time::sleep(window).await;
-        let to = Instant::now();
-        // Every review due by then has reported once its patience is over.
-        tokio::time::sleep(self.patience + Duration::from_millis(200)).await;
-        let mut outcome = Outcome::default();
-        while let Ok((due, result)) = self.sent.try_recv() {
-            if due >= from && due < to {
-                outcome.record(result.map_err(BoxError::from));
-            }
-        }
-        outcome
+        super::measure(&mut self.sent, self.patience, window).await
     }
 
     /// Connections it has dialled so far.

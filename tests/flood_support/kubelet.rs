@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{BoxError, Outcome, probe_once};
+use super::{Outcome, probe_once};
 
 /// Probes running until dropped (or an hour has passed).
 pub struct Kubelet {
-    sent: tokio::sync::mpsc::UnboundedReceiver<(Instant, Result<Duration, String>)>,
+    sent: super::Sent,
     patience: Duration,
     stop: CancellationToken,
 }
@@ -49,17 +49,7 @@ impl Kubelet {
 
     /// What the probes due in the next `window` saw.
     pub async fn measure(&mut self, window: Duration) -> Outcome {
-        let from = Instant::now();
-        tokio::time::sleep(window).await;
-        let to = Instant::now();
-        tokio::time::sleep(self.patience + Duration::from_millis(200)).await;
-        let mut outcome = Outcome::default();
-        while let Ok((due, result)) = self.sent.try_recv() {
-            if due >= from && due < to {
-                outcome.record(result.map_err(BoxError::from));
-            }
-        }
-        outcome
+        super::measure(&mut self.sent, self.patience, window).await
     }
 }
 

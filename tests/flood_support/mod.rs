@@ -272,21 +272,7 @@ pub fn slow_streams(
         async move {
             reopening(max_opens, &opened, || async {
                 let io = target.open(source, b"h2", &opened).await?;
-                let (sender, conn) = hyper::client::conn::http2::handshake::<_, _, Body>(
-                    hyper_util::rt::TokioExecutor::new(),
-                    TokioIo::new(io),
-                )
-                .await?;
-                let closed = tokio::spawn(conn);
-                let mut requests = tokio::task::JoinSet::new();
-                for _ in 0..streams {
-                    let mut sender = sender.clone();
-                    let request = slow_post(target.path)?;
-                    requests.spawn(async move { sender.send_request(request).await });
-                }
-                let _ = closed.await;
-                requests.abort_all();
-                Ok(())
+                shapes::slow_streams_on(io, target.path, streams).await
             })
             .await;
         }
@@ -455,6 +441,26 @@ async fn expect_ok(response: hyper::Response<hyper::body::Incoming>) -> Result<(
 pub struct Outcome {
     pub latencies: Vec<Duration>,
     pub failures: Vec<String>,
+}
+
+/// What a caller sends: when each request was due, and what it saw (its latency from
+/// then, or why it failed).
+type Sent = tokio::sync::mpsc::UnboundedReceiver<(Instant, Result<Duration, String>)>;
+
+/// What the requests of `sent` due in the next `window` saw, once each has reported
+/// (`patience` after the window, with a margin).
+async fn measure(sent: &mut Sent, patience: Duration, window: Duration) -> Outcome {
+    let from = Instant::now();
+    tokio::time::sleep(window).await;
+    let to = Instant::now();
+    tokio::time::sleep(patience + Duration::from_millis(200)).await;
+    let mut outcome = Outcome::default();
+    while let Ok((due, result)) = sent.try_recv() {
+        if due >= from && due < to {
+            outcome.record(result.map_err(BoxError::from));
+        }
+    }
+    outcome
 }
 
 impl Outcome {

@@ -201,7 +201,7 @@ async fn drip(
 }
 
 /// `streams` slow POSTs over h2 on `io`, held until the server closes the connection.
-async fn slow_streams_on(
+pub(super) async fn slow_streams_on(
     io: Box<dyn super::Stream>,
     path: &str,
     streams: usize,

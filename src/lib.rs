@@ -10,6 +10,10 @@
 //! and plan on the cache for the CLI and the admin port; `tell` writes their verdicts
 //! onto pending pods.
 
+// Private by default: the docs are for who works on the crate
+// (`cargo doc --document-private-items`), and they link to private items freely.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub(crate) mod admission;
 pub(crate) mod api_client;
 pub mod backend;

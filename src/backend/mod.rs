@@ -153,7 +153,7 @@ impl Backend {
     }
 
     /// API mode: the quota queue's releaser (run it until shutdown with
-    /// [`release::Releaser::run`]). Offline there is none: nothing schedules the file's
+    /// [`controller::run`]). Offline there is none: nothing schedules the file's
     /// pods, so a gated pod simply stays gated (docs/quota.md).
     /// The task that evicts borrowing pods when a cohort's lender takes back what it
     /// lent (API mode only: offline nothing runs).

@@ -395,12 +395,17 @@ pub(crate) fn dropped_at_create<'p>(
     annotations: &'p BTreeMap<String, String>,
     names: MarkNames<'p>,
 ) -> impl Iterator<Item = (&'p String, &'static Mark)> + 'p {
-    annotations.keys().filter_map(move |key| {
-        let mark = MARKS
-            .iter()
-            .find(|m| m.drops_at_create() && m.is_annotation(key, names))?;
-        Some((key, mark))
-    })
+    annotations
+        .keys()
+        .filter_map(move |key| Some((key, dropped_at_create_as(key, names)?)))
+}
+
+/// The mark an annotation `key` is, when the mutating webhook drops it from a pod being
+/// created.
+pub(crate) fn dropped_at_create_as(key: &str, names: MarkNames<'_>) -> Option<&'static Mark> {
+    MARKS
+        .iter()
+        .find(|m| m.drops_at_create() && m.is_annotation(key, names))
 }
 
 /// How [`update_condition`] spells the users of each writer: the users themselves, or a

@@ -243,12 +243,7 @@ fn with_mig_labels(models: &[String], mig_labels: &[String]) -> Vec<String> {
 fn drop_marks(annotations: &mut Option<BTreeMap<String, String>>, config: &Config) {
     if let Some(annotations) = annotations.as_mut() {
         let names = config.mark_names();
-        let marked: Vec<String> = (marks::dropped_at_create(annotations, names))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in marked {
-            annotations.remove(&key);
-        }
+        annotations.retain(|key, _| marks::dropped_at_create_as(key, names).is_none());
     }
 }
 

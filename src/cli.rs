@@ -222,10 +222,15 @@ mod tests {
             ("--handshake-timeout", "0s"),
             ("--max-connections", "0"),
             ("--max-connections", "18446744073709551615"),
+            ("--max-connections", "1048577"),
+            ("--max-connections", "-1"),
+            ("--max-connections", "99999999999999999999999"),
+            ("--max-connections", "many"),
             ("--max-streams", "0"),
         ];
         for (flag, value) in refused {
-            let err = Cli::try_parse_from(["gpu-admission", "serve", flag, value]).unwrap_err();
+            let arg = format!("{flag}={value}");
+            let err = Cli::try_parse_from(["gpu-admission", "serve", &arg]).unwrap_err();
             let message = err.to_string();
             assert!(
                 message.contains(flag) && message.contains(value),
@@ -235,6 +240,10 @@ mod tests {
         let accepted = ["--request-timeout", "1h", "--shutdown-grace", "0s"];
         let cli = Cli::try_parse_from(["gpu-admission", "serve"].into_iter().chain(accepted));
         assert!(cli.is_ok(), "{:?}", cli.err());
+        for count in ["1", "256", "1048576"] {
+            let argv = ["gpu-admission", "serve", "--max-connections", count];
+            assert!(Cli::try_parse_from(argv).is_ok(), "{count}");
+        }
     }
 
     /// A validity past the CA's would overflow the certificate's dates: refused by name.

@@ -1,4 +1,5 @@
-//! Parsers for `serve`'s duration and count flags. A value no operator means — a timeout
+//! Parsers for `serve`'s duration flags, and the most connections (a count's range is
+//! clap's own `RangedU64ValueParser`, as every count flag of the CLI). A value no operator means — a timeout
 //! of centuries (the clock's arithmetic overflows: the server would panic on its first
 //! connection), a timeout of zero (every connection closed at once), no connections at
 //! all — is refused when the flags are parsed; clap names the flag and the value.
@@ -24,10 +25,6 @@ pub(crate) enum FlagValueError {
     TooLong,
     #[error("zero: a timeout must be more than that")]
     Zero,
-    #[error(transparent)]
-    Count(#[from] std::num::ParseIntError),
-    #[error("must be from 1 to {MOST_CONNECTIONS}")]
-    Connections,
 }
 
 /// A duration from zero to [`LONGEST`] (`500ms`, `20s`, `1h`).
@@ -45,15 +42,6 @@ pub(crate) fn timeout(value: &str) -> Result<Duration, FlagValueError> {
         Duration::ZERO => Err(FlagValueError::Zero),
         timeout => Ok(timeout),
     }
-}
-
-/// A number of connections, from 1 to [`MOST_CONNECTIONS`].
-pub(crate) fn connections(value: &str) -> Result<usize, FlagValueError> {
-    let count: usize = value.trim().parse()?;
-    if !(1..=MOST_CONNECTIONS).contains(&count) {
-        return Err(FlagValueError::Connections);
-    }
-    Ok(count)
 }
 
 #[cfg(test)]
@@ -83,24 +71,5 @@ mod tests {
         assert!(matches!(timeout("9999y"), Err(FlagValueError::TooLong)));
         assert_eq!(timeout("15s").unwrap(), Duration::from_secs(15));
         assert_eq!(timeout("1ms").unwrap(), Duration::from_millis(1));
-    }
-
-    #[test]
-    fn connections_are_from_one_to_a_million_or_so() {
-        assert_eq!(connections("256").unwrap(), 256);
-        assert_eq!(connections("1").unwrap(), 1);
-        assert_eq!(connections("1048576").unwrap(), MOST_CONNECTIONS);
-        for value in ["0", "1048577", "18446744073709551615"] {
-            assert!(
-                matches!(connections(value), Err(FlagValueError::Connections)),
-                "{value}"
-            );
-        }
-        for value in ["-1", "99999999999999999999999", "many", ""] {
-            assert!(
-                matches!(connections(value), Err(FlagValueError::Count(_))),
-                "{value}"
-            );
-        }
     }
 }

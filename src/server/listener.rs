@@ -33,7 +33,7 @@ pub struct ConnectionLimits {
     /// the slot of a worthless connection (silent, or sending its body too slowly) or of a
     /// peer over its share; requests whose bodies arrive are never cut. Requests in flight
     /// beyond this many: an h2 stream past its peer's share is refused.
-    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256, value_parser = flag_values::connections)]
+    #[arg(long, env = "GPU_ADMISSION_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=flag_values::MOST_CONNECTIONS as u64))]
     pub max_connections: usize,
     /// A connection with no request in flight and no bytes moving is closed after this.
     #[arg(long, env = "GPU_ADMISSION_IDLE_TIMEOUT", default_value = "60s", value_parser = flag_values::timeout)]

@@ -177,12 +177,21 @@ async fn the_dashboard_and_the_alerts_work_on_a_real_prometheus() {
         .unwrap();
     let webhook = json!({"app_kubernetes_io_component": "webhook"});
     prometheus
-        .wait_alert("GpuAdmissionReplicaDown", webhook.clone(), ALERT_TIMEOUT)
+        .wait_alert("GpuAdmissionReplicaDown", webhook, ALERT_TIMEOUT)
         .await;
+    // absent() keeps no labels of an expression.
     prometheus
-        .wait_alert("GpuAdmissionWebhooksDown", webhook, ALERT_TIMEOUT)
+        .wait_alert("GpuAdmissionWebhooksDown", json!({}), ALERT_TIMEOUT)
         .await;
     drop(restart_b);
+    // Scraped again before q2 goes: whichever replica lets it go, its wait series is
+    // there at zero first.
+    wait_for("both replicas scraped again", ALERT_TIMEOUT, || async {
+        let up = prometheus.query("up == 1").ok()?;
+        (up.len() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2 * SCRAPE_SECONDS)).await;
 
     // q1 goes: q2 is let go (the queue wait histogram).
     queued.delete("q1", &DeleteParams::default()).await.unwrap();

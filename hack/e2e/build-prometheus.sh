@@ -51,7 +51,7 @@ export GOBIN="$staging/bin"
 v=github.com/prometheus/common/version
 ldflags="-s -w -X $v.Version=${PROMETHEUS_VERSION} -X $v.Revision=module-proxy -X $v.Branch=${PROMETHEUS_MODULE_VERSION}"
 m=github.com/prometheus/prometheus
-echo "build-prometheus.sh: building prometheus and promtool (${m}@${PROMETHEUS_MODULE_VERSION}) with $(go version | cut -d' ' -f3); a fresh build takes about 10 minutes" >&2
+echo "build-prometheus.sh: building prometheus and promtool (${m}@${PROMETHEUS_MODULE_VERSION}) with $(go version | cut -d' ' -f3); a fresh build takes 4-8 minutes" >&2
 if ! nice -n 19 go install -tags "$GO_TAGS" -ldflags="$ldflags" \
   "$m/cmd/prometheus@${PROMETHEUS_MODULE_VERSION}" "$m/cmd/promtool@${PROMETHEUS_MODULE_VERSION}"; then
   echo "build-prometheus.sh: 'go install $m/cmd/{prometheus,promtool}@${PROMETHEUS_MODULE_VERSION}' failed (see the compiler output above)" >&2

@@ -25,9 +25,9 @@ echo "== helm lint"
 for mode in certManager "secret --set certificates.caBundle=Q0EK"; do
   # shellcheck disable=SC2086
   "$helm" lint "$chart" --quiet --set certificates.mode=$mode \
-    --set metrics.serviceMonitor.enabled=true >/dev/null
+    --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true >/dev/null
 done
-"$helm" lint "$chart" --quiet --set gpuScheduler.enabled=false >/dev/null
+"$helm" lint "$chart" --quiet --set gpuScheduler.enabled=false --set metrics.prometheusRule.enabled=true >/dev/null
 "$helm" lint "$chart" --quiet --set grafana.dashboard.enabled=true >/dev/null
 # The options off the default path: mutual TLS (a Secret or a ConfigMap), no NetworkPolicy,
 # an existing PriorityClass.

@@ -21,6 +21,8 @@
 # 5. starts kube-scheduler (as the same ServiceAccount) with a `gpu-scheduler` profile that
 #    calls replica a's extender door as its extender over TLS, and kube-controller-manager (Jobs, ReplicaSets, the
 #    garbage collector...; node lifecycle and pod GC off: no kubelets);
+# 5a. builds (or reuses) Prometheus and promtool (hack/e2e/build-prometheus.sh), for the
+#    observability scenario (tests/e2e/observability.rs), which runs its own Prometheus;
 # 5b. installs Volcano's scheduling CRDs (PodGroup, Queue, ... from the Volcano module
 #    source) and starts Volcano's vc-scheduler (built from the Go module proxy by
 #    hack/e2e/build-volcano.sh), scheduler name `volcano`, whose `extender` plugin calls
@@ -87,6 +89,7 @@ trap 'exit 130' INT TERM
 # ---------------------------------------------------------------- 1. binaries
 cp_k8s_binaries
 cp_volcano_binaries
+cp_prometheus_binaries
 
 # ---------------------------------------------------------------- 1b. gpu-admission and the tests
 # Built before any component starts, so a compile error fails fast and the test phase
@@ -253,9 +256,20 @@ cp_start_volcano "$work/volcano-scheduler.conf" "$work/extender-certs/ca.crt" --
 chart_render="$work/chart-rendered.yaml"
 "$(bash "$repo/hack/helm.sh")" template gpu-admission "$repo/charts/gpu-admission" \
   --namespace gpu-admission >"$chart_render" 2>"$logs/helm.log" || die "helm template failed: $(tail -5 "$logs/helm.log")"
+# The chart's monitoring objects (ServiceMonitor, PrometheusRule, dashboard), for the
+# observability scenario's Prometheus.
+chart_monitoring="$work/chart-monitoring.yaml"
+"$(bash "$repo/hack/helm.sh")" template gpu-admission "$repo/charts/gpu-admission" --namespace gpu-admission \
+  --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+  --set grafana.dashboard.enabled=true --show-only templates/servicemonitor.yaml \
+  --show-only templates/prometheusrule.yaml --show-only templates/grafana-dashboard.yaml \
+  >"$chart_monitoring" 2>>"$logs/helm.log" || die "helm template (monitoring) failed: $(tail -5 "$logs/helm.log")"
 test_env=(
   GPU_ADMISSION_E2E_KUBECONFIG="$kubeconfig" GPU_ADMISSION_E2E_CTL="$ctl"
   GPU_ADMISSION_E2E_CHART_RENDER="$chart_render"
+  GPU_ADMISSION_E2E_CHART_MONITORING="$chart_monitoring"
+  GPU_ADMISSION_E2E_PROMETHEUS="$prometheus_dir/bin/prometheus"
+  GPU_ADMISSION_E2E_PROMTOOL="$prometheus_dir/bin/promtool"
   GPU_ADMISSION_E2E_SCHEDULER=gpu-scheduler
   GPU_ADMISSION_E2E_VOLCANO_SCHEDULER=volcano
   GPU_ADMISSION_E2E_SERVER_URL="https://127.0.0.1:$webhook_port"

@@ -115,6 +115,19 @@ pub struct Metrics {
     showback_scrape: parking_lot::Mutex<()>,
 }
 
+/// The routes whose latency the dashboard and the alerts read: their histograms exist
+/// from the start, at zero, since a series born at its first request shows Prometheus no
+/// increase, and `rate()` would miss a replica's first requests.
+const ROUTES: [&str; 7] = [
+    "validate",
+    "mutate",
+    "validate_claim",
+    "mutate_claim",
+    "predicates",
+    "vpredicates",
+    "bind",
+];
+
 fn wait_histogram() -> Histogram {
     // 1 s .. ~9 h
     Histogram::new(exponential_buckets(1.0, 2.0, 16))
@@ -130,6 +143,9 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("gpu_admission");
         let requests = Family::<RequestLabels, Counter>::default();
         let duration: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        for route in ROUTES {
+            let _ = duration.get_or_create(&RouteLabels { route });
+        }
         let cache_objects = Family::<KindLabels, Gauge>::default();
         let tls_reloads = Family::<ResultLabels, Counter>::default();
         let tls_not_after = Gauge::default();
@@ -231,6 +247,12 @@ impl Default for Metrics {
             defrag_plan_to_bind.clone(),
         );
         let reclaim_evictions = EvictionCounter::default();
+        // Every reason from the start, at zero: a counter born at 1 shows Prometheus no
+        // increase, so the first eviction (or block) would never reach the dashboard or
+        // the GpuAdmissionReclaimBlocked alert.
+        for reason in ["evicted", "blocked", "deleted"] {
+            let _ = reclaim_evictions.get_or_create(&ReasonLabels { reason });
+        }
         registry.register(
             "reclaim_evictions",
             "Borrowing pods this replica took back for a cohort's reclaim, by reason (evicted; blocked by a PodDisruptionBudget; deleted with a capped grace period past reclaim.timeoutSeconds)",
@@ -428,6 +450,22 @@ mod tests {
             "gpu_admission_gpu_seconds_total",
         ] {
             assert!(queried.contains(needed), "no panel queries {needed}");
+        }
+    }
+
+    /// Series Prometheus must see at zero before their first event, or `rate()` and
+    /// `increase()` miss that event: the routes' latency and every reclaim reason.
+    #[test]
+    fn a_fresh_registry_exports_route_latencies_and_reclaim_reasons_at_zero() {
+        let text = Metrics::default().encode();
+        for route in ["validate", "mutate", "predicates", "vpredicates", "bind"] {
+            let count =
+                format!("gpu_admission_request_duration_seconds_count{{route=\"{route}\"}} 0");
+            assert!(text.contains(&count), "no {count:?} in:\n{text}");
+        }
+        for reason in ["evicted", "blocked", "deleted"] {
+            let zero = format!("gpu_admission_reclaim_evictions_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&zero), "no {zero:?} in:\n{text}");
         }
     }
 

@@ -958,6 +958,50 @@ async fn a_queue_quota_gates_pods_charges_them_nothing_and_keeps_its_marks() {
     assert_eq!(verdict(&router, body).await, (true, String::new()));
 }
 
+/// While a pod waits in a namespace's quota queue, that namespace's wait histogram is
+/// exported at zero: the first release then shows Prometheus an increase (a series born
+/// at its first observation would not, and the dashboard's wait quantiles stayed empty).
+#[tokio::test]
+async fn a_waiting_pod_brings_its_namespaces_wait_series_at_zero() {
+    let (state, router) = app(
+        &quota_yaml(
+            "team-q",
+            "Tesla-T4: \"1\"",
+            "  defaultType: Tesla-T4\n  onExceed: Queue\n",
+        ),
+        config_with_policy("original"),
+    );
+    let wait =
+        r#"gpu_admission_quota_queue_wait_seconds_count{namespace="team-q",model="Tesla-T4"} 0"#;
+    let admin = gpu_admission::server::admin::admin_router(state.clone());
+    assert!(
+        !scrape(admin.clone()).await.contains(wait),
+        "nothing waits yet"
+    );
+    let pod = whole_gpu_pod("team-q", "p1", 1);
+    let (_, answer) = post(&router, "/mutate", review(&pod, false)).await;
+    let pod = patched(&pod, &answer);
+    assert_eq!(
+        verdict(&router, review(&pod, false)).await,
+        (true, String::new())
+    );
+    assert_eq!(state.cache().read(|s| s.waiting_count()), 1);
+    let metrics = scrape(admin).await;
+    assert!(metrics.contains(wait), "{wait} missing from:\n{metrics}");
+}
+
+/// The admin port's /metrics.
+async fn scrape(admin: axum::Router) -> String {
+    let request = axum::http::Request::get("/metrics")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(admin, request).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
 /// Two namespaces in one cohort: team-b, past its own quota of 1, borrows the 2 GPUs
 /// team-a leaves idle and no more; team-a, whose quota says `reclaim: Never`, then waits
 /// for its own GPUs to come back (refused now), and a borrowing limit caps team-c.

@@ -30,6 +30,8 @@
 #   cp_start_controller_manager ARGS... kube-controller-manager (+ARGS), waits for /healthz
 #   cp_volcano_binaries     hack/e2e/build-volcano.sh: $volcano_dir (bin/vc-scheduler, crd/),
 #                           $volcano_version
+#   cp_prometheus_binaries  hack/e2e/build-prometheus.sh: $prometheus_dir (bin/prometheus,
+#                           bin/promtool)
 #   cp_install_volcano_crds the CRDs vc-scheduler watches (PodGroup, Queue, ...), Established
 #   cp_start_volcano CONF CA ARGS...   vc-scheduler (+ARGS) with scheduler conf CONF, Go
 #                           trusting CA (SSL_CERT_FILE), waits for /healthz
@@ -458,6 +460,15 @@ cp_volcano_binaries() {
   [[ -x "$volcano_dir/bin/vc-scheduler" ]] || die "hack/e2e/build-volcano.sh did not produce $volcano_dir/bin/vc-scheduler"
   volcano_version="$("$volcano_dir/bin/vc-scheduler" --version 2>/dev/null | awk '/^Version:/ {print $2}')"
   say "Volcano vc-scheduler ${volcano_version}"
+}
+
+cp_prometheus_binaries() {
+  say "building or reusing Prometheus (hack/e2e/build-prometheus.sh)"
+  prometheus_dir="$(bash "$repo/hack/e2e/build-prometheus.sh" 2> >(tee "$logs/build-prometheus.log" >&2) | tail -n1)" ||
+    die "building Prometheus failed (hack/e2e/build-prometheus.sh; log: $logs/build-prometheus.log)"
+  [[ -x "$prometheus_dir/bin/prometheus" && -x "$prometheus_dir/bin/promtool" ]] ||
+    die "hack/e2e/build-prometheus.sh did not produce $prometheus_dir/bin/{prometheus,promtool}"
+  say "$("$prometheus_dir/bin/prometheus" --version 2>&1 | head -n1)"
 }
 
 # Server-side apply: Volcano's CRDs carry large OpenAPI schemas (no last-applied annotation).

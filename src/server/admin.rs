@@ -12,7 +12,7 @@ use axum::routing::get;
 
 use super::{AppState, explain};
 use crate::cache::ClusterState;
-use crate::metrics::{FreeLabels, KindLabels, QuotaLabels};
+use crate::metrics::{FreeLabels, KindLabels, NamespaceModelLabels, QuotaLabels};
 use crate::placement::free::FreeByCause;
 use crate::placement::mig;
 use crate::placement::quantity::Milli;
@@ -186,6 +186,16 @@ fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         m.quota_queued_pods
             .get_or_create(&row.labels)
             .set(row.queued_pods);
+        if row.queued_pods > 0.0 {
+            // The wait series exists (at zero) while its first pod still waits: a series
+            // born at its first release would show Prometheus no increase, and the
+            // dashboard's wait quantiles no data, for that release.
+            let waits = NamespaceModelLabels {
+                namespace: row.labels.namespace.clone(),
+                model: row.labels.model.clone(),
+            };
+            let _ = m.quota_queue_wait.get_or_create(&waits);
+        }
         if row.borrowed > 0.0 {
             m.quota_borrowed
                 .get_or_create(&row.labels)

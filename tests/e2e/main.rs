@@ -23,6 +23,10 @@
 //!
 //! - `GPU_ADMISSION_E2E_BIN` — the gpu-admission binary the run serves (a copy of this
 //!   checkout's build; `certs` and `quota import` run it too).
+//! - `GPU_ADMISSION_E2E_PROMETHEUS` / `GPU_ADMISSION_E2E_PROMTOOL` — Prometheus and promtool
+//!   (hack/e2e/build-prometheus.sh); `GPU_ADMISSION_E2E_CHART_MONITORING` — the chart's
+//!   ServiceMonitor, PrometheusRule and dashboard ConfigMap, rendered (the observability
+//!   scenario).
 //!
 //! Helpers (cluster access, fake nodes, pods, bounded waits, webhook registration, an
 //! HTTPS client for calling the doors directly) are in `support/`; one module per
@@ -48,6 +52,7 @@ mod manifests;
 mod marks;
 mod measure;
 mod node;
+mod observability;
 mod outages;
 mod placement;
 mod queue;

@@ -7,6 +7,7 @@
 
 pub mod devices;
 pub mod https;
+pub mod prometheus;
 pub mod proxy;
 pub mod shapes;
 

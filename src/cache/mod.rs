@@ -29,9 +29,7 @@ pub(crate) use offline::{FileObject, read_objects};
 pub(crate) use pod::{AnnotationKeys, PodKey};
 pub use pod::{CachedPod, pod_key};
 pub use state::ClusterState;
-pub(crate) use state::{
-    Candidates, FilterDecision, Hold, Ledger, NamespaceQuota, PlanError, Subject,
-};
+pub(crate) use state::{Candidates, FilterDecision, Hold, Ledger, PlanError, Subject};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

@@ -1,8 +1,8 @@
 //! `gpu-admission defrag` (docs/defrag.md): for each pending GPU pod, the fewest moves
 //! of running pods after which it fits, or why there are none. It reads the cluster (a
 //! file, or the API server) and never evicts: the plan is the placement core's
-//! (`placement::defrag`), the nodes' eligibility the extender's (`extender::plan`),
-//! the quota picture the cache's.
+//! (`placement::defrag`), the nodes' eligibility and the quota picture the
+//! cache's (`NamespaceQuota`).
 
 mod movable;
 mod report;
@@ -21,7 +21,6 @@ use clap::{ArgGroup, Args};
 use crate::cache::plan_hold::{GpusKept, PlanHold, Slot};
 use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
 use crate::config::Config;
-use crate::extender::plan::eligibility;
 use crate::placement::Placer;
 use crate::placement::defrag::{
     Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, LARGEST_BUDGET, Limits, MOST_MOVES, Plan, Planner,
@@ -290,12 +289,7 @@ impl Ground<'_> {
         let quota = self.state.namespace_quota(namespace);
         let wanted = quota.wanted(&pod.models);
         let limits = quota.limits.clone();
-        let rules = eligibility(
-            (quota, &limits),
-            wanted,
-            (&pod.request, pod.created),
-            self.mig,
-        );
+        let rules = quota.eligibility(&limits, wanted, (&pod.request, pod.created), self.mig);
         let host = self
             .world
             .pods

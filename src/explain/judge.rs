@@ -1,16 +1,15 @@
 //! The stages of a GPU pod's way, judged on the cache with the same rules the webhooks
 //! and the extender apply: admission (`NamespaceQuota::admit`, the quota queue's line)
-//! and placement (the extender's `eligibility` and the placer's fit). Nothing is
+//! and placement (`NamespaceQuota::eligibility` and the placer's fit). Nothing is
 //! charged, held or written. Every node fit is counted, and the judgment stops at the
 //! next one once its caller has left (`effort`).
 
 use crate::cache::{CachedPod, ClusterState};
-use crate::extender::plan::eligibility;
 use crate::placement::mig::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::placement::{Misfit, NodeGpus, Outcome, Placer, place};
-use crate::quota::{AdmitRules, Denial, StatusError, charge_on};
+use crate::quota::{AdmitRules, Denial, StatusError};
 
 use super::ExplainError;
 use super::effort::Effort;
@@ -123,11 +122,11 @@ impl<'a> Judge<'a> {
             };
             return Ok((stage(Code::Fits, message), None));
         }
-        if subject.exists && self.being_released(subject) {
+        let quota = self.state.namespace_quota(subject.namespace());
+        if subject.exists && quota.being_released(&subject.pod.uid) {
             let message = "let out of the quota queue: charged, its gate coming off".into();
             return Ok((stage(Code::Fits, message), None));
         }
-        let quota = self.state.namespace_quota(subject.namespace());
         let wanted = quota.wanted(&pod.models);
         let costs = quota.costs(&pod.request, &wanted.models, subject.created(self.now));
         let verdict = quota.admit(&wanted, &costs, self.rules)?;
@@ -155,18 +154,6 @@ impl<'a> Judge<'a> {
                 (stage(denial_code(&denial), message), Some(denial))
             }
         })
-    }
-
-    /// Whether the quota queue's releaser has charged the (gated) pod already: its charge
-    /// is in its namespace's ledger, and the watch has not shown it ungated yet.
-    fn being_released(&self, subject: &Subject<'_>) -> bool {
-        let namespace = subject.namespace();
-        let quotas = self.state.quotas();
-        let mine = quotas.filter(|q| q.metadata.namespace.as_deref() == Some(namespace));
-        let pending = mine
-            .filter_map(|q| q.status.as_ref())
-            .flat_map(|s| &s.pending);
-        pending.into_iter().any(|p| p.releases(&subject.pod.uid))
     }
 
     /// The pod's place in its namespace's quota queue (from 1), and the line's length
@@ -222,7 +209,7 @@ impl<'a> Judge<'a> {
         let quota = self.state.namespace_quota(subject.namespace());
         let limits = quota.limits.clone();
         let created = subject.created(self.now);
-        let rules = eligibility((quota, &limits), wanted, (&pod.request, created), self.mig);
+        let rules = quota.eligibility(&limits, wanted, (&pod.request, created), self.mig);
         let counted = nodes.iter().copied().take_while(|_| count(&self.effort));
         place(self.placer, &pod.request, counted, |n| {
             rules.admits(n, &pod.request)
@@ -311,10 +298,9 @@ impl<'a> Judge<'a> {
             p.bound && &***k != subject.key && crate::cache::pod::key_parts(k).0 == namespace
         });
         let mut frees: Vec<(Milli, &str)> = running
-            .filter_map(|(k, p)| {
-                let label = self.state.node(p.node.as_deref()?)?.model.clone()?;
-                let charge = charge_on(&p.request, &label, self.mig);
-                let freed = charge.get(key).copied().filter(|f| f.0 > 0)?;
+            .filter_map(|(k, _)| {
+                let mut charge = self.state.charge_of(k);
+                let (_, freed) = charge.find(|(of, freed)| *of == key && freed.0 > 0)?;
                 Some((freed, &**k))
             })
             .collect();

@@ -328,6 +328,56 @@ fn a_refused_manifest_is_told_which_running_pod_of_its_namespace_makes_room() {
 }
 
 #[test]
+fn what_a_running_pod_frees_is_what_the_ledger_charged_it_not_its_node_label() {
+    // `old` was admitted for Tesla-T4 and runs on a node relabelled Tesla-V100 since: the
+    // ledger charges it (and its end frees) one Tesla-T4, which a new T4 pod lacks.
+    let text = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: relabelled, labels: {nvidia.com/gpu.product: Tesla-V100}}
+status:
+  allocatable: {cpu: "32", memory: 128Gi, nvidia.com/gpu: "4"}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-r}
+spec:
+  hard: {Tesla-T4: "1", Tesla-V100: "4"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: old
+  namespace: team-r
+  annotations: {gpu-admission.io/gpu-type: Tesla-T4}
+spec:
+  nodeName: relabelled
+  containers:
+  - name: c
+    resources: {limits: {nvidia.com/gpu: "1"}}
+"#;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "new", "namespace": "team-r",
+            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
+        "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))
+    .unwrap();
+    let objects = parse_objects(text, "test").unwrap();
+    let asked = Asked::Manifest(Box::new(pod));
+    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    assert_eq!(e.code, Code::QuotaExceeded, "{e:?}");
+    assert!(
+        says(
+            &e,
+            "ends",
+            "fits when team-r/old ends (frees 1 Tesla-T4; 1 more is needed)"
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn when_no_single_pod_frees_enough_the_fewest_that_do_together_are_named() {
     let text = r#"
 apiVersion: v1

@@ -12,16 +12,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::backend::{Ask, Backend, ChargeOutcome, WriteError};
 use crate::cache::pod::key_parts;
 use crate::cache::{
-    AnnotationKeys, CachedPod, Candidates, FilterDecision, Hold, NamespaceQuota, PlanError, PodKey,
-    Subject,
+    AnnotationKeys, CachedPod, Candidates, FilterDecision, Hold, PlanError, PodKey, Subject,
 };
 use crate::config::Config;
 use crate::placement::learn::LearningPlacer;
-use crate::placement::mig::MigResources;
 use crate::placement::models::WantedModels;
 use crate::placement::{Assignment, GpuRequest, Outcome, Placer};
-use crate::quota::NamespaceLimits;
-use crate::quota::eligible::{Eligibility, needs_views};
+use crate::quota::eligible::Eligibility;
 use crate::quota::pending::ChargeId;
 use crate::quota::{Costs, ModelAmounts};
 
@@ -58,21 +55,6 @@ pub(super) struct Refusal {
     pub(super) charged: bool,
 }
 
-/// The rules a node must pass for a pod that wants `wanted`: its namespace's quota
-/// chain (model, pool, profile caps, room), with the usage read only when some node's
-/// cost may call for it (most pods: never, the hot path). `limits`: a copy of the
-/// quota's, as the rules are asked while the cache changes.
-pub(crate) fn eligibility<'a>(
-    (quota, limits): (NamespaceQuota<'_>, &'a NamespaceLimits),
-    wanted: WantedModels,
-    (request, created): (&GpuRequest, i64),
-    mig: &'a MigResources,
-) -> Eligibility<'a> {
-    let charged = quota.charged(&wanted, request, created);
-    let views = needs_views(&charged).then(|| quota.views());
-    Eligibility::new(limits, wanted, charged, mig, views)
-}
-
 /// Choose and hold a placement for the pod `subject` names among the nodes `names`,
 /// under the cache lock: the first half of both the filter and the bind verb.
 pub(super) fn plan(
@@ -99,8 +81,7 @@ pub(super) fn plan(
         // Kept current as quotas change (not rebuilt from every quota per call); a copy,
         // as the state is changed below.
         let limits = quota.limits.clone();
-        let scope = (quota, &limits);
-        let eligibility = eligibility(scope, wanted, (&request, created), mig);
+        let eligibility = quota.eligibility(&limits, wanted, (&request, created), mig);
         let choice = Choice {
             placer: &placer,
             eligibility: &eligibility,

@@ -18,8 +18,6 @@ use crate::placement::{GpuRequest, fit};
 
 use crate::wire::volcano::{PredicateArgs, PredicateResponse};
 
-use super::plan::eligibility;
-
 const SUCCESS: i32 = 0;
 const ERROR: i32 = 1;
 const UNSCHEDULABLE: i32 = 2;
@@ -81,8 +79,7 @@ pub(crate) fn predicate(
             None => created_second(&args.pod),
         };
         let mig = &projection.names.mig;
-        let scope = (quota, quota.limits);
-        let eligibility = eligibility(scope, wanted, (&request, created), mig);
+        let eligibility = quota.eligibility(quota.limits, wanted, (&request, created), mig);
         let verdict = eligibility
             .admits(node, &request)
             .and_then(|()| fit(node, &request).map(drop));

@@ -6,7 +6,9 @@
 //! only the limits out of the lock: its selectors are evaluated off it).
 
 use crate::placement::GpuRequest;
+use crate::placement::mig::MigResources;
 use crate::placement::models::WantedModels;
+use crate::quota::eligible::{Eligibility, needs_views};
 use crate::quota::{
     AdmitRules, Charge, Charged, ChargedAt, Costs, Denial, GPUQuota, ModelAmounts, NamespaceLimits,
     QuotaView, StatusError, admit,
@@ -92,6 +94,36 @@ impl<'a> NamespaceQuota<'a> {
         }
         let pending = self.state.pending(request, created, self.limits);
         ChargedAt::of(&wanted.models).charged(request, self.state.tally.mig(), pending)
+    }
+
+    /// The rules a node must pass for a pod asking `request` that wants `wanted`,
+    /// created in second `created`: the quota chain (model, pool, profile caps, room),
+    /// with the usage read only when some node's cost may call for it (most pods: never,
+    /// the filter's hot path). Asked by the filter and bind verbs, Volcano's predicate,
+    /// explain and the defragmentation planner alike. `limits`: the quota's own, or a
+    /// copy when the cache changes while the rules are asked.
+    pub(crate) fn eligibility<'l>(
+        &self,
+        limits: &'l NamespaceLimits,
+        wanted: WantedModels,
+        (request, created): (&GpuRequest, i64),
+        mig: &'l MigResources,
+    ) -> Eligibility<'l> {
+        let charged = self.charged(&wanted, request, created);
+        let views = needs_views(&charged).then(|| self.views());
+        Eligibility::new(limits, wanted, charged, mig, views)
+    }
+
+    /// Whether the quota queue's releaser has charged the (gated) pod `uid` already: its
+    /// charge is in the namespace's ledger (by its id), and the watch has not shown the
+    /// pod let go yet.
+    pub(crate) fn being_released(&self, uid: &str) -> bool {
+        let quotas = self.state.quotas();
+        let mine = quotas.filter(|q| q.metadata.namespace.as_deref() == Some(self.namespace));
+        let pending = mine
+            .filter_map(|q| q.status.as_ref())
+            .flat_map(|s| &s.pending);
+        pending.into_iter().any(|p| p.releases(uid))
     }
 
     /// The namespace's quotas with their usage as the [`Ledger`] counts it, with their

@@ -264,6 +264,12 @@ impl ClusterState {
         self.tally.usage(namespace)
     }
 
+    /// What pod (or claim) `key` adds to its namespace's usage now, per quota key: the
+    /// ledger's charge, which its end gives back.
+    pub(crate) fn charge_of(&self, key: &str) -> impl Iterator<Item = (&str, Milli)> {
+        self.tally.charge(key)
+    }
+
     /// What a pod was surely charged at admission or binding, per quota key
     /// ([`ChargedAt::in_ledger`]); nothing for a pod still waiting in the quota queue.
     fn admitted_charge(&self, namespace: &str, pod: &CachedPod) -> Option<ModelAmounts> {

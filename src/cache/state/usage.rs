@@ -175,6 +175,14 @@ impl Tally {
         self.showback.gpu_seconds(now)
     }
 
+    /// What `key` adds to its namespace's totals, per quota key (nothing when it adds
+    /// nothing).
+    pub(super) fn charge(&self, key: &str) -> impl Iterator<Item = (&str, Milli)> {
+        let amounts = self.charged.get(key).map(|c| c.amounts.as_slice());
+        let amounts = amounts.unwrap_or_default().iter();
+        amounts.map(|(model, amount)| (&**model, *amount))
+    }
+
     /// Whether `key` adds anything to its namespace's totals.
     pub(super) fn is_charged(&self, key: &str) -> bool {
         self.charged.contains_key(key)

@@ -572,3 +572,39 @@ fn the_span_and_lock_scans_see_what_they_must() {
     let closure = "(|s| { eligibility(backend, s); self.backend.cache(); backends })";
     assert_eq!(backend_uses(closure).collect::<Vec<_>>(), ["backend"]);
 }
+
+/// Private by default: a `pub fn` is the library's interface to its binary, the tests,
+/// benches, examples and fuzz harness; at most a tenth of them may go unnamed there
+/// (one whose name nothing outside `src/` writes is a `pub(crate)` not yet said).
+#[test]
+fn most_pub_fns_are_named_outside_the_library() {
+    let mut outside = std::fs::read_to_string(repo::path("src/main.rs")).unwrap();
+    for dir in ["tests", "benches", "examples", "fuzz"] {
+        let mut files = Vec::new();
+        let dir = repo::path(dir);
+        if Path::new(&dir).is_dir() {
+            collect(Path::new(&dir), &mut files);
+        }
+        for file in files {
+            outside += &std::fs::read_to_string(file).unwrap();
+        }
+    }
+    let word = regex::Regex::new(r"\bpub (?:const |async )?fn (\w+)").unwrap();
+    let mut names = Vec::new();
+    for (rel, text) in production_sources() {
+        for name in word.captures_iter(&text).map(|c| c[1].to_string()) {
+            names.push((rel.clone(), name));
+        }
+    }
+    let named = |name: &str| {
+        let whole = regex::Regex::new(&format!(r"\b{name}\b")).unwrap();
+        whole.is_match(&outside)
+    };
+    let unnamed: Vec<_> = names.iter().filter(|(_, n)| !named(n)).collect();
+    assert!(
+        unnamed.len() * 10 <= names.len(),
+        "{} of {} pub fns are named nowhere outside src/: {unnamed:?}",
+        unnamed.len(),
+        names.len()
+    );
+}

@@ -62,7 +62,7 @@ impl WriteError {
     }
 
     /// The API server's status code, when it answered.
-    pub fn api_code(&self) -> Option<u16> {
+    pub(crate) fn api_code(&self) -> Option<u16> {
         match &self.source {
             kube::Error::Api(status) => Some(status.code),
             _ => None,
@@ -118,7 +118,7 @@ impl Backend {
 
     /// API mode: the backend (its cache not ready until every watch has listed once) and
     /// the future that runs the watches and the quota reconciler until `shutdown`.
-    pub fn from_api(
+    pub(crate) fn from_api(
         client: kube::Client,
         projection: Projection,
         shutdown: CancellationToken,
@@ -175,7 +175,7 @@ impl Backend {
         }
     }
 
-    pub fn queue_releaser(
+    pub(crate) fn queue_releaser(
         &self,
         rules: crate::quota::queue::QueueRules,
         waits: crate::metrics::WaitHistogram,
@@ -205,7 +205,7 @@ impl Backend {
     /// API mode: the task that holds the controller Lease whenever it may (run it until
     /// shutdown), and the flag that says whether it holds it: the replica that reclaims
     /// and tells queued pods why they wait (`leadership`).
-    pub fn controller_lease(&self) -> Option<leadership::Leadership> {
+    pub(crate) fn controller_lease(&self) -> Option<leadership::Leadership> {
         match &self.mode {
             Mode::Api { client, .. } => Some(leadership::Leadership::new(
                 client.clone(),
@@ -243,7 +243,7 @@ impl Backend {
     }
 
     /// For logs: `api` or `offline`.
-    pub fn mode_name(&self) -> &'static str {
+    pub(crate) fn mode_name(&self) -> &'static str {
         match self.mode {
             Mode::Api { .. } => "api",
             Mode::Offline => "offline",
@@ -253,7 +253,7 @@ impl Backend {
     /// Whether the filter verb writes its placement (annotations and the charge it
     /// adds) or only holds it for the bind verb: it writes unless the configuration
     /// says the scheduler binds (`placement.bindVerb`) or the scheduler was seen to.
-    pub fn filter_records(&self, bind_verb: bool) -> bool {
+    pub(crate) fn filter_records(&self, bind_verb: bool) -> bool {
         !(bind_verb || self.binds_seen.load(Ordering::Acquire))
     }
 
@@ -261,7 +261,7 @@ impl Backend {
     /// with the scheduler's (whose extender entry has `bindVerb`): the filter then
     /// stops writing in the scheduling cycle — the bind verb writes, off it — and the
     /// mismatch is logged once, loudly.
-    pub fn note_bind_call(&self, bind_verb: bool) {
+    pub(crate) fn note_bind_call(&self, bind_verb: bool) {
         let first = !self.binds_seen.swap(true, Ordering::AcqRel);
         if first && !bind_verb {
             tracing::error!(
@@ -315,7 +315,7 @@ impl Backend {
     /// that accepts several models). In API mode it is written to the GPUQuota ledger
     /// like any charge; offline the usage is counted from the cached pods, the held one
     /// among them, so the hold is the charge.
-    pub async fn charge_at_placement(
+    pub(crate) async fn charge_at_placement(
         &self,
         namespace: &str,
         ask: Ask,
@@ -336,7 +336,7 @@ impl Backend {
 
     /// Take back a charge (per quota key) written for a pod whose placement then failed.
     /// Offline nothing was written: freeing the hold is the give-back.
-    pub async fn give_back(
+    pub(crate) async fn give_back(
         &self,
         namespace: &str,
         charge: &ModelAmounts,
@@ -424,7 +424,7 @@ impl Backend {
     /// API mode: make sure the cache holds pod `key` before a filter or bind call looks
     /// for it. kube-scheduler can see a new pod before this process's watch does; rather
     /// than refuse it (the scheduler would back off a second), read the cluster's copy.
-    pub async fn ensure_pod(&self, key: &PodKey) {
+    pub(crate) async fn ensure_pod(&self, key: &PodKey) {
         // The hot path (every filter and bind call): offline, or cached already.
         if matches!(self.mode, Mode::Offline) || self.cache.read(|state| state.pod(key).is_some()) {
             return;

@@ -53,7 +53,7 @@ impl ChargeError {
     /// Whether the charge may have been stored all the same: a write whose answer was
     /// lost, or a writer gone mid-write. Not when every write was refused (`Contended`:
     /// each conflicted) or none was tried (`Invalid`).
-    pub const fn may_be_stored(&self) -> bool {
+    pub(crate) const fn may_be_stored(&self) -> bool {
         !matches!(self, ChargeError::Contended(_) | ChargeError::Invalid(_))
     }
 
@@ -173,7 +173,7 @@ impl QuotaWriter {
 
     /// Take back a charge (per quota key) this writer wrote for a pod whose placement
     /// then failed.
-    pub async fn give_back(
+    pub(crate) async fn give_back(
         &self,
         cache: &ClusterCache,
         namespace: &str,

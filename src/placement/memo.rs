@@ -306,7 +306,7 @@ mod tests {
             let placer = &placers[call % placers.len()];
             let request = &requests[random.below(requests.len() as u64) as usize];
             let refs: Vec<&NodeGpus> = nodes.iter().collect();
-            let expected = place(placer, request, refs.iter().copied(), allowed).as_versioned();
+            let expected = place(placer, request, refs.iter().copied(), allowed).into_versioned();
             let got = place_versioned(placer, request, &refs, &stamps, allowed, &mut memo);
             assert_eq!(got, expected, "call {call}");
             // Charge the choice (as the cluster does), or free a random GPU.

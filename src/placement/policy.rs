@@ -230,7 +230,7 @@ pub struct Outcome {
 #[cfg(test)]
 impl Outcome {
     /// This outcome as [`super::place_versioned`] answers it: a chosen node, no reasons.
-    pub fn as_versioned(mut self) -> Self {
+    pub(crate) fn into_versioned(mut self) -> Self {
         if self.chosen.is_some() {
             self.misfits.clear();
         }

@@ -77,7 +77,7 @@ impl Share {
     }
 
     /// What it draws from the pool: its use past its guaranteed part.
-    pub fn from_pool(&self) -> Milli {
+    pub(crate) fn drawn(&self) -> Milli {
         Milli(self.used.0.saturating_sub(self.guaranteed().0))
     }
 
@@ -88,7 +88,7 @@ impl Share {
 
     /// What it leaves for others to borrow: its lendable part less what it uses of it.
     pub(super) fn lends(&self) -> Milli {
-        Milli(self.lendable().0.saturating_sub(self.from_pool().0))
+        Milli(self.lendable().0.saturating_sub(self.drawn().0))
     }
 }
 
@@ -105,7 +105,7 @@ impl Pool {
             .into_iter()
             .fold(Pool::default(), |pool, share| Pool {
                 size: pool.size + u128::from(share.lendable().0),
-                drawn: pool.drawn + u128::from(share.from_pool().0),
+                drawn: pool.drawn + u128::from(share.drawn().0),
             })
     }
 
@@ -164,7 +164,7 @@ pub(super) fn fits(
 ) -> Result<Fits, Short> {
     let after = share.used.0.saturating_add(amount.0);
     let guaranteed = share.guaranteed().0;
-    let drawn = after.saturating_sub(guaranteed) - share.from_pool().0;
+    let drawn = after.saturating_sub(guaranteed) - share.drawn().0;
     let free = pool.free();
     let free_milli = Milli(u64::try_from(free).unwrap_or(u64::MAX));
     if after <= share.hard.0 {

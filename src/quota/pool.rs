@@ -50,7 +50,7 @@ pub(crate) fn reclaim_plan<K: Clone>(
         })
         .collect();
     let by = (0..shares.len())
-        .filter(|&i| shares[i].used.0 <= shares[i].hard.0 && shares[i].from_pool().0 > 0)
+        .filter(|&i| shares[i].used.0 <= shares[i].hard.0 && shares[i].drawn().0 > 0)
         .collect();
     if Pool::of(&shares).overdrawn() == 0 {
         return ReclaimPlan { evict: vec![], by };
@@ -130,7 +130,7 @@ fn pools_of<'a>(members: impl IntoIterator<Item = &'a QuotaView>) -> BTreeMap<St
         for (model, share) in shares(member) {
             let pool = pools.entry(model.clone()).or_default();
             pool.size += u128::from(share.lendable().0);
-            pool.drawn += u128::from(share.from_pool().0);
+            pool.drawn += u128::from(share.drawn().0);
         }
     }
     pools

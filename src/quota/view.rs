@@ -99,7 +99,7 @@ impl QuotaView {
             let before = terms.share(key, hard, *used);
             let after = terms.share(key, hard, Milli(used.0.saturating_add(amount.0)));
             if let Some(pool) = terms.pools.get_mut(key) {
-                pool.drawn += u128::from(after.from_pool().0 - before.from_pool().0);
+                pool.drawn += u128::from(after.drawn().0 - before.drawn().0);
             }
         }
         used.0 = used.0.saturating_add(amount.0);

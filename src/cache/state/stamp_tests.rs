@@ -128,7 +128,7 @@ fn placements_with_the_memo_are_those_made_from_scratch() {
                 &candidates,
                 |pod, nodes| {
                     let expected = place(placer, &pod.request, nodes.iter().copied(), |_| Ok(()))
-                        .as_versioned();
+                        .into_versioned();
                     let got = nodes.place(placer, &pod.request, |_| Ok(()));
                     assert_eq!(got, expected, "call {call}");
                     got

@@ -33,6 +33,7 @@ pub mod quota;
 pub mod serve;
 pub mod server;
 pub mod simulate;
+pub(crate) mod snapshot;
 pub mod telemetry;
 pub(crate) mod tell;
 pub mod wire;

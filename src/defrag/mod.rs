@@ -1,92 +1,35 @@
 //! `gpu-admission defrag` (docs/defrag.md): for each pending GPU pod, the fewest moves
-//! of running pods after which it fits, or why there are none. It reads the cluster (a
-//! file, or the API server) and never evicts: the plan is the placement core's
-//! (`placement::defrag`), the nodes' eligibility and the quota picture the
-//! cache's (`NamespaceQuota`).
+//! of running pods after which it fits, or why there are none. It plans on a
+//! [`Snapshot`] of the cluster (a file, or the API server) and never evicts: the plan is
+//! the placement core's (`placement::defrag`), the nodes' eligibility and the quota
+//! picture the cache's (`NamespaceQuota`).
 
 mod movable;
 mod report;
-mod world;
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{ArgGroup, Args};
+use clap::Args;
 
 use crate::cache::plan_hold::{GpusKept, PlanHold, Slot};
-use crate::cache::{CachedPod, ClusterCache, ClusterState, FileObject, PodKey, Projection};
+use crate::cache::{CachedPod, ClusterState, FileObject, PodKey};
 use crate::config::Config;
-use crate::placement::Placer;
 use crate::placement::defrag::{
     Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, LARGEST_BUDGET, Limits, MOST_MOVES, Plan, Planner,
     Resident, Site,
 };
-use crate::placement::learn::LearningPlacer;
+use crate::snapshot::{ClusterSource, Read, Snapshot, World};
 
 use movable::Mobility;
 pub(crate) use report::PlanOut;
 pub(crate) use report::gpu_indices;
 pub(crate) use report::{Output, Report};
 use report::{Step, Unplanned};
-pub(crate) use world::{MOVABLE_ANNOTATION, World};
-
-/// Where `defrag` and `explain` read the cluster and the configuration from.
-#[derive(Debug, Args)]
-#[command(group = ArgGroup::new("source").required(true).args(["cluster", "kubeconfig"]))]
-pub(crate) struct ClusterSource {
-    /// The cluster as a YAML file: Nodes, Pods, GPUQuotas, PodDisruptionBudgets and the
-    /// ReplicaSets, StatefulSets and Jobs pods name as owners (`kind: List`s as
-    /// `kubectl get -o yaml` prints them are read too).
-    #[arg(long)]
-    cluster: Option<PathBuf>,
-    /// Read the cluster from the API server this kubeconfig names.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Configuration file (YAML), as `serve` reads it.
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
-/// The cluster's objects, what to call their source in messages, and the configuration.
-pub(crate) struct Read {
-    pub(crate) objects: Vec<FileObject>,
-    pub(crate) source: String,
-    pub(crate) config: Config,
-}
-
-impl ClusterSource {
-    /// Read the configuration, then the objects from the file or the API server.
-    pub(crate) fn read(&self) -> anyhow::Result<Read> {
-        let config = match &self.config {
-            Some(path) => Config::load(path)?,
-            None => Config::default(),
-        };
-        let (objects, source) = match (&self.cluster, &self.kubeconfig) {
-            (Some(path), _) => (
-                crate::cache::read_objects(path)?,
-                path.display().to_string(),
-            ),
-            (None, Some(kubeconfig)) => {
-                let runtime =
-                    tokio::runtime::Runtime::new().context("starting the async runtime")?;
-                let objects = runtime.block_on(listed(kubeconfig))?;
-                let source = format!("the API server of {}", kubeconfig.display());
-                (objects, source)
-            }
-            (None, None) => anyhow::bail!("give --cluster FILE or --kubeconfig FILE"),
-        };
-        Ok(Read {
-            objects,
-            source,
-            config,
-        })
-    }
-}
 
 #[derive(Debug, Args)]
 pub struct DefragArgs {
@@ -132,37 +75,21 @@ pub(crate) fn plan_objects(
     limits: Limits,
     only: Option<&str>,
 ) -> anyhow::Result<Report> {
-    let world = World::read(objects).with_context(|| format!("reading {source}"))?;
-    let cache = ClusterCache::from_objects(objects, source, Projection::from_config(config))?;
-    let placer = learned_placer(&cache, config);
-    plan_in(&cache, &world, &placer, limits, only)
+    let snapshot = Snapshot::of(objects, source, config)?;
+    plan_in(&snapshot, limits, only)
 }
 
-/// The placer the extender would have: the configured policy, with the request mix
-/// of the pods placed as it learns it (fragmentation is measured against it).
-pub(crate) fn learned_placer(cache: &ClusterCache, config: &Config) -> Arc<Placer> {
-    let placement = &config.placement;
-    let learning = LearningPlacer::new(placement.policy, placement.gpu_manager_compat);
-    cache.read(|state| {
-        // In name order: the mix snapshots as it grows, so the same cluster must give
-        // the same mix (and the same plan) every time.
-        let mut placed: Vec<_> = state.pods().filter(|(_, p)| p.node.is_some()).collect();
-        placed.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        placed
-            .iter()
-            .for_each(|(_, p)| learning.observe(&p.request));
-    });
-    learning.placer()
-}
-
-/// [`plan_objects`] on a cache and the objects' `world` already read.
+/// [`plan_objects`] on a snapshot already read.
 pub(crate) fn plan_in(
-    cache: &ClusterCache,
-    world: &World,
-    placer: &Placer,
+    snapshot: &Snapshot,
     limits: Limits,
     only: Option<&str>,
 ) -> anyhow::Result<Report> {
+    let Snapshot {
+        cache,
+        world,
+        placer,
+    } = snapshot;
     let planner = Planner { placer, limits };
     let mig = &cache.projection().names.mig;
     cache.read(|state| {
@@ -382,59 +309,4 @@ impl Ground<'_> {
             slots: slots.collect::<Option<Vec<Slot>>>()?,
         })
     }
-}
-
-/// The objects of the cluster `kubeconfig` names, as a cluster file would hold them.
-async fn listed(kubeconfig: &std::path::Path) -> anyhow::Result<Vec<FileObject>> {
-    let client = crate::api_client::kube_client(Some(kubeconfig), None).await?;
-    list_cluster(&client).await
-}
-
-/// What the planner reads of the cluster, listed from the API server: Nodes, Pods,
-/// GPUQuotas, PodDisruptionBudgets, and the controllers pods name as owners.
-pub(crate) async fn list_cluster(client: &kube::Client) -> anyhow::Result<Vec<FileObject>> {
-    use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-    use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::{Node, Pod};
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-
-    let client = client.clone();
-    let mut objects = Vec::new();
-    list::<Node>(&client, &mut objects).await?;
-    list::<Pod>(&client, &mut objects).await?;
-    list::<crate::quota::GPUQuota>(&client, &mut objects).await?;
-    list::<PodDisruptionBudget>(&client, &mut objects).await?;
-    list::<ReplicaSet>(&client, &mut objects).await?;
-    list::<StatefulSet>(&client, &mut objects).await?;
-    list::<Job>(&client, &mut objects).await?;
-    Ok(objects)
-}
-
-/// Add every object of kind `K` the API server lists to `objects`.
-async fn list<K>(client: &kube::Client, objects: &mut Vec<FileObject>) -> anyhow::Result<()>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + serde::Serialize,
-{
-    let api: kube::Api<K> = kube::Api::all(client.clone());
-    let kind = K::kind(&());
-    let list = api
-        .list(&kube::api::ListParams::default())
-        .await
-        .with_context(|| format!("listing {kind}s"))?;
-    for item in list.items {
-        let mut value = serde_yaml::to_value(&item).context("encoding an object")?;
-        if let Some(map) = value.as_mapping_mut() {
-            map.insert("kind".into(), kind.to_string().into());
-            map.insert("apiVersion".into(), K::api_version(&()).to_string().into());
-        }
-        objects.push(FileObject {
-            document: objects.len() + 1,
-            value,
-        });
-    }
-    Ok(())
 }

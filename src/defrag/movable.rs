@@ -11,7 +11,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::world::{CONTROLLER_KINDS, Owner, PodFacts, World};
+use crate::snapshot::world::{CONTROLLER_KINDS, Owner, PodFacts, World};
 
 /// A PodDisruptionBudget: whose pods it guards and how many it lets go now.
 #[derive(Debug, Clone)]

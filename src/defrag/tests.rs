@@ -6,7 +6,7 @@ use crate::placement::defrag::Limits;
 
 use super::movable::Mobility;
 use super::report::{Output, Report};
-use super::world::World;
+use crate::snapshot::{Snapshot, World};
 
 const EXAMPLE: &str = include_str!("../../examples/fragmented.yaml");
 
@@ -52,12 +52,10 @@ fn a_plan_holds_the_freed_gpus_and_the_destination_and_cooling_controllers_stay(
     assert_eq!(slot.held.gpus.len(), 1);
     assert_eq!(slot.held.gpus[0].index, plan.moves[0].gpus[0]);
 
-    let mut world = World::read(&objects).unwrap();
-    world.cooling.insert(owner.to_string());
-    let config = Config::default();
-    let placer = super::learned_placer(&cache, &config);
+    let mut snapshot = Snapshot::of(&objects, "test", &Config::default()).unwrap();
+    snapshot.world.cooling.insert(owner.to_string());
     let limits = Limits::default();
-    let report = super::plan_in(&cache, &world, &placer, limits, Some("team-a/train-0")).unwrap();
+    let report = super::plan_in(&snapshot, limits, Some("team-a/train-0")).unwrap();
     assert!(report.plans.is_empty(), "{report:?}");
     assert_eq!(report.kept.get("cooldown"), Some(&1), "{report:?}");
 }

@@ -5,8 +5,9 @@
 
 use std::fmt::Write;
 
-use crate::cache::{ClusterCache, Projection, parse_objects};
+use crate::cache::parse_objects;
 use crate::config::Config;
+use crate::snapshot::Snapshot;
 
 use super::effort::{Cancel, Effort};
 use super::other_model::SEARCH_MODELS;
@@ -60,9 +61,7 @@ fn cluster(models: usize, roomy: &[(&str, usize)], namespaces: &[&str], extra: &
 fn judge(text: &str, key: &str, effort: Effort) -> (Result<Explanation, ExplainError>, u64) {
     let config = Config::default();
     let objects = parse_objects(text, "test").unwrap();
-    let cache = ClusterCache::from_objects(&objects, "test", Projection::from_config(&config));
-    let cache = cache.unwrap();
-    let placer = crate::defrag::learned_placer(&cache, &config);
+    let Snapshot { cache, placer, .. } = Snapshot::of(&objects, "test", &config).unwrap();
     let mig = cache.projection().names.mig.clone();
     cache.read(|state| {
         let pod = state.pod(key).unwrap();

@@ -22,11 +22,11 @@ use clap::{ArgGroup, Args};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cache::pod::SkipReason;
-use crate::cache::{CachedPod, ClusterCache, FileObject, Projection};
+use crate::cache::{CachedPod, ClusterCache, FileObject};
 use crate::config::Config;
-use crate::defrag::World;
 use crate::placement::Placer;
 use crate::placement::defrag::Limits;
+use crate::snapshot::Snapshot;
 
 pub(crate) use effort::{Abandoned, Cancel, Effort};
 pub(crate) use judge::{Judge, Subject};
@@ -44,14 +44,14 @@ pub struct ExplainArgs {
     #[arg(short = 'f', long)]
     filename: Option<PathBuf>,
     #[command(flatten)]
-    source: crate::defrag::ClusterSource,
+    source: crate::snapshot::ClusterSource,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     output: crate::defrag::Output,
 }
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let crate::defrag::Read {
+    let crate::snapshot::Read {
         objects,
         source,
         config,
@@ -223,9 +223,8 @@ pub(crate) fn explain(
     asked: Asked,
     now: i64,
 ) -> anyhow::Result<Explanation> {
-    let projection = Projection::from_config(config);
-    let cache = ClusterCache::from_objects(objects, source, projection)?;
-    let placer = crate::defrag::learned_placer(&cache, config);
+    let snapshot = Snapshot::of(objects, source, config)?;
+    let (cache, placer) = (&snapshot.cache, &snapshot.placer);
     let key = asked.key();
     let manifest = match &asked {
         Asked::Existing(_) | Asked::Uncached(_) => None,
@@ -233,12 +232,12 @@ pub(crate) fn explain(
     };
     // The CLI's caller is the process: it never leaves before the answer.
     let stays = &Cancel::default();
-    let judged = match judge_on(&cache, &placer, config, (asked, stays), now) {
+    let judged = match judge_on(cache, placer, config, (asked, stays), now) {
         // Not in the cache: a pod whose GPUs come only through ResourceClaims?
         Err(ExplainError::NotFound(_)) => match find_pod(objects, &key) {
             Some(pod) => {
                 let asked = Asked::Uncached(pod.into());
-                judge_on(&cache, &placer, config, (asked, stays), now)
+                judge_on(cache, placer, config, (asked, stays), now)
             }
             None => Err(ExplainError::NotFound(key.clone())),
         },
@@ -257,10 +256,7 @@ pub(crate) fn explain(
     {
         let limits = Limits::default();
         let report = match &manifest {
-            None => {
-                let world = World::read(objects).with_context(|| format!("reading {source}"))?;
-                crate::defrag::plan_in(&cache, &world, &placer, limits, Some(&key))?
-            }
+            None => crate::defrag::plan_in(&snapshot, limits, Some(&key))?,
             // The manifest joins the cluster for the planner: it plans for pods that are.
             Some(pod) => {
                 let mut objects = objects.to_vec();

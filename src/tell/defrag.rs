@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use foldhash::HashMap;
 use kube::runtime::events::EventType;
 
-use crate::cache::{ClusterCache, PodKey, Projection};
+use crate::cache::{ClusterCache, PodKey};
 use crate::config::{Config, DefragMode};
 use crate::defrag::PlanOut;
 use crate::explain::{Code, Judge, Subject};
@@ -28,6 +28,7 @@ use crate::metrics::{Metrics, OutcomeLabels};
 use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
 use crate::placement::learn::LearningPlacer;
 use crate::quota::pending::now_second;
+use crate::snapshot::Snapshot;
 
 use crate::backend::controller::Controller;
 use crate::backend::leadership::Leader;
@@ -140,7 +141,7 @@ impl Planner {
         keys: Vec<String>,
         cooling: BTreeSet<String>,
     ) -> Option<Vec<(String, Answer)>> {
-        let objects = match crate::defrag::list_cluster(&self.client).await {
+        let objects = match crate::snapshot::list_cluster(&self.client).await {
             Ok(objects) => objects,
             Err(error) => {
                 tracing::warn!(
@@ -156,15 +157,11 @@ impl Planner {
                 max_moves: config.defrag.max_moves,
                 budget: DEFAULT_BUDGET,
             };
-            let mut world = crate::defrag::World::read(&objects)?;
-            world.cooling = cooling;
-            let source = "the API server";
-            let projection = Projection::from_config(&config);
-            let cache = ClusterCache::from_objects(&objects, source, projection)?;
-            let placer = crate::defrag::learned_placer(&cache, &config);
+            let mut snapshot = Snapshot::of(&objects, "the API server", &config)?;
+            snapshot.world.cooling = cooling;
             let mut answers = Vec::new();
             for key in keys {
-                let report = crate::defrag::plan_in(&cache, &world, &placer, limits, Some(&key));
+                let report = crate::defrag::plan_in(&snapshot, limits, Some(&key));
                 let answer = match report {
                     Ok(mut report) => match (report.plans.pop(), report.unplanned.pop()) {
                         (Some(plan), _) => Answer::Planned(Box::new(plan)),

@@ -15,7 +15,7 @@ use kube::api::{Api, EvictParams, Patch, PatchParams, Preconditions};
 
 use crate::cache::plan_hold::{PLAN_HOLD_ANNOTATION, PlanHold};
 use crate::cache::pod::key_parts;
-use crate::defrag::MOVABLE_ANNOTATION;
+use crate::snapshot::MOVABLE_ANNOTATION;
 
 /// A plan ready to be carried out: the pending pod, and the moves with their holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! What the `defrag` command reads beyond the cache's projection: every pod's CPU and
+//! What the planner reads beyond the cache's projection: every pod's CPU and
 //! memory (GPU pods or not) and its owner, opt-in and labels; every node's allocatable
 //! CPU and memory; PodDisruptionBudgets; the
 //! controllers pods name as owners.

@@ -1,0 +1,78 @@
+//! One picture of the cluster, read once and never changed, that judging and planning
+//! read (docs/design.md, "Snapshots"): the cache's view of GPUs, pods and quotas; the
+//! world beyond it (every pod's CPU and memory, owners, disruption budgets); and the
+//! placer as the extender would have it. `explain`, `defrag` and the planner in the
+//! cluster each build one the same way ([`Snapshot::of`]), from a file or one listing
+//! ([`ClusterSource`], [`list_cluster`]).
+
+mod source;
+pub(crate) mod world;
+
+use std::sync::Arc;
+
+use crate::cache::{CacheError, ClusterCache, FileObject, Projection};
+use crate::config::Config;
+use crate::placement::Placer;
+use crate::placement::learn::LearningPlacer;
+
+pub(crate) use source::{ClusterSource, Read, list_cluster};
+use world::WorldError;
+pub(crate) use world::{MOVABLE_ANNOTATION, World};
+
+/// The cache, the world and the placer of one reading of the cluster.
+pub(crate) struct Snapshot {
+    pub(crate) cache: ClusterCache,
+    pub(crate) world: World,
+    pub(crate) placer: Arc<Placer>,
+}
+
+/// Why a reading of the cluster cannot be pictured.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SnapshotError {
+    #[error("reading {read_from}: {error}")]
+    World {
+        read_from: String,
+        error: WorldError,
+    },
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+impl Snapshot {
+    /// The snapshot of `objects` (read from `source`, as messages name it), with
+    /// `config`'s projection and placement policy.
+    pub(crate) fn of(
+        objects: &[FileObject],
+        source: &str,
+        config: &Config,
+    ) -> Result<Snapshot, SnapshotError> {
+        let world = World::read(objects).map_err(|error| SnapshotError::World {
+            read_from: source.to_string(),
+            error,
+        })?;
+        let cache = ClusterCache::from_objects(objects, source, Projection::from_config(config))?;
+        let placer = learned_placer(&cache, config);
+        Ok(Snapshot {
+            cache,
+            world,
+            placer,
+        })
+    }
+}
+
+/// The placer the extender would have: the configured policy, with the request mix
+/// of the pods placed as it learns it (fragmentation is measured against it).
+pub(crate) fn learned_placer(cache: &ClusterCache, config: &Config) -> Arc<Placer> {
+    let placement = &config.placement;
+    let learning = LearningPlacer::new(placement.policy, placement.gpu_manager_compat);
+    cache.read(|state| {
+        // In name order: the mix snapshots as it grows, so the same cluster must give
+        // the same mix (and the same plan) every time.
+        let mut placed: Vec<_> = state.pods().filter(|(_, p)| p.node.is_some()).collect();
+        placed.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        placed
+            .iter()
+            .for_each(|(_, p)| learning.observe(&p.request));
+    });
+    learning.placer()
+}

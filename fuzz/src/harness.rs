@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use gpu_admission::cache::{CachedPod, Projection};
 use gpu_admission::config::Config;
-use gpu_admission::dra::cel::{Budget, CLAIM_BUDGET, CelDevice, Selector};
+use gpu_admission::dra::cel::{CLAIM_BUDGET, CelDevice, CostBudget, Selector};
 use gpu_admission::dra::classes::DeviceClasses;
 use gpu_admission::dra::slices::{DeviceIndex, ResourceSlice, gpu_devices};
 use gpu_admission::dra::{Catalog, ClaimAsks, Dra, ResourceClaim};
@@ -372,7 +372,7 @@ pub fn cel_selector(data: &[u8]) {
     #[cfg(fuzzing)]
     let started = std::time::Instant::now();
     if let Ok(selector) = Selector::compile(expression) {
-        let mut budget = Budget::default();
+        let mut budget = CostBudget::default();
         let bare = CelDevice::new("gpu.nvidia.com", &Default::default(), &Default::default());
         let _ = selector.matches(&bare, &mut budget);
         assert!(

@@ -12,7 +12,7 @@ use crate::cache::ClusterCache;
 use crate::cache::pool::PoolError;
 use crate::cache::state::claims::{CachedClaim, claim_key, extended_owner};
 use crate::config::{Config, UntypedPods};
-use crate::dra::cel::Budget;
+use crate::dra::cel::CostBudget;
 use crate::dra::{
     AskError, Catalog, CatalogSource, ClaimAsks, DeviceAsk, ExactRequest, Pin, Resolved,
     ResourceClaim,
@@ -226,7 +226,7 @@ fn pin_patch(
 ) -> json_patch::Patch {
     let default = limits.default_type.as_deref();
     let mut operations: Vec<Value> = Vec::new();
-    let mut budget = Budget::default();
+    let mut budget = CostBudget::default();
     let mut pin = |path: String, name: &str, exact: &ExactRequest| {
         let ask = catalog.ask(name, exact, &mut budget).ok().flatten();
         if let Some(pin) = ask.as_ref().and_then(|a| pin_to_add(a, default)) {

@@ -15,7 +15,7 @@ use crate::snapshot::world::{CONTROLLER_KINDS, Owner, PodFacts, World};
 
 /// A PodDisruptionBudget: whose pods it guards and how many it lets go now.
 #[derive(Debug, Clone)]
-pub(crate) struct Budget {
+pub(crate) struct DisruptionBudget {
     /// `namespace/name`.
     pub(crate) name: String,
     namespace: String,
@@ -52,8 +52,11 @@ impl Stay {
     }
 }
 
-impl Budget {
-    pub(crate) fn of(pdb: &PodDisruptionBudget, pods: &BTreeMap<String, PodFacts>) -> Budget {
+impl DisruptionBudget {
+    pub(crate) fn of(
+        pdb: &PodDisruptionBudget,
+        pods: &BTreeMap<String, PodFacts>,
+    ) -> DisruptionBudget {
         let namespace = pdb
             .metadata
             .namespace
@@ -64,7 +67,7 @@ impl Budget {
             pdb.metadata.name.as_deref().unwrap_or_default()
         );
         let spec = pdb.spec.clone().unwrap_or_default();
-        let mut budget = Budget {
+        let mut budget = DisruptionBudget {
             name,
             namespace,
             selector: spec.selector.clone(),
@@ -135,13 +138,15 @@ pub(crate) fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String
 #[derive(Debug)]
 pub(crate) struct Mobility<'w> {
     world: &'w World,
-    pub(crate) budgets: Vec<Budget>,
+    pub(crate) budgets: Vec<DisruptionBudget>,
 }
 
 impl<'w> Mobility<'w> {
     pub(crate) fn new(world: &'w World) -> Self {
         let budgets = world.budgets.iter();
-        let budgets = budgets.map(|pdb| Budget::of(pdb, &world.pods)).collect();
+        let budgets = budgets
+            .map(|pdb| DisruptionBudget::of(pdb, &world.pods))
+            .collect();
         Mobility { world, budgets }
     }
 
@@ -177,7 +182,7 @@ impl<'w> Mobility<'w> {
         }
     }
 
-    fn budgets<'a>(&'a self, pod: &'a PodFacts) -> impl Iterator<Item = &'a Budget> + 'a {
+    fn budgets<'a>(&'a self, pod: &'a PodFacts) -> impl Iterator<Item = &'a DisruptionBudget> + 'a {
         self.budgets.iter().filter(|b| b.guards(pod))
     }
 

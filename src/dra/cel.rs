@@ -10,7 +10,7 @@
 //! length (Kubernetes' own limit), its nesting, a cost worked out from its syntax tree
 //! (comprehensions cost their range times their body and do not nest; regular
 //! expressions are literals, compiled once per claim within a size limit). Each claim's
-//! parsing, compiling and evaluations draw on one [`Budget`], priced by what they
+//! parsing, compiling and evaluations draw on one [`CostBudget`], priced by what they
 //! really cost and charged while an evaluation runs (`meter`), so that a claim's review
 //! spends a bounded time on CEL whatever it holds (docs/devices.md, "Bounds").
 
@@ -91,14 +91,14 @@ pub struct Selector {
 /// What one claim's parsing and evaluations may still spend, and the patterns they
 /// compiled (each once per claim).
 #[derive(Debug, Clone)]
-pub struct Budget {
+pub struct CostBudget {
     left: u64,
     patterns: pattern::Patterns,
 }
 
-impl Budget {
+impl CostBudget {
     fn new(units: u64) -> Self {
-        Budget {
+        CostBudget {
             left: units,
             patterns: HashMap::new(),
         }
@@ -135,7 +135,7 @@ impl Budget {
     }
 }
 
-impl Default for Budget {
+impl Default for CostBudget {
     fn default() -> Self {
         Self::claim()
     }
@@ -165,7 +165,7 @@ impl Selector {
     /// compiling to `budget`.
     pub(super) fn compile_within(
         expression: &str,
-        budget: &mut Budget,
+        budget: &mut CostBudget,
     ) -> Result<Result<Self, CelError>, OverBudget> {
         budget.spend(PARSE_PRICE + expression.len() as u64 * PARSE_UNITS_PER_BYTE)?;
         count_work();
@@ -201,13 +201,14 @@ impl Selector {
 
     /// Compile `expression` with a budget of its own (a DeviceClass's selectors).
     pub fn compile(expression: &str) -> Result<Self, CelError> {
-        Self::compile_within(expression, &mut Budget::claim()).unwrap_or(Err(CelError::TooCostly))
+        Self::compile_within(expression, &mut CostBudget::claim())
+            .unwrap_or(Err(CelError::TooCostly))
     }
 
     /// Whether the selector matches `device` (an evaluation error or a non-boolean
     /// result does not), charged to `budget`: its syntax tree's cost before it runs,
     /// and what the meter counts while it runs.
-    pub fn matches(&self, device: &CelDevice, budget: &mut Budget) -> Result<bool, OverBudget> {
+    pub fn matches(&self, device: &CelDevice, budget: &mut CostBudget) -> Result<bool, OverBudget> {
         budget.spend(EVALUATION_PRICE + self.cost)?;
         let (value, left) = meter::metered(budget.left, || self.run(device));
         budget.left = left.ok_or(OverBudget)?;
@@ -217,7 +218,7 @@ impl Selector {
     /// The selector's value on `device`, with a claim's budget of its own: `None`
     /// when it fails, is not a boolean or spends the budget.
     pub(crate) fn evaluate(&self, device: &CelDevice) -> Option<bool> {
-        let mut budget = Budget::claim();
+        let mut budget = CostBudget::claim();
         budget.spend(EVALUATION_PRICE + self.cost).ok()?;
         match meter::metered(budget.left, || self.run(device)) {
             (value, Some(_)) => value,

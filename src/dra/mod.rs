@@ -246,7 +246,7 @@ impl ClaimAsks {
         strict: bool,
     ) -> Result<Self, AskError> {
         let mut asks = ClaimAsks::default();
-        let mut budget = cel::Budget::default();
+        let mut budget = cel::CostBudget::default();
         let mut ask = |name: &str, exact: &ExactRequest| {
             let pinned = || {
                 catalog
@@ -405,7 +405,7 @@ impl Catalog {
         &self,
         name: &str,
         exact: &ExactRequest,
-        budget: &mut cel::Budget,
+        budget: &mut cel::CostBudget,
     ) -> Result<Option<DeviceAsk>, AskError> {
         let Some(class) = self.gpu_classes.get(&exact.device_class_name) else {
             return Ok(None);
@@ -444,7 +444,7 @@ impl Catalog {
         name: &str,
         exact: &ExactRequest,
         devices: impl IntoIterator<Item = &'d CelDevice>,
-        budget: &mut cel::Budget,
+        budget: &mut cel::CostBudget,
     ) -> Result<Option<bool>, AskError> {
         let Some(class) = self.gpu_classes.get(&exact.device_class_name) else {
             return Ok(None);
@@ -487,7 +487,7 @@ impl Catalog {
         &self,
         selectors: &[Selector],
         class: &[Selector],
-        budget: &mut cel::Budget,
+        budget: &mut cel::CostBudget,
     ) -> Result<BTreeMap<String, Option<String>>, cel::OverBudget> {
         let mut matched = BTreeMap::new();
         let all = matches_all;
@@ -512,7 +512,7 @@ impl Catalog {
 fn matches_all(
     device: &CelDevice,
     list: &[Selector],
-    budget: &mut cel::Budget,
+    budget: &mut cel::CostBudget,
 ) -> Result<bool, cel::OverBudget> {
     for selector in list {
         if !selector.matches(device, budget)? {

@@ -5,7 +5,7 @@
 //! allocated passes; a claim that does not exist yet, or asks for no GPU, says nothing.
 
 use crate::cache::ClusterState;
-use crate::dra::cel::Budget;
+use crate::dra::cel::CostBudget;
 use crate::dra::{Catalog, DeviceRequest, ExactRequest};
 
 use super::verdict::{Code, Stage};
@@ -38,7 +38,7 @@ pub(super) fn stage(state: &ClusterState, namespace: &str, claims: &[Box<str>]) 
     let catalog = Catalog::from_source(state.catalog_source(namespace));
     let mut judged = false;
     for (name, claim) in held.iter().filter(|(_, c)| !c.is_allocated()) {
-        let mut budget = Budget::default();
+        let mut budget = CostBudget::default();
         for request in claim.requests.iter() {
             let matched = matches(&catalog, request, &devices, &mut budget)?;
             judged |= matched.is_some();
@@ -71,7 +71,7 @@ fn matches(
     catalog: &Catalog,
     request: &DeviceRequest,
     devices: &[&crate::dra::cel::CelDevice],
-    budget: &mut Budget,
+    budget: &mut CostBudget,
 ) -> Option<Option<bool>> {
     let mut ask = |name: &str, exact: &ExactRequest| {
         let matched = catalog.matches_any(name, exact, devices.iter().copied(), budget);

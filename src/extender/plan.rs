@@ -22,8 +22,9 @@ use crate::quota::eligible::Eligibility;
 use crate::quota::pending::ChargeId;
 use crate::quota::{Costs, ModelAmounts};
 
-/// What the record step needs to know of the plan.
-pub(super) struct Plan {
+/// A placement being made (chosen and held, not yet recorded): what the record step
+/// needs to know of it.
+pub(super) struct Placing {
     pub(super) key: PodKey,
     uid: String,
     /// The GPU request of the pod placed: the cluster's copy in API mode.
@@ -63,7 +64,7 @@ pub(super) fn plan(
     key: PodKey,
     subject: Subject,
     names: &[&str],
-) -> Result<(Plan, FilterDecision), PlanError> {
+) -> Result<(Placing, FilterDecision), PlanError> {
     let namespace = key_parts(&key).0.to_string();
     let placer = placer.placer();
     let cache = backend.cache();
@@ -105,7 +106,7 @@ pub(super) fn plan(
         });
         let kept = decision.hold.as_ref().is_some_and(|r| r.kept);
         let recorded = kept && state.placement_recorded(&key);
-        let plan = Plan {
+        let plan = Placing {
             key,
             uid,
             request,
@@ -131,7 +132,7 @@ impl Choice<'_> {
     }
 }
 
-impl Plan {
+impl Placing {
     fn namespace(&self) -> &str {
         key_parts(&self.key).0
     }

@@ -124,7 +124,7 @@ fn hostile_selectors_are_refused_before_they_run() {
 #[test]
 fn a_claims_evaluations_share_one_budget() {
     let selector = Selector::compile("true").unwrap();
-    let mut budget = Budget::new((EVALUATION_PRICE + selector.cost) * 2);
+    let mut budget = CostBudget::new((EVALUATION_PRICE + selector.cost) * 2);
     let device = gpu("x");
     assert_eq!(selector.matches(&device, &mut budget), Ok(true));
     assert_eq!(selector.matches(&device, &mut budget), Ok(true));
@@ -182,7 +182,7 @@ fn named(product: &str) -> CelDevice {
 /// What one evaluation of `expression` on `device` spends of a claim's budget.
 fn spent(expression: &str, device: &CelDevice) -> u64 {
     let selector = Selector::compile(expression).unwrap();
-    let mut budget = Budget::claim();
+    let mut budget = CostBudget::claim();
     selector.matches(device, &mut budget).unwrap();
     CLAIM_BUDGET - budget.left()
 }
@@ -194,7 +194,7 @@ fn spent(expression: &str, device: &CelDevice) -> u64 {
 fn a_pattern_is_compiled_once_per_claim_and_its_matches_priced_by_length() {
     let expression = vec![r#""".matches("\\w+")"#; 64].join(" || ");
     let parse = PARSE_PRICE + expression.len() as u64 * PARSE_UNITS_PER_BYTE;
-    let mut budget = Budget::claim();
+    let mut budget = CostBudget::claim();
     Selector::compile_within(&expression, &mut budget)
         .unwrap()
         .unwrap();
@@ -230,13 +230,13 @@ fn an_evaluation_is_stopped_by_its_budget_while_it_runs() {
     let expression = r#"device.attributes["gpu.nvidia.com"].productName == device.attributes["gpu.nvidia.com"].productName"#;
     let selector = Selector::compile(expression).unwrap();
     // Enough for its syntax tree, not for reading 64 KiB twice.
-    let mut budget = Budget::new(EVALUATION_PRICE + selector.cost + 100);
+    let mut budget = CostBudget::new(EVALUATION_PRICE + selector.cost + 100);
     assert_eq!(selector.matches(&device, &mut budget), Err(OverBudget));
-    let mut budget = Budget::claim();
+    let mut budget = CostBudget::claim();
     assert_eq!(selector.matches(&device, &mut budget), Ok(true));
     // The range of a loop is paid for before the loop runs.
     let numbers = (0..90).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let looped = Selector::compile(&format!("[{numbers}].exists(x, x < 0)")).unwrap();
-    let mut budget = Budget::new(EVALUATION_PRICE + looped.cost + 50);
+    let mut budget = CostBudget::new(EVALUATION_PRICE + looped.cost + 50);
     assert_eq!(looped.matches(&device, &mut budget), Err(OverBudget));
 }

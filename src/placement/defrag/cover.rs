@@ -7,7 +7,7 @@ use crate::placement::node::NodeGpus;
 use crate::placement::policy::Placer;
 use crate::placement::request::{GpuDemand, GpuRequest};
 
-use super::{Ask, Budget, Ground, Resident, host_admits};
+use super::{Ask, Evaluations, Ground, Resident, host_admits};
 
 /// Amounts by dimension: GPU cores, GPU memory, milli-CPU, MiB of memory.
 type Amounts = [u64; 4];
@@ -49,7 +49,7 @@ impl Search<'_> {
         cluster: &[C],
         allowed: &impl Fn(&NodeGpus) -> Result<(), Misfit>,
         may_move: &impl Fn(&Resident<C::Pod>) -> bool,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Vec<Target> {
         let mut targets = Vec::new();
         for (node, candidate) in cluster.iter().enumerate() {
@@ -102,7 +102,7 @@ impl Search<'_> {
         targets: &mut [Target],
         size: usize,
         limit: usize,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Vec<Cover> {
         let mut covers = Vec::new();
         for target in targets.iter_mut() {

@@ -25,7 +25,7 @@ use crate::placement::policy::{Placer, compare};
 use crate::placement::request::GpuRequest;
 
 use super::cover::{Cover, Search, gpu_room};
-use super::{Ask, Budget, Ground, Move, Plan, Resident, host_admits};
+use super::{Ask, Evaluations, Ground, Move, Plan, Resident, host_admits};
 
 /// Openings kept per shape: enough to get past those a landing has changed.
 const OPENINGS: usize = 12;
@@ -166,7 +166,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         spare: usize,
         ask: &Ask<'_>,
         mix: &TaskMix,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Option<Plan<C::Pod>> {
         let cluster = self.cluster;
         let source = &cluster[cover.node];
@@ -195,7 +195,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         from: usize,
         model: &Option<Arc<str>>,
         landing: &mut Landing<C::Pod>,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Option<()> {
         let shape = Shape::of(resident, model);
         let spot = self.destination(&shape, from, &landing.scratch, budget);
@@ -223,7 +223,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         &mut self,
         shape: &Shape,
         landing: &mut Landing<C::Pod>,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Option<(usize, Assignment)> {
         if landing.spare == 0 {
             return None;
@@ -253,7 +253,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         shape: &Shape,
         opening: &Cover,
         landing: &mut Landing<C::Pod>,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Option<Assignment> {
         let cluster = self.cluster;
         let node = opening.node;
@@ -275,7 +275,7 @@ impl<'c, C: Ground> Lander<'c, C> {
     /// The openings for `shape` in the cluster as given (found once per shape): nodes
     /// of its model and pools where it fits once at most `chain_moves` movable pods are
     /// gone, fewest pods first, then the fewest GPUs.
-    fn openings_for(&mut self, shape: &Shape, budget: &mut Budget) -> Arc<[Cover]> {
+    fn openings_for(&mut self, shape: &Shape, budget: &mut Evaluations) -> Arc<[Cover]> {
         if let Some(known) = self.openings.get(shape) {
             return known.clone();
         }
@@ -356,7 +356,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         shape: &Shape,
         from: usize,
         scratch: &Scratch,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Option<(usize, Assignment)> {
         if !self.rankings.contains_key(shape) {
             let ranking = self.rank(shape, budget);
@@ -387,7 +387,7 @@ impl<'c, C: Ground> Lander<'c, C> {
     }
 
     /// The `keep` best nodes for `shape` in the cluster as given, best first.
-    fn rank(&self, shape: &Shape, budget: &mut Budget) -> Vec<Spot> {
+    fn rank(&self, shape: &Shape, budget: &mut Evaluations) -> Vec<Spot> {
         let mut top: Vec<Spot> = Vec::with_capacity(self.keep + 1);
         for (node, candidate) in self.cluster.iter().enumerate() {
             let (gpus, room) = (candidate.gpus(), candidate.room());

@@ -212,7 +212,7 @@ pub(crate) enum Stale {
 
 /// Evaluations left to spend.
 #[derive(Debug)]
-pub(super) struct Budget {
+pub(super) struct Evaluations {
     left: u64,
     /// Nodes glanced at and passed over since the last evaluation they were charged.
     glances: u32,
@@ -221,9 +221,9 @@ pub(super) struct Budget {
 /// A node passed over on a cheap test costs this fraction of an evaluation.
 const GLANCES_PER_EVALUATION: u32 = 8;
 
-impl Budget {
-    fn new(limit: u64) -> Budget {
-        Budget {
+impl Evaluations {
+    fn new(limit: u64) -> Evaluations {
+        Evaluations {
             left: limit,
             glances: 0,
         }
@@ -284,7 +284,7 @@ impl Planner<'_> {
         if free < need {
             return Err(NoPlan::TooLittleFree { need, free });
         }
-        let mut budget = Budget::new(self.limits.budget);
+        let mut budget = Evaluations::new(self.limits.budget);
         let may_move = |r: &Resident<C::Pod>| r.priority <= ask.priority && movable(r);
         let search = cover::Search {
             placer: self.placer,
@@ -322,7 +322,7 @@ impl Planner<'_> {
         })
     }
 
-    fn exhausted(&self, budget: &Budget) -> Option<NoPlan> {
+    fn exhausted(&self, budget: &Evaluations) -> Option<NoPlan> {
         budget.spent().then_some(NoPlan::BudgetSpent {
             budget: self.limits.budget,
         })
@@ -363,7 +363,7 @@ impl Planner<'_> {
         ask: &Ask<'_>,
         mut tries: Vec<(&cover::Cover, usize)>,
         lander: &mut land::Lander<'_, C>,
-        budget: &mut Budget,
+        budget: &mut Evaluations,
     ) -> Option<Plan<C::Pod>> {
         tries.sort_by_key(|(c, spare)| (c.core_moved, *spare));
         let mix = self.placer.mix.or_whole_gpu();

@@ -29,9 +29,9 @@ use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
 use crate::placement::learn::LearningPlacer;
 use crate::quota::pending::now_second;
 
-use crate::backend::controller::Controller;
-use crate::backend::leadership::Leader;
-use crate::backend::pod_events::PodEvents;
+use super::leadership::Leader;
+use super::pod_events::PodEvents;
+use super::skeleton::Controller;
 
 use super::mover::{Carried, Ended, KubeHands, Move, carry_out};
 

@@ -26,11 +26,11 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
-use super::controller::{Controller, Recent};
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
-use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
-use super::{Backend, ChargeError};
+use super::skeleton::{Controller, Recent};
+use crate::backend::quota_writer::{Ask, ChargeOutcome, read_quotas};
+use crate::backend::{Backend, ChargeError};
 
 /// A pass runs at least this often, for what no watch event announces (time passing
 /// makes a pod overdue).

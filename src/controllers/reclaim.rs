@@ -31,10 +31,10 @@ use crate::quota::QuotaView;
 use crate::quota::cohort::{BORROWED_ANNOTATION, Standing};
 use crate::quota::pool::{borrowing_pods, reclaim_plan};
 
-use super::Backend;
-use super::controller::{Controller, Recent};
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
+use super::skeleton::{Controller, Recent};
+use crate::backend::Backend;
 
 /// Borrowed annotations written at once.
 const MARKS_IN_FLIGHT: usize = 16;

@@ -20,9 +20,11 @@ use crate::quota::status::reconciled_status;
 use crate::quota::status::views_with_status;
 use crate::quota::{GPUQuota, ModelAmounts, quota_name};
 
-use super::QUOTA_RESYNC;
-use super::controller::Controller;
-use super::quota_writer::replace_status;
+use super::skeleton::Controller;
+use crate::backend::quota_writer::replace_status;
+
+/// How often GPUQuota status is recomputed from the pods even when nothing left.
+const QUOTA_RESYNC: Duration = Duration::from_secs(15);
 
 /// The reconciler: every replica keeps the status true (its writes carry the version
 /// read, so replicas never undo each other).

@@ -39,14 +39,22 @@ pub(crate) trait Controller: Send {
     fn stand_by(&mut self) {}
 }
 
-/// Run `controller` pass after pass until `shutdown`: every [`Controller::EVERY`], and
+/// What every controller runs with: the cache it waits on and reads, and the shutdown
+/// it stops at.
+#[derive(Clone)]
+pub(crate) struct Harness {
+    pub(crate) cache: ClusterCache,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// Run `controller` pass after pass until shutdown: every [`Controller::EVERY`], and
 /// whenever `wake` is notified (something it keeps changed).
 pub(crate) async fn run<C: Controller>(
     mut controller: C,
-    cache: ClusterCache,
     wake: Option<Arc<Notify>>,
-    shutdown: CancellationToken,
+    harness: Harness,
 ) {
+    let Harness { cache, shutdown } = harness;
     let mut ticker = tokio::time::interval(C::EVERY);
     // A controller nobody wakes waits on a Notify nobody notifies.
     let wake = wake.unwrap_or_default();

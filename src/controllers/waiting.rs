@@ -21,9 +21,9 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::backend::controller::Controller;
-use crate::backend::leadership::Leader;
-use crate::backend::pod_events::PodEvents;
+use super::leadership::Leader;
+use super::pod_events::PodEvents;
+use super::skeleton::Controller;
 use crate::cache::pod::{WAITING_CONDITION, WaitingShown, key_parts, message_fingerprint};
 use crate::cache::{ClusterCache, PodKey};
 use crate::config::Config;

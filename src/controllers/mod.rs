@@ -50,6 +50,7 @@ pub(crate) fn spawn_all(
     let cache = state.cache();
     let harness = Harness {
         cache: cache.clone(),
+        metrics: state.metrics.controllers.clone(),
         shutdown: shutdown.clone(),
     };
     let reconciler = reconcile::Reconciler {

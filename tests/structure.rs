@@ -428,7 +428,8 @@ fn call_at(text: &str, open: usize) -> &str {
 
 /// Every task the product spawns runs in a span, so its lines can be tied to what
 /// started it: a `tokio::spawn` is given an instrumented future (directly, or a
-/// variable bound to one), and a blocking task enters its caller's span.
+/// variable bound to one), and a blocking task or a thread (`std::thread::spawn`, a
+/// scoped one) enters a span.
 #[test]
 fn every_spawned_task_runs_in_a_span() {
     let mut bare = Vec::new();
@@ -445,10 +446,12 @@ fn every_spawned_task_runs_in_a_span() {
                 bare.push(format!("{rel}: tokio::spawn{argument}"));
             }
         }
-        for (at, call) in text.match_indices("spawn_blocking(") {
-            let argument = call_at(&text, at + call.len() - 1);
-            if !argument.contains("in_scope") {
-                bare.push(format!("{rel}: spawn_blocking{argument}"));
+        for spawn in ["spawn_blocking(", "thread::spawn(", "scope.spawn("] {
+            for (at, call) in text.match_indices(spawn) {
+                let argument = call_at(&text, at + call.len() - 1);
+                if !argument.contains("in_scope") {
+                    bare.push(format!("{rel}: {spawn}{argument}"));
+                }
             }
         }
     }

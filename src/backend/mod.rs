@@ -2,8 +2,10 @@
 //!
 //! - **API mode**: the cluster cache is fed by watches; a quota charge is written into
 //!   `GPUQuota.status` by the [`QuotaWriter`] before it is answered, placements are
-//!   written onto pods (a merge patch, or a Binding), the reconciler keeps the status
-//!   true, and a pod the watch has not brought yet is read from the API server.
+//!   written onto pods (a merge patch, or a Binding), and a pod the watch has not
+//!   brought yet is read from the API server. The controllers that keep the cluster
+//!   true (the reconciler, the queue's releaser, ...) run beside it (`controllers`),
+//!   with its client.
 //! - **Offline mode** (`--cluster FILE`): the in-memory cache *is* the cluster. A charge
 //!   is decided against usage counted from the cached pods and the admitted object joins
 //!   the cache under the same lock, so concurrent creates never over-admit; a placement

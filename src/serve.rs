@@ -1,6 +1,6 @@
-//! `gpu-admission serve`: assemble config, cache, TLS and the listeners — one per door:
-//! webhooks, extender, admin, and the optional plain extender port — and run until
-//! SIGTERM/SIGINT. Whether the server runs against the API or a file is decided here,
+//! `gpu-admission serve`: assemble config, cache, TLS, the background controllers
+//! (`controllers::spawn_all`) and the listeners — one per door: webhooks, extender,
+//! admin, and the optional plain extender port — and run until SIGTERM/SIGINT. Whether the server runs against the API or a file is decided here,
 //! once, by which backend it builds.
 
 use std::path::{Path, PathBuf};

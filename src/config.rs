@@ -141,7 +141,7 @@ pub(crate) enum DefragMode {
     /// is evicted.
     DryRun,
     /// Plans are carried out: the freed GPUs held, the moved pods evicted through the
-    /// Eviction API (the GPU scheduler's sidecar, `tell::mover`).
+    /// Eviction API (the GPU scheduler's sidecar, `controllers::mover`).
     Evict,
 }
 

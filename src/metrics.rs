@@ -38,6 +38,85 @@ pub struct ReasonLabels {
     pub(crate) reason: &'static str,
 }
 
+/// A background controller, by its name (`Controller::NAME`: a closed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+/// A controller's passes, by how they ended (`ok`, `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassLabels {
+    controller: &'static str,
+    outcome: &'static str,
+}
+
+/// The background controllers' passes (`controllers::skeleton`): how many ended well or
+/// not, when one last ended well, how long they take. Clones count into the same series.
+#[derive(Clone)]
+pub(crate) struct ControllerMetrics {
+    passes: Family<PassLabels, Counter>,
+    last_success: Family<ControllerLabels, Gauge>,
+    pass_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+}
+
+impl ControllerMetrics {
+    fn new() -> Self {
+        ControllerMetrics {
+            passes: Family::default(),
+            last_success: Family::default(),
+            pass_duration: Family::new_with_constructor(pass_histogram),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "controller_passes",
+            "Passes of the background controllers that run on this replica, by controller and outcome: ok, or error (some object it meant to act on was not acted on: an API call failed or timed out, or an object could not be read; the next pass comes sooner, with backoff)",
+            self.passes.clone(),
+        );
+        registry.register(
+            "controller_last_success_timestamp_seconds",
+            "When a controller's last pass that ended ok ended (unix seconds; 0: none yet since this replica started)",
+            self.last_success.clone(),
+        );
+        registry.register(
+            "controller_pass_duration_seconds",
+            "How long a controller's passes take, whatever their outcome",
+            self.pass_duration.clone(),
+        );
+    }
+
+    /// Every series of `controller` at zero, as it starts on this replica: a series born
+    /// at its first pass shows Prometheus no increase, so a first failure would be missed.
+    pub(crate) fn start(&self, controller: &'static str) {
+        for outcome in ["ok", "error"] {
+            let _ = self.passes.get_or_create(&PassLabels {
+                controller,
+                outcome,
+            });
+        }
+        let labels = ControllerLabels { controller };
+        let _ = self.last_success.get_or_create(&labels);
+        let _ = self.pass_duration.get_or_create(&labels);
+    }
+
+    /// A pass of `controller` ended, after `seconds`, at `now` (unix seconds).
+    pub(crate) fn pass(&self, controller: &'static str, ok: bool, seconds: f64, now: i64) {
+        let outcome = if ok { "ok" } else { "error" };
+        (self.passes.get_or_create(&PassLabels {
+            controller,
+            outcome,
+        }))
+        .inc();
+        let labels = ControllerLabels { controller };
+        self.pass_duration.get_or_create(&labels).observe(seconds);
+        if ok {
+            self.last_success.get_or_create(&labels).set(now);
+        }
+    }
+}
+
 /// Reclaim's evictions of borrowing pods, by what became of them (`evicted`, `blocked`
 /// by a PodDisruptionBudget).
 pub(crate) type EvictionCounter = Family<ReasonLabels, Counter>;
@@ -109,6 +188,8 @@ pub struct Metrics {
     /// `defrag.mode: Evict`: seconds from a plan's first eviction to its pending pod's
     /// binding.
     pub(crate) defrag_plan_to_bind: Histogram,
+    /// The background controllers' passes.
+    pub(crate) controllers: ControllerMetrics,
     gpu_seconds: ShowbackCounter,
     /// One scrape brings the counters up to the cache's meters at a time, so two
     /// scrapes never add the same seconds twice.
@@ -131,6 +212,12 @@ const ROUTES: [&str; 7] = [
 fn wait_histogram() -> Histogram {
     // 1 s .. ~9 h
     Histogram::new(exponential_buckets(1.0, 2.0, 16))
+}
+
+fn pass_histogram() -> Histogram {
+    // 1 ms .. ~2 min: a teller's pass is bounded to 100 ms of judging, a releaser's may
+    // wait out a minute of retries.
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
 }
 
 fn latency_histogram() -> Histogram {
@@ -264,6 +351,8 @@ impl Default for Metrics {
             "Free GPUs (fractions count) by node model and cause: unavailable (cordoned, tainted, not Ready), fragmented (no task of the request mix could start on them), quota_blocked (usable while pods that could use them wait in the quota queue), idle; the causes sum to the free capacity",
             free_gpus.clone(),
         );
+        let controllers = ControllerMetrics::new();
+        controllers.register(&mut registry);
         let gpu_seconds = ShowbackCounter::default();
         registry.register(
             "gpu_seconds",
@@ -272,6 +361,7 @@ impl Default for Metrics {
         );
         Metrics {
             registry,
+            controllers,
             gpu_seconds,
             showback_scrape: parking_lot::Mutex::new(()),
             quota_borrowed,
@@ -391,6 +481,7 @@ mod tests {
         };
         m.free_gpus.get_or_create(&free).set(1.0);
         m.set_gpu_seconds(vec![("n".into(), "m".into(), 1.0)]);
+        m.controllers.pass("reconcile", true, 0.1, 1);
         let text = m.encode();
         let mut names = BTreeSet::new();
         for line in text.lines() {

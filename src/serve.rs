@@ -1,6 +1,6 @@
-//! `gpu-admission serve`: assemble config, cache, TLS and the listeners — one per door:
-//! webhooks, extender, admin, and the optional plain extender port — and run until
-//! SIGTERM/SIGINT. Whether the server runs against the API or a file is decided here,
+//! `gpu-admission serve`: assemble config, cache, TLS, the background controllers
+//! (`controllers::spawn_all`) and the listeners — one per door: webhooks, extender,
+//! admin, and the optional plain extender port — and run until SIGTERM/SIGINT. Whether the server runs against the API or a file is decided here,
 //! once, by which backend it builds.
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::Backend;
-use crate::backend::controller;
-use crate::backend::leadership::Leader;
 use crate::cache::Projection;
 use crate::certs::{self, CertFiles};
 use crate::cli::ServeArgs;
@@ -32,39 +30,6 @@ pub use crate::api_client::kube_client;
 
 const DEV_CERT_DIR: &str = "webhook-certs";
 
-/// API mode, on the sidecar: the controllers that tell pods what gpu-admission judges of
-/// them, acting while `leader` holds the controller Lease: the Waiting condition
-/// (`tell::waiting`) and, with `defrag.mode` DryRun or Evict, the planner's plans,
-/// told or carried out (`tell::defrag`).
-fn spawn_tellers(
-    state: &AppState,
-    client: kube::Client,
-    leader: &Leader,
-    shutdown: &CancellationToken,
-) {
-    let (cache, placer, config) = (state.cache(), &state.placer, &state.config);
-    let teller = crate::tell::waiting::Teller::new(
-        cache.clone(),
-        client.clone(),
-        placer.clone(),
-        config.clone(),
-        leader.clone(),
-    );
-    let tell = controller::run(teller, cache.clone(), None, shutdown.clone());
-    tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
-    if config.defrag.mode != crate::config::DefragMode::Off {
-        let planner = crate::tell::defrag::Planner::new(
-            cache.clone(),
-            client,
-            placer.clone(),
-            config.clone(),
-            state.metrics.clone(),
-            leader.clone(),
-        );
-        let plan = controller::run(planner, cache.clone(), None, shutdown.clone());
-        tokio::spawn(plan.instrument(tracing::info_span!("defrag")));
-    }
-}
 /// Connection cap of the admin listener (probes and metrics scrapes).
 const ADMIN_CONNECTIONS: usize = 64;
 
@@ -102,40 +67,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => {
             let client =
                 crate::api_client::kube_client(kubeconfig.as_deref(), master.as_deref()).await?;
-            let (backend, run) = Backend::from_api(client, projection, shutdown.clone());
-            tokio::spawn(run.instrument(tracing::info_span!("cluster_cache")));
+            let (backend, watches) = Backend::from_api(client, projection, shutdown.clone());
+            tokio::spawn(watches.instrument(tracing::info_span!("cluster_cache")));
             backend
         }
     };
     let mode = backend.mode_name();
-    let rules = config.queue_rules();
     let state = AppState::with_body_timeout(backend, config, limits.request_timeout);
-    let waits = state.metrics.quota_queue_wait.clone();
-    let leader = Leader::default();
-    let releaser = state.backend.queue_releaser(rules, waits, leader.clone());
-    let mut lease_task = None;
-    if let Some(releaser) = releaser.filter(|_| release_queue) {
-        let wake = Some(state.cache().queue_moved());
-        let release = controller::run(releaser, state.cache().clone(), wake, shutdown.clone());
-        tokio::spawn(release.instrument(tracing::info_span!("queue_release")));
-        // The process that may write pods (the GPU scheduler's sidecar) also evicts for
-        // cohorts' reclaim and tells pending pods why they wait; one such replica at a
-        // time reclaims and tells.
-        if let Some(lease) = state.backend.controller_lease() {
-            let span = tracing::info_span!("controller_lease");
-            let run = lease.run(leader.clone(), shutdown.clone()).instrument(span);
-            lease_task = Some(tokio::spawn(run));
-        }
-        if let Some(client) = state.backend.client() {
-            spawn_tellers(&state, client, &leader, &shutdown);
-        }
-        let evictions = state.metrics.reclaim_evictions.clone();
-        let bound = state.config.reclaim.clone();
-        if let Some(reclaimer) = state.backend.reclaimer(evictions, bound, leader) {
-            let reclaim = controller::run(reclaimer, state.cache().clone(), None, shutdown.clone());
-            tokio::spawn(reclaim.instrument(tracing::info_span!("reclaim")));
-        }
-    }
+    let lease_task = crate::controllers::spawn_all(&state, release_queue, &shutdown);
     state
         .metrics
         .tls_not_after

@@ -110,6 +110,7 @@ fn no_import_cycle_between_top_level_modules() {
         let above = [
             "cache",
             "backend",
+            "controllers",
             "admission",
             "extender",
             "server",
@@ -126,6 +127,7 @@ fn no_import_cycle_between_top_level_modules() {
     // The command line is the top edge: what it configures below it is defined below
     // it (a listener's limits in `server`), never read from `cli`.
     let below_the_cli = [
+        "controllers",
         "server",
         "wire",
         "admission",
@@ -452,7 +454,8 @@ fn call_at(text: &str, open: usize) -> &str {
 
 /// Every task the product spawns runs in a span, so its lines can be tied to what
 /// started it: a `tokio::spawn` is given an instrumented future (directly, or a
-/// variable bound to one), and a blocking task enters its caller's span.
+/// variable bound to one), and a blocking task or a thread (`std::thread::spawn`, a
+/// scoped one) enters a span.
 #[test]
 fn every_spawned_task_runs_in_a_span() {
     let mut bare = Vec::new();
@@ -469,10 +472,12 @@ fn every_spawned_task_runs_in_a_span() {
                 bare.push(format!("{rel}: tokio::spawn{argument}"));
             }
         }
-        for (at, call) in text.match_indices("spawn_blocking(") {
-            let argument = call_at(&text, at + call.len() - 1);
-            if !argument.contains("in_scope") {
-                bare.push(format!("{rel}: spawn_blocking{argument}"));
+        for spawn in ["spawn_blocking(", "thread::spawn(", "scope.spawn("] {
+            for (at, call) in text.match_indices(spawn) {
+                let argument = call_at(&text, at + call.len() - 1);
+                if !argument.contains("in_scope") {
+                    bare.push(format!("{rel}: {spawn}{argument}"));
+                }
             }
         }
     }
@@ -501,7 +506,7 @@ const WRITERS: [(&str, &str); 5] = [
     ),
     ("backend/quota_writer.rs", "quotas it wrote or read fresh"),
     (
-        "backend/reconcile.rs",
+        "controllers/reconcile.rs",
         "quotas it wrote; deletions past their grace",
     ),
     (

@@ -23,7 +23,7 @@ use kube::api::{Api, PostParams};
 
 /// The namespace the Leases live in: gpu-admission's own (`POD_NAMESPACE` from the
 /// downward API), where tenants have no rights.
-pub(super) fn lease_namespace() -> String {
+pub(crate) fn lease_namespace() -> String {
     std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "gpu-admission".to_string())
 }
 

@@ -2,8 +2,10 @@
 //!
 //! - **API mode**: the cluster cache is fed by watches; a quota charge is written into
 //!   `GPUQuota.status` by the [`QuotaWriter`] before it is answered, placements are
-//!   written onto pods (a merge patch, or a Binding), the reconciler keeps the status
-//!   true, and a pod the watch has not brought yet is read from the API server.
+//!   written onto pods (a merge patch, or a Binding), and a pod the watch has not
+//!   brought yet is read from the API server. The controllers that keep the cluster
+//!   true (the reconciler, the queue's releaser, ...) run beside it (`controllers`),
+//!   with its client.
 //! - **Offline mode** (`--cluster FILE`): the in-memory cache *is* the cluster. A charge
 //!   is decided against usage counted from the cached pods and the admitted object joins
 //!   the cache under the same lock, so concurrent creates never over-admit; a placement
@@ -16,18 +18,11 @@
 
 pub(crate) mod access;
 mod cohort_lease;
-pub(crate) mod controller;
-pub mod leadership;
-pub(crate) mod pod_events;
 pub mod quota_writer;
-pub mod reclaim;
-pub mod reconcile;
-pub mod release;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -40,10 +35,8 @@ use crate::cache::{
 use crate::quota::pending::{ChargeId, CreatedSecond};
 use crate::quota::{Charge, ModelAmounts};
 
+pub(crate) use cohort_lease::lease_namespace;
 pub use quota_writer::{Ask, ChargeError, ChargeOutcome, QuotaWriter};
-
-/// How often GPUQuota status is recomputed from the pods even when nothing left.
-const QUOTA_RESYNC: Duration = Duration::from_secs(15);
 
 /// Recording a placement on the pod failed; the hold is rolled back.
 #[derive(Debug, thiserror::Error)]
@@ -117,23 +110,14 @@ impl Backend {
     }
 
     /// API mode: the backend (its cache not ready until every watch has listed once) and
-    /// the future that runs the watches and the quota reconciler until `shutdown`.
+    /// the future that runs the watches until `shutdown`. The controllers that keep the
+    /// cluster true run beside it (`controllers::spawn_all`).
     pub(crate) fn from_api(
         client: kube::Client,
         projection: Projection,
         shutdown: CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()>) {
-        let (cache, watches) = ClusterCache::from_api(client.clone(), projection, shutdown.clone());
-        let reconciler = reconcile::Reconciler {
-            cache: cache.clone(),
-            client: client.clone(),
-        };
-        let reconciler = controller::run(
-            reconciler,
-            cache.clone(),
-            Some(cache.usage_moved()),
-            shutdown,
-        );
+        let (cache, watches) = ClusterCache::from_api(client.clone(), projection, shutdown);
         let backend = Backend {
             cache,
             mode: Mode::Api {
@@ -142,75 +126,18 @@ impl Backend {
             },
             binds_seen: Arc::default(),
         };
-        let run = async move {
-            tokio::join!(watches, reconciler);
-        };
-        (backend, run)
+        (backend, watches)
     }
 
     pub fn cache(&self) -> &ClusterCache {
         &self.cache
     }
 
-    /// API mode: the quota queue's releaser (run it until shutdown with
-    /// [`controller::run`]). Offline there is none: nothing schedules the file's
-    /// pods, so a gated pod simply stays gated (docs/quota.md).
-    /// The task that evicts borrowing pods when a cohort's lender takes back what it
-    /// lent (API mode only: offline nothing runs).
-    pub fn reclaimer(
-        &self,
-        evictions: crate::metrics::EvictionCounter,
-        bound: crate::config::ReclaimConfig,
-        leader: leadership::Leader,
-    ) -> Option<reclaim::Reclaimer> {
-        match &self.mode {
-            Mode::Api { client, .. } => Some(reclaim::Reclaimer::new(
-                self.clone(),
-                client.clone(),
-                evictions,
-                bound,
-                leader,
-            )),
-            Mode::Offline => None,
-        }
-    }
-
-    pub(crate) fn queue_releaser(
-        &self,
-        rules: crate::quota::queue::QueueRules,
-        waits: crate::metrics::WaitHistogram,
-        leader: leadership::Leader,
-    ) -> Option<release::Releaser> {
-        match &self.mode {
-            Mode::Api { client, .. } => Some(release::Releaser::new(
-                self.clone(),
-                client.clone(),
-                rules,
-                waits,
-                leader,
-            )),
-            Mode::Offline => None,
-        }
-    }
-
-    /// API mode: the client the controllers that tell pods what they decide (`explain`'s
-    /// teller, `defrag`'s dry run) write with. Offline there is none: nothing to tell.
+    /// API mode: the client the background controllers read and write with
+    /// (`controllers`). Offline there is none: nothing runs beside the file.
     pub(crate) fn client(&self) -> Option<kube::Client> {
         match &self.mode {
             Mode::Api { client, .. } => Some(client.clone()),
-            Mode::Offline => None,
-        }
-    }
-
-    /// API mode: the task that holds the controller Lease whenever it may (run it until
-    /// shutdown), and the flag that says whether it holds it: the replica that reclaims
-    /// and tells queued pods why they wait (`leadership`).
-    pub(crate) fn controller_lease(&self) -> Option<leadership::Leadership> {
-        match &self.mode {
-            Mode::Api { client, .. } => Some(leadership::Leadership::new(
-                client.clone(),
-                leadership::CONTROLLER_LEASE,
-            )),
             Mode::Offline => None,
         }
     }

@@ -400,7 +400,7 @@ fn answer_all(waiting: Vec<PendingWrite>, error: &ChargeError) {
 
 /// The namespace's quotas: the cache's copies (the watch's, or our own last writes), or
 /// read from the API server when `fresh` (and then put in the cache).
-pub(super) async fn read_quotas(
+pub(crate) async fn read_quotas(
     api: &Api<GPUQuota>,
     cache: &ClusterCache,
     namespace: &str,

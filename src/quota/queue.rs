@@ -2,7 +2,7 @@
 //! wait for quota are let go, and which of them the quotas have room for now.
 //!
 //! A waiting pod was created with the scheduling gate [`QUOTA_GATE`] and charged nothing.
-//! The releaser (`backend::release`) asks [`plan`] which pods to let go, charges each
+//! The releaser (`controllers::release`) asks [`plan`] which pods to let go, charges each
 //! through the same exact ledger as admission, and only then removes the gate.
 //!
 //! **The order.** Higher `spec.priority` first, then older `creationTimestamp`, then

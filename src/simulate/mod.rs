@@ -297,18 +297,23 @@ fn defrag_limits(args: &SimulateArgs) -> Vec<Option<Limits>> {
 /// deterministic, so the order they finish in changes nothing.
 fn in_parallel<T: Send>(seeds: &[u64], work: impl Fn(u64) -> T + Sync) -> Vec<T> {
     let workers = std::thread::available_parallelism().map_or(1, usize::from);
-    let next = AtomicUsize::new(0);
+    let (next, work) = (&AtomicUsize::new(0), &work);
+    // Each worker's lines in a span of its own, under the caller's.
+    let caller = tracing::Span::current();
     let mut results: Vec<(usize, T)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers.min(seeds.len()))
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&seed) = seeds.get(i) else { break };
-                        mine.push((i, work(seed)));
-                    }
-                    mine
+            .map(|worker| {
+                let span = tracing::info_span!(parent: &caller, "simulate_worker", worker);
+                scope.spawn(move || {
+                    span.in_scope(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(&seed) = seeds.get(i) else { break };
+                            mine.push((i, work(seed)));
+                        }
+                        mine
+                    })
                 })
             })
             .collect();

@@ -17,6 +17,8 @@ use crate::cache::plan_hold::{PLAN_HOLD_ANNOTATION, PlanHold};
 use crate::cache::pod::key_parts;
 use crate::snapshot::MOVABLE_ANNOTATION;
 
+use super::skeleton::bounded;
+
 /// A plan ready to be carried out: the pending pod, and the moves with their holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Carried {
@@ -216,7 +218,7 @@ impl KubeHands {
     /// Read the pod `key`; `shown` is how an error names it.
     async fn read(&self, key: &str, shown: &str) -> Result<Pod, Stale> {
         let (pods, name) = self.pods(key);
-        match pods.get_opt(&name).await {
+        match bounded(pods.get_opt(&name)).await {
             Ok(Some(pod)) => Ok(pod),
             Ok(None) => Err(Stale::Gone(shown.to_string())),
             Err(error) => {
@@ -235,7 +237,7 @@ impl KubeHands {
         let annotations = serde_json::json!({ PLAN_HOLD_ANNOTATION: text });
         let patch = serde_json::json!({"metadata": {"uid": plan.uid, "annotations": annotations}});
         let params = PatchParams::default();
-        pods.patch(&name, &params, &Patch::Merge(&patch))
+        bounded(pods.patch(&name, &params, &Patch::Merge(&patch)))
             .await
             .map(drop)
     }
@@ -274,7 +276,7 @@ impl Hands for KubeHands {
             }),
             ..Default::default()
         };
-        match pods.evict(&name, &params).await {
+        match bounded(pods.evict(&name, &params)).await {
             Ok(_) => Evicted::Yes,
             Err(kube::Error::Api(status)) if status.code == 429 => Evicted::Refused(format!(
                 "evicting {key} was refused: a PodDisruptionBudget allows no disruption now"

@@ -31,10 +31,10 @@ use crate::quota::QuotaView;
 use crate::quota::cohort::{BORROWED_ANNOTATION, Standing};
 use crate::quota::pool::{borrowing_pods, reclaim_plan};
 
-use super::Backend;
-use super::controller::{Controller, Recent};
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
+use super::skeleton::{Controller, Failures, PassError, Recent, bounded};
+use crate::backend::Backend;
 
 /// Borrowed annotations written at once.
 const MARKS_IN_FLIGHT: usize = 16;
@@ -147,8 +147,9 @@ impl Reclaimer {
         }
     }
 
-    /// One pass over every cohort; returns how many pods were evicted or deleted.
-    async fn pass_all(&mut self) -> usize {
+    /// One pass over every cohort: how many pods were evicted or deleted, or what failed
+    /// (the other pods are still taken back, and the failed ones tried next pass).
+    async fn pass_all(&mut self) -> Result<usize, PassError> {
         let now = Instant::now();
         self.protected.forget(now, |_| true);
         let protected = &self.protected;
@@ -163,6 +164,7 @@ impl Reclaimer {
             .retain(|_, c| now.duration_since(c.planned) < FORGET);
         let timeout = Duration::from_secs(self.bound.timeout_seconds.into());
         let mut acted = 0;
+        let mut failures = Failures::default();
         for planned in planned {
             let chosen = (self.chosen.entry(planned.pod.clone()))
                 .and_modify(|c| match c.uid == planned.uid {
@@ -171,51 +173,61 @@ impl Reclaimer {
                 })
                 .or_insert_with(|| Chosen::new(&planned.uid, now));
             let act = chosen.act(planned.leaving, now, timeout);
-            match act {
-                Act::Evict => acted += usize::from(self.evict(&planned, now).await),
-                Act::Delete => acted += usize::from(self.delete(&planned).await),
-                Act::Wait => {}
+            let done = match act {
+                Act::Evict => self.evict(&planned, now).await,
+                Act::Delete => self.delete(&planned).await,
+                Act::Wait => Ok(false),
+            };
+            match done {
+                Ok(done) => acted += usize::from(done),
+                Err(error) => failures.note(error),
             }
         }
-        self.mark_borrowers().await;
-        acted
+        self.mark_borrowers(&mut failures).await;
+        failures.outcome(acted)
     }
 
     /// Put the borrowed annotations on the pods that borrow, and take them off the others.
-    async fn mark_borrowers(&self) {
+    async fn mark_borrowers(&self, failures: &mut Failures) {
         let (put, take) = self.backend.cache().read(marks);
         let marks = put.into_iter().map(|(pod, model)| (pod, Some(model)));
         let marks = marks.chain(take.into_iter().map(|pod| (pod, None)));
-        futures::stream::iter(marks)
-            .for_each_concurrent(MARKS_IN_FLIGHT, |(pod, model)| async move {
-                self.mark(&pod, model).await
-            })
+        let failed: Vec<kube::Error> = futures::stream::iter(marks)
+            .map(|(pod, model)| async move { self.mark(&pod, model).await })
+            .buffer_unordered(MARKS_IN_FLIGHT)
+            .filter_map(|marked| std::future::ready(marked.err()))
+            .collect()
             .await;
+        failed.into_iter().for_each(|error| failures.note(error));
     }
 
     /// Put the borrowed annotation on `pod` (naming `model`) with the terms it may be taken
-    /// back on, or take both off.
-    async fn mark(&self, pod: &PodKey, model: Option<String>) {
+    /// back on, or take both off. A pod gone meanwhile is no failure.
+    async fn mark(&self, pod: &PodKey, model: Option<String>) -> Result<(), kube::Error> {
         let (namespace, name) = key_parts(pod);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let terms = model.as_ref().map(|_| reclaim_terms(&self.bound));
         let annotations =
             serde_json::json!({BORROWED_ANNOTATION: model, RECLAIM_ANNOTATION: terms});
         let patch = serde_json::json!({"metadata": {"annotations": annotations}});
-        if let Err(error) = pods
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::debug!(%namespace, pod = %name, %error, "cannot update the borrowed annotation");
+        let params = PatchParams::default();
+        match bounded(pods.patch(name, &params, &Patch::Merge(&patch))).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => {
+                tracing::debug!(%namespace, pod = %name, %error, "cannot update the borrowed annotation");
+                Err(error)
+            }
         }
     }
 
-    /// Evict `planned` through the Eviction API; `true` when it was.
-    async fn evict(&mut self, planned: &Planned, now: Instant) -> bool {
+    /// Evict `planned` through the Eviction API: `true` when it was, `false` when a
+    /// budget refused or the pod is gone; an error when the API server did not answer.
+    async fn evict(&mut self, planned: &Planned, now: Instant) -> Result<bool, kube::Error> {
         let (namespace, name) = key_parts(&planned.pod);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let (cohort, model, by) = (&planned.cohort, &planned.model, planned.by.join(", "));
-        let outcome = pods.evict(name, &EvictParams::default()).await;
+        let outcome = bounded(pods.evict(name, &EvictParams::default())).await;
         if let Some(chosen) = self.chosen.get_mut(&planned.pod) {
             chosen.tried = Some(now);
         }
@@ -227,7 +239,7 @@ impl Reclaimer {
                     "evicted: cohort {cohort} takes back the {model} GPUs this pod borrowed, for namespace {by}"
                 );
                 self.tell(planned, EventType::Normal, "QuotaReclaimed", &note);
-                true
+                Ok(true)
             }
             Err(kube::Error::Api(status)) if status.code == 429 => {
                 self.protected.note(planned.pod.clone(), now);
@@ -242,20 +254,21 @@ impl Reclaimer {
                     );
                     self.tell(planned, EventType::Warning, "QuotaReclaimBlocked", &note);
                 }
-                false
+                Ok(false)
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => false,
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
             Err(error) => {
                 tracing::warn!(%namespace, pod = %name, %error, "cannot evict a borrowing pod");
-                false
+                Err(error)
             }
         }
     }
 
     /// Delete `planned` with a grace period of at most `reclaim.maxGraceSeconds` (the
     /// API server shortens the grace of a pod already being deleted, never lengthens
-    /// it), on its uid; `true` when it was.
-    async fn delete(&mut self, planned: &Planned) -> bool {
+    /// it), on its uid: `true` when it was, `false` when it is gone or another pod has
+    /// its name; an error when the API server did not answer.
+    async fn delete(&mut self, planned: &Planned) -> Result<bool, kube::Error> {
         let (namespace, name) = key_parts(&planned.pod);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let grace = self.bound.max_grace_seconds;
@@ -267,7 +280,7 @@ impl Reclaimer {
             }),
             ..DeleteParams::default()
         };
-        let outcome = pods.delete(name, &params).await;
+        let outcome = bounded(pods.delete(name, &params)).await;
         if let Some(chosen) = self.chosen.get_mut(&planned.pod) {
             chosen.deleted = outcome.is_ok();
         }
@@ -281,12 +294,12 @@ impl Reclaimer {
                     "deleted with a grace period of at most {grace}s: cohort {cohort} takes back the {model} GPUs this pod borrowed, for namespace {by}, and it was still here {timeout}s after it was chosen"
                 );
                 self.tell(planned, EventType::Warning, "QuotaReclaimDeleted", &note);
-                true
+                Ok(true)
             }
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => false,
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
             Err(error) => {
                 tracing::warn!(%namespace, pod = %name, %error, "cannot delete a borrowing pod");
-                false
+                Err(error)
             }
         }
     }
@@ -390,7 +403,7 @@ impl Controller for Reclaimer {
     const NAME: &'static str = "reclaim";
     const EVERY: Duration = TICK;
 
-    async fn pass(&mut self) -> usize {
+    async fn pass(&mut self) -> Result<usize, PassError> {
         self.pass_all().await
     }
 

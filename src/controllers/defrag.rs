@@ -30,9 +30,9 @@ use crate::placement::learn::LearningPlacer;
 use crate::quota::pending::now_second;
 use crate::snapshot::Snapshot;
 
-use crate::backend::controller::Controller;
-use crate::backend::leadership::Leader;
-use crate::backend::pod_events::PodEvents;
+use super::leadership::Leader;
+use super::pod_events::PodEvents;
+use super::skeleton::{Controller, Failures, PassError};
 
 use super::mover::{Carried, Ended, KubeHands, Move, carry_out};
 
@@ -40,6 +40,20 @@ use super::mover::{Carried, Ended, KubeHands, Move, carry_out};
 const PODS_PER_PASS: usize = 8;
 /// A pod's plan is worked out again at most this often (the cluster drifts).
 const REPLAN: Duration = Duration::from_secs(60);
+
+/// Why a pass planned nothing, or a plan carried out stopped for want of an answer.
+#[derive(Debug, thiserror::Error)]
+enum PlanError {
+    #[error("cannot read the cluster to plan: {0:#}")]
+    Read(anyhow::Error),
+    #[error("cannot plan: {0:#}")]
+    Plan(anyhow::Error),
+    #[error("planning failed: {0}")]
+    Join(tokio::task::JoinError),
+    /// An eviction the API server did not answer (the plan was aborted, its holds freed).
+    #[error("{0}")]
+    Evict(String),
+}
 
 /// What a pod is told: its plan, or why there is none.
 enum Answer {
@@ -140,17 +154,9 @@ impl Planner {
         &self,
         keys: Vec<String>,
         cooling: BTreeSet<String>,
-    ) -> Option<Vec<(String, Answer)>> {
-        let objects = match crate::snapshot::list_cluster(&self.client).await {
-            Ok(objects) => objects,
-            Err(error) => {
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    "cannot read the cluster to plan"
-                );
-                return None;
-            }
-        };
+    ) -> Result<Vec<(String, Answer)>, PlanError> {
+        let listed = crate::snapshot::list_cluster(&self.client).await;
+        let objects = listed.map_err(PlanError::Read)?;
         let config = self.config.clone();
         let plan = move || -> anyhow::Result<Vec<(String, Answer)>> {
             let limits = Limits {
@@ -176,15 +182,9 @@ impl Planner {
         };
         let span = tracing::Span::current();
         match tokio::task::spawn_blocking(move || span.in_scope(plan)).await {
-            Ok(Ok(answers)) => Some(answers),
-            Ok(Err(error)) => {
-                tracing::warn!(error = format!("{error:#}"), "cannot plan");
-                None
-            }
-            Err(error) => {
-                tracing::warn!(%error, "planning failed");
-                None
-            }
+            Ok(Ok(answers)) => Ok(answers),
+            Ok(Err(error)) => Err(PlanError::Plan(error)),
+            Err(error) => Err(PlanError::Join(error)),
         }
     }
 
@@ -239,15 +239,22 @@ impl Planner {
         }
     }
 
-    /// `Evict`: carry `plan` out for the pending pod `key`.
-    async fn carry(&mut self, key: PodKey, uid: &str, plan: PlanOut, now: Instant) {
+    /// `Evict`: carry `plan` out for the pending pod `key`; an error when an eviction
+    /// went unanswered (the plan stopped there, as for any other reason).
+    async fn carry(
+        &mut self,
+        key: PodKey,
+        uid: &str,
+        plan: PlanOut,
+        now: Instant,
+    ) -> Result<(), PlanError> {
         let Some(mut hold) = plan.hold.clone() else {
             let note = format!(
                 "{}; not carried out: a pod to move names no controller, or MIG slices would have to be held",
                 plan.sentence()
             );
             self.tell(key, uid, (EventType::Normal, "DefragPlan"), note, now);
-            return;
+            return Ok(());
         };
         let unix_now = now_second();
         hold.since = unix_now;
@@ -272,9 +279,11 @@ impl Planner {
                 client: self.client.clone(),
             },
             metrics: &self.metrics,
+            unanswered: None,
         };
         let started = Instant::now();
         let ended = carry_out(&mut hands, &carried).await;
+        let unanswered = hands.unanswered.take();
         // The controllers whose pod moved cool down, whether the plan went on or not.
         let moved = match &ended {
             Ended::Moved => carried.moves.len(),
@@ -307,6 +316,7 @@ impl Planner {
                 self.tell(key, uid, (EventType::Warning, "DefragAborted"), note, now);
             }
         }
+        unanswered.map_or(Ok(()), |why| Err(PlanError::Evict(why)))
     }
 }
 
@@ -314,6 +324,8 @@ impl Planner {
 struct CountingHands<'m> {
     hands: KubeHands,
     metrics: &'m Metrics,
+    /// Why an eviction failed for want of an answer, if one did.
+    unanswered: Option<String>,
 }
 
 impl super::mover::Hands for CountingHands<'_> {
@@ -330,7 +342,10 @@ impl super::mover::Hands for CountingHands<'_> {
         let outcome = match &evicted {
             super::mover::Evicted::Yes => "evicted",
             super::mover::Evicted::Refused(_) => "refused",
-            super::mover::Evicted::Failed(_) => "failed",
+            super::mover::Evicted::Failed(why) => {
+                self.unanswered = Some(why.clone());
+                "failed"
+            }
         };
         tracing::info!(pod = %plan.moves[index].pod, outcome, "defragmentation eviction");
         self.metrics
@@ -353,7 +368,7 @@ impl Controller for Planner {
         Some(&self.leader)
     }
 
-    async fn pass(&mut self) -> usize {
+    async fn pass(&mut self) -> Result<usize, PassError> {
         let now = Instant::now();
         let unix_now = now_second();
         let evict = self.config.defrag.mode == DefragMode::Evict;
@@ -362,12 +377,18 @@ impl Controller for Planner {
         }
         let due = self.fragmented(now, unix_now);
         if due.is_empty() {
-            return 0;
+            return Ok(0);
         }
         let keys: Vec<String> = due.iter().map(|(k, _)| k.to_string()).collect();
         let cooling = self.cooling.keys().cloned().collect();
-        let Some(answers) = self.plan(keys, cooling).await else {
-            return 0;
+        let mut failures = Failures::default();
+        let answers = match self.plan(keys, cooling).await {
+            Ok(answers) => answers,
+            Err(error) => {
+                tracing::warn!(%error, "cannot plan for the pods a fragmented cluster keeps waiting");
+                failures.note(error);
+                return failures.outcome(0);
+            }
         };
         let uids: HashMap<String, Box<str>> = (due.into_iter())
             .map(|(k, uid)| (k.to_string(), uid))
@@ -402,10 +423,12 @@ impl Controller for Planner {
                 self.tell(key, &uid, (EventType::Normal, "DefragPlan"), note, now);
             } else {
                 carried.extend(model);
-                self.carry(key, &uid, *plan, now).await;
+                if let Err(error) = self.carry(key, &uid, *plan, now).await {
+                    failures.note(error);
+                }
             }
             acted += 1;
         }
-        acted
+        failures.outcome(acted)
     }
 }

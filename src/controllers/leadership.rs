@@ -84,7 +84,7 @@ impl Leadership {
     pub fn new(client: Client, name: &str) -> Self {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "gpu-admission".into());
         Leadership {
-            api: Api::namespaced(client, &super::cohort_lease::lease_namespace()),
+            api: Api::namespaced(client, &crate::backend::lease_namespace()),
             name: name.to_string(),
             me: format!("{host}_{}_{}", std::process::id(), started_nanos()),
             seen: None,

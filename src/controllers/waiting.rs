@@ -21,9 +21,9 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::backend::controller::Controller;
-use crate::backend::leadership::Leader;
-use crate::backend::pod_events::PodEvents;
+use super::leadership::Leader;
+use super::pod_events::PodEvents;
+use super::skeleton::{Controller, Failures, PassError, bounded};
 use crate::cache::pod::{WAITING_CONDITION, WaitingShown, key_parts, message_fingerprint};
 use crate::cache::{ClusterCache, PodKey};
 use crate::config::Config;
@@ -281,8 +281,8 @@ impl Teller {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let patch = condition_patch(uid, write, &now);
-        api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await?;
+        let params = PatchParams::default();
+        bounded(api.patch_status(name, &params, &Patch::Strategic(&patch))).await?;
         if write.event {
             let code = write.verdict.code.name();
             let note = &write.verdict.message;
@@ -304,7 +304,7 @@ impl Controller for Teller {
         self.written.clear();
     }
 
-    async fn pass(&mut self) -> usize {
+    async fn pass(&mut self) -> Result<usize, PassError> {
         let start = Instant::now();
         // What this replica wrote is shown by the watch well within this long, or lost.
         self.written
@@ -347,6 +347,7 @@ impl Controller for Teller {
             .collect::<Vec<_>>()
             .await;
         let mut told = 0;
+        let mut failures = Failures::default();
         for (key, write, result) in done {
             match result {
                 Ok(()) => {
@@ -361,11 +362,12 @@ impl Controller for Teller {
                 // Gone, or another pod under its name: the watch will say.
                 Err(kube::Error::Api(status)) if [404, 409].contains(&status.code) => {}
                 Err(error) => {
-                    tracing::warn!(pod = %key, %error, "cannot write the Waiting condition")
+                    tracing::warn!(pod = %key, %error, "cannot write the Waiting condition");
+                    failures.note(error);
                 }
             }
         }
-        told
+        failures.outcome(told)
     }
 }
 

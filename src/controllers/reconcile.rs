@@ -18,11 +18,13 @@ use crate::quota::pending::PENDING_TTL;
 use crate::quota::pool;
 use crate::quota::status::reconciled_status;
 use crate::quota::status::views_with_status;
-use crate::quota::{GPUQuota, ModelAmounts, quota_name};
+use crate::quota::{GPUQuota, ModelAmounts, StatusError, quota_name};
 
-use super::QUOTA_RESYNC;
-use super::controller::Controller;
-use super::quota_writer::replace_status;
+use super::skeleton::{Controller, Failures, PassError, bounded};
+use crate::backend::quota_writer::replace_status;
+
+/// How often GPUQuota status is recomputed from the pods even when nothing left.
+const QUOTA_RESYNC: Duration = Duration::from_secs(15);
 
 /// The reconciler: every replica keeps the status true (its writes carry the version
 /// read, so replicas never undo each other).
@@ -35,18 +37,20 @@ impl Controller for Reconciler {
     const NAME: &'static str = "reconcile";
     const EVERY: Duration = QUOTA_RESYNC;
 
-    async fn pass(&mut self) -> usize {
+    async fn pass(&mut self) -> Result<usize, PassError> {
         reconcile_once(&self.cache, &self.client).await
     }
 }
 
-/// One pass over every quota; returns how many statuses were rewritten.
-pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
+/// One pass over every quota: how many statuses were rewritten, or what failed (a
+/// status that could not be read or written; the other quotas are still reconciled).
+async fn reconcile_once(cache: &ClusterCache, client: &Client) -> Result<usize, PassError> {
     let now = time::OffsetDateTime::now_utc();
     cache.write(|state| state.expire_deletions(now.unix_timestamp()));
     let quotas: Vec<GPUQuota> = cache.read(|state| state.quotas().cloned().collect());
     let lent = lent_by_quota(&quotas);
     let mut written = 0;
+    let mut failures = Failures::default();
     for cached in quotas {
         let namespace = cached.metadata.namespace.clone().unwrap_or_default();
         let name = cached.metadata.name.clone().unwrap_or_default();
@@ -57,10 +61,16 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
         for attempt in 0..2 {
             let Some(current) = quota.take() else { break };
             let lent = lent.get(&quota_name(&current));
-            let Some(updated) = reconciled(cache, &current, lent, now) else {
-                break;
+            let updated = match reconciled(cache, &current, lent, now) {
+                Ok(Some(updated)) => updated,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(%namespace, %error, "cannot reconcile GPUQuota status");
+                    failures.note(error);
+                    break;
+                }
             };
-            match replace_status(&api, &updated).await {
+            match bounded(replace_status(&api, &updated)).await {
                 Ok(stored) => {
                     cache.write(|state| state.apply_quota(stored));
                     cache.queue_moved().notify_one();
@@ -68,26 +78,32 @@ pub async fn reconcile_once(cache: &ClusterCache, client: &Client) -> usize {
                     break;
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 && attempt == 0 => {
-                    quota = api.get(&name).await.ok();
+                    match bounded(api.get_opt(&name)).await {
+                        Ok(fresh) => quota = fresh,
+                        Err(error) => failures.note(error),
+                    }
                 }
+                // Busy: the next pass reads it again.
                 Err(kube::Error::Api(status)) if status.code == 409 => {}
                 Err(error) => {
                     tracing::warn!(%namespace, quota = %name, %error, "cannot update GPUQuota status");
+                    failures.note(error);
                     break;
                 }
             }
         }
     }
-    written
+    failures.outcome(written)
 }
 
-/// The quota with the status the cache's pods call for, or `None` when it already has it.
+/// The quota with the status the cache's pods call for, or `None` when it already has
+/// it; an error when its status cannot be read.
 fn reconciled(
     cache: &ClusterCache,
     quota: &GPUQuota,
     lent: Option<&ModelAmounts>,
     now: time::OffsetDateTime,
-) -> Option<GPUQuota> {
+) -> Result<Option<GPUQuota>, StatusError> {
     cache.read(|state| {
         let namespace = quota.metadata.namespace.as_deref().unwrap_or_default();
         let usage = state.quota_usage(quota);
@@ -103,21 +119,15 @@ fn reconciled(
                 .pod(&format!("{namespace}/{name}"))
                 .is_some_and(|pod| uid.is_empty() || &*pod.uid == uid)
         };
-        let mut status = match reconciled_status(quota, &usage, seen, seen_pod, now) {
-            Ok(status) => status,
-            Err(error) => {
-                tracing::warn!(%namespace, %error, "cannot reconcile GPUQuota status");
-                return None;
-            }
-        };
+        let mut status = reconciled_status(quota, &usage, seen, seen_pod, now)?;
         status.queued = queued_status(quota, &state.queued_usage(namespace));
         status.lent = lent.map(amounts_status).unwrap_or_default();
-        (quota.status.as_ref() != Some(&status)).then(|| {
+        Ok((quota.status.as_ref() != Some(&status)).then(|| {
             let mut updated = quota.clone();
             updated.metadata.managed_fields = None; // kept as they are by the API server
             updated.status = Some(status);
             updated
-        })
+        }))
     })
 }
 

@@ -26,11 +26,11 @@ use crate::quota::queue::{
 };
 use crate::quota::{Charge, GPUQuota, ModelAmounts};
 
-use super::controller::{Controller, Recent};
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
-use super::quota_writer::{Ask, ChargeOutcome, read_quotas};
-use super::{Backend, ChargeError};
+use super::skeleton::{Controller, Failures, PassError, Recent, bounded};
+use crate::backend::quota_writer::{Ask, ChargeOutcome, read_quotas};
+use crate::backend::{Backend, ChargeError};
 
 /// A pass runs at least this often, for what no watch event announces (time passing
 /// makes a pod overdue).
@@ -163,18 +163,20 @@ impl Releaser {
         }
     }
 
-    /// One pass over every namespace where pods wait; returns how many were let go.
-    async fn pass_all(&self) -> usize {
+    /// One pass over every namespace where pods wait: how many were let go, or what
+    /// failed (each pod that could not be let go waits for a later pass).
+    async fn pass_all(&self) -> Result<usize, PassError> {
         let cache = self.backend.cache();
         let namespaces = cache.read(|state| state.waiting_namespaces());
         let mut released = 0;
+        let mut failures = Failures::default();
         for namespace in namespaces {
-            released += self.pass_namespace(&namespace).await;
+            released += self.pass_namespace(&namespace, &mut failures).await;
         }
-        released
+        failures.outcome(released)
     }
 
-    async fn pass_namespace(&self, namespace: &str) -> usize {
+    async fn pass_namespace(&self, namespace: &str, failures: &mut Failures) -> usize {
         let now = now_second();
         let recent = self.recent_keys();
         let planned = self.backend.cache().read(|state| {
@@ -188,13 +190,23 @@ impl Releaser {
             Ok(turns) => turns,
             Err(error) => {
                 tracing::warn!(%namespace, %error, "cannot plan the quota queue");
+                failures.note(error);
                 return 0;
             }
         };
         let uncharged =
             |(_, turn): &(Waiting, Turn)| matches!(turn, Turn::LetGo(Charge::Unlimited));
-        if turns.iter().any(uncharged) && !self.no_quota_covers(namespace).await {
-            return 0; // planned again, with the quotas the API server has, next pass
+        if turns.iter().any(uncharged) {
+            match self.no_quota_covers(namespace).await {
+                Ok(true) => {}
+                // Planned again, with the quotas the API server has, next pass.
+                Ok(false) => return 0,
+                Err(error) => {
+                    tracing::warn!(%namespace, %error, "cannot confirm that no GPUQuota covers the waiting pods");
+                    failures.note(error);
+                    return 0;
+                }
+            }
         }
         let mut releases = Vec::new();
         let mut told = false;
@@ -205,12 +217,19 @@ impl Releaser {
             }
         }
         let turns = GateTurn::line(releases.len());
-        let released = futures::stream::iter(releases.into_iter().zip(turns))
-            .map(|((pod, charge), turn)| self.let_go(namespace, pod, charge, now, turn))
-            .buffer_unordered(IN_FLIGHT)
-            .filter(|released| std::future::ready(*released))
-            .count()
-            .await;
+        let outcomes: Vec<Result<bool, ReleaseError>> =
+            futures::stream::iter(releases.into_iter().zip(turns))
+                .map(|((pod, charge), turn)| self.let_go(namespace, pod, charge, now, turn))
+                .buffer_unordered(IN_FLIGHT)
+                .collect()
+                .await;
+        let mut released = 0;
+        for outcome in outcomes {
+            match outcome {
+                Ok(let_go) => released += usize::from(let_go),
+                Err(error) => failures.note(error),
+            }
+        }
         if released > 0 || told {
             // The quota's status (`queued`, `used`) has moved: have it rewritten soon.
             self.backend.cache().usage_moved().notify_one();
@@ -222,19 +241,13 @@ impl Releaser {
     /// are let go uncharged: this replica's quota watch may not have delivered a quota
     /// its pod watch already shows pods gated by (so "no quota covers them any more" is
     /// never concluded from a lagging cache). Quotas found go into the cache.
-    async fn no_quota_covers(&self, namespace: &str) -> bool {
+    async fn no_quota_covers(&self, namespace: &str) -> Result<bool, ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
-        match read_quotas(&api, self.backend.cache(), namespace, true).await {
-            Ok(quotas) if quotas.is_empty() => true,
-            Ok(_) => {
-                tracing::info!(%namespace, "the quota queue's plan missed quotas the API server has; planning again");
-                false
-            }
-            Err(error) => {
-                tracing::warn!(%namespace, %error, "cannot confirm that no GPUQuota covers the waiting pods");
-                false
-            }
+        let quotas = read_quotas(&api, self.backend.cache(), namespace, true).await?;
+        if !quotas.is_empty() {
+            tracing::info!(%namespace, "the quota queue's plan missed quotas the API server has; planning again");
         }
+        Ok(quotas.is_empty())
     }
 
     /// The pods this replica let go that the watch still shows waiting, and those it is
@@ -250,6 +263,8 @@ impl Releaser {
     }
 
     /// Let `pod` go: charge, then ungate; give the charge back if the gate stays.
+    /// `Ok(false)`: not let go, as it should not be (no room after all, or the gate had
+    /// gone); an error is logged here, with the pod.
     async fn let_go(
         &self,
         namespace: &str,
@@ -257,7 +272,7 @@ impl Releaser {
         charge: Charge,
         now: i64,
         turn: GateTurn,
-    ) -> bool {
+    ) -> Result<bool, ReleaseError> {
         match self
             .charge_and_ungate(namespace, &pod, &charge, now, turn)
             .await
@@ -272,12 +287,12 @@ impl Releaser {
                 let waited = now.saturating_sub(pod.created).max(0) as f64;
                 self.waits.get_or_create(&labels).observe(waited);
                 tracing::info!(pod = %pod.key, waited, "let out of the quota queue");
-                true
+                Ok(true)
             }
-            Ok(false) => false,
+            Ok(false) => Ok(false),
             Err(error) => {
                 tracing::warn!(pod = %pod.key, %error, "cannot let the pod out of the quota queue");
-                false
+                Err(error)
             }
         }
     }
@@ -399,7 +414,7 @@ impl Releaser {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         for pause in retry_pauses() {
             tokio::time::sleep(pause).await;
-            match pods.get_opt(name).await {
+            match bounded(pods.get_opt(name)).await {
                 Ok(Some(fresh)) if attempt.let_go(&fresh) => return Ok(true),
                 Ok(_) => {}
                 Err(_) => continue,
@@ -418,16 +433,15 @@ impl Releaser {
     async fn ungate(&self, key: &str, stamp: &str) -> Result<bool, ReleaseError> {
         let (namespace, name) = key_parts(key);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let Some(fresh) = pods.get_opt(name).await.map_err(ReleaseError::Read)? else {
+        let read = bounded(pods.get_opt(name)).await;
+        let Some(fresh) = read.map_err(ReleaseError::Read)? else {
             return Ok(false);
         };
         let Some(patch) = ungate_patch(&fresh, stamp) else {
             return Ok(false);
         };
-        match pods
-            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-            .await
-        {
+        let params = PatchParams::default();
+        match bounded(pods.patch(name, &params, &Patch::Json::<()>(patch))).await {
             Ok(_) => Ok(true),
             // A failed test (the pod changed under us) or a pod that went away.
             Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => Ok(false),
@@ -535,7 +549,7 @@ impl Controller for Releaser {
     const NAME: &'static str = "queue_release";
     const EVERY: Duration = TICK;
 
-    async fn pass(&mut self) -> usize {
+    async fn pass(&mut self) -> Result<usize, PassError> {
         self.pass_all().await
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use gpu_admission::backend::Backend;
-use gpu_admission::cache::{ClusterCache, Projection};
+use gpu_admission::cache::{CacheWriter, Projection};
 use gpu_admission::config::Config;
 use gpu_admission::dra::classes::{ClassInfo, DeviceClass};
 use gpu_admission::dra::slices::{ResourceSlice, gpu_devices};
@@ -40,7 +40,7 @@ const NAMESPACE: &str = "team-q";
 const PRODUCT: &str = r#"device.attributes["gpu.nvidia.com"].productName"#;
 const UID: &str = "7e1d2c3b-0000-4000-8000-000000000003";
 
-fn fill(cache: &ClusterCache, dra: &gpu_admission::dra::Dra) {
+fn fill(cache: &CacheWriter, dra: &gpu_admission::dra::Dra) {
     cache.write(|state| {
         for kind in ["gpu", "mig"] {
             let class: DeviceClass = serde_json::from_value(json!({
@@ -374,7 +374,7 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     let config = Config::default();
-    let cache = ClusterCache::in_memory(Projection::from_config(&config));
+    let cache = CacheWriter::in_memory(Projection::from_config(&config));
     fill(&cache, &config.dra);
     let state = AppState::new(Backend::offline(cache), config);
     let door = support::serve_webhooks(state.clone()).await;

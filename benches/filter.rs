@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use gpu_admission::backend::Backend;
-use gpu_admission::cache::{ClusterCache, Projection, pod_key};
+use gpu_admission::cache::{CacheWriter, Projection, pod_key};
 use gpu_admission::certs::{self, CertFiles};
 use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
@@ -56,7 +56,7 @@ fn pod_json(namespace: &str, name: &str, core: u32, memory: u32) -> serde_json::
 
 /// 5,000 nodes, then 40,000 running share-mode pods spread over them (20% of a GPU each),
 /// projected from real Pod objects as the watch would deliver them.
-fn fill_uniform(cache: &ClusterCache) -> f64 {
+fn fill_uniform(cache: &CacheWriter) -> f64 {
     cache.write(|s| {
         for i in 0..NODES {
             s.apply_node(NodeGpus {
@@ -124,7 +124,7 @@ async fn post(sender: &mut Sender, path: &str, body: String) -> (u16, axum::body
 
 /// The heterogeneous cluster (`support/cluster.rs`) with its GPUQuota; resident memory
 /// per cached pod.
-fn fill_mixed(cache: &ClusterCache) -> f64 {
+fn fill_mixed(cache: &CacheWriter) -> f64 {
     let hard: serde_json::Map<String, serde_json::Value> = cluster::MODELS
         .iter()
         .map(|(model, _, _)| (model.to_string(), json!("100000")))
@@ -162,7 +162,7 @@ fn fill_mixed(cache: &ClusterCache) -> f64 {
 
 /// Pods waiting in a quota queue (`onExceed: Queue`): the resident memory each adds, and
 /// what the releaser's plan over a 1,000-pod line costs (`quota::queue::plan`).
-fn queue(cache: &ClusterCache, config: &Config) {
+fn queue(cache: &CacheWriter, config: &Config) {
     const WAITING: usize = 20_000;
     let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
         "apiVersion": "gpu-admission.io/v1alpha1", "kind": "GPUQuota",
@@ -226,7 +226,7 @@ fn queue(cache: &ClusterCache, config: &Config) {
 /// Serve `cache` behind the extender's door and the webhooks' door, as `serve` runs
 /// them; their addresses.
 async fn serve(
-    cache: &ClusterCache,
+    cache: &CacheWriter,
     config: Config,
     resolver: &std::sync::Arc<CertResolver>,
     shutdown: &CancellationToken,
@@ -254,11 +254,11 @@ async fn main() {
     let policy = std::env::var("POLICY").unwrap_or_else(|_| "fgd".into());
     let config = Config::parse(&format!("placement: {{policy: {policy}}}")).unwrap();
     println!("policy: {policy}");
-    let mixed = ClusterCache::in_memory(Projection::from_config(&config));
+    let mixed = CacheWriter::in_memory(Projection::from_config(&config));
     let started = Instant::now();
     let mixed_per_pod = fill_mixed(&mixed);
     println!("cache, heterogeneous: loaded in {:.2?}", started.elapsed());
-    let uniform = ClusterCache::in_memory(Projection::from_config(&config));
+    let uniform = CacheWriter::in_memory(Projection::from_config(&config));
     let started = Instant::now();
     let per_pod = fill_uniform(&uniform);
     let quota: gpu_admission::quota::GPUQuota = serde_json::from_value(json!({
@@ -917,7 +917,7 @@ async fn interleaved(sender: &mut Sender, uniform: &mut Sender) -> (usize, usize
 /// Where every GPU pod the run sent ended up (node and GPU indices, or nothing), in
 /// the order sent: a digest to compare two builds' decisions, and the list itself in
 /// the file `DECISIONS` names.
-fn decisions(cluster: &str, cache: &ClusterCache, sent: usize, prefix: &str) {
+fn decisions(cluster: &str, cache: &CacheWriter, sent: usize, prefix: &str) {
     let lines: Vec<String> = cache.read(|s| {
         (1..=sent)
             .map(|i| {

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use base64::Engine as _;
 use gpu_admission::backend::Backend;
-use gpu_admission::cache::{CachedPod, ClusterCache, Projection, pod_key};
+use gpu_admission::cache::{CacheWriter, CachedPod, Projection, pod_key};
 use gpu_admission::config::Config;
 use gpu_admission::placement::{GpuUse, NodeGpus};
 use gpu_admission::server::AppState;
@@ -109,7 +109,7 @@ fn placed_pod(namespace: &str, i: usize) -> Pod {
     .unwrap()
 }
 
-fn fill(cache: &ClusterCache, quota_pods: usize) {
+fn fill(cache: &CacheWriter, quota_pods: usize) {
     cache.write(|s| {
         for i in 0..NODES {
             let (model, memory, _) = cluster::MODELS[cluster::model_of(i)];
@@ -485,7 +485,7 @@ async fn main() {
     let length = Duration::from_secs(env_or("ROUND_SECS", 3) as u64);
     let quota_pods = env_or("QUOTA_PODS", 5_000);
     let config = Config::default();
-    let cache = ClusterCache::in_memory(Projection::from_config(&config));
+    let cache = CacheWriter::in_memory(Projection::from_config(&config));
     let started = Instant::now();
     fill(&cache, quota_pods);
     println!(

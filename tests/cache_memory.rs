@@ -246,7 +246,7 @@ fn a_cached_pod_keeps_under_a_kibibyte_from_a_file_and_from_the_watch() {
         let pod: Pod = serde_json::from_str(text).unwrap();
         let key = pod_key(&pod);
         let cached = CachedPod::from_pod(&pod, &projection).unwrap();
-        backend.cache().write(|s| s.apply_pod(key, cached));
+        backend.writer().write(|s| s.apply_pod(key, cached));
     }
     let from_watch = (live_bytes() - before) as f64 / cached as f64;
     let watched = backend.cache().read(|s| s.pod_count());

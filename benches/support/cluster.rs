@@ -4,7 +4,7 @@
 //! before (identical T4 nodes, identical 20% pods) lets the placement memo answer almost
 //! everything from cache; this one does not.
 
-use gpu_admission::cache::{CachedPod, ClusterCache, pod_key};
+use gpu_admission::cache::{CacheWriter, CachedPod, pod_key};
 use gpu_admission::placement::{GpuUse, NodeGpus};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
@@ -101,7 +101,7 @@ pub fn memory_units(share: u32, memory_per_gpu: u32) -> u32 {
 
 /// `nodes` nodes of the three models, `gpus` GPUs each.
 pub fn add_nodes(
-    cache: &ClusterCache,
+    cache: &CacheWriter,
     nodes: usize,
     gpus: usize,
     node_name: impl Fn(usize) -> String,
@@ -127,7 +127,7 @@ pub fn add_nodes(
 /// until `pods` pods are placed; a quarter of them in [`QUOTA_NAMESPACE`] (some naming
 /// their model), the rest in four other namespaces. Returns the pods placed.
 pub fn fill(
-    cache: &ClusterCache,
+    cache: &CacheWriter,
     nodes: usize,
     gpus: usize,
     pods: usize,

@@ -145,14 +145,14 @@ mod tests {
     use super::*;
     use crate::admission::validate::validate;
     use crate::backend::Backend;
-    use crate::cache::{ClusterCache, Projection};
+    use crate::cache::{CacheWriter, Projection};
     use crate::config::Config;
     use crate::placement::testing::{node, pod_with};
     use crate::quota::{GPUQuota, GpuQuotaSpec};
 
     /// A namespace whose quota allows one T4, on a cluster of one T4 node.
     fn backend(config: &Config) -> Backend {
-        let cache = ClusterCache::in_memory(Projection::from_config(config));
+        let cache = CacheWriter::in_memory(Projection::from_config(config));
         let mut quota = GPUQuota::new(
             "q",
             GpuQuotaSpec {

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::pod::key_parts;
 use crate::cache::{
-    CacheError, CachedPod, ClusterCache, ClusterState, PodKey, Projection, Subject,
+    CacheError, CacheWriter, CachedPod, ClusterCache, ClusterState, PodKey, Projection, Subject,
 };
 use crate::quota::pending::{ChargeId, CreatedSecond};
 use crate::quota::{Charge, ModelAmounts};
@@ -65,7 +65,9 @@ impl WriteError {
 
 #[derive(Clone)]
 pub struct Backend {
-    cache: ClusterCache,
+    /// The cache's writer: the backend records here what it wrote (offline: what it
+    /// decided), and hands it to the few that record what they place or write.
+    cache: CacheWriter,
     mode: Mode,
     /// kube-scheduler has called the bind verb: it binds, so the filter only holds.
     binds_seen: Arc<AtomicBool>,
@@ -82,7 +84,7 @@ enum Mode {
 
 impl Backend {
     /// Offline mode over `cache` (tests and benchmarks fill it through `write`).
-    pub fn offline(cache: ClusterCache) -> Self {
+    pub fn offline(cache: CacheWriter) -> Self {
         Backend {
             cache,
             mode: Mode::Offline,
@@ -93,7 +95,7 @@ impl Backend {
     /// API mode over `cache` (ready as it is) with `client`, and nothing running: for
     /// tests of what asks the API server (the admin port's callers).
     #[cfg(test)]
-    pub(crate) fn api_for_tests(cache: ClusterCache, client: kube::Client) -> Self {
+    pub(crate) fn api_for_tests(cache: CacheWriter, client: kube::Client) -> Self {
         Backend {
             cache,
             mode: Mode::Api {
@@ -106,7 +108,7 @@ impl Backend {
 
     /// Offline mode: the YAML file is the cluster.
     pub fn from_file(path: &std::path::Path, projection: Projection) -> Result<Self, CacheError> {
-        Ok(Self::offline(ClusterCache::from_file(path, projection)?))
+        Ok(Self::offline(CacheWriter::from_file(path, projection)?))
     }
 
     /// API mode: the backend (its cache not ready until every watch has listed once) and
@@ -117,7 +119,7 @@ impl Backend {
         projection: Projection,
         shutdown: CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()>) {
-        let (cache, watches) = ClusterCache::from_api(client.clone(), projection, shutdown);
+        let (cache, watches) = CacheWriter::from_api(client.clone(), projection, shutdown);
         let backend = Backend {
             cache,
             mode: Mode::Api {
@@ -130,6 +132,13 @@ impl Backend {
     }
 
     pub fn cache(&self) -> &ClusterCache {
+        self.cache.cache()
+    }
+
+    /// The cache's writer, for those that record what they place or write (the
+    /// extender's placement transaction and bind, the quota reconciler; tests and
+    /// benchmarks fill a cache through it): `tests/structure.rs` keeps the list.
+    pub fn writer(&self) -> &CacheWriter {
         &self.cache
     }
 
@@ -381,7 +390,7 @@ mod tests {
     #[test]
     fn the_filter_stops_writing_once_the_scheduler_is_seen_to_bind() {
         let projection = Projection::from_config(&Config::default());
-        let backend = Backend::offline(ClusterCache::in_memory(projection));
+        let backend = Backend::offline(CacheWriter::in_memory(projection));
         assert!(
             backend.filter_records(false),
             "tkestack's protocol: the filter writes"

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::cohort_lease::{Agreement, CohortLeases};
-use crate::cache::ClusterCache;
+use crate::cache::CacheWriter;
 use crate::placement::models::WantedModels;
 use crate::quota::GPUQuota;
 use crate::quota::StatusError;
@@ -132,7 +132,7 @@ impl QuotaWriter {
     /// the charge into every quota that lists the model before answering.
     pub async fn charge(
         self: &Arc<Self>,
-        cache: &ClusterCache,
+        cache: &CacheWriter,
         namespace: &str,
         ask: Ask,
     ) -> Answer {
@@ -154,7 +154,7 @@ impl QuotaWriter {
         answer.await.unwrap_or(Err(ChargeError::Abandoned))
     }
 
-    async fn drain(&self, cache: &ClusterCache, namespace: &str) {
+    async fn drain(&self, cache: &CacheWriter, namespace: &str) {
         loop {
             let batch = {
                 let mut lanes = self.lanes.lock();
@@ -175,7 +175,7 @@ impl QuotaWriter {
     /// then failed.
     pub(crate) async fn give_back(
         &self,
-        cache: &ClusterCache,
+        cache: &CacheWriter,
         namespace: &str,
         charge: &ModelAmounts,
         (created, id): (CreatedSecond, ChargeId<'_>),
@@ -212,7 +212,7 @@ impl QuotaWriter {
     /// Decide and write one batch, retrying on fresh data until every charge is
     /// answered. A round whose charges draw on a cohort's pool is decided again under
     /// the cohort's agreement (`cohort_lease`) before anything is written.
-    async fn commit(&self, cache: &ClusterCache, namespace: &str, batch: Vec<PendingWrite>) {
+    async fn commit(&self, cache: &CacheWriter, namespace: &str, batch: Vec<PendingWrite>) {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         let deadline = Instant::now() + COMMIT_DEADLINE;
         let mut waiting = batch;
@@ -296,7 +296,7 @@ impl QuotaWriter {
     async fn read_round(
         &self,
         api: &Api<GPUQuota>,
-        cache: &ClusterCache,
+        cache: &CacheWriter,
         namespace: &str,
         fresh: bool,
         agreeing: bool,
@@ -339,7 +339,7 @@ impl QuotaWriter {
     async fn agree(
         &self,
         api: &Api<GPUQuota>,
-        cache: &ClusterCache,
+        cache: &CacheWriter,
         agreement: Agreement,
         written: &[String],
         decided: &[Decided],
@@ -402,7 +402,7 @@ fn answer_all(waiting: Vec<PendingWrite>, error: &ChargeError) {
 /// read from the API server when `fresh` (and then put in the cache).
 pub(crate) async fn read_quotas(
     api: &Api<GPUQuota>,
-    cache: &ClusterCache,
+    cache: &CacheWriter,
     namespace: &str,
     fresh: bool,
 ) -> Result<Vec<GPUQuota>, ChargeError> {
@@ -451,7 +451,7 @@ fn decide_round(
 /// on a conflict, after the quotas already written were given their charges back.
 async fn write_round(
     api: &Api<GPUQuota>,
-    cache: &ClusterCache,
+    cache: &CacheWriter,
     quotas: &[GPUQuota],
     decided: &[Decided],
 ) -> Result<Option<Vec<String>>, ChargeError> {
@@ -500,7 +500,7 @@ pub async fn replace_status(
 /// Take `charges` back out of one quota, reading it fresh until the write goes through.
 async fn release_one(
     api: &Api<GPUQuota>,
-    cache: &ClusterCache,
+    cache: &CacheWriter,
     name: &str,
     charges: &[Entry<'_>],
 ) -> Result<(), ChargeError> {

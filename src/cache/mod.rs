@@ -126,48 +126,6 @@ impl ClusterCache {
         }
     }
 
-    /// Offline mode: the YAML file is the cluster. Ready at once.
-    pub(crate) fn from_file(
-        path: &std::path::Path,
-        projection: Projection,
-    ) -> Result<Self, CacheError> {
-        let cache = Self::new(projection, true, Ledger::Counted);
-        let loaded = offline::load_file(path, &cache.inner.projection)?;
-        cache.write(|state| loaded.apply(state));
-        allocator::return_freed_pages();
-        Ok(cache)
-    }
-
-    /// Offline mode over `objects` already read (from `source`: a file's path, or the
-    /// API server's for `defrag --kubeconfig`). Ready at once.
-    pub(crate) fn from_objects(
-        objects: &[FileObject],
-        source: &str,
-        projection: Projection,
-    ) -> Result<Self, CacheError> {
-        let cache = Self::new(projection, true, Ledger::Counted);
-        let loaded = offline::load(objects, source, &cache.inner.projection)?;
-        cache.write(|state| loaded.apply(state));
-        Ok(cache)
-    }
-
-    /// An empty offline cache (tests and benchmarks fill it through `write`).
-    pub fn in_memory(projection: Projection) -> Self {
-        Self::new(projection, true, Ledger::Counted)
-    }
-
-    /// API mode: returns the cache (not ready until every watch has listed once) and the
-    /// future that runs the watches until `shutdown`.
-    pub(crate) fn from_api(
-        client: kube::Client,
-        projection: Projection,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) -> (Self, impl std::future::Future<Output = ()>) {
-        let cache = Self::new(projection, false, Ledger::Recorded);
-        let run = watch::run(cache.clone(), client, shutdown);
-        (cache, run)
-    }
-
     /// True once the cache holds a complete first list of nodes, pods and quotas.
     pub(crate) fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
@@ -220,11 +178,86 @@ impl ClusterCache {
         f(&self.inner.state.read())
     }
 
-    /// The writer's door: run `f` on the state, alone. The watch applies objects here,
-    /// the extender holds and rolls back placements, and the backend records what it
-    /// wrote; `tests/structure.rs` keeps the list (docs/design.md, "The cache").
-    /// Tests and benchmarks fill an in-memory cache through it.
-    pub fn write<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
+    /// The writer's door, for the cache's own feeders (the watch, a file's load) and
+    /// [`CacheWriter`]: run `f` on the state, alone.
+    fn write<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
         f(&mut self.inner.state.write())
+    }
+}
+
+/// The handle that changes a [`ClusterCache`], as kube-rs's reflector `Writer` beside
+/// its `Store`: one is made with each cache (its constructors are here), and only its
+/// holders change the cache. The backend keeps it and hands it to the few that record
+/// what they decided or wrote (the extender's placement transaction and bind, the quota
+/// writer, the reconciler); everything else holds the reader, `ClusterCache`, where the
+/// compiler allows no change (docs/design.md, "The cache's two doors"). It reads as the
+/// cache does.
+#[derive(Clone)]
+pub struct CacheWriter {
+    cache: ClusterCache,
+}
+
+impl std::ops::Deref for CacheWriter {
+    type Target = ClusterCache;
+
+    fn deref(&self) -> &ClusterCache {
+        &self.cache
+    }
+}
+
+impl CacheWriter {
+    /// Offline mode: the YAML file is the cluster. Ready at once.
+    pub(crate) fn from_file(
+        path: &std::path::Path,
+        projection: Projection,
+    ) -> Result<CacheWriter, CacheError> {
+        let cache = ClusterCache::new(projection, true, Ledger::Counted);
+        let loaded = offline::load_file(path, &cache.inner.projection)?;
+        cache.write(|state| loaded.apply(state));
+        allocator::return_freed_pages();
+        Ok(CacheWriter { cache })
+    }
+
+    /// Offline mode over `objects` already read (from `source`: a file's path, or the
+    /// API server's for `defrag --kubeconfig`). Ready at once.
+    pub(crate) fn from_objects(
+        objects: &[FileObject],
+        source: &str,
+        projection: Projection,
+    ) -> Result<CacheWriter, CacheError> {
+        let cache = ClusterCache::new(projection, true, Ledger::Counted);
+        let loaded = offline::load(objects, source, &cache.inner.projection)?;
+        cache.write(|state| loaded.apply(state));
+        Ok(CacheWriter { cache })
+    }
+
+    /// An empty offline cache (tests and benchmarks fill it through [`CacheWriter::write`]).
+    pub fn in_memory(projection: Projection) -> CacheWriter {
+        let cache = ClusterCache::new(projection, true, Ledger::Counted);
+        CacheWriter { cache }
+    }
+
+    /// API mode: returns the cache (not ready until every watch has listed once) and the
+    /// future that runs the watches until `shutdown`.
+    pub(crate) fn from_api(
+        client: kube::Client,
+        projection: Projection,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> (CacheWriter, impl std::future::Future<Output = ()>) {
+        let cache = ClusterCache::new(projection, false, Ledger::Recorded);
+        let run = watch::run(cache.clone(), client, shutdown);
+        (CacheWriter { cache }, run)
+    }
+
+    /// The writer's door: run `f` on the state, alone. The extender holds and rolls
+    /// back placements here, and the backend records what it wrote; tests and
+    /// benchmarks fill an in-memory cache through it.
+    pub fn write<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
+        self.cache.write(f)
+    }
+
+    /// The reader, for the parts that only read.
+    pub fn cache(&self) -> &ClusterCache {
+        &self.cache
     }
 }

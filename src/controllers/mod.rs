@@ -54,7 +54,7 @@ pub(crate) fn spawn_all(
         shutdown: shutdown.clone(),
     };
     let reconciler = reconcile::Reconciler {
-        cache: cache.clone(),
+        cache: state.backend.writer().clone(),
         client: client.clone(),
     };
     let reconcile = run(reconciler, Some(cache.usage_moved()), harness.clone());

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::cache::ClusterCache;
+use crate::cache::{CacheWriter, ClusterCache};
 use crate::quota::pending::PENDING_TTL;
 use crate::quota::pool;
 use crate::quota::status::reconciled_status;
@@ -29,7 +29,7 @@ const QUOTA_RESYNC: Duration = Duration::from_secs(15);
 /// The reconciler: every replica keeps the status true (its writes carry the version
 /// read, so replicas never undo each other).
 pub(crate) struct Reconciler {
-    pub(crate) cache: ClusterCache,
+    pub(crate) cache: CacheWriter,
     pub(crate) client: Client,
 }
 
@@ -44,7 +44,7 @@ impl Controller for Reconciler {
 
 /// One pass over every quota: how many statuses were rewritten, or what failed (a
 /// status that could not be read or written; the other quotas are still reconciled).
-async fn reconcile_once(cache: &ClusterCache, client: &Client) -> Result<usize, PassError> {
+async fn reconcile_once(cache: &CacheWriter, client: &Client) -> Result<usize, PassError> {
     let now = time::OffsetDateTime::now_utc();
     cache.write(|state| state.expire_deletions(now.unix_timestamp()));
     let quotas: Vec<GPUQuota> = cache.read(|state| state.quotas().cloned().collect());

@@ -243,7 +243,7 @@ impl Releaser {
     /// never concluded from a lagging cache). Quotas found go into the cache.
     async fn no_quota_covers(&self, namespace: &str) -> Result<bool, ChargeError> {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
-        let quotas = read_quotas(&api, self.backend.cache(), namespace, true).await?;
+        let quotas = read_quotas(&api, self.backend.writer(), namespace, true).await?;
         if !quotas.is_empty() {
             tracing::info!(%namespace, "the quota queue's plan missed quotas the API server has; planning again");
         }

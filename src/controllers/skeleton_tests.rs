@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
-use crate::cache::Projection;
+use crate::cache::{CacheWriter, Projection};
 use crate::config::Config;
 use crate::metrics::Metrics;
 
@@ -77,7 +77,9 @@ async fn script(outcomes: &[bool], wake: Option<Arc<Notify>>) -> (Vec<Duration>,
         shutdown: shutdown.clone(),
     };
     let harness = Harness {
-        cache: ClusterCache::in_memory(Projection::from_config(&Config::default())),
+        cache: CacheWriter::in_memory(Projection::from_config(&Config::default()))
+            .cache()
+            .clone(),
         metrics: metrics.controllers.clone(),
         shutdown,
     };

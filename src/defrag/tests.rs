@@ -40,7 +40,7 @@ fn a_plan_holds_the_freed_gpus_and_the_destination_and_cooling_controllers_stay(
     assert_eq!(step.owner.as_deref(), Some(owner));
     let objects = parse_objects(EXAMPLE, "test").unwrap();
     let projection = crate::cache::Projection::from_config(&Config::default());
-    let cache = crate::cache::ClusterCache::from_objects(&objects, "test", projection).unwrap();
+    let cache = crate::cache::CacheWriter::from_objects(&objects, "test", projection).unwrap();
     let request = cache.read(|s| s.pod("team-b/infer-a-7f9-x2").unwrap().request.clone());
     let expected =
         crate::cache::plan_hold::Slot::new("team-b", &step.uid, owner, &request, slot.held.clone());

@@ -48,7 +48,7 @@ pub(crate) async fn bind(
     placer: &LearningPlacer,
     args: &ExtenderBindingArgs,
 ) -> (ExtenderBindingResult, BindOutcome) {
-    let cache = backend.cache();
+    let cache = backend.writer();
     backend.note_bind_call(config.placement.bind_verb);
     let key: PodKey = format!("{}/{}", args.pod_namespace, args.pod_name).into();
     backend.ensure_pod(&key).await;

@@ -67,7 +67,7 @@ pub(super) fn plan(
 ) -> Result<(Placing, FilterDecision), PlanError> {
     let namespace = key_parts(&key).0.to_string();
     let placer = placer.placer();
-    let cache = backend.cache();
+    let cache = backend.writer();
     let mig = &cache.projection().names.mig;
     cache.write(|state| {
         let held = state.take_subject(&key, subject)?;
@@ -155,8 +155,7 @@ impl Placing {
             unfit: false,
             charged: true,
         })?;
-        let cache = backend.cache();
-        cache.write(|state| state.mark_recorded(&self.key));
+        (backend.writer()).write(|state| state.mark_recorded(&self.key));
         Ok(())
     }
 
@@ -210,9 +209,7 @@ impl Placing {
     /// bind verb alike: the cache goes back to what it held before the hold (a pod only
     /// offered leaves it again), and a charge the step wrote (`charged`) is given back.
     pub(super) async fn undo(&self, backend: &Backend, hold: Hold, charged: bool) {
-        backend
-            .cache()
-            .write(|state| state.rollback(&self.key, hold));
+        (backend.writer()).write(|state| state.rollback(&self.key, hold));
         let charge = self.charge_at_placement.as_ref();
         let Some(charge) = charge.filter(|_| charged && !self.recorded) else {
             return;

@@ -108,15 +108,15 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::cache::{CachedPod, ClusterCache, Projection};
+    use crate::cache::{CacheWriter, CachedPod, Projection};
     use crate::placement::testing::node;
     use crate::wire::volcano::tests::{pod, request, task};
 
     /// A cache holding node `n` (two GPUs of 16 vcuda-memory) and `bound` pods on it.
-    fn cache_with(bound: &[Value]) -> (ClusterCache, Config) {
+    fn cache_with(bound: &[Value]) -> (CacheWriter, Config) {
         let config = Config::default();
         let projection = Projection::from_config(&config);
-        let cache = ClusterCache::in_memory(projection.clone());
+        let cache = CacheWriter::in_memory(projection.clone());
         cache.write(|state| {
             state.apply_node(node("n", 2, 16));
             for pod in bound {
@@ -128,7 +128,7 @@ mod tests {
         (cache, config)
     }
 
-    fn judge(cache: &ClusterCache, config: &Config, body: &[u8]) -> PredicateResponse {
+    fn judge(cache: &CacheWriter, config: &Config, body: &[u8]) -> PredicateResponse {
         let backend = Backend::offline(cache.clone());
         predicate(&backend, config, PredicateArgs::from_json(body).unwrap())
     }

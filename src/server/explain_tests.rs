@@ -17,7 +17,7 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use crate::backend::Backend;
-use crate::cache::{ClusterCache, Projection};
+use crate::cache::{CacheWriter, Projection};
 use crate::config::Config;
 use crate::server::AppState;
 use crate::server::admin::admin_router;
@@ -67,7 +67,7 @@ fn api_server(asked: Arc<Asked>) -> kube::Client {
 /// The admin router in API mode over an empty, ready cache; a body may take an hour.
 fn admin(asked: Arc<Asked>) -> axum::Router {
     let config = Config::default();
-    let cache = ClusterCache::in_memory(Projection::from_config(&config));
+    let cache = CacheWriter::in_memory(Projection::from_config(&config));
     let backend = Backend::api_for_tests(cache, api_server(asked));
     let state = AppState::with_body_timeout(backend, config, Duration::from_secs(3600));
     admin_router(state)

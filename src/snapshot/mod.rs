@@ -10,7 +10,7 @@ pub(crate) mod world;
 
 use std::sync::Arc;
 
-use crate::cache::{CacheError, ClusterCache, FileObject, Projection};
+use crate::cache::{CacheError, CacheWriter, ClusterCache, FileObject, Projection};
 use crate::config::Config;
 use crate::placement::Placer;
 use crate::placement::learn::LearningPlacer;
@@ -50,7 +50,10 @@ impl Snapshot {
             read_from: source.to_string(),
             error,
         })?;
-        let cache = ClusterCache::from_objects(objects, source, Projection::from_config(config))?;
+        let projection = Projection::from_config(config);
+        let cache = CacheWriter::from_objects(objects, source, projection)?
+            .cache()
+            .clone();
         let placer = learned_placer(&cache, config);
         Ok(Snapshot {
             cache,

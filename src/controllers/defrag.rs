@@ -11,7 +11,8 @@
 //! plan for lists them from the API server, as `gpu-admission defrag --kubeconfig` does.
 //! That is bounded: at most [`PODS_PER_PASS`] pods a pass, a pass every [`Planner::EVERY`],
 //! a pod planned again at most every [`REPLAN`], and only the replica that holds the
-//! controller Lease plans.
+//! controller Lease plans. Finding the fragmented pods is bounded too: one pod judged a
+//! read of the cache, for at most [`JUDGE_BUDGET`] a pass.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -40,6 +41,8 @@ use super::mover::{Carried, Ended, KubeHands, Move, carry_out};
 const PODS_PER_PASS: usize = 8;
 /// A pod's plan is worked out again at most this often (the cluster drifts).
 const REPLAN: Duration = Duration::from_secs(60);
+/// A pass judges pending pods for at most this long, one pod a read.
+const JUDGE_BUDGET: Duration = Duration::from_millis(100);
 
 /// Why a pass planned nothing, or a plan carried out stopped for want of an answer.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +83,9 @@ pub(crate) struct Planner {
     leader: Leader,
     /// When each pod was last planned for, and what it was told.
     planned: HashMap<PodKey, (Instant, String)>,
+    /// When each due pod was last judged: the pods a pass did not reach come first in
+    /// the next.
+    judged: HashMap<PodKey, Instant>,
     /// `Evict`: the plans carried out, not yet ended.
     running: Vec<Running>,
     /// `Evict`: the controllers a pod of which was moved, and when.
@@ -104,6 +110,7 @@ impl Planner {
             metrics,
             leader,
             planned: HashMap::default(),
+            judged: HashMap::default(),
             running: Vec::new(),
             cooling: HashMap::default(),
         }
@@ -111,37 +118,48 @@ impl Planner {
 
     /// The pods to plan for now: pending past `defrag.pendingSeconds`, neither gated
     /// nor placed nor holding a plan's GPUs, their placement `Fragmented`, not planned
-    /// for within [`REPLAN`]; the longest pending first. A plan under way defers none
-    /// of them: each plan is made around the GPUs the others hold
-    /// (`ClusterState::held_from_others`).
+    /// for within [`REPLAN`]; the longest pending first among those never judged, then
+    /// the least recently judged. A plan under way defers none of them: each plan is made
+    /// around the GPUs the others hold (`ClusterState::held_from_others`). Each pod is
+    /// judged in a read of its own, and judging stops after [`JUDGE_BUDGET`]: the cache's
+    /// writers (and behind them the webhooks' reads) never wait on a whole pass.
     fn fragmented(&mut self, now: Instant, unix_now: i64) -> Vec<(PodKey, Box<str>)> {
         let pending_since = unix_now - i64::from(self.config.defrag.pending_seconds);
         let placer = self.placer.placer();
         let mig = self.cache.projection().names.mig.clone();
-        let found = self.cache.read(|state| {
-            let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
+        let mut due: Vec<(i64, PodKey)> = self.cache.read(|state| {
             let pending = state.pods().filter(|(_, p)| {
                 !p.bound && p.node.is_none() && !p.gated && p.terminating().is_none()
             });
             let unheld = pending.filter(|(_, p)| p.plan_hold().is_none_or(|h| !h.stands(unix_now)));
-            let due = unheld
-                .filter(|(_, p)| p.created <= pending_since)
-                .filter(|(k, _)| {
-                    (self.planned.get(*k)).is_none_or(|(at, _)| now.duration_since(*at) >= REPLAN)
-                });
-            let mut due: Vec<_> = due.collect();
-            due.sort_by_key(|(k, p)| (p.created, (*k).clone()));
-            let fragmented = due.into_iter().filter(|(key, pod)| {
+            let due = unheld.filter(|(_, p)| p.created <= pending_since);
+            due.map(|(k, p)| (p.created, k.clone())).collect()
+        });
+        due.retain(|(_, k)| {
+            (self.planned.get(k)).is_none_or(|(at, _)| now.duration_since(*at) >= REPLAN)
+        });
+        let start = Instant::now();
+        let mut found = Vec::new();
+        for key in judging_order(due, &mut self.judged) {
+            if found.len() >= PODS_PER_PASS || start.elapsed() >= JUDGE_BUDGET {
+                break;
+            }
+            self.judged.insert(key.clone(), Instant::now());
+            let fragmented = self.cache.read(|state| {
+                let pod = state.pod(&key)?;
+                let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
                 let subject = Subject {
-                    key,
+                    key: &key,
                     pod,
                     exists: true,
                 };
-                judge.placement(&subject).code == Code::Fragmented
+                let code = judge.placement(&subject).code;
+                (code == Code::Fragmented).then(|| pod.uid.clone())
             });
-            let fragmented = fragmented.map(|(k, p)| (k.clone(), p.uid.clone()));
-            fragmented.take(PODS_PER_PASS).collect::<Vec<_>>()
-        });
+            if let Some(uid) = fragmented {
+                found.push((key, uid));
+            }
+        }
         let planned = &mut self.planned;
         self.cache
             .read(|s| planned.retain(|k, _| s.pod(k).is_some()));
@@ -360,6 +378,22 @@ impl super::mover::Hands for CountingHands<'_> {
     }
 }
 
+/// The order a pass judges the `due` pods (each with its creation second) in: those
+/// never judged first, the longest pending first, then the least recently `judged`;
+/// pods no longer due are forgotten.
+fn judging_order(
+    mut due: Vec<(i64, PodKey)>,
+    judged: &mut HashMap<PodKey, Instant>,
+) -> Vec<PodKey> {
+    let live: foldhash::HashSet<&PodKey> = due.iter().map(|(_, k)| k).collect();
+    judged.retain(|key, _| live.contains(key));
+    due.sort_by(|a, b| {
+        let last = |key: &PodKey| judged.get(key).copied();
+        last(&a.1).cmp(&last(&b.1)).then(a.cmp(b))
+    });
+    due.into_iter().map(|(_, key)| key).collect()
+}
+
 impl Controller for Planner {
     const NAME: &'static str = "defrag";
     const EVERY: Duration = Duration::from_secs(10);
@@ -430,5 +464,33 @@ impl Controller for Planner {
             acted += 1;
         }
         failures.outcome(acted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_a_pass_did_not_reach_are_judged_first_in_the_next() {
+        let key = |name: &str| PodKey::from(format!("team/{name}"));
+        let start = Instant::now();
+        let mut judged = HashMap::default();
+        judged.insert(key("recent"), start + Duration::from_secs(5));
+        judged.insert(key("earlier"), start);
+        judged.insert(key("gone"), start);
+        let due = vec![
+            (30, key("recent")),
+            (20, key("new-young")),
+            (10, key("new-old")),
+            (40, key("earlier")),
+        ];
+        let order = judging_order(due, &mut judged);
+        let names = ["new-old", "new-young", "earlier", "recent"].map(key);
+        assert_eq!(order, names);
+        assert!(
+            !judged.contains_key(&key("gone")),
+            "no longer due: forgotten"
+        );
     }
 }

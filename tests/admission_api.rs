@@ -1041,15 +1041,7 @@ async fn a_namespace_past_its_quota_borrows_what_its_cohort_leaves_idle() {
     assert!(!allowed);
     assert!(message.contains("borrowing limit 0 reached"), "{message}");
     // The metrics say who borrows and who lends.
-    let admin = gpu_admission::server::admin::admin_router(state);
-    let request = axum::http::Request::get("/metrics")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = tower::ServiceExt::oneshot(admin, request).await.unwrap();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let metrics = String::from_utf8(bytes.to_vec()).unwrap();
+    let metrics = scrape(gpu_admission::server::admin::admin_router(state)).await;
     for line in [
         r#"gpu_admission_quota_borrowed_gpus{namespace="team-b",quota="default",model="Tesla-T4"} 2.0"#,
         r#"gpu_admission_quota_lent_gpus{namespace="team-a",quota="default",model="Tesla-T4"} 2.0"#,

@@ -257,7 +257,7 @@ impl CacheWriter {
     }
 
     /// The reader, for the parts that only read.
-    pub fn cache(&self) -> &ClusterCache {
+    pub(crate) fn cache(&self) -> &ClusterCache {
         &self.cache
     }
 }

@@ -17,12 +17,12 @@
 //! schedules its pods.
 
 pub(crate) mod defrag;
-pub mod leadership;
+pub(crate) mod leadership;
 pub(crate) mod mover;
 pub(crate) mod pod_events;
-pub mod reclaim;
-pub mod reconcile;
-pub mod release;
+pub(crate) mod reclaim;
+pub(crate) mod reconcile;
+pub(crate) mod release;
 pub(crate) mod skeleton;
 pub(crate) mod waiting;
 

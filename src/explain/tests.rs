@@ -93,14 +93,20 @@ fn existing(key: &str) -> Explanation {
 
 /// A manifest in `namespace` naming `model`, asking for `gpus` whole GPUs.
 fn what_if(namespace: &str, model: &str, gpus: u32) -> Explanation {
+    let limits = json!({"tencent.com/vcuda-core": (100 * gpus).to_string()});
+    explain_new(&cluster(), namespace, model, limits)
+}
+
+/// Explain a manifest `new` not yet created in `namespace` of `text`'s cluster: one
+/// container with `limits`, naming `model`.
+fn explain_new(text: &str, namespace: &str, model: &str, limits: serde_json::Value) -> Explanation {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "new", "namespace": namespace,
             "annotations": {"gpu-admission.io/gpu-type": model}},
-        "spec": {"containers": [{"name": "c",
-            "resources": {"limits": {"tencent.com/vcuda-core": (100 * gpus).to_string()}}}]},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
     }))
     .unwrap();
-    let objects = parse_objects(&cluster(), "test").unwrap();
+    let objects = parse_objects(text, "test").unwrap();
     let asked = Asked::Manifest(Box::new(pod));
     explain(&objects, "test", &Config::default(), asked, NOW).unwrap()
 }
@@ -294,16 +300,8 @@ metadata: {name: default, namespace: team-m}
 spec:
   hard: {A100-SXM4-40GB: "2", A100-SXM4-40GB/1g.5gb: "1"}
 "#;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "new", "namespace": "team-m",
-            "annotations": {"gpu-admission.io/gpu-type": "A100-SXM4-40GB"}},
-        "spec": {"containers": [{"name": "c",
-            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-    }))
-    .unwrap();
-    let objects = parse_objects(text, "test").unwrap();
-    let asked = Asked::Manifest(Box::new(pod));
-    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    let limits = json!({"nvidia.com/gpu": "1"});
+    let e = explain_new(text, "team-m", "A100-SXM4-40GB", limits);
     assert_eq!(e.code, Code::ProfileCap, "{e:?}");
     assert!(stage(&e, "placement").message.contains("1g.5gb"), "{e:?}");
 }
@@ -356,16 +354,8 @@ spec:
   - name: c
     resources: {limits: {nvidia.com/gpu: "1"}}
 "#;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "new", "namespace": "team-r",
-            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
-        "spec": {"containers": [{"name": "c",
-            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-    }))
-    .unwrap();
-    let objects = parse_objects(text, "test").unwrap();
-    let asked = Asked::Manifest(Box::new(pod));
-    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    let limits = json!({"nvidia.com/gpu": "1"});
+    let e = explain_new(text, "team-r", "Tesla-T4", limits);
     assert_eq!(e.code, Code::QuotaExceeded, "{e:?}");
     assert!(
         says(
@@ -400,16 +390,8 @@ spec:
              {{limits: {{tencent.com/vcuda-core: \"{core}\", tencent.com/vcuda-memory: \"8\"}}}}\n"
         );
     }
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "new", "namespace": "team-z",
-            "annotations": {"gpu-admission.io/gpu-type": "Tesla-T4"}},
-        "spec": {"containers": [{"name": "c",
-            "resources": {"limits": {"tencent.com/vcuda-core": "200"}}}]},
-    }))
-    .unwrap();
-    let objects = parse_objects(&text, "test").unwrap();
-    let asked = Asked::Manifest(Box::new(pod));
-    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    let limits = json!({"tencent.com/vcuda-core": "200"});
+    let e = explain_new(&text, "team-z", "Tesla-T4", limits);
     // 2.5 of 3 used, 2 asked: 1.5 too many; no single pod frees that much.
     assert_eq!(e.code, Code::QuotaExceeded, "{e:?}");
     assert!(

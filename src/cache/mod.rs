@@ -30,6 +30,7 @@ pub(crate) use pod::{AnnotationKeys, PodKey};
 pub use pod::{CachedPod, pod_key};
 pub use state::ClusterState;
 pub(crate) use state::{Candidates, FilterDecision, Hold, Ledger, PlanError, Subject};
+pub(crate) use watch::Retry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

@@ -65,12 +65,12 @@ pub(super) async fn run(cache: ClusterCache, client: Client, shutdown: Cancellat
 /// The pause before a failed watch lists again: 0.5 s, doubling to 30 s while the
 /// failures go on (reset by any event).
 #[derive(Default)]
-struct Retry {
+pub(crate) struct Retry {
     failures: u32,
 }
 
 impl Retry {
-    fn next(&mut self) -> Duration {
+    pub(crate) fn next(&mut self) -> Duration {
         let pause = Duration::from_millis(500) * 2u32.pow(self.failures.min(6));
         self.failures += 1;
         pause.min(Duration::from_secs(30))

@@ -7,12 +7,12 @@
 //! `gpu_admission_defrag_plans_total{outcome}`.
 //!
 //! The planner needs more of the cluster than the cache keeps (every pod's CPU and
-//! memory, the PodDisruptionBudgets, the pods' controllers), so a pass that has a pod to
-//! plan for lists them from the API server, as `gpu-admission defrag --kubeconfig` does.
-//! That is bounded: at most [`PODS_PER_PASS`] pods a pass, a pass every [`Planner::EVERY`],
-//! a pod planned again at most every [`REPLAN`], and only the replica that holds the
-//! controller Lease plans. Finding the fragmented pods is bounded too: one pod judged a
-//! read of the cache, for at most [`JUDGE_BUDGET`] a pass.
+//! memory, the PodDisruptionBudgets, the pods' controllers): watches keep it
+//! ([`LiveWorld`]), and a pass that has a pod to plan for copies it; nothing is listed
+//! per pass. Planning is bounded: at most [`PODS_PER_PASS`] pods a pass, a pass every
+//! [`Planner::EVERY`], a pod planned again at most every [`REPLAN`], and only the replica
+//! that holds the controller Lease plans. Finding the fragmented pods is bounded too: one
+//! pod judged a read of the cache, for at most [`JUDGE_BUDGET`] a pass.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ use crate::metrics::{Metrics, OutcomeLabels};
 use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
 use crate::placement::learn::LearningPlacer;
 use crate::quota::pending::now_second;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{LiveWorld, Snapshot};
 
 use super::leadership::Leader;
 use super::pod_events::PodEvents;
@@ -47,10 +47,6 @@ const JUDGE_BUDGET: Duration = Duration::from_millis(100);
 /// Why a pass planned nothing, or a plan carried out stopped for want of an answer.
 #[derive(Debug, thiserror::Error)]
 enum PlanError {
-    #[error("cannot read the cluster to plan: {0:#}")]
-    Read(anyhow::Error),
-    #[error("cannot plan: {0:#}")]
-    Plan(anyhow::Error),
     #[error("planning failed: {0}")]
     Join(tokio::task::JoinError),
     /// An eviction the API server did not answer (the plan was aborted, its holds freed).
@@ -75,6 +71,8 @@ struct Running {
 /// The planner: one per process, acting only while it holds the controller Lease.
 pub(crate) struct Planner {
     cache: ClusterCache,
+    /// What the planner reads beyond the cache, kept by watches.
+    world: LiveWorld,
     client: kube::Client,
     placer: Arc<LearningPlacer>,
     config: Arc<Config>,
@@ -95,6 +93,7 @@ pub(crate) struct Planner {
 impl Planner {
     pub(crate) fn new(
         cache: ClusterCache,
+        world: LiveWorld,
         client: kube::Client,
         placer: Arc<LearningPlacer>,
         config: Arc<Config>,
@@ -103,6 +102,7 @@ impl Planner {
     ) -> Self {
         Planner {
             cache,
+            world,
             events: PodEvents::new(client.clone()),
             client,
             placer,
@@ -166,22 +166,23 @@ impl Planner {
         found
     }
 
-    /// Plan for `keys` on the cluster as the API server lists it now, off the async
-    /// threads; the pods of the controllers in `cooling` stay put.
+    /// Plan for `keys` on the cluster as the watches keep it, off the async threads
+    /// (copying the world is work too); the pods of the controllers in `cooling` stay put.
     async fn plan(
         &self,
         keys: Vec<String>,
         cooling: BTreeSet<String>,
     ) -> Result<Vec<(String, Answer)>, PlanError> {
-        let listed = crate::snapshot::list_cluster(&self.client).await;
-        let objects = listed.map_err(PlanError::Read)?;
-        let config = self.config.clone();
-        let plan = move || -> anyhow::Result<Vec<(String, Answer)>> {
+        let (cache, world) = (self.cache.clone(), self.world.clone());
+        let (placer, config) = (self.placer.placer(), self.config.clone());
+        let plan = move || -> Vec<(String, Answer)> {
             let limits = Limits {
                 max_moves: config.defrag.max_moves,
                 budget: DEFAULT_BUDGET,
             };
-            let mut snapshot = Snapshot::of(&objects, "the API server", &config)?;
+            let Some(mut snapshot) = Snapshot::live(&cache, &world, placer) else {
+                return Vec::new(); // not listed yet: the pass said so already
+            };
             snapshot.world.cooling = cooling;
             let mut answers = Vec::new();
             for key in keys {
@@ -196,14 +197,12 @@ impl Planner {
                 };
                 answers.push((key, answer));
             }
-            Ok(answers)
+            answers
         };
         let span = tracing::Span::current();
-        match tokio::task::spawn_blocking(move || span.in_scope(plan)).await {
-            Ok(Ok(answers)) => Ok(answers),
-            Ok(Err(error)) => Err(PlanError::Plan(error)),
-            Err(error) => Err(PlanError::Join(error)),
-        }
+        tokio::task::spawn_blocking(move || span.in_scope(plan))
+            .await
+            .map_err(PlanError::Join)
     }
 
     fn count_plan(&self, outcome: &'static str) {
@@ -409,6 +408,10 @@ impl Controller for Planner {
         if evict {
             self.follow_up(unix_now);
         }
+        if !self.world.listed() {
+            tracing::debug!("the world is not listed yet; planning waits");
+            return Ok(0);
+        }
         let due = self.fragmented(now, unix_now);
         if due.is_empty() {
             return Ok(0);
@@ -429,7 +432,7 @@ impl Controller for Planner {
             .collect();
         let mut acted = 0;
         // The models a plan was carried out for in this pass: the other plans of this
-        // pass were made without its holds, so they wait for the next pass's listing.
+        // pass were made without its holds, so they wait for the next pass.
         let mut carried: BTreeSet<String> = BTreeSet::new();
         for (key, answer) in answers {
             let Some(uid) = uids.get(&key).cloned() else {

@@ -32,6 +32,7 @@ use tracing::Instrument;
 
 use crate::config::DefragMode;
 use crate::server::AppState;
+use crate::snapshot::LiveWorld;
 
 use leadership::{CONTROLLER_LEASE, Leader, Leadership};
 use skeleton::{Harness, run};
@@ -101,8 +102,12 @@ fn spawn_tellers(state: &AppState, client: kube::Client, leader: &Leader, harnes
     let tell = run(teller, None, harness.clone());
     tokio::spawn(tell.instrument(tracing::info_span!("waiting")));
     if config.defrag.mode != DefragMode::Off {
+        let world = LiveWorld::default();
+        let watches = world.clone().run(client.clone(), harness.shutdown.clone());
+        tokio::spawn(watches.instrument(tracing::info_span!("defrag_world")));
         let planner = defrag::Planner::new(
             cache.clone(),
+            world,
             client,
             placer.clone(),
             config.clone(),

@@ -7,24 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-
+use crate::snapshot::DisruptionBudget;
 use crate::snapshot::world::{CONTROLLER_KINDS, Owner, PodFacts, World};
-
-/// A PodDisruptionBudget: whose pods it guards and how many it lets go now.
-#[derive(Debug, Clone)]
-pub(crate) struct DisruptionBudget {
-    /// `namespace/name`.
-    pub(crate) name: String,
-    namespace: String,
-    /// `None`: selects nothing (a budget without a selector, as policy/v1 reads it).
-    selector: Option<LabelSelector>,
-    /// Disruptions allowed now: `status.disruptionsAllowed` when the object has a
-    /// status, else worked out from its spec and the pods it selects.
-    pub(crate) allowed: u32,
-}
 
 /// Why a running pod stays where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,102 +36,15 @@ impl Stay {
     }
 }
 
-impl DisruptionBudget {
-    pub(crate) fn of(
-        pdb: &PodDisruptionBudget,
-        pods: &BTreeMap<String, PodFacts>,
-    ) -> DisruptionBudget {
-        let namespace = pdb
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let name = format!(
-            "{namespace}/{}",
-            pdb.metadata.name.as_deref().unwrap_or_default()
-        );
-        let spec = pdb.spec.clone().unwrap_or_default();
-        let mut budget = DisruptionBudget {
-            name,
-            namespace,
-            selector: spec.selector.clone(),
-            allowed: 0,
-        };
-        budget.allowed = match pdb.status.as_ref() {
-            Some(status) => u32::try_from(status.disruptions_allowed).unwrap_or(0),
-            None => {
-                let selected: Vec<&PodFacts> = pods.values().filter(|p| budget.guards(p)).collect();
-                let healthy = selected
-                    .iter()
-                    .filter(|p| p.active && p.node.is_some())
-                    .count();
-                let expected = selected.len();
-                let keep = match (&spec.min_available, &spec.max_unavailable) {
-                    (Some(min), _) => scaled(min, expected),
-                    (None, Some(max)) => expected.saturating_sub(scaled(max, expected)),
-                    (None, None) => expected, // neither: taken to allow nothing
-                };
-                u32::try_from(healthy.saturating_sub(keep)).unwrap_or(u32::MAX)
-            }
-        };
-        budget
-    }
-
-    /// Whether the budget guards `pod`.
-    pub(crate) fn guards(&self, pod: &PodFacts) -> bool {
-        pod.namespace == self.namespace
-            && self
-                .selector
-                .as_ref()
-                .is_some_and(|s| selects(s, &pod.labels))
-    }
-}
-
-/// A count or percentage of `total`, percentages rounded up (as the disruption
-/// controller does).
-fn scaled(value: &IntOrString, total: usize) -> usize {
-    match value {
-        IntOrString::Int(n) => usize::try_from(*n).unwrap_or(0),
-        IntOrString::String(text) => {
-            let percent = text.trim_end_matches('%').parse::<usize>().unwrap_or(100);
-            (total * percent).div_ceil(100)
-        }
-    }
-}
-
-/// Whether a label selector selects `labels` (an empty selector selects everything).
-pub(crate) fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let exact = selector.match_labels.iter().flatten();
-    let exact_ok = exact.into_iter().all(|(k, v)| labels.get(k) == Some(v));
-    let expressions = selector.match_expressions.iter().flatten();
-    exact_ok
-        && expressions.into_iter().all(|e| {
-            let value = labels.get(&e.key);
-            let values = e.values.as_deref().unwrap_or_default();
-            match e.operator.as_str() {
-                "In" => value.is_some_and(|v| values.contains(v)),
-                "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                "Exists" => value.is_some(),
-                "DoesNotExist" => value.is_none(),
-                _ => false, // an operator we do not know selects nothing
-            }
-        })
-}
-
-/// The rules, applied to the cluster's pods once.
+/// The rules, applied to the cluster's pods.
 #[derive(Debug)]
 pub(crate) struct Mobility<'w> {
     world: &'w World,
-    pub(crate) budgets: Vec<DisruptionBudget>,
 }
 
 impl<'w> Mobility<'w> {
     pub(crate) fn new(world: &'w World) -> Self {
-        let budgets = world.budgets.iter();
-        let budgets = budgets
-            .map(|pdb| DisruptionBudget::of(pdb, &world.pods))
-            .collect();
-        Mobility { world, budgets }
+        Mobility { world }
     }
 
     /// Whether the pod `key` may be moved, or why it stays.
@@ -183,7 +80,7 @@ impl<'w> Mobility<'w> {
     }
 
     fn budgets<'a>(&'a self, pod: &'a PodFacts) -> impl Iterator<Item = &'a DisruptionBudget> + 'a {
-        self.budgets.iter().filter(|b| b.guards(pod))
+        self.world.budgets.iter().filter(|b| b.guards(pod))
     }
 
     /// Of `moved` (in the plan's order), the first pod that would disrupt a budget

@@ -4,7 +4,6 @@ use crate::cache::parse_objects;
 use crate::config::Config;
 use crate::placement::defrag::Limits;
 
-use super::movable::Mobility;
 use super::report::{Output, Report};
 use crate::snapshot::{Snapshot, World};
 
@@ -300,7 +299,7 @@ fn a_budget_without_status_counts_its_healthy_pods() {
             "{pods}apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: b, namespace: n}}\nspec: {{{spec}, selector: {{matchLabels: {{app: x}}}}}}\n"
         );
         let world = World::read(&parse_objects(&text, "test").unwrap()).unwrap();
-        Mobility::new(&world).budgets[0].allowed
+        world.budgets[0].allowed
     };
     assert_eq!(budget("minAvailable: 2"), 1);
     assert_eq!(budget("minAvailable: 67%"), 0);

@@ -1,10 +1,12 @@
-//! One picture of the cluster, read once and never changed, that judging and planning
-//! read (docs/design.md, "Snapshots"): the cache's view of GPUs, pods and quotas; the
-//! world beyond it (every pod's CPU and memory, owners, disruption budgets); and the
-//! placer as the extender would have it. `explain`, `defrag` and the planner in the
-//! cluster each build one the same way ([`Snapshot::of`]), from a file or one listing
-//! ([`ClusterSource`], [`list_cluster`]).
+//! One picture of the cluster that judging and planning read (docs/design.md,
+//! "Snapshots"): the cache's view of GPUs, pods and quotas; the world beyond it (every
+//! pod's CPU and memory, owners, disruption budgets); and the placer as the extender
+//! would have it. The command-line tools (`explain`, `defrag`) build one from a file or
+//! one listing ([`Snapshot::of`], [`ClusterSource`]); the planner in
+//! the cluster from the watch-fed cache and world ([`Snapshot::live`], [`LiveWorld`]),
+//! listing nothing.
 
+mod live;
 mod source;
 pub(crate) mod world;
 
@@ -15,7 +17,9 @@ use crate::config::Config;
 use crate::placement::Placer;
 use crate::placement::learn::LearningPlacer;
 
-pub(crate) use source::{ClusterSource, Read, list_cluster};
+pub(crate) use live::LiveWorld;
+pub(crate) use source::{ClusterSource, Read};
+pub(crate) use world::DisruptionBudget;
 use world::WorldError;
 pub(crate) use world::{MOVABLE_ANNOTATION, World};
 
@@ -58,6 +62,23 @@ impl Snapshot {
         Ok(Snapshot {
             cache,
             world,
+            placer,
+        })
+    }
+}
+
+impl Snapshot {
+    /// The snapshot of the cluster as the watches keep it: the live `cache` (a plan reads
+    /// it once, under one read), a copy of `world`, and the extender's `placer`; `None`
+    /// until every kind of the world has listed.
+    pub(crate) fn live(
+        cache: &ClusterCache,
+        world: &LiveWorld,
+        placer: Arc<Placer>,
+    ) -> Option<Snapshot> {
+        Some(Snapshot {
+            cache: cache.clone(),
+            world: world.world()?,
             placer,
         })
     }

@@ -68,9 +68,9 @@ async fn listed(kubeconfig: &std::path::Path) -> anyhow::Result<Vec<FileObject>>
     list_cluster(&client).await
 }
 
-/// What the planner reads of the cluster, listed from the API server: Nodes, Pods,
+/// What planning reads of the cluster, listed from the API server: Nodes, Pods,
 /// GPUQuotas, PodDisruptionBudgets, and the controllers pods name as owners.
-pub(crate) async fn list_cluster(client: &kube::Client) -> anyhow::Result<Vec<FileObject>> {
+async fn list_cluster(client: &kube::Client) -> anyhow::Result<Vec<FileObject>> {
     use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
     use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::{Node, Pod};

@@ -1,14 +1,15 @@
 //! What the planner reads beyond the cache's projection: every pod's CPU and
 //! memory (GPU pods or not) and its owner, opt-in and labels; every node's allocatable
 //! CPU and memory; PodDisruptionBudgets; the
-//! controllers pods name as owners.
+//! controllers pods name as owners; and how many disruptions each budget allows now.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 
 use crate::cache::FileObject;
@@ -72,7 +73,7 @@ pub(crate) struct World {
     pub(crate) nodes: BTreeMap<String, NodeFacts>,
     /// By `namespace/name`.
     pub(crate) pods: BTreeMap<String, PodFacts>,
-    pub(crate) budgets: Vec<PodDisruptionBudget>,
+    pub(crate) budgets: Vec<DisruptionBudget>,
     /// The controllers present, as (namespace, kind, name).
     pub(crate) controllers: BTreeSet<(String, String, String)>,
     /// The uids of controllers a pod of which was moved within `defrag.cooldownSeconds`
@@ -89,6 +90,7 @@ pub(crate) const CONTROLLER_KINDS: [&str; 3] = ["ReplicaSet", "StatefulSet", "Jo
 impl World {
     pub(crate) fn read(objects: &[FileObject]) -> Result<World, WorldError> {
         let mut world = World::default();
+        let mut budgets: Vec<PodDisruptionBudget> = Vec::new();
         for object in objects {
             let kind = object.value.get("kind").and_then(|k| k.as_str());
             let document = object.document;
@@ -106,7 +108,7 @@ impl World {
                         .pods
                         .insert(format!("{}/{name}", facts.namespace), facts);
                 }
-                "PodDisruptionBudget" => world.budgets.push(parse(object, "PodDisruptionBudget")?),
+                "PodDisruptionBudget" => budgets.push(parse(object, "PodDisruptionBudget")?),
                 kind if CONTROLLER_KINDS.contains(&kind) => {
                     let meta: ObjectMeta = object
                         .value
@@ -129,14 +131,24 @@ impl World {
                 _ => {}
             }
         }
-        let active = world.pods.values().filter(|p| p.active);
+        let pods = Some(&world.pods);
+        world.budgets = budgets
+            .iter()
+            .map(|b| DisruptionBudget::of(b, pods))
+            .collect();
+        world.settle();
+        Ok(world)
+    }
+
+    /// Count what each node's active pods request as used on it.
+    pub(super) fn settle(&mut self) {
+        let active = self.pods.values().filter(|p| p.active);
         for pod in active {
-            let facts = pod.node.as_deref().and_then(|n| world.nodes.get_mut(n));
+            let facts = pod.node.as_deref().and_then(|n| self.nodes.get_mut(n));
             if let Some(facts) = facts {
                 facts.used = facts.used.plus(&pod.host);
             }
         }
-        Ok(world)
     }
 
     /// CPU and memory free on `node`: allocatable less what its active pods request.
@@ -144,6 +156,106 @@ impl World {
         let facts = self.nodes.get(node)?;
         Some(facts.allocatable.minus(&facts.used))
     }
+}
+
+/// A PodDisruptionBudget: whose pods it guards and how many it lets go now.
+#[derive(Debug, Clone)]
+pub(crate) struct DisruptionBudget {
+    /// `namespace/name`.
+    pub(crate) name: String,
+    namespace: String,
+    /// `None`: selects nothing (a budget without a selector, as policy/v1 reads it).
+    selector: Option<LabelSelector>,
+    /// Disruptions allowed now: `status.disruptionsAllowed` when the object has a
+    /// status, else worked out from its spec and the pods it selects.
+    pub(crate) allowed: u32,
+}
+
+impl DisruptionBudget {
+    /// The budget `pdb`; one without a status is worked out from `pods` when they are
+    /// all known (a file), and allows nothing when they are not (in the cluster, where
+    /// the planner keeps the labels of only the pods that opted in to moving, and the
+    /// disruption controller has not counted the budget yet).
+    pub(crate) fn of(
+        pdb: &PodDisruptionBudget,
+        pods: Option<&BTreeMap<String, PodFacts>>,
+    ) -> DisruptionBudget {
+        let namespace = pdb
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = format!(
+            "{namespace}/{}",
+            pdb.metadata.name.as_deref().unwrap_or_default()
+        );
+        let spec = pdb.spec.clone().unwrap_or_default();
+        let mut budget = DisruptionBudget {
+            name,
+            namespace,
+            selector: spec.selector.clone(),
+            allowed: 0,
+        };
+        budget.allowed = match (pdb.status.as_ref(), pods) {
+            (Some(status), _) => u32::try_from(status.disruptions_allowed).unwrap_or(0),
+            (None, None) => 0,
+            (None, Some(pods)) => {
+                let selected: Vec<&PodFacts> = pods.values().filter(|p| budget.guards(p)).collect();
+                let healthy = selected
+                    .iter()
+                    .filter(|p| p.active && p.node.is_some())
+                    .count();
+                let expected = selected.len();
+                let keep = match (&spec.min_available, &spec.max_unavailable) {
+                    (Some(min), _) => scaled(min, expected),
+                    (None, Some(max)) => expected.saturating_sub(scaled(max, expected)),
+                    (None, None) => expected, // neither: taken to allow nothing
+                };
+                u32::try_from(healthy.saturating_sub(keep)).unwrap_or(u32::MAX)
+            }
+        };
+        budget
+    }
+
+    /// Whether the budget guards `pod`.
+    pub(crate) fn guards(&self, pod: &PodFacts) -> bool {
+        pod.namespace == self.namespace
+            && self
+                .selector
+                .as_ref()
+                .is_some_and(|s| selects(s, &pod.labels))
+    }
+}
+
+/// A count or percentage of `total`, percentages rounded up (as the disruption
+/// controller does).
+fn scaled(value: &IntOrString, total: usize) -> usize {
+    match value {
+        IntOrString::Int(n) => usize::try_from(*n).unwrap_or(0),
+        IntOrString::String(text) => {
+            let percent = text.trim_end_matches('%').parse::<usize>().unwrap_or(100);
+            (total * percent).div_ceil(100)
+        }
+    }
+}
+
+/// Whether a label selector selects `labels` (an empty selector selects everything).
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let exact = selector.match_labels.iter().flatten();
+    let exact_ok = exact.into_iter().all(|(k, v)| labels.get(k) == Some(v));
+    let expressions = selector.match_expressions.iter().flatten();
+    exact_ok
+        && expressions.into_iter().all(|e| {
+            let value = labels.get(&e.key);
+            let values = e.values.as_deref().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false, // an operator we do not know selects nothing
+            }
+        })
 }
 
 fn parse<T: DeserializeOwned>(object: &FileObject, kind: &str) -> Result<T, WorldError> {
@@ -157,7 +269,7 @@ fn parse<T: DeserializeOwned>(object: &FileObject, kind: &str) -> Result<T, Worl
 /// A dimension a node does not state: larger than any request, with room to add.
 const UNSTATED: u64 = u64::MAX / 4;
 
-fn node_facts(node: &Node, document: usize) -> Result<NodeFacts, WorldError> {
+pub(super) fn node_facts(node: &Node, document: usize) -> Result<NodeFacts, WorldError> {
     let status = node.status.as_ref();
     let list = status.and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
     let amount = |key: &str| list.and_then(|l| l.get(key));
@@ -179,7 +291,7 @@ fn node_facts(node: &Node, document: usize) -> Result<NodeFacts, WorldError> {
     })
 }
 
-fn pod_facts(pod: &Pod, document: usize) -> Result<PodFacts, WorldError> {
+pub(super) fn pod_facts(pod: &Pod, document: usize) -> Result<PodFacts, WorldError> {
     let meta = &pod.metadata;
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
     let key = format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default());

@@ -24,7 +24,7 @@ use kube::runtime::events::EventType;
 use crate::cache::{ClusterCache, PodKey};
 use crate::config::{Config, DefragMode};
 use crate::defrag::PlanOut;
-use crate::explain::{Code, Judge, Subject};
+use crate::explain::{Code, Judge, Judged};
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
 use crate::placement::learn::LearningPlacer;
@@ -46,7 +46,7 @@ const JUDGE_BUDGET: Duration = Duration::from_millis(100);
 
 /// Why a pass planned nothing, or a plan carried out stopped for want of an answer.
 #[derive(Debug, thiserror::Error)]
-enum PlanError {
+enum PlanningError {
     #[error("planning failed: {0}")]
     Join(tokio::task::JoinError),
     /// An eviction the API server did not answer (the plan was aborted, its holds freed).
@@ -55,7 +55,7 @@ enum PlanError {
 }
 
 /// What a pod is told: its plan, or why there is none.
-enum Answer {
+enum Told {
     Planned(Box<PlanOut>),
     Unplanned(String),
 }
@@ -148,7 +148,7 @@ impl Planner {
             let fragmented = self.cache.read(|state| {
                 let pod = state.pod(&key)?;
                 let judge = Judge::new(state, &placer, &mig, &self.config, unix_now);
-                let subject = Subject {
+                let subject = Judged {
                     key: &key,
                     pod,
                     exists: true,
@@ -172,10 +172,10 @@ impl Planner {
         &self,
         keys: Vec<String>,
         cooling: BTreeSet<String>,
-    ) -> Result<Vec<(String, Answer)>, PlanError> {
+    ) -> Result<Vec<(String, Told)>, PlanningError> {
         let (cache, world) = (self.cache.clone(), self.world.clone());
         let (placer, config) = (self.placer.placer(), self.config.clone());
-        let plan = move || -> Vec<(String, Answer)> {
+        let plan = move || -> Vec<(String, Told)> {
             let limits = Limits {
                 max_moves: config.defrag.max_moves,
                 budget: DEFAULT_BUDGET,
@@ -189,11 +189,11 @@ impl Planner {
                 let report = crate::defrag::plan_in(&snapshot, limits, Some(&key));
                 let answer = match report {
                     Ok(mut report) => match (report.plans.pop(), report.unplanned.pop()) {
-                        (Some(plan), _) => Answer::Planned(Box::new(plan)),
-                        (None, Some(no)) => Answer::Unplanned(no.reason),
+                        (Some(plan), _) => Told::Planned(Box::new(plan)),
+                        (None, Some(no)) => Told::Unplanned(no.reason),
                         (None, None) => continue,
                     },
-                    Err(error) => Answer::Unplanned(format!("{error:#}")),
+                    Err(error) => Told::Unplanned(format!("{error:#}")),
                 };
                 answers.push((key, answer));
             }
@@ -202,7 +202,7 @@ impl Planner {
         let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || span.in_scope(plan))
             .await
-            .map_err(PlanError::Join)
+            .map_err(PlanningError::Join)
     }
 
     fn count_plan(&self, outcome: &'static str) {
@@ -264,7 +264,7 @@ impl Planner {
         uid: &str,
         plan: PlanOut,
         now: Instant,
-    ) -> Result<(), PlanError> {
+    ) -> Result<(), PlanningError> {
         let Some(mut hold) = plan.hold.clone() else {
             let note = format!(
                 "{}; not carried out: a pod to move names no controller, or MIG slices would have to be held",
@@ -333,7 +333,7 @@ impl Planner {
                 self.tell(key, uid, (EventType::Warning, "DefragAborted"), note, now);
             }
         }
-        unanswered.map_or(Ok(()), |why| Err(PlanError::Evict(why)))
+        unanswered.map_or(Ok(()), |why| Err(PlanningError::Evict(why)))
     }
 }
 
@@ -440,8 +440,8 @@ impl Controller for Planner {
             };
             let key: PodKey = key.into();
             let plan = match answer {
-                Answer::Planned(plan) => plan,
-                Answer::Unplanned(why) => {
+                Told::Planned(plan) => plan,
+                Told::Unplanned(why) => {
                     self.count_plan("unplanned");
                     let kind = (EventType::Normal, "DefragNoPlan");
                     self.tell(key, &uid, kind, format!("no plan: {why}"), now);

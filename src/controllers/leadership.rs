@@ -52,7 +52,7 @@ impl Leader {
 
 /// What a replica may do with the Lease as it read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Turn {
+pub enum LeaseAction {
     /// It holds it (or nobody does, or its holder stopped renewing): write it as ours.
     Take,
     /// Another replica holds it and renewed it within the lease duration.
@@ -61,12 +61,12 @@ pub enum Turn {
 
 /// Whether `me` may take (or keep) a Lease held by `holder`, which this replica has seen
 /// unchanged for `unchanged` (by its own clock).
-pub fn turn(holder: Option<&str>, me: &str, unchanged: Duration) -> Turn {
+pub fn lease_action(holder: Option<&str>, me: &str, unchanged: Duration) -> LeaseAction {
     match holder {
-        None | Some("") => Turn::Take,
-        Some(holder) if holder == me => Turn::Take,
-        Some(_) if unchanged >= LEASE_DURATION => Turn::Take,
-        Some(_) => Turn::Wait,
+        None | Some("") => LeaseAction::Take,
+        Some(holder) if holder == me => LeaseAction::Take,
+        Some(_) if unchanged >= LEASE_DURATION => LeaseAction::Take,
+        Some(_) => LeaseAction::Wait,
     }
 }
 
@@ -147,7 +147,7 @@ impl Leadership {
         self.seen = Some((version, since));
         let spec = lease.spec.as_ref();
         let holder = spec.and_then(|s| s.holder_identity.as_deref());
-        if turn(holder, &self.me, since.elapsed()) == Turn::Wait {
+        if lease_action(holder, &self.me, since.elapsed()) == LeaseAction::Wait {
             return Ok(false);
         }
         let new_holder = holder != Some(self.me.as_str());
@@ -211,13 +211,25 @@ mod tests {
     #[test]
     fn a_lease_is_taken_only_when_free_ours_or_left_unrenewed_for_its_duration() {
         let second = Duration::from_secs(1);
-        assert_eq!(turn(None, "me", Duration::ZERO), Turn::Take);
-        assert_eq!(turn(Some(""), "me", Duration::ZERO), Turn::Take);
-        assert_eq!(turn(Some("me"), "me", Duration::ZERO), Turn::Take);
-        assert_eq!(turn(Some("other"), "me", Duration::ZERO), Turn::Wait);
+        assert_eq!(lease_action(None, "me", Duration::ZERO), LeaseAction::Take);
+        assert_eq!(
+            lease_action(Some(""), "me", Duration::ZERO),
+            LeaseAction::Take
+        );
+        assert_eq!(
+            lease_action(Some("me"), "me", Duration::ZERO),
+            LeaseAction::Take
+        );
+        assert_eq!(
+            lease_action(Some("other"), "me", Duration::ZERO),
+            LeaseAction::Wait
+        );
         let almost = LEASE_DURATION - second;
-        assert_eq!(turn(Some("other"), "me", almost), Turn::Wait);
-        assert_eq!(turn(Some("other"), "me", LEASE_DURATION), Turn::Take);
+        assert_eq!(lease_action(Some("other"), "me", almost), LeaseAction::Wait);
+        assert_eq!(
+            lease_action(Some("other"), "me", LEASE_DURATION),
+            LeaseAction::Take
+        );
     }
 
     /// A holder whose renewals stop (hung or failing) stops acting long before another

@@ -31,7 +31,7 @@ use crate::placement::Placer;
 use crate::placement::learn::LearningPlacer;
 use crate::placement::mig::MigResources;
 
-use crate::explain::{Code, Explanation, Judge, Subject};
+use crate::explain::{Code, Explanation, Judge, Judged};
 
 /// How much time one pass may spend judging pods.
 const JUDGE_BUDGET: Duration = Duration::from_millis(100);
@@ -53,13 +53,13 @@ const MESSAGE_LIMIT: usize = 1_000;
 
 /// What a pod should show: why it waits, or that it does not.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Verdict {
+pub(crate) struct WaitingVerdict {
     pub(crate) waits: bool,
     pub(crate) code: Code,
     pub(crate) message: String,
 }
 
-impl Verdict {
+impl WaitingVerdict {
     /// The verdict `explanation` gives: the code of the stage that stops the pod, its
     /// numbers, and the first thing that would change it.
     pub(crate) fn of(explanation: &Explanation) -> Self {
@@ -72,7 +72,7 @@ impl Verdict {
             message += "; would change it: ";
             message += &what_if.message;
         }
-        Verdict {
+        WaitingVerdict {
             waits: !explanation.code.passes(),
             code: explanation.code,
             message: truncate(message),
@@ -81,7 +81,7 @@ impl Verdict {
 
     /// A bound pod no longer waits.
     fn bound(node: &str) -> Self {
-        Verdict {
+        WaitingVerdict {
             waits: false,
             code: Code::Placed,
             message: format!("bound to node {node}"),
@@ -103,7 +103,7 @@ fn truncate(mut message: String) -> String {
 /// What to write on a pod, if anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Write {
-    pub(crate) verdict: Verdict,
+    pub(crate) verdict: WaitingVerdict,
     /// The status flips (or the condition is new): its transition time is now.
     pub(crate) transition: bool,
     /// The code changed on a waiting pod: tell it in an Event too.
@@ -114,7 +114,7 @@ pub(crate) struct Write {
 /// replica): the write that brings it up to date, when one is due.
 pub(crate) fn decide(
     shown: Option<&WaitingShown>,
-    verdict: &Verdict,
+    verdict: &WaitingVerdict,
     last_write: Option<Duration>,
 ) -> Option<Write> {
     let since = |gap: Duration| last_write.is_none_or(|ago| ago >= gap);
@@ -166,7 +166,7 @@ struct Bound {
     key: PodKey,
     uid: Box<str>,
     shown: WaitingShown,
-    verdict: Verdict,
+    verdict: WaitingVerdict,
 }
 
 /// The teller: one per process, acting only while it holds the controller Lease.
@@ -218,7 +218,7 @@ impl Teller {
                         key: key.clone(),
                         uid: pod.uid.clone(),
                         shown: shown.clone(),
-                        verdict: Verdict::bound(node),
+                        verdict: WaitingVerdict::bound(node),
                     }),
                     (_, true, _) => {}
                     _ => pending.push(key.clone()),
@@ -238,10 +238,10 @@ impl Teller {
         key: &PodKey,
         (placer, mig): (&Placer, &MigResources),
         now: i64,
-    ) -> Option<(Verdict, Option<WaitingShown>, Box<str>)> {
+    ) -> Option<(WaitingVerdict, Option<WaitingShown>, Box<str>)> {
         self.cache.read(|state| {
             let pod = state.pod(key)?;
-            let subject = Subject {
+            let subject = Judged {
                 key,
                 pod,
                 exists: true,
@@ -254,7 +254,7 @@ impl Teller {
                     return None;
                 }
             };
-            let verdict = Verdict::of(&explanation);
+            let verdict = WaitingVerdict::of(&explanation);
             let in_passing = now - pod.created < QUEUE_GRACE_SECONDS;
             if verdict.code == Code::QueuedBehind && in_passing {
                 return None;
@@ -376,8 +376,8 @@ impl Controller for Teller {
 mod tests {
     use super::*;
 
-    fn verdict(waits: bool, code: Code, message: &str) -> Verdict {
-        Verdict {
+    fn verdict(waits: bool, code: Code, message: &str) -> WaitingVerdict {
+        WaitingVerdict {
             waits,
             code,
             message: message.into(),
@@ -441,7 +441,7 @@ mod tests {
     #[test]
     fn a_pod_that_no_longer_waits_has_the_condition_set_false() {
         let on_pod = shown(true, Code::Fragmented, "2 GPUs free on 2 nodes");
-        let bound = Verdict::bound("node-a");
+        let bound = WaitingVerdict::bound("node-a");
         let write = decide(Some(&on_pod), &bound, LONG_AGO).unwrap();
         assert!(write.transition && !write.event);
         let patch = condition_patch(

@@ -11,7 +11,7 @@ use crate::snapshot::Snapshot;
 
 use super::effort::{Cancel, Effort};
 use super::other_model::SEARCH_MODELS;
-use super::{Code, ExplainError, Explanation, Judge, Subject};
+use super::{Code, ExplainError, Explanation, Judge, Judged};
 
 /// 2026-11-29T01:00:00Z
 const NOW: i64 = 1_796_000_400;
@@ -65,7 +65,7 @@ fn judge(text: &str, key: &str, effort: Effort) -> (Result<Explanation, ExplainE
     let mig = cache.projection().names.mig.clone();
     cache.read(|state| {
         let pod = state.pod(key).unwrap();
-        let subject = Subject {
+        let subject = Judged {
             key,
             pod,
             exists: true,

@@ -33,13 +33,13 @@ pub(crate) struct Judge<'a> {
 }
 
 /// The pod judged: its key, its projection, and whether it exists (else: what-if).
-pub(crate) struct Subject<'p> {
+pub(crate) struct Judged<'p> {
     pub(crate) key: &'p str,
     pub(crate) pod: &'p CachedPod,
     pub(crate) exists: bool,
 }
 
-impl Subject<'_> {
+impl Judged<'_> {
     pub(super) fn namespace(&self) -> &str {
         crate::cache::pod::key_parts(self.key).0
     }
@@ -79,7 +79,7 @@ impl<'a> Judge<'a> {
     /// judging alone finds (another model; a running pod's end). The planner's moves are
     /// the caller's to add: they need more of the cluster than the cache holds.
     /// `ExplainError::Abandoned` once the caller has left.
-    pub(crate) fn explain(&self, subject: &Subject<'_>) -> Result<Explanation, ExplainError> {
+    pub(crate) fn explain(&self, subject: &Judged<'_>) -> Result<Explanation, ExplainError> {
         let (admission, denial) = self.admission(subject)?;
         self.effort.check()?;
         let placement = self.placement(subject);
@@ -106,7 +106,7 @@ impl<'a> Judge<'a> {
     /// With the stage, the quota's refusal, if any (the `ends` counterfactual reads it).
     pub(crate) fn admission(
         &self,
-        subject: &Subject<'_>,
+        subject: &Judged<'_>,
     ) -> Result<(Stage, Option<Denial>), StatusError> {
         let stage = |code, message| Stage {
             stage: "admission",
@@ -158,7 +158,7 @@ impl<'a> Judge<'a> {
 
     /// The pod's place in its namespace's quota queue (from 1), and the line's length
     /// (as far as read).
-    fn line_place(&self, subject: &Subject<'_>) -> (usize, usize) {
+    fn line_place(&self, subject: &Judged<'_>) -> (usize, usize) {
         let line =
             self.state
                 .waiting_line(subject.namespace(), self.now, self.max_pass_over, LINE_READ);
@@ -167,7 +167,7 @@ impl<'a> Judge<'a> {
     }
 
     /// Placement: bound or held, else the extender's rules and fit over every open node.
-    pub(crate) fn placement(&self, subject: &Subject<'_>) -> Stage {
+    pub(crate) fn placement(&self, subject: &Judged<'_>) -> Stage {
         let stage = |code, message| Stage {
             stage: "placement",
             code,
@@ -200,7 +200,7 @@ impl<'a> Judge<'a> {
     /// when it says no (the caller left, or a budget is spent).
     pub(super) fn fit_on(
         &self,
-        subject: &Subject<'_>,
+        subject: &Judged<'_>,
         wanted: WantedModels,
         nodes: &[&NodeGpus],
         count: fn(&Effort) -> bool,
@@ -219,7 +219,7 @@ impl<'a> Judge<'a> {
     /// Why no node of `nodes` took the pod wanting `models`, from the placer's misfits.
     fn misfit_stage(
         &self,
-        subject: &Subject<'_>,
+        subject: &Judged<'_>,
         models: &[String],
         nodes: &[&NodeGpus],
         outcome: Outcome,
@@ -288,7 +288,7 @@ impl<'a> Judge<'a> {
     /// When a quota refused the pod for one model: the running pod of its namespace
     /// whose end frees enough of that model, the smallest such (then by name); when no
     /// single one does, the fewest pods that do together (the largest first).
-    pub(crate) fn ends(&self, subject: &Subject<'_>, denial: &Denial) -> Option<Counterfactual> {
+    pub(crate) fn ends(&self, subject: &Judged<'_>, denial: &Denial) -> Option<Counterfactual> {
         let Denial::Exceeded(exceeded) = denial else {
             return None;
         };

@@ -29,7 +29,7 @@ use crate::placement::defrag::Limits;
 use crate::snapshot::Snapshot;
 
 pub(crate) use effort::{Abandoned, Cancel, Effort};
-pub(crate) use judge::{Judge, Subject};
+pub(crate) use judge::{Judge, Judged};
 use verdict::Counterfactual;
 use verdict::Stage;
 pub(crate) use verdict::{Code, Explanation};
@@ -157,7 +157,7 @@ pub(crate) fn judge_on(
                 .pod(&key)
                 .ok_or_else(|| ExplainError::NotFound(key.clone()))?,
         };
-        let subject = Subject {
+        let subject = Judged {
             key: &key,
             pod,
             exists,

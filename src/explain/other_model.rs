@@ -19,7 +19,7 @@ use crate::placement::models::WantedModels;
 use crate::quota::{QuotaView, admit};
 
 use super::effort::{Abandoned, Effort};
-use super::judge::{Judge, Subject, fits_message};
+use super::judge::{Judge, Judged, fits_message};
 use super::verdict::Counterfactual;
 
 /// Models the search prices and fits at most, in one judgment.
@@ -29,7 +29,7 @@ impl Judge<'_> {
     /// Models the pod does not want whose quota and nodes would take it now.
     pub(crate) fn other_models(
         &self,
-        subject: &Subject<'_>,
+        subject: &Judged<'_>,
     ) -> Result<Vec<Counterfactual>, Abandoned> {
         let quota = self.state.namespace_quota(subject.namespace());
         let Ok(views) = quota.views() else {

@@ -2,7 +2,8 @@
 //! cycle between the crate's top-level modules, nor between the files of one module; the
 //! pure core imports nothing above it and names no runtime, server or client; nothing
 //! below the command line reads `cli`; every spawned task runs in a span; nothing under
-//! the cache's lock calls the backend, and only listed files change the cache; no production file over 600 lines, no
+//! the cache's lock calls the backend, and only listed files change the cache or list the
+//! API server; no production file over 600 lines, no
 //! `Result<_, String>` in production code, and serde visitors only in `wire/`.
 #![allow(clippy::unwrap_used)]
 
@@ -537,6 +538,37 @@ fn only_the_listed_files_hold_the_cache_writer() {
     }
     let listed: BTreeSet<String> = WRITERS.iter().map(|(f, _)| f.to_string()).collect();
     assert_eq!(writers, listed, "files that hold the cache's writer");
+}
+
+/// What lists the API server, and why it is not a cost per pass: the command-line
+/// tools' one reading of the cluster, and the quota writer's fresh read of quotas when a
+/// write conflicts (or a cohort's members must agree). The cache and the planner's world
+/// are kept by watches, which list once and then follow.
+const LISTERS: [(&str, &str); 2] = [
+    (
+        "snapshot/source.rs",
+        "`explain`/`defrag --kubeconfig`: one listing a command",
+    ),
+    (
+        "backend/quota_writer.rs",
+        "a charge read fresh after a conflict",
+    ),
+];
+
+#[test]
+fn only_the_listed_files_list_the_api_server() {
+    let call = regex::Regex::new(r"\.list\(\s*&").unwrap();
+    let listing: BTreeSet<String> = production_sources()
+        .into_iter()
+        .filter(|(_, text)| call.is_match(text))
+        .map(|(rel, _)| rel)
+        .collect();
+    let listed: BTreeSet<String> = LISTERS.iter().map(|(f, _)| f.to_string()).collect();
+    assert_eq!(listing, listed, "files that list from the API server");
+    assert!(
+        call.is_match("api\n    .list(&ListParams::default())"),
+        "the scan sees a call"
+    );
 }
 
 /// The calls of the cache's doors in `text` (`cache.read(..)`, `self.cache().write(..)`),

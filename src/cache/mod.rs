@@ -29,7 +29,9 @@ pub(crate) use offline::{FileObject, read_objects};
 pub(crate) use pod::{AnnotationKeys, PodKey};
 pub use pod::{CachedPod, pod_key};
 pub use state::ClusterState;
-pub(crate) use state::{Candidates, FilterDecision, Hold, Ledger, PlanError, Subject};
+pub(crate) use state::{
+    Candidates, FilterDecision, Hold, Ledger, PlacementPrice, PlanError, Subject,
+};
 pub(crate) use watch::Retry;
 
 #[derive(Debug, thiserror::Error)]

@@ -24,7 +24,7 @@ use quotas::HeldQuota;
 #[cfg(test)]
 pub(super) use holds::HOLD_TTL;
 pub(crate) use holds::{Candidates, FilterDecision, Hold, PlanError, Subject};
-pub(crate) use namespace_quota::Ledger;
+pub(crate) use namespace_quota::{Ledger, PlacementPrice};
 
 /// How long a hold the watch has not confirmed survives a relist without the pod.
 const UNCONFIRMED_HOLD_TTL: Duration = Duration::from_secs(120);

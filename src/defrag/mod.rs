@@ -11,13 +11,15 @@ mod report;
 mod tests;
 
 use std::collections::BTreeSet;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
 use crate::cache::plan_hold::{GpusKept, PlanHold, Slot};
-use crate::cache::{CachedPod, ClusterState, FileObject, PodKey};
+use crate::cache::{CachedPod, ClusterState, FileObject, PlacementPrice, PodKey};
 use crate::config::Config;
 use crate::placement::defrag::{
     Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, LARGEST_BUDGET, Limits, MOST_MOVES, Plan, Planner,
@@ -79,7 +81,10 @@ pub(crate) fn plan_objects(
     plan_in(&snapshot, limits, only)
 }
 
-/// [`plan_objects`] on a snapshot already read.
+/// [`plan_objects`] on a snapshot already read. One read of the cache copies what
+/// planning needs of it ([`OutOfCache`]); the searches run with no lock held, so the
+/// planner in the cluster never keeps the cache's writers (or the webhooks behind them)
+/// waiting on a search.
 pub(crate) fn plan_in(
     snapshot: &Snapshot,
     limits: Limits,
@@ -90,28 +95,72 @@ pub(crate) fn plan_in(
         world,
         placer,
     } = snapshot;
-    let planner = Planner { placer, limits };
-    let mig = &cache.projection().names.mig;
-    cache.read(|state| {
+    let copied = cache.read(|state| OutOfCache::read(state, world, only))?;
+    let mobility = Mobility::new(world);
+    let planning = Planning {
+        copied: &copied,
+        world,
+        mobility: &mobility,
+        planner: Planner { placer, limits },
+        mig: &cache.projection().names.mig,
+    };
+    let mut report = Report {
+        kept: planning.kept(),
+        ..Report::default()
+    };
+    for pending in &copied.pending {
+        report.add(planning.plan(pending));
+    }
+    Ok(report)
+}
+
+/// What planning reads of the cache, copied out in one read.
+struct OutOfCache {
+    sites: Vec<Site<PodKey>>,
+    /// The pods to plan for, in name order.
+    pending: Vec<Pending>,
+    /// The uid and controller of each pod on the sites (a moved pod's step and its
+    /// replacement's hold name them).
+    movers: HashMap<PodKey, (Box<str>, Option<Box<str>>)>,
+}
+
+/// A pod to plan for, with its quota picture.
+struct Pending {
+    key: PodKey,
+    pod: CachedPod,
+    price: PlacementPrice,
+}
+
+impl OutOfCache {
+    fn read(state: &ClusterState, world: &World, only: Option<&str>) -> anyhow::Result<Self> {
         let sites = sites(state, world);
-        let mobility = Mobility::new(world);
-        let ground = Ground {
-            state,
-            sites: &sites,
-            world,
-            mobility: &mobility,
-            planner,
-            mig,
-        };
-        let mut report = Report {
-            kept: ground.kept(),
-            ..Report::default()
-        };
-        for (key, pod) in pending(state, only)? {
-            report.add(ground.plan(&key, pod));
-        }
-        Ok(report)
-    })
+        let residents = sites.iter().flat_map(|s| &s.residents);
+        let movers = residents
+            .filter_map(|r| {
+                let pod = state.pod(&r.pod)?;
+                Some((r.pod.clone(), (pod.uid.clone(), pod.owner.clone())))
+            })
+            .collect();
+        let pending = pending(state, only)?
+            .into_iter()
+            .map(|(key, pod)| {
+                let namespace = crate::cache::pod::key_parts(&key).0;
+                let quota = state.namespace_quota(namespace);
+                let wanted = quota.wanted(&pod.models);
+                let price = quota.placement_price(wanted, (&pod.request, pod.created));
+                Pending {
+                    key,
+                    pod: pod.clone(),
+                    price,
+                }
+            })
+            .collect();
+        Ok(OutOfCache {
+            sites,
+            pending,
+            movers,
+        })
+    }
 }
 
 /// The GPU pods to plan for: every pending one (not bound, not placed), or `only`.
@@ -172,21 +221,20 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
     sites
 }
 
-/// What one pod's plan is made against.
-struct Ground<'a> {
-    state: &'a ClusterState,
-    sites: &'a [Site<PodKey>],
+/// What each pod's plan is made against.
+struct Planning<'a> {
+    copied: &'a OutOfCache,
     world: &'a World,
     mobility: &'a Mobility<'a>,
     planner: Planner<'a>,
     mig: &'a crate::placement::mig::MigResources,
 }
 
-impl Ground<'_> {
+impl Planning<'_> {
     /// How many running GPU pods stay put, by rule (those that may move: `movable`).
     fn kept(&self) -> std::collections::BTreeMap<&'static str, usize> {
         let mut kept = std::collections::BTreeMap::new();
-        let residents = self.sites.iter().flat_map(|s| &s.residents);
+        let residents = self.copied.sites.iter().flat_map(|s| &s.residents);
         for resident in residents {
             let rule = match self.mobility.check(&resident.pod) {
                 Ok(()) => "movable",
@@ -197,7 +245,8 @@ impl Ground<'_> {
         kept
     }
 
-    fn plan(&self, key: &PodKey, pod: &CachedPod) -> Result<PlanOut, Unplanned> {
+    fn plan(&self, pending: &Pending) -> Result<PlanOut, Unplanned> {
+        let Pending { key, pod, price } = pending;
         let unplanned = |reason: String| Unplanned {
             pod: key.to_string(),
             reason,
@@ -212,11 +261,7 @@ impl Ground<'_> {
                     .into(),
             ));
         }
-        let namespace = crate::cache::pod::key_parts(key).0;
-        let quota = self.state.namespace_quota(namespace);
-        let wanted = quota.wanted(&pod.models);
-        let limits = quota.limits.clone();
-        let rules = quota.eligibility(&limits, wanted, (&pod.request, pod.created), self.mig);
+        let rules = price.eligibility(self.mig);
         let host = self
             .world
             .pods
@@ -235,8 +280,9 @@ impl Ground<'_> {
             let movable = |r: &Resident<PodKey>| {
                 !stays.contains(&r.pod) && self.mobility.check(&r.pod).is_ok()
             };
+            let sites = &self.copied.sites;
             let plan = self.planner.plan(
-                self.sites,
+                sites,
                 &ask,
                 |gpus| rules.admits(gpus, &pod.request),
                 movable,
@@ -250,7 +296,7 @@ impl Ground<'_> {
                 stays.insert(PodKey::from(over));
                 continue;
             }
-            let name = |node: usize| self.sites[node].gpus.name.to_string();
+            let name = |node: usize| sites[node].gpus.name.to_string();
             return Ok(PlanOut {
                 hold: self.hold_of(pod, &plan),
                 pod: key.to_string(),
@@ -260,14 +306,14 @@ impl Ground<'_> {
                     .moves
                     .iter()
                     .map(|m| {
-                        let moved = self.state.pod(&m.pod);
+                        let moved = self.copied.movers.get(&m.pod);
                         Step {
                             pod: m.pod.to_string(),
                             from: name(m.from),
                             to: name(m.to),
                             gpus: gpu_indices(&m.assignment),
-                            uid: moved.map(|p| p.uid.to_string()).unwrap_or_default(),
-                            owner: moved.and_then(|p| p.owner.as_deref()).map(str::to_string),
+                            uid: moved.map(|(uid, _)| uid.to_string()).unwrap_or_default(),
+                            owner: moved.and_then(|(_, o)| o.as_deref()).map(str::to_string),
                         }
                     })
                     .collect(),
@@ -283,22 +329,22 @@ impl Ground<'_> {
     /// controller). None when a moved pod names no controller, or MIG slices would have
     /// to be held (holds keep GPU indices and shares only).
     fn hold_of(&self, pod: &CachedPod, plan: &Plan<PodKey>) -> Option<PlanHold> {
-        let target = &self.sites[plan.node].gpus;
+        let sites = &self.copied.sites;
+        let target = &sites[plan.node].gpus;
         if !pod.request.mig.is_empty() {
             return None;
         }
         let slots = plan.moves.iter().map(|m| {
-            let moved = self
-                .state
-                .pod(&m.pod)
-                .filter(|p| p.request.mig.is_empty())?;
+            let request = sites[m.from].residents.iter().find(|r| r.pod == m.pod)?;
+            let request = Some(&request.request).filter(|r| r.mig.is_empty())?;
+            let (uid, owner) = self.copied.movers.get(&m.pod)?;
             let (namespace, _) = m.pod.split_once('/')?;
             Some(Slot::new(
                 namespace,
-                &moved.uid,
-                moved.owner.as_deref()?,
-                &moved.request,
-                GpusKept::of(&self.sites[m.to].gpus, &m.assignment),
+                uid,
+                owner.as_deref()?,
+                request,
+                GpusKept::of(&sites[m.to].gpus, &m.assignment),
             ))
         });
         Some(PlanHold {

@@ -109,9 +109,36 @@ impl<'a> NamespaceQuota<'a> {
         (request, created): (&GpuRequest, i64),
         mig: &'l MigResources,
     ) -> Eligibility<'l> {
-        let charged = self.charged(&wanted, request, created);
-        let views = needs_views(&charged).then(|| self.views());
+        let (charged, views) = self.priced(&wanted, request, created);
         Eligibility::new(limits, wanted, charged, mig, views)
+    }
+
+    /// [`Self::eligibility`]'s inputs, owned: read under the cache's lock, asked outside
+    /// it ([`PlacementPrice::eligibility`]; the defragmentation planner's searches).
+    pub(crate) fn placement_price(
+        &self,
+        wanted: WantedModels,
+        (request, created): (&GpuRequest, i64),
+    ) -> PlacementPrice {
+        let (charged, views) = self.priced(&wanted, request, created);
+        PlacementPrice {
+            limits: self.limits.clone(),
+            wanted,
+            charged,
+            views,
+        }
+    }
+
+    /// What the pod was charged, and the usage when some node's cost may call for it.
+    fn priced(
+        &self,
+        wanted: &WantedModels,
+        request: &GpuRequest,
+        created: i64,
+    ) -> (Charged, Option<Result<Vec<QuotaView>, StatusError>>) {
+        let charged = self.charged(wanted, request, created);
+        let views = needs_views(&charged).then(|| self.views());
+        (charged, views)
     }
 
     /// Whether the quota queue's releaser has charged the (gated) pod `uid` already: its
@@ -145,5 +172,23 @@ impl<'a> NamespaceQuota<'a> {
     ) -> Result<Result<Charge, Denial>, StatusError> {
         let views = self.views()?;
         Ok(admit(self.namespace, &views, wanted, costs, rules))
+    }
+}
+
+/// A pod's quota picture for placement, taken out of the cache: the rules are asked of
+/// it with no lock held.
+#[derive(Debug, Clone)]
+pub(crate) struct PlacementPrice {
+    limits: NamespaceLimits,
+    wanted: WantedModels,
+    charged: Charged,
+    views: Option<Result<Vec<QuotaView>, StatusError>>,
+}
+
+impl PlacementPrice {
+    /// The rules a node must pass, as [`NamespaceQuota::eligibility`] gives them.
+    pub(crate) fn eligibility<'l>(&'l self, mig: &'l MigResources) -> Eligibility<'l> {
+        let (wanted, charged) = (self.wanted.clone(), self.charged.clone());
+        Eligibility::new(&self.limits, wanted, charged, mig, self.views.clone())
     }
 }

@@ -54,7 +54,7 @@ struct Watched {
 }
 
 /// Where one kind's objects land in the watched world.
-trait Slot: Send + Sync + 'static {
+trait WorldKind: Send + Sync + 'static {
     type Object: Resource + Send;
     type Item: Send + Sync;
     fn kind(&self) -> &'static str;
@@ -64,7 +64,7 @@ trait Slot: Send + Sync + 'static {
 }
 
 struct Nodes;
-impl Slot for Nodes {
+impl WorldKind for Nodes {
     type Object = Node;
     type Item = HostRoom;
     fn kind(&self) -> &'static str {
@@ -85,7 +85,7 @@ impl Slot for Nodes {
 }
 
 struct Pods;
-impl Slot for Pods {
+impl WorldKind for Pods {
     type Object = Pod;
     type Item = PodFacts;
     fn kind(&self) -> &'static str {
@@ -116,7 +116,7 @@ fn kept_of(mut facts: PodFacts) -> PodFacts {
 }
 
 struct Budgets;
-impl Slot for Budgets {
+impl WorldKind for Budgets {
     type Object = PodDisruptionBudget;
     type Item = DisruptionBudget;
     fn kind(&self) -> &'static str {
@@ -132,7 +132,7 @@ impl Slot for Budgets {
 
 /// One controller kind (its index in [`CONTROLLER_KINDS`]), by metadata only.
 struct Controllers<K>(usize, PhantomData<fn() -> K>);
-impl<K> Slot for Controllers<K>
+impl<K> WorldKind for Controllers<K>
 where
     K: Resource<DynamicType = ()> + Send + Sync + 'static,
 {
@@ -243,7 +243,7 @@ impl LiveWorld {
     /// Follow one kind's watch (started anew by `start`, with a list, after a failure:
     /// as the cache's watches do, docs/design.md "Watches").
     #[tracing::instrument(name = "watch", skip_all, fields(kind = slot.kind()))]
-    async fn follow<S: Slot>(
+    async fn follow<S: WorldKind>(
         &self,
         slot: S,
         start: impl Fn() -> BoxStream<'static, watcher::Result<Event<S::Object>>>,
@@ -269,7 +269,7 @@ impl LiveWorld {
     }
 
     /// Apply one watch event; a relist's objects collect in `buffer` until it is done.
-    fn apply<S: Slot>(
+    fn apply<S: WorldKind>(
         &self,
         slot: &S,
         event: Event<S::Object>,

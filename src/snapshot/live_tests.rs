@@ -46,7 +46,7 @@ fn replica_set(name: &str) -> PartialObjectMeta<ReplicaSet> {
 }
 
 /// List `objects` as a watch's first list does.
-fn list<S: Slot>(live: &LiveWorld, slot: &S, objects: Vec<S::Object>) {
+fn list<S: WorldKind>(live: &LiveWorld, slot: &S, objects: Vec<S::Object>) {
     let mut buffer = Vec::new();
     live.apply(slot, Event::Init, &mut buffer);
     for object in objects {
@@ -55,7 +55,7 @@ fn list<S: Slot>(live: &LiveWorld, slot: &S, objects: Vec<S::Object>) {
     live.apply(slot, Event::InitDone, &mut buffer);
 }
 
-fn event<S: Slot>(live: &LiveWorld, slot: &S, event: Event<S::Object>) {
+fn event<S: WorldKind>(live: &LiveWorld, slot: &S, event: Event<S::Object>) {
     live.apply(slot, event, &mut Vec::new());
 }
 

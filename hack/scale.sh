@@ -23,7 +23,7 @@
 #    waiting behind a full `Queue` quota, and SCALE_RELEASES times a pod holding the quota
 #    deleted and the next waiting pod's gate removal timed (examples/scale/queue.rs);
 #    last, the defragmentation planner's API load (examples/scale/defrag.rs): the earlier
-#    phases' pods deleted, every node given one bound 1-GPU pod (7 of 8 GPUs free on each,
+#    phases' pods and GPUQuotas deleted, every node given one bound 1-GPU pod (7 of 8 GPUs free on each,
 #    so an 8-GPU pod fits on none while the cluster has plenty free: `Fragmented`), both
 #    replicas restarted ($work/defrag-restart.sh, written below) with replica a, the Lease
 #    holder, running `defrag: {mode: DryRun, pendingSeconds: 5}` as a user of its own

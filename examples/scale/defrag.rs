@@ -3,10 +3,10 @@
 //! server while a `Fragmented` GPU pod is pending, against the same cluster with none.
 //! Counted at the API server (its audit log), not in gpu-admission.
 //!
-//! 1. The earlier phases' pods are deleted; then every node gets one bound 1-GPU pod
-//!    (`spec.nodeName` and the gpu-manager annotations the extender writes: GPU 0), so
-//!    each node has 7 of its 8 GPUs free: an 8-GPU pod fits on none while the cluster has
-//!    7 × `--nodes` GPUs free.
+//! 1. The earlier phases' pods and GPUQuotas are deleted; then every node gets one bound
+//!    1-GPU pod (`spec.nodeName` and the gpu-manager annotations the extender writes:
+//!    GPU 0), so each node has 7 of its 8 GPUs free: an 8-GPU pod fits on none while the
+//!    cluster has 7 × `--nodes` GPUs free.
 //! 2. `--defrag-restart` restarts both replicas, replica a with `defrag.mode: DryRun` as
 //!    `--sidecar-user` (the only user the audit log records) and holding the Lease.
 //! 3. replica a's `/explain` must call the 8-GPU pod (a what-if manifest) `Fragmented`,
@@ -146,8 +146,9 @@ pub async fn planner_load(
     Ok(())
 }
 
-/// Force-deletes every pod of the earlier phases' namespaces and waits until they are
-/// gone: the windows then see no pod but the fill and the pending one.
+/// Force-deletes every pod and GPUQuota of the earlier phases' namespaces and waits
+/// until the pods are gone: the windows then see no pod but the fill and the pending one,
+/// and no quota ledger of theirs still settling (the reconciler's status writes).
 async fn clear_earlier_phases(client: &Client) -> Result<()> {
     let namespaces = [
         THROUGHPUT_NS,
@@ -159,6 +160,14 @@ async fn clear_earlier_phases(client: &Client) -> Result<()> {
     ];
     let now = DeleteParams::default().grace_period(0);
     for namespace in namespaces {
+        let quotas: Api<GPUQuota> = Api::namespaced(client.clone(), namespace);
+        match quotas.delete_collection(&now, &ListParams::default()).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("deleting the GPUQuotas of {namespace}"));
+            }
+        }
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         match pods.delete_collection(&now, &ListParams::default()).await {
             Ok(_) => {}
@@ -508,6 +517,8 @@ struct Load {
     requests: usize,
     /// Seconds the API server took to answer them, watches left out.
     busy: f64,
+    /// Watches among them (opened, or opened again after the API server ended one).
+    watches: usize,
     by_kind: BTreeMap<String, usize>,
 }
 
@@ -520,11 +531,13 @@ impl Load {
             seconds: window.to.duration_since(window.from).as_secs_f64(),
             requests: 0,
             busy: 0.0,
+            watches: 0,
             by_kind: BTreeMap::new(),
         };
         for request in inside {
             load.requests += 1;
             *load.by_kind.entry(request.what.clone()).or_default() += 1;
+            load.watches += usize::from(request.watch);
             if let (false, Some(done)) = (request.watch, request.completed) {
                 load.busy += done.duration_since(request.received).as_secs_f64();
             }
@@ -554,9 +567,10 @@ impl Load {
             top.push(format!("{rest} others"));
         }
         format!(
-            "{} requests in {:.0} s ({:.2} s answering): {}",
+            "{} requests in {:.0} s ({} watches; {:.2} s answering the others): {}",
             self.requests,
             self.seconds,
+            self.watches,
             self.busy,
             if top.is_empty() {
                 "none".to_string()

@@ -71,8 +71,10 @@ pub async fn planner_load(
     tokio::time::sleep(SETTLE).await;
 
     let plans_before = planner_plans(args)?;
+    let listed_before = Listed::read(client).await?;
     say!(start, "window A: {seconds} s, no GPU pod pending");
     let none = window(seconds).await;
+    let listed_in_none = Listed::read(client).await?.since(&listed_before);
     let plans_in_none = planner_plans(args)? - plans_before;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), DEFRAG_NS);
@@ -81,11 +83,13 @@ pub async fn planner_load(
         .with_context(|| format!("creating pod {DEFRAG_NS}/{PENDING_POD}"))?;
     let verdict = wait_fragmented(args, &token, Explained::Pod).await?;
     let plans_before = planner_plans(args)?;
+    let listed_before = Listed::read(client).await?;
     say!(
         start,
         "window B: {seconds} s, {DEFRAG_NS}/{PENDING_POD} pending, Fragmented"
     );
     let one = window(seconds).await;
+    let listed_in_one = Listed::read(client).await?.since(&listed_before);
     let plans_in_one = planner_plans(args)? - plans_before;
     pods.delete(PENDING_POD, &DeleteParams::default().grace_period(0))
         .await
@@ -126,6 +130,11 @@ pub async fn planner_load(
             none.busy_per_minute(),
             one.busy_per_minute(),
             one.busy_per_minute() / none.busy_per_minute()
+        ),
+        format!(
+            "  LIST responses kube-apiserver sent (every user's, its /metrics): none {}, one pending {}",
+            listed_in_none.describe(seconds),
+            listed_in_one.describe(seconds)
         ),
         format!("  A (none): {}", none.describe()),
         format!("  B (one pending): {}", one.describe()),
@@ -431,6 +440,43 @@ async fn wait_fragmented(args: &Args, token: &str, what: Explained) -> Result<St
 fn planner_plans(args: &Args) -> Result<f64> {
     let text = scrape_admin(args)?;
     Ok(Samples::parse(&text).sum("gpu_admission_defrag_plans_total", &[]))
+}
+
+/// The LIST responses kube-apiserver has sent, any user's
+/// (`apiserver_response_sizes{verb="LIST"}`): how many, how many bytes.
+struct Listed {
+    lists: f64,
+    bytes: f64,
+}
+
+impl Listed {
+    /// Read from kube-apiserver's /metrics (as the admin, whom the audit log leaves out).
+    async fn read(client: &Client) -> Result<Listed> {
+        let request = axum::http::Request::get("/metrics").body(Vec::new())?;
+        let text = client
+            .request_text(request)
+            .await
+            .context("reading kube-apiserver's /metrics")?;
+        let samples = Samples::parse(&text);
+        let list = [("verb", "LIST")];
+        Ok(Listed {
+            lists: samples.sum("apiserver_response_sizes_count", &list),
+            bytes: samples.sum("apiserver_response_sizes_sum", &list),
+        })
+    }
+
+    fn since(&self, before: &Listed) -> Listed {
+        Listed {
+            lists: self.lists - before.lists,
+            bytes: self.bytes - before.bytes,
+        }
+    }
+
+    /// `1.6 MB/min (14 lists)` over a window of `seconds`.
+    fn describe(&self, seconds: u64) -> String {
+        let per_minute = self.bytes / 1e6 * 60.0 / seconds as f64;
+        format!("{per_minute:.1} MB/min ({:.0} lists)", self.lists)
+    }
 }
 
 /// A stretch of wall-clock time.

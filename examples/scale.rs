@@ -176,6 +176,12 @@ async fn main() -> Result<()> {
     if args.defrag_seconds > 0 && (args.defrag_restart.is_none() || args.audit_log.is_none()) {
         bail!("--defrag-seconds needs --defrag-restart and --audit-log");
     }
+    if (1..20).contains(&args.defrag_seconds) {
+        bail!(
+            "--defrag-seconds must be 0 or at least 20: the pending pod is planned for after \
+             pendingSeconds (5) and the planner's next pass (every 10 s)"
+        );
+    }
     let start = Instant::now();
     let client = connect(&args.kubeconfig).await?;
     let mut summary = String::new();

@@ -46,7 +46,57 @@ pub async fn planner_load(
         "\n== the defragmentation planner's API load: replica a's requests in kube-apiserver's \
          audit log, {seconds} s with no GPU pod pending, then {seconds} s with one Fragmented pod pending"
     );
-    say!(start, "deleting the earlier phases' pods");
+    let setup = prepare(args, client, start).await?;
+
+    say!(start, "window A: {seconds} s, no GPU pod pending");
+    let none = measured_window(args, client).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DEFRAG_NS);
+    pods.create(&PostParams::default(), &pending_pod(args)?)
+        .await
+        .with_context(|| format!("creating pod {DEFRAG_NS}/{PENDING_POD}"))?;
+    let verdict = wait_fragmented(args, &setup.token, Explained::Pod).await?;
+    say!(
+        start,
+        "window B: {seconds} s, {DEFRAG_NS}/{PENDING_POD} pending, Fragmented"
+    );
+    let one = measured_window(args, client).await?;
+    pods.delete(PENDING_POD, &DeleteParams::default().grace_period(0))
+        .await
+        .with_context(|| format!("deleting pod {DEFRAG_NS}/{PENDING_POD}"))?;
+    if one.plans < 1.0 {
+        bail!(
+            "the planner made no plan for {DEFRAG_NS}/{PENDING_POD} in {seconds} s (replica \
+             a's gpu_admission_defrag_plans_total did not move): is replica a the Lease holder? \
+             (see its log)"
+        );
+    }
+
+    // A request received inside a window may end a moment after it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let audit = args
+        .audit_log
+        .as_deref()
+        .context("--audit-log is required")?;
+    let requests = AuditedRequest::read(audit, &args.sidecar_user)?;
+    for line in report(args, &setup, (&none, &one), &verdict, &requests) {
+        println!("{line}");
+        writeln!(summary, "{line}")?;
+    }
+    Ok(())
+}
+
+/// What [`prepare`] did.
+struct Setup {
+    /// How long the fill took.
+    filled: Duration,
+    /// The explainer's token.
+    token: String,
+}
+
+/// The earlier phases cleared, the nodes filled, the replicas restarted, `/explain`
+/// calling the 8-GPU pod `Fragmented`, and [`SETTLE`] waited.
+async fn prepare(args: &Args, client: &Client, start: &Instant) -> Result<Setup> {
+    say!(start, "deleting the earlier phases' pods and GPUQuotas");
     clear_earlier_phases(client).await?;
     say!(
         start,
@@ -69,48 +119,43 @@ pub async fn planner_load(
         SETTLE.as_secs()
     );
     tokio::time::sleep(SETTLE).await;
+    Ok(Setup { filled, token })
+}
 
-    let plans_before = planner_plans(args)?;
-    let listed_before = Listed::read(client).await?;
-    say!(start, "window A: {seconds} s, no GPU pod pending");
-    let none = window(seconds).await;
-    let listed_in_none = Listed::read(client).await?.since(&listed_before);
-    let plans_in_none = planner_plans(args)? - plans_before;
+/// One window, `--defrag-seconds` long, and what replica a's and kube-apiserver's
+/// /metrics say of it.
+struct Measured {
+    window: Window,
+    /// The LIST responses kube-apiserver sent in it.
+    listed: Listed,
+    /// The plans replica a's planner made in it.
+    plans: f64,
+}
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), DEFRAG_NS);
-    pods.create(&PostParams::default(), &pending_pod(args)?)
-        .await
-        .with_context(|| format!("creating pod {DEFRAG_NS}/{PENDING_POD}"))?;
-    let verdict = wait_fragmented(args, &token, Explained::Pod).await?;
-    let plans_before = planner_plans(args)?;
-    let listed_before = Listed::read(client).await?;
-    say!(
-        start,
-        "window B: {seconds} s, {DEFRAG_NS}/{PENDING_POD} pending, Fragmented"
+async fn measured_window(args: &Args, client: &Client) -> Result<Measured> {
+    let (plans, listed) = (planner_plans(args)?, Listed::read(client).await?);
+    let window = window(args.defrag_seconds).await;
+    Ok(Measured {
+        window,
+        listed: Listed::read(client).await?.since(&listed),
+        plans: planner_plans(args)? - plans,
+    })
+}
+
+/// The summary's lines: the two windows side by side.
+fn report(
+    args: &Args,
+    setup: &Setup,
+    (none, one): (&Measured, &Measured),
+    verdict: &str,
+    requests: &[AuditedRequest],
+) -> Vec<String> {
+    let seconds = args.defrag_seconds;
+    let (load_none, load_one) = (
+        Load::of(requests, none.window),
+        Load::of(requests, one.window),
     );
-    let one = window(seconds).await;
-    let listed_in_one = Listed::read(client).await?.since(&listed_before);
-    let plans_in_one = planner_plans(args)? - plans_before;
-    pods.delete(PENDING_POD, &DeleteParams::default().grace_period(0))
-        .await
-        .with_context(|| format!("deleting pod {DEFRAG_NS}/{PENDING_POD}"))?;
-    if plans_in_one < 1.0 {
-        bail!(
-            "the planner made no plan for {DEFRAG_NS}/{PENDING_POD} in {seconds} s (replica \
-             a's gpu_admission_defrag_plans_total did not move): is replica a the Lease holder? \
-             (see its log)"
-        );
-    }
-
-    // A request received inside a window may end a moment after it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let audit = args
-        .audit_log
-        .as_deref()
-        .context("--audit-log is required")?;
-    let requests = AuditedRequest::read(audit, &args.sidecar_user)?;
-    let (none, one) = (Load::of(&requests, none), Load::of(&requests, one));
-    let lines = [
+    vec![
         format!(
             "planner API load ({} nodes, each with 7 of 8 GPUs free; replica a as {}, the Lease \
              holder, defrag DryRun, pendingSeconds 5; windows of {seconds} s, A then B; counted \
@@ -121,38 +166,34 @@ pub async fn planner_load(
         ),
         format!(
             "  planner API load: none {:.1} req/min, one fragmented pod pending {:.1} req/min, ratio {:.2}",
-            none.per_minute(),
-            one.per_minute(),
-            one.per_minute() / none.per_minute()
+            load_none.per_minute(),
+            load_one.per_minute(),
+            load_one.per_minute() / load_none.per_minute()
         ),
         format!(
             "  API server time answering them (watches left out): none {:.2} s/min, one pending {:.2} s/min, ratio {:.2}",
-            none.busy_per_minute(),
-            one.busy_per_minute(),
-            one.busy_per_minute() / none.busy_per_minute()
+            load_none.busy_per_minute(),
+            load_one.busy_per_minute(),
+            load_one.busy_per_minute() / load_none.busy_per_minute()
         ),
         format!(
             "  LIST responses kube-apiserver sent (every user's, its /metrics): none {}, one pending {}",
-            listed_in_none.describe(seconds),
-            listed_in_one.describe(seconds)
+            none.listed.describe(seconds),
+            one.listed.describe(seconds)
         ),
-        format!("  A (none): {}", none.describe()),
-        format!("  B (one pending): {}", one.describe()),
+        format!("  A (none): {}", load_none.describe()),
+        format!("  B (one pending): {}", load_one.describe()),
         format!(
             "  the pod ({DEFRAG_NS}/{PENDING_POD}, 8 GPUs): Fragmented: {verdict}; plans made \
-             (gpu_admission_defrag_plans_total): {plans_in_one:.0} in B, {plans_in_none:.0} in A"
+             (gpu_admission_defrag_plans_total): {:.0} in B, {:.0} in A",
+            one.plans, none.plans
         ),
         format!(
-            "  setup: the earlier phases' pods deleted, {} bound 1-GPU pods created in {:.1} s, both replicas restarted",
+            "  setup: the earlier phases' pods and GPUQuotas deleted, {} bound 1-GPU pods created in {:.1} s, both replicas restarted",
             args.nodes,
-            filled.as_secs_f64()
+            setup.filled.as_secs_f64()
         ),
-    ];
-    for line in lines {
-        println!("{line}");
-        writeln!(summary, "{line}")?;
-    }
-    Ok(())
+    ]
 }
 
 /// Force-deletes every pod and GPUQuota of the earlier phases' namespaces and waits

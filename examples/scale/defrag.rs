@@ -12,8 +12,8 @@
 //! 3. replica a's `/explain` must call the 8-GPU pod (a what-if manifest) `Fragmented`,
 //!    or the phase fails.
 //! 4. Window A, `--defrag-seconds` long: no GPU pod pending. Then the 8-GPU pod is
-//!    created, `/explain` must call it `Fragmented`, and window B, as long, runs with it
-//!    pending.
+//!    created, `/explain` must call it `Fragmented`, the Waiting teller writes its
+//!    condition on it, and window B, as long, runs with it pending.
 //! 5. The audit log: replica a's requests received in each window (each once, a watch
 //!    included: a watch that restarts is a new request), per minute, by verb and
 //!    resource, and the time the API server took to answer those that are not watches.
@@ -32,6 +32,8 @@ const PENDING_POD: &str = "fragmented";
 const SETTLE: Duration = Duration::from_secs(20);
 /// The ServiceAccount whose token `/explain` is asked with.
 const EXPLAINER: &str = "scale-explainer";
+/// The condition the Waiting teller writes on a pending GPU pod (docs/explain.md).
+const WAITING_CONDITION: &str = "gpu-admission.io/Waiting";
 /// Request kinds shown per window.
 const TOP: usize = 10;
 
@@ -55,6 +57,7 @@ pub async fn planner_load(
         .await
         .with_context(|| format!("creating pod {DEFRAG_NS}/{PENDING_POD}"))?;
     let verdict = wait_fragmented(args, &setup.token, Explained::Pod).await?;
+    wait_told(&pods, start).await?;
     say!(
         start,
         "window B: {seconds} s, {DEFRAG_NS}/{PENDING_POD} pending, Fragmented"
@@ -473,6 +476,33 @@ async fn wait_fragmented(args: &Args, token: &str, what: Explained) -> Result<St
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits (up to 30 s) until the pending pod carries the Waiting teller's condition: the
+/// teller's one-time writes on a new pending pod (its condition, its Event) then fall
+/// before window B, every run, and B holds what a pod pending costs from then on (the
+/// planner's first plan comes after `pendingSeconds`, inside B).
+async fn wait_told(pods: &Api<Pod>, start: &Instant) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pod = pods
+            .get(PENDING_POD)
+            .await
+            .with_context(|| format!("reading pod {DEFRAG_NS}/{PENDING_POD}"))?;
+        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+        if conditions.iter().any(|c| c.type_ == WAITING_CONDITION) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            say!(
+                start,
+                "{DEFRAG_NS}/{PENDING_POD} has no {WAITING_CONDITION} condition after 30 s: \
+                 the teller's writes may fall in window B"
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

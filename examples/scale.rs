@@ -25,7 +25,10 @@
 //!    GPUQuota says `onExceed: Queue` (created gated, charged when let go);
 //! 4. the quota queue (`examples/scale/queue.rs`): `--queue` pods waiting behind a full
 //!    `Queue` quota, and the time from room appearing to the next pod let go;
-//! 5. prints a summary block (or writes it to `--summary-file`, for hack/scale.sh to print).
+//! 5. the defragmentation planner's API load (`examples/scale/defrag.rs`): replica a's
+//!    requests per minute, counted in kube-apiserver's audit log, with no GPU pod pending
+//!    and with one `Fragmented` pod pending (`--defrag-seconds` each);
+//! 6. prints a summary block (or writes it to `--summary-file`, for hack/scale.sh to print).
 //!
 //! Progress goes to stderr, results to stdout.
 
@@ -102,6 +105,19 @@ struct Args {
     /// Releases timed, one at a time, with the queue behind them.
     #[arg(long, default_value_t = 100)]
     releases: usize,
+    /// Seconds of each window of the planner's API load (0 skips that part).
+    #[arg(long, default_value_t = 0)]
+    defrag_seconds: u64,
+    /// The script that restarts both replicas for the planner's phase, replica a with
+    /// `defrag.mode: DryRun` as `--sidecar-user` (hack/scale.sh writes it).
+    #[arg(long)]
+    defrag_restart: Option<PathBuf>,
+    /// kube-apiserver's audit log (JSON lines) holding `--sidecar-user`'s requests.
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// The user replica a runs as in the planner's phase.
+    #[arg(long, default_value = "scale-sidecar")]
+    sidecar_user: String,
     /// kube-scheduler's /metrics URL (its secure port).
     #[arg(long)]
     scheduler_metrics: String,
@@ -145,6 +161,9 @@ macro_rules! say {
 #[path = "scale/queue.rs"]
 mod queue;
 
+#[path = "scale/defrag.rs"]
+mod defrag;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -153,6 +172,15 @@ async fn main() -> Result<()> {
     }
     if args.nodes < 2 {
         bail!("--nodes must be at least 2 (one per model)");
+    }
+    if args.defrag_seconds > 0 && (args.defrag_restart.is_none() || args.audit_log.is_none()) {
+        bail!("--defrag-seconds needs --defrag-restart and --audit-log");
+    }
+    if (1..20).contains(&args.defrag_seconds) {
+        bail!(
+            "--defrag-seconds must be 0 or at least 20: the pending pod is planned for after \
+             pendingSeconds (5) and the planner's next pass (every 10 s)"
+        );
     }
     let start = Instant::now();
     let client = connect(&args.kubeconfig).await?;
@@ -197,6 +225,9 @@ async fn main() -> Result<()> {
     }
     if args.queue > 0 && args.releases > 0 {
         queue::release_latency(&args, &client, &start, &mut summary).await?;
+    }
+    if args.defrag_seconds > 0 {
+        defrag::planner_load(&args, &client, &start, &mut summary).await?;
     }
 
     match &args.summary_file {

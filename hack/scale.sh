@@ -22,6 +22,16 @@
 #    select and in one with a core ResourceQuota; then the quota queue: SCALE_QUEUE pods
 #    waiting behind a full `Queue` quota, and SCALE_RELEASES times a pod holding the quota
 #    deleted and the next waiting pod's gate removal timed (examples/scale/queue.rs);
+#    last, the defragmentation planner's API load (examples/scale/defrag.rs): the earlier
+#    phases' pods and GPUQuotas deleted, every node given one bound 1-GPU pod (7 of 8 GPUs free on each,
+#    so an 8-GPU pod fits on none while the cluster has plenty free: `Fragmented`), both
+#    replicas restarted ($work/defrag-restart.sh, written below) with replica a, the Lease
+#    holder, running `defrag: {mode: DryRun, pendingSeconds: 5}` as a user of its own
+#    (`scale-sidecar`, a client certificate; the other phases ran it as the admin, so the
+#    phase changes none of their figures), then its requests counted in kube-apiserver's
+#    audit log (level Metadata for that user only) over two windows of
+#    SCALE_DEFRAG_SECONDS each: A with no GPU pod pending, B with one 8-GPU pod pending
+#    that /explain says is `Fragmented`;
 # 4. prints the machine, the versions, the commit and a summary block, and tears everything
 #    down; logs stay in the temporary directory (printed at the end).
 #
@@ -30,7 +40,8 @@
 # Environment (defaults):
 #   SCALE_NODES (1000), SCALE_PODS (500, per profile per phase), SCALE_CLIENTS (16 parallel
 #   creators), SCALE_CREATES (1000 sequential creates per side), SCALE_QUEUE (1000 waiting
-#   pods), SCALE_RELEASES (100 timed releases);
+#   pods), SCALE_RELEASES (100 timed releases), SCALE_DEFRAG_SECONDS (120: each window of
+#   the planner's API load; 0 skips that phase, and the audit log with it);
 #   SCALE_BIND_VERB (`bind`: the extender binds GPU pods itself, as deploy/ configures it —
 #   `bindVerb: bind` for kube-scheduler, `placement.bindVerb: true` for gpu-admission;
 #   empty: filter only, kube-scheduler binds, as tkestack's configuration does);
@@ -55,7 +66,8 @@ releases="${SCALE_RELEASES:-100}"
 bind_verb="${SCALE_BIND_VERB-bind}"
 scheduler_qps="${SCALE_SCHEDULER_QPS:-1000}"
 policy="${SCALE_POLICY:-}"
-for knob in nodes pods clients creates queue releases scheduler_qps; do
+defrag_seconds="${SCALE_DEFRAG_SECONDS:-120}"
+for knob in nodes pods clients creates queue releases scheduler_qps defrag_seconds; do
   [[ "${!knob}" =~ ^[0-9]+$ ]] || { echo "scale: SCALE_${knob^^}=${!knob} is not a number" >&2; exit 2; }
 done
 
@@ -106,8 +118,29 @@ built_at=$((SECONDS - started))
 cp_certs
 cp_ports
 cp_start_etcd
-cp_start_apiserver --disable-admission-plugins=ServiceAccount,TaintNodesByCondition
+# The planner's API load is counted at the API server: an audit log of replica a's own user
+# (level Metadata, each request once: RequestReceived omitted, a watch also logs its
+# ResponseStarted), nothing for anyone else. Only replica a during the last phase runs as
+# that user.
+sidecar_user="$cp_name-sidecar"
+audit_log="$work/audit-sidecar.jsonl"
+audit_flags=()
+if ((defrag_seconds > 0)); then
+  cat >"$work/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: [$sidecar_user]
+- level: None
+EOF
+  audit_flags=(--audit-policy-file="$work/audit-policy.yaml" --audit-log-path="$audit_log"
+    --audit-log-format=json --audit-log-maxsize=1024)
+fi
+cp_start_apiserver --disable-admission-plugins=ServiceAccount,TaintNodesByCondition "${audit_flags[@]}"
 cp_kubeconfig
+cp_client_identity "$sidecar_user" system:masters
 cp_install_crd "$print_crd"
 cp_gpu_admission_certs "$gpu_admission"
 {
@@ -117,10 +150,49 @@ cp_gpu_admission_certs "$gpu_admission"
   echo "  gpuManagerCompat: true" # a no-op default, so the block is never empty
   # The identity gpu-admission runs as here writes placements and lets pods out of the
   # quota queue, as the GPU scheduler's ServiceAccount does in deploy/.
-  echo "placementWriters: [$cp_name-admin]"
-  echo "queue: {releasers: [$cp_name-admin]}"
+  # (and replica a runs as $sidecar_user in the planner's phase).
+  echo "placementWriters: [$cp_name-admin, $sidecar_user]"
+  echo "queue: {releasers: [$cp_name-admin, $sidecar_user]}"
 } >"$work/gpu-admission.yaml"
 cp_write_ctl "$gpu_admission" "$work/gpu-admission.yaml" info
+{
+  cat "$work/gpu-admission.yaml"
+  echo "defrag: {mode: DryRun, pendingSeconds: 5}"
+} >"$work/gpu-admission-defrag.yaml"
+
+# The planner's phase (examples/scale/defrag.rs) runs this once its nodes are filled: both
+# replicas stopped; gpu-admission's namespace created (the controller Lease lives there;
+# without it no replica ever leads, as in the other phases); replica a started with the
+# defrag config as $sidecar_user and left to take the Lease; then replica b as before.
+{
+  echo '#!/usr/bin/env bash'
+  echo "# The restart of hack/scale.sh's planner phase (written by hack/scale.sh)."
+  printf 'ctl=%q kubectl=%q kubeconfig=%q
+' "$ctl" "$k8s_bin/kubectl" "$kubeconfig"
+  printf 'config=%q sidecar_kubeconfig=%q pidfile=%q
+'     "$work/gpu-admission-defrag.yaml" "$work/$sidecar_user.kubeconfig" "$replica_a_pidfile"
+  cat <<'EOF'
+set -euo pipefail
+k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
+bash "$ctl" stop b
+bash "$ctl" stop a
+k get namespace gpu-admission >/dev/null 2>&1 || k create namespace gpu-admission >/dev/null
+GPU_ADMISSION_CONFIG="$config" REPLICA_KUBECONFIG="$sidecar_kubeconfig" bash "$ctl" start a
+pid="$(cat "$pidfile")"
+holder=""
+for _ in $(seq 1 60); do
+  holder="$(k get lease -n gpu-admission gpu-admission-controller -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null || true)"
+  [[ "$holder" == *"_${pid}_"* ]] && break
+  sleep 0.5
+done
+if [[ "$holder" != *"_${pid}_"* ]]; then
+  echo "replica a (pid $pid) did not take the controller Lease within 30 s; holder: ${holder:-none}" >&2
+  exit 1
+fi
+bash "$ctl" start b
+echo "replica a (pid $pid) holds the controller Lease ($holder)"
+EOF
+} >"$work/defrag-restart.sh"
 bash "$ctl" start a || die "gpu-admission (replica a) did not start (see above)"
 bash "$ctl" start b || die "gpu-admission (replica b) did not start (see above)"
 say "gpu-admission is ready: replica a webhooks https://127.0.0.1:$webhook_port, extender https://127.0.0.1:$extender_port, admin http://127.0.0.1:$admin_port; replica b admin http://127.0.0.1:$admin_port_b"
@@ -158,13 +230,15 @@ EOF
 cp_start_scheduler "$work/kube-scheduler.yaml" --v=1
 
 # ---------------------------------------------------------------- 3. the driver
-say "running examples/scale.rs: $nodes nodes, $pods pods per phase, $clients clients, $creates creates, $queue waiting, $releases releases"
+say "running examples/scale.rs: $nodes nodes, $pods pods per phase, $clients clients, $creates creates, $queue waiting, $releases releases, planner windows of ${defrag_seconds}s"
 driver_started=$SECONDS
 load_driver="$(cut -d' ' -f1-3 /proc/loadavg)"
 set +e
 "$driver" --kubeconfig "$kubeconfig" \
   --nodes "$nodes" --pods "$pods" --clients "$clients" --creates "$creates" \
   --queue "$queue" --releases "$releases" \
+  --defrag-seconds "$defrag_seconds" --defrag-restart "$work/defrag-restart.sh" \
+  --audit-log "$audit_log" --sidecar-user "$sidecar_user" \
   --scheduler-metrics "https://127.0.0.1:$sched_port/metrics" \
   --client-cert "$pki/admin.crt" --client-key "$pki/admin.key" \
   --admin-url "http://127.0.0.1:$admin_port" \
@@ -184,7 +258,7 @@ commit:      $commit
 machine:     $(nproc) CPUs (${cpu:-unknown}), $(awk '/MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo); load average at start $load_start, when measuring began $load_driver, at end $(cut -d' ' -f1-3 /proc/loadavg)
 Kubernetes:  kube-apiserver/kube-scheduler ${k8s_version}, etcd v${etcd_version} (--unsafe-no-fsync)
 gpu-admission: release build, two replicas, placement policy ${policy:-default}; extender verbs: filter${bind_verb:+ + $bind_verb}
-knobs:       SCALE_NODES=$nodes SCALE_PODS=$pods SCALE_CLIENTS=$clients SCALE_CREATES=$creates SCALE_QUEUE=$queue SCALE_RELEASES=$releases SCALE_SCHEDULER_QPS=$scheduler_qps SCALE_BIND_VERB=${bind_verb:-}
+knobs:       SCALE_NODES=$nodes SCALE_PODS=$pods SCALE_CLIENTS=$clients SCALE_CREATES=$creates SCALE_QUEUE=$queue SCALE_RELEASES=$releases SCALE_DEFRAG_SECONDS=$defrag_seconds SCALE_SCHEDULER_QPS=$scheduler_qps SCALE_BIND_VERB=${bind_verb:-}
 time:        ${driver_took}s measuring, $((SECONDS - started))s in all (${built_at}s of it building)
 $(cat "$work/summary.txt")
 logs:        $logs

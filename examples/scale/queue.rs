@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use super::*;
 
 /// The namespace of the line.
-const LINE_NS: &str = "scale-line";
+pub(crate) const LINE_NS: &str = "scale-line";
 /// GPUs the line's quota allows (and the pods that hold them).
 const ROOM: usize = 10;
 /// The scheduling gate gpu-admission puts on a waiting pod.

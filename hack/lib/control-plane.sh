@@ -20,12 +20,17 @@
 #   cp_start_etcd           etcd (--unsafe-no-fsync), waits for /health
 #   cp_start_apiserver ARGS...   kube-apiserver (+ARGS), waits for /readyz
 #   cp_kubeconfig           $kubeconfig (admin), $kubectl (array)
+#   cp_client_identity USER GROUP
+#                           a client certificate for USER in GROUP signed by the cluster CA
+#                           ($pki/USER.crt, .key) and $work/USER.kubeconfig using it
 #   cp_install_crd PRINT_CRD     the GPUQuota CRD, waits for Established
 #   cp_gpu_admission_certs BIN   gpu-admission's serving certificate in $work/extender-certs
 #   cp_shipped_identity SA  applies deploy/'s namespace and RBAC as shipped; writes
 #                           $work/SA.kubeconfig, a token of ServiceAccount gpu-admission/SA
 #   cp_write_ctl BIN CONFIG LOG_LEVEL [KUBECONFIG]
 #                           $ctl: a script `start|stop [a|b]` for the two gpu-admission replicas
+#                           (GPU_ADMISSION_CONFIG / REPLICA_KUBECONFIG in its environment:
+#                           start one with another config file / as another user)
 #   cp_start_scheduler CONFIG ARGS...   kube-scheduler (+ARGS), waits for /readyz
 #   cp_start_controller_manager ARGS... kube-controller-manager (+ARGS), waits for /healthz
 #   cp_volcano_binaries     hack/e2e/build-volcano.sh: $volcano_dir (bin/vc-scheduler, crd/),
@@ -329,6 +334,24 @@ cp_kubeconfig() {
   kubectl=("$k8s_bin/kubectl" --kubeconfig "$kubeconfig")
 }
 
+# cp_client_identity USER GROUP: a user of its own (a client certificate with CN=USER, O=GROUP,
+# signed by the cluster CA, valid two days) and $work/USER.kubeconfig, so the API server's
+# audit log can tell its requests from the admin's.
+cp_client_identity() {
+  local user=$1 group=$2
+  (
+    cd "$pki"
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -keyout "$user.key" -out "$user.csr" -subj "/O=$group/CN=$user"
+    printf '%b' "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n" >"$user.ext"
+    openssl x509 -req -in "$user.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+      -out "$user.crt" -extfile "$user.ext"
+  ) >>"$logs/openssl.log" 2>&1 || { cat "$logs/openssl.log" >&2; die "creating the certificate of $user failed"; }
+  write_kubeconfig "$work/$user.kubeconfig" "$user" \
+    "    client-certificate: $pki/$user.crt
+    client-key: $pki/$user.key"
+}
+
 # The identity an install from deploy/ gives a component: deploy/'s namespace and RBAC are
 # applied exactly as shipped, and a kubeconfig carries a token of ServiceAccount
 # gpu-admission/$1 (TokenRequest, valid for two days), so a verb missing from the shipped
@@ -361,7 +384,9 @@ cp_gpu_admission_certs() { # cp_gpu_admission_certs GPU_ADMISSION
 # cp_write_ctl GPU_ADMISSION CONFIG LOG_LEVEL: writes $ctl, which starts and stops
 # gpu-admission replica `a` (the scheduler's extender and the webhooks' usual backend) or
 # `b` (a second server on other ports against the same cluster); GPU_ADMISSION_CONFIG in
-# its environment starts one with another config file. Each has two TLS doors:
+# its environment starts one with another config file, REPLICA_KUBECONFIG with
+# another kubeconfig (another user; not gpu-admission's own GPU_ADMISSION_KUBECONFIG, which a
+# shell may hold for a real cluster). Each has two TLS doors:
 # the webhook door (`--address`, `/mutate` and `/validate`, mutual TLS: `--client-ca` is
 # the CA of kube-apiserver's webhook client certificate) and the extender door
 # (`--extender-address`, `/scheduler/*`, no client certificate asked). Both serve the same
@@ -389,7 +414,7 @@ case "\${1:-}" in
       echo "gpu-admission is already running (pid \$(cat "\$pidfile"))" >&2; exit 1
     fi
     echo "=== start \$(date -u +%FT%TZ)" >>"\$log"
-    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "\${kubeconfig_c:-$serve_kubeconfig}" \\
+    NO_COLOR=1 "$gpu_admission" serve --kubeconfig "\${REPLICA_KUBECONFIG:-\${kubeconfig_c:-$serve_kubeconfig}}" \\
       --address 127.0.0.1:\$port --extender-address 127.0.0.1:\$extender \\
       --admin-address 127.0.0.1:\$admin --client-ca "$pki/webhook-client-ca.crt" \\
       --tls-cert "$work/extender-certs/tls.crt" --tls-key "$work/extender-certs/tls.key" \\

@@ -23,9 +23,9 @@
 #    waiting behind a full `Queue` quota, and SCALE_RELEASES times a pod holding the quota
 #    deleted and the next waiting pod's gate removal timed (examples/scale/queue.rs);
 #    last, the defragmentation planner's API load (examples/scale/defrag.rs): the earlier
-#    phases' pods and GPUQuotas deleted, every node given one bound 1-GPU pod (7 of 8 GPUs free on each,
-#    so an 8-GPU pod fits on none while the cluster has plenty free: `Fragmented`), both
-#    replicas restarted ($work/defrag-restart.sh, written below) with replica a, the Lease
+#    phases' pods and GPUQuotas deleted, every node given one bound 1-GPU pod (7 of 8 GPUs
+#    free on each, so an 8-GPU pod fits on none while the cluster has plenty free:
+#    `Fragmented`), both replicas restarted ($work/defrag-restart.sh, written below) with replica a, the Lease
 #    holder, running `defrag: {mode: DryRun, pendingSeconds: 5}` as a user of its own
 #    (`scale-sidecar`, a client certificate; the other phases ran it as the admin, so the
 #    phase changes none of their figures), then its requests counted in kube-apiserver's
@@ -148,9 +148,9 @@ cp_gpu_admission_certs "$gpu_admission"
   [[ -n "$policy" ]] && echo "  policy: $policy"
   [[ -n "$bind_verb" ]] && echo "  bindVerb: true"
   echo "  gpuManagerCompat: true" # a no-op default, so the block is never empty
-  # The identity gpu-admission runs as here writes placements and lets pods out of the
-  # quota queue, as the GPU scheduler's ServiceAccount does in deploy/.
-  # (and replica a runs as $sidecar_user in the planner's phase).
+  # The identities gpu-admission runs as here (the admin; replica a as $sidecar_user in the
+  # planner's phase) write placements and let pods out of the quota queue, as the GPU
+  # scheduler's ServiceAccount does in deploy/.
   echo "placementWriters: [$cp_name-admin, $sidecar_user]"
   echo "queue: {releasers: [$cp_name-admin, $sidecar_user]}"
 } >"$work/gpu-admission.yaml"
@@ -167,10 +167,9 @@ cp_write_ctl "$gpu_admission" "$work/gpu-admission.yaml" info
 {
   echo '#!/usr/bin/env bash'
   echo "# The restart of hack/scale.sh's planner phase (written by hack/scale.sh)."
-  printf 'ctl=%q kubectl=%q kubeconfig=%q
-' "$ctl" "$k8s_bin/kubectl" "$kubeconfig"
-  printf 'config=%q sidecar_kubeconfig=%q pidfile=%q
-'     "$work/gpu-admission-defrag.yaml" "$work/$sidecar_user.kubeconfig" "$replica_a_pidfile"
+  printf 'ctl=%q kubectl=%q kubeconfig=%q\n' "$ctl" "$k8s_bin/kubectl" "$kubeconfig"
+  printf 'config=%q sidecar_kubeconfig=%q pidfile=%q\n' \
+    "$work/gpu-admission-defrag.yaml" "$work/$sidecar_user.kubeconfig" "$replica_a_pidfile"
   cat <<'EOF'
 set -euo pipefail
 k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }

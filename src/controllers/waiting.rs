@@ -6,7 +6,8 @@
 //!
 //! Its cost is bounded by construction: a pass judges for at most [`JUDGE_BUDGET`] (a
 //! pod per short read of the cache, the pods never judged first), writes at most
-//! [`WRITES_PER_PASS`] conditions, a pod at most every [`MIN_GAP`], and rewords an
+//! [`WRITES_PER_PASS`] conditions (half for pods that wait, half for pods bound since,
+//! when both have more: [`shared`]), a pod at most every [`MIN_GAP`], and rewords an
 //! unchanged code at most every [`REWORD_EVERY`]. Only the replica holding the
 //! controller Lease tells, so a pod gets one Event per change, not one per replica.
 
@@ -314,14 +315,15 @@ impl Controller for Teller {
         // One learnt mix for the whole pass: every pod is judged against the same.
         let placer = self.placer.placer();
         let mig = self.cache.projection().names.mig.clone();
-        let mut writes = Vec::new();
+        let mut cleared = Vec::new();
         for pod in bound {
             let shown = self.shown(&pod.key, Some(pod.shown));
             let last_write = self.last_write(&pod.key, start);
             if let Some(write) = decide(shown.as_ref(), &pod.verdict, last_write) {
-                writes.push((pod.key, pod.uid, write));
+                cleared.push((pod.key, pod.uid, write));
             }
         }
+        let mut writes = Vec::new();
         for key in pending {
             if start.elapsed() >= JUDGE_BUDGET || writes.len() >= WRITES_PER_PASS {
                 break;
@@ -336,7 +338,7 @@ impl Controller for Teller {
                 writes.push((key, uid, write));
             }
         }
-        writes.truncate(WRITES_PER_PASS);
+        let writes = shared(writes, cleared, WRITES_PER_PASS);
         let this = &*self;
         let done = futures::stream::iter(writes)
             .map(|(key, uid, write)| async move {
@@ -371,10 +373,39 @@ impl Controller for Teller {
     }
 }
 
+/// At most `limit` of the pending pods' writes and the bound pods' (`cleared`), each
+/// kept in its order: each side gets half when both have more, and what one side leaves
+/// goes to the other. Hundreds of pods bound at once (a queue let go) never keep a new
+/// pod from being told why it waits, nor the other way round.
+fn shared<W>(mut pending: Vec<W>, mut cleared: Vec<W>, limit: usize) -> Vec<W> {
+    let half = limit / 2;
+    let pending_share = pending.len().min(limit - cleared.len().min(half));
+    pending.truncate(pending_share);
+    cleared.truncate(limit - pending.len());
+    pending.extend(cleared);
+    pending
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bound_pods_cleared_at_once_leave_room_to_tell_new_pods_why_they_wait() {
+        let pending: Vec<u32> = (0..30).collect();
+        let cleared: Vec<u32> = (100..600).collect();
+        let writes = shared(pending.clone(), cleared.clone(), 20);
+        assert_eq!(writes[..10], pending[..10], "half for the pods that wait");
+        assert_eq!(writes[10..], cleared[..10], "half for the bound ones");
+        let few = shared(vec![1, 2], cleared.clone(), 20);
+        assert_eq!(few.len(), 20, "what one side leaves goes to the other");
+        assert_eq!(few[..3], [1, 2, 100]);
+        let none_bound = shared(pending.clone(), Vec::new(), 20);
+        assert_eq!(none_bound, pending[..20]);
+        let only_bound = shared(Vec::<u32>::new(), cleared, 20);
+        assert_eq!(only_bound.len(), 20);
+    }
 
     fn verdict(waits: bool, code: Code, message: &str) -> WaitingVerdict {
         WaitingVerdict {

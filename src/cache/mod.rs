@@ -32,7 +32,7 @@ pub use state::ClusterState;
 pub(crate) use state::{
     Candidates, FilterDecision, Hold, Ledger, PlacementPrice, PlanError, Subject,
 };
-pub(crate) use watch::Retry;
+pub(crate) use watch::Relisting;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
@@ -65,15 +66,57 @@ pub(super) async fn run(cache: ClusterCache, client: Client, shutdown: Cancellat
 /// The pause before a failed watch lists again: 0.5 s, doubling to 30 s while the
 /// failures go on (reset by any event).
 #[derive(Default)]
-pub(crate) struct Retry {
+struct Retry {
     failures: u32,
 }
 
 impl Retry {
-    pub(crate) fn next(&mut self) -> Duration {
+    fn next(&mut self) -> Duration {
         let pause = Duration::from_millis(500) * 2u32.pow(self.failures.min(6));
         self.failures += 1;
         pause.min(Duration::from_secs(30))
+    }
+}
+
+/// A watch that, when it fails, starts over with a list after a pause ([`Retry`]), not
+/// resumed from the last version seen: across an API server restart, a resumed pod watch
+/// was seen to be accepted and then deliver nothing (docs/design.md, "Watches"). The
+/// cache's watches and the planner's world (`snapshot::LiveWorld`) follow their kinds
+/// through it.
+pub(crate) struct Relisting<K, F> {
+    start: F,
+    events: BoxStream<'static, watcher::Result<watcher::Event<K>>>,
+    retry: Retry,
+}
+
+impl<K, F> Relisting<K, F>
+where
+    F: Fn() -> BoxStream<'static, watcher::Result<watcher::Event<K>>>,
+{
+    pub(crate) fn new(start: F) -> Self {
+        Relisting {
+            events: start(),
+            start,
+            retry: Retry::default(),
+        }
+    }
+
+    /// The next event; `None` once the stream ends.
+    pub(crate) async fn next(&mut self) -> Option<watcher::Event<K>> {
+        loop {
+            match self.events.try_next().await {
+                Ok(event) => {
+                    self.retry = Retry::default();
+                    return event;
+                }
+                Err(error) => {
+                    let pause = self.retry.next();
+                    tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "watch failed; listing again");
+                    tokio::time::sleep(pause).await;
+                    self.events = (self.start)();
+                }
+            }
+        }
     }
 }
 
@@ -150,24 +193,8 @@ async fn watch<K, W>(
 {
     let mut buffer: Vec<W::Item> = Vec::new();
     let mut first_list = true;
-    let mut retry = Retry::default();
-    let mut events = watcher(api.clone(), config.clone()).boxed();
-    loop {
-        let event = match events.try_next().await {
-            Ok(Some(event)) => event,
-            Ok(None) => return,
-            Err(error) => {
-                // Start over with a list, not a watch resumed from the last version seen:
-                // across an API server restart, a resumed pod watch was seen to be
-                // accepted and then deliver nothing (docs/design.md, "Watches").
-                let pause = retry.next();
-                tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "watch failed; listing again");
-                tokio::time::sleep(pause).await;
-                events = watcher(api.clone(), config.clone()).boxed();
-                continue;
-            }
-        };
-        retry = Retry::default();
+    let mut events = Relisting::new(|| watcher(api.clone(), config.clone()).boxed());
+    while let Some(event) = events.next().await {
         let projection = cache.projection();
         match event {
             watcher::Event::Init => buffer.clear(),

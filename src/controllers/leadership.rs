@@ -52,7 +52,7 @@ impl Leader {
 
 /// What a replica may do with the Lease as it read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseAction {
+pub(crate) enum LeaseAction {
     /// It holds it (or nobody does, or its holder stopped renewing): write it as ours.
     Take,
     /// Another replica holds it and renewed it within the lease duration.
@@ -61,7 +61,7 @@ pub enum LeaseAction {
 
 /// Whether `me` may take (or keep) a Lease held by `holder`, which this replica has seen
 /// unchanged for `unchanged` (by its own clock).
-pub fn lease_action(holder: Option<&str>, me: &str, unchanged: Duration) -> LeaseAction {
+pub(crate) fn lease_action(holder: Option<&str>, me: &str, unchanged: Duration) -> LeaseAction {
     match holder {
         None | Some("") => LeaseAction::Take,
         Some(holder) if holder == me => LeaseAction::Take,

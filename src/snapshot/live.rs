@@ -10,8 +10,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashSet};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -23,11 +23,12 @@ use parking_lot::RwLock;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::Retry;
+use crate::cache::Relisting;
 use crate::placement::fragment::HostRoom;
 
 use super::world::{
-    CONTROLLER_KINDS, DisruptionBudget, NodeFacts, PodFacts, World, node_facts, pod_facts,
+    CONTROLLER_KINDS, DisruptionBudget, NodeFacts, PodFacts, World, WorldError, node_facts,
+    pod_facts,
 };
 
 /// The kinds watched: Node, Pod, PodDisruptionBudget and the controller kinds.
@@ -74,7 +75,7 @@ impl WorldKind for Nodes {
         match node_facts(node, 0) {
             Ok(facts) => Some(facts.allocatable),
             Err(error) => {
-                tracing::warn!(node = %key(node), %error, "node's CPU or memory is unreadable; planned without it");
+                tracing::warn!(node = %key(node), error = %unreadable(error), "node's CPU or memory is unreadable; planned without it");
                 None
             }
         }
@@ -95,13 +96,22 @@ impl WorldKind for Pods {
         match pod_facts(pod, 0) {
             Ok(facts) => Some(kept_of(facts)),
             Err(error) => {
-                tracing::warn!(pod = %key(pod), %error, "pod's CPU or memory is unreadable; planned without it");
+                tracing::warn!(pod = %key(pod), error = %unreadable(error), "pod's CPU or memory is unreadable; planned without it");
                 None
             }
         }
     }
     fn map<'w>(&self, world: &'w mut Watched) -> &'w mut HashMap<String, PodFacts> {
         &mut world.pods
+    }
+}
+
+/// What is wrong with a watched object (a file's errors name its document; a watch has
+/// none).
+fn unreadable(error: WorldError) -> String {
+    match error {
+        WorldError::Quantity { what, source, .. } => format!("{what}: {source}"),
+        other => other.to_string(),
     }
 }
 
@@ -240,8 +250,8 @@ impl LiveWorld {
         }
     }
 
-    /// Follow one kind's watch (started anew by `start`, with a list, after a failure:
-    /// as the cache's watches do, docs/design.md "Watches").
+    /// Follow one kind's watch, listing again after a failure as the cache's watches do
+    /// ([`Relisting`]).
     #[tracing::instrument(name = "watch", skip_all, fields(kind = slot.kind()))]
     async fn follow<S: WorldKind>(
         &self,
@@ -249,21 +259,8 @@ impl LiveWorld {
         start: impl Fn() -> BoxStream<'static, watcher::Result<Event<S::Object>>>,
     ) {
         let mut buffer: Vec<(String, S::Item)> = Vec::new();
-        let mut retry = Retry::default();
-        let mut events = start();
-        loop {
-            let event = match events.try_next().await {
-                Ok(Some(event)) => event,
-                Ok(None) => return,
-                Err(error) => {
-                    let pause = retry.next();
-                    tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "watch failed; listing again");
-                    tokio::time::sleep(pause).await;
-                    events = start();
-                    continue;
-                }
-            };
-            retry = Retry::default();
+        let mut events = Relisting::new(start);
+        while let Some(event) = events.next().await {
             self.apply(&slot, event, &mut buffer);
         }
     }

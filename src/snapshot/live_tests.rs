@@ -101,6 +101,35 @@ fn a_node_s_room_follows_its_pods_as_they_come_and_go() {
 }
 
 #[test]
+fn a_pod_that_moves_or_finishes_leaves_its_node_s_room() {
+    let live = listed();
+    event(&live, &Nodes, Event::Apply(node("n2", "8")));
+    let rooms = |live: &LiveWorld| {
+        let world = live.world().unwrap();
+        let cpu = |n: &str| world.room(n).unwrap().cpu_milli;
+        (cpu("n1"), cpu("n2"))
+    };
+    event(&live, &Pods, Event::Apply(pod("a", "n1", "1", true)));
+    event(&live, &Pods, Event::Apply(pod("b", "n2", "2", false)));
+    assert_eq!(rooms(&live), (3000, 6000));
+    event(&live, &Pods, Event::Apply(pod("a", "n2", "1", true)));
+    assert_eq!(rooms(&live), (4000, 5000), "counted where it is now, once");
+    let mut finished = pod("b", "n2", "2", false);
+    finished.status = Some(object(json!({"phase": "Succeeded"})));
+    event(&live, &Pods, Event::Apply(finished));
+    assert_eq!(rooms(&live), (4000, 7000), "a finished pod holds nothing");
+    let mut unreadable = pod("c", "n1", "1", false);
+    let spec = unreadable.spec.as_mut().unwrap();
+    spec.containers[0].resources = Some(object(json!({"requests": {"cpu": "lots"}})));
+    event(&live, &Pods, Event::Apply(unreadable));
+    assert_eq!(
+        rooms(&live),
+        (4000, 7000),
+        "a pod whose CPU cannot be read is left out"
+    );
+}
+
+#[test]
 fn only_a_pod_that_opted_in_keeps_its_owner_and_labels() {
     let live = listed();
     event(&live, &Pods, Event::Apply(pod("kept", "n1", "1", true)));

@@ -104,7 +104,7 @@ pub(crate) async fn filter(
         };
         return (with_passed(result, None, args), outcome);
     }
-    placer.observe(&plan.request);
+    placer.observe(&plan.request, &plan.models);
     tracing::info!(pod = %plan.key, %node, "placed");
     (placed_on(&node, args), FilterOutcome::Placed)
 }

@@ -29,6 +29,8 @@ pub(super) struct Placing {
     uid: String,
     /// The GPU request of the pod placed: the cluster's copy in API mode.
     pub(super) request: GpuRequest,
+    /// The models it accepts (empty: any), which the placer learns.
+    pub(super) models: Vec<String>,
     /// What the quota ledger is charged at placement: all of it for a pod that
     /// accepts several models, what a dearer node costs beyond its admission charge
     /// otherwise (`None`: nothing).
@@ -79,6 +81,7 @@ pub(super) fn plan(
         let quota = state.namespace_quota(&namespace);
         let own = pod.map(|p| p.models.as_slice()).unwrap_or_default();
         let wanted = quota.wanted(own);
+        let models = wanted.models.clone();
         // Kept current as quotas change (not rebuilt from every quota per call); a copy,
         // as the state is changed below.
         let limits = quota.limits.clone();
@@ -110,6 +113,7 @@ pub(super) fn plan(
             key,
             uid,
             request,
+            models,
             charge_at_placement,
             recorded,
         };

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use super::fragment::{RequestMix, TaskMix};
+use super::fragment::{GpuShape, RequestMix, TaskMix, TaskShape};
 use super::policy::{Placer, Policy};
 use super::request::GpuRequest;
 
@@ -39,19 +39,25 @@ impl LearningPlacer {
         self.current.load_full()
     }
 
-    /// Count the request of a pod that was placed into the mix. Only placements count:
-    /// a caller that merely asks cannot shape the mix. Cheap: a short lock, and now and
+    /// Count the request of a pod that was placed, with the models it accepts (none:
+    /// any), into the mix and the pinned demand (`choice`). Only placements count: a
+    /// caller that merely asks cannot shape either. Cheap: a short lock, and now and
     /// then a new snapshot.
-    pub(crate) fn observe(&self, request: &GpuRequest) {
-        self.mix.observe(request);
+    pub(crate) fn observe(&self, request: &GpuRequest, models: &[String]) {
+        let Some(gpu) = GpuShape::of_request(request) else {
+            return;
+        };
+        self.mix
+            .observe_shape(TaskShape::gpu_only(gpu).with_models(models));
         let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
         if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
             let mix = Arc::new(self.mix.snapshot());
             self.learned.store(mix.clone());
+            let mut placer = self.base.clone().with_pinned(Arc::new(self.mix.pinned()));
             if self.base.policy == Policy::Fgd {
-                self.current
-                    .store(Arc::new(self.base.clone().with_mix(mix)));
+                placer = placer.with_mix(mix);
             }
+            self.current.store(Arc::new(placer));
         }
     }
 
@@ -75,15 +81,32 @@ mod tests {
             memory: 2,
         });
         assert!(placer.placer().mix.is_empty());
-        placer.observe(&share);
+        placer.observe(&share, &[]);
         assert!(placer.placer().mix.len() == 1);
         let other = LearningPlacer::new(Policy::Binpack, true);
-        other.observe(&share);
+        other.observe(&share, &[]);
         assert!(other.placer().mix.is_empty(), "only fgd reads the mix");
         assert_eq!(
             other.learned_mix().len(),
             1,
             "but every policy learns it, for the gauge"
         );
+    }
+
+    /// Every policy learns the demand pinned to models, which model choice reads.
+    #[test]
+    fn every_policy_learns_what_is_pinned_to_models() {
+        let whole = GpuRequest::one(GpuDemand::Whole { gpus: 1 });
+        for policy in [Policy::Fgd, Policy::Binpack] {
+            let placer = LearningPlacer::new(policy, true);
+            placer.observe(&whole, &[]);
+            placer.observe(&GpuRequest::default(), &["T4".to_string()]);
+            assert!(
+                placer.placer().pinned.is_empty(),
+                "a pod without GPUs is not counted"
+            );
+            placer.observe(&whole, &["T4".to_string()]);
+            assert!(!placer.placer().pinned.is_empty(), "{policy}");
+        }
     }
 }

@@ -10,13 +10,12 @@
 //! dense array. The choice is exactly [`place`]'s: the same scores compared in the same
 //! order with the same tie-break, and the winner's GPUs fitted again.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::fit::Misfit;
 use super::fragment::TaskMix;
 use super::node::NodeGpus;
-use super::policy::{Outcome, Placer, Policy, compare, place};
+use super::policy::{Outcome, Placer, Policy, Ranked, better, place};
 use super::request::GpuRequest;
 
 /// Most (placer, request) pairs kept: a cluster's pods come in a few shapes.
@@ -148,8 +147,9 @@ pub(crate) fn place_versioned(
         .map(|s| s.slot as usize + 1)
         .max()
         .unwrap_or(0);
+    let pressure = placer.pressure(request, nodes.iter().copied());
     let table = memo.table(placer, request, slots);
-    let mut best: Option<(usize, &NodeGpus, [f64; 2])> = None;
+    let mut best: Option<(usize, &NodeGpus, Ranked)> = None;
     for (index, (&node, stamp)) in nodes.iter().zip(stamps).enumerate() {
         if allowed(node).is_err() {
             continue;
@@ -164,17 +164,12 @@ pub(crate) fn place_versioned(
         let Ok(score) = eval else {
             continue;
         };
-        let score = *score;
-        let better = match &best {
-            None => true,
-            Some((_, held, held_score)) => match compare(&score, held_score) {
-                Ordering::Less => true,
-                Ordering::Equal => node.name < held.name,
-                Ordering::Greater => false,
-            },
-        };
-        if better {
-            best = Some((index, node, score));
+        let ranked = (pressure.tier(node), *score);
+        if best
+            .as_ref()
+            .is_none_or(|(_, held, by)| better(&ranked, node, by, held))
+        {
+            best = Some((index, node, ranked));
         }
     }
     let Some((index, node, _)) = best else {

@@ -2,6 +2,7 @@
 //! model resolution and quota arithmetic. No HTTP, no API calls, no async: the
 //! extender, the webhooks and `simulate` all call these functions.
 
+pub(crate) mod choice;
 pub(crate) mod defrag;
 pub mod fit;
 pub(crate) mod fragment;

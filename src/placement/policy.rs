@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::choice::{ModelPressure, PinnedDemand};
 use super::fit::{Assignment, Misfit, fit};
 use super::fragment::{HostRoom, TaskMix};
 use super::node::NodeGpus;
@@ -59,6 +60,9 @@ pub struct Placer {
     pub(crate) policy: Policy,
     /// The task shapes fragmentation is measured against.
     pub mix: Arc<TaskMix>,
+    /// The GPU demand seen pinned to sets of models, learnt online whatever the
+    /// policy: which models a pod that accepts several should leave alone (`choice`).
+    pub(crate) pinned: Arc<PinnedDemand>,
     /// When true (the default) a share-mode container gets the GPU gpu-manager's own
     /// evaluator picks (`fit::pick_share`), which gpu-manager re-checks; only the node
     /// is chosen freely. When false, `fgd` also chooses the GPU inside the node.
@@ -71,7 +75,27 @@ impl Placer {
         Placer {
             policy,
             mix: Arc::default(),
+            pinned: Arc::default(),
             gpu_manager_compat: true,
+        }
+    }
+
+    pub(crate) fn with_pinned(mut self, pinned: Arc<PinnedDemand>) -> Placer {
+        self.pinned = pinned;
+        self
+    }
+
+    /// The models short now among `nodes` (see `choice`): the first thing placement
+    /// compares.
+    /// A pod without GPUs takes none of a model's capacity: no model is short for it.
+    pub(crate) fn pressure<'a>(
+        &self,
+        request: &GpuRequest,
+        nodes: impl IntoIterator<Item = &'a NodeGpus>,
+    ) -> ModelPressure {
+        match request.has_gpu_demand() {
+            true => ModelPressure::of(&self.pinned, nodes),
+            false => ModelPressure::default(),
         }
     }
 
@@ -260,7 +284,9 @@ pub(crate) fn place_with_host<'a, C: Candidate + 'a>(
     nodes: impl IntoIterator<Item = &'a C>,
     allowed: impl Fn(&C) -> Result<(), Misfit>,
 ) -> Outcome {
-    let mut best: Option<(usize, &NodeGpus, Assignment, [f64; 2])> = None;
+    let nodes: Vec<&C> = nodes.into_iter().collect();
+    let pressure = placer.pressure(request, nodes.iter().map(|c| c.gpus()));
+    let mut best: Option<(usize, &NodeGpus, Assignment, Ranked)> = None;
     let mut misfits = Vec::new();
     for (index, candidate) in nodes.into_iter().enumerate() {
         let node = candidate.gpus();
@@ -273,21 +299,30 @@ pub(crate) fn place_with_host<'a, C: Candidate + 'a>(
                 continue;
             }
         };
-        let better = match &best {
-            None => true,
-            Some((_, held, _, held_score)) => match compare(&score, held_score) {
-                Ordering::Less => true,
-                Ordering::Equal => node.name < held.name,
-                Ordering::Greater => false,
-            },
-        };
-        if better {
-            best = Some((index, node, assignment, score));
+        let ranked = (pressure.tier(node), score);
+        if best
+            .as_ref()
+            .is_none_or(|(_, held, _, by)| better(&ranked, node, by, held))
+        {
+            best = Some((index, node, assignment, ranked));
         }
     }
     Outcome {
         chosen: best.map(|(index, _, assignment, _)| (index, assignment)),
         misfits,
+    }
+}
+
+/// A feasible node's rank: its model's tier (`choice`), then the policy's score.
+pub(super) type Ranked = (u8, [f64; 2]);
+
+/// Whether `node` ranked `ranked` beats `held` ranked `by`: lower tier, then lower
+/// score, then the node name.
+pub(super) fn better(ranked: &Ranked, node: &NodeGpus, by: &Ranked, held: &NodeGpus) -> bool {
+    match ranked.0.cmp(&by.0).then_with(|| compare(&ranked.1, &by.1)) {
+        Ordering::Less => true,
+        Ordering::Equal => node.name < held.name,
+        Ordering::Greater => false,
     }
 }
 

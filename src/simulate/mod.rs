@@ -348,9 +348,19 @@ struct Summary {
     /// Mean and sd when arrived demand reached 100%; `None` unless every run got there.
     at_100: Option<(f64, f64)>,
     failed: f64,
+    /// GPU pods refused, total and by shape (means over seeds).
+    refused: RefusedMeans,
     pods: f64,
     /// With `--defrag`.
     defrag: Option<DefragSummary>,
+}
+
+/// [`replay::Refused`], means over seeds.
+struct RefusedMeans {
+    total: f64,
+    share: f64,
+    one_gpu: f64,
+    several_gpus: f64,
 }
 
 fn summarise(report: &PolicyReport) -> Summary {
@@ -364,6 +374,12 @@ fn summarise(report: &PolicyReport) -> Summary {
             .collect::<Option<Vec<f64>>>()
             .map(|values| mean_sd(&values)),
         failed: mean_sd(&of(&|r| r.failed as f64)).0,
+        refused: RefusedMeans {
+            total: mean_sd(&of(&|r| r.refused.total() as f64)).0,
+            share: mean_sd(&of(&|r| r.refused.share as f64)).0,
+            one_gpu: mean_sd(&of(&|r| r.refused.one_gpu as f64)).0,
+            several_gpus: mean_sd(&of(&|r| r.refused.several_gpus as f64)).0,
+        },
         pods: mean_sd(&of(&|r| r.pods as f64)).0,
         defrag: report
             .max_moves
@@ -384,6 +400,12 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
                 "allocated_pct_at_100": s.at_100.map(|(mean, _)| round(mean)),
                 "allocated_pct_at_100_std": s.at_100.map(|(_, sd)| round(sd)),
                 "failed_pods": count(s.failed),
+                "refused_gpu_pods": count(s.refused.total),
+                "refused_gpu_pods_by_shape": {
+                    "share": count(s.refused.share),
+                    "one_gpu": count(s.refused.one_gpu),
+                    "several_gpus": count(s.refused.several_gpus),
+                },
                 "pods": count(s.pods),
                 "seconds": round(report.seconds),
                 "gpu_manager_compat": args.gpu_manager_compat,
@@ -410,7 +432,8 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
             format!(
                 "{policy} (gpu-manager compat {compat}{mix}; seeds {seeds:?}, inflate {inflate}): \
                  allocated {a:.2}% ± {sd:.2} at the end, {at} when arrived demand reached 100%; \
-                 failed pods {failed} of {pods}; {secs:.2} s ({per:.2} s per seed){defrag}",
+                 failed pods {failed} of {pods}, of them GPU pods refused {refused} (share {share}, \
+                 one GPU {one}, several GPUs {several}); {secs:.2} s ({per:.2} s per seed){defrag}",
                 policy = report.policy,
                 seeds = report.seeds,
                 inflate = args.inflate,
@@ -421,6 +444,10 @@ fn render(report: &PolicyReport, args: &SimulateArgs) -> String {
                     .map_or("n/a".to_string(), |(m, sd)| format!("{m:.2}% ± {sd:.2}")),
                 failed = count(s.failed),
                 pods = count(s.pods),
+                refused = count(s.refused.total),
+                share = count(s.refused.share),
+                one = count(s.refused.one_gpu),
+                several = count(s.refused.several_gpus),
                 secs = report.seconds,
                 per = report.seconds / report.seeds.len().max(1) as f64,
             )
@@ -466,7 +493,12 @@ mod tests {
         .unwrap();
         let run = |allocated_milli, at_100| RunResult {
             pods: 10,
-            failed: 1,
+            failed: 3,
+            refused: replay::Refused {
+                share: 1,
+                one_gpu: usize::from(at_100 == Some(92.0)),
+                several_gpus: 0,
+            },
             capacity_milli: 1000,
             allocated_milli,
             allocated_pct_at_100: at_100,
@@ -486,6 +518,12 @@ mod tests {
         assert_eq!(json["allocated_pct_at_100"], 91.0);
         assert_eq!(json["allocated_pct_at_100_std"], 1.414);
         assert_eq!(json["mix"], "known");
+        // CPU pods fail too; only GPU pods are refused arrivals, by shape.
+        assert_eq!(json["failed_pods"], 3);
+        assert_eq!(json["refused_gpu_pods"], 1.5);
+        assert_eq!(json["refused_gpu_pods_by_shape"]["share"], 1);
+        assert_eq!(json["refused_gpu_pods_by_shape"]["one_gpu"], 0.5);
+        assert_eq!(json["refused_gpu_pods_by_shape"]["several_gpus"], 0);
         // A run that never reached 100% of capacity has no value there, not NaN.
         let short = PolicyReport {
             runs: vec![run(500, None)],

@@ -187,6 +187,8 @@ impl Ground for SimNode {
 pub(super) struct RunResult {
     pub(super) pods: usize,
     pub(super) failed: usize,
+    /// The GPU pods among `failed`, by shape.
+    pub(super) refused: Refused,
     pub(super) capacity_milli: u64,
     pub(super) allocated_milli: u64,
     /// Allocated share (%) when the arrived GPU demand first reached 100% of capacity.
@@ -195,6 +197,30 @@ pub(super) struct RunResult {
     pub(super) curve: Vec<(f64, f64)>,
     /// What `--defrag`'s planner did (nothing without it).
     pub(super) defrag: DefragStats,
+}
+
+/// GPU pods that found no place, by shape: a share of one GPU, one whole GPU, several.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub(super) struct Refused {
+    pub(super) share: usize,
+    pub(super) one_gpu: usize,
+    pub(super) several_gpus: usize,
+}
+
+impl Refused {
+    /// Count `request` (nothing for a pod without GPUs).
+    fn count(&mut self, request: &GpuRequest) {
+        match GpuShape::of_request(request) {
+            Some(GpuShape::Share { .. }) => self.share += 1,
+            Some(GpuShape::Whole { gpus: 1 }) => self.one_gpu += 1,
+            Some(GpuShape::Whole { .. }) => self.several_gpus += 1,
+            None => {}
+        }
+    }
+
+    pub(super) fn total(&self) -> usize {
+        self.share + self.one_gpu + self.several_gpus
+    }
 }
 
 impl RunResult {
@@ -241,9 +267,7 @@ pub(super) fn run(
     let thin = (order.len() / 500).max(1);
     for (step, &index) in order.iter().enumerate() {
         let pod = &pods[index];
-        if mix == MixSource::Online {
-            learn(&mut placer, &learnt, pod);
-        }
+        learn(&mut placer, mix, &learnt, pod);
         let plan_for = defrag.filter(|_| pod.request.has_gpu_demand());
         let seated = place_one(&placer, &mut cluster, pod, step)
             || plan_for.is_some_and(|limits| {
@@ -253,6 +277,7 @@ pub(super) fn run(
             result.allocated_milli += pod.demand_milli;
         } else {
             result.failed += 1;
+            result.refused.count(&pod.request);
         }
         arrived += pod.demand_milli;
         if result.allocated_pct_at_100.is_none() && arrived >= capacity_milli {
@@ -292,14 +317,18 @@ fn resident(pod: &SimPod, step: usize, assignment: Assignment) -> Resident<usize
     }
 }
 
-/// Online mode: the pod is seen (as the extender sees it when asked to filter it)
-/// before it is placed.
-fn learn(placer: &mut Placer, learnt: &RequestMix, pod: &SimPod) {
+/// The pod is seen (as the extender sees it when asked to filter it) before it is
+/// placed: the demand pinned to models is always learnt so (model choice never reads
+/// the trace's future), FGD's mix only in online mode.
+fn learn(placer: &mut Placer, mix: MixSource, learnt: &RequestMix, pod: &SimPod) {
     let Some(shape) = &pod.shape else { return };
     learnt.observe_shape(shape.clone());
     let seen = learnt.observed();
     if seen.is_power_of_two() || seen.is_multiple_of(ONLINE_REFRESH) {
-        placer.mix = Arc::new(learnt.snapshot());
+        placer.pinned = Arc::new(learnt.pinned());
+        if mix == MixSource::Online {
+            placer.mix = Arc::new(learnt.snapshot());
+        }
     }
 }
 
@@ -381,10 +410,12 @@ mod tests {
         let placer = Placer::new(Policy::Binpack);
         let plain = run(&placer, MixSource::Known, &nodes, &pods, &order, None);
         assert_eq!((plain.failed, plain.allocated_milli), (1, 2000));
+        assert_eq!((plain.refused.several_gpus, plain.refused.total()), (1, 1));
         assert!(plain.defrag.plan_ms.is_empty());
         let limits = Some(Limits::default());
         let moved = run(&placer, MixSource::Known, &nodes, &pods, &order, limits);
         assert_eq!((moved.failed, moved.allocated_milli), (0, 4000));
+        assert_eq!(moved.refused.total(), 0);
         assert_eq!((moved.defrag.seated, moved.defrag.moves), (1, 1));
         assert_eq!(moved.defrag.plan_ms.len(), 1);
     }

@@ -94,9 +94,10 @@ pub(crate) fn learned_placer(cache: &ClusterCache, config: &Config) -> Arc<Place
         // the same mix (and the same plan) every time.
         let mut placed: Vec<_> = state.pods().filter(|(_, p)| p.node.is_some()).collect();
         placed.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        placed
-            .iter()
-            .for_each(|(_, p)| learning.observe(&p.request));
+        for (key, pod) in placed {
+            let quota = state.namespace_quota(crate::cache::pod::key_parts(key).0);
+            learning.observe(&pod.request, &quota.wanted(&pod.models).models);
+        }
     });
     learning.placer()
 }

@@ -7,8 +7,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::placement::request::GpuRequest;
-
 use super::shape::{GpuShape, HostRoom, TaskShape};
 
 /// At most this many distinct GPU shapes (the most common) enter a mix: scoring a node
@@ -194,14 +192,6 @@ impl RequestMix {
         RequestMix::default()
     }
 
-    /// Count one pod's request (GPU shape only). Requests without GPU containers are
-    /// ignored: their placement changes no GPU's usability.
-    pub(crate) fn observe(&self, request: &GpuRequest) {
-        if let Some(gpu) = GpuShape::of_request(request) {
-            self.observe_shape(TaskShape::gpu_only(gpu));
-        }
-    }
-
     /// Count one task of a fully known shape (CPU, memory, models as well). Once
     /// [`MAX_SHAPES`] distinct shapes are known, new ones are not counted (known ones
     /// still are): whoever can send filter calls must not grow this without bound.
@@ -220,6 +210,12 @@ impl RequestMix {
     /// How many tasks were observed.
     pub(crate) fn observed(&self) -> u64 {
         self.counts.lock().values().sum()
+    }
+
+    /// The demand seen pinned to sets of models (`placement::choice`).
+    pub(crate) fn pinned(&self) -> crate::placement::choice::PinnedDemand {
+        let counts = self.counts.lock();
+        crate::placement::choice::PinnedDemand::of_counts(counts.iter().map(|(s, n)| (s, *n)))
     }
 
     /// The mix of the shapes seen so far (see [`TaskMix::from_counts`]).

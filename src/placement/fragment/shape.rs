@@ -46,7 +46,7 @@ pub enum GpuShape {
 
 impl GpuShape {
     /// The shape's size in GPUs (0.5 for half a GPU).
-    pub(super) fn gpus(self) -> f64 {
+    pub(crate) fn gpus(self) -> f64 {
         match self {
             GpuShape::Share { core, .. } => f64::from(core) / f64::from(CORE_PER_GPU),
             GpuShape::Whole { gpus } => f64::from(gpus),

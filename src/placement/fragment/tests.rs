@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::placement::node::GpuUse;
-use crate::placement::request::{GpuDemand, GpuRequest};
 use crate::placement::testing::{node, with_used};
 
 const HALF: GpuShape = GpuShape::Share {
@@ -289,17 +288,16 @@ fn growth_equals_fragmentation_after_minus_before() {
 #[test]
 fn request_mix_learns_from_requests_across_threads() {
     let learnt = RequestMix::new();
-    let whole = GpuRequest::one(GpuDemand::Whole { gpus: 1 });
+    let whole = TaskShape::gpu_only(GpuShape::Whole { gpus: 1 });
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
                 for _ in 0..10 {
-                    learnt.observe(&whole);
+                    learnt.observe_shape(whole.clone());
                 }
             });
         }
     });
-    learnt.observe(&GpuRequest::default());
     assert_eq!(learnt.observed(), 40);
     let m = learnt.snapshot();
     assert_eq!(m.len(), 1);

@@ -86,8 +86,8 @@ impl Placer {
     }
 
     /// The models short now among `nodes` (see `choice`): the first thing placement
-    /// compares.
-    /// A pod without GPUs takes none of a model's capacity: no model is short for it.
+    /// compares. A pod without GPUs takes none of a model's capacity: no model is
+    /// short for it.
     pub(crate) fn pressure<'a>(
         &self,
         request: &GpuRequest,

@@ -26,7 +26,7 @@ const MAX_SETS: usize = 64;
 
 /// The share of the GPU demand seen that only a set of models can run, per set.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PinnedDemand {
+pub(crate) struct PinnedDemand {
     sets: Vec<PinnedSet>,
 }
 

@@ -15,10 +15,9 @@ const REFRESH_EVERY: u64 = 64;
 
 pub struct LearningPlacer {
     base: Placer,
-    /// GPU shapes only: FGD's mix.
+    /// GPU shapes with the models each pod accepts: FGD's mix (models left out) and
+    /// the pinned demand (`choice`).
     mix: RequestMix,
-    /// GPU shapes with the models each pod accepts: the pinned demand (`choice`).
-    pinned: RequestMix,
     seen: AtomicU64,
     current: ArcSwap<Placer>,
     /// The learnt mix, for every policy (the fragmentation gauge reads it).
@@ -32,7 +31,6 @@ impl LearningPlacer {
             current: ArcSwap::from_pointee(base.clone()),
             base,
             mix: RequestMix::new(),
-            pinned: RequestMix::new(),
             seen: AtomicU64::new(0),
             learned: ArcSwap::from_pointee(TaskMix::default()),
         }
@@ -51,13 +49,12 @@ impl LearningPlacer {
         let Some(gpu) = GpuShape::of_request(request) else {
             return;
         };
-        self.mix.observe_shape(TaskShape::gpu_only(gpu));
-        (self.pinned).observe_shape(TaskShape::gpu_only(gpu).with_models(models));
+        (self.mix).observe_shape(TaskShape::gpu_only(gpu).with_models(models));
         let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
         if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
-            let mix = Arc::new(self.mix.snapshot());
+            let mix = Arc::new(self.mix.snapshot_any_model());
             self.learned.store(mix.clone());
-            let mut placer = (self.base.clone()).with_pinned(Arc::new(self.pinned.pinned()));
+            let mut placer = (self.base.clone()).with_pinned(Arc::new(self.mix.pinned()));
             if self.base.policy == Policy::Fgd {
                 placer = placer.with_mix(mix);
             }
@@ -111,6 +108,12 @@ mod tests {
             );
             placer.observe(&whole, &["T4".to_string()]);
             assert!(!placer.placer().pinned.is_empty(), "{policy}");
+            placer.observe(&whole, &["A100".to_string()]);
+            assert_eq!(
+                placer.learned_mix().len(),
+                1,
+                "FGD's mix is GPU shapes alone: one shape, whatever the models"
+            );
         }
     }
 }

@@ -217,6 +217,7 @@ fn evaluate(placer: &Placer, request: &GpuRequest, node: &NodeGpus) -> Eval {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::placement::choice::{ModelPressure, PinnedDemand};
     use crate::placement::fragment::{GpuShape, TaskShape};
     use crate::placement::request::GpuDemand;
     use crate::placement::testing::{node, with_used};
@@ -249,8 +250,15 @@ mod tests {
 
     #[test]
     fn decides_exactly_as_place_while_nodes_change_between_calls() {
+        // Pods pinned to T4 ask for 60% of the demand: T4 is short while its free GPUs
+        // are under 60% of all free, and model choice's tier comes and goes.
+        let t4 = TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }).with_models(&["T4"]);
+        let any = TaskShape::gpu_only(GpuShape::Whole { gpus: 1 });
+        let pinned = Arc::new(PinnedDemand::of_counts([(&t4, 3), (&any, 2)]));
         let placers = [
             Placer::new(Policy::Fgd).with_mix(mix()),
+            (Placer::new(Policy::Fgd).with_mix(mix())).with_pinned(pinned.clone()),
+            Placer::new(Policy::Binpack).with_pinned(pinned.clone()),
             Placer::new(Policy::Fgd)
                 .with_mix(mix())
                 .with_gpu_manager_compat(false),
@@ -271,14 +279,20 @@ mod tests {
             request(GpuDemand::Whole { gpus: 4 }),
         ];
         let mut random = Lcg(7);
-        // Many equal nodes (ties decided by name), some partly used, one other model.
+        // Many equal nodes (ties decided by name), some partly used, of two models the
+        // pod accepts (T4, A100) and one it does not.
         let mut nodes: Vec<NodeGpus> = (0..40)
             .map(|i| {
                 let mut n = node(&format!("n{:02}", 39 - i), 4 + (i % 2) * 4, 100);
                 if i % 3 == 0 {
                     n = with_used(n, i % 4, 20 * (i as u32 % 5), 10);
                 }
-                n.model = Some(if i == 5 { "V100" } else { "T4" }.into());
+                let model = match i {
+                    5 => "V100",
+                    _ if i % 4 == 1 => "A100",
+                    _ => "T4",
+                };
+                n.model = Some(model.into());
                 n
             })
             .collect();
@@ -293,14 +307,20 @@ mod tests {
         let allowed = |n: &NodeGpus| match n.model.as_deref() {
             Some("V100") => Err(Misfit::ModelNotWanted {
                 model: Some("V100".into()),
-                wanted: vec!["T4".to_string()].into(),
+                wanted: vec!["A100".to_string(), "T4".to_string()].into(),
             }),
             _ => Ok(()),
         };
+        let mut tiers = [0, 0];
         for call in 0..600 {
             let placer = &placers[call % placers.len()];
             let request = &requests[random.below(requests.len() as u64) as usize];
             let refs: Vec<&NodeGpus> = nodes.iter().collect();
+            tiers[usize::from(
+                ModelPressure::of(&pinned, refs.iter().copied())
+                    .short()
+                    .is_empty(),
+            )] += 1;
             let expected = place(placer, request, refs.iter().copied(), allowed).into_versioned();
             let got = place_versioned(placer, request, &refs, &stamps, allowed, &mut memo);
             assert_eq!(got, expected, "call {call}");
@@ -321,6 +341,10 @@ mod tests {
             next_version += 1;
         }
         assert!(memo.tables.len() <= TABLES);
+        assert!(
+            tiers[0] > 0 && tiers[1] > 0,
+            "T4 short, then not: {tiers:?}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub(crate) mod world;
 
 use std::sync::Arc;
 
+use crate::cache::pod::key_parts;
 use crate::cache::{CacheError, CacheWriter, ClusterCache, FileObject, Projection};
 use crate::config::Config;
 use crate::placement::Placer;
@@ -95,7 +96,7 @@ pub(crate) fn learned_placer(cache: &ClusterCache, config: &Config) -> Arc<Place
         let mut placed: Vec<_> = state.pods().filter(|(_, p)| p.node.is_some()).collect();
         placed.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (key, pod) in placed {
-            let quota = state.namespace_quota(crate::cache::pod::key_parts(key).0);
+            let quota = state.namespace_quota(key_parts(key).0);
             learning.observe(&pod.request, &quota.wanted(&pod.models).models);
         }
     });

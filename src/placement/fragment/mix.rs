@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::placement::choice::PinnedDemand;
+
 use super::shape::{GpuShape, HostRoom, TaskShape};
 
 /// At most this many distinct GPU shapes (the most common) enter a mix: scoring a node
@@ -213,18 +215,31 @@ impl RequestMix {
     }
 
     /// The demand seen pinned to sets of models (`placement::choice`).
-    pub(crate) fn pinned(&self) -> crate::placement::choice::PinnedDemand {
+    pub(crate) fn pinned(&self) -> PinnedDemand {
         let counts = self.counts.lock();
-        crate::placement::choice::PinnedDemand::of_counts(counts.iter().map(|(s, n)| (s, *n)))
+        PinnedDemand::of_counts(counts.iter().map(|(s, n)| (s, *n)))
     }
 
     /// The mix of the shapes seen so far (see [`TaskMix::from_counts`]).
     pub(crate) fn snapshot(&self) -> TaskMix {
-        let counts: Vec<(TaskShape, u64)> = self
-            .counts
-            .lock()
-            .iter()
-            .map(|(shape, n)| (shape.clone(), *n))
+        self.snapshot_where(|shape| shape.clone())
+    }
+
+    /// The mix of the shapes seen so far whatever models they accept: the extender's
+    /// FGD measures against GPU shapes alone, and learns the models only for
+    /// [`RequestMix::pinned`].
+    pub(crate) fn snapshot_any_model(&self) -> TaskMix {
+        self.snapshot_where(|shape| TaskShape {
+            models: None,
+            ..shape.clone()
+        })
+    }
+
+    /// The mix of the shapes seen, each as `kept` keeps it (shapes it makes equal are
+    /// merged by [`TaskMix::from_counts`]).
+    fn snapshot_where(&self, kept: impl Fn(&TaskShape) -> TaskShape) -> TaskMix {
+        let counts: Vec<(TaskShape, u64)> = (self.counts.lock().iter())
+            .map(|(shape, n)| (kept(shape), *n))
             .collect();
         TaskMix::from_counts(counts)
     }

@@ -212,6 +212,7 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
             assignment: assignment.clone(),
             priority: pod.priority,
             pools: Arc::from(pools),
+            other_models: Arc::from(Vec::new()),
         });
     }
     // The cache holds pods in no order; the planner breaks its last ties by it.

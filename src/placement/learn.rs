@@ -2,24 +2,21 @@
 //! pods it filters (a cluster has no trace to read the mix from in advance).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
 use super::fragment::{GpuShape, RequestMix, TaskMix, TaskShape};
 use super::policy::{Placer, Policy};
 use super::request::GpuRequest;
-
-/// Refresh the mix snapshot after this many pods (and at every power of two before).
-const REFRESH_EVERY: u64 = 64;
 
 pub struct LearningPlacer {
     base: Placer,
     /// GPU shapes with the models each pod accepts: FGD's mix (models left out) and
     /// the pinned demand (`choice`).
     mix: RequestMix,
-    seen: AtomicU64,
     current: ArcSwap<Placer>,
+    refreshing: Mutex<()>,
     /// The learnt mix, for every policy (the fragmentation gauge reads it).
     learned: ArcSwap<TaskMix>,
 }
@@ -29,9 +26,9 @@ impl LearningPlacer {
         let base = Placer::new(policy).with_gpu_manager_compat(gpu_manager_compat);
         LearningPlacer {
             current: ArcSwap::from_pointee(base.clone()),
+            refreshing: Mutex::new(()),
             base,
             mix: RequestMix::new(),
-            seen: AtomicU64::new(0),
             learned: ArcSwap::from_pointee(TaskMix::default()),
         }
     }
@@ -49,9 +46,10 @@ impl LearningPlacer {
         let Some(gpu) = GpuShape::of_request(request) else {
             return;
         };
-        (self.mix).observe_shape(TaskShape::gpu_only(gpu).with_models(models));
-        let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        if seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY) {
+        let shape = TaskShape::gpu_only(gpu).with_models(models);
+        if self.mix.observe_shape(shape) {
+            // One refresh at a time, so that the last stored is the latest taken.
+            let _refreshing = self.refreshing.lock();
             let mix = Arc::new(self.mix.snapshot_any_model());
             self.learned.store(mix.clone());
             let mut placer = (self.base.clone()).with_pinned(Arc::new(self.mix.pinned()));
@@ -115,5 +113,22 @@ mod tests {
                 "FGD's mix is GPU shapes alone: one shape, whatever the models"
             );
         }
+    }
+
+    /// A pod pinned to a model set never seen before counts at once, between the
+    /// refreshes of the mix's slow drift: the first pods pinned to a scarce model are
+    /// the ones model choice must protect it for.
+    #[test]
+    fn a_new_pinned_set_counts_at_once() {
+        let whole = GpuRequest::one(GpuDemand::Whole { gpus: 1 });
+        let placer = LearningPlacer::new(Policy::Original, true);
+        for _ in 0..5 {
+            placer.observe(&whole, &[]);
+        }
+        placer.observe(&whole, &["T4".to_string()]);
+        assert!(
+            !placer.placer().pinned.is_empty(),
+            "the sixth pod, the first pinned to T4, is in the pinned demand"
+        );
     }
 }

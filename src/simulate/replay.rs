@@ -237,10 +237,6 @@ fn percent(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Refresh the learnt mix after this many observations (and at every power of two
-/// before): the mix changes slowly, a snapshot is not free.
-const ONLINE_REFRESH: u64 = 64;
-
 /// Place `order` (indices into `pods`) on fresh `nodes`, one by one, never removing;
 /// with `defrag`, a GPU pod that fits nowhere is seated by a plan of moves if one exists.
 pub(super) fn run(
@@ -263,15 +259,27 @@ pub(super) fn run(
         pods: order.len(),
         ..RunResult::default()
     };
+    let mut any_model: Vec<Arc<str>> = cluster
+        .iter()
+        .filter_map(|n| n.gpus.model.clone())
+        .collect();
+    any_model.sort();
+    any_model.dedup();
+    let any_model: Arc<[Arc<str>]> = any_model.into();
     let mut arrived = 0u64;
     let thin = (order.len() / 500).max(1);
     for (step, &index) in order.iter().enumerate() {
         let pod = &pods[index];
         learn(&mut placer, mix, &learnt, pod);
         let plan_for = defrag.filter(|_| pod.request.has_gpu_demand());
-        let seated = place_one(&placer, &mut cluster, pod, step)
+        let seated = place_one(&placer, &mut cluster, pod, step, &any_model)
             || plan_for.is_some_and(|limits| {
-                seat_by_plan(&placer, limits, &mut cluster, pod, step, &mut result.defrag)
+                let seat = Seat {
+                    pod,
+                    step,
+                    any_model: &any_model,
+                };
+                seat_by_plan(&placer, limits, &mut cluster, seat, &mut result.defrag)
             });
         if seated {
             result.allocated_milli += pod.demand_milli;
@@ -293,27 +301,57 @@ pub(super) fn run(
 }
 
 /// Place `pod` (arrival `step`) and charge the node it gets; false if no node can take it.
-fn place_one(placer: &Placer, cluster: &mut [SimNode], pod: &SimPod, step: usize) -> bool {
+fn place_one(
+    placer: &Placer,
+    cluster: &mut [SimNode],
+    pod: &SimPod,
+    step: usize,
+    any_model: &Arc<[Arc<str>]>,
+) -> bool {
     let outcome = place_with_host(placer, &pod.request, &pod.host, &*cluster, |n| {
         n.admits(pod)
     });
     let Some((chosen, assignment)) = outcome.chosen else {
         return false;
     };
-    put(&mut cluster[chosen], resident(pod, step, assignment));
+    let seat = Seat {
+        pod,
+        step,
+        any_model,
+    };
+    put(&mut cluster[chosen], seat.resident(assignment));
     true
 }
 
-/// `pod` (arrival `step`) running on the GPUs `assignment` names. The trace has no
-/// priorities or pools: every pod has priority 0 and may go to any pool.
-fn resident(pod: &SimPod, step: usize, assignment: Assignment) -> Resident<usize> {
-    Resident {
-        pod: step,
-        request: pod.request.clone(),
-        host: pod.host,
-        assignment,
-        priority: 0,
-        pools: Arc::from(Vec::new()),
+/// A pod as it is seated: its arrival `step`, and every GPU model of the cluster (where
+/// a move may land a pod that names none).
+#[derive(Clone, Copy)]
+struct Seat<'a> {
+    pod: &'a SimPod,
+    step: usize,
+    any_model: &'a Arc<[Arc<str>]>,
+}
+
+impl Seat<'_> {
+    /// The pod running on the GPUs `assignment` names. The trace has no priorities or
+    /// pools: every pod has priority 0 and may go to any pool. A pod that accepts
+    /// several models (none named, or a list) may be moved to any of them.
+    fn resident(&self, assignment: Assignment) -> Resident<usize> {
+        let pod = self.pod;
+        let other_models = match pod.models.len() {
+            0 => self.any_model.clone(),
+            1 => Arc::from(Vec::new()),
+            _ => pod.models.iter().cloned().collect(),
+        };
+        Resident {
+            pod: self.step,
+            request: pod.request.clone(),
+            host: pod.host,
+            assignment,
+            priority: 0,
+            pools: Arc::from(Vec::new()),
+            other_models,
+        }
     }
 }
 
@@ -322,9 +360,7 @@ fn resident(pod: &SimPod, step: usize, assignment: Assignment) -> Resident<usize
 /// the trace's future), FGD's mix only in online mode.
 fn learn(placer: &mut Placer, mix: MixSource, learnt: &RequestMix, pod: &SimPod) {
     let Some(shape) = &pod.shape else { return };
-    learnt.observe_shape(shape.clone());
-    let seen = learnt.observed();
-    if seen.is_power_of_two() || seen.is_multiple_of(ONLINE_REFRESH) {
+    if learnt.observe_shape(shape.clone()) {
         placer.pinned = Arc::new(learnt.pinned());
         if mix == MixSource::Online {
             placer.mix = Arc::new(learnt.snapshot());
@@ -344,10 +380,10 @@ fn seat_by_plan(
     placer: &Placer,
     limits: Limits,
     cluster: &mut [SimNode],
-    pod: &SimPod,
-    step: usize,
+    seat: Seat<'_>,
     stats: &mut DefragStats,
 ) -> bool {
+    let pod = seat.pod;
     let planner = Planner { placer, limits };
     let ask = Ask {
         request: &pod.request,
@@ -366,7 +402,7 @@ fn seat_by_plan(
     };
     // The plan was made for this very cluster, so carrying it out cannot go stale.
     let seated = plan
-        .apply(cluster, resident(pod, step, Assignment::default()))
+        .apply(cluster, seat.resident(Assignment::default()))
         .is_ok();
     stats.moves += plan.moves.len();
     stats.seated += usize::from(seated);

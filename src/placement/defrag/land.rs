@@ -52,21 +52,34 @@ pub(super) struct Lander<'c, C: Ground> {
 struct Shape {
     request: GpuRequest,
     host: HostRoom,
-    /// `Some(model)`: only nodes of this GPU model (a GPU pod keeps its model, and so
-    /// its quota charge); `None`: any node (a pod without GPUs).
-    model: Option<Option<Arc<str>>>,
+    /// `Some(models)`: only nodes of these GPU models (a GPU pod's own, and those its
+    /// charge may follow it to); `None`: any node (a pod without GPUs).
+    models: Option<Arc<[Option<Arc<str>>]>>,
     pools: Arc<[String]>,
 }
 
 impl Shape {
     fn of<K>(resident: &Resident<K>, model: &Option<Arc<str>>) -> Shape {
         let keeps_model = resident.request.has_gpu_demand() || !resident.request.mig.is_empty();
+        let models = || {
+            let others = resident.other_models.iter().map(|m| Some(m.clone()));
+            let mut models: Vec<Option<Arc<str>>> =
+                std::iter::once(model.clone()).chain(others).collect();
+            models.sort();
+            models.dedup();
+            models.into()
+        };
         Shape {
             request: resident.request.clone(),
             host: resident.host,
-            model: keeps_model.then(|| model.clone()),
+            models: keeps_model.then(models),
             pools: resident.pools.clone(),
         }
+    }
+
+    /// Whether a node of model `model` may take a pod of this shape.
+    fn admits_model(&self, model: &Option<Arc<str>>) -> bool {
+        (self.models.as_ref()).is_none_or(|models| models.contains(model))
     }
 }
 
@@ -289,8 +302,7 @@ impl<'c, C: Ground> Lander<'c, C> {
             ask: &ask,
         };
         let allowed = |gpus: &NodeGpus| {
-            let model_ok = shape.model.as_ref().is_none_or(|m| gpus.model == *m);
-            if !model_ok {
+            if !shape.admits_model(&gpus.model) {
                 return Err(Misfit::NotCached);
             }
             pool_admits(&shape.pools, gpus)
@@ -448,10 +460,7 @@ fn largest_first<K>(residents: &[Resident<K>], movers: &[usize]) -> Vec<usize> {
 /// budget the nodes of a full cluster.
 fn admits(shape: &Shape, gpus: &NodeGpus, room: Option<HostRoom>) -> bool {
     host_admits(room, &shape.host).is_ok()
-        && shape
-            .model
-            .as_ref()
-            .is_none_or(|model| gpus.model == *model)
+        && shape.admits_model(&gpus.model)
         && gpu_room(gpus, &shape.request)
         && pool_admits(&shape.pools, gpus).is_ok()
 }

@@ -64,6 +64,10 @@ pub(crate) struct Resident<K> {
     pub(crate) priority: i32,
     /// The node pools it may run in (empty: any), as `models::pool_admits` reads them.
     pub(crate) pools: Arc<[String]>,
+    /// GPU models other than its node's that a move may land it on: a pod that accepts
+    /// several, where its quota has room (its charge follows it to the new model).
+    /// Empty: a moved GPU pod stays on its model.
+    pub(crate) other_models: Arc<[Arc<str>]>,
 }
 
 /// A node the planner can take pods off and put pods on: its GPUs and free CPU and
@@ -264,8 +268,8 @@ impl Planner<'_> {
     /// The plan with the fewest moves after which `ask` fits, or why there is none.
     /// `allowed` rejects nodes the pending pod may not use at all (model, pool, quota;
     /// its CPU and memory are checked here); `movable` says which pods may move (no
-    /// pod of higher priority than the pending pod's ever does). A moved pod stays on
-    /// its GPU model (same quota charge) and in its pools.
+    /// pod of higher priority than the pending pod's ever does). A moved pod stays in
+    /// its pools, and on its GPU model unless it names others (`other_models`).
     pub(crate) fn plan<C: Ground>(
         &self,
         cluster: &[C],
@@ -280,12 +284,12 @@ impl Planner<'_> {
         if max_moves == 0 {
             return Err(NoPlan::TooManyMoves { max_moves });
         }
-        let (need, free) = (ask.request.core_units(), free_core(cluster, &allowed));
-        if free < need {
-            return Err(NoPlan::TooLittleFree { need, free });
-        }
         let mut budget = Evaluations::new(self.limits.budget);
         let may_move = |r: &Resident<C::Pod>| r.priority <= ask.priority && movable(r);
+        let (need, free) = (ask.request.core_units(), free_core(cluster, &allowed));
+        if free < need && !changes_model(cluster, &may_move) {
+            return Err(NoPlan::TooLittleFree { need, free });
+        }
         let search = cover::Search {
             placer: self.placer,
             ask,
@@ -415,6 +419,15 @@ fn free_core<C: Ground>(cluster: &[C], allowed: &impl Fn(&NodeGpus) -> Result<()
         .filter(|g| models.contains(&&g.model))
         .map(|g| u64::from(g.total_free_core()))
         .sum()
+}
+
+/// Whether a pod that may move may also change model: then moves can free GPUs of
+/// the models the pending pod may use, and [`free_core`] bounds nothing.
+fn changes_model<C: Ground>(cluster: &[C], may_move: &impl Fn(&Resident<C::Pod>) -> bool) -> bool {
+    let residents = cluster.iter().flat_map(|c| c.residents());
+    residents
+        .filter(|r| !r.other_models.is_empty())
+        .any(may_move)
 }
 
 /// Whether a node with free `room` (if tracked) can host `need`.

@@ -81,6 +81,7 @@ fn cluster() -> impl Strategy<Value = (Vec<Site>, Vec<String>)> {
                         assignment,
                         priority,
                         pools: Arc::from(Vec::new()),
+                        other_models: Arc::from(Vec::new()),
                     },
                 );
                 if may_move {
@@ -159,6 +160,7 @@ fn check(
         assignment: plan.assignment.clone(),
         priority: ask.priority,
         pools: Arc::from(Vec::new()),
+        other_models: Arc::from(Vec::new()),
     };
     put(&mut state[plan.node], seated);
     assert_not_over_committed(&state);
@@ -217,6 +219,7 @@ proptest! {
             assignment: Assignment::default(),
             priority,
             pools: Arc::from(Vec::new()),
+            other_models: Arc::from(Vec::new()),
         };
         plan.apply(&mut applied, pending).unwrap();
         for (a, c) in applied.iter().zip(&checked) {

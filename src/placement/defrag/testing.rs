@@ -77,6 +77,7 @@ impl Site {
                 assignment,
                 priority,
                 pools: Arc::from(Vec::new()),
+                other_models: Arc::from(Vec::new()),
             },
         );
         self

@@ -230,6 +230,7 @@ fn applying_a_plan_moves_the_pods_and_seats_the_pending_one() {
         assignment: Assignment::default(),
         priority: 0,
         pools: Arc::from(Vec::new()),
+        other_models: Arc::from(Vec::new()),
     };
     plan.apply(&mut cluster, pending.clone()).unwrap();
     let names = |s: &Site| {
@@ -336,6 +337,7 @@ fn a_chain_may_run_through_several_nodes() {
         assignment: Assignment::default(),
         priority: 0,
         pools: Arc::from(Vec::new()),
+        other_models: Arc::from(Vec::new()),
     };
     plan.apply(&mut applied, pending).unwrap();
     let names = |s: &Site| {
@@ -348,4 +350,30 @@ fn a_chain_may_run_through_several_nodes() {
     assert_eq!(names(&applied[1]), ["x"]);
     assert_eq!(names(&applied[2]), ["w"]);
     assert_eq!(names(&applied[3]), ["v", "u"]);
+}
+
+/// A moved GPU pod stays on its model, unless it accepts others (its charge follows
+/// it): then it may make room on the model the pending pod needs by going to another.
+#[test]
+fn a_pod_that_accepts_another_model_moves_to_it() {
+    let mut cluster = vec![
+        v100("a", 1).with("x", whole(1), 1_000),
+        site("t", "T4", 1, 32_000, 256 * GB),
+    ];
+    assert_eq!(
+        plan(&cluster, &whole(1), 2).unwrap_err(),
+        NoPlan::TooLittleFree { need: 100, free: 0 },
+        "x keeps V100: no move frees one"
+    );
+    cluster[0].residents[0].other_models = Arc::from(vec![Arc::from("T4")]);
+    let plan = plan(&cluster, &whole(1), 2).unwrap();
+    assert_eq!(moves(&plan, &cluster), ["x: a -> t"]);
+    assert_eq!(cluster[plan.node].gpus.name.as_ref(), "a");
+    let pinned = plan_with(&cluster, &whole(1), 1_000, Limits::default(), |r| {
+        r.other_models.is_empty()
+    });
+    assert!(
+        pinned.is_err(),
+        "only movable pods change model: {pinned:?}"
+    );
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -181,12 +182,17 @@ fn intern<T: PartialEq>(list: &mut Vec<T>, item: T) -> usize {
 /// memory and models included), and only [`MAX_GPU_SHAPES`] GPU shapes are scored.
 pub(super) const MAX_SHAPES: usize = 1024;
 
+/// Refresh the snapshots after this many tasks (and at every power of two before).
+const REFRESH_EVERY: u64 = 64;
+
 /// A request mix learnt online from the pods the extender sees. `observe` is cheap
 /// (one short lock) and callable from many threads through `&self`; `snapshot` builds
 /// the immutable [`TaskMix`] that placement reads.
 #[derive(Debug, Default)]
 pub(crate) struct RequestMix {
     pub(super) counts: Mutex<HashMap<TaskShape, u64>>,
+    /// Tasks observed, counted or not (the refresh cadence).
+    seen: AtomicU64,
 }
 
 impl RequestMix {
@@ -197,19 +203,31 @@ impl RequestMix {
     /// Count one task of a fully known shape (CPU, memory, models as well). Once
     /// [`MAX_SHAPES`] distinct shapes are known, new ones are not counted (known ones
     /// still are): whoever can send filter calls must not grow this without bound.
-    pub(crate) fn observe_shape(&self, shape: TaskShape) {
+    ///
+    /// True when the snapshots placement reads are due a refresh: a shape never seen
+    /// before (a new pinned model set must count at once; at most [`MAX_SHAPES`] times),
+    /// and the mix's slow drift at every power of two and every [`REFRESH_EVERY`]
+    /// tasks (a snapshot is not free).
+    pub(crate) fn observe_shape(&self, shape: TaskShape) -> bool {
         let mut counts = self.counts.lock();
         let full = counts.len() >= MAX_SHAPES;
-        match counts.get_mut(&shape) {
-            Some(count) => *count += 1,
+        let new = match counts.get_mut(&shape) {
+            Some(count) => {
+                *count += 1;
+                false
+            }
             None if !full => {
                 counts.insert(shape, 1);
+                true
             }
-            None => {}
-        }
+            None => false,
+        };
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        new || seen.is_power_of_two() || seen.is_multiple_of(REFRESH_EVERY)
     }
 
-    /// How many tasks were observed.
+    /// How many tasks were counted.
+    #[cfg(test)]
     pub(crate) fn observed(&self) -> u64 {
         self.counts.lock().values().sum()
     }

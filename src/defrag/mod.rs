@@ -21,10 +21,12 @@ use clap::Args;
 use crate::cache::plan_hold::{GpusKept, PlanHold, Slot};
 use crate::cache::{CachedPod, ClusterState, FileObject, PlacementPrice, PodKey};
 use crate::config::Config;
+use crate::placement::NodeGpus;
 use crate::placement::defrag::{
     Ask, DEFAULT_BUDGET, DEFAULT_MAX_MOVES, LARGEST_BUDGET, Limits, MOST_MOVES, Plan, Planner,
     Resident, Site,
 };
+use crate::placement::mig::MigResources;
 use crate::snapshot::{ClusterSource, Read, Snapshot, World};
 
 use movable::Mobility;
@@ -95,14 +97,15 @@ pub(crate) fn plan_in(
         world,
         placer,
     } = snapshot;
-    let copied = cache.read(|state| OutOfCache::read(state, world, only))?;
+    let mig = &cache.projection().names.mig;
+    let copied = cache.read(|state| OutOfCache::read(state, world, mig, only))?;
     let mobility = Mobility::new(world);
     let planning = Planning {
         copied: &copied,
         world,
         mobility: &mobility,
         planner: Planner { placer, limits },
-        mig: &cache.projection().names.mig,
+        mig,
     };
     let mut report = Report {
         kept: planning.kept(),
@@ -132,8 +135,13 @@ struct Pending {
 }
 
 impl OutOfCache {
-    fn read(state: &ClusterState, world: &World, only: Option<&str>) -> anyhow::Result<Self> {
-        let sites = sites(state, world);
+    fn read(
+        state: &ClusterState,
+        world: &World,
+        mig: &MigResources,
+        only: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let sites = sites(state, world, mig);
         let residents = sites.iter().flat_map(|s| &s.residents);
         let movers = residents
             .filter_map(|r| {
@@ -185,7 +193,7 @@ fn pending<'s>(
 
 /// The nodes pods may land on, in name order, with their free CPU and memory and the
 /// GPU pods running there whose GPUs are known.
-fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
+fn sites(state: &ClusterState, world: &World, mig: &MigResources) -> Vec<Site<PodKey>> {
     // GPUs the plans under way keep count as used: a new plan never counts on them.
     let held = state.held_from_others(crate::quota::pending::now_second());
     let mut sites: Vec<Site<PodKey>> = state
@@ -198,6 +206,17 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
         })
         .collect();
     sites.sort_by(|a, b| a.gpus.name.cmp(&b.gpus.name));
+    // One node of each model and pool: a quota admits a pod by those alone.
+    let mut kinds: Vec<NodeGpus> = Vec::new();
+    for gpus in sites.iter().map(|s| &s.gpus) {
+        if gpus.model.is_some()
+            && !kinds
+                .iter()
+                .any(|k| k.model == gpus.model && k.pool == gpus.pool)
+        {
+            kinds.push(gpus.clone());
+        }
+    }
     for (key, pod) in state.pods().filter(|(_, p)| p.bound) {
         let at = sites.binary_search_by(|s| Some(&s.gpus.name).cmp(&pod.node.as_ref()));
         let (Ok(at), Some(assignment)) = (at, &pod.assignment) else {
@@ -205,6 +224,8 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
         };
         let namespace = crate::cache::pod::key_parts(key).0;
         let pools = state.namespace_limits(namespace).pools.clone();
+        let own = sites[at].gpus.model.clone();
+        let other_models = other_models(state, namespace, pod, own.as_deref(), &kinds, mig);
         sites[at].residents.push(Resident {
             pod: key.clone(),
             request: pod.request.clone(),
@@ -212,7 +233,7 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
             assignment: assignment.clone(),
             priority: pod.priority,
             pools: Arc::from(pools),
-            other_models: Arc::from(Vec::new()),
+            other_models,
         });
     }
     // The cache holds pods in no order; the planner breaks its last ties by it.
@@ -222,13 +243,63 @@ fn sites(state: &ClusterState, world: &World) -> Vec<Site<PodKey>> {
     sites
 }
 
+/// The models other than `own` that a move may take `pod` (running in `namespace`) to:
+/// for a pod that accepts several models (its quota lists several and it names none,
+/// or it names several), those its quota has room for its charge on now, which follows
+/// it there (its replacement is charged at placement, as every such pod is). None for
+/// a pod of one model or one with MIG slices (a slice profile is one model's).
+fn other_models(
+    state: &ClusterState,
+    namespace: &str,
+    pod: &CachedPod,
+    own: Option<&str>,
+    kinds: &[NodeGpus],
+    mig: &MigResources,
+) -> Arc<[Arc<str>]> {
+    let quota = state.namespace_quota(namespace);
+    let wanted = quota.wanted(&pod.models);
+    if wanted.models.len() < 2 || !pod.request.mig.is_empty() {
+        return Arc::from(Vec::new());
+    }
+    let price = quota.placement_price(wanted, (&pod.request, pod.created));
+    let rules = price.eligibility(mig);
+    let mut models: Vec<Arc<str>> = kinds
+        .iter()
+        .filter(|node| node.model.as_deref() != own)
+        .filter(|node| rules.admits(node, &pod.request).is_ok())
+        .filter_map(|node| node.model.clone())
+        .collect();
+    models.sort();
+    models.dedup();
+    models.into()
+}
+
+/// A pod `plan` moves to another model whose charge lands where another of the plan's
+/// does: the same namespace and model as an earlier such move, or as the pending pod
+/// `key` on the target. Each move's room was checked alone ([`other_models`]), so two
+/// together might overdraw the quota (placement would then refuse the second).
+fn shared_charge(sites: &[Site<PodKey>], key: &PodKey, plan: &Plan<PodKey>) -> Option<PodKey> {
+    let namespace = |pod: &PodKey| crate::cache::pod::key_parts(pod).0.to_string();
+    let model = |node: usize| sites[node].gpus.model.clone();
+    let mut charged = vec![(namespace(key), model(plan.node))];
+    let changes = plan.moves.iter().filter(|m| model(m.from) != model(m.to));
+    for step in changes {
+        let charge = (namespace(&step.pod), model(step.to));
+        if charged.contains(&charge) {
+            return Some(step.pod.clone());
+        }
+        charged.push(charge);
+    }
+    None
+}
+
 /// What each pod's plan is made against.
 struct Planning<'a> {
     copied: &'a OutOfCache,
     world: &'a World,
     mobility: &'a Mobility<'a>,
     planner: Planner<'a>,
-    mig: &'a crate::placement::mig::MigResources,
+    mig: &'a MigResources,
 }
 
 impl Planning<'_> {
@@ -274,8 +345,9 @@ impl Planning<'_> {
             host,
             priority: pod.priority,
         };
-        // A plan that overdraws a disruption budget is not used: the pod that would
-        // overdraw it stays, and the search runs again (at most once per move).
+        // A plan that overdraws a disruption budget, or may overdraw a quota, is not
+        // used: the pod that would stays, and the search runs again (at most once per
+        // move).
         let mut stays: BTreeSet<PodKey> = BTreeSet::new();
         for _ in 0..=self.planner.limits.max_moves {
             let movable = |r: &Resident<PodKey>| {
@@ -295,6 +367,10 @@ impl Planning<'_> {
             let moved: Vec<&str> = plan.moves.iter().map(|m| &*m.pod).collect();
             if let Some((over, _)) = self.mobility.overdrawn(&moved) {
                 stays.insert(PodKey::from(over));
+                continue;
+            }
+            if let Some(over) = shared_charge(sites, key, &plan) {
+                stays.insert(over);
                 continue;
             }
             let name = |node: usize| sites[node].gpus.name.to_string();
@@ -321,7 +397,9 @@ impl Planning<'_> {
             });
         }
         Err(unplanned(
-            "every plan found would disrupt a PodDisruptionBudget beyond what it allows".into(),
+            "every plan found would disrupt a PodDisruptionBudget beyond what it allows, or \
+             charge a quota twice on one model"
+                .into(),
         ))
     }
 

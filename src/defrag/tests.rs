@@ -364,3 +364,153 @@ fn a_plan_never_counts_on_gpus_another_plan_holds() {
         "t4-a's GPU 1 is held for team-c/holder"
     );
 }
+
+/// Two models, one GPU each: team-b's pod on the A100 accepts both (its quota lists
+/// both, it names none), team-a's pending pod wants the A100. The only plan moves
+/// team-b's pod to the T4, where its quota has room for it.
+const TWO_MODELS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: a100-a, labels: {nvidia.com/gpu.product: A100-SXM4-40GB}}
+status:
+  allocatable: {cpu: "16", memory: 64Gi, tencent.com/vcuda-core: "100", tencent.com/vcuda-memory: "64"}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: t4-a, labels: {nvidia.com/gpu.product: Tesla-T4}}
+status:
+  allocatable: {cpu: "16", memory: 64Gi, tencent.com/vcuda-core: "100", tencent.com/vcuda-memory: "64"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: infer-0
+  namespace: team-b
+  annotations:
+    gpu-admission.io/movable: "true"
+    tencent.com/predicate-node: a100-a
+    tencent.com/predicate-gpu-idx-0: "0"
+  ownerReferences:
+  - {apiVersion: apps/v1, kind: ReplicaSet, name: infer, uid: 0b1a0000-0000-4000-8000-00000000000a, controller: true}
+spec:
+  nodeName: a100-a
+  containers:
+  - name: serve
+    image: registry.example/infer:1
+    resources:
+      limits: {tencent.com/vcuda-core: "100", tencent.com/vcuda-memory: "64"}
+status: {phase: Running}
+---
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: infer, namespace: team-b, uid: 0b1a0000-0000-4000-8000-00000000000a}
+spec:
+  selector: {matchLabels: {app: infer}}
+  template:
+    metadata: {labels: {app: infer}}
+    spec: {containers: [{name: serve, image: registry.example/infer:1}]}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-b}
+spec:
+  hard: {A100-SXM4-40GB: "1", Tesla-T4: "1"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: train-0
+  namespace: team-a
+  annotations: {gpu-admission.io/gpu-type: A100-SXM4-40GB}
+spec:
+  schedulerName: gpu-scheduler
+  containers:
+  - name: train
+    image: registry.example/train:1
+    resources:
+      limits: {tencent.com/vcuda-core: "100", tencent.com/vcuda-memory: "64"}
+status: {phase: Pending}
+---
+apiVersion: gpu-admission.io/v1alpha1
+kind: GPUQuota
+metadata: {name: default, namespace: team-a}
+spec:
+  hard: {A100-SXM4-40GB: "1"}
+"#;
+
+/// A pod that accepts several models may be moved to another where its quota has room
+/// (its charge follows it); where the quota has none, it keeps its model.
+#[test]
+fn a_pod_that_accepts_two_models_moves_to_the_other_where_its_quota_has_room() {
+    let report = plan_text(TWO_MODELS, Some("team-a/train-0"));
+    let plan = report.plans.first().unwrap_or_else(|| panic!("{report:?}"));
+    assert_eq!(plan.node, "a100-a");
+    let steps: Vec<(&str, &str, &str)> = (plan.moves.iter())
+        .map(|m| (&*m.pod, &*m.from, &*m.to))
+        .collect();
+    assert_eq!(steps, [("team-b/infer-0", "a100-a", "t4-a")]);
+
+    let no_room = TWO_MODELS.replacen(
+        "hard: {A100-SXM4-40GB: \"1\", Tesla-T4: \"1\"}",
+        "hard: {A100-SXM4-40GB: \"1\", Tesla-T4: \"0\"}",
+        1,
+    );
+    assert_ne!(no_room, TWO_MODELS);
+    let report = plan_text(&no_room, Some("team-a/train-0"));
+    assert!(report.plans.is_empty(), "{report:?}");
+    assert!(
+        reason(&report, "team-a/train-0").contains("0 vcuda-core free"),
+        "{report:?}"
+    );
+}
+
+/// Two of a plan's moves that take one namespace's pods to one other model (or one to
+/// the pending pod's namespace and model) may overdraw its quota together: the second
+/// stays. Moves within a model, or into other namespaces or models, charge nothing new.
+#[test]
+fn two_charges_on_one_namespaces_model_in_one_plan_keep_the_second_pod() {
+    use crate::cache::PodKey;
+    use crate::placement::defrag::{Move, Plan, Site};
+    let site = |name: &str, model: &str| {
+        let mut gpus = crate::placement::testing::node(name, 1, 64);
+        gpus.model = Some(model.into());
+        Site::<PodKey> {
+            gpus,
+            room: None,
+            residents: Vec::new(),
+        }
+    };
+    let sites = [site("a", "A100"), site("t1", "T4"), site("t2", "T4")];
+    let step = |pod: &str, from: usize, to: usize| Move {
+        pod: PodKey::from(pod),
+        from,
+        to,
+        assignment: Default::default(),
+    };
+    let plan = |moves| Plan {
+        node: 0,
+        assignment: Default::default(),
+        moves,
+        core_moved: 0,
+        fragmentation: 0.0,
+    };
+    let pending = PodKey::from("team-a/train");
+    let shared = |moves| super::shared_charge(&sites, &pending, &plan(moves));
+    assert_eq!(
+        shared(vec![step("team-b/x", 0, 1), step("team-c/y", 0, 2)]),
+        None
+    );
+    assert_eq!(
+        shared(vec![step("team-b/x", 1, 2), step("team-b/y", 1, 2)]),
+        None
+    );
+    assert_eq!(
+        shared(vec![step("team-b/x", 0, 1), step("team-b/y", 0, 2)]),
+        Some(PodKey::from("team-b/y"))
+    );
+    assert_eq!(
+        shared(vec![step("team-a/z", 1, 0)]),
+        Some(PodKey::from("team-a/z")),
+        "the pending pod's namespace is charged on the target's model"
+    );
+}

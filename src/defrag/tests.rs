@@ -514,3 +514,27 @@ fn two_charges_on_one_namespaces_model_in_one_plan_keep_the_second_pod() {
         "the pending pod's namespace is charged on the target's model"
     );
 }
+
+/// The cluster controller plans for a pod whose models have too little free in all only
+/// while a pod that accepts several runs on them: team-a's pod is planned for beside
+/// team-b's two-model pod, not once team-b's quota lists one model.
+#[test]
+fn a_pod_short_of_gpus_is_planned_for_only_beside_a_pod_that_may_change_model() {
+    let helps = |text: &str| {
+        let objects = parse_objects(text, "test").unwrap();
+        let projection = crate::cache::Projection::from_config(&Config::default());
+        let cache = crate::cache::CacheWriter::from_objects(&objects, "test", projection).unwrap();
+        cache.read(|state| {
+            let key = crate::cache::PodKey::from("team-a/train-0");
+            let pod = state.pod(&key).unwrap();
+            crate::controllers::defrag::model_change_helps(state, &key, pod)
+        })
+    };
+    assert!(helps(TWO_MODELS));
+    let one_model = TWO_MODELS.replacen(
+        "hard: {A100-SXM4-40GB: \"1\", Tesla-T4: \"1\"}",
+        "hard: {A100-SXM4-40GB: \"1\"}",
+        1,
+    );
+    assert!(!helps(&one_model));
+}

@@ -1,8 +1,9 @@
 //! API mode, `defrag.mode: DryRun | Evict` (docs/defrag.md, "In the cluster"): every
 //! GPU pod pending for `defrag.pendingSeconds` whose placement is `Fragmented` is planned
 //! for, and one whose models have too little free in all while a pod that accepts
-//! several runs on them (a move to another model may make room). `DryRun` tells it the plan (or why there is none) in an Event; `Evict` carries
-//! the plan out (`mover`), one plan at a time, each made around the GPUs the plans
+//! several runs on them (`model_change_helps`: a move to another model may make room).
+//! `DryRun` tells it the plan (or why there is none) in an Event; `Evict` carries the
+//! plan out (`mover`), one plan at a time, each made around the GPUs the plans
 //! carried out before it hold, and follows it until the pending pod is bound or the
 //! holds lapse. Plans are counted in
 //! `gpu_admission_defrag_plans_total{outcome}`.
@@ -22,9 +23,9 @@ use std::time::{Duration, Instant};
 use foldhash::HashMap;
 use kube::runtime::events::EventType;
 
-use crate::cache::{CachedPod, ClusterCache, ClusterState, PodKey};
+use crate::cache::{ClusterCache, PodKey};
 use crate::config::{Config, DefragMode};
-use crate::defrag::PlanOut;
+use crate::defrag::{PlanOut, model_change_helps};
 use crate::explain::{Code, Judge, Judged};
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::placement::defrag::{DEFAULT_BUDGET, Limits};
@@ -378,25 +379,6 @@ impl super::mover::Hands for CountingHands<'_> {
     async fn release(&mut self, plan: &Carried) {
         self.hands.release(plan).await;
     }
-}
-
-/// Whether a running pod that accepts several models holds GPUs of a model `pod`
-/// (pending as `key`) may use: a move to another model could then free room where its
-/// models have too little free in all (docs/defrag.md, "A moved pod's charge").
-pub(crate) fn model_change_helps(state: &ClusterState, key: &PodKey, pod: &CachedPod) -> bool {
-    let namespace = |key: &PodKey| crate::cache::pod::key_parts(key).0.to_string();
-    let wanted = state.namespace_quota(&namespace(key)).wanted(&pod.models);
-    let running = state.pods().filter(|(_, p)| p.bound);
-    running.into_iter().any(|(other, p)| {
-        let on = p.node.as_deref().and_then(|n| state.node(n));
-        on.is_some_and(|node| wanted.admits(node).is_ok())
-            && state
-                .namespace_quota(&namespace(other))
-                .wanted(&p.models)
-                .models
-                .len()
-                > 1
-    })
 }
 
 /// The order a pass judges the `due` pods (each with its creation second) in: those

@@ -27,6 +27,7 @@ use crate::placement::defrag::{
     Resident, Site,
 };
 use crate::placement::mig::MigResources;
+use crate::placement::models::WantedModels;
 use crate::snapshot::{ClusterSource, Read, Snapshot, World};
 
 use movable::Mobility;
@@ -256,11 +257,10 @@ fn other_models(
     kinds: &[NodeGpus],
     mig: &MigResources,
 ) -> Arc<[Arc<str>]> {
-    let quota = state.namespace_quota(namespace);
-    let wanted = quota.wanted(&pod.models);
-    if wanted.models.len() < 2 || !pod.request.mig.is_empty() {
+    let Some(wanted) = several_models(state, namespace, pod) else {
         return Arc::from(Vec::new());
-    }
+    };
+    let quota = state.namespace_quota(namespace);
     let price = quota.placement_price(wanted, (&pod.request, pod.created));
     let rules = price.eligibility(mig);
     let mut models: Vec<Arc<str>> = kinds
@@ -272,6 +272,28 @@ fn other_models(
     models.sort();
     models.dedup();
     models.into()
+}
+
+/// The models `pod` (of `namespace`) accepts, if it accepts several and a move may
+/// take it to another: not with MIG slices (a slice profile is one model's).
+fn several_models(state: &ClusterState, namespace: &str, pod: &CachedPod) -> Option<WantedModels> {
+    let wanted = state.namespace_quota(namespace).wanted(&pod.models);
+    (wanted.models.len() > 1 && pod.request.mig.is_empty()).then_some(wanted)
+}
+
+/// Whether a running pod that may change model ([`several_models`]) holds GPUs of a
+/// model `pod` (pending as `key`) may use: moving it to another model could free room
+/// where the pod's models have too little free in all. The cluster's planner plans for
+/// such a pod as well as for a `Fragmented` one.
+pub(crate) fn model_change_helps(state: &ClusterState, key: &PodKey, pod: &CachedPod) -> bool {
+    let namespace = crate::cache::pod::key_parts(key).0;
+    let wanted = state.namespace_quota(namespace).wanted(&pod.models);
+    let mut running = state.pods().filter(|(_, p)| p.bound);
+    running.any(|(other, p)| {
+        let on = p.node.as_deref().and_then(|n| state.node(n));
+        on.is_some_and(|node| wanted.admits(node).is_ok())
+            && several_models(state, crate::cache::pod::key_parts(other).0, p).is_some()
+    })
 }
 
 /// A pod `plan` moves to another model whose charge lands where another of the plan's

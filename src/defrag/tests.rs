@@ -438,6 +438,13 @@ spec:
   hard: {A100-SXM4-40GB: "1"}
 "#;
 
+/// [`TWO_MODELS`] with team-b's quota `hard` as given.
+fn team_b_hard(hard: &str) -> String {
+    let from = r#"hard: {A100-SXM4-40GB: "1", Tesla-T4: "1"}"#;
+    assert!(TWO_MODELS.contains(from));
+    TWO_MODELS.replacen(from, &format!("hard: {hard}"), 1)
+}
+
 /// A pod that accepts several models may be moved to another where its quota has room
 /// (its charge follows it); where the quota has none, it keeps its model.
 #[test]
@@ -450,18 +457,22 @@ fn a_pod_that_accepts_two_models_moves_to_the_other_where_its_quota_has_room() {
         .collect();
     assert_eq!(steps, [("team-b/infer-0", "a100-a", "t4-a")]);
 
-    let no_room = TWO_MODELS.replacen(
-        "hard: {A100-SXM4-40GB: \"1\", Tesla-T4: \"1\"}",
-        "hard: {A100-SXM4-40GB: \"1\", Tesla-T4: \"0\"}",
+    let no_room = team_b_hard(r#"{A100-SXM4-40GB: "1", Tesla-T4: "0"}"#);
+    // A tenant naming a model its quota does not list gains no way onto it.
+    let named = team_b_hard(r#"{A100-SXM4-40GB: "1"}"#).replacen(
+        "    gpu-admission.io/movable: \"true\"\n",
+        "    gpu-admission.io/movable: \"true\"\n    gpu-admission.io/gpu-type: A100-SXM4-40GB,Tesla-T4\n",
         1,
     );
-    assert_ne!(no_room, TWO_MODELS);
-    let report = plan_text(&no_room, Some("team-a/train-0"));
-    assert!(report.plans.is_empty(), "{report:?}");
-    assert!(
-        reason(&report, "team-a/train-0").contains("0 vcuda-core free"),
-        "{report:?}"
-    );
+    assert!(named.contains("gpu-type: A100-SXM4-40GB,Tesla-T4"));
+    for text in [no_room, named] {
+        let report = plan_text(&text, Some("team-a/train-0"));
+        assert!(report.plans.is_empty(), "{report:?}");
+        assert!(
+            reason(&report, "team-a/train-0").contains("0 vcuda-core free"),
+            "{report:?}"
+        );
+    }
 }
 
 /// Two of a plan's moves that take one namespace's pods to one other model (or one to
@@ -527,14 +538,9 @@ fn a_pod_short_of_gpus_is_planned_for_only_beside_a_pod_that_may_change_model() 
         cache.read(|state| {
             let key = crate::cache::PodKey::from("team-a/train-0");
             let pod = state.pod(&key).unwrap();
-            crate::controllers::defrag::model_change_helps(state, &key, pod)
+            super::model_change_helps(state, &key, pod)
         })
     };
     assert!(helps(TWO_MODELS));
-    let one_model = TWO_MODELS.replacen(
-        "hard: {A100-SXM4-40GB: \"1\", Tesla-T4: \"1\"}",
-        "hard: {A100-SXM4-40GB: \"1\"}",
-        1,
-    );
-    assert!(!helps(&one_model));
+    assert!(!helps(&team_b_hard(r#"{A100-SXM4-40GB: "1"}"#)));
 }

@@ -56,7 +56,14 @@ impl SimPod {
         SimPod {
             request,
             host,
-            models: row.models.iter().map(|m| Arc::from(m.as_str())).collect(),
+            models: {
+                // Sorted, no duplicates: a trace's `V100M32|V100M32` is one model.
+                let mut models: Vec<Arc<str>> =
+                    row.models.iter().map(|m| Arc::from(m.as_str())).collect();
+                models.sort();
+                models.dedup();
+                models
+            },
             demand_milli: row.gpu_demand_milli(),
             shape,
         }
@@ -272,13 +279,13 @@ pub(super) fn run(
         let pod = &pods[index];
         learn(&mut placer, mix, &learnt, pod);
         let plan_for = defrag.filter(|_| pod.request.has_gpu_demand());
-        let seated = place_one(&placer, &mut cluster, pod, step, &any_model)
+        let seat = Seat {
+            pod,
+            step,
+            any_model: &any_model,
+        };
+        let seated = place_one(&placer, &mut cluster, seat)
             || plan_for.is_some_and(|limits| {
-                let seat = Seat {
-                    pod,
-                    step,
-                    any_model: &any_model,
-                };
                 seat_by_plan(&placer, limits, &mut cluster, seat, &mut result.defrag)
             });
         if seated {
@@ -300,24 +307,14 @@ pub(super) fn run(
     result
 }
 
-/// Place `pod` (arrival `step`) and charge the node it gets; false if no node can take it.
-fn place_one(
-    placer: &Placer,
-    cluster: &mut [SimNode],
-    pod: &SimPod,
-    step: usize,
-    any_model: &Arc<[Arc<str>]>,
-) -> bool {
+/// Place the pod and charge the node it gets; false if no node can take it.
+fn place_one(placer: &Placer, cluster: &mut [SimNode], seat: Seat<'_>) -> bool {
+    let pod = seat.pod;
     let outcome = place_with_host(placer, &pod.request, &pod.host, &*cluster, |n| {
         n.admits(pod)
     });
     let Some((chosen, assignment)) = outcome.chosen else {
         return false;
-    };
-    let seat = Seat {
-        pod,
-        step,
-        any_model,
     };
     put(&mut cluster[chosen], seat.resident(assignment));
     true
@@ -424,8 +421,8 @@ mod tests {
         })
     }
 
-    fn pod(cpu_milli: u64, num_gpu: u32) -> SimPod {
-        SimPod::of(&PodRow {
+    fn row(cpu_milli: u64, num_gpu: u32) -> PodRow {
+        PodRow {
             name: "p".into(),
             cpu_milli,
             memory_mib: 1_024,
@@ -433,7 +430,42 @@ mod tests {
             gpu_milli: if num_gpu == 0 { 0 } else { 1000 },
             models: Vec::new(),
             life: None,
-        })
+        }
+    }
+
+    fn pod(cpu_milli: u64, num_gpu: u32) -> SimPod {
+        SimPod::of(&row(cpu_milli, num_gpu))
+    }
+
+    /// One GPU pod that names no model runs on the A100 node; a 2-GPU pod pinned to
+    /// A100 finds one GPU free there until `--defrag` moves the first pod to the T4
+    /// node (it accepts any model). Pinned to A100 itself, the first pod stays.
+    #[test]
+    fn defrag_moves_a_pod_that_names_no_model_to_another_model() {
+        let on = |name: &str, model: &str| {
+            SimNode::of(&NodeRow {
+                name: name.into(),
+                cpu_milli: 32_000,
+                memory_mib: 262_144,
+                gpus: 2,
+                model: model.into(),
+            })
+        };
+        let nodes = [on("a", "A100"), on("t", "T4")];
+        let pinned = |num_gpu: u32| {
+            SimPod::of(&PodRow {
+                models: vec!["A100".into()],
+                ..row(1_000, num_gpu)
+            })
+        };
+        let placer = Placer::new(Policy::Binpack);
+        let limits = Some(Limits::default());
+        let free = [SimPod::of(&row(1_000, 1)), pinned(2)];
+        let moved = run(&placer, MixSource::Known, &nodes, &free, &[0, 1], limits);
+        assert_eq!((moved.failed, moved.defrag.moves), (0, 1));
+        let kept = [pinned(1), pinned(2)];
+        let stays = run(&placer, MixSource::Known, &nodes, &kept, &[0, 1], limits);
+        assert_eq!((stays.failed, stays.defrag.moves), (1, 0));
     }
 
     /// A batch job takes n0's CPU; the first 2-GPU pod goes to n1, the second finds

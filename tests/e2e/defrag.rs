@@ -203,6 +203,45 @@ async fn defrag_plans_the_move_a_pending_pod_needs_and_evicts_nothing() {
     cluster.delete_nodes().await;
 }
 
+/// Restart both replicas with `defrag.mode: Evict` (holds of 60 s): they carry plans out
+/// until the guard is dropped, which restarts them with the suite's config.
+fn evict_on_both_replicas() -> (RunConfigOnDrop, tempfile::TempDir) {
+    let config = run_config().replace("mode: DryRun", "mode: Evict\n  holdSeconds: 60");
+    assert!(config.contains("mode: Evict"), "{config}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpu-admission.yaml");
+    std::fs::write(&path, config).unwrap();
+    for replica in ["a", "b"] {
+        ctl_replica("stop", replica);
+    }
+    let restore = RunConfigOnDrop(&["a", "b"]);
+    for replica in ["a", "b"] {
+        start_replica_with_config(replica, &path);
+    }
+    (restore, dir)
+}
+
+/// The bound pod of Deployment `app` that replaced `moved`, once there is one.
+async fn replacement_of(cluster: &Cluster, app: &str, moved: &Pod) -> Pod {
+    let old_uid = moved.metadata.uid.clone().unwrap();
+    let pods = cluster.pods();
+    let selector = format!("app={app}");
+    wait_for("the moved pod's replacement bound", BIND_TIMEOUT, || {
+        let (pods, selector, old_uid) = (pods.clone(), selector.clone(), old_uid.clone());
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?;
+            list.items.into_iter().find(|p| {
+                p.metadata.uid.as_deref() != Some(old_uid.as_str())
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            })
+        }
+    })
+    .await
+}
+
 /// A Deployment of one 1-GPU pod of `model`, free to run on any node of it. Grace 0:
 /// these nodes have no kubelet to confirm that an evicted pod's containers stopped.
 fn deployment(name: &str, model: &str, movable: bool) -> Deployment {
@@ -277,18 +316,7 @@ async fn defrag_evict_moves_one_opted_in_pod_and_seats_the_pending_one() {
     }
 
     // Both replicas carry plans out from now on.
-    let config = run_config().replace("mode: DryRun", "mode: Evict\n  holdSeconds: 60");
-    assert!(config.contains("mode: Evict"), "{config}");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gpu-admission.yaml");
-    std::fs::write(&path, config).unwrap();
-    for replica in ["a", "b"] {
-        ctl_replica("stop", replica);
-    }
-    let restore = RunConfigOnDrop(&["a", "b"]);
-    for replica in ["a", "b"] {
-        start_replica_with_config(replica, &path);
-    }
+    let restore = evict_on_both_replicas();
 
     cluster.create_gpu_pod("train", model, Gpu::Whole(2)).await;
     let events: Api<Event> = Api::namespaced(cluster.client.clone(), &cluster.ns);
@@ -352,23 +380,7 @@ async fn defrag_evict_moves_one_opted_in_pod_and_seats_the_pending_one() {
     );
 
     // The replacement runs on the node the plan held for it.
-    let old_uid = moved_pod.metadata.uid.clone().unwrap();
-    let pods = cluster.pods();
-    let selector = format!("app={moved_app}");
-    let replacement = wait_for("the moved pod's replacement bound", BIND_TIMEOUT, || {
-        let (pods, selector, old_uid) = (pods.clone(), selector.clone(), old_uid.clone());
-        async move {
-            let list = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .ok()?;
-            list.items.into_iter().find(|p| {
-                p.metadata.uid.as_deref() != Some(old_uid.as_str())
-                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
-            })
-        }
-    })
-    .await;
+    let replacement = replacement_of(&cluster, moved_app, &moved_pod).await;
     let replaced_on = replacement.spec.as_ref().unwrap().node_name.clone();
     assert_eq!(replaced_on.as_deref(), Some(destination.as_str()));
 
@@ -445,18 +457,7 @@ async fn a_planned_move_takes_a_pod_to_another_model_and_its_charge_follows() {
     assert_eq!(node(&running).as_deref(), Some(node_a));
     cordon(&cluster, node_b, false).await;
 
-    let config = run_config().replace("mode: DryRun", "mode: Evict\n  holdSeconds: 60");
-    assert!(config.contains("mode: Evict"), "{config}");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gpu-admission.yaml");
-    std::fs::write(&path, config).unwrap();
-    for replica in ["a", "b"] {
-        ctl_replica("stop", replica);
-    }
-    let restore = RunConfigOnDrop(&["a", "b"]);
-    for replica in ["a", "b"] {
-        start_replica_with_config(replica, &path);
-    }
+    let restore = evict_on_both_replicas();
 
     cluster.create_gpu_pod("pinned", a, Gpu::Whole(1)).await;
     let bound = cluster.wait_bound("pinned").await;
@@ -465,22 +466,7 @@ async fn a_planned_move_takes_a_pod_to_another_model_and_its_charge_follows() {
         Some(node_a),
         "the pinned pod gets A"
     );
-    let old_uid = running.metadata.uid.clone().unwrap();
-    let pods = cluster.pods();
-    let replacement = wait_for("the moved pod's replacement bound", BIND_TIMEOUT, || {
-        let (pods, old_uid) = (pods.clone(), old_uid.clone());
-        async move {
-            let list = pods
-                .list(&ListParams::default().labels("app=either"))
-                .await
-                .ok()?;
-            list.items.into_iter().find(|p| {
-                p.metadata.uid.as_deref() != Some(old_uid.as_str())
-                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
-            })
-        }
-    })
-    .await;
+    let replacement = replacement_of(&cluster, "either", &running).await;
     assert_eq!(node(&replacement).as_deref(), Some(node_b));
 
     let last = std::sync::Mutex::new(None);
@@ -502,7 +488,10 @@ async fn a_planned_move_takes_a_pod_to_another_model_and_its_charge_follows() {
 
     drop(restore);
     let _ = deployments.delete("either", &DeleteParams::default()).await;
-    let _ = pods.delete("pinned", &DeleteParams::default()).await;
+    let _ = cluster
+        .pods()
+        .delete("pinned", &DeleteParams::default())
+        .await;
     unregister_webhooks(&cluster).await;
     cluster.delete_nodes().await;
 }

@@ -57,11 +57,13 @@ impl SimPod {
             request,
             host,
             models: {
-                // Sorted, no duplicates: a trace's `V100M32|V100M32` is one model.
-                let mut models: Vec<Arc<str>> =
-                    row.models.iter().map(|m| Arc::from(m.as_str())).collect();
-                models.sort();
-                models.dedup();
+                // In the trace's order, without repeats: `V100M32|V100M32` is one model.
+                let mut models: Vec<Arc<str>> = Vec::new();
+                for model in &row.models {
+                    if !models.iter().any(|m| **m == **model) {
+                        models.push(model.as_str().into());
+                    }
+                }
                 models
             },
             demand_milli: row.gpu_demand_milli(),

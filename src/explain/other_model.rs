@@ -95,7 +95,7 @@ fn candidates<'n>(
         let each = nodes.iter().map(|n| u64::from(n.total_free_core()));
         each.sum()
     };
-    let tier = |nodes: &[&NodeGpus]| nodes.first().map_or(0, |n| pressure.tier(n));
+    let tier = |nodes: &[&NodeGpus]| nodes.first().map_or(0, |n| pressure.tier(n, None));
     models.sort_by_cached_key(|(label, nodes)| (tier(nodes), Reverse(free(nodes)), *label));
     models.truncate(SEARCH_MODELS);
     models

@@ -164,7 +164,8 @@ pub(crate) fn place_versioned(
         let Ok(score) = eval else {
             continue;
         };
-        let ranked = (pressure.tier(node), *score);
+        // The extender tracks no node CPU: a short model's nodes stay kept.
+        let ranked = (pressure.tier(node, None), *score);
         if best
             .as_ref()
             .is_none_or(|(_, held, by)| better(&ranked, node, by, held))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::choice::{ModelPressure, PinnedDemand};
+use super::choice::{CpuAsk, ModelPressure, PinnedDemand, cpu_per_core};
 use super::fit::{Assignment, Misfit, fit};
 use super::fragment::{HostRoom, TaskMix};
 use super::node::NodeGpus;
@@ -286,6 +286,7 @@ pub(crate) fn place_with_host<'a, C: Candidate + 'a>(
 ) -> Outcome {
     let nodes: Vec<&C> = nodes.into_iter().collect();
     let pressure = placer.pressure(request, nodes.iter().map(|c| c.gpus()));
+    let per_core = cpu_per_core(request, host);
     let mut best: Option<(usize, &NodeGpus, Assignment, Ranked)> = None;
     let mut misfits = Vec::new();
     for (index, candidate) in nodes.into_iter().enumerate() {
@@ -299,7 +300,8 @@ pub(crate) fn place_with_host<'a, C: Candidate + 'a>(
                 continue;
             }
         };
-        let ranked = (pressure.tier(node), score);
+        let ask = CpuAsk::on(candidate.room(), per_core);
+        let ranked = (pressure.tier(node, ask), score);
         if best
             .as_ref()
             .is_none_or(|(_, held, _, by)| better(&ranked, node, by, held))

@@ -1,6 +1,8 @@
-//! Where moved pods go: each pod of a cover in turn (largest first) gets the policy's
-//! best node of its own GPU model and pools, other than the node it leaves, as the
-//! cluster is after the earlier moves; then the pending pod is seated on the target.
+//! Where moved pods go: each pod of a cover in turn (largest first) gets the best node
+//! of its own GPU model and pools (or another model it accepts), other than the node it
+//! leaves, as the cluster is after the earlier moves, ranked as placement ranks: model
+//! choice's tier (as the cluster is when the plan starts), then the policy's score;
+//! then the pending pod is seated on the target.
 //!
 //! A pod that fits on no node may still land by a **chain**, when the plan has moves
 //! to spare: a node of its model where it fits once a few movable pods there are gone
@@ -17,11 +19,12 @@ use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::placement::choice::{CpuAsk, ModelPressure, cpu_per_core};
 use crate::placement::fit::{Assignment, Misfit};
 use crate::placement::fragment::{HostRoom, TaskMix};
 use crate::placement::models::pool_admits;
 use crate::placement::node::NodeGpus;
-use crate::placement::policy::{Placer, compare};
+use crate::placement::policy::{Placer, Ranked, better};
 use crate::placement::request::GpuRequest;
 
 use super::cover::{Cover, Search, gpu_room};
@@ -34,6 +37,9 @@ const OPENINGS: usize = 12;
 pub(super) struct Lander<'c, C: Ground> {
     placer: &'c Placer,
     cluster: &'c [C],
+    /// The models short as the plan starts (`choice`): a GPU pod moved off its node
+    /// goes to one only when nothing else takes it, as at placement.
+    pressure: ModelPressure,
     /// Which pods may move (the pending pod's priority and the caller's predicate).
     may_move: &'c dyn Fn(&Resident<C::Pod>) -> bool,
     /// The pending pod's priority: a chain moves no pod above it either.
@@ -88,7 +94,7 @@ impl Shape {
 struct Spot {
     node: usize,
     assignment: Assignment,
-    score: [f64; 2],
+    ranked: Ranked,
 }
 
 /// The nodes a landing has changed so far, as they are now: the target first.
@@ -161,6 +167,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         Lander {
             placer,
             cluster,
+            pressure: placer.pressure(ask.request, cluster.iter().map(|c| c.gpus())),
             may_move,
             priority: ask.priority,
             keep: 2 * max_moves + 2,
@@ -389,7 +396,7 @@ impl<'c, C: Ground> Lander<'c, C> {
             let spot = Spot {
                 node: *node,
                 assignment,
-                score,
+                ranked: (self.tier(shape, gpus, *room), score),
             };
             if best.as_ref().is_none_or(|b| self.outranks(&spot, b)) {
                 best = Some(spot);
@@ -421,7 +428,7 @@ impl<'c, C: Ground> Lander<'c, C> {
             let spot = Spot {
                 node,
                 assignment,
-                score,
+                ranked: (self.tier(shape, gpus, room), score),
             };
             let at = top.partition_point(|held| !self.outranks(&spot, held));
             if at < self.keep {
@@ -432,13 +439,21 @@ impl<'c, C: Ground> Lander<'c, C> {
         top
     }
 
-    /// Whether `a` is the better destination: the lower score, then the node's name
-    /// (as `place_with_host` chooses).
+    /// Model choice's tier of `gpus` for a pod of `shape` (0 for a pod without GPUs,
+    /// which takes no model's capacity).
+    fn tier(&self, shape: &Shape, gpus: &NodeGpus, room: Option<HostRoom>) -> u8 {
+        let per_core = cpu_per_core(&shape.request, &shape.host);
+        match per_core {
+            Some(_) => self.pressure.tier(gpus, CpuAsk::on(room, per_core)),
+            None => 0,
+        }
+    }
+
+    /// Whether `a` is the better destination: the lower tier, then the lower score,
+    /// then the node's name (as `place_with_host` chooses).
     fn outranks(&self, a: &Spot, b: &Spot) -> bool {
-        let name = |s: &Spot| &self.cluster[s.node].gpus().name;
-        compare(&a.score, &b.score)
-            .then_with(|| name(a).cmp(name(b)))
-            .is_lt()
+        let gpus = |s: &Spot| self.cluster[s.node].gpus();
+        better(&a.ranked, gpus(a), &b.ranked, gpus(b))
     }
 }
 

@@ -16,11 +16,26 @@ fn plan_with(
     limits: Limits,
     movable: impl Fn(&Resident<String>) -> bool,
 ) -> Result<Plan<String>, NoPlan> {
-    let placer = Placer::new(DEFAULT_POLICY);
-    let planner = Planner {
-        placer: &placer,
+    plan_by(
+        &Placer::new(DEFAULT_POLICY),
+        cluster,
+        request,
+        cpu,
         limits,
-    };
+        movable,
+    )
+}
+
+/// [`plan_with`] under `placer`.
+fn plan_by(
+    placer: &Placer,
+    cluster: &[Site],
+    request: &GpuRequest,
+    cpu: u64,
+    limits: Limits,
+    movable: impl Fn(&Resident<String>) -> bool,
+) -> Result<Plan<String>, NoPlan> {
+    let planner = Planner { placer, limits };
     let ask = Ask {
         request,
         host: HostRoom {
@@ -376,4 +391,38 @@ fn a_pod_that_accepts_another_model_moves_to_it() {
         pinned.is_err(),
         "only movable pods change model: {pinned:?}"
     );
+}
+
+/// A moved pod that accepts several models lands as placement would place it: on a
+/// model pods pinned to it are short of only when no other takes it.
+#[test]
+fn a_moved_pod_leaves_a_short_model_to_the_pods_pinned_to_it() {
+    use crate::placement::choice::PinnedDemand;
+    use crate::placement::{GpuShape, TaskShape};
+    let mut cluster = vec![
+        v100("a", 1).with("x", whole(1), 1_000),
+        site("t", "T4", 1, 32_000, 256 * GB),
+        site("u", "A100", 1, 32_000, 256 * GB),
+    ];
+    let others = vec![Arc::from("A100"), Arc::from("T4")];
+    cluster[0].residents[0].other_models = Arc::from(others);
+    let limits = Limits::default();
+    let plain = Placer::new(DEFAULT_POLICY);
+    let chosen = |placer: &Placer| {
+        let plan = plan_by(placer, &cluster, &whole(1), 1_000, limits, |_| true).unwrap();
+        moves(&plan, &cluster)
+    };
+    assert_eq!(
+        chosen(&plain),
+        ["x: a -> t"],
+        "equal scores: the name decides"
+    );
+    // Four GPUs of every five seen were pinned to T4: with 2 free, T4 needs 1.6 of
+    // them and has 1.
+    let one =
+        |models: &[&str]| TaskShape::gpu_only(GpuShape::Whole { gpus: 1 }).with_models(models);
+    let seen = [(one(&["T4"]), 4), (one(&[]), 1)];
+    let pinned = PinnedDemand::of_counts(seen.iter().map(|(s, n)| (s, *n)));
+    let protecting = Placer::new(DEFAULT_POLICY).with_pinned(Arc::new(pinned));
+    assert_eq!(chosen(&protecting), ["x: a -> u"]);
 }

@@ -131,7 +131,7 @@ pub(crate) struct ModelPressure {
 }
 
 /// What a pod asks of a node's CPU, for [`ModelPressure::tier`]: its CPU milli per
-/// vcuda-core, and the node's free CPU and memory where the caller tracks them.
+/// vcuda-core, and the node's room (free CPU and memory) where the caller tracks it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CpuAsk {
     per_core: f64,
@@ -211,11 +211,9 @@ impl ModelPressure {
             return 0;
         };
         let free_cores = f64::from(node.total_free_core());
-        let open = ask.is_some_and(|ask| {
+        let open = ask.filter(|_| free_cores > 0.0).is_some_and(|ask| {
             let node_per_core = ask.room.cpu_milli as f64 / free_cores;
-            free_cores > 0.0
-                && pinned > PINNED_CPU_BOUND * node_per_core
-                && ask.per_core <= node_per_core
+            pinned > PINNED_CPU_BOUND * node_per_core && ask.per_core <= node_per_core
         });
         u8::from(!open)
     }

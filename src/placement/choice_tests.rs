@@ -98,7 +98,7 @@ fn placement_leaves_short_models_to_pinned_pods_but_never_refuses_for_them() {
     assert_eq!(chosen(&placer, &whole, &nodes).as_deref(), Some("t4"));
 }
 
-/// `n` CPU milli free beside a node's GPUs, as `simulate` and the planner see it.
+/// `milli` CPU free beside a node's GPUs, as `simulate` and the planner see it.
 fn cpu(milli: u64) -> Option<HostRoom> {
     Some(HostRoom {
         cpu_milli: milli,

@@ -383,6 +383,7 @@ impl<'c, C: Ground> Lander<'c, C> {
         }
         let ranking = self.rankings.get(shape)?;
         let mut best = ranking.iter().find(|s| !scratch.has(s.node)).cloned();
+        let per_core = cpu_per_core(&shape.request, &shape.host);
         for (node, gpus, room) in scratch.nodes.iter().skip(1) {
             if *node == from || !admits(shape, gpus, *room) || !budget.spend() {
                 continue;
@@ -396,7 +397,7 @@ impl<'c, C: Ground> Lander<'c, C> {
             let spot = Spot {
                 node: *node,
                 assignment,
-                ranked: (self.tier(shape, gpus, *room), score),
+                ranked: (self.tier(per_core, gpus, *room), score),
             };
             if best.as_ref().is_none_or(|b| self.outranks(&spot, b)) {
                 best = Some(spot);
@@ -408,6 +409,7 @@ impl<'c, C: Ground> Lander<'c, C> {
     /// The `keep` best nodes for `shape` in the cluster as given, best first.
     fn rank(&self, shape: &Shape, budget: &mut Evaluations) -> Vec<Spot> {
         let mut top: Vec<Spot> = Vec::with_capacity(self.keep + 1);
+        let per_core = cpu_per_core(&shape.request, &shape.host);
         for (node, candidate) in self.cluster.iter().enumerate() {
             let (gpus, room) = (candidate.gpus(), candidate.room());
             if !admits(shape, gpus, room) {
@@ -428,7 +430,7 @@ impl<'c, C: Ground> Lander<'c, C> {
             let spot = Spot {
                 node,
                 assignment,
-                ranked: (self.tier(shape, gpus, room), score),
+                ranked: (self.tier(per_core, gpus, room), score),
             };
             let at = top.partition_point(|held| !self.outranks(&spot, held));
             if at < self.keep {
@@ -439,10 +441,9 @@ impl<'c, C: Ground> Lander<'c, C> {
         top
     }
 
-    /// Model choice's tier of `gpus` for a pod of `shape` (0 for a pod without GPUs,
-    /// which takes no model's capacity).
-    fn tier(&self, shape: &Shape, gpus: &NodeGpus, room: Option<HostRoom>) -> u8 {
-        let per_core = cpu_per_core(&shape.request, &shape.host);
+    /// Model choice's tier of `gpus` for a pod asking `per_core` CPU per GPU core
+    /// (`cpu_per_core`: `None`, a pod without GPUs, takes no model's capacity).
+    fn tier(&self, per_core: Option<f64>, gpus: &NodeGpus, room: Option<HostRoom>) -> u8 {
         match per_core {
             Some(_) => self.pressure.tier(gpus, CpuAsk::on(room, per_core)),
             None => 0,

@@ -16,11 +16,14 @@
 //! could go elsewhere fill it; then it is protected just enough.
 //!
 //! Protection keeps GPUs for pinned pods, but a GPU is only of use to a pod that also
-//! gets its CPU. Where the caller tracks a node's free CPU (`simulate`, the planner), a
-//! node of a short model stays open when its pinned pods would run out of CPU before
-//! GPUs there (they ask more than [`PINNED_CPU_BOUND`] times the node's free CPU per
-//! free GPU core) and the pod asks no more CPU per GPU core than the node has: such a
-//! pod takes GPUs the pinned pods could not have used.
+//! gets its CPU. A node of a short model stays open when its pinned pods would run out
+//! of CPU before GPUs there (they ask more than [`PINNED_CPU_BOUND`] times the node's
+//! free CPU per free GPU core) and the pod asks no more CPU per GPU core than the node
+//! has: such a pod takes GPUs the pinned pods could not have used. That needs the CPU
+//! the pinned demand asks, learnt only where the shapes seen carry CPU (`simulate`'s
+//! trace pods; a cluster's `LearningPlacer` learns GPUs and models alone), and the
+//! node's free CPU (`Candidate::room`: `simulate` and the planner track it, the filter
+//! does not). Without either, the rule is the tier alone.
 
 use std::sync::Arc;
 
@@ -35,7 +38,7 @@ const MAX_SETS: usize = 64;
 /// How many times a node's free CPU per free GPU core the pinned demand must ask before
 /// the node counts as CPU-bound for it. Above 1 so that a node whose pinned pods would
 /// merely fill its CPU and GPUs together stays kept for them (docs/design.md, "Model
-/// choice"; 1.25 and the pod's bound of 1 were chosen on gpuspec33 and gpuspec10).
+/// choice"; the factors tried, and why 1.25 with a pod bound of 1: docs/simulate.md).
 const PINNED_CPU_BOUND: f64 = 1.25;
 
 /// The share of the GPU demand seen that only a set of models can run, per set.

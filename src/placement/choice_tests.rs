@@ -115,6 +115,34 @@ fn cpu_hungry_t4() -> PinnedDemand {
     PinnedDemand::of_counts(shapes.iter().map(|(s, n)| (s, *n)))
 }
 
+/// A model in several short sets is judged by the hungriest of their pinned demands:
+/// pods pinned to T4 alone ask 20 milli a core, the set {L4, T4} (its own pods at 160,
+/// T4's inside it) 113.
+#[test]
+fn a_model_in_two_short_sets_is_judged_by_the_hungrier() {
+    let mut t4 = shape(1, &["T4"]);
+    t4.host.cpu_milli = 2_000;
+    let mut either = shape(1, &["L4", "T4"]);
+    either.host.cpu_milli = 16_000;
+    let shapes = [(t4, 2), (either, 4), (shape(2, &[]), 1)];
+    let pinned = PinnedDemand::of_counts(shapes.iter().map(|(s, n)| (s, *n)));
+    // T4 has 1 of 2 GPUs free, L4 none; 9 free in all: both sets are short.
+    let busy_t4 = with_used(of_model("t4", "T4", 2), 0, 100, 100);
+    let l4 = (0..2).fold(of_model("l4", "L4", 2), |n, i| with_used(n, i, 100, 100));
+    let g2 = of_model("g2", "G2", 8);
+    let pressure = ModelPressure::of(&pinned, [&busy_t4, &l4, &g2]);
+    assert_eq!(pressure.short(), [Arc::from("L4"), Arc::from("T4")]);
+    // 4 CPUs for T4's free GPU: 40 a core. T4's own pinned pods (20 a core) would fit,
+    // the pair's (113) would not: the node opens to a pod asking 40.
+    let one_gpu = GpuRequest::one(GpuDemand::Whole { gpus: 1 });
+    let host = HostRoom {
+        cpu_milli: 4_000,
+        memory_mib: 0,
+    };
+    let ask = CpuAsk::on(cpu(4_000), cpu_per_core(&one_gpu, &host));
+    assert_eq!(pressure.tier(&busy_t4, ask), 0);
+}
+
 #[test]
 fn a_sets_cpu_per_core_is_that_of_the_demand_pinned_inside_it() {
     let mut v100 = shape(2, &["V100"]);
@@ -168,6 +196,23 @@ fn a_short_models_node_opens_where_its_pinned_pods_would_run_out_of_cpu() {
     // The pinned pods ask 1.25 times the node's 128 per core, no more: still kept.
     assert_eq!(tier(cpu(25_600), 4_000), 1);
     assert_eq!(tier(cpu(25_599), 4_000), 0);
+    // Per GPU core, whatever the pod's shape: half a GPU with 2 CPUs asks 40 a core,
+    // two GPUs with 8 CPUs too; half a GPU with 4 CPUs asks 80.
+    let room = |cpu_milli| HostRoom {
+        cpu_milli,
+        memory_mib: 0,
+    };
+    let half = GpuRequest::one(GpuDemand::Share {
+        core: 50,
+        memory: 4,
+    });
+    let two = GpuRequest::one(GpuDemand::Whole { gpus: 2 });
+    let on_t4 = |request: &GpuRequest, cpu_milli| {
+        let ask = CpuAsk::on(cpu(8_000), cpu_per_core(request, &room(cpu_milli)));
+        pressure.tier(&t4, ask)
+    };
+    assert_eq!((on_t4(&half, 2_000), on_t4(&two, 8_000)), (0, 0));
+    assert_eq!((on_t4(&half, 4_000), on_t4(&two, 8_001)), (1, 1));
     // A model that is not short is open whatever the CPU.
     assert_eq!(pressure.tier(&g2, CpuAsk::on(None, asking(64_000))), 0);
     assert_eq!(

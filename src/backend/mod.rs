@@ -18,6 +18,7 @@
 
 pub(crate) mod access;
 mod cohort_lease;
+mod grants;
 pub mod quota_writer;
 
 use std::collections::BTreeMap;
@@ -228,7 +229,7 @@ impl Backend {
         join: impl FnOnce(&mut ClusterState, &Charge),
     ) -> Result<ChargeOutcome, ChargeError> {
         match &self.mode {
-            Mode::Api { quotas, .. } => quotas.charge(&self.cache, namespace, ask).await,
+            Mode::Api { quotas, .. } => quotas.admit(&self.cache, namespace, ask).await,
             Mode::Offline => self.cache.write(|state| {
                 state.expire_deletions(crate::quota::pending::now_second());
                 let quota = state.namespace_quota(namespace);

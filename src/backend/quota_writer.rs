@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::cohort_lease::{Agreement, CohortLeases};
+use super::grants::Grants;
 use crate::cache::CacheWriter;
 use crate::placement::models::WantedModels;
 use crate::quota::GPUQuota;
@@ -34,6 +35,13 @@ use crate::quota::{AdmitRules, Charge, Costs, Denial, Exceeded, ModelAmounts, Qu
 /// How long one charge may keep losing write races before it is answered with an error
 /// (then the API server's failure policy decides). Webhook calls time out at 10 s.
 const COMMIT_DEADLINE: Duration = Duration::from_secs(8);
+
+/// How long a denial waits while grants hold room in the namespace's quotas: their
+/// holders give back what they do not use within it (`backend::grants`); a dead holder's
+/// grant does not come back that soon, and the denial is given.
+const GRANT_WAIT: Duration = Duration::from_secs(2);
+/// How often a waiting denial reads the quotas again.
+const GRANT_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChargeError {
@@ -97,6 +105,9 @@ type Answer = Result<ChargeOutcome, ChargeError>;
 struct PendingWrite {
     ask: Ask,
     reply: oneshot::Sender<Answer>,
+    /// An admission's: once written, this replica may take a grant for the next ones.
+    grantable: bool,
+    arrived: Instant,
 }
 
 impl PendingWrite {
@@ -117,15 +128,27 @@ pub struct QuotaWriter {
     client: Client,
     lanes: Mutex<HashMap<String, Lane>>,
     leases: CohortLeases,
+    grants: Arc<Grants>,
 }
 
 impl QuotaWriter {
     pub fn new(client: Client) -> Arc<Self> {
         Arc::new(QuotaWriter {
             leases: CohortLeases::new(client.clone()),
+            grants: Grants::new(client.clone()),
             client,
             lanes: Mutex::new(HashMap::default()),
         })
+    }
+
+    /// Decide an admission's `ask`: from a grant this replica holds when one covers it
+    /// (no write), otherwise as [`charge`](Self::charge) does.
+    pub async fn admit(self: &Arc<Self>, cache: &CacheWriter, namespace: &str, ask: Ask) -> Answer {
+        if let Some(outcome) = self.grants.admit(cache, namespace, &ask) {
+            return Ok(outcome);
+        }
+        let grantable = ask.charge_id.is_none() && !ask.dry_run;
+        self.enqueue(cache, namespace, ask, grantable).await
     }
 
     /// Decide `ask` for a pod in `namespace` and, when it is charged to one model, write
@@ -136,11 +159,26 @@ impl QuotaWriter {
         namespace: &str,
         ask: Ask,
     ) -> Answer {
+        self.enqueue(cache, namespace, ask, false).await
+    }
+
+    async fn enqueue(
+        self: &Arc<Self>,
+        cache: &CacheWriter,
+        namespace: &str,
+        ask: Ask,
+        grantable: bool,
+    ) -> Answer {
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut lanes = self.lanes.lock();
             let lane = lanes.entry(namespace.to_string()).or_default();
-            lane.queue.push(PendingWrite { ask, reply });
+            lane.queue.push(PendingWrite {
+                ask,
+                reply,
+                grantable,
+                arrived: Instant::now(),
+            });
             !std::mem::replace(&mut lane.draining, true)
         };
         if start {
@@ -237,10 +275,21 @@ impl QuotaWriter {
                 agreement,
             } = round;
             let before = views.clone();
-            let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh);
+            let granted = quotas
+                .iter()
+                .any(|q| q.status.as_ref().is_some_and(|s| !s.grants.is_empty()));
+            let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh, granted);
+            // On fresh data, only a denial waiting on grants is tried again.
+            let waits_on_grants = fresh && !retry.is_empty();
             waiting = retry;
             fresh = true;
+            if waits_on_grants {
+                self.grants.yield_to_denial(cache, namespace);
+            }
             if decided.is_empty() {
+                if waits_on_grants {
+                    tokio::time::sleep(GRANT_POLL).await;
+                }
                 continue;
             }
             if agreement.is_none() && pool::draws_from_pools(&before, &views) {
@@ -284,6 +333,9 @@ impl QuotaWriter {
                 "quota charges written"
             );
             for d in decided {
+                if d.waiting.grantable {
+                    self.grants.wanted(cache, namespace, &before, &d.charge);
+                }
                 d.waiting
                     .answer(Ok(ChargeOutcome::Charged { over: d.over }));
             }
@@ -416,18 +468,22 @@ pub(crate) async fn read_quotas(
 
 /// Decide every waiting charge in arrival order, each seeing the ones before it. A
 /// denial is final only on fresh data (a stale copy may still count a pod that has
-/// gone); otherwise it is tried again. Returns the charges to write and those to retry.
+/// gone), and while the quotas hold grants (`granted`) only once it has waited
+/// [`GRANT_WAIT`] for them to come back; otherwise it is tried again. Returns the
+/// charges to write and those to retry.
 fn decide_round(
     namespace: &str,
     views: &mut [QuotaView],
     waiting: Vec<PendingWrite>,
     fresh: bool,
+    granted: bool,
 ) -> (Vec<Decided>, Vec<PendingWrite>) {
     let (mut decided, mut retry) = (Vec::new(), Vec::new());
     for w in waiting {
         let ask = &w.ask;
+        let wait = granted && w.arrived.elapsed() < GRANT_WAIT;
         match admit(namespace, views, &ask.wanted, &ask.costs, ask.rules) {
-            Err(_) if !fresh => retry.push(w),
+            Err(_) if !fresh || wait => retry.push(w),
             Err(denial) => w.answer(Ok(ChargeOutcome::Denied(denial))),
             Ok(Charge::Model { charge, over, .. }) if !ask.dry_run => {
                 count_charge(views, &charge);

@@ -25,6 +25,8 @@ fn waiting(amount: u64, dry_run: bool) -> (PendingWrite, oneshot::Receiver<Answe
         PendingWrite {
             ask: ask(amount, dry_run),
             reply,
+            grantable: true,
+            arrived: std::time::Instant::now(),
         },
         answer,
     )
@@ -41,7 +43,7 @@ fn a_round_decides_in_arrival_order_each_seeing_the_ones_before() {
     let (b, mut b_answer) = waiting(1000, false);
     let (c, mut c_answer) = waiting(1000, false);
     let mut views = views_with_status(&[quota("3", &[])]).unwrap();
-    let (decided, retry) = decide_round("team-a", &mut views, vec![a, b, c], true);
+    let (decided, retry) = decide_round("team-a", &mut views, vec![a, b, c], true, false);
     assert_eq!(decided.len(), 1);
     assert!(retry.is_empty());
     assert_eq!(answered(&mut a_answer), None, "answered once written");
@@ -58,7 +60,7 @@ fn a_round_decides_in_arrival_order_each_seeing_the_ones_before() {
 fn a_denial_on_a_copy_that_may_be_stale_is_tried_again_fresh() {
     let (a, mut a_answer) = waiting(2000, false);
     let mut views = views_with_status(&[quota("3", &[])]).unwrap();
-    let (decided, retry) = decide_round("team-a", &mut views, vec![a], false);
+    let (decided, retry) = decide_round("team-a", &mut views, vec![a], false, false);
     assert!(decided.is_empty());
     assert_eq!(retry.len(), 1);
     assert_eq!(answered(&mut a_answer), None);
@@ -69,10 +71,29 @@ fn a_dry_run_is_answered_without_a_write_and_takes_no_room() {
     let (dry, mut dry_answer) = waiting(1000, true);
     let (real, _real_answer) = waiting(1000, false);
     let mut views = views_with_status(&[quota("3", &[])]).unwrap();
-    let (decided, _) = decide_round("team-a", &mut views, vec![dry, real], true);
+    let (decided, _) = decide_round("team-a", &mut views, vec![dry, real], true, false);
     assert_eq!(
         answered(&mut dry_answer),
         Some(ChargeOutcome::Charged { over: vec![] })
     );
     assert_eq!(decided.len(), 1, "the real one still fits");
+}
+
+/// While grants hold room, a denial on fresh data waits for them to come back (their
+/// holders give back what they do not use), and is given once it has waited its bound.
+#[test]
+fn a_denial_waits_on_grants_for_a_bound() {
+    let (a, mut a_answer) = waiting(2000, false);
+    let mut views = views_with_status(&[quota("3", &[])]).unwrap();
+    let (decided, retry) = decide_round("team-a", &mut views, vec![a], true, true);
+    assert!(decided.is_empty());
+    assert_eq!(answered(&mut a_answer), None, "waits");
+    let mut late = retry;
+    late[0].arrived -= GRANT_WAIT;
+    let (_, retry) = decide_round("team-a", &mut views, late, true, true);
+    assert!(retry.is_empty());
+    assert!(matches!(
+        answered(&mut a_answer),
+        Some(ChargeOutcome::Denied(_))
+    ));
 }

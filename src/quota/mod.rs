@@ -150,6 +150,11 @@ pub struct GpuQuotaStatus {
     /// are being created.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<PendingCharges>,
+    /// Room a gpu-admission replica holds ahead of the pods it admits, part of `used`
+    /// (`quota::grant`): one entry per replica and model at most, kept while it may be
+    /// used and for a bound after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<QuotaGrant>,
     /// Per-pod reservations written by earlier versions; read (until they expire) so an
     /// upgrade releases nothing in flight, never written any more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -196,6 +201,23 @@ impl PendingCharges {
         let ids = self.charge_ids.iter();
         ids.map(|id| pending::release_of(id)).any(|of| of == uid)
     }
+}
+
+/// Room one gpu-admission replica holds in a quota (see `quota::grant`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaGrant {
+    /// The holder's process and a count: new for every grant taken.
+    pub(crate) id: String,
+    /// The quota key (a model, or a MIG profile key).
+    pub(crate) model: String,
+    /// What is held: room not yet used, and the charges of pods admitted from it that
+    /// the holder has not yet moved into `pending`.
+    #[schemars(schema_with = "gpu_amount")]
+    pub(crate) amount: Quantity,
+    /// RFC 3339: the holder admits from it only until some seconds before this, and
+    /// any reconciler drops it a pending total's lifetime after.
+    pub(crate) until: String,
 }
 
 /// One admitted pod's charge, as versions before `pending` recorded it.
@@ -307,6 +329,7 @@ mod charge;
 pub mod cohort;
 mod denial;
 pub(crate) mod eligible;
+pub(crate) mod grant;
 pub(crate) mod legacy;
 #[cfg(test)]
 mod mig_tests;

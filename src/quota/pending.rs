@@ -139,7 +139,7 @@ impl Pending {
     }
 
     /// Add `pods` pods' charge of `amount` to the total of (`created`, `model`).
-    fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
+    pub(super) fn add(&mut self, created: CreatedSecond, model: &str, amount: Milli, pods: u32) {
         let total = self.totals.entry((created, model.to_string())).or_default();
         total.amount = Milli(total.amount.0.saturating_add(amount.0));
         total.pods = total.pods.saturating_add(pods);

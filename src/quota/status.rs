@@ -87,8 +87,9 @@ pub(crate) fn with_recorded_use(
 /// The status the reconciler wants: usage from the pods it sees (`pod_usage`, what this
 /// quota reports of its namespace's usage), plus what the pending totals hold beyond
 /// the pods seen created in their second (`seen`, per second and model: see
-/// `quota::pending`), plus reservations of earlier versions for pods not seen yet that
-/// have not expired (`seen_pod(name, uid)`).
+/// `quota::pending`), plus the grants that have not lapsed (`quota::grant`), plus
+/// reservations of earlier versions for pods not seen yet that have not expired
+/// (`seen_pod(name, uid)`).
 pub(crate) fn reconciled_status(
     quota: &GPUQuota,
     pod_usage: &ModelAmounts,
@@ -103,6 +104,7 @@ pub(crate) fn reconciled_status(
     })?;
     let (in_flight, kept) =
         pending.settle(|key| seen(key.created, key.model), now.unix_timestamp());
+    let (grants, held) = super::grant::live(quota, now.unix_timestamp())?;
     let legacy: Vec<QuotaReservation> = current
         .reservations
         .into_iter()
@@ -122,7 +124,8 @@ pub(crate) fn reconciled_status(
             Milli::parse(&r.amount.0).unwrap_or_default(),
         )
     });
-    for (model, amount) in in_flight.into_iter().chain(legacy_amounts) {
+    let counted = in_flight.into_iter().chain(held).chain(legacy_amounts);
+    for (model, amount) in counted {
         let entry = used.entry(model).or_default();
         entry.0 = entry.0.saturating_add(amount.0);
     }
@@ -133,6 +136,7 @@ pub(crate) fn reconciled_status(
             .map(|(m, a)| (m, Quantity(a.to_string())))
             .collect(),
         pending: kept.to_status(),
+        grants,
         reservations: legacy,
         queued: current.queued,
         lent: current.lent,

@@ -125,14 +125,20 @@ pub async fn register_hooks(cluster: &Cluster, mutating: Vec<Hook>, validating: 
 /// Registers one validating webhook per gpu-admission replica: replica `a` judges the
 /// pods labelled `replica: a`, replica `b` those labelled `replica: b`.
 pub async fn register_validate_per_replica(cluster: &Cluster) {
-    let hook = |replica: &str, server: &str| Hook {
+    register_validate_for(cluster, &["a", "b"]).await;
+}
+
+/// The validating webhook registered once per replica of `replicas` (`a`, `b`, `c`), each
+/// for the pods labelled `replica: <it>`.
+pub async fn register_validate_for(cluster: &Cluster, replicas: &[&str]) {
+    let hook = |replica: &str| Hook {
         name: format!("validate-{replica}.gpu-admission.io"),
-        url: format!("{server}/validate"),
+        url: format!("{}/validate", super::replica_server_url(replica)),
         object_selector: Some(json!({"matchLabels": {"replica": replica}})),
         rules: None,
         condition: None,
     };
-    let hooks = vec![hook("a", &server_url()), hook("b", &super::server_url_b())];
+    let hooks = replicas.iter().map(|r| hook(r)).collect();
     register_hooks(cluster, vec![], hooks).await;
 }
 
@@ -334,14 +340,25 @@ pub async fn two_replica_burst(
     quota: u32,
     creates: u32,
 ) -> Vec<(String, Api<Pod>, Pod)> {
+    replica_burst(cluster, model, quota, creates, &["a", "b"]).await
+}
+
+/// [`two_replica_burst`] through each of `replicas` in turn.
+pub async fn replica_burst(
+    cluster: &Cluster,
+    model: &str,
+    quota: u32,
+    creates: u32,
+    replicas: &[&str],
+) -> Vec<(String, Api<Pod>, Pod)> {
     cluster.label_for_webhooks().await;
     let hard = json!({model: quota.to_string()});
     cluster.create_quota("default", hard, None).await;
-    register_validate_per_replica(cluster).await;
+    register_validate_for(cluster, replicas).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     (0..creates)
         .map(|i| {
-            let replica = if i % 2 == 0 { "a" } else { "b" };
+            let replica = replicas[i as usize % replicas.len()];
             let pod = super::with_labels(
                 super::unscheduled_gpu_pod(&format!("p{i:03}-{replica}"), Some(model), 1),
                 json!({"replica": replica}),

@@ -13,8 +13,29 @@ pub fn ctl(action: &str) {
     ctl_replica(action, "a");
 }
 
-/// Runs the `GPU_ADMISSION_E2E_CTL` script with `action` for `replica` (`a` or `b`).
+/// Replica `c` started against the API server directly (not through the watch-cut
+/// scenario's proxy), stopped when dropped.
+pub struct ReplicaC;
+
+impl ReplicaC {
+    pub fn start_direct() -> Self {
+        ctl_replica_with("start", "c", &[("C_DIRECT", "1")]);
+        ReplicaC
+    }
+}
+
+impl Drop for ReplicaC {
+    fn drop(&mut self) {
+        ctl_replica("stop", "c");
+    }
+}
+
+/// Runs the `GPU_ADMISSION_E2E_CTL` script with `action` for `replica` (`a`, `b` or `c`).
 pub fn ctl_replica(action: &str, replica: &str) {
+    ctl_replica_with(action, replica, &[]);
+}
+
+fn ctl_replica_with(action: &str, replica: &str, env: &[(&str, &str)]) {
     let script = std::env::var_os(CTL_ENV).unwrap_or_else(|| {
         panic!("{CTL_ENV} is not set: this scenario needs a script to stop/start gpu-admission")
     });
@@ -22,6 +43,7 @@ pub fn ctl_replica(action: &str, replica: &str) {
         .arg(&script)
         .arg(action)
         .arg(replica)
+        .envs(env.iter().copied())
         .status()
         .unwrap();
     assert!(
@@ -104,6 +126,16 @@ pub fn server_url() -> String {
 /// (`GPU_ADMISSION_E2E_SERVER_URL_B`).
 pub fn server_url_b() -> String {
     env("GPU_ADMISSION_E2E_SERVER_URL_B", "replica b's https URL")
+}
+
+/// https URL of the webhook door of replica `a`, `b` or `c` (`c` runs only while a
+/// scenario has started it).
+pub fn replica_server_url(replica: &str) -> String {
+    match replica {
+        "a" => server_url(),
+        "b" => server_url_b(),
+        _ => env("GPU_ADMISSION_E2E_SERVER_URL_C", "replica c's https URL"),
+    }
 }
 
 /// https URL of replica `a`'s extender door (`GPU_ADMISSION_E2E_EXTENDER_URL`), the

@@ -402,10 +402,13 @@ set -euo pipefail
 case "\${2:-a}" in
   a) pidfile="$replica_a_pidfile"; log="$logs/gpu-admission.log"; port=$webhook_port; extender=$extender_port; admin=$admin_port ;;
   b) pidfile="$replica_b_pidfile"; log="$logs/gpu-admission-b.log"; port=$webhook_port_b; extender=$extender_port_b; admin=$admin_port_b ;;
-  # c: the API server through 127.0.0.1:$proxy_port, a proxy the watch-cut scenario runs.
+  # c: the API server through 127.0.0.1:$proxy_port, a proxy the watch-cut scenarios run
+  # (directly with C_DIRECT=1: a third replica for the quota scenarios).
   c) pidfile="$replica_c_pidfile"; log="$logs/gpu-admission-c.log"; port=$webhook_port_c; extender=$extender_port_c; admin=$admin_port_c
-     kubeconfig_c="$work/proxied.kubeconfig"
-     sed "s#https://127.0.0.1:$api_port#https://127.0.0.1:$proxy_port#" "$serve_kubeconfig" >"\$kubeconfig_c" ;;
+     if [[ -z "\${C_DIRECT:-}" ]]; then
+       kubeconfig_c="$work/proxied.kubeconfig"
+       sed "s#https://127.0.0.1:$api_port#https://127.0.0.1:$proxy_port#" "$serve_kubeconfig" >"\$kubeconfig_c"
+     fi ;;
   *) echo "usage: \$0 start|stop|kill [a|b|c]" >&2; exit 2 ;;
 esac
 case "\${1:-}" in

@@ -15,6 +15,7 @@ use foldhash::HashMap;
 use kube::Client;
 use kube::api::Api;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 use super::quota_writer::{Ask, ChargeOutcome, replace_status};
@@ -51,8 +52,12 @@ struct Held {
     /// Charges admitted from it, not yet moved into the pending totals, per second.
     admitted: BTreeMap<CreatedSecond, (Milli, u32)>,
     last_used: Instant,
-    /// Taken for this amount: it is renewed when less than this is left.
+    /// Taken for charges of this amount: given back when less than one is left.
     unit: Milli,
+    /// What was taken: another is taken when less than a quarter of it is left.
+    taken: Milli,
+    /// Another was asked for already.
+    renewed: bool,
     /// Given back (or being given back): admits nothing more.
     closing: bool,
 }
@@ -60,6 +65,11 @@ struct Held {
 impl Held {
     fn open(&self, now: CreatedSecond) -> bool {
         !self.closing && now < self.until - grant::MARGIN.as_secs() as i64
+    }
+
+    /// Whether it is time to take the next grant, before this one runs out.
+    fn running_low(&self) -> bool {
+        !self.renewed && self.remaining.0.saturating_mul(4) < self.taken.0
     }
 
     fn unmoved(&self) -> Vec<Admitted> {
@@ -77,6 +87,8 @@ struct Namespace {
     /// A denial waits on grants: give ours back, take none for a while.
     yield_until: Option<Instant>,
     keeper: bool,
+    /// Wakes the keeper before its tick: a grant to take, or one running low.
+    wake: Arc<Notify>,
 }
 
 /// The grants of this process.
@@ -131,12 +143,17 @@ impl Grants {
         };
         let covering = covering(&views, held, &charge, now).filter(|_| over.is_empty())?;
         let at = Instant::now();
+        let mut low = false;
         for (index, amount) in covering {
             let h = &mut held[index];
             h.remaining.0 -= amount.0;
             let total = h.admitted.entry(ask.created).or_default();
             *total = (Milli(total.0.0 + amount.0), total.1 + 1);
             h.last_used = at;
+            low |= h.running_low();
+        }
+        if low {
+            namespaces[namespace].wake.notify_one();
         }
         Some(ChargeOutcome::Charged { over })
     }
@@ -171,6 +188,7 @@ impl Grants {
             }
         }
         if !ns.wanted.is_empty() {
+            ns.wake.notify_one();
             self.start_keeper(ns, cache, namespace);
         }
     }
@@ -184,6 +202,7 @@ impl Grants {
         ns.yield_until = Some(Instant::now() + 5 * IDLE);
         ns.wanted.clear();
         if !ns.held.is_empty() {
+            ns.wake.notify_one();
             self.start_keeper(ns, cache, namespace);
         }
     }
@@ -193,12 +212,15 @@ impl Grants {
             return;
         }
         let (grants, cache, namespace) = (self.clone(), cache.clone(), namespace.to_string());
-        let span = tracing::info_span!("grant_keeper", %namespace);
-        tokio::spawn(async move { grants.keep(&cache, &namespace).await }.instrument(span));
+        let wake = ns.wake.clone();
+        // Not the admission's span: the keeper outlives the request that started it.
+        let span = tracing::info_span!(parent: None, "grant_keeper", %namespace);
+        let keep = async move { grants.keep(&cache, &namespace, &wake).await };
+        tokio::spawn(keep.instrument(span));
     }
 
     /// The keeper of one namespace: runs while it holds grants or has some to take.
-    async fn keep(&self, cache: &CacheWriter, namespace: &str) {
+    async fn keep(&self, cache: &CacheWriter, namespace: &str, wake: &Notify) {
         let api: Api<GPUQuota> = Api::namespaced(self.client.clone(), namespace);
         loop {
             let Some(plans) = self.plan(namespace) else {
@@ -208,7 +230,7 @@ impl Grants {
                 let outcome = self.write(&api, cache, &plan).await;
                 self.settled(namespace, &plan, outcome);
             }
-            tokio::time::sleep(TICK).await;
+            let _ = tokio::time::timeout(TICK, wake.notified()).await;
         }
     }
 
@@ -230,13 +252,16 @@ impl Grants {
         };
         for h in &mut ns.held {
             let ending = wall + 1 >= h.until - grant::MARGIN.as_secs() as i64;
-            let low = h.remaining < h.unit;
+            let spent = h.remaining < h.unit;
             let idle = now.duration_since(h.last_used) >= IDLE;
-            if !h.closing && (yielding || ending || low || idle) {
+            let again = !(yielding || idle);
+            if again && !h.closing && !h.renewed && (ending || spent || h.running_low()) {
+                // The next one is taken while this one still admits.
+                h.renewed = true;
+                ns.wanted.push((h.quota.clone(), h.model.clone(), h.unit));
+            }
+            if !h.closing && (yielding || ending || spent || idle) {
                 h.closing = true;
-                if !(yielding || idle) {
-                    ns.wanted.push((h.quota.clone(), h.model.clone(), h.unit));
-                }
             }
             let give_back = if h.closing { h.remaining } else { Milli(0) };
             if h.admitted.is_empty() && !h.closing {
@@ -391,6 +416,8 @@ impl Grants {
                 admitted: BTreeMap::new(),
                 last_used: now,
                 unit: take.unit,
+                taken: amount,
+                renewed: false,
                 closing: false,
             });
         }

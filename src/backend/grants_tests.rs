@@ -43,6 +43,8 @@ fn holding(used: &str, remaining: u64, edit: impl Fn(&mut GPUQuota)) -> (Arc<Gra
         admitted: BTreeMap::new(),
         last_used: Instant::now(),
         unit: Milli(1000),
+        taken: Milli(remaining),
+        renewed: false,
         closing: false,
     };
     let ns = Namespace {
@@ -229,4 +231,25 @@ async fn parallel_admissions_never_pass_the_grant() {
     });
     assert_eq!(admitted.into_inner(), 20);
     assert_eq!(admitted_from(&grants), (Milli(2000), 20));
+}
+
+/// The next grant is asked for while a quarter of this one is left, and this one keeps
+/// admitting meanwhile: a steady stream of creates never waits for a write.
+#[tokio::test]
+async fn the_next_grant_is_taken_before_this_one_runs_out() {
+    let (grants, cache) = holding("3", 2500, |_| {});
+    grants.namespaces.lock().get_mut("team-a").unwrap().held[0].taken = Milli(8000);
+    let now = now_second();
+    grants.admit(&cache, "team-a", &ask(1000, now)).unwrap();
+    let plans = grants.plan("team-a").unwrap();
+    assert_eq!(plans[0].takes.len(), 1, "the next one");
+    assert_eq!(
+        plans[0].settles[0].2,
+        Milli(0),
+        "this one is not given back"
+    );
+    assert!(grants.admit(&cache, "team-a", &ask(1000, now)).is_some());
+    grants.settled("team-a", &plans[0], Ok(vec![Milli(0)]));
+    let plans = grants.plan("team-a").unwrap();
+    assert!(plans.iter().all(|p| p.takes.is_empty()), "asked for once");
 }

@@ -294,6 +294,72 @@ async fn the_api_server_restarted_mid_burst_never_lets_the_quota_be_passed() {
     unregister_webhooks(&cluster).await;
 }
 
+/// Replica `c` reaches the API server through a proxy, cut for 5 s in the middle of a
+/// burst of parallel creates through replicas `a` and `c` against one GPUQuota: c's
+/// watches and writes fail (a grant it held admits what it holds and lapses; a create it
+/// cannot decide is failed by the webhook's policy). Never one pod past the quota, and the
+/// ledger settles on exactly the pods that exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
+async fn a_watch_cut_mid_burst_never_lets_the_quota_be_passed() {
+    use crate::support::proxy::CuttableProxy;
+    let Some(cluster) = setup("quota-cut").await else {
+        return;
+    };
+    let model = "Tesla-K10";
+    const QUOTA: u64 = 60;
+    const CREATES: u32 = 300;
+    let port = |name: &str| -> u16 { std::env::var(name).unwrap().parse().unwrap() };
+    let proxy = CuttableProxy::start(
+        port("GPU_ADMISSION_E2E_PROXY_PORT"),
+        port("GPU_ADMISSION_E2E_API_PORT"),
+    )
+    .await;
+    tokio::task::spawn_blocking(|| ctl_replica("start", "c"))
+        .await
+        .unwrap();
+    struct StopC;
+    impl Drop for StopC {
+        fn drop(&mut self) {
+            ctl_replica("stop", "c");
+        }
+    }
+    let _stop = StopC;
+    let creates = replica_burst(&cluster, model, QUOTA as u32, CREATES, &["a", "c"]).await;
+    let burst = tokio::spawn(create_in_parallel(creates, restart_refusal));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.restore().await;
+    let (admitted, refusals) = burst.await.unwrap();
+    println!("answered: admitted per replica {admitted:?}; refusals {refusals:?}");
+    let known = [QUOTA_REFUSAL, FAILURE_POLICY];
+    assert!(
+        refusals.keys().all(|k| known.contains(&k.as_str())),
+        "every create is answered for a known reason: {refusals:?}"
+    );
+    assert!(
+        refusals.contains_key(FAILURE_POLICY),
+        "the cut landed mid-burst: {refusals:?}"
+    );
+    let live = cluster.live_pod_gpus().await;
+    assert!(live <= QUOTA * 1000, "stored {live}m of a quota of {QUOTA}");
+    let started = std::time::Instant::now();
+    let settled = wait_for_or_none(Duration::from_secs(180), || async {
+        let status = cluster.quota_status("default").await;
+        let used = status.used.get(model).map_or(0, |q| milli_gpus(&q.0));
+        assert!(used <= QUOTA * 1000, "the ledger past the quota: {used}m");
+        (used == live).then_some(used)
+    })
+    .await;
+    println!(
+        "stored {live}m; the ledger settled on it after {:.1?}",
+        started.elapsed()
+    );
+    assert_eq!(settled, Some(live), "the ledger settles on the stored pods");
+    unregister_webhooks(&cluster).await;
+}
+
 pub const QUOTA_REFUSAL: &str = "quota exceeded (403)";
 pub const FAILURE_POLICY: &str = "webhook call failed (failurePolicy Fail)";
 pub const UNREACHABLE: &str = "API server unreachable or shutting down";

@@ -311,7 +311,10 @@ async fn replicas_never_admit_past_the_quota(cluster: &Cluster, model: &str, rep
     let gpus = u64::from(QUOTA) * 1000;
     let status = cluster.wait_used("default", model, gpus).await;
     assert_eq!(cluster.live_pod_gpus().await, gpus);
-    assert!(status.grants.is_empty(), "no room is held at hard: {status:?}");
+    assert!(
+        status.grants.is_empty(),
+        "no room is held at hard: {status:?}"
+    );
     println!("status.used {:?}", status.used);
     unregister_webhooks(cluster).await;
 }

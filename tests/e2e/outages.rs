@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 
 use crate::support::*;
 
@@ -327,7 +327,13 @@ async fn a_watch_cut_mid_burst_never_lets_the_quota_be_passed() {
     let _stop = StopC;
     let creates = replica_burst(&cluster, model, QUOTA as u32, CREATES, &["a", "c"]).await;
     let burst = tokio::spawn(create_in_parallel(creates, restart_refusal));
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Cut once c has admitted a pod: it then holds a grant (docs/design.md, "Grants").
+    let by_c = ListParams::default().labels("replica=c");
+    wait_for("replica c to admit a pod", Duration::from_secs(10), || async {
+        let pods = cluster.pods().list(&by_c).await.ok()?;
+        (!pods.items.is_empty()).then_some(())
+    })
+    .await;
     proxy.cut();
     tokio::time::sleep(Duration::from_secs(5)).await;
     proxy.restore().await;

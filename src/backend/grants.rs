@@ -168,29 +168,31 @@ impl Grants {
     ) {
         let now = Instant::now();
         let mut namespaces = self.namespaces.lock();
-        let ns = namespaces.entry(namespace.to_string()).or_default();
-        if ns.yield_until.is_some_and(|until| now < until) {
+        let known = namespaces.get(namespace);
+        if known.is_some_and(|ns| ns.yield_until.is_some_and(|until| now < until)) {
             return;
         }
+        let asked = |quota: &str, key: &str| {
+            known.is_some_and(|ns| {
+                let held = ns.held.iter().any(|h| h.quota == quota && h.model == key);
+                held || ns.wanted.iter().any(|(q, k, _)| q == quota && k == key)
+            })
+        };
+        let mut wanted = Vec::new();
         for (key, amount) in charge {
             for view in views.iter().filter(|v| grantable(v, key)) {
-                let held = ns
-                    .held
-                    .iter()
-                    .any(|h| h.quota == view.name && h.model == *key);
-                let listed = ns
-                    .wanted
-                    .iter()
-                    .any(|(q, k, _)| *q == view.name && k == key);
-                if !held && !listed {
-                    ns.wanted.push((view.name.clone(), key.clone(), *amount));
+                if !asked(&view.name, key) {
+                    wanted.push((view.name.clone(), key.clone(), *amount));
                 }
             }
         }
-        if !ns.wanted.is_empty() {
-            ns.wake.notify_one();
-            self.start_keeper(ns, cache, namespace);
+        if wanted.is_empty() {
+            return;
         }
+        let ns = namespaces.entry(namespace.to_string()).or_default();
+        ns.wanted.append(&mut wanted);
+        ns.wake.notify_one();
+        self.start_keeper(ns, cache, namespace);
     }
 
     /// A denial in `namespace` waits while grants hold room: give ours back now.

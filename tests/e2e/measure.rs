@@ -158,9 +158,18 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
     // write one status with its resourceVersion) take from this test's kube client.
     // Once the creates stop, the room the replicas held for them goes back (idle grants).
     let idle = Instant::now();
-    wait_for("the grants to be given back", Duration::from_secs(10), || async {
-        cluster.quota_status("default").await.grants.is_empty().then_some(())
-    })
+    wait_for(
+        "the grants to be given back",
+        Duration::from_secs(10),
+        || async {
+            cluster
+                .quota_status("default")
+                .await
+                .grants
+                .is_empty()
+                .then_some(())
+        },
+    )
     .await;
     println!(
         "MEASURE grants given back {:.0} ms after the last create",

@@ -2,12 +2,13 @@
 //! extender down (pods wait, then are placed), the webhooks down (failure policy `Fail`
 //! only for the pods they cover), and a certificate rotation under load.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 
 use crate::support::*;
 
@@ -228,9 +229,12 @@ async fn a_replica_killed_mid_burst_never_lets_the_quota_be_passed() {
     let live = cluster.live_pod_gpus().await;
     assert_eq!(live, u64::from(total) * 1000);
     let used = milli_gpus(&cluster.quota_status("default").await.used[model].0);
+    // Never less than the pods. It may read more than `hard` for a while: charges the dead
+    // replica admitted from its grant and had not moved yet count through the grant and
+    // as pods until the grant lapses (docs/design.md, "Grants").
     assert!(
-        live <= used && used <= u64::from(QUOTA) * 1000,
-        "the ledger holds every live pod and never more than the quota: used {used}m, live {live}m"
+        live <= used,
+        "the ledger holds every live pod: used {used}m, live {live}m"
     );
     // What the dead replica held — charges of creates it never answered, grants — comes
     // back within its bound: a pending total's lifetime after the grant's end.
@@ -239,8 +243,8 @@ async fn a_replica_killed_mid_burst_never_lets_the_quota_be_passed() {
         let status = cluster.quota_status("default").await;
         let used = status.used.get(model).map_or(0, |q| milli_gpus(&q.0));
         assert!(
-            used <= u64::from(QUOTA) * 1000,
-            "the ledger past the quota: {used}m"
+            used >= live,
+            "the ledger below the pods: {used}m of {live}m"
         );
         (used == live && status.grants.is_empty()).then_some(status)
     })
@@ -301,7 +305,10 @@ async fn the_api_server_restarted_mid_burst_never_lets_the_quota_be_passed() {
     let settled = wait_for_or_none(Duration::from_secs(180), || async {
         let status = cluster.quota_status("default").await;
         let used = status.used.get(model).map_or(0, |q| milli_gpus(&q.0));
-        assert!(used <= QUOTA * 1000, "the ledger past the quota: {used}m");
+        assert!(
+            used >= live,
+            "the ledger below the pods: {used}m of {live}m"
+        );
         // Grants left behind (by a write whose answer was lost) lapse within their bound.
         (used == live && status.grants.is_empty()).then_some(used)
     })
@@ -314,22 +321,22 @@ async fn the_api_server_restarted_mid_burst_never_lets_the_quota_be_passed() {
     unregister_webhooks(&cluster).await;
 }
 
-/// Replica `c` reaches the API server through a proxy, cut for 5 s in the middle of a
-/// burst of parallel creates through replicas `a` and `c` against one GPUQuota: c's
-/// watches and writes fail (a grant it held admits what it holds and lapses; a create it
-/// cannot decide is failed by the webhook's policy). Never one pod past the quota, and the
-/// ledger settles on exactly the pods that exist.
+/// Replica `c` reaches the API server through a proxy, cut for 5 s while it holds a grant
+/// and creates keep coming through replicas `a` and `c` against one GPUQuota: c admits
+/// from its grant what the grant holds (no API call needed), then, once its keeper's write
+/// fails, abandons it, and what it cannot decide is failed by the webhook's policy. Never
+/// one pod past the quota; `status.used` never below the pods that exist; the abandoned
+/// grant lapses within its bound and the ledger settles on exactly the pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
-async fn a_watch_cut_mid_burst_never_lets_the_quota_be_passed() {
+async fn a_watch_cut_while_a_grant_is_held_never_lets_the_quota_be_passed() {
     use crate::support::proxy::CuttableProxy;
     let Some(cluster) = setup("quota-cut").await else {
         return;
     };
     let model = "Tesla-K10";
-    // More room than replica a's half of the creates: c must admit some before the cut.
     const QUOTA: u64 = 200;
-    const CREATES: u32 = 300;
+    const CREATES: u32 = 60;
     let port = |name: &str| -> u16 { std::env::var(name).unwrap().parse().unwrap() };
     let proxy = CuttableProxy::start(
         port("GPU_ADMISSION_E2E_PROXY_PORT"),
@@ -347,45 +354,66 @@ async fn a_watch_cut_mid_burst_never_lets_the_quota_be_passed() {
     }
     let _stop = StopC;
     let creates = replica_burst(&cluster, model, QUOTA as u32, CREATES, &["a", "c"]).await;
-    let burst = tokio::spawn(create_in_parallel(creates, restart_refusal));
-    // Cut once c has admitted a pod: it then holds a grant (docs/design.md, "Grants").
-    let by_c = ListParams::default().labels("replica=c");
-    wait_for(
-        "replica c to admit a pod",
-        Duration::from_secs(10),
-        || async {
-            let pods = cluster.pods().list(&by_c).await.ok()?;
-            (!pods.items.is_empty()).then_some(())
-        },
-    )
-    .await;
-    proxy.cut();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut admitted: BTreeMap<String, u32> = BTreeMap::new();
+    let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
+    let mut cut_at = None;
+    for (i, (replica, pods, pod)) in creates.into_iter().enumerate() {
+        if i == 20 {
+            // c has admitted through the ledger, then from the grant its keeper took.
+            wait_for("replica c's grant", Duration::from_secs(10), || async {
+                let status = cluster.quota_status("default").await;
+                (!status.grants.is_empty()).then_some(())
+            })
+            .await;
+            proxy.cut();
+            cut_at = Some(Instant::now());
+        }
+        let when = if cut_at.is_some() {
+            " during the cut"
+        } else {
+            ""
+        };
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => *admitted.entry(format!("{replica}{when}")).or_default() += 1,
+            Err(e) => {
+                let text = e.to_string();
+                let kind = restart_refusal(&text).map_or(text, str::to_string);
+                *refusals.entry(kind).or_default() += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cut = cut_at.map(|t| t.elapsed()).unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(cut)).await;
     proxy.restore().await;
-    let (admitted, refusals) = burst.await.unwrap();
-    println!("answered: admitted per replica {admitted:?}; refusals {refusals:?}");
-    let known = [QUOTA_REFUSAL, FAILURE_POLICY];
+    println!("answered: admitted {admitted:?}; refusals {refusals:?}");
     assert!(
-        refusals.keys().all(|k| known.contains(&k.as_str())),
-        "every create is answered for a known reason: {refusals:?}"
+        refusals.keys().all(|k| k == FAILURE_POLICY),
+        "every create is admitted or failed by the failure policy: {refusals:?}"
+    );
+    assert!(
+        admitted.contains_key("c during the cut"),
+        "c admits from its grant during the cut: {admitted:?}"
     );
     assert!(
         refusals.contains_key(FAILURE_POLICY),
-        "the cut landed mid-burst: {refusals:?}"
+        "what c could not decide during the cut failed: {refusals:?}"
     );
     let live = cluster.live_pod_gpus().await;
     assert!(live <= QUOTA * 1000, "stored {live}m of a quota of {QUOTA}");
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let settled = wait_for_or_none(Duration::from_secs(180), || async {
         let status = cluster.quota_status("default").await;
         let used = status.used.get(model).map_or(0, |q| milli_gpus(&q.0));
-        assert!(used <= QUOTA * 1000, "the ledger past the quota: {used}m");
-        // Grants left behind (by a write whose answer was lost) lapse within their bound.
+        assert!(
+            used >= live,
+            "the ledger below the pods: {used}m of {live}m"
+        );
         (used == live && status.grants.is_empty()).then_some(used)
     })
     .await;
     println!(
-        "stored {live}m; the ledger settled on it after {:.1?}",
+        "stored {live}m; the ledger settled on it, no grant left, after {:.1?}",
         started.elapsed()
     );
     assert_eq!(settled, Some(live), "the ledger settles on the stored pods");

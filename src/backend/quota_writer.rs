@@ -275,10 +275,12 @@ impl QuotaWriter {
                 agreement,
             } = round;
             let before = views.clone();
-            let granted = quotas
+            let granted: BTreeSet<&str> = quotas
                 .iter()
-                .any(|q| q.status.as_ref().is_some_and(|s| !s.grants.is_empty()));
-            let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh, granted);
+                .flat_map(|q| q.status.iter().flat_map(|s| &s.grants))
+                .map(|g| g.model.as_str())
+                .collect();
+            let (decided, retry) = decide_round(namespace, &mut views, waiting, fresh, &granted);
             // On fresh data, only a denial waiting on grants is tried again.
             let waits_on_grants = fresh && !retry.is_empty();
             waiting = retry;
@@ -468,22 +470,25 @@ pub(crate) async fn read_quotas(
 
 /// Decide every waiting charge in arrival order, each seeing the ones before it. A
 /// denial is final only on fresh data (a stale copy may still count a pod that has
-/// gone), and while the quotas hold grants (`granted`) only once it has waited
-/// [`GRANT_WAIT`] for them to come back; otherwise it is tried again. Returns the
-/// charges to write and those to retry.
+/// gone), and while grants hold room of a key it is short of (`granted`: the keys
+/// with grants) only once it has waited [`GRANT_WAIT`] for them to come back; otherwise
+/// it is tried again. Returns the charges to write and those to retry.
 fn decide_round(
     namespace: &str,
     views: &mut [QuotaView],
     waiting: Vec<PendingWrite>,
     fresh: bool,
-    granted: bool,
+    granted: &BTreeSet<&str>,
 ) -> (Vec<Decided>, Vec<PendingWrite>) {
     let (mut decided, mut retry) = (Vec::new(), Vec::new());
     for w in waiting {
         let ask = &w.ask;
-        let wait = granted && w.arrived.elapsed() < GRANT_WAIT;
+        let patient = w.arrived.elapsed() < GRANT_WAIT;
         match admit(namespace, views, &ask.wanted, &ask.costs, ask.rules) {
-            Err(_) if !fresh || wait => retry.push(w),
+            Err(_) if !fresh => retry.push(w),
+            Err(denial) if patient && denial.short_of().any(|m| granted.contains(m)) => {
+                retry.push(w);
+            }
             Err(denial) => w.answer(Ok(ChargeOutcome::Denied(denial))),
             Ok(Charge::Model { charge, over, .. }) if !ask.dry_run => {
                 count_charge(views, &charge);

@@ -43,6 +43,18 @@ pub enum Denial {
     },
 }
 
+impl Denial {
+    /// The quota keys whose room was too little: more room could change the answer.
+    pub(crate) fn short_of(&self) -> impl Iterator<Item = &str> {
+        let exceeded: &[Exceeded] = match self {
+            Denial::Exceeded(e) => std::slice::from_ref(e),
+            Denial::NoModelHasRoom { tried, .. } => tried,
+            _ => &[],
+        };
+        exceeded.iter().map(|e| e.model.as_str())
+    }
+}
+
 /// Why a pod created bound to a node cannot be charged to that node's model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeProblem {

@@ -8,6 +8,10 @@
 //! (group commit): while one write is in flight the next charges queue, and the next
 //! write carries all of them. The status keeps running totals of pending charges
 //! (`quota::pending`), so a write costs the same however many pods are being created.
+//!
+//! Far from `hard`, an admission does not come here at all: it is taken out of a grant
+//! this replica holds (`backend::grants`, docs/design.md "Grants"). A denial here waits a
+//! bound for grants of the key it is short of to come back.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -502,12 +502,13 @@ fn no_backend_call_runs_under_the_cache_lock() {
 /// The files outside the cache that may change it, and why: the watch is inside it.
 /// The files that hold the cache's writer (`CacheWriter`, from `Backend::writer` or a
 /// constructor), besides the cache's own: each records what it decided or wrote.
-const WRITERS: [(&str, &str); 8] = [
+const WRITERS: [(&str, &str); 9] = [
     (
         "backend/mod.rs",
         "offline charges and admissions join the cache",
     ),
     ("backend/quota_writer.rs", "quotas it wrote or read fresh"),
+    ("backend/grants.rs", "quotas its keeper wrote"),
     (
         "controllers/reconcile.rs",
         "quotas it wrote; deletions past their grace",

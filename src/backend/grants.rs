@@ -13,18 +13,18 @@ use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use super::quota_writer::{Ask, ChargeOutcome, replace_status};
 use crate::cache::CacheWriter;
+use crate::placement::models::WantedModels;
 use crate::placement::quantity::Milli;
 use crate::quota::grant::{self, Admitted, GrantWrite};
 use crate::quota::pending::{CreatedSecond, now_second};
 use crate::quota::status::views_with_status;
-use crate::quota::{Charge, GPUQuota, ModelAmounts, OnExceed, QuotaView, admit};
+use crate::quota::{AdmitRules, Charge, Costs, GPUQuota, ModelAmounts, OnExceed, QuotaView, admit};
 
 /// How often the keeper moves admitted charges into the pending totals.
 const TICK: Duration = Duration::from_millis(200);
@@ -110,17 +110,27 @@ impl Grants {
         })
     }
 
-    /// Admit `ask` from a grant of ours, without a write; `None` when it takes the
-    /// writer's path.
+    /// Admit a pod of `namespace` created in second `created`, wanting `wanted` at
+    /// `costs`, from a grant of ours, without a write; `false` when it takes the writer's
+    /// path (the caller's to decide: a dry run or a queue release always does).
     pub(crate) fn admit(
         &self,
         cache: &CacheWriter,
         namespace: &str,
-        ask: &Ask,
-    ) -> Option<ChargeOutcome> {
-        if ask.dry_run || ask.charge_id.is_some() {
-            return None;
-        }
+        (wanted, costs, rules): (&WantedModels, &Costs, AdmitRules),
+        created: CreatedSecond,
+    ) -> bool {
+        self.try_admit(cache, namespace, (wanted, costs, rules), created)
+            .is_some()
+    }
+
+    fn try_admit(
+        &self,
+        cache: &CacheWriter,
+        namespace: &str,
+        (wanted, costs, rules): (&WantedModels, &Costs, AdmitRules),
+        created: CreatedSecond,
+    ) -> Option<()> {
         let now = now_second();
         let mut namespaces = self.namespaces.lock();
         let held = &mut namespaces.get_mut(namespace)?.held;
@@ -137,7 +147,7 @@ impl Grants {
                 }
             }
         }
-        let charged = admit(namespace, &views, &ask.wanted, &ask.costs, ask.rules);
+        let charged = admit(namespace, &views, wanted, costs, rules);
         let Ok(Charge::Model { charge, over, .. }) = charged else {
             return None;
         };
@@ -147,7 +157,7 @@ impl Grants {
         for (index, amount) in covering {
             let h = &mut held[index];
             h.remaining.0 -= amount.0;
-            let total = h.admitted.entry(ask.created).or_default();
+            let total = h.admitted.entry(created).or_default();
             *total = (Milli(total.0.0 + amount.0), total.1 + 1);
             h.last_used = at;
             low |= h.running_low();
@@ -155,7 +165,7 @@ impl Grants {
         if low {
             namespaces[namespace].wake.notify_one();
         }
-        Some(ChargeOutcome::Charged { over })
+        Some(())
     }
 
     /// An admission had to write its charge: the keeper may take grants for it.
@@ -353,7 +363,10 @@ impl Grants {
                 tracing::warn!(%error, "grant not written");
                 Lost::Gone
             })?;
-            match replace_status(api, &updated).await {
+            match api
+                .replace_status(name, &PostParams::default(), &updated)
+                .await
+            {
                 Ok(stored) => {
                     cache.write(|state| state.apply_quota(stored));
                     return Ok(taken);

@@ -148,10 +148,11 @@ impl QuotaWriter {
     /// Decide an admission's `ask`: from a grant this replica holds when one covers it
     /// (no write), otherwise as [`charge`](Self::charge) does.
     pub async fn admit(self: &Arc<Self>, cache: &CacheWriter, namespace: &str, ask: Ask) -> Answer {
-        if let Some(outcome) = self.grants.admit(cache, namespace, &ask) {
-            return Ok(outcome);
-        }
         let grantable = ask.charge_id.is_none() && !ask.dry_run;
+        let decision = (&ask.wanted, &ask.costs, ask.rules);
+        if grantable && self.grants.admit(cache, namespace, decision, ask.created) {
+            return Ok(ChargeOutcome::Charged { over: Vec::new() });
+        }
         self.enqueue(cache, namespace, ask, grantable).await
     }
 

@@ -204,6 +204,14 @@ async fn measure_webhook_latency_and_scheduling_throughput() {
         percentile_ms(&writes, 50.0)
     );
     unregister_webhooks(&cluster).await;
+    // Its pending GPU pods would keep the waiting controller busy after it.
+    cluster.delete_pods().await;
+    for api in [&plain, &core] {
+        let everything = ListParams::default();
+        api.delete_collection(&Default::default(), &everything)
+            .await
+            .unwrap();
+    }
 
     // Throughput: 100 half-GPU pods on 8 nodes of 8 GPUs (128 half-GPU slots).
     let bench_model = "Tesla-A10-bench";

@@ -764,6 +764,7 @@ async fn the_quota_status_stays_small_through_a_5000_create_burst() {
         settled.pending.len(),
         settled.grants.len()
     );
+    cluster.delete_pods().await;
     assert_eq!(admitted, CREATES as usize, "room for all of them");
     assert!(largest <= 16 * 1024, "the status grew to {largest} bytes");
     unregister_webhooks(&cluster).await;

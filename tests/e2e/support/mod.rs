@@ -175,6 +175,16 @@ impl Cluster {
             .unwrap();
     }
 
+    /// Deletes every pod of this scenario's namespace: a scenario that leaves hundreds
+    /// of pending GPU pods behind would keep the waiting controller (a bounded number of
+    /// condition writes a pass) busy with them through the scenarios after it.
+    pub async fn delete_pods(&self) {
+        self.pods()
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .unwrap();
+    }
+
     /// Creates a pod for the GPU scheduler wanting `gpu` on a node of `model`.
     pub async fn create_gpu_pod(&self, name: &str, model: &str, gpu: Gpu) -> Pod {
         let limits = match gpu {

@@ -336,16 +336,16 @@ impl Grants {
                 .iter()
                 .map(|t| take_amount(&current, t))
                 .collect();
-            let admitted: Vec<Vec<Admitted>> =
-                plan.settles.iter().map(|(_, a, _)| a.clone()).collect();
-            let mut writes: Vec<GrantWrite<'_>> = Vec::new();
-            for ((id, _, give_back), admitted) in plan.settles.iter().zip(&admitted) {
-                writes.push(GrantWrite::Settle {
+            // The charges to move are the plan's own: nothing is copied per attempt.
+            let mut writes: Vec<GrantWrite<'_>> = plan
+                .settles
+                .iter()
+                .map(|(id, admitted, give_back)| GrantWrite::Settle {
                     id,
                     admitted,
                     give_back: *give_back,
-                });
-            }
+                })
+                .collect();
             for (take, amount) in plan.takes.iter().zip(&taken) {
                 if amount.0 > 0 {
                     writes.push(GrantWrite::Take {

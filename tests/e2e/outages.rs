@@ -331,29 +331,14 @@ async fn the_api_server_restarted_mid_burst_never_lets_the_quota_be_passed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
 async fn a_watch_cut_while_a_grant_is_held_never_lets_the_quota_be_passed() {
-    use crate::support::proxy::CuttableProxy;
+    use crate::support::proxy::replica_c_behind_proxy;
     let Some(cluster) = setup("quota-cut").await else {
         return;
     };
     let model = "Tesla-K10";
     const QUOTA: u64 = 200;
     const CREATES: u32 = 60;
-    let port = |name: &str| -> u16 { std::env::var(name).unwrap().parse().unwrap() };
-    let proxy = CuttableProxy::start(
-        port("GPU_ADMISSION_E2E_PROXY_PORT"),
-        port("GPU_ADMISSION_E2E_API_PORT"),
-    )
-    .await;
-    tokio::task::spawn_blocking(|| ctl_replica("start", "c"))
-        .await
-        .unwrap();
-    struct StopC;
-    impl Drop for StopC {
-        fn drop(&mut self) {
-            ctl_replica("stop", "c");
-        }
-    }
-    let _stop = StopC;
+    let (proxy, _c) = replica_c_behind_proxy().await;
     let creates = replica_burst(&cluster, model, QUOTA as u32, CREATES, &["a", "c"]).await;
     let mut admitted: BTreeMap<String, u32> = BTreeMap::new();
     let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
@@ -450,7 +435,7 @@ pub fn restart_refusal(text: &str) -> Option<&'static str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a control plane: bash hack/e2e.sh runs it"]
 async fn a_watch_cut_for_30_s_leaves_the_extender_answering_from_its_cache() {
-    use crate::support::proxy::CuttableProxy;
+    use crate::support::proxy::replica_c_behind_proxy;
     let Some(cluster) = setup("watch-cut").await else {
         return;
     };
@@ -459,22 +444,7 @@ async fn a_watch_cut_for_30_s_leaves_the_extender_answering_from_its_cache() {
     for node in nodes {
         cluster.create_gpu_node(node, model, 2).await;
     }
-    let port = |name: &str| -> u16 { std::env::var(name).unwrap().parse().unwrap() };
-    let proxy = CuttableProxy::start(
-        port("GPU_ADMISSION_E2E_PROXY_PORT"),
-        port("GPU_ADMISSION_E2E_API_PORT"),
-    )
-    .await;
-    tokio::task::spawn_blocking(|| ctl_replica("start", "c"))
-        .await
-        .unwrap();
-    struct StopC;
-    impl Drop for StopC {
-        fn drop(&mut self) {
-            ctl_replica("stop", "c");
-        }
-    }
-    let _stop = StopC;
+    let (proxy, _c) = replica_c_behind_proxy().await;
     let url = std::env::var("GPU_ADMISSION_E2E_EXTENDER_URL_C").unwrap();
     let filter = async |name: &str| {
         let pod = cluster.pods().get(name).await.unwrap();

@@ -275,7 +275,7 @@ async fn three_replicas_never_admit_past_the_quota_under_parallel_creates() {
     let Some(cluster) = setup("replicas3").await else {
         return;
     };
-    let _c = ReplicaC::start_direct();
+    let _c = ReplicaC::start(true).await;
     replicas_never_admit_past_the_quota(&cluster, "Tesla-M40", &["a", "b", "c"]).await;
 }
 

@@ -59,3 +59,14 @@ impl Drop for CuttableProxy {
         self.cut();
     }
 }
+
+/// The API server's cuttable proxy and replica `c` behind it (stopped when dropped).
+pub async fn replica_c_behind_proxy() -> (CuttableProxy, super::ReplicaC) {
+    let port = |name: &str| -> u16 { std::env::var(name).unwrap().parse().unwrap() };
+    let proxy = CuttableProxy::start(
+        port("GPU_ADMISSION_E2E_PROXY_PORT"),
+        port("GPU_ADMISSION_E2E_API_PORT"),
+    )
+    .await;
+    (proxy, super::ReplicaC::start(false).await)
+}

@@ -13,13 +13,17 @@ pub fn ctl(action: &str) {
     ctl_replica(action, "a");
 }
 
-/// Replica `c` started against the API server directly (not through the watch-cut
-/// scenario's proxy), stopped when dropped.
+/// Replica `c`, stopped when dropped.
 pub struct ReplicaC;
 
 impl ReplicaC {
-    pub fn start_direct() -> Self {
-        ctl_replica_with("start", "c", &[("C_DIRECT", "1")]);
+    /// Starts it against the API server directly (`direct`), or through the proxy the
+    /// watch-cut scenarios run (`proxy::replica_c_behind_proxy`).
+    pub async fn start(direct: bool) -> Self {
+        let env: &'static [(&str, &str)] = if direct { &[("C_DIRECT", "1")] } else { &[] };
+        tokio::task::spawn_blocking(move || ctl_replica_with("start", "c", env))
+            .await
+            .unwrap();
         ReplicaC
     }
 }

@@ -81,6 +81,7 @@ pub(crate) async fn validate_claim(
     let Some(mut joining) = CachedClaim::from_claim(claim, &config.dra) else {
         return Ok(Verdict::Allow);
     };
+    backend.ensure_quotas(namespace).await?;
     let cache = backend.cache();
     let copied = copied(cache, namespace, claim, by_scheduler(config, user));
     let (catalog, asks) = evaluate(cache, copied.source, &joining, !copied.serves_pod).await?;

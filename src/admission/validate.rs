@@ -64,6 +64,7 @@ pub(crate) async fn validate(
     if let Some(change) = mark_at_create(pod, config) {
         return Ok(Verdict::Deny(Reason::Mark { change, user: None }));
     }
+    backend.ensure_quotas(namespace).await?;
     let created = created_or_now(&pod.metadata);
     let gated = is_gated(pod);
     // One look at the quota picture: what the pod wants and costs, and, for a pod that
@@ -235,3 +236,7 @@ fn pod_marks<'p>(pod: &'p Pod, gates: &'p [&'p str]) -> PodMarks<'p> {
         gates,
     }
 }
+
+#[cfg(test)]
+#[path = "unseen_quota_tests.rs"]
+mod unseen_quota_tests;

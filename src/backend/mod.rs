@@ -358,6 +358,30 @@ impl Backend {
         pods.get_opt(name).await.ok().flatten()
     }
 
+    /// API mode: make sure the cache holds `namespace`'s GPUQuotas before anything is
+    /// decided on them. The watch can lag (an API server under load, a relist): a quota
+    /// created moments ago and not delivered yet would let pods in uncharged, as in a
+    /// namespace without one, and such an admission writes nothing a stale copy could
+    /// conflict on. So when the cache holds none, they are read from the API server (the
+    /// API server's own ResourceQuota admission looks up live when its lister holds
+    /// none). A quota the cache holds needs no read: every charge is written against its
+    /// resourceVersion (docs/design.md, "A quota the watch has not delivered").
+    pub(crate) async fn ensure_quotas(&self, namespace: &str) -> Result<(), ChargeError> {
+        let Mode::Api { client, .. } = &self.mode else {
+            return Ok(());
+        };
+        // The hot path: the namespace has a quota, cached.
+        if self
+            .cache
+            .read(|state| state.namespace_quotas(namespace).next().is_some())
+        {
+            return Ok(());
+        }
+        let api = Api::namespaced(client.clone(), namespace);
+        quota_writer::read_quotas(&api, &self.cache, namespace, true).await?;
+        Ok(())
+    }
+
     /// API mode: make sure the cache holds pod `key` before a filter or bind call looks
     /// for it. kube-scheduler can see a new pod before this process's watch does; rather
     /// than refuse it (the scheduler would back off a second), read the cluster's copy.

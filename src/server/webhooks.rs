@@ -14,6 +14,7 @@ use crate::dra::ResourceClaim;
 use crate::admission::claim::{mutate_claim, validate_claim};
 use crate::admission::mutate::{GpuNodes, mutation};
 use crate::admission::validate::{Verdict, validate, validate_update};
+use crate::backend::ChargeError;
 use crate::metrics::ExceededLabels;
 use crate::placement::request::asks_for_gpu;
 use crate::wire::DecodeError;
@@ -162,6 +163,14 @@ fn judged(
     }
 }
 
+/// A mutation cannot be worked out without the namespace's quotas
+/// (`Backend::ensure_quotas`): our own failure, a 500 the failure policy decides.
+fn quotas_unread(namespace: &str, error: &ChargeError) -> (&'static str, Response) {
+    tracing::error!(namespace, %error, "cannot read the namespace's GPUQuotas");
+    let status = StatusCode::INTERNAL_SERVER_ERROR;
+    (error.kind(), (status, error.to_string()).into_response())
+}
+
 /// Count the quotas a verdict found without room (`gpu_admission_quota_exceeded_total`).
 fn count_exceeded(state: &AppState, verdict: &Verdict) {
     for (namespace, model, action) in verdict.exceeded() {
@@ -189,6 +198,9 @@ pub(super) async fn mutate_route(
         else {
             return reply("allow", review.allow());
         };
+        if let Err(error) = state.backend.ensure_quotas(&namespace).await {
+            return quotas_unread(&namespace, &error);
+        }
         let (limits, nodes) = state.cache().read(|s| {
             let nodes = GpuNodes {
                 mig_labels: s.mig_labels().map(str::to_string).collect(),
@@ -288,6 +300,9 @@ pub(super) async fn mutate_claim_route(
             let Some((namespace, claim)) = claim else {
                 return reply("allow", review.allow());
             };
+            if let Err(error) = state.backend.ensure_quotas(&namespace).await {
+                return quotas_unread(&namespace, &error);
+            }
             let asker = (namespace.as_str(), &review.request.user_info);
             match mutate_claim(state.cache(), &state.config, asker, claim).await {
                 Ok(patch) if patch.0.is_empty() => reply("allow", review.allow()),

@@ -1,6 +1,6 @@
 //! The kube client gpu-admission talks to the API server with: kube's own stack (base
 //! URI, authentication, rustls) on a connector with TCP_NODELAY, and a deadline on every
-//! request that is not a watch.
+//! request.
 //!
 //! Why a deadline: neither kube's default client nor this one has a read timeout, so a
 //! `get` or `patch` sent on a connection whose peer has gone silent (a half-open
@@ -8,8 +8,12 @@
 //! up, and with it the quota queue's releaser, the reconciler or the lease. Admission
 //! requests are bounded by the listener's request timeout already. The answer's headers
 //! must come within the deadline, and then each piece of its body (a long list arrives
-//! in many). Watches are long-running by design (kube's watcher has its own idle
-//! timeout) and are left alone.
+//! in many). A watch is long-running, but never silent for long: the API server sends a
+//! bookmark about every minute to a watch that asks for them (kube's watcher does), so a
+//! watch that has sent nothing for [`WATCH_SILENCE`] is cut and listed again
+//! (`cache/watch.rs`). Without that, a watch whose connection died without a reset left a
+//! replica's cache frozen for minutes, while its requests, on other connections, went
+//! through (docs/design.md, "Watches").
 
 use std::future::Future;
 use std::path::Path;
@@ -28,12 +32,32 @@ use tower_http::timeout::TimeoutBody;
 /// request the server would still answer is cut.
 pub(crate) const REQUEST_DEADLINE: Duration = Duration::from_secs(70);
 
+/// How long a watch may send nothing, not even a bookmark, before it is cut: two of the
+/// API server's bookmark periods (a minute each).
+pub(crate) const WATCH_SILENCE: Duration = Duration::from_secs(120);
+
+/// How long the client waits on the API server.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deadlines {
+    /// For an answer's headers, and then for each piece of a body that is not a watch's.
+    pub(crate) answer: Duration,
+    /// For each piece of a watch's body.
+    pub(crate) watch_silence: Duration,
+}
+
+impl Deadlines {
+    pub(crate) const DEFAULT: Deadlines = Deadlines {
+        answer: REQUEST_DEADLINE,
+        watch_silence: WATCH_SILENCE,
+    };
+}
+
 /// A kube client on `config`, with TCP_NODELAY (kube's default connector leaves Nagle
 /// on, and a small status write then waits out the apiserver's delayed ACK, ~40 ms, on
-/// every quota charge) and [`REQUEST_DEADLINE`] on each request that is not a watch.
+/// every quota charge) and `deadlines` on each request.
 pub(crate) fn client(
     config: kube::Config,
-    deadline: Duration,
+    deadlines: Deadlines,
 ) -> Result<kube::Client, kube::Error> {
     use kube::client::ConfigExt;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -44,7 +68,7 @@ pub(crate) fn client(
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build(https);
     let service = tower::ServiceBuilder::new()
-        .layer(DeadlineLayer(deadline))
+        .layer(DeadlineLayer(deadlines))
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .map_err(BoxError::from)
@@ -62,23 +86,24 @@ fn is_watch(uri: &axum::http::Uri) -> bool {
 
 /// [`Deadline`] for every service it wraps.
 #[derive(Clone, Copy)]
-struct DeadlineLayer(Duration);
+struct DeadlineLayer(Deadlines);
 
 impl<S> Layer<S> for DeadlineLayer {
     type Service = Deadline<S>;
     fn layer(&self, inner: S) -> Deadline<S> {
         Deadline {
             inner,
-            after: self.0,
+            deadlines: self.0,
         }
     }
 }
 
-/// A request that is not a watch fails after `after` without an answer.
+/// A request fails when its answer's headers do not come within `deadlines.answer`, or
+/// a piece of its body within that (a watch's: `deadlines.watch_silence`).
 #[derive(Clone)]
 struct Deadline<S> {
     inner: S,
-    after: Duration,
+    deadlines: Deadlines,
 }
 
 /// The error of a request cut by [`Deadline`].
@@ -108,19 +133,21 @@ where
     }
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let watch = is_watch(request.uri());
+        let Deadlines {
+            answer: after,
+            watch_silence,
+        } = self.deadlines;
+        let between = match is_watch(request.uri()) {
+            true => watch_silence,
+            false => after,
+        };
         let call = self.inner.call(request);
-        let after = self.after;
         Box::pin(async move {
-            if watch {
-                let answer = call.await.map_err(Into::into)?;
-                return Ok(answer.map(|body| body.map_err(Into::into).boxed_unsync()));
-            }
             let answer = match tokio::time::timeout(after, call).await {
                 Ok(answer) => answer.map_err(Into::into)?,
                 Err(_) => return Err(NoAnswer(after).into()),
             };
-            let bounded = |body: A| TimeoutBody::new(after, body.map_err(Into::into));
+            let bounded = |body: A| TimeoutBody::new(between, body.map_err(Into::into));
             Ok(answer.map(|body| bounded(body).boxed_unsync()))
         })
     }
@@ -146,7 +173,7 @@ pub async fn kube_client(
             .parse()
             .with_context(|| format!("--master {master:?} is not a URL"))?;
     }
-    Ok(client(config, REQUEST_DEADLINE)?)
+    Ok(client(config, Deadlines::DEFAULT)?)
 }
 
 #[cfg(test)]
@@ -198,7 +225,11 @@ mod tests {
         let config = kube::Config::new(url.parse().unwrap());
         // Long enough for the head to come on a loaded machine (the test is about the
         // body: a head later than the deadline fails with the other error).
-        let pods: Api<Pod> = Api::namespaced(client(config, Duration::from_secs(2)).unwrap(), "ns");
+        let deadlines = Deadlines {
+            answer: Duration::from_secs(2),
+            watch_silence: Duration::from_secs(2),
+        };
+        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
         let error = tokio::time::timeout(Duration::from_secs(10), pods.get("p"))
             .await
             .expect("the body's silence is cut by the deadline, not waited out")
@@ -207,11 +238,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_request_to_a_silent_api_server_fails_at_the_deadline_but_a_watch_waits() {
+    async fn a_request_or_watch_to_a_silent_api_server_fails_at_the_deadline() {
         let (url, _server) = silent_server().await;
         let config = kube::Config::new(url.parse().unwrap());
-        let deadline = Duration::from_millis(300);
-        let pods: Api<Pod> = Api::namespaced(client(config, deadline).unwrap(), "ns");
+        let deadlines = Deadlines {
+            answer: Duration::from_millis(300),
+            watch_silence: Duration::from_secs(3600),
+        };
+        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
         let started = std::time::Instant::now();
         let error = tokio::time::timeout(Duration::from_secs(10), pods.get("p"))
             .await
@@ -221,12 +255,61 @@ mod tests {
             error.to_string().contains("did not answer within"),
             "{error}"
         );
-        assert!(started.elapsed() >= deadline);
+        assert!(started.elapsed() >= deadlines.answer);
         let params = WatchParams::default();
-        let waited = tokio::time::timeout(deadline * 3, pods.watch(&params, "0")).await;
-        assert!(
-            waited.is_err(),
-            "a watch is long-running: no deadline cuts it"
-        );
+        let watch = tokio::time::timeout(Duration::from_secs(10), pods.watch(&params, "0"));
+        let error = watch
+            .await
+            .expect("a watch's head is due like any answer's");
+        assert!(error.is_err(), "a watch whose head never comes fails");
+    }
+
+    /// A watch that keeps sending bookmarks lives past its silence deadline; once it
+    /// goes silent (its connection dead without a reset) it fails, to be listed again.
+    #[tokio::test]
+    async fn a_watch_that_goes_silent_is_cut_but_one_that_keeps_talking_is_not() {
+        use futures::StreamExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const BOOKMARKS: usize = 8;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let _server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; 64 * 1024];
+            let _ = socket.read(&mut request).await.unwrap();
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                        transfer-encoding: chunked\r\n\r\n";
+            socket.write_all(head.as_bytes()).await.unwrap();
+            for version in 0..BOOKMARKS {
+                let line = format!(
+                    "{{\"type\":\"BOOKMARK\",\"object\":{{\"kind\":\"Pod\",\"apiVersion\":\"v1\",\"metadata\":{{\"resourceVersion\":\"{version}\"}}}}}}\n"
+                );
+                let chunk = format!("{:x}\r\n{line}\r\n", line.len());
+                socket.write_all(chunk.as_bytes()).await.unwrap();
+                // Together far longer than the silence deadline, each far shorter.
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            std::future::pending::<()>().await; // then silence, the socket held open
+        });
+        let config = kube::Config::new(url.parse().unwrap());
+        let deadlines = Deadlines {
+            answer: Duration::from_secs(5),
+            watch_silence: Duration::from_secs(2),
+        };
+        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
+        let params = WatchParams::default();
+        let events = pods.watch(&params, "0");
+        let mut events = events.await.unwrap().boxed();
+        let mut bookmarks = 0;
+        let ended = loop {
+            let next = tokio::time::timeout(Duration::from_secs(60), events.next());
+            match next.await.expect("the silence is cut, not waited out") {
+                Some(Ok(_)) => bookmarks += 1,
+                Some(Err(error)) => break Some(error),
+                None => break None,
+            }
+        };
+        assert_eq!(bookmarks, BOOKMARKS, "every bookmark before the silence");
+        assert!(ended.is_some(), "the silent watch ends in an error");
     }
 }

@@ -153,6 +153,19 @@ where
     }
 }
 
+/// Whether `error` is certain to have left the request unsent: no connection to the API
+/// server could be made. Then nothing was stored, whatever the request was.
+pub(crate) fn never_sent(error: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(client) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+            return client.is_connect();
+        }
+        source = error.source();
+    }
+    false
+}
+
 /// A kube client from `--kubeconfig` (or the usual inference) and an optional `--master`.
 pub async fn kube_client(
     kubeconfig: Option<&Path>,
@@ -262,6 +275,28 @@ mod tests {
             .await
             .expect("a watch's head is due like any answer's");
         assert!(error.is_err(), "a watch whose head never comes fails");
+    }
+
+    #[tokio::test]
+    async fn a_request_no_connection_was_made_for_is_known_unsent() {
+        // A port nothing listens on: the connection is refused.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let config = kube::Config::new(url.parse().unwrap());
+        let pods: Api<Pod> = Api::namespaced(client(config, Deadlines::DEFAULT).unwrap(), "ns");
+        let refused = pods.get("p").await.unwrap_err();
+        assert!(never_sent(&refused), "{refused}");
+        // An answer that was sent and never came may have been acted on.
+        let (url, _server) = silent_server().await;
+        let config = kube::Config::new(url.parse().unwrap());
+        let deadlines = Deadlines {
+            answer: Duration::from_millis(300),
+            watch_silence: Duration::from_secs(3600),
+        };
+        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
+        let unanswered = pods.get("p").await.unwrap_err();
+        assert!(!never_sent(&unanswered), "{unanswered}");
     }
 
     /// A watch that keeps sending bookmarks lives past its silence deadline; once it

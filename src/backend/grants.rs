@@ -373,6 +373,12 @@ impl Grants {
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {}
                 Err(kube::Error::Api(status)) if status.code == 404 => return Err(Lost::Gone),
+                // No connection: nothing was stored, the grants stand as the quota holds
+                // them (and admit until their `until`); tried again at the next tick.
+                Err(error) if crate::api_client::never_sent(&error) => {
+                    tracing::debug!(%error, quota = name, "grant write not sent");
+                    return Err(Lost::Unwritten);
+                }
                 Err(error) => {
                     tracing::warn!(%error, quota = name, "grant write failed; its grants lapse");
                     return Err(Lost::Unsure);
@@ -523,7 +529,8 @@ enum Lost {
     Gone,
     /// The write may or may not have been stored.
     Unsure,
-    /// Nothing was written (a read failed, or every write lost its race).
+    /// Nothing was written (a read failed, no connection could be made, or every write
+    /// lost its race).
     Unwritten,
 }
 

@@ -561,3 +561,73 @@ fn a_pattern_over_the_compiled_size_limit_is_refused_naming_the_request() {
         r#"ResourceClaim request big: CEL selector matches "\\w{1,200}", which is not a regular expression compiling within 65536 bytes"#
     );
 }
+
+/// Partitionable devices (KEP-4815, beta in Kubernetes 1.36) as NVIDIA's driver publishes
+/// dynamic MIG: a slice of shared counters (one set per physical GPU) and a slice of
+/// devices each consuming from it, the whole GPU and every profile placement. A device's
+/// charge depends on its attributes alone (model, and a MIG profile), not on the counters
+/// it consumes, so such a device is charged, pinned and counted as a static one: the
+/// whole GPU a GPU, a placement its profile's slice and one `<model>/<profile>` unit.
+#[test]
+fn partitionable_devices_are_charged_by_profile_like_static_ones() {
+    let counters = json!({
+        "metadata": {"name": "node-a-counters"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-a"}, "nodeName": "node-a",
+            "sharedCounters": [{"name": "gpu-0-counter-set", "counters": {
+                "memory": {"value": "80Gi"}, "multiprocessors": {"value": "98"},
+                "memory-slice-0": {"value": "1"}, "memory-slice-1": {"value": "1"}}}]}
+    });
+    let attributes = |profile: Option<&str>| {
+        let mut a = json!({
+            "productName": {"string": "NVIDIA A100-SXM4-80GB"},
+            "type": {"string": if profile.is_some() { "mig" } else { "gpu" }},
+            "uuid": {"string": "GPU-0"},
+        });
+        if let Some(profile) = profile {
+            a["profile"] = json!({"string": profile});
+        }
+        a
+    };
+    let consumes = |memory: &str, slices: &[u32]| {
+        let mut counters = json!({"memory": {"value": memory}});
+        for s in slices {
+            counters[format!("memory-slice-{s}")] = json!({"value": "1"});
+        }
+        json!([{"counterSet": "gpu-0-counter-set", "counters": counters}])
+    };
+    let devices = json!({
+        "metadata": {"name": "node-a-gpus"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-a"}, "nodeName": "node-a",
+            "devices": [
+                {"name": "gpu-0", "attributes": attributes(None),
+                 "capacity": {"memory": {"value": "80Gi"}}, "consumesCounters": consumes("80Gi", &[0, 1])},
+                {"name": "gpu-0-mig-1g10gb-0", "attributes": attributes(Some("1g.10gb")),
+                 "capacity": {"memory": {"value": "10Gi"}}, "consumesCounters": consumes("10Gi", &[0])},
+                {"name": "gpu-0-mig-1g10gb-1", "attributes": attributes(Some("1g.10gb")),
+                 "capacity": {"memory": {"value": "10Gi"}}, "consumesCounters": consumes("10Gi", &[1])},
+            ]}
+    });
+    let dra = Dra::default();
+    let mut index = DeviceIndex::default();
+    for slice in [counters, devices] {
+        let slice: ResourceSlice = serde_json::from_value(slice).unwrap();
+        index.apply(
+            slice.metadata.name.as_deref().unwrap(),
+            gpu_devices(&slice, &dra),
+        );
+    }
+    let known = ["A100-SXM4-80GB".to_string()];
+    let catalog = Catalog::new(&dra, &nvidia_classes(), &index, known);
+    let mig = MigResources::default();
+    let slices =
+        json!([{"name": "s", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 2}}]);
+    assert_eq!(
+        asks(slices, &catalog).charge(None, &mig),
+        amounts(&[("A100-SXM4-80GB", 284), ("A100-SXM4-80GB/1g.10gb", 2000)])
+    );
+    let whole = json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]);
+    assert_eq!(
+        asks(whole, &catalog).charge(None, &mig),
+        amounts(&[("A100-SXM4-80GB", 1000)])
+    );
+}

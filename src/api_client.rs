@@ -221,28 +221,46 @@ mod tests {
         (url, held)
     }
 
-    #[tokio::test]
-    async fn an_answer_whose_body_stops_coming_fails_at_the_deadline() {
+    /// An API server that answers one request with `pieces`, each written after the
+    /// pause before it, then goes silent with the socket held open (a peer gone dead
+    /// without a reset).
+    async fn answering_then_silent(
+        pieces: Vec<(Duration, String)>,
+    ) -> (String, tokio::task::JoinHandle<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let _server = tokio::spawn(async move {
+        let server = tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut request = vec![0; 64 * 1024];
             let _ = socket.read(&mut request).await.unwrap(); // a GET: its head only
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                        content-length: 1000\r\n\r\n{\"kind\": \"Pod\"";
-            socket.write_all(head.as_bytes()).await.unwrap();
-            std::future::pending::<()>().await; // then silence, the socket held open
+            for (pause, piece) in pieces {
+                tokio::time::sleep(pause).await;
+                socket.write_all(piece.as_bytes()).await.unwrap();
+            }
+            std::future::pending::<()>().await;
         });
+        (url, server)
+    }
+
+    /// Pods in namespace `ns` of the API server at `url`, through [`client`].
+    fn pods_at(url: &str, deadlines: Deadlines) -> Api<Pod> {
         let config = kube::Config::new(url.parse().unwrap());
+        Api::namespaced(client(config, deadlines).unwrap(), "ns")
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_body_stops_coming_fails_at_the_deadline() {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                    content-length: 1000\r\n\r\n{\"kind\": \"Pod\"";
+        let (url, _server) = answering_then_silent(vec![(Duration::ZERO, head.into())]).await;
         // Long enough for the head to come on a loaded machine (the test is about the
         // body: a head later than the deadline fails with the other error).
         let deadlines = Deadlines {
             answer: Duration::from_secs(2),
             watch_silence: Duration::from_secs(2),
         };
-        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
+        let pods = pods_at(&url, deadlines);
         let error = tokio::time::timeout(Duration::from_secs(10), pods.get("p"))
             .await
             .expect("the body's silence is cut by the deadline, not waited out")
@@ -253,12 +271,11 @@ mod tests {
     #[tokio::test]
     async fn a_request_or_watch_to_a_silent_api_server_fails_at_the_deadline() {
         let (url, _server) = silent_server().await;
-        let config = kube::Config::new(url.parse().unwrap());
         let deadlines = Deadlines {
             answer: Duration::from_millis(300),
             watch_silence: Duration::from_secs(3600),
         };
-        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
+        let pods = pods_at(&url, deadlines);
         let started = std::time::Instant::now();
         let error = tokio::time::timeout(Duration::from_secs(10), pods.get("p"))
             .await
@@ -283,18 +300,16 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let config = kube::Config::new(url.parse().unwrap());
-        let pods: Api<Pod> = Api::namespaced(client(config, Deadlines::DEFAULT).unwrap(), "ns");
+        let pods = pods_at(&url, Deadlines::DEFAULT);
         let refused = pods.get("p").await.unwrap_err();
         assert!(never_sent(&refused), "{refused}");
         // An answer that was sent and never came may have been acted on.
         let (url, _server) = silent_server().await;
-        let config = kube::Config::new(url.parse().unwrap());
         let deadlines = Deadlines {
             answer: Duration::from_millis(300),
             watch_silence: Duration::from_secs(3600),
         };
-        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
+        let pods = pods_at(&url, deadlines);
         let unanswered = pods.get("p").await.unwrap_err();
         assert!(!never_sent(&unanswered), "{unanswered}");
     }
@@ -304,34 +319,24 @@ mod tests {
     #[tokio::test]
     async fn a_watch_that_goes_silent_is_cut_but_one_that_keeps_talking_is_not() {
         use futures::StreamExt;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const BOOKMARKS: usize = 8;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let _server = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let mut request = vec![0; 64 * 1024];
-            let _ = socket.read(&mut request).await.unwrap();
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                        transfer-encoding: chunked\r\n\r\n";
-            socket.write_all(head.as_bytes()).await.unwrap();
-            for version in 0..BOOKMARKS {
-                let line = format!(
-                    "{{\"type\":\"BOOKMARK\",\"object\":{{\"kind\":\"Pod\",\"apiVersion\":\"v1\",\"metadata\":{{\"resourceVersion\":\"{version}\"}}}}}}\n"
-                );
-                let chunk = format!("{:x}\r\n{line}\r\n", line.len());
-                socket.write_all(chunk.as_bytes()).await.unwrap();
-                // Together far longer than the silence deadline, each far shorter.
-                tokio::time::sleep(Duration::from_millis(400)).await;
-            }
-            std::future::pending::<()>().await; // then silence, the socket held open
-        });
-        let config = kube::Config::new(url.parse().unwrap());
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                    transfer-encoding: chunked\r\n\r\n";
+        let mut pieces = vec![(Duration::ZERO, head.to_string())];
+        for version in 0..BOOKMARKS {
+            let line = format!(
+                "{{\"type\":\"BOOKMARK\",\"object\":{{\"kind\":\"Pod\",\"apiVersion\":\"v1\",\"metadata\":{{\"resourceVersion\":\"{version}\"}}}}}}\n"
+            );
+            // Together far longer than the silence deadline, each far shorter.
+            let pause = Duration::from_millis(if version == 0 { 0 } else { 400 });
+            pieces.push((pause, format!("{:x}\r\n{line}\r\n", line.len())));
+        }
+        let (url, _server) = answering_then_silent(pieces).await;
         let deadlines = Deadlines {
             answer: Duration::from_secs(5),
             watch_silence: Duration::from_secs(2),
         };
-        let pods: Api<Pod> = Api::namespaced(client(config, deadlines).unwrap(), "ns");
+        let pods = pods_at(&url, deadlines);
         let params = WatchParams::default();
         let events = pods.watch(&params, "0");
         let mut events = events.await.unwrap().boxed();

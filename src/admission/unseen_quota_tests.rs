@@ -107,6 +107,41 @@ async fn a_pod_over_a_quota_the_watch_has_not_delivered_is_refused() {
     assert_eq!(cached, 1, "the quota read is kept in the cache");
 }
 
+/// A tenant who knows the watch lags: a model the undelivered quotas do not list, and a
+/// GPU asked only by an init container, are judged by those quotas all the same.
+#[tokio::test]
+async fn a_tenant_cannot_step_around_an_undelivered_quota_by_model_or_container_kind() {
+    let config = Config::default();
+    let mut a100 = quota("0");
+    a100.metadata.name = Some("q2".into());
+    a100.spec.hard = [("A100".to_string(), Quantity("2".into()))].into();
+    a100.spec.default_type = None;
+    let (backend, _) = backend(None, vec![quota("1"), a100]);
+    let mut unlisted = gpu_pod("unlisted");
+    let annotations = [(config.type_annotation.clone(), "A10".to_string())];
+    unlisted.metadata.annotations = Some(annotations.into());
+    let verdict = validate(&backend, &config, "team", &unlisted, false).await;
+    let Verdict::Deny(reason) = verdict.unwrap() else {
+        panic!("A10 is listed by no quota of the namespace");
+    };
+    assert!(
+        matches!(&reason, Reason::Quota(Denial::ModelNotAllowed { model, .. }) if model == "A10"),
+        "{reason:?}"
+    );
+    let mut init = gpu_pod("init");
+    let spec = init.spec.as_mut().unwrap();
+    spec.init_containers = Some(std::mem::take(&mut spec.containers));
+    spec.containers = pod_with(&[&[]]).spec.unwrap().containers;
+    let verdict = validate(&backend, &config, "team", &init, false).await;
+    let Verdict::Deny(reason) = verdict.unwrap() else {
+        panic!("the init container's T4 (the default type) is over the quota");
+    };
+    assert!(
+        matches!(&reason, Reason::Quota(Denial::Exceeded(e)) if e.model == "T4"),
+        "{reason:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_namespace_without_a_quota_is_confirmed_by_the_api_server_each_time() {
     let config = Config::default();

@@ -49,6 +49,9 @@ macro_rules! lite_resource {
 }
 use lite_resource;
 
+// Not yet wired into the charge (issue 50, next step).
+#[allow(dead_code)]
+mod capacity;
 pub mod cel;
 pub mod classes;
 mod pin;

@@ -15,8 +15,10 @@ use crate::config::{Config, UntypedPods};
 use crate::dra::cel::CostBudget;
 use crate::dra::{
     AskError, Catalog, CatalogSource, ClaimAsks, DeviceAsk, ExactRequest, Pin, Resolved,
-    ResourceClaim,
+    ResourceClaim, UNMATCHABLE,
 };
+use crate::placement::mig::MigResources;
+use crate::quota::{self, ModelAmounts, QuotaView, add_charge};
 use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
 use crate::quota::{Costs, Denial};
@@ -35,6 +37,9 @@ struct Copied {
     serves_pod: bool,
     /// The DeviceClasses' version `source` holds.
     classes: u64,
+    /// The namespace's quotas with their usage now (none without a quota, or when their
+    /// status cannot be read): the room a request's alternatives are chosen by.
+    views: Option<Vec<QuotaView>>,
 }
 
 /// A claim as judged: the catalog its selectors were evaluated with, and the
@@ -64,6 +69,7 @@ fn copied(
             limits: s.namespace_limits(namespace).clone(),
             serves_pod: s.serves_pod(namespace, claim.requests(), owner.as_ref()),
             classes: s.classes_version(),
+            views: s.namespace_quota(namespace).views().ok(),
         }
     })
 }
@@ -216,39 +222,132 @@ fn charged(
     Ok(Some((wanted, Costs::single(label, charge))))
 }
 
-/// The JSON Patch that adds, to every GPU request of `claim` and every alternative, the
-/// selector that pins it to what it is charged for: its model, and whole GPUs or one MIG
-/// profile (`DeviceAsk::pin`; none for a request whose model cannot be decided: the
-/// validating webhook refuses it).
+/// What the mutating webhook knows of a namespace's quotas to choose among a request's
+/// alternatives: their views with usage now.
+pub(super) struct Room<'a> {
+    pub(super) views: &'a [QuotaView],
+    pub(super) mig: &'a MigResources,
+}
+
+/// The mutating webhook's work on a claim: its patch, and what it tells the creator.
+#[derive(Debug, Default)]
+pub(crate) struct Pinned {
+    pub(crate) patch: json_patch::Patch,
+    pub(crate) warnings: Vec<String>,
+}
+
+/// One GPU request or alternative of a claim, as the mutating webhook sees it.
+struct Pinning<'a> {
+    path: String,
+    exact: &'a ExactRequest,
+    ask: DeviceAsk,
+}
+
+/// The patch that adds, to every GPU request of `claim` and every alternative, the
+/// selector that pins it to what it is charged for: its model, whole GPUs or one MIG
+/// profile, and shareable devices for a request asking part of their capacity
+/// (`DeviceAsk::pin`; none for a request whose model cannot be decided: the validating
+/// webhook refuses it). Of a request's GPU alternatives, with `room`, the quota keeps
+/// the first (in the user's order) whose model has room for it and makes every other
+/// unmatchable ([`UNMATCHABLE`]), so the claim is charged the alternative it will get.
 fn pin_patch(
     claim: &ResourceClaim,
     catalog: &Catalog,
     limits: &NamespaceLimits,
-) -> json_patch::Patch {
+    room: Option<&Room>,
+) -> Pinned {
     let default = limits.default_type.as_deref();
     let mut operations: Vec<Value> = Vec::new();
+    let mut warnings = Vec::new();
     let mut budget = CostBudget::default();
-    let mut pin = |path: String, name: &str, exact: &ExactRequest| {
-        let ask = catalog.ask(name, exact, &mut budget).ok().flatten();
-        if let Some(pin) = ask.as_ref().and_then(|a| pin_to_add(a, default)) {
-            operations.push(add_selector(&path, exact, &catalog.pin(&pin)));
-        }
+    let mut gpu = |path: String, name: &str, exact| {
+        let ask = catalog.ask(name, exact, &mut budget).ok().flatten()?;
+        (!ask.unmatchable).then_some(Pinning { path, exact, ask })
     };
+    let mut exact = Vec::new();
+    let mut groups = Vec::new();
     for (i, request) in claim.requests().iter().enumerate() {
-        if let Some(exact) = &request.exactly {
+        if let Some(request_exact) = &request.exactly {
             let path = format!("/spec/devices/requests/{i}/exactly");
-            pin(path, &request.name, exact);
+            exact.extend(gpu(path, &request.name, request_exact));
         }
+        let mut group = Vec::new();
         for (j, sub) in request.first_available.iter().flatten().enumerate() {
             let path = format!("/spec/devices/requests/{i}/firstAvailable/{j}");
-            pin(
-                path,
-                &format!("{}/{}", request.name, sub.name),
-                &sub.request,
-            );
+            let name = format!("{}/{}", request.name, sub.name);
+            group.extend(gpu(path, &name, &sub.request));
+        }
+        groups.push((request.name.as_str(), group));
+    }
+    let pin = |p: &Pinning| {
+        let pin = pin_to_add(&p.ask, default)?;
+        Some(add_selector(&p.path, p.exact, &catalog.pin(&pin)))
+    };
+    operations.extend(exact.iter().filter_map(pin));
+    // What the exact requests cost: an alternative needs room beside them.
+    let mut fixed = ModelAmounts::new();
+    for p in &exact {
+        if let (Some(room), Some(pin)) = (room, p.ask.pin(default)) {
+            add_charge(&mut fixed, &catalog.pinned_charge(&p.ask, &pin, room.mig));
         }
     }
-    serde_json::from_value(Value::Array(operations)).unwrap_or(json_patch::Patch(Vec::new()))
+    for (request, group) in groups {
+        let chosen = match room.filter(|_| group.len() > 1) {
+            Some(room) => choose(request, &group, catalog, default, (room, &fixed), &mut warnings),
+            None => None,
+        };
+        for (j, p) in group.iter().enumerate() {
+            match chosen {
+                Some(c) if c != j => operations.push(add_selector(&p.path, p.exact, UNMATCHABLE)),
+                _ => operations.extend(pin(p)),
+            }
+        }
+    }
+    let patch = serde_json::from_value(Value::Array(operations));
+    Pinned {
+        patch: patch.unwrap_or(json_patch::Patch(Vec::new())),
+        warnings,
+    }
+}
+
+/// Which of `request`'s GPU alternatives the quota keeps: the first whose pin has room
+/// beside `fixed` (the claim's other requests), saying in `warnings` why each before it
+/// was passed over; `None` when none has room (each is then pinned, and the validating
+/// webhook refuses the claim, charged the largest).
+fn choose(
+    request: &str,
+    group: &[Pinning],
+    catalog: &Catalog,
+    default: Option<&str>,
+    (room, fixed): (&Room, &ModelAmounts),
+    warnings: &mut Vec<String>,
+) -> Option<usize> {
+    let mut passed = Vec::new();
+    for (j, p) in group.iter().enumerate() {
+        let Some(pin) = p.ask.pin(default) else {
+            continue;
+        };
+        let mut charge = fixed.clone();
+        add_charge(&mut charge, &catalog.pinned_charge(&p.ask, &pin, room.mig));
+        match quota::room(room.views, &pin.label, &charge) {
+            Ok(()) => {
+                if !passed.is_empty() {
+                    warnings.push(format!(
+                        "ResourceClaim request {request}: the quota chose alternative {} ({}); {}",
+                        p.ask.request,
+                        pin.label,
+                        passed.join("; ")
+                    ));
+                }
+                return Some(j);
+            }
+            Err(exceeded) => passed.push(format!(
+                "alternative {} ({}) was made unmatchable: {exceeded}",
+                p.ask.request, pin.label
+            )),
+        }
+    }
+    None
 }
 
 /// The pin to add to a request, unless it carries one.
@@ -275,13 +374,18 @@ pub(crate) async fn mutate_claim(
     config: &Config,
     (namespace, user): (&str, &UserInfo),
     claim: Box<ResourceClaim>,
-) -> Result<json_patch::Patch, PoolError> {
+) -> Result<Pinned, PoolError> {
     let copied = copied(cache, namespace, &claim, by_scheduler(config, user));
     if copied.serves_pod {
-        return Ok(json_patch::Patch(Vec::new()));
+        return Ok(Pinned::default());
     }
-    let (source, limits) = (copied.source, copied.limits);
-    let job = move || pin_patch(&claim, &Catalog::from_source(source), &limits);
+    let (source, limits, views) = (copied.source, copied.limits, copied.views);
+    let mig = config.resources.mig.clone();
+    let job = move || {
+        let views = views.filter(|v| !v.is_empty());
+        let room = views.as_deref().map(|views| Room { views, mig: &mig });
+        pin_patch(&claim, &Catalog::from_source(source), &limits, room.as_ref())
+    };
     cache.cel_pool().run(job).await
 }
 
@@ -338,7 +442,7 @@ mod tests {
                 {"name": "one", "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": "true"}}]}]}
         ]));
         let catalog = catalog();
-        let patch = pin_patch(&claim, &catalog, &limits(Some("A100-SXM4-80GB")));
+        let patch = pin_patch(&claim, &catalog, &limits(Some("A100-SXM4-80GB")), None).patch;
         let a100 = catalog.pin(&Pin::whole("A100-SXM4-80GB"));
         let t4 = catalog.pin(&Pin::whole("Tesla-T4"));
         assert_eq!(
@@ -371,13 +475,14 @@ mod tests {
             )
         );
         assert!(
-            pin_patch(&pinned, &catalog, &limits(Some("A100-SXM4-80GB")))
+            pin_patch(&pinned, &catalog, &limits(Some("A100-SXM4-80GB")), None)
+                .patch
                 .0
                 .is_empty(),
             "pinned once"
         );
         // Without a default, a request that matches both models cannot be pinned.
-        let unpinned = pin_patch(&claim, &catalog, &limits(None));
+        let unpinned = pin_patch(&claim, &catalog, &limits(None), None).patch;
         assert_eq!(unpinned.0.len(), 1, "only the T4 request: {unpinned:?}");
     }
 

@@ -133,7 +133,7 @@ fn admitted(
     fleet: &Fleet,
     default: Option<&str>,
 ) -> (ResourceClaim, Option<ModelAmounts>) {
-    let patch = pin_patch(claim, &fleet.catalog(), &limits(default));
+    let patch = pin_patch(claim, &fleet.catalog(), &limits(default), None).patch;
     let mut pinned = serde_json::to_value(claim).unwrap();
     json_patch::patch(&mut pinned, &patch).unwrap();
     let pinned: ResourceClaim = serde_json::from_value(pinned).unwrap();

@@ -15,7 +15,7 @@ fn range(min: u64, max: Option<u64>, step: Option<u64>) -> RequestPolicy {
     RequestPolicy {
         default: None,
         valid: Valid::Range {
-            min: gib(min),
+            min: Some(gib(min)),
             max: max.map(gib),
             step: step.map(gib),
         },
@@ -28,7 +28,7 @@ fn four_quarters_of_a_gpu_are_one_gpu() {
     let policy = RequestPolicy {
         default: None,
         valid: Valid::Range {
-            min: Milli((1 << 20) * 1000),
+            min: Some(Milli((1 << 20) * 1000)),
             max: None,
             step: Some(Milli((1 << 20) * 1000)),
         },
@@ -51,6 +51,66 @@ fn a_request_that_names_no_amount_takes_the_default_or_the_whole_device() {
     let without_default = range(1, None, None);
     let all = consumed(None, gib(80), Some(&without_default)).unwrap();
     assert_eq!(all, gib(80));
+    // The default is taken as it is, not rounded by the range.
+    let odd_default = RequestPolicy {
+        default: Some(gib(3)),
+        ..range(0, None, Some(10))
+    };
+    assert_eq!(consumed(None, gib(80), Some(&odd_default)), Some(gib(3)));
+}
+
+/// NVIDIA's driver's `memory` capacity in its `unlimited` mode: a default of zero.
+fn unlimited() -> Shared {
+    let policy = RequestPolicy {
+        default: Some(Milli(0)),
+        ..range(0, Some(80), Some(1))
+    };
+    let memory = Capacity {
+        value: gib(80),
+        policy: Some(Ok(policy)),
+    };
+    Shared {
+        capacities: [("memory".to_string(), memory)].into(),
+    }
+}
+
+#[test]
+fn a_share_is_the_most_it_takes_of_any_capacity_and_taking_nothing_is_the_whole_device() {
+    let device = unlimited();
+    let asks = |gi: u64| Asks::from([("memory".to_string(), gib(gi))]);
+    assert_eq!(device.share_for(&asks(20)), Some(Milli(250)));
+    // 1.5Gi on a 1Gi step takes 2Gi.
+    let half = Asks::from([("memory".to_string(), Milli(GI * 1500))]);
+    assert_eq!(device.share_for(&half), Some(share(gib(2), gib(80))));
+    assert_eq!(device.share_for(&Asks::new()), Some(WHOLE), "consumes nothing");
+    assert_eq!(device.share_for(&asks(81)), None, "past the device");
+    let cores = Asks::from([("cores".to_string(), Milli(1000))]);
+    assert_eq!(device.share_for(&cores), None, "a capacity it does not have");
+    // A second capacity with no policy is taken whole by every allocation.
+    let mut two = unlimited();
+    let shares = Capacity {
+        value: Milli(4000),
+        policy: None,
+    };
+    two.capacities.insert("shares".into(), shares);
+    assert_eq!(two.share_for(&asks(20)), Some(WHOLE));
+    let quarter = Asks::from([("memory".into(), gib(20)), ("shares".into(), Milli(1000))]);
+    assert_eq!(two.share_for(&quarter), Some(Milli(250)));
+    // Recorded consumption is charged the same way.
+    assert_eq!(two.share_of_consumed(&quarter), Milli(250));
+    assert_eq!(two.share_of_consumed(&asks(20)), WHOLE, "shares not recorded");
+    // An unreadable policy: the capacity is taken whole.
+    let mut unread = unlimited();
+    unread.capacities.get_mut("memory").unwrap().policy = Some(Err(PolicyError::ZeroStep));
+    assert_eq!(unread.share_for(&asks(20)), Some(WHOLE));
+}
+
+#[test]
+fn a_charge_scaled_by_a_share_is_rounded_up() {
+    let whole = crate::quota::ModelAmounts::from([("A100".to_string(), Milli(3000))]);
+    assert_eq!(scaled(&whole, Milli(333))["A100"], Milli(999));
+    let one = crate::quota::ModelAmounts::from([("A100".to_string(), Milli(1000))]);
+    assert_eq!(scaled(&one, Milli(1))["A100"], Milli(1));
 }
 
 #[test]
@@ -106,7 +166,7 @@ fn policies() -> impl Strategy<Value = Option<RequestPolicy>> {
     let valid = prop_oneof![
         Just(Valid::Any),
         (
-            amount.clone(),
+            proptest::option::of(amount.clone()),
             proptest::option::of(amount.clone()),
             proptest::option::of((1u64..50).prop_map(|n| Milli(n * 1000)))
         )
@@ -138,13 +198,16 @@ proptest! {
         if let Some(ask) = ask {
             prop_assert!(taken >= ask);
         }
-        match policy.as_ref().map(|p| &p.valid) {
+        // An amount the policy allows; its default always is.
+        let default = policy.as_ref().and_then(|p| p.default);
+        match policy.as_ref().map(|p| &p.valid).filter(|_| Some(taken) != default) {
             Some(Valid::Values(values)) => prop_assert!(values.contains(&taken)),
-            Some(Valid::Range { min, max, step }) => {
-                prop_assert!(taken >= *min);
+            Some(Valid::Range { min: Some(min), max, step }) => {
+                // The allocator checks max and step; an ask is raised to min.
+                prop_assert!(ask.is_none() || taken >= *min);
                 prop_assert!(max.is_none_or(|max| taken <= max));
                 if let Some(step) = step {
-                    prop_assert_eq!((taken.0 - min.0) % step.0, 0);
+                    prop_assert_eq!(taken.0.abs_diff(min.0) % step.0, 0);
                 }
             }
             _ => {}

@@ -489,16 +489,28 @@ pub enum AttributeValue {
 }
 
 impl CelDevice {
-    /// `attributes` and `capacity` by domain, then name; capacity in thousandths.
+    /// `attributes` and `capacity` by domain, then name; capacity in thousandths. A
+    /// device for one claim at a time (`device.allowMultipleAllocations` is false).
     pub fn new(
         driver: &str,
         attributes: &BTreeMap<String, BTreeMap<String, AttributeValue>>,
         capacity: &BTreeMap<String, BTreeMap<String, Milli>>,
     ) -> Self {
+        Self::published(driver, attributes, capacity, false)
+    }
+
+    /// As [`CelDevice::new`], `shared` saying whether it may be allocated to several
+    /// claims at once (`device.allowMultipleAllocations`, Kubernetes 1.34 and later).
+    pub(crate) fn published(
+        driver: &str,
+        attributes: &BTreeMap<String, BTreeMap<String, AttributeValue>>,
+        capacity: &BTreeMap<String, BTreeMap<String, Milli>>,
+        shared: bool,
+    ) -> Self {
         let fingerprint = {
             use std::hash::{Hash, Hasher};
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            (driver, attributes).hash(&mut hasher);
+            (driver, attributes, shared).hash(&mut hasher);
             for (domain, names) in capacity {
                 domain.hash(&mut hasher);
                 names.iter().for_each(|(n, q)| (n, q.0).hash(&mut hasher));
@@ -529,6 +541,7 @@ impl CelDevice {
             (Key::from("driver"), Value::from(driver)),
             (Key::from("attributes"), map(attributes)),
             (Key::from("capacity"), map(capacity)),
+            (Key::from("allowMultipleAllocations"), Value::Bool(shared)),
         ];
         let value = Box::<dyn Val>::try_from(map(device.into_iter()));
         CelDevice {

@@ -49,8 +49,6 @@ macro_rules! lite_resource {
 }
 use lite_resource;
 
-// Not yet wired into the charge (issue 50, next step).
-#[allow(dead_code)]
 mod capacity;
 pub mod cel;
 pub mod classes;
@@ -62,21 +60,24 @@ mod wire;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use capacity::{WHOLE, scaled};
 use cel::{AttributeValue, CelDevice, Selector};
 use classes::DeviceClasses;
-use slices::DeviceIndex;
+use slices::{DeviceIndex, SharedShapes};
 
 use serde::Deserialize;
 
 use crate::placement::mig::{self, MigResources};
+use crate::placement::quantity::Milli;
 use crate::placement::{GpuDemand, GpuRequest, MigDemand};
 use crate::quota::{ModelAmounts, add_charge, charge_on};
 
+pub(crate) use capacity::Asks;
 pub(crate) use pin::Pin;
 pub(crate) use source::CatalogSource;
 use source::{GpuClass, gpu_classes};
 pub use wire::ResourceClaim;
-pub(crate) use wire::{DeviceRequest, ExactRequest};
+pub(crate) use wire::{DeviceRequest, ExactRequest, SubRequest};
 
 /// Kubernetes' `AllocationResultsMaxSize`: what an `All` request can be allocated at most.
 pub(crate) const ALL_DEVICES: u32 = 32;
@@ -158,7 +159,18 @@ pub(crate) struct DeviceAsk {
     /// The pin it carries ([`Dra::pin_expression`]), if any: it is charged by it.
     pub(crate) pinned: Option<Pin>,
     count: u32,
+    /// What it asks of a shareable device's capacities (empty: nothing; `None`: an
+    /// amount that cannot be read).
+    capacity: Option<Asks>,
+    /// What one device of a shared pin costs, as a share of it ([`Catalog::share`]).
+    share: Milli,
+    /// It carries [`UNMATCHABLE`]: no device can be allocated to it.
+    pub(crate) unmatchable: bool,
 }
+
+/// The selector that makes an alternative of `firstAvailable` unmatchable: the
+/// mutating webhook adds it to every GPU alternative but the one the quota chose.
+pub(crate) const UNMATCHABLE: &str = "false";
 
 /// The model a request is charged for, given the namespace's default.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,10 +215,14 @@ impl DeviceAsk {
         if let Some(pin) = &self.pinned {
             return Some(pin.clone());
         }
+        // A request that asks part of a device's capacity is pinned to devices that
+        // can be shared; any other, to devices whatever they are.
+        let shared = self.capacity.as_ref().is_some_and(|asks| !asks.is_empty());
         match self.resolve(default) {
             Resolved::Model(label) => Some(Pin {
                 profile: self.profile(&label).map(str::to_string),
                 label,
+                shared,
             }),
             Resolved::Ambiguous(_) | Resolved::Unnamed => None,
         }
@@ -288,9 +304,10 @@ impl ClaimAsks {
         self.exact.is_empty() && self.alternatives.is_empty()
     }
 
-    /// Every GPU request and alternative.
+    /// Every GPU request and alternative that can be allocated a device.
     pub(crate) fn all(&self) -> impl Iterator<Item = &DeviceAsk> {
-        self.exact.iter().chain(self.alternatives.iter().flatten())
+        let all = self.exact.iter().chain(self.alternatives.iter().flatten());
+        all.filter(|a| !a.unmatchable)
     }
 
     /// What the claim is charged, per quota key, with `default` as the model of requests
@@ -325,6 +342,8 @@ pub struct Catalog {
     samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
     /// The model attribute values published, by label.
     products: BTreeMap<String, Vec<String>>,
+    /// The capacities of every shareable device, by (label, profile).
+    shared: SharedShapes,
     /// Devices made up for the known labels no published device has: (label, profile).
     synthetic: Vec<(String, Option<String>, CelDevice)>,
 }
@@ -350,6 +369,7 @@ impl Catalog {
             classes,
             samples,
             products,
+            shared,
             known,
         } = source;
         let published: BTreeSet<&str> = samples.keys().map(|(l, _)| l.as_str()).collect();
@@ -372,6 +392,7 @@ impl Catalog {
             gpu_classes: BTreeMap::new(),
             samples,
             products,
+            shared,
             synthetic,
         };
         catalog.gpu_classes = gpu_classes(&catalog, &classes);
@@ -397,6 +418,36 @@ impl Catalog {
         self.dra.pin_expression(pin, products)
     }
 
+    /// What one device of `pin` costs a request asking `asks` of its capacities, as a
+    /// share of it: for a shared pin, the dearest of the shareable devices of the pin's
+    /// model and profile that can take the ask (their policies round it; CEL cannot see
+    /// a policy, so every published one counts), or the whole device when none can or
+    /// none is published; for any other pin, or asks that cannot be read, the whole.
+    fn share(&self, pin: &Pin, asks: Option<&Asks>) -> Milli {
+        let Some(asks) = asks.filter(|_| pin.shared) else {
+            return WHOLE;
+        };
+        let shapes = self.shared.get(&(pin.label.clone(), pin.profile.clone()));
+        let shares = shapes.into_iter().flatten().filter_map(|s| s.share_for(asks));
+        shares.max().unwrap_or(WHOLE)
+    }
+
+    /// What `ask` costs once pinned to `pin` (the mutating webhook's choice among
+    /// alternatives: the charge the validating webhook will find).
+    pub(crate) fn pinned_charge(&self, ask: &DeviceAsk, pin: &Pin, mig: &MigResources) -> ModelAmounts {
+        let mut pinned = ask.clone();
+        pinned.pinned = Some(pin.clone());
+        ask_charge(&self.priced(pinned), None, mig)
+    }
+
+    /// `ask` with the share its pin costs worked out.
+    fn priced(&self, mut ask: DeviceAsk) -> DeviceAsk {
+        if let Some(pin) = &ask.pinned {
+            ask.share = self.share(pin, ask.capacity.as_ref());
+        }
+        ask
+    }
+
     /// Whether requests for the class `name` get GPUs.
     #[cfg(test)]
     fn is_gpu_class(&self, name: &str) -> bool {
@@ -414,6 +465,9 @@ impl Catalog {
             return Ok(None);
         };
         let expressions = exact.expressions();
+        if expressions.contains(&UNMATCHABLE) {
+            return Ok(self.unevaluated(name, exact));
+        }
         let pinned = expressions.iter().find_map(|e| self.dra.pinned(e));
         let mut selectors = Vec::with_capacity(expressions.len());
         for expression in &expressions {
@@ -429,13 +483,16 @@ impl Catalog {
             Some(_) => BTreeMap::new(),
             None => self.matched(&selectors, &class.selectors, budget)?,
         };
-        Ok(Some(DeviceAsk {
+        Ok(Some(self.priced(DeviceAsk {
             request: name.to_string(),
             matched,
             named: class.model.clone(),
             pinned,
             count: count_of(exact),
-        }))
+            capacity: exact.capacity_asks(),
+            share: WHOLE,
+            unmatchable: false,
+        })))
     }
 
     /// Whether some device of `devices` matches every selector of the request `name` and
@@ -474,13 +531,16 @@ impl Catalog {
     fn unevaluated(&self, name: &str, exact: &ExactRequest) -> Option<DeviceAsk> {
         let class = self.gpu_classes.get(&exact.device_class_name)?;
         let expressions = exact.expressions();
-        Some(DeviceAsk {
+        Some(self.priced(DeviceAsk {
             request: name.to_string(),
             matched: BTreeMap::new(),
             named: class.model.clone(),
             pinned: expressions.iter().find_map(|e| self.dra.pinned(e)),
             count: count_of(exact),
-        })
+            capacity: exact.capacity_asks(),
+            share: WHOLE,
+            unmatchable: expressions.contains(&UNMATCHABLE),
+        }))
     }
 
     /// The labels of the devices all of `selectors` and `class` match, with the profile
@@ -572,8 +632,11 @@ fn synthetic_device(dra: &Dra, product: &str, profile: Option<&str>) -> CelDevic
 /// (what its dearest allowed device costs); one without (a claim that did not pass the
 /// webhooks) by what its selectors matched, on its model or `default`.
 fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> ModelAmounts {
+    if ask.unmatchable {
+        return ModelAmounts::new();
+    }
     if let Some(pin) = &ask.pinned {
-        return pin.charge(ask.count, mig);
+        return scaled(&pin.charge(ask.count, mig), ask.share);
     }
     let label = match ask.resolve(default) {
         Resolved::Model(label) => label,
@@ -581,6 +644,21 @@ fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> Mod
         Resolved::Unnamed => return ModelAmounts::new(),
     };
     charge_on(&devices(ask.profile(&label), ask.count), &label, mig)
+}
+
+/// What one allocated device costs: what a whole one of its model (or MIG profile)
+/// costs, times the share of it the allocation recorded consuming, when the device is
+/// shared and the allocation records its consumption.
+pub(crate) fn allocated_charge(
+    device: &slices::GpuDevice,
+    consumed: &Option<Asks>,
+    mig: &MigResources,
+) -> ModelAmounts {
+    let whole = charge_on(&devices(device.profile.as_deref(), 1), &device.label, mig);
+    match (&device.shared, consumed) {
+        (Some(shared), Some(consumed)) => scaled(&whole, shared.share_of_consumed(consumed)),
+        _ => whole,
+    }
 }
 
 /// `count` devices as a GPU request: whole GPUs, or slices of `profile`.

@@ -12,9 +12,13 @@ use crate::quota::{ModelAmounts, charge_on};
 /// [`Pin::charge`] of one.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Pin {
-    pub(super) label: String,
+    pub(crate) label: String,
     /// The MIG profile (`None`: whole GPUs, devices without a profile attribute).
     pub(crate) profile: Option<String>,
+    /// Only devices that can be allocated to several claims at once
+    /// (`allowMultipleAllocations`): a request that asks part of their capacity is
+    /// charged its share, never a device it would take whole.
+    pub(crate) shared: bool,
 }
 
 impl Pin {
@@ -23,6 +27,7 @@ impl Pin {
         Pin {
             label: label.to_string(),
             profile: None,
+            shared: false,
         }
     }
 
@@ -51,9 +56,13 @@ impl Dra {
             list.join(", ")
         );
         let profile = self.attribute(&self.profile_attribute);
-        match &pin.profile {
+        let kind = match &pin.profile {
             None => format!("{model} && !has({profile})"),
             Some(p) => format!("{model} && has({profile}) && {profile} == {}", quote(p)),
+        };
+        match pin.shared {
+            true => format!("{kind}{SHARED}"),
+            false => kind,
         }
     }
 
@@ -71,6 +80,10 @@ impl Dra {
         let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Vec<String>>();
         let products = values.next()?.ok()?;
         let tail = &rest[values.byte_offset()..];
+        let (tail, shared) = match tail.strip_suffix(SHARED) {
+            Some(tail) => (tail, true),
+            None => (tail, false),
+        };
         let profile = self.attribute(&self.profile_attribute);
         let profile = match tail.strip_prefix(&format!(" && has({profile}) && {profile} == ")) {
             Some(value) => Some(serde_json::from_str::<String>(value).ok()?),
@@ -81,10 +94,18 @@ impl Dra {
         if !labels.all(|l| l == label) {
             return None;
         }
-        let pin = Pin { label, profile };
+        let pin = Pin {
+            label,
+            profile,
+            shared,
+        };
         (self.pin_expression(&pin, &products) == expression).then_some(pin)
     }
 }
+
+/// The clause of a shared pin: Kubernetes' CEL sees whether a device may be allocated
+/// to several claims (`device.allowMultipleAllocations`, always set from 1.34 on).
+const SHARED: &str = " && device.allowMultipleAllocations";
 
 fn quote(value: &str) -> String {
     serde_json::to_string(value).unwrap_or_default()

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use super::Dra;
 use super::cel::{AttributeValue, CelDevice};
-use super::wire::bounded;
+use super::capacity::{Capacity as SharedCapacity, RequestPolicy, Shared, WirePolicy};
+use super::wire::{bounded, bounded_map};
 use crate::placement::quantity::Milli;
 
 /// Most devices one slice may list (Kubernetes: 128; 64 with taints or counters).
@@ -51,9 +52,14 @@ struct Pool {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Device {
     #[serde(default)]
     name: String,
+    /// It may be allocated to several claims at once, each consuming part of its
+    /// capacities (consumable capacity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    allow_multiple_allocations: Option<bool>,
     #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
     attributes: BTreeMap<String, Attribute>,
     #[serde(default, deserialize_with = "bounded_map::<_, MAX_ATTRIBUTES, _>")]
@@ -85,9 +91,12 @@ impl Attribute {
 
 /// A device capacity (`value` is a quantity).
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Capacity {
     #[serde(default)]
     value: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    request_policy: Option<WirePolicy>,
 }
 
 super::lite_resource!(
@@ -113,6 +122,8 @@ pub struct GpuDevice {
     pub(crate) profile: Option<String>,
     /// The node the device is on, if its slice names one.
     node: Option<String>,
+    /// Its capacities, when it may be allocated to several claims at once.
+    pub(crate) shared: Option<Arc<Shared>>,
     /// The device as CEL selectors see it.
     pub(crate) cel: Arc<CelDevice>,
 }
@@ -143,11 +154,28 @@ pub fn gpu_devices(slice: &ResourceSlice, dra: &Dra) -> SliceDevices {
                 product,
                 profile: string(device, &dra.profile_attribute),
                 node: slice.spec.node_name.clone(),
+                shared: shared(device),
                 cel: Arc::new(cel_device(&dra.driver, device)),
             };
             Some(((pool.clone(), device.name.clone()), gpu))
         })
         .collect()
+}
+
+/// A device that may go to several claims: its capacities, with their policies. An
+/// unreadable value makes the capacity zero, which every allocation takes whole.
+fn shared(device: &Device) -> Option<Arc<Shared>> {
+    if device.allow_multiple_allocations != Some(true) {
+        return None;
+    }
+    let capacities = device.capacity.iter().map(|(name, capacity)| {
+        let value = Milli::parse(&capacity.value).unwrap_or_default();
+        let policy = capacity.request_policy.as_ref().map(RequestPolicy::from_wire);
+        (name.clone(), SharedCapacity { value, policy })
+    });
+    Some(Arc::new(Shared {
+        capacities: capacities.collect(),
+    }))
 }
 
 /// `device` as CEL sees it: attributes and capacities by domain (unqualified names are
@@ -173,21 +201,8 @@ fn cel_device(driver: &str, device: &Device) -> CelDevice {
             capacity.entry(domain).or_default().insert(name, quantity);
         }
     }
-    CelDevice::new(driver, &attributes, &capacity)
-}
-
-/// A map of at most `N` entries: larger ones are refused while decoding.
-fn bounded_map<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<BTreeMap<String, T>, D::Error> {
-    let items: BTreeMap<String, T> =
-        Option::<BTreeMap<String, T>>::deserialize(deserializer)?.unwrap_or_default();
-    if items.len() > N {
-        return Err(serde::de::Error::custom(format!(
-            "more than {N} entries; refusing it"
-        )));
-    }
-    Ok(items)
+    let shared = device.allow_multiple_allocations == Some(true);
+    CelDevice::published(driver, &attributes, &capacity, shared)
 }
 
 /// The GPU devices of every slice of the configured driver, by slice name.
@@ -203,10 +218,14 @@ pub struct DeviceIndex {
 /// Sample devices by (model label, profile), and published products by label.
 type Samples = BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>;
 
+/// The distinct capacities of the shareable devices, by (model label, profile).
+pub(crate) type SharedShapes = BTreeMap<(String, Option<String>), Vec<Arc<Shared>>>;
+
 #[derive(Debug, Default)]
 struct Derived {
     samples: Samples,
     products: BTreeMap<String, Vec<String>>,
+    shared: SharedShapes,
 }
 
 impl DeviceIndex {
@@ -247,7 +266,30 @@ impl DeviceIndex {
         self.derived.get_or_init(|| Derived {
             samples: self.sample(),
             products: self.published_products(),
+            shared: self.shared_shapes(),
         })
+    }
+
+    /// Every distinct set of capacities (and policies) the shareable devices of each
+    /// (model label, profile) publish: all of them, never a sample, since the policies
+    /// decide what a share costs and CEL cannot see them.
+    pub(super) fn shared(&self) -> SharedShapes {
+        self.derived().shared.clone()
+    }
+
+    fn shared_shapes(&self) -> SharedShapes {
+        let mut shapes = SharedShapes::new();
+        for device in self.devices.values() {
+            let Some(shared) = &device.shared else {
+                continue;
+            };
+            let key = (device.label.clone(), device.profile.clone());
+            let entry = shapes.entry(key).or_default();
+            if !entry.iter().any(|s| s == shared) {
+                entry.push(shared.clone());
+            }
+        }
+        shapes
     }
 
     fn sample(&self) -> Samples {

@@ -18,6 +18,7 @@ pub(crate) struct CatalogSource {
     pub(super) classes: DeviceClasses,
     pub(super) samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
     pub(super) products: BTreeMap<String, Vec<String>>,
+    pub(super) shared: super::slices::SharedShapes,
     pub(super) known: BTreeSet<String>,
 }
 
@@ -33,6 +34,7 @@ impl CatalogSource {
             classes: classes.clone(),
             samples: devices.samples(),
             products: devices.products(),
+            shared: devices.shared(),
             known: known.into_iter().collect(),
         }
     }

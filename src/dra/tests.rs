@@ -326,13 +326,23 @@ fn a_pin_is_recognised_only_when_it_names_one_model_and_whole_gpus_or_one_profil
     let slice = Pin {
         label: "A100-SXM4-80GB".into(),
         profile: Some("1g.10gb".into()),
+        shared: false,
     };
     let sliced = dra.pin_expression(&slice, &a100);
     assert_eq!(
         sliced,
         r#"device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB"] && has(device.attributes["gpu.nvidia.com"].profile) && device.attributes["gpu.nvidia.com"].profile == "1g.10gb""#
     );
-    assert_eq!(dra.pinned(&sliced), Some(slice));
+    assert_eq!(dra.pinned(&sliced), Some(slice.clone()));
+    // A shared pin ends with the clause only shareable devices satisfy.
+    let shared = Pin {
+        shared: true,
+        ..slice
+    };
+    let text = dra.pin_expression(&shared, &a100);
+    assert_eq!(text, format!("{sliced} && device.allowMultipleAllocations"));
+    assert_eq!(dra.pinned(&text), Some(shared));
+    assert_eq!(dra.pinned(&format!("{text} && true")), None);
     let unpublished = dra.pin_expression(&Pin::whole("Tesla-T4"), &[]);
     assert_eq!(
         unpublished,
@@ -463,6 +473,7 @@ fn a_pin_selects_its_model_and_whole_gpus_or_its_profile_and_fails_on_no_device(
     let slice_of = |profile: &str| Pin {
         label: "A100-SXM4-80GB".into(),
         profile: Some(profile.into()),
+        shared: false,
     };
     let cases = [
         (Pin::whole("A100-SXM4-80GB"), vec!["gpu-0"]),

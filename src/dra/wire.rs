@@ -2,8 +2,13 @@
 //! and the watch), decoded with bounded lists. A webhook body's claim is decoded by
 //! `crate::wire::claim`, under the value budget of every body part.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+
+use super::capacity::Asks;
+use crate::placement::quantity::Milli;
 
 /// Most requests (and alternatives of one request) a claim may carry; Kubernetes
 /// allows 32 of each.
@@ -12,6 +17,8 @@ const MAX_REQUESTS: usize = 64;
 const MAX_SELECTORS: usize = 64;
 /// Most allocated devices (Kubernetes: 32).
 const MAX_RESULTS: usize = 64;
+/// Most capacities a request asks, or an allocation records (Kubernetes: 32).
+pub(super) const MAX_CAPACITIES: usize = 64;
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -77,6 +84,16 @@ pub(crate) struct ExactRequest {
     pub(crate) allocation_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) count: Option<i64>,
+    /// What it asks of a shareable device's capacities (consumable capacity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) capacity: Option<CapacityRequirements>,
+}
+
+/// `capacity` of a request: amounts by capacity name.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub(crate) struct CapacityRequirements {
+    #[serde(default, deserialize_with = "bounded_map::<_, MAX_CAPACITIES, _>")]
+    pub(crate) requests: BTreeMap<String, String>,
 }
 
 impl ExactRequest {
@@ -84,6 +101,15 @@ impl ExactRequest {
     pub(crate) fn expressions(&self) -> Vec<&str> {
         let cel = self.selectors.iter().filter_map(|s| s.cel.as_ref());
         cel.map(|c| c.expression.as_str()).collect()
+    }
+
+    /// What it asks of a device's capacities: empty when nothing, `None` when an amount
+    /// cannot be read (it is then charged whole devices).
+    pub(crate) fn capacity_asks(&self) -> Option<Asks> {
+        let requests = self.capacity.iter().flat_map(|c| &c.requests);
+        requests
+            .map(|(name, amount)| Some((name.clone(), Milli::parse(amount).ok()?)))
+            .collect()
     }
 }
 
@@ -129,6 +155,24 @@ pub(crate) struct AllocatedDevice {
     pub(crate) pool: String,
     #[serde(default)]
     pub(crate) device: String,
+    /// What it consumes of a shared device's capacities.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "bounded_map::<_, MAX_CAPACITIES, _>"
+    )]
+    consumed_capacity: BTreeMap<String, String>,
+}
+
+impl AllocatedDevice {
+    /// What it consumes of its device's capacities (an unreadable amount is left out,
+    /// and so charged as all of that capacity).
+    pub(crate) fn consumed(&self) -> Option<Asks> {
+        let amounts = self.consumed_capacity.iter();
+        let read = amounts.filter_map(|(n, a)| Some((n.clone(), Milli::parse(a).ok()?)));
+        let read: Asks = read.collect();
+        (!self.consumed_capacity.is_empty()).then_some(read)
+    }
 }
 
 impl ResourceClaim {
@@ -172,4 +216,18 @@ fn bounded_opt<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<
     deserializer: D,
 ) -> Result<Option<Vec<T>>, D::Error> {
     bounded::<T, N, D>(deserializer).map(|v| (!v.is_empty()).then_some(v))
+}
+
+/// A map of at most `N` entries: larger ones are refused while decoding.
+pub(super) fn bounded_map<'de, T: Deserialize<'de>, const N: usize, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, T>, D::Error> {
+    let items: BTreeMap<String, T> =
+        Option::<BTreeMap<String, T>>::deserialize(deserializer)?.unwrap_or_default();
+    if items.len() > N {
+        return Err(serde::de::Error::custom(format!(
+            "more than {N} entries; refusing it"
+        )));
+    }
+    Ok(items)
 }

@@ -6,7 +6,7 @@
 
 use crate::cache::ClusterState;
 use crate::dra::cel::CostBudget;
-use crate::dra::{Catalog, DeviceRequest, ExactRequest};
+use crate::dra::{Catalog, DeviceRequest, ExactRequest, UNMATCHABLE};
 
 use super::verdict::{Code, Stage};
 
@@ -25,8 +25,10 @@ pub(super) fn stage(state: &ClusterState, namespace: &str, claims: &[Box<str>]) 
     if held.is_empty() {
         return None;
     }
+    let chosen: String = held.iter().flat_map(|(name, c)| chosen(name, &c.requests)).collect();
     if held.iter().all(|(_, claim)| claim.is_allocated()) {
-        return Some(stage(Code::Fits, "its ResourceClaims are allocated".into()));
+        let message = format!("its ResourceClaims are allocated{chosen}");
+        return Some(stage(Code::Fits, message));
     }
     let allowed = &state.namespace_limits(namespace).models;
     let devices: Vec<_> = state
@@ -60,8 +62,32 @@ pub(super) fn stage(state: &ClusterState, namespace: &str, claims: &[Box<str>]) 
             }
         }
     }
-    let message = "the selectors of its ResourceClaims match GPUs it may use";
-    judged.then(|| stage(Code::Fits, message.into()))
+    let message = format!("the selectors of its ResourceClaims match GPUs it may use{chosen}");
+    judged.then(|| stage(Code::Fits, message))
+}
+
+/// Which alternative the quota chose of each of a claim's `firstAvailable` requests, and
+/// why (the mutating webhook made every other GPU alternative unmatchable), as clauses
+/// to append to a message.
+fn chosen(claim: &str, requests: &[DeviceRequest]) -> Vec<String> {
+    let mut said = Vec::new();
+    for request in requests {
+        let subs = request.first_available.iter().flatten();
+        let closed = |s: &&crate::dra::SubRequest| s.request.expressions().contains(&UNMATCHABLE);
+        let (shut, open): (Vec<_>, Vec<_>) = subs.enumerate().partition(|(_, s)| closed(s));
+        let ([(at, kept)], false) = (open.as_slice(), shut.is_empty()) else {
+            continue;
+        };
+        let why = match shut.iter().any(|(j, _)| j < at) {
+            true => "the alternatives before it had no room in the quota when the claim was created",
+            false => "it was the first with room; the others were made unmatchable so that the claim is charged only the alternative it gets",
+        };
+        said.push(format!(
+            "; ResourceClaim {claim}, request {}: the quota chose alternative {} ({why})",
+            request.name, kept.name
+        ));
+    }
+    said
 }
 
 /// Whether `request` (one of its alternatives, for a `firstAvailable` request) can be

@@ -305,8 +305,10 @@ pub(super) async fn mutate_claim_route(
             }
             let asker = (namespace.as_str(), &review.request.user_info);
             match mutate_claim(state.cache(), &state.config, asker, claim).await {
-                Ok(patch) if patch.0.is_empty() => reply("allow", review.allow()),
-                Ok(patch) => reply("patch", review.patch(&patch)),
+                Ok(pinned) if pinned.patch.0.is_empty() => {
+                    reply("allow", review.allow_with(&pinned.warnings))
+                }
+                Ok(pinned) => reply("patch", review.patch_with(&pinned.patch, &pinned.warnings)),
                 Err(error) => {
                     // Our own failure, never a denial: the failure policy decides.
                     tracing::error!(namespace, %error, "cannot pin the claim");

@@ -287,13 +287,23 @@ impl Review {
 
     /// Allowed with a JSON Patch (RFC 6902) as standard padded base64; none when empty.
     pub(crate) fn patch(&self, patch: &json_patch::Patch) -> Answer<'_> {
+        self.patch_with(patch, &[])
+    }
+
+    /// [`Review::patch`], with warnings the client shows.
+    pub(crate) fn patch_with<'a>(
+        &'a self,
+        patch: &json_patch::Patch,
+        warnings: &'a [String],
+    ) -> Answer<'a> {
         if patch.0.is_empty() {
-            return self.allow();
+            return self.allow_with(warnings);
         }
         let bytes = serde_json::to_vec(patch).unwrap_or_default();
         self.respond(Response {
             patch: Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
             patch_type: Some("JSONPatch"),
+            warnings,
             ..self.response(true)
         })
     }

@@ -12,7 +12,7 @@ use crate::dra::slices::{GpuDevice, SliceDevices};
 use crate::dra::{self, CatalogSource, ClaimAsks, DeviceRequest, Dra, ResourceClaim};
 use crate::placement::GpuDemand;
 use crate::placement::models::WantedModels;
-use crate::quota::{ChargedAt, ModelAmounts, add_charge, charge_on};
+use crate::quota::{ChargedAt, ModelAmounts, add_charge};
 
 use super::super::pod::PodKey;
 use super::{ClusterState, namespace_of};
@@ -33,8 +33,9 @@ pub(crate) struct CachedClaim {
     pub(crate) asks: ClaimAsks,
     /// The version of the DeviceClasses `asks` were evaluated under (`None`: not yet).
     pub(crate) evaluated: Option<u64>,
-    /// The GPU driver's devices allocated to it: (pool, device).
-    allocated: Vec<(String, String)>,
+    /// The GPU driver's devices allocated to it: (pool, device), with what it consumes
+    /// of a shared device's capacities.
+    allocated: Vec<(String, String, Option<dra::Asks>)>,
     /// The pod it says it serves the extended resources of, if annotated so.
     extended_for: Option<ExtendedFor>,
 }
@@ -42,11 +43,11 @@ pub(crate) struct CachedClaim {
 impl CachedClaim {
     /// `None` for a claim that asks for no device and holds no GPU.
     pub(crate) fn from_claim(claim: &ResourceClaim, dra: &Dra) -> Option<Self> {
-        let allocated: Vec<(String, String)> = claim
+        let allocated: Vec<_> = claim
             .allocated()
             .iter()
             .filter(|d| d.driver == dra.driver)
-            .map(|d| (d.pool.clone(), d.device.clone()))
+            .map(|d| (d.pool.clone(), d.device.clone(), d.consumed()))
             .collect();
         if claim.requests().is_empty() && allocated.is_empty() {
             return None;
@@ -403,17 +404,16 @@ impl ClusterState {
             return ModelAmounts::new();
         }
         let mig = self.tally.mig();
-        let devices: Option<Vec<&GpuDevice>> = claim
+        let devices: Option<Vec<(&GpuDevice, _)>> = claim
             .allocated
             .iter()
-            .map(|(pool, device)| self.devices.device(pool, device))
+            .map(|(pool, device, consumed)| Some((self.devices.device(pool, device)?, consumed)))
             .collect();
         match devices {
             Some(devices) if !devices.is_empty() => {
                 let mut total = ModelAmounts::new();
-                for device in devices {
-                    let one = dra::devices(device.profile.as_deref(), 1);
-                    add_charge(&mut total, &charge_on(&one, &device.label, mig));
+                for (device, consumed) in devices {
+                    add_charge(&mut total, &dra::allocated_charge(device, consumed, mig));
                 }
                 total
             }

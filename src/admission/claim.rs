@@ -18,9 +18,9 @@ use crate::dra::{
     ResourceClaim, UNMATCHABLE,
 };
 use crate::placement::mig::MigResources;
-use crate::quota::{self, ModelAmounts, QuotaView, add_charge};
 use crate::placement::models::WantedModels;
 use crate::quota::NamespaceLimits;
+use crate::quota::{self, ModelAmounts, QuotaView, add_charge};
 use crate::quota::{Costs, Denial};
 use crate::wire::review::UserInfo;
 
@@ -293,7 +293,14 @@ fn pin_patch(
     }
     for (request, group) in groups {
         let chosen = match room.filter(|_| group.len() > 1) {
-            Some(room) => choose(request, &group, catalog, default, (room, &fixed), &mut warnings),
+            Some(room) => choose(
+                request,
+                &group,
+                catalog,
+                default,
+                (room, &fixed),
+                &mut warnings,
+            ),
             None => None,
         };
         for (j, p) in group.iter().enumerate() {
@@ -384,7 +391,12 @@ pub(crate) async fn mutate_claim(
     let job = move || {
         let views = views.filter(|v| !v.is_empty());
         let room = views.as_deref().map(|views| Room { views, mig: &mig });
-        pin_patch(&claim, &Catalog::from_source(source), &limits, room.as_ref())
+        pin_patch(
+            &claim,
+            &Catalog::from_source(source),
+            &limits,
+            room.as_ref(),
+        )
     };
     cache.cel_pool().run(job).await
 }
@@ -540,3 +552,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "claim_share_tests.rs"]
+mod share_tests;

@@ -34,7 +34,18 @@ struct Published {
     profile: Option<&'static str>,
     driver_version: &'static str,
     index: i64,
+    /// Shareable by capacity, under this memory `requestPolicy` ([`POLICIES`]).
+    shared: Option<usize>,
 }
+
+/// Memory policies of shareable devices: NVIDIA's driver's `memory` and `unlimited`
+/// modes, 10Gi steps from 10Gi, and three valid values.
+const POLICIES: [&str; 4] = [
+    r#"{"default": "80Gi", "validRange": {"min": "1Mi", "max": "80Gi", "step": "1Mi"}}"#,
+    r#"{"default": "0", "validRange": {"min": "0", "max": "80Gi", "step": "1Mi"}}"#,
+    r#"{"validRange": {"min": "10Gi", "step": "10Gi"}}"#,
+    r#"{"default": "16Gi", "validValues": ["8Gi", "16Gi", "40Gi"]}"#,
+];
 
 impl Published {
     fn uuid(&self) -> String {
@@ -53,7 +64,14 @@ impl Published {
         if let Some(profile) = self.profile {
             attributes["profile"] = json!({"string": profile});
         }
-        json!({"name": self.name, "attributes": attributes})
+        let mut device = json!({"name": self.name, "attributes": attributes,
+            "capacity": {"memory": {"value": "80Gi"}}});
+        if let Some(policy) = self.shared {
+            device["allowMultipleAllocations"] = json!(true);
+            let policy: serde_json::Value = serde_json::from_str(POLICIES[policy]).unwrap();
+            device["capacity"]["memory"]["requestPolicy"] = policy;
+        }
+        device
     }
 }
 
@@ -133,7 +151,23 @@ fn admitted(
     fleet: &Fleet,
     default: Option<&str>,
 ) -> (ResourceClaim, Option<ModelAmounts>) {
-    let patch = pin_patch(claim, &fleet.catalog(), &limits(default), None).patch;
+    admitted_with(claim, fleet, default, &[])
+}
+
+/// As [`admitted`], in a namespace whose quota has no room left for the models `full`.
+fn admitted_with(
+    claim: &ResourceClaim,
+    fleet: &Fleet,
+    default: Option<&str>,
+    full: &[&str],
+) -> (ResourceClaim, Option<ModelAmounts>) {
+    let views = views(full);
+    let mig = MigResources::default();
+    let room = Room {
+        views: &views,
+        mig: &mig,
+    };
+    let patch = pin_patch(claim, &fleet.catalog(), &limits(default), Some(&room)).patch;
     let mut pinned = serde_json::to_value(claim).unwrap();
     json_patch::patch(&mut pinned, &patch).unwrap();
     let pinned: ResourceClaim = serde_json::from_value(pinned).unwrap();
@@ -152,10 +186,49 @@ fn admitted(
     (pinned, charge)
 }
 
-/// What one device costs, per quota key.
-fn cost(device: &GpuDevice) -> ModelAmounts {
+/// The namespace's quota: room for anything of the models it lists, none for `full`.
+fn views(full: &[&str]) -> Vec<crate::quota::QuotaView> {
+    let models = [
+        "A100-SXM4-80GB",
+        "H100-80GB-HBM3",
+        "Tesla-T4",
+        "A100-SXM4-40GB",
+    ];
+    let hard: ModelAmounts = models
+        .iter()
+        .map(|m| (m.to_string(), Milli(1_000_000)))
+        .collect();
+    let used = full
+        .iter()
+        .map(|m| (m.to_string(), Milli(1_000_000)))
+        .collect();
+    vec![crate::quota::QuotaView {
+        namespace: "team-a".into(),
+        name: "q".into(),
+        hard,
+        used,
+        on_exceed: Default::default(),
+        cohort: None,
+    }]
+}
+
+/// What one device costs `request` once allocated, per quota key: a whole one's cost,
+/// times the share of it the allocator consumes for the request on a shared device;
+/// `None` when the allocator cannot give it to the request (a capacity ask it cannot
+/// take).
+fn cost(device: &GpuDevice, request: &ExactRequest) -> Option<ModelAmounts> {
     let one = dra::devices(device.profile.as_deref(), 1);
-    charge_on(&one, &device.label, &MigResources::default())
+    let whole = charge_on(&one, &device.label, &MigResources::default());
+    let Some(shared) = &device.shared else {
+        return Some(whole);
+    };
+    let asks = request.capacity_asks().unwrap_or_default();
+    let share = shared.share_for(&asks)?;
+    let scaled = whole.into_iter().map(|(key, amount)| {
+        let part = (u128::from(amount.0) * u128::from(share.0)).div_ceil(1000);
+        (key, Milli(part as u64))
+    });
+    Some(scaled.collect())
 }
 
 /// Every GPU request and alternative of `claim`, with how many devices it can get.
@@ -196,7 +269,10 @@ fn overruns(pinned: &ResourceClaim, charge: &ModelAmounts, fleet: &Fleet) -> Vec
     for (name, request) in requests(pinned) {
         let n = count(request);
         for device in fleet.devices.iter().filter(|d| allocatable(request, d)) {
-            for (key, amount) in cost(device) {
+            let Some(cost) = cost(device, request) else {
+                continue;
+            };
+            for (key, amount) in cost {
                 let charged = charge.get(&key).map_or(0, |m| m.0);
                 if n * amount.0 > charged {
                     let (label, profile) = (&device.label, &device.profile);
@@ -227,6 +303,7 @@ fn devices(
             profile,
             driver_version,
             index: i as i64,
+            shared: None,
         })
         .collect()
 }
@@ -355,8 +432,8 @@ fn a_request_matching_several_profiles_is_pinned_to_the_dearest() {
     );
 }
 
-/// Alternatives and `All`: each alternative pinned and charged the same way, the claim
-/// charged the largest per key; `All` pinned too and charged 32 of its pin.
+/// Alternatives and `All`: the alternative the quota keeps pinned and charged the same
+/// way, the others unmatchable; `All` pinned too and charged 32 of its pin.
 #[test]
 fn alternatives_and_all_are_pinned_and_charged_by_their_pins() {
     let (fleet, published) = fleet();
@@ -373,10 +450,15 @@ fn alternatives_and_all_are_pinned_and_charged_by_their_pins() {
         [
             ("A100-SXM4-80GB".to_string(), Milli(994)),
             ("A100-SXM4-80GB/1g.10gb".to_string(), Milli(7000)),
-            ("Tesla-T4".to_string(), Milli(2000))
         ]
-        .into()
+        .into(),
+        "the first alternative has room: kept, the T4s made unmatchable"
     );
+    assert_eq!(overruns(&pinned, &charge, &fleet), Vec::<String>::new());
+    // With no room for A100s, the T4s are kept and charged.
+    let (pinned, charge) = admitted_with(&alternatives, &fleet, None, &["A100-SXM4-80GB"]);
+    let charge = charge.unwrap();
+    assert_eq!(charge, [("Tesla-T4".to_string(), Milli(2000))].into());
     assert_eq!(overruns(&pinned, &charge, &fleet), Vec::<String>::new());
     let all = claim(
         json!([{"name": "gpus", "exactly": {"deviceClassName": "mig.nvidia.com",
@@ -454,6 +536,11 @@ fn term(uuids: Vec<String>) -> impl Strategy<Value = String> {
         (0i64..12).prop_map(move |i| format!("{a}.index == {i}")),
         (0i64..12).prop_map(move |i| format!("{a}.index < {i}")),
         prop::sample::select(vec!["gpu", "mig"]).prop_map(move |t| format!("{a}.type == {t:?}")),
+        Just("device.allowMultipleAllocations".to_string()),
+        Just(
+            r#"device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0"#
+                .to_string()
+        ),
         Just("true".to_string()),
     ]
 }
@@ -482,12 +569,13 @@ fn published() -> impl Strategy<Value = Vec<Published>> {
         (T4, None),
     ];
     let versions = prop::sample::select(vec!["535.104.5", "550.54.15", "560.35.3", "570.86.10"]);
-    let device = (0usize..4, versions, 0i64..8);
+    let shared = prop_oneof![2 => Just(None), 1 => (0..POLICIES.len()).prop_map(Some)];
+    let device = (0usize..4, versions, 0i64..8, shared);
     let group = prop::collection::vec(device, MAX_SAMPLES + 1..MAX_SAMPLES + 5);
     prop::collection::vec(group, kinds.len()).prop_map(move |groups| {
         let mut all = Vec::new();
         for ((product, profile), group) in kinds.iter().zip(groups) {
-            for (node, driver_version, index) in group {
+            for (node, driver_version, index, shared) in group {
                 all.push(Published {
                     node: format!("node-{node}"),
                     name: format!("dev-{:03}", all.len()),
@@ -495,6 +583,7 @@ fn published() -> impl Strategy<Value = Vec<Published>> {
                     profile: *profile,
                     driver_version,
                     index,
+                    shared,
                 });
             }
         }
@@ -511,7 +600,13 @@ fn request(uuids: Vec<String>, name: String) -> impl Strategy<Value = serde_json
     ]);
     let count = prop_oneof![4 => (1i64..8).prop_map(Some), 1 => Just(None)];
     let selectors = prop::collection::vec(selector(uuids), 0..=2);
-    (classes, count, selectors).prop_map(move |(class, count, selectors)| {
+    let memory = prop::sample::select(vec!["1Gi", "15500Mi", "20Gi", "40Gi", "81Gi"]);
+    let capacity = prop_oneof![
+        2 => Just(None),
+        2 => memory.prop_map(|m| Some(json!({"memory": m}))),
+        1 => Just(Some(json!({"cores": "1"}))),
+    ];
+    (classes, count, selectors, capacity).prop_map(move |(class, count, selectors, capacity)| {
         let selectors: Vec<_> = selectors
             .iter()
             .map(|e| json!({"cel": {"expression": e}}))
@@ -520,6 +615,9 @@ fn request(uuids: Vec<String>, name: String) -> impl Strategy<Value = serde_json
         match count {
             Some(n) => request["count"] = json!(n),
             None => request["allocationMode"] = json!("All"),
+        }
+        if let Some(asks) = capacity {
+            request["capacity"] = json!({"requests": asks});
         }
         request
     })
@@ -540,12 +638,22 @@ fn claims(uuids: Vec<String>) -> impl Strategy<Value = ResourceClaim> {
     prop_oneof![2 => exact, 1 => alternatives]
 }
 
-/// Devices, a default model, and a claim whose selectors may name any of the devices.
-fn cases() -> impl Strategy<Value = (Vec<Published>, Option<&'static str>, ResourceClaim)> {
+/// A case: devices, a default model, a claim whose selectors may name any of the
+/// devices, and the models whose quota has no room left.
+type Case = (
+    Vec<Published>,
+    Option<&'static str>,
+    ResourceClaim,
+    Vec<&'static str>,
+);
+
+fn cases() -> impl Strategy<Value = Case> {
     let defaults = prop::sample::select(vec![None, Some("A100-SXM4-80GB"), Some("Tesla-T4")]);
-    (published(), defaults).prop_flat_map(|(published, default)| {
+    let models = vec!["A100-SXM4-80GB", "H100-80GB-HBM3", "Tesla-T4"];
+    let full = prop::sample::subsequence(models, 0..=2);
+    (published(), defaults, full).prop_flat_map(|(published, default, full)| {
         let uuids: Vec<String> = published.iter().map(Published::uuid).collect();
-        (Just(published), Just(default), claims(uuids))
+        (Just(published), Just(default), claims(uuids), Just(full))
     })
 }
 
@@ -556,15 +664,17 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// For every device of random ResourceSlices that a randomly selected request may be
-    /// given once pinned (class ∧ tenant's selectors ∧ pin), count × its cost is within
-    /// what the validating webhook charged, per quota key.
+    /// For every device of random ResourceSlices — whole GPUs and slices, some shareable
+    /// by capacity under random policies — that a randomly selected request (capacity
+    /// asks and alternatives included, the quota's room choosing among alternatives) may
+    /// be given once pinned (class ∧ tenant's selectors ∧ pin), count × what the
+    /// allocator takes of it is within what the validating webhook charged, per key.
     #[test]
     fn no_device_a_pinned_request_can_get_costs_more_than_its_charge(
-        (published, default, claim) in cases()
+        (published, default, claim, full) in cases()
     ) {
         let fleet = Fleet::of(&published);
-        let (pinned, charge) = admitted(&claim, &fleet, default);
+        let (pinned, charge) = admitted_with(&claim, &fleet, default, &full);
         if let Some(charge) = charge {
             let found = overruns(&pinned, &charge, &fleet);
             prop_assert!(found.is_empty(), "charged {charge:?}, overruns: {found:#?}\npinned: {}",

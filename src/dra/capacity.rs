@@ -216,7 +216,9 @@ impl Shared {
         for (name, capacity) in &self.capacities {
             let taken = match &capacity.policy {
                 Some(Err(_)) => capacity.value,
-                Some(Ok(policy)) => consumed(asks.get(name).copied(), capacity.value, Some(policy))?,
+                Some(Ok(policy)) => {
+                    consumed(asks.get(name).copied(), capacity.value, Some(policy))?
+                }
                 None => consumed(asks.get(name).copied(), capacity.value, None)?,
             };
             most = most.max(share(taken, capacity.value));

@@ -82,10 +82,18 @@ fn a_share_is_the_most_it_takes_of_any_capacity_and_taking_nothing_is_the_whole_
     // 1.5Gi on a 1Gi step takes 2Gi.
     let half = Asks::from([("memory".to_string(), Milli(GI * 1500))]);
     assert_eq!(device.share_for(&half), Some(share(gib(2), gib(80))));
-    assert_eq!(device.share_for(&Asks::new()), Some(WHOLE), "consumes nothing");
+    assert_eq!(
+        device.share_for(&Asks::new()),
+        Some(WHOLE),
+        "consumes nothing"
+    );
     assert_eq!(device.share_for(&asks(81)), None, "past the device");
     let cores = Asks::from([("cores".to_string(), Milli(1000))]);
-    assert_eq!(device.share_for(&cores), None, "a capacity it does not have");
+    assert_eq!(
+        device.share_for(&cores),
+        None,
+        "a capacity it does not have"
+    );
     // A second capacity with no policy is taken whole by every allocation.
     let mut two = unlimited();
     let shares = Capacity {
@@ -98,7 +106,11 @@ fn a_share_is_the_most_it_takes_of_any_capacity_and_taking_nothing_is_the_whole_
     assert_eq!(two.share_for(&quarter), Some(Milli(250)));
     // Recorded consumption is charged the same way.
     assert_eq!(two.share_of_consumed(&quarter), Milli(250));
-    assert_eq!(two.share_of_consumed(&asks(20)), WHOLE, "shares not recorded");
+    assert_eq!(
+        two.share_of_consumed(&asks(20)),
+        WHOLE,
+        "shares not recorded"
+    );
     // An unreadable policy: the capacity is taken whole.
     let mut unread = unlimited();
     unread.capacities.get_mut("memory").unwrap().policy = Some(Err(PolicyError::ZeroStep));

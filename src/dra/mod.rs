@@ -428,13 +428,21 @@ impl Catalog {
             return WHOLE;
         };
         let shapes = self.shared.get(&(pin.label.clone(), pin.profile.clone()));
-        let shares = shapes.into_iter().flatten().filter_map(|s| s.share_for(asks));
+        let shares = shapes
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.share_for(asks));
         shares.max().unwrap_or(WHOLE)
     }
 
     /// What `ask` costs once pinned to `pin` (the mutating webhook's choice among
     /// alternatives: the charge the validating webhook will find).
-    pub(crate) fn pinned_charge(&self, ask: &DeviceAsk, pin: &Pin, mig: &MigResources) -> ModelAmounts {
+    pub(crate) fn pinned_charge(
+        &self,
+        ask: &DeviceAsk,
+        pin: &Pin,
+        mig: &MigResources,
+    ) -> ModelAmounts {
         let mut pinned = ask.clone();
         pinned.pinned = Some(pin.clone());
         ask_charge(&self.priced(pinned), None, mig)
@@ -636,7 +644,15 @@ fn ask_charge(ask: &DeviceAsk, default: Option<&str>, mig: &MigResources) -> Mod
         return ModelAmounts::new();
     }
     if let Some(pin) = &ask.pinned {
-        return scaled(&pin.charge(ask.count, mig), ask.share);
+        if !pin.shared {
+            return pin.charge(ask.count, mig);
+        }
+        // Per device, as each allocated device is charged (`allocated_charge`).
+        let one = scaled(&pin.charge(1, mig), ask.share);
+        let count = u64::from(ask.count);
+        return (one.into_iter())
+            .map(|(key, amount)| (key, Milli(amount.0.saturating_mul(count))))
+            .collect();
     }
     let label = match ask.resolve(default) {
         Resolved::Model(label) => label,

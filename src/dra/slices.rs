@@ -10,8 +10,8 @@ use serde::Deserialize;
 use std::sync::Arc;
 
 use super::Dra;
-use super::cel::{AttributeValue, CelDevice};
 use super::capacity::{Capacity as SharedCapacity, RequestPolicy, Shared, WirePolicy};
+use super::cel::{AttributeValue, CelDevice};
 use super::wire::{bounded, bounded_map};
 use crate::placement::quantity::Milli;
 
@@ -170,7 +170,10 @@ fn shared(device: &Device) -> Option<Arc<Shared>> {
     }
     let capacities = device.capacity.iter().map(|(name, capacity)| {
         let value = Milli::parse(&capacity.value).unwrap_or_default();
-        let policy = capacity.request_policy.as_ref().map(RequestPolicy::from_wire);
+        let policy = capacity
+            .request_policy
+            .as_ref()
+            .map(RequestPolicy::from_wire);
         (name.clone(), SharedCapacity { value, policy })
     });
     Some(Arc::new(Shared {

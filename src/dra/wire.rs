@@ -146,6 +146,7 @@ struct AllocatedDevices {
 
 /// One allocated device: `driver`/`pool`/`device` name it in the ResourceSlices.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub(crate) struct AllocatedDevice {
     #[serde(default)]
     request: String,

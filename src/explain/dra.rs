@@ -25,7 +25,10 @@ pub(super) fn stage(state: &ClusterState, namespace: &str, claims: &[Box<str>]) 
     if held.is_empty() {
         return None;
     }
-    let chosen: String = held.iter().flat_map(|(name, c)| chosen(name, &c.requests)).collect();
+    let chosen: String = held
+        .iter()
+        .flat_map(|(name, c)| chosen(name, &c.requests))
+        .collect();
     if held.iter().all(|(_, claim)| claim.is_allocated()) {
         let message = format!("its ResourceClaims are allocated{chosen}");
         return Some(stage(Code::Fits, message));
@@ -79,8 +82,12 @@ fn chosen(claim: &str, requests: &[DeviceRequest]) -> Vec<String> {
             continue;
         };
         let why = match shut.iter().any(|(j, _)| j < at) {
-            true => "the alternatives before it had no room in the quota when the claim was created",
-            false => "it was the first with room; the others were made unmatchable so that the claim is charged only the alternative it gets",
+            true => {
+                "the alternatives before it had no room in the quota when the claim was created"
+            }
+            false => {
+                "it was the first with room; the others were made unmatchable so that the claim is charged only the alternative it gets"
+            }
         };
         said.push(format!(
             "; ResourceClaim {claim}, request {}: the quota chose alternative {} ({why})",

@@ -92,6 +92,51 @@ fn a_claim_is_charged_its_requests_then_its_devices_once_for_all_its_pods() {
     assert_eq!(state.usage("team-a"), Default::default());
 }
 
+/// An allocated claim on a device shared by capacity is charged the share its
+/// allocation recorded consuming (`consumedCapacity`), as it was charged at admission;
+/// one that records none, the whole device.
+#[test]
+fn an_allocation_of_a_shared_device_is_charged_what_it_consumed() {
+    let dra = Dra::default();
+    let mut state = ClusterState::default();
+    state.apply_quota(quota());
+    let shared: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "node-1-gpus"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-1"}, "devices": [{
+            "name": "gpu-0", "allowMultipleAllocations": true,
+            "attributes": {"productName": {"string": "NVIDIA A100-SXM4-80GB"}},
+            "capacity": {"memory": {"value": "80Gi", "requestPolicy": {"default": "80Gi",
+                "validRange": {"min": "1Mi", "step": "1Mi"}}}}}]}
+    }))
+    .unwrap();
+    state.apply_slice("node-1-gpus", gpu_devices(&shared, &dra));
+    let allocated = |name: &str, consumed: Option<&str>| -> ResourceClaim {
+        let mut result = json!({"request": "gpu", "driver": "gpu.nvidia.com",
+            "pool": "node-1", "device": "gpu-0", "shareID": name});
+        if let Some(memory) = consumed {
+            result["consumedCapacity"] = json!({"memory": memory});
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "team-a", "uid": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com"}}]}},
+            "status": {"allocation": {"devices": {"results": [result]}}}
+        }))
+        .unwrap()
+    };
+    for (name, memory) in [("a", "20Gi"), ("b", "30Gi")] {
+        let claim = CachedClaim::from_claim(&allocated(name, Some(memory)), &dra).unwrap();
+        state.apply_claim(claim_key("team-a", name), claim);
+    }
+    state.evaluate_claims_now();
+    assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(250 + 375)));
+    let whole = CachedClaim::from_claim(&allocated("c", None), &dra).unwrap();
+    state.apply_claim(claim_key("team-a", "c"), whole);
+    assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(1625)));
+    state.delete_claim(&claim_key("team-a", "a"));
+    assert_eq!(used(&state, "A100-SXM4-80GB"), Some(Milli(1375)));
+}
+
 #[test]
 fn a_namespace_sees_only_its_own_claims_created_since() {
     let dra = Dra::default();

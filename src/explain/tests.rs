@@ -474,6 +474,36 @@ fn a_claim_whose_selectors_match_no_published_gpu_is_told_so() {
     assert_eq!(e.code, Code::Fits, "{e:?}");
 }
 
+/// A claim whose alternatives the mutating webhook chose among (the H100 passed over,
+/// made unmatchable): explain says which one the quota kept, and why.
+#[test]
+fn a_claim_of_alternatives_says_which_one_the_quota_kept() {
+    let chose = CLAIMS.replace(
+        "name: wants-a100",
+        "name: chose-a100",
+    ).replace(
+        "productName == \"NVIDIA H100 80GB HBM3\"'}\n      - name: a100",
+        "productName == \"NVIDIA H100 80GB HBM3\"'}\n        - cel: {expression: 'false'}\n      - name: a100",
+    );
+    assert!(chose.contains("expression: 'false'"), "{chose}");
+    let text = format!(
+        "{}{chose}{}",
+        include_str!("../../examples/cluster.yaml"),
+        claim_pod("a100-job", "chose-a100"),
+    );
+    let objects = parse_objects(&text, "test").unwrap();
+    let asked = Asked::Existing("team-c/a100-job".into());
+    let e = explain(&objects, "test", &Config::default(), asked, NOW).unwrap();
+    let dra = stage(&e, "dra");
+    assert_eq!(dra.code, Code::Fits, "{e:?}");
+    assert!(
+        dra.message.ends_with(
+            "; ResourceClaim chose-a100, request gpu: the quota chose alternative a100 (the alternatives before it had no room in the quota when the claim was created)"
+        ),
+        "{e:?}"
+    );
+}
+
 #[test]
 fn a_queued_pod_the_releaser_has_charged_is_let_go_not_refused() {
     // team-s's quota (1 Tesla-T4) holds the releaser's charge for release-1 already; the

@@ -37,8 +37,8 @@ struct Copied {
     serves_pod: bool,
     /// The DeviceClasses' version `source` holds.
     classes: u64,
-    /// The namespace's quotas with their usage now (none without a quota, or when their
-    /// status cannot be read): the room a request's alternatives are chosen by.
+    /// The namespace's quotas with their usage now, when a request of the claim has
+    /// alternatives to choose among (none when their status cannot be read).
     views: Option<Vec<QuotaView>>,
 }
 
@@ -69,9 +69,16 @@ fn copied(
             limits: s.namespace_limits(namespace).clone(),
             serves_pod: s.serves_pod(namespace, claim.requests(), owner.as_ref()),
             classes: s.classes_version(),
-            views: s.namespace_quota(namespace).views().ok(),
+            views: has_alternatives(claim)
+                .then(|| s.namespace_quota(namespace).views().ok())
+                .flatten(),
         }
     })
+}
+
+/// Whether a request of `claim` has several alternatives (`firstAvailable`).
+fn has_alternatives(claim: &ResourceClaim) -> bool {
+    (claim.requests().iter()).any(|r| r.first_available.as_ref().is_some_and(|a| a.len() > 1))
 }
 
 /// Judge the creation of `claim` in `namespace`, asked by `user`. `dry_run` evaluates

@@ -57,6 +57,16 @@ fn a_request_that_names_no_amount_takes_the_default_or_the_whole_device() {
         ..range(0, None, Some(10))
     };
     assert_eq!(consumed(None, gib(80), Some(&odd_default)), Some(gib(3)));
+    // No ask and no default: the whole capacity, which the allocator refuses when it is
+    // off the range's steps (even below `min`).
+    assert_eq!(
+        consumed(None, gib(1), Some(&range(5, None, Some(10)))),
+        None
+    );
+    assert_eq!(
+        consumed(None, gib(15), Some(&range(5, None, Some(10)))),
+        Some(gib(15))
+    );
 }
 
 /// NVIDIA's driver's `memory` capacity in its `unlimited` mode: a default of zero.
@@ -194,6 +204,11 @@ fn policies() -> impl Strategy<Value = Option<RequestPolicy>> {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
     /// Whatever is asked, what is consumed is at least the ask, within the device, and an
     /// amount the policy allows; and the share charged is at least what it takes of the
     /// device.

@@ -196,6 +196,23 @@ fn honest_claim() -> Value {
                 {"cel": {"expression": pin}}]}}]}}})
 }
 
+/// As a tenant writes it (unpinned): 20Gi of an A100's memory, and alternatives
+/// [A100, T4]. `/mutate` pins the first to shareable devices and keeps one alternative
+/// by the quota's room; `/validate` refuses it unpinned.
+fn share_and_alternatives_claim() -> Value {
+    let product = |p: &str| json!([{"cel": {"expression": format!(r#"{PRODUCT} == "{p}""#)}}]);
+    json!({"metadata": {"name": "shares", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [
+            {"name": "share", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                "selectors": product("NVIDIA A100-SXM4-80GB"),
+                "capacity": {"requests": {"memory": "20Gi"}}}},
+            {"name": "either", "firstAvailable": [
+                {"name": "a100", "deviceClassName": "gpu.nvidia.com",
+                    "selectors": product("NVIDIA A100-SXM4-80GB")},
+                {"name": "t4", "deviceClassName": "gpu.nvidia.com",
+                    "selectors": product("Tesla T4")}]}]}}})
+}
+
 /// 64 requests of 4 selectors, each about 8 KiB of CEL that stays within the
 /// expression's cost cap and evaluates true (so every selector of a request runs), and
 /// each different (nothing can be shared between them).
@@ -392,6 +409,10 @@ async fn main() {
     let before = peak_rss_kib();
     let bodies = [
         ("honest claim", honest),
+        (
+            "share + alternatives",
+            review(UID, &share_and_alternatives_claim()),
+        ),
         ("exists over 60 strings (2 MiB)", hostile),
         (
             "32x64 \"\".matches(\"\\\\w+\")",
@@ -416,7 +437,7 @@ async fn main() {
         before,
         peak_rss_kib()
     );
-    interference(&door, &admin, bodies[2].1.clone()).await;
+    interference(&door, &admin, bodies[3].1.clone()).await;
     door.shutdown.cancel();
     admin.shutdown.cancel();
 }

@@ -212,10 +212,13 @@ fn charged(
     }
     if let Some((ask, label)) = models.iter().find(|(ask, _)| ask.pinned.is_none()) {
         let pin = ask.pin(default).unwrap_or_else(|| Pin::whole(label));
-        let devices = match &pin.profile {
+        let mut devices = match &pin.profile {
             None => "whole GPUs".to_string(),
             Some(profile) => format!("MIG {profile} slices"),
         };
+        if pin.shared {
+            devices += " that can be shared (allowMultipleAllocations)";
+        }
         return Err(ClaimDenial::Unpinned {
             request: ask.request.clone(),
             label: label.clone(),

@@ -133,6 +133,27 @@ async fn four_quarters_of_a_shared_gpu_fit_a_quota_of_one_and_a_fifth_does_not()
     );
 }
 
+/// A share request created without the mutating webhook is refused, naming the shared
+/// pin it needs.
+#[tokio::test]
+async fn an_unpinned_share_request_is_refused_naming_its_shared_pin() {
+    let devices = vec![device("gpu-0", A100, Some(nvidia_memory()))];
+    let backend = quota_of(&[("A100-SXM4-80GB", "1")], devices);
+    let config = Config::default();
+    let user = UserInfo::default();
+    let claim = memory_claim("unpinned", Some("20Gi"));
+    let verdict = validate_claim(&backend, &config, ("team", &user), &claim, false).await;
+    let Verdict::Deny(Reason::Claim(denial)) = verdict.unwrap() else {
+        panic!("an unpinned request is refused");
+    };
+    let message = denial.to_string();
+    assert!(
+        message.contains("whole GPUs that can be shared (allowMultipleAllocations)")
+            && message.contains("&& device.allowMultipleAllocations"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn a_claim_asking_no_capacity_costs_a_whole_gpu_and_a_rounded_ask_its_rounding() {
     // Any amount by default, in 10Gi steps from 10Gi.

@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::Dra;
 use super::cel::{CelDevice, Selector};
 use super::classes::{ClassInfo, DeviceClasses};
 use super::slices::DeviceIndex;
-use super::{Catalog, Dra};
 
 /// What a [`Catalog`] is built from, copied out of the cluster state (cheap: the
 /// sampled devices are shared).
@@ -50,7 +50,8 @@ pub(super) struct GpuClass {
 /// device of the GPU driver, or do not rule out a device of it (on a device of that
 /// driver with no attributes, each evaluates true or fails for want of one).
 pub(super) fn gpu_classes(
-    catalog: &Catalog,
+    dra: &Dra,
+    samples: &BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
     classes: &DeviceClasses,
 ) -> BTreeMap<String, GpuClass> {
     let compile = |info: Option<&ClassInfo>| -> Option<Vec<Selector>> {
@@ -61,12 +62,12 @@ pub(super) fn gpu_classes(
             .collect()
     };
     let mut gpu = BTreeMap::new();
-    for (name, model) in &catalog.dra.device_classes {
+    for (name, model) in &dra.device_classes {
         let selectors = compile(classes.get(name)).unwrap_or_default();
         let model = (!model.is_empty()).then(|| model.clone());
         gpu.insert(name.clone(), GpuClass { model, selectors });
     }
-    let bare = CelDevice::new(&catalog.dra.driver, &BTreeMap::new(), &BTreeMap::new());
+    let bare = CelDevice::new(&dra.driver, &BTreeMap::new(), &BTreeMap::new());
     for (name, info) in classes {
         if gpu.contains_key(name) {
             continue;
@@ -74,7 +75,7 @@ pub(super) fn gpu_classes(
         let Some(selectors) = compile(Some(info)) else {
             continue;
         };
-        let mut published = catalog.samples.values().flatten();
+        let mut published = samples.values().flatten();
         let matches = |d: &CelDevice| selectors.iter().all(|s| s.evaluate(d) == Some(true));
         let is_gpu = published.any(|d| matches(d))
             || selectors.iter().all(|s| s.evaluate(&bare) != Some(false));

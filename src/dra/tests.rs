@@ -2,8 +2,8 @@
 
 use serde_json::json;
 
-use super::classes::{ClassInfo, DeviceClass};
-use super::slices::{ResourceSlice, gpu_devices};
+use super::classes::{ClassInfo, DeviceClass, DeviceClasses};
+use super::slices::{DeviceIndex, ResourceSlice, gpu_devices};
 use super::*;
 use crate::placement::quantity::Milli;
 

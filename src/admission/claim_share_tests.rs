@@ -133,6 +133,80 @@ async fn four_quarters_of_a_shared_gpu_fit_a_quota_of_one_and_a_fifth_does_not()
     );
 }
 
+/// Two shareable A100s of one model whose policies differ (CEL cannot tell them apart,
+/// and the allocator may take either): a 20Gi claim is charged what the coarser takes,
+/// 30Gi of 80Gi, not the 20Gi the finer one would; an ask only the finer can take is
+/// charged by it. A T4 published beside them changes nothing.
+#[tokio::test]
+async fn a_share_is_charged_by_the_dearest_policy_its_model_publishes() {
+    let coarse = json!({"validValues": ["30Gi", "40Gi"], "default": "40Gi"});
+    let devices = vec![
+        device("fine", A100, Some(nvidia_memory())),
+        device("coarse", A100, Some(coarse)),
+        device("t4", "Tesla T4", Some(nvidia_memory())),
+    ];
+    let backend = quota_of(&[("A100-SXM4-80GB", "1")], devices);
+    let (_, verdict, _) = create(&backend, memory_claim("q", Some("20Gi"))).await;
+    assert_eq!(verdict, Verdict::Allow);
+    assert_eq!(used(&backend, "A100-SXM4-80GB"), Milli(375));
+    // 50Gi is past every valid value of the coarse device: only the fine one takes it.
+    let (_, verdict, _) = create(&backend, memory_claim("r", Some("50Gi"))).await;
+    assert_eq!(verdict, Verdict::Allow);
+    assert_eq!(used(&backend, "A100-SXM4-80GB"), Milli(1000));
+    let (_, verdict, _) = create(&backend, memory_claim("s", Some("1Mi"))).await;
+    let message = refused(&verdict);
+    assert!(message.contains("used 1 of 1"), "{message}");
+}
+
+/// A tenant's hostile asks: nothing, a negative amount, a capacity the device does not
+/// have, or the shared pin written by hand on a request that asks nothing. Each costs a
+/// whole GPU (the last, on NVIDIA's `unlimited` mode, consumes nothing: nothing bounds
+/// how many such claims share a GPU).
+#[tokio::test]
+async fn hostile_capacity_asks_are_charged_a_whole_gpu() {
+    let unlimited = json!({"default": "0", "validRange": {"min": "0", "step": "1Mi"}});
+    for ask in ["0", "-1Gi", "cores"] {
+        let backend = quota_of(
+            &[("A100-SXM4-80GB", "4")],
+            vec![device("gpu-0", A100, Some(unlimited.clone()))],
+        );
+        let requests = match ask {
+            "cores" => json!({"cores": "1"}),
+            amount => json!({"memory": amount}),
+        };
+        let claim = claim(
+            "c",
+            json!([{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": requests},
+            "selectors": [{"cel": {"expression":
+                format!(r#"device.attributes["gpu.nvidia.com"].productName == "{A100}""#)}}]}}]),
+        );
+        let (_, verdict, _) = create(&backend, claim).await;
+        assert_eq!(verdict, Verdict::Allow, "{ask}");
+        assert_eq!(used(&backend, "A100-SXM4-80GB"), Milli(1000), "{ask}");
+    }
+    let backend = quota_of(
+        &[("A100-SXM4-80GB", "4")],
+        vec![device("gpu-0", A100, Some(unlimited))],
+    );
+    let catalog = backend
+        .cache()
+        .read(|s| crate::dra::Catalog::from_source(s.catalog_source("team")));
+    let shared = crate::dra::Pin {
+        shared: true,
+        ..crate::dra::Pin::whole("A100-SXM4-80GB")
+    };
+    let by_hand = claim(
+        "by-hand",
+        json!([{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": catalog.pin(&shared)}}]}}]),
+    );
+    let (_, verdict, _) = create(&backend, by_hand).await;
+    assert_eq!(verdict, Verdict::Allow);
+    assert_eq!(used(&backend, "A100-SXM4-80GB"), Milli(1000));
+}
+
 /// A share request created without the mutating webhook is refused, naming the shared
 /// pin it needs.
 #[tokio::test]

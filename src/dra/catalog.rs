@@ -20,16 +20,16 @@ use crate::quota::ModelAmounts;
 /// GPU devices, and the model labels known without published devices.
 #[derive(Debug)]
 pub struct Catalog {
-    pub(super) dra: Dra,
+    dra: Dra,
     /// GPU classes by name: the model the config says each implies, and its selectors.
-    pub(super) gpu_classes: BTreeMap<String, GpuClass>,
-    pub(super) samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
+    gpu_classes: BTreeMap<String, GpuClass>,
+    samples: BTreeMap<(String, Option<String>), Vec<Arc<CelDevice>>>,
     /// The model attribute values published, by label.
-    pub(super) products: BTreeMap<String, Vec<String>>,
+    products: BTreeMap<String, Vec<String>>,
     /// The capacities of every shareable device, by (label, profile).
-    pub(super) shared: SharedShapes,
+    shared: SharedShapes,
     /// Devices made up for the known labels no published device has: (label, profile).
-    pub(super) synthetic: Vec<(String, Option<String>, CelDevice)>,
+    synthetic: Vec<(String, Option<String>, CelDevice)>,
 }
 
 impl Catalog {

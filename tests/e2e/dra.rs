@@ -95,10 +95,7 @@ async fn resource_claims_are_pinned_allocated_and_charged_per_device() {
             claim("third", "gpu.nvidia.com", 1, &[&a100]),
         )
         .await;
-    let message = match third {
-        Err(kube::Error::Api(status)) if status.code == 403 => status.message,
-        other => panic!("the third A100 claim must be refused (403): {other:?}"),
-    };
+    let message = forbidden_message(third, "the third A100 claim");
     assert!(
         message.contains(&format!(
             "GPU quota exceeded in namespace \"{}\" for A100-SXM4-80GB: requested 1, used 2 of 2",
@@ -203,10 +200,7 @@ async fn claim_selectors_are_pinned_to_an_allowed_model_in_a_found_gpu_class() {
     let refused = cluster
         .create_dra("ResourceClaim", claim("negated", class, 1, &[&negated]))
         .await;
-    let message = match refused {
-        Err(kube::Error::Api(status)) if status.code == 403 => status.message,
-        other => panic!("a claim that can only get an A100 must be refused (403): {other:?}"),
-    };
+    let message = forbidden_message(refused, "a claim that can only get an A100");
     assert!(message.contains("A100-SXM4-80GB"), "{message}");
 
     unregister_webhooks(&cluster).await;
@@ -489,10 +483,7 @@ async fn shared_and_partitioned_gpus_are_charged_by_what_they_consume() {
         cluster.wait_used("gpus", a100, 250 * (i + 1)).await;
     }
     let fifth = cluster.create_dra("ResourceClaim", share("fifth")).await;
-    let message = match fifth {
-        Err(kube::Error::Api(status)) if status.code == 403 => status.message,
-        other => panic!("a fifth quarter of one A100 must be refused (403): {other:?}"),
-    };
+    let message = forbidden_message(fifth, "a fifth quarter of one A100");
     assert!(
         message.contains("for A100-SXM4-80GB: requested 0.25, used 1 of 1"),
         "{message}"
@@ -542,10 +533,7 @@ async fn shared_and_partitioned_gpus_are_charged_by_what_they_consume() {
     let third = cluster
         .create_dra("ResourceClaim", slice_claim("third-slice", 1))
         .await;
-    let message = match third {
-        Err(kube::Error::Api(status)) if status.code == 403 => status.message,
-        other => panic!("a third 1g.10gb slice must be refused by the cap (403): {other:?}"),
-    };
+    let message = forbidden_message(third, "a third 1g.10gb slice, past the cap");
     assert!(
         message.contains(&format!("for {slices}: requested 1, used 2 of 2")),
         "{message}"

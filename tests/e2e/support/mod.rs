@@ -385,7 +385,7 @@ pub fn with_labels(mut pod: Pod, labels: serde_json::Value) -> Pod {
 
 /// The API error of a refused request: asserts HTTP 403 / reason `Forbidden` and returns
 /// the message the user sees.
-pub fn forbidden_message(result: Result<Pod, kube::Error>, what: &str) -> String {
+pub fn forbidden_message<T>(result: Result<T, kube::Error>, what: &str) -> String {
     match result {
         Ok(_) => panic!("{what} must be refused, but it was created"),
         Err(kube::Error::Api(status)) => {

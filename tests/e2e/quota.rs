@@ -303,10 +303,12 @@ async fn replicas_never_admit_past_the_quota(cluster: &Cluster, model: &str, rep
         Some(&(CREATES - QUOTA)),
         "every other create is refused for quota, none fails; refusals {refusals:?}"
     );
-    assert_eq!(
-        admitted.len(),
-        replicas.len(),
-        "every replica admitted some: {admitted:?}"
+    // Admissions raced across replicas. Not necessarily all of them: a replica's grants
+    // may hold the quota's room until it is spent, and another's creates are then
+    // refused, rightly (seen in CI: 3 replicas, admitted {a: 167, b: 83}).
+    assert!(
+        admitted.len() >= 2,
+        "at least two replicas admitted some: {admitted:?}"
     );
     let gpus = u64::from(QUOTA) * 1000;
     let status = cluster.wait_used("default", model, gpus).await;
